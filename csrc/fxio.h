@@ -1,0 +1,94 @@
+/* lmcache-fx C core: shared definitions.
+ *
+ * The core owns I/O and memory, not policy: it takes a batch of operations
+ * (fd, offset, length, address), cuts each into sub-reads ("pieces") of at most
+ * split_bytes, keeps up to queue_depth of them in flight, and reports per
+ * operation the bytes done or -errno (optionally with a CRC32C of the bytes).
+ */
+#ifndef FXIO_H
+#define FXIO_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* O_DIRECT alignment used for buffers, offsets and lengths.  4 KiB covers
+ * every logical block size seen on NVMe, virtio and loop devices. */
+#define FX_DIO_ALIGN 4096u
+
+typedef struct {
+    int fd;
+    uint64_t offset;
+    uint64_t length;
+    char *buf;
+} fx_op;
+
+typedef struct {
+    int64_t result; /* bytes transferred, or -errno */
+    uint32_t crc;   /* CRC32C of the bytes, when asked for */
+} fx_result;
+
+/* One piece of an operation, at most split_bytes long. */
+typedef struct {
+    uint32_t op;     /* index of its operation */
+    int direct;      /* fd has O_DIRECT */
+    uint64_t offset; /* advances on short transfers */
+    uint64_t length; /* remaining */
+    char *buf;
+} fx_piece;
+
+/* Per-operation progress while a batch runs. */
+typedef struct {
+    uint32_t pending;  /* pieces not finished */
+    uint64_t bytes;    /* bytes done */
+    int err;           /* first errno seen, 0 if none */
+} fx_progress;
+
+typedef struct fx_batch {
+    const fx_op *ops;
+    size_t nops;
+    fx_result *res;
+    fx_progress *prog;
+    fx_piece *pieces;
+    size_t npieces;
+    int write;
+    int want_crc;
+} fx_batch;
+
+/* Builds pieces and progress for a batch; returns 0 or -errno. */
+int fx_batch_prepare(fx_batch *b, uint64_t split_bytes);
+void fx_batch_release(fx_batch *b);
+/* Records a finished piece (res = bytes or -errno). Not thread-safe on its
+ * own: callers serialise per batch. Returns 1 when it was the op's last. */
+int fx_piece_finish(fx_batch *b, fx_piece *p, int64_t res);
+/* Sets an op's result (and CRC) once its last piece finished; no lock needed. */
+void fx_op_complete(fx_batch *b, size_t i);
+/* Runs one piece with pread/pwrite, including the O_DIRECT bounce for an
+ * unaligned piece. Returns bytes or -errno. */
+int64_t fx_piece_run_sync(const fx_batch *b, fx_piece *p);
+/* Whether a piece on an O_DIRECT fd must go through a bounce buffer. */
+int fx_piece_needs_bounce(const fx_piece *p);
+
+/* CRC32C (Castagnoli), hardware-accelerated where the CPU has it. */
+uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len);
+const char *fx_crc32c_impl(void);
+
+/* ---- thread engine ---- */
+typedef struct fx_pool fx_pool;
+fx_pool *fx_pool_create(int nthreads);
+void fx_pool_destroy(fx_pool *pool);
+int fx_pool_run(fx_pool *pool, fx_batch *b, int queue_depth);
+int fx_pool_nthreads(const fx_pool *pool);
+
+/* ---- io_uring engine ---- */
+typedef struct fx_uring fx_uring;
+/* Returns NULL and a reason in *why when io_uring cannot be used. */
+fx_uring *fx_uring_create(unsigned queue_depth, char *why, size_t whylen);
+void fx_uring_destroy(fx_uring *u);
+int fx_uring_run(fx_uring *u, fx_batch *b);
+/* Registers [addr, addr+len) as a fixed buffer on every ring; 0 or -errno. */
+int fx_uring_register(fx_uring *u, void *addr, size_t len);
+int fx_uring_registered(const fx_uring *u);
+int fx_uring_available(void);
+
+#endif

@@ -1,0 +1,767 @@
+/* lmcache_fx._fxio: the Python face of the C core.
+ *
+ * Engine.read/write take a list of (fd, offset, length, address) and run the
+ * batch with the GIL released; Engine.submit runs it on a C thread and
+ * signals an eventfd, so asyncio code can await it. HostBuffer is aligned
+ * anonymous memory (huge pages when large) for headers and staging.
+ */
+#define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
+#include <Python.h>
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fxio.h"
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+#define HUGE_2M (2u << 20)
+
+enum { KIND_THREADS = 0, KIND_URING = 1 };
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    pthread_cond_t idle_cv;
+    int users;  /* calls running with the GIL released */
+    int closed;
+    int kind;
+    unsigned queue_depth;
+    uint64_t split_bytes;
+    int nthreads;
+    fx_uring *uring;
+    fx_pool *pool;
+    PyObject *fallback_reason; /* str, or None when the asked engine runs */
+} EngineObject;
+
+static PyTypeObject EngineType;
+static PyTypeObject BatchType;
+static PyTypeObject HostBufferType;
+
+/* ---------------------------------------------------------------- helpers */
+
+static int begin_use(EngineObject *e)
+{
+    int ok;
+    pthread_mutex_lock(&e->mu);
+    ok = !e->closed;
+    if (ok)
+        e->users++;
+    pthread_mutex_unlock(&e->mu);
+    if (!ok)
+        PyErr_SetString(PyExc_ValueError, "engine is closed");
+    return ok ? 0 : -1;
+}
+
+static void end_use(EngineObject *e)
+{
+    pthread_mutex_lock(&e->mu);
+    if (--e->users == 0)
+        pthread_cond_broadcast(&e->idle_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Runs a prepared batch; no GIL. */
+static int engine_run(EngineObject *e, fx_batch *b)
+{
+    if (e->kind == KIND_URING)
+        return fx_uring_run(e->uring, b);
+    return fx_pool_run(e->pool, b, (int)e->queue_depth);
+}
+
+/* Parses a sequence of (fd, offset, length, address) into a new array. */
+static fx_op *parse_ops(PyObject *seq_in, size_t *n_out)
+{
+    PyObject *seq = PySequence_Fast(seq_in, "ops must be a sequence of (fd, offset, length, address)");
+    Py_ssize_t n, i;
+    fx_op *ops;
+
+    if (!seq)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    ops = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*ops));
+    if (!ops) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        long long fd, off, len;
+        unsigned long long addr;
+
+        if (!PyArg_ParseTuple(item, "LLLK;each op is (fd, offset, length, address)", &fd, &off,
+                              &len, &addr))
+            goto fail;
+        if (fd < 0 || fd > INT32_MAX || off < 0 || len < 0) {
+            PyErr_Format(PyExc_ValueError, "op %zd: fd, offset and length must be >= 0", i);
+            goto fail;
+        }
+        if (len > 0 && addr == 0) {
+            PyErr_Format(PyExc_ValueError, "op %zd: address is NULL", i);
+            goto fail;
+        }
+        ops[i].fd = (int)fd;
+        ops[i].offset = (uint64_t)off;
+        ops[i].length = (uint64_t)len;
+        ops[i].buf = (char *)(uintptr_t)addr;
+    }
+    Py_DECREF(seq);
+    *n_out = (size_t)n;
+    return ops;
+fail:
+    Py_DECREF(seq);
+    PyMem_Free(ops);
+    return NULL;
+}
+
+static PyObject *results_to_list(const fx_result *res, size_t n, int want_crc)
+{
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *v = want_crc ? Py_BuildValue("(LI)", (long long)res[i].result, res[i].crc)
+                               : PyLong_FromLongLong(res[i].result);
+        if (!v) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, v);
+    }
+    return out;
+}
+
+/* ----------------------------------------------------------------- Engine */
+
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"io_engine", "queue_depth", "split_bytes", "threads", NULL};
+    const char *engine = "auto";
+    long long qd = 32, split = 1 << 20;
+    int threads = 0;
+    char why[256] = "";
+
+    if (self->kind >= 0 && (self->uring || self->pool)) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sLLi", kwlist, &engine, &qd, &split, &threads))
+        return -1;
+    if (strcmp(engine, "auto") && strcmp(engine, "io_uring") && strcmp(engine, "threads")) {
+        PyErr_Format(PyExc_ValueError, "io_engine must be 'auto', 'io_uring' or 'threads', not '%s'",
+                     engine);
+        return -1;
+    }
+    if (qd < 1 || qd > 32768) {
+        PyErr_Format(PyExc_ValueError, "queue_depth must be in 1..32768, not %lld", qd);
+        return -1;
+    }
+    if (split < (long long)FX_DIO_ALIGN || split > (1ll << 30) || split % FX_DIO_ALIGN) {
+        PyErr_Format(PyExc_ValueError,
+                     "split_bytes must be a multiple of 4096 between 4096 and 1 GiB, not %lld",
+                     split);
+        return -1;
+    }
+    if (threads < 0 || threads > 1024) {
+        PyErr_Format(PyExc_ValueError, "threads must be in 0..1024, not %d", threads);
+        return -1;
+    }
+    self->queue_depth = (unsigned)qd;
+    self->split_bytes = (uint64_t)split;
+    Py_XSETREF(self->fallback_reason, Py_NewRef(Py_None));
+
+    if (strcmp(engine, "threads") != 0) {
+        Py_BEGIN_ALLOW_THREADS
+        self->uring = fx_uring_create((unsigned)qd, why, sizeof(why));
+        Py_END_ALLOW_THREADS
+        if (self->uring) {
+            self->kind = KIND_URING;
+            return 0;
+        }
+        if (strcmp(engine, "io_uring") == 0) {
+            PyErr_Format(PyExc_OSError, "io_engine='io_uring' cannot be used: %s", why);
+            return -1;
+        }
+        Py_XSETREF(self->fallback_reason, PyUnicode_FromString(why));
+        if (!self->fallback_reason)
+            return -1;
+    }
+    self->nthreads = threads ? threads : (qd < 16 ? (int)qd : 16);
+    Py_BEGIN_ALLOW_THREADS
+    self->pool = fx_pool_create(self->nthreads);
+    Py_END_ALLOW_THREADS
+    if (!self->pool) {
+        PyErr_SetString(PyExc_OSError, "could not start the I/O threads");
+        return -1;
+    }
+    self->nthreads = fx_pool_nthreads(self->pool);
+    self->kind = KIND_THREADS;
+    return 0;
+}
+
+static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    EngineObject *self = (EngineObject *)type->tp_alloc(type, 0);
+    (void)args;
+    (void)kw;
+    if (!self)
+        return NULL;
+    pthread_mutex_init(&self->mu, NULL);
+    pthread_cond_init(&self->idle_cv, NULL);
+    self->kind = -1;
+    return (PyObject *)self;
+}
+
+/* Waits for running calls, then frees the rings and threads. */
+static void engine_shutdown(EngineObject *self)
+{
+    fx_uring *u;
+    fx_pool *p;
+
+    pthread_mutex_lock(&self->mu);
+    self->closed = 1;
+    while (self->users)
+        pthread_cond_wait(&self->idle_cv, &self->mu);
+    u = self->uring;
+    p = self->pool;
+    self->uring = NULL;
+    self->pool = NULL;
+    pthread_mutex_unlock(&self->mu);
+    fx_uring_destroy(u);
+    fx_pool_destroy(p);
+}
+
+static PyObject *Engine_close(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    engine_shutdown(self);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static void Engine_dealloc(EngineObject *self)
+{
+    engine_shutdown(self); /* no users can remain: they hold references */
+    pthread_cond_destroy(&self->idle_cv);
+    pthread_mutex_destroy(&self->mu);
+    Py_XDECREF(self->fallback_reason);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int write)
+{
+    static char *kwlist[] = {"ops", "crc", NULL};
+    PyObject *ops_obj, *out = NULL;
+    int want_crc = 0, r = 0;
+    fx_batch b = {0};
+    fx_op *ops;
+    fx_result *res;
+    size_t n = 0;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", kwlist, &ops_obj, &want_crc))
+        return NULL;
+    if (!(ops = parse_ops(ops_obj, &n)))
+        return NULL;
+    res = PyMem_Calloc(n ? n : 1, sizeof(*res));
+    if (!res) {
+        PyMem_Free(ops);
+        return PyErr_NoMemory();
+    }
+    if (begin_use(self) < 0)
+        goto done;
+    b.ops = ops;
+    b.nops = n;
+    b.res = res;
+    b.write = write;
+    b.want_crc = want_crc;
+    Py_BEGIN_ALLOW_THREADS
+    r = fx_batch_prepare(&b, self->split_bytes);
+    if (r == 0)
+        r = engine_run(self, &b);
+    fx_batch_release(&b);
+    Py_END_ALLOW_THREADS
+    end_use(self);
+    /* Only a failure to start (no memory for the batch or a ring) raises; a
+     * ring that failed midway has put an error on each op it did not finish. */
+    if (r == -ENOMEM) {
+        errno = -r;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    out = results_to_list(res, n, want_crc);
+done:
+    PyMem_Free(ops);
+    PyMem_Free(res);
+    return out;
+}
+
+static PyObject *Engine_read(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    return engine_rw(self, args, kw, 0);
+}
+
+static PyObject *Engine_write(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    return engine_rw(self, args, kw, 1);
+}
+
+static PyObject *Engine_register_buffer(EngineObject *self, PyObject *args)
+{
+    unsigned long long addr, len;
+    int r = -ENOSYS;
+
+    if (!PyArg_ParseTuple(args, "KK", &addr, &len))
+        return NULL;
+    if (begin_use(self) < 0)
+        return NULL;
+    if (self->kind == KIND_URING) {
+        Py_BEGIN_ALLOW_THREADS
+        r = fx_uring_register(self->uring, (void *)(uintptr_t)addr, (size_t)len);
+        Py_END_ALLOW_THREADS
+    }
+    end_use(self);
+    return PyLong_FromLong(r);
+}
+
+/* ------------------------------------------------------------------ Batch */
+
+typedef struct {
+    PyObject_HEAD
+    EngineObject *engine;
+    fx_op *ops;
+    fx_result *res;
+    fx_batch b;
+    int efd;
+    int status; /* 0 or -errno from the run */
+    pthread_t thread;
+    int started, joined;
+    atomic_int finished;
+} BatchObject;
+
+static void *batch_thread(void *arg)
+{
+    BatchObject *bo = arg;
+    uint64_t one = 1;
+    int r = fx_batch_prepare(&bo->b, bo->engine->split_bytes);
+
+    if (r == 0)
+        r = engine_run(bo->engine, &bo->b);
+    fx_batch_release(&bo->b);
+    bo->status = r;
+    atomic_store(&bo->finished, 1);
+    while (write(bo->efd, &one, sizeof(one)) < 0 && errno == EINTR)
+        ;
+    return NULL;
+}
+
+static void batch_join(BatchObject *bo)
+{
+    if (bo->started && !bo->joined) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(bo->thread, NULL);
+        Py_END_ALLOW_THREADS
+        bo->joined = 1;
+        end_use(bo->engine);
+    }
+}
+
+static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"ops", "write", "crc", NULL};
+    PyObject *ops_obj;
+    int write = 0, want_crc = 0;
+    BatchObject *bo;
+    size_t n = 0;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp", kwlist, &ops_obj, &write, &want_crc))
+        return NULL;
+    bo = PyObject_New(BatchObject, &BatchType);
+    if (!bo)
+        return NULL;
+    bo->engine = (EngineObject *)Py_NewRef(self);
+    bo->ops = NULL;
+    bo->res = NULL;
+    bo->efd = -1;
+    bo->status = 0;
+    bo->started = bo->joined = 0;
+    atomic_init(&bo->finished, 0);
+    if (!(bo->ops = parse_ops(ops_obj, &n)))
+        goto fail;
+    if (!(bo->res = PyMem_Calloc(n ? n : 1, sizeof(*bo->res)))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    memset(&bo->b, 0, sizeof(bo->b));
+    bo->b.ops = bo->ops;
+    bo->b.nops = n;
+    bo->b.res = bo->res;
+    bo->b.write = write;
+    bo->b.want_crc = want_crc;
+    bo->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (bo->efd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto fail;
+    }
+    if (begin_use(self) < 0)
+        goto fail;
+    if (pthread_create(&bo->thread, NULL, batch_thread, bo)) {
+        end_use(self);
+        PyErr_SetString(PyExc_OSError, "could not start a batch thread");
+        goto fail;
+    }
+    bo->started = 1;
+    return (PyObject *)bo;
+fail:
+    Py_DECREF(bo);
+    return NULL;
+}
+
+static void Batch_dealloc(BatchObject *bo)
+{
+    batch_join(bo); /* the thread writes into memory this object owns */
+    if (bo->efd >= 0)
+        close(bo->efd);
+    PyMem_Free(bo->ops);
+    PyMem_Free(bo->res);
+    Py_XDECREF(bo->engine);
+    PyObject_Free(bo);
+}
+
+static PyObject *Batch_fileno(BatchObject *bo, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromLong(bo->efd);
+}
+
+static PyObject *Batch_done(BatchObject *bo, PyObject *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(atomic_load(&bo->finished));
+}
+
+static PyObject *Batch_wait(BatchObject *bo, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {NULL};
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "", kwlist))
+        return NULL;
+    batch_join(bo);
+    if (bo->status == -ENOMEM) {
+        errno = -bo->status;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return results_to_list(bo->res, bo->b.nops, bo->b.want_crc);
+}
+
+/* ------------------------------------------------------------- HostBuffer */
+
+typedef struct {
+    PyObject_HEAD
+    char *addr;
+    size_t size;    /* as asked */
+    size_t mapped;  /* rounded */
+    int huge;
+} HostBufferObject;
+
+static PyObject *HostBuffer_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"size", "hugepages", NULL};
+    long long size;
+    int hugepages = -1; /* -1: when size >= 2 MiB */
+    HostBufferObject *hb;
+    size_t map;
+    void *p;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "L|p", kwlist, &size, &hugepages))
+        return NULL;
+    if (size <= 0) {
+        PyErr_Format(PyExc_ValueError, "size must be > 0, not %lld", size);
+        return NULL;
+    }
+    if (hugepages < 0)
+        hugepages = size >= HUGE_2M;
+    map = hugepages ? ((size_t)size + HUGE_2M - 1) & ~(size_t)(HUGE_2M - 1)
+                    : ((size_t)size + FX_DIO_ALIGN - 1) & ~(size_t)(FX_DIO_ALIGN - 1);
+    /* Over-map by 2 MiB so the start can be 2 MiB-aligned for huge pages. */
+    p = mmap(NULL, map + (hugepages ? HUGE_2M : 0), PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if (hugepages) {
+        uintptr_t a = ((uintptr_t)p + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1);
+        size_t head = a - (uintptr_t)p, tail = HUGE_2M - head;
+        if (head)
+            munmap(p, head);
+        if (tail)
+            munmap((char *)a + map, tail);
+        p = (void *)a;
+        madvise(p, map, MADV_HUGEPAGE);
+    }
+    hb = (HostBufferObject *)type->tp_alloc(type, 0);
+    if (!hb) {
+        munmap(p, map);
+        return NULL;
+    }
+    hb->addr = p;
+    hb->size = (size_t)size;
+    hb->mapped = map;
+    hb->huge = hugepages;
+    return (PyObject *)hb;
+}
+
+static void HostBuffer_dealloc(HostBufferObject *hb)
+{
+    if (hb->addr)
+        munmap(hb->addr, hb->mapped);
+    Py_TYPE(hb)->tp_free((PyObject *)hb);
+}
+
+static int HostBuffer_getbuffer(HostBufferObject *hb, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)hb, hb->addr, (Py_ssize_t)hb->size, 0, flags);
+}
+
+static PyObject *HostBuffer_address(HostBufferObject *hb, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLongLong((uintptr_t)hb->addr);
+}
+
+static Py_ssize_t HostBuffer_len(HostBufferObject *hb) { return (Py_ssize_t)hb->size; }
+
+/* -------------------------------------------------------- module functions */
+
+static PyObject *mod_crc32c(PyObject *m, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"data", "value", NULL};
+    Py_buffer view;
+    unsigned int value = 0;
+    uint32_t crc;
+
+    (void)m;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|I", kwlist, &view, &value))
+        return NULL;
+    if (view.len > 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        crc = fx_crc32c(value, view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = fx_crc32c(value, view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *mod_crc32c_at(PyObject *m, PyObject *args)
+{
+    unsigned long long addr, len;
+    unsigned int value = 0;
+    uint32_t crc;
+
+    (void)m;
+    if (!PyArg_ParseTuple(args, "KK|I", &addr, &len, &value))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    crc = fx_crc32c(value, (const void *)(uintptr_t)addr, (size_t)len);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *mod_io_uring_status(PyObject *m, PyObject *unused)
+{
+    char why[256] = "";
+    fx_uring *u;
+
+    (void)m;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    u = fx_uring_create(4, why, sizeof(why));
+    Py_END_ALLOW_THREADS
+    if (u) {
+        fx_uring_destroy(u);
+        return Py_BuildValue("(Os)", Py_True, "io_uring works");
+    }
+    return Py_BuildValue("(Os)", Py_False, why);
+}
+
+/* Asks for huge pages on the 2 MiB-aligned interior of a region that is
+ * already mapped (e.g. LMCache's pool) and collapses it now; bigger pages
+ * give the block layer bigger requests. Returns bytes advised or -errno. */
+static PyObject *mod_advise_hugepages(PyObject *m, PyObject *args)
+{
+    unsigned long long addr, len;
+    uintptr_t a, e;
+    int r = 0;
+
+    (void)m;
+    if (!PyArg_ParseTuple(args, "KK", &addr, &len))
+        return NULL;
+    a = ((uintptr_t)addr + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1);
+    e = ((uintptr_t)addr + len) & ~(uintptr_t)(HUGE_2M - 1);
+    if (e <= a)
+        return PyLong_FromLong(0);
+    Py_BEGIN_ALLOW_THREADS
+    if (madvise((void *)a, e - a, MADV_HUGEPAGE) < 0)
+        r = -errno;
+    else
+        (void)madvise((void *)a, e - a, MADV_COLLAPSE); /* best effort, 6.1+ */
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(r < 0 ? r : (long long)(e - a));
+}
+
+/* ----------------------------------------------------------------- tables */
+
+static PyObject *Engine_get_kind(EngineObject *e, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(e->kind == KIND_URING ? "io_uring" : "threads");
+}
+static PyObject *Engine_get_qd(EngineObject *e, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLong(e->queue_depth);
+}
+static PyObject *Engine_get_split(EngineObject *e, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLongLong(e->split_bytes);
+}
+static PyObject *Engine_get_threads(EngineObject *e, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(e->kind == KIND_THREADS ? e->nthreads : 0);
+}
+static PyObject *Engine_get_reason(EngineObject *e, void *c)
+{
+    (void)c;
+    return Py_NewRef(e->fallback_reason ? e->fallback_reason : Py_None);
+}
+static PyObject *Engine_get_registered(EngineObject *e, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(e->kind == KIND_URING && e->uring && fx_uring_registered(e->uring));
+}
+static PyObject *Engine_get_closed(EngineObject *e, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(e->closed);
+}
+
+static PyGetSetDef Engine_getset[] = {
+    {"kind", (getter)Engine_get_kind, NULL, "'io_uring' or 'threads'", NULL},
+    {"queue_depth", (getter)Engine_get_qd, NULL, "pieces in flight per batch", NULL},
+    {"split_bytes", (getter)Engine_get_split, NULL, "largest piece", NULL},
+    {"threads", (getter)Engine_get_threads, NULL, "I/O threads (thread engine)", NULL},
+    {"fallback_reason", (getter)Engine_get_reason, NULL, "why io_uring is not used, or None", NULL},
+    {"registered", (getter)Engine_get_registered, NULL, "a fixed buffer is registered", NULL},
+    {"closed", (getter)Engine_get_closed, NULL, "close() was called", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef Engine_methods[] = {
+    {"read", (PyCFunction)(void (*)(void))Engine_read, METH_VARARGS | METH_KEYWORDS,
+     "read(ops, crc=False) -> list: bytes read or -errno per op (with CRC32C if crc)"},
+    {"write", (PyCFunction)(void (*)(void))Engine_write, METH_VARARGS | METH_KEYWORDS,
+     "write(ops, crc=False) -> list: bytes written or -errno per op"},
+    {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_VARARGS | METH_KEYWORDS,
+     "submit(ops, write=False, crc=False) -> Batch running in the background"},
+    {"register_buffer", (PyCFunction)Engine_register_buffer, METH_VARARGS,
+     "register_buffer(address, length) -> 0 or -errno; (0, 0) unregisters"},
+    {"close", (PyCFunction)Engine_close, METH_NOARGS, "wait for running batches, free the engine"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "lmcache_fx._fxio.Engine",
+    .tp_basicsize = sizeof(EngineObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Engine(io_engine='auto', queue_depth=32, split_bytes=1 MiB, threads=0)",
+    .tp_new = Engine_new,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+    .tp_getset = Engine_getset,
+};
+
+static PyMethodDef Batch_methods[] = {
+    {"fileno", (PyCFunction)Batch_fileno, METH_NOARGS, "eventfd readable once the batch is done"},
+    {"done", (PyCFunction)Batch_done, METH_NOARGS, "whether the batch has finished"},
+    {"wait", (PyCFunction)(void (*)(void))Batch_wait, METH_VARARGS | METH_KEYWORDS,
+     "wait() -> results, blocking without the GIL"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "lmcache_fx._fxio.Batch",
+    .tp_basicsize = sizeof(BatchObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A batch running on a C thread; see Engine.submit",
+    .tp_dealloc = (destructor)Batch_dealloc,
+    .tp_methods = Batch_methods,
+};
+
+static PyBufferProcs HostBuffer_as_buffer = {(getbufferproc)HostBuffer_getbuffer, NULL};
+static PySequenceMethods HostBuffer_as_seq = {.sq_length = (lenfunc)HostBuffer_len};
+static PyGetSetDef HostBuffer_getset[] = {
+    {"address", (getter)HostBuffer_address, NULL, "start address", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject HostBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "lmcache_fx._fxio.HostBuffer",
+    .tp_basicsize = sizeof(HostBufferObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "HostBuffer(size, hugepages=size >= 2 MiB): aligned anonymous memory",
+    .tp_new = HostBuffer_new,
+    .tp_dealloc = (destructor)HostBuffer_dealloc,
+    .tp_as_buffer = &HostBuffer_as_buffer,
+    .tp_as_sequence = &HostBuffer_as_seq,
+    .tp_getset = HostBuffer_getset,
+};
+
+static PyMethodDef module_methods[] = {
+    {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
+     "crc32c(data, value=0) -> int"},
+    {"crc32c_at", (PyCFunction)mod_crc32c_at, METH_VARARGS,
+     "crc32c_at(address, length, value=0) -> int"},
+    {"io_uring_status", (PyCFunction)mod_io_uring_status, METH_NOARGS,
+     "io_uring_status() -> (usable, reason)"},
+    {"advise_hugepages", (PyCFunction)mod_advise_hugepages, METH_VARARGS,
+     "advise_hugepages(address, length) -> bytes advised or -errno"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef fxio_module = {
+    PyModuleDef_HEAD_INIT, "_fxio", "lmcache-fx C core: io_uring and thread I/O engines", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__fxio(void)
+{
+    PyObject *m;
+
+    if (PyType_Ready(&EngineType) < 0 || PyType_Ready(&BatchType) < 0 ||
+        PyType_Ready(&HostBufferType) < 0)
+        return NULL;
+    m = PyModule_Create(&fxio_module);
+    if (!m)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Engine", (PyObject *)&EngineType) < 0 ||
+        PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0 ||
+        PyModule_AddObjectRef(m, "HostBuffer", (PyObject *)&HostBufferType) < 0 ||
+        PyModule_AddIntConstant(m, "DIO_ALIGN", FX_DIO_ALIGN) < 0 ||
+        PyModule_AddIntConstant(m, "HAVE_LIBURING", fx_uring_available()) < 0 ||
+        PyModule_AddStringConstant(m, "CRC32C_IMPL", fx_crc32c_impl()) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,158 @@
+/* The thread engine: a pool of pthreads doing pread/pwrite on pieces. Used
+ * when io_uring cannot be had (old kernel, io_uring_disabled, a seccomp
+ * profile) or when asked for. Plain C threads, so no GIL convoy. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "fxio.h"
+
+typedef struct fx_job {
+    fx_batch *b;
+    size_t next;     /* next piece to hand out */
+    size_t finished; /* pieces done */
+    int active;      /* workers on this job, bounded by queue depth */
+    int max_active;
+    pthread_cond_t done_cv;
+    struct fx_job *link;
+} fx_job;
+
+struct fx_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;
+    fx_job *head, *tail;
+    int stop;
+    int nthreads;
+    pthread_t *threads;
+};
+
+/* First queued job that still has pieces and room for another worker. */
+static fx_job *pick(fx_pool *pool)
+{
+    for (fx_job *j = pool->head; j; j = j->link)
+        if (j->next < j->b->npieces && j->active < j->max_active)
+            return j;
+    return NULL;
+}
+
+static void unlink_job(fx_pool *pool, fx_job *job)
+{
+    fx_job **pp = &pool->head, *prev = NULL;
+
+    while (*pp && *pp != job) {
+        prev = *pp;
+        pp = &(*pp)->link;
+    }
+    if (!*pp)
+        return;
+    *pp = job->link;
+    if (pool->tail == job)
+        pool->tail = prev;
+    job->link = NULL;
+}
+
+static void *worker(void *arg)
+{
+    fx_pool *pool = arg;
+
+    pthread_mutex_lock(&pool->mu);
+    for (;;) {
+        fx_job *job;
+        fx_piece *p;
+        int64_t r;
+        int op_done;
+
+        while (!pool->stop && !(job = pick(pool)))
+            pthread_cond_wait(&pool->work_cv, &pool->mu);
+        if (pool->stop)
+            break;
+        p = &job->b->pieces[job->next++];
+        job->active++;
+        if (job->next == job->b->npieces)
+            unlink_job(pool, job); /* fully handed out */
+        pthread_mutex_unlock(&pool->mu);
+
+        r = fx_piece_run_sync(job->b, p);
+
+        pthread_mutex_lock(&pool->mu);
+        op_done = fx_piece_finish(job->b, p, r);
+        if (op_done) {
+            /* The CRC of a whole op is computed outside the lock. */
+            pthread_mutex_unlock(&pool->mu);
+            fx_op_complete(job->b, p->op);
+            pthread_mutex_lock(&pool->mu);
+        }
+        job->active--;
+        if (++job->finished == job->b->npieces)
+            pthread_cond_signal(&job->done_cv);
+        else if (job->next < job->b->npieces)
+            pthread_cond_signal(&pool->work_cv); /* a slot under max_active opened */
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
+}
+
+fx_pool *fx_pool_create(int nthreads)
+{
+    fx_pool *pool = calloc(1, sizeof(*pool));
+    int i;
+
+    if (!pool)
+        return NULL;
+    pool->threads = calloc((size_t)nthreads, sizeof(pthread_t));
+    if (!pool->threads) {
+        free(pool);
+        return NULL;
+    }
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->work_cv, NULL);
+    for (i = 0; i < nthreads; i++) {
+        if (pthread_create(&pool->threads[i], NULL, worker, pool))
+            break;
+    }
+    pool->nthreads = i;
+    if (i == 0) {
+        fx_pool_destroy(pool);
+        return NULL;
+    }
+    return pool;
+}
+
+void fx_pool_destroy(fx_pool *pool)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&pool->mu);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->work_cv);
+    pthread_mutex_unlock(&pool->mu);
+    for (int i = 0; i < pool->nthreads; i++)
+        pthread_join(pool->threads[i], NULL);
+    pthread_cond_destroy(&pool->work_cv);
+    pthread_mutex_destroy(&pool->mu);
+    free(pool->threads);
+    free(pool);
+}
+
+int fx_pool_nthreads(const fx_pool *pool) { return pool->nthreads; }
+
+/* Runs a prepared batch to completion; the caller must not hold the GIL. */
+int fx_pool_run(fx_pool *pool, fx_batch *b, int queue_depth)
+{
+    fx_job job = {.b = b, .max_active = queue_depth > 0 ? queue_depth : 1};
+
+    if (b->npieces == 0)
+        return 0;
+    pthread_cond_init(&job.done_cv, NULL);
+    pthread_mutex_lock(&pool->mu);
+    if (pool->tail)
+        pool->tail->link = &job;
+    else
+        pool->head = &job;
+    pool->tail = &job;
+    pthread_cond_broadcast(&pool->work_cv);
+    while (job.finished < b->npieces)
+        pthread_cond_wait(&job.done_cv, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
+    pthread_cond_destroy(&job.done_cv);
+    return 0;
+}

@@ -1,0 +1,434 @@
+/* The io_uring engine. One ring runs one batch at a time; rings are kept in a
+ * small free list so several Python threads can run batches at once without
+ * sharing a ring. Every piece that was submitted is reaped before a batch
+ * returns, on every path, because the kernel writes into caller memory. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "fxio.h"
+
+#ifdef FX_HAVE_LIBURING
+#include <liburing.h>
+
+#define MAX_FREE_RINGS 16
+#define FIXED_IOV_MAX (1ull << 30) /* kernel limit per registered iovec */
+
+typedef struct {
+    struct io_uring ring;
+    int reg_gen; /* registration generation this ring carries */
+} ring_slot;
+
+struct fx_uring {
+    pthread_mutex_t mu;
+    ring_slot *free_list[MAX_FREE_RINGS];
+    int nfree;
+    unsigned qd;
+    unsigned setup_flags;
+    char *reg_base; /* registered region, or NULL */
+    size_t reg_len;
+    int reg_gen;
+    int reg_ok;
+};
+
+static int ring_init(struct io_uring *ring, unsigned qd, unsigned *flags)
+{
+    struct io_uring_params p;
+    int r;
+
+    memset(&p, 0, sizeof(p));
+    p.flags = *flags;
+    r = io_uring_queue_init_params(qd, ring, &p);
+    if (r == -EINVAL && *flags) {
+        *flags = 0; /* older kernel: drop the optional setup flags */
+        memset(&p, 0, sizeof(p));
+        r = io_uring_queue_init_params(qd, ring, &p);
+    }
+    return r;
+}
+
+static int register_region(fx_uring *u, struct io_uring *ring)
+{
+    size_t n = (u->reg_len + FIXED_IOV_MAX - 1) / FIXED_IOV_MAX, i;
+    struct iovec *iov = calloc(n, sizeof(*iov));
+    int r;
+
+    if (!iov)
+        return -ENOMEM;
+    for (i = 0; i < n; i++) {
+        size_t off = i * FIXED_IOV_MAX;
+        iov[i].iov_base = u->reg_base + off;
+        iov[i].iov_len = u->reg_len - off < FIXED_IOV_MAX ? u->reg_len - off : FIXED_IOV_MAX;
+    }
+    r = io_uring_register_buffers(ring, iov, (unsigned)n);
+    free(iov);
+    return r;
+}
+
+/* Brings a ring's fixed buffers in line with the engine's current region. */
+static void sync_registration(fx_uring *u, ring_slot *s)
+{
+    if (s->reg_gen == u->reg_gen)
+        return;
+    if (s->reg_gen)
+        io_uring_unregister_buffers(&s->ring);
+    s->reg_gen = 0;
+    if (u->reg_base && u->reg_ok && register_region(u, &s->ring) == 0)
+        s->reg_gen = u->reg_gen;
+}
+
+static ring_slot *take_ring(fx_uring *u)
+{
+    ring_slot *s = NULL;
+    unsigned flags;
+
+    pthread_mutex_lock(&u->mu);
+    if (u->nfree)
+        s = u->free_list[--u->nfree];
+    flags = u->setup_flags;
+    pthread_mutex_unlock(&u->mu);
+    if (!s) {
+        s = calloc(1, sizeof(*s));
+        if (!s)
+            return NULL;
+        if (ring_init(&s->ring, u->qd, &flags) < 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    pthread_mutex_lock(&u->mu);
+    sync_registration(u, s);
+    pthread_mutex_unlock(&u->mu);
+    return s;
+}
+
+static void give_ring(fx_uring *u, ring_slot *s)
+{
+    pthread_mutex_lock(&u->mu);
+    if (u->nfree < MAX_FREE_RINGS) {
+        u->free_list[u->nfree++] = s;
+        s = NULL;
+    }
+    pthread_mutex_unlock(&u->mu);
+    if (s) {
+        io_uring_queue_exit(&s->ring);
+        free(s);
+    }
+}
+
+int fx_uring_available(void) { return 1; }
+
+fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
+{
+    fx_uring *u = calloc(1, sizeof(*u));
+    struct io_uring_probe *probe;
+    ring_slot *s;
+    int r;
+
+    if (!u) {
+        snprintf(why, whylen, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&u->mu, NULL);
+    u->qd = qd;
+#ifdef IORING_SETUP_COOP_TASKRUN
+    /* Completions are reaped by the submitting thread; skip the IPIs. */
+    u->setup_flags = IORING_SETUP_COOP_TASKRUN;
+#endif
+    s = calloc(1, sizeof(*s));
+    if (!s) {
+        snprintf(why, whylen, "out of memory");
+        goto fail;
+    }
+    r = ring_init(&s->ring, qd, &u->setup_flags);
+    if (r < 0) {
+        const char *hint = r == -ENOSYS   ? " (kernel without io_uring)"
+                           : r == -EPERM  ? " (blocked: kernel.io_uring_disabled or a seccomp profile)"
+                           : r == -ENOMEM ? " (memlock limit too low for the ring)"
+                                          : "";
+        snprintf(why, whylen, "io_uring_setup failed: %s%s", strerror(-r), hint);
+        free(s);
+        goto fail;
+    }
+    probe = io_uring_get_probe_ring(&s->ring);
+    if (probe) {
+        int ok = io_uring_opcode_supported(probe, IORING_OP_READ) &&
+                 io_uring_opcode_supported(probe, IORING_OP_WRITE);
+        io_uring_free_probe(probe);
+        if (!ok) {
+            snprintf(why, whylen, "kernel io_uring lacks IORING_OP_READ/WRITE (needs 5.6+)");
+            io_uring_queue_exit(&s->ring);
+            free(s);
+            goto fail;
+        }
+    }
+    u->free_list[u->nfree++] = s;
+    return u;
+fail:
+    pthread_mutex_destroy(&u->mu);
+    free(u);
+    return NULL;
+}
+
+void fx_uring_destroy(fx_uring *u)
+{
+    if (!u)
+        return;
+    for (int i = 0; i < u->nfree; i++) {
+        io_uring_queue_exit(&u->free_list[i]->ring);
+        free(u->free_list[i]);
+    }
+    pthread_mutex_destroy(&u->mu);
+    free(u);
+}
+
+int fx_uring_register(fx_uring *u, void *addr, size_t len)
+{
+    ring_slot *s;
+    int r;
+
+    /* Try on one ring first so a refusal (ENOMEM without CAP_IPC_LOCK) is
+     * reported; the other rings catch up when they are next taken. */
+    pthread_mutex_lock(&u->mu);
+    u->reg_base = addr;
+    u->reg_len = len;
+    u->reg_gen++;
+    u->reg_ok = addr != NULL;
+    pthread_mutex_unlock(&u->mu);
+    if (!addr)
+        return 0;
+    s = take_ring(u);
+    if (!s)
+        return -ENOMEM;
+    pthread_mutex_lock(&u->mu);
+    r = s->reg_gen == u->reg_gen ? 0 : -ENOMEM;
+    if (r) {
+        /* Find the real error for the caller. */
+        r = register_region(u, &s->ring);
+        if (r == 0) {
+            s->reg_gen = u->reg_gen;
+        } else {
+            u->reg_ok = 0;
+        }
+    }
+    pthread_mutex_unlock(&u->mu);
+    give_ring(u, s);
+    return r;
+}
+
+int fx_uring_registered(const fx_uring *u) { return u->reg_base && u->reg_ok; }
+
+/* Index of the registered iovec holding the whole piece, or -1. */
+static int fixed_index(const fx_uring *u, const ring_slot *s, const fx_piece *p)
+{
+    uintptr_t b = (uintptr_t)u->reg_base, a = (uintptr_t)p->buf;
+    size_t idx;
+
+    if (!s->reg_gen || a < b || a + p->length > b + u->reg_len)
+        return -1;
+    idx = (a - b) / FIXED_IOV_MAX;
+    if ((a + p->length - 1 - b) / FIXED_IOV_MAX != idx)
+        return -1;
+    return (int)idx;
+}
+
+static void prep_piece(fx_uring *u, ring_slot *s, struct io_uring_sqe *sqe, const fx_batch *b,
+                       fx_piece *p)
+{
+    int fd = b->ops[p->op].fd;
+    int idx = fixed_index(u, s, p);
+
+    if (idx >= 0) {
+        if (b->write)
+            io_uring_prep_write_fixed(sqe, fd, p->buf, (unsigned)p->length, p->offset, idx);
+        else
+            io_uring_prep_read_fixed(sqe, fd, p->buf, (unsigned)p->length, p->offset, idx);
+    } else if (b->write) {
+        io_uring_prep_write(sqe, fd, p->buf, (unsigned)p->length, p->offset);
+    } else {
+        io_uring_prep_read(sqe, fd, p->buf, (unsigned)p->length, p->offset);
+    }
+    io_uring_sqe_set_data(sqe, p);
+}
+
+typedef struct {
+    fx_batch *b;
+    int64_t *done;     /* bytes done per piece, across short transfers */
+    unsigned char *fin; /* piece finished */
+} run_state;
+
+static void finish(run_state *st, fx_piece *p, int64_t r)
+{
+    size_t pi = (size_t)(p - st->b->pieces);
+
+    st->fin[pi] = 1;
+    if (fx_piece_finish(st->b, p, r))
+        fx_op_complete(st->b, p->op);
+}
+
+/* Handles one completion; returns 1 when the piece must be resubmitted. */
+static int on_cqe(run_state *st, fx_piece *p, int res)
+{
+    size_t pi = (size_t)(p - st->b->pieces);
+    int write = st->b->write;
+
+    if (res == -EAGAIN || res == -EINTR)
+        return 1;
+    if (res < 0) {
+        finish(st, p, res);
+        return 0;
+    }
+    if (res == 0) {
+        finish(st, p, write ? -EIO : st->done[pi]); /* EOF */
+        return 0;
+    }
+    st->done[pi] += res;
+    if ((uint64_t)res >= p->length) {
+        finish(st, p, st->done[pi]);
+        return 0;
+    }
+    if (p->direct) {
+        /* Short O_DIRECT: EOF on read, out of space on write. */
+        finish(st, p, write ? -ENOSPC : st->done[pi]);
+        return 0;
+    }
+    p->offset += (uint64_t)res;
+    p->buf += res;
+    p->length -= (uint64_t)res;
+    return 1;
+}
+
+/* The ring failed: reap what the kernel still holds, fail the rest, and
+ * throw the ring away rather than reuse it. */
+static int abort_run(run_state *st, ring_slot *s, unsigned inflight, int err)
+{
+    while (inflight) {
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(&s->ring, &cqe) < 0)
+            break;
+        finish(st, io_uring_cqe_get_data(cqe), cqe->res < 0 ? cqe->res : err);
+        io_uring_cqe_seen(&s->ring, cqe);
+        inflight--;
+    }
+    io_uring_queue_exit(&s->ring);
+    free(s);
+    for (size_t i = 0; i < st->b->npieces; i++)
+        if (!st->fin[i])
+            finish(st, &st->b->pieces[i], err);
+    return err;
+}
+
+int fx_uring_run(fx_uring *u, fx_batch *b)
+{
+    ring_slot *s;
+    size_t next = 0;
+    unsigned inflight = 0, queued = 0;
+    run_state st = {.b = b};
+    int ret = 0;
+
+    if (b->npieces == 0)
+        return 0;
+    s = take_ring(u);
+    if (!s)
+        return -ENOMEM;
+    st.done = calloc(b->npieces, sizeof(*st.done));
+    st.fin = calloc(b->npieces, 1);
+    if (!st.done || !st.fin) {
+        give_ring(u, s);
+        ret = -ENOMEM;
+        goto out;
+    }
+    while (next < b->npieces || inflight || queued) {
+        struct io_uring_cqe *cqe;
+        unsigned head, seen = 0;
+        int r;
+
+        while (next < b->npieces && inflight + queued < u->qd) {
+            fx_piece *p = &b->pieces[next];
+            struct io_uring_sqe *sqe;
+
+            if (fx_piece_needs_bounce(p)) {
+                /* Rare (unaligned tail or buffer on O_DIRECT): done inline. */
+                next++;
+                finish(&st, p, fx_piece_run_sync(b, p));
+                continue;
+            }
+            sqe = io_uring_get_sqe(&s->ring);
+            if (!sqe)
+                break;
+            prep_piece(u, s, sqe, b, p);
+            next++;
+            queued++;
+        }
+        if (!inflight && !queued)
+            continue; /* the rest was bounced inline */
+        r = io_uring_submit_and_wait(&s->ring, 1);
+        if (r >= 0) {
+            /* Entries the kernel did not take stay queued for the next call. */
+            if ((unsigned)r > queued)
+                r = (int)queued;
+            inflight += (unsigned)r;
+            queued -= (unsigned)r;
+        } else if (r != -EINTR && r != -EAGAIN && r != -EBUSY) {
+            ret = abort_run(&st, s, inflight, r);
+            goto out;
+        }
+        io_uring_for_each_cqe(&s->ring, head, cqe)
+        {
+            fx_piece *p = io_uring_cqe_get_data(cqe);
+            struct io_uring_sqe *sqe;
+
+            seen++;
+            inflight--;
+            if (!on_cqe(&st, p, cqe->res))
+                continue;
+            /* inflight + queued stays within the SQ size, so there is room. */
+            sqe = io_uring_get_sqe(&s->ring);
+            if (!sqe) {
+                finish(&st, p, -EBUSY);
+                continue;
+            }
+            prep_piece(u, s, sqe, b, p);
+            queued++;
+        }
+        io_uring_cq_advance(&s->ring, seen);
+    }
+    give_ring(u, s);
+out:
+    free(st.done);
+    free(st.fin);
+    return ret;
+}
+
+#else /* built without liburing: the thread engine only */
+
+int fx_uring_available(void) { return 0; }
+fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
+{
+    (void)qd;
+    snprintf(why, whylen, "lmcache-fx was built without liburing (install liburing-dev and rebuild)");
+    return NULL;
+}
+void fx_uring_destroy(fx_uring *u) { (void)u; }
+int fx_uring_run(fx_uring *u, fx_batch *b)
+{
+    (void)u;
+    (void)b;
+    return -ENOSYS;
+}
+int fx_uring_register(fx_uring *u, void *addr, size_t len)
+{
+    (void)u;
+    (void)addr;
+    (void)len;
+    return -ENOSYS;
+}
+int fx_uring_registered(const fx_uring *u)
+{
+    (void)u;
+    return 0;
+}
+#endif

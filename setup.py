@@ -1,0 +1,59 @@
+"""Build of lmcache-fx: one C extension, lmcache_fx._fxio.
+
+liburing is linked statically when its header and static library are found
+(Debian/Ubuntu: liburing-dev), so the installed module needs no liburing at
+run time. Without it the build still succeeds with the thread engine only,
+and says so. LMCACHE_FX_NO_URING=1 forces that build; LIBURING_PREFIX points
+at a liburing installed elsewhere.
+"""
+import glob
+import os
+import sys
+
+from setuptools import Extension, setup
+
+
+def find_liburing():
+    if os.environ.get("LMCACHE_FX_NO_URING") == "1":
+        return None, "LMCACHE_FX_NO_URING=1"
+    prefixes = [os.environ.get("LIBURING_PREFIX", ""), "/usr", "/usr/local"]
+    for prefix in filter(None, prefixes):
+        header = os.path.join(prefix, "include", "liburing.h")
+        if not os.path.exists(header):
+            continue
+        libs = glob.glob(os.path.join(prefix, "lib*", "liburing.a")) + glob.glob(
+            os.path.join(prefix, "lib*", "*-linux-gnu*", "liburing.a")
+        )
+        if libs:
+            return (os.path.join(prefix, "include"), libs[0]), None
+    return None, "liburing.h and liburing.a not found (apt-get install liburing-dev)"
+
+
+uring, why_not = find_liburing()
+define_macros = []
+include_dirs = ["csrc"]
+extra_objects = []
+if uring:
+    define_macros.append(("FX_HAVE_LIBURING", "1"))
+    include_dirs.append(uring[0])
+    extra_objects.append(uring[1])
+else:
+    sys.stderr.write(
+        f"lmcache-fx: building WITHOUT io_uring: {why_not}. "
+        "Only the thread engine will be available.\n"
+    )
+
+setup(
+    ext_modules=[
+        Extension(
+            "lmcache_fx._fxio",
+            sources=sorted(glob.glob("csrc/*.c")),
+            include_dirs=include_dirs,
+            define_macros=define_macros,
+            extra_objects=extra_objects,
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
+                                "-Wno-cast-function-type"],
+            libraries=["pthread"],
+        )
+    ],
+)
