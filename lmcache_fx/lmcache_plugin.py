@@ -1,0 +1,302 @@
+"""LMCache in-process storage plugin: translates LMCache's calls into store
+calls, and nothing more.
+
+    storage_plugins: ["fx"]
+    extra_config:
+      storage_plugin.fx.module_path: lmcache_fx.lmcache_plugin
+      storage_plugin.fx.class_name: FxStorageBackend
+      storage_plugin.fx.path: /mnt/nvmeof/lmcache
+
+Reads go straight into MemoryObjs allocated from LMCache's LocalCPUBackend
+(one engine batch per request); writes run on one background thread that
+holds a reference to each object until its file is in place.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
+
+from .chunkfile import ChunkMeta
+from .options import ConfigError, FxOptions
+from .store import ChunkStore
+
+log = logging.getLogger("lmcache_fx")
+
+_PLUGIN_KEYS = ("module_path", "class_name")
+_claimed: dict[int, set] = {}  # id(config) -> plugin names already built in this process
+_claim_lock = threading.Lock()
+
+
+def plugin_name(config, cls) -> str:
+    """The `storage_plugins` entry this instance was built for. LMCache does
+    not pass it, so take the next entry naming this class, in the order
+    LMCache iterates them."""
+    extra = config.extra_config or {}
+    mine = [
+        n
+        for n in set(config.storage_plugins or [])
+        if extra.get(f"storage_plugin.{n}.class_name") == cls.__name__
+        and extra.get(f"storage_plugin.{n}.module_path") == cls.__module__
+    ]
+    with _claim_lock:
+        taken = _claimed.setdefault(id(config), set())
+        for n in mine:
+            if n not in taken:
+                taken.add(n)
+                return n
+    if mine:
+        return mine[0]
+    raise ConfigError(
+        f"storage_plugins has no entry whose storage_plugin.<name>.module_path is {cls.__module__} "
+        f"and class_name is {cls.__name__}"
+    )
+
+
+def options_from_extra(extra: dict, prefix: str) -> FxOptions:
+    """Options under `prefix` (e.g. 'storage_plugin.fx.'), checked by name."""
+    values = {k[len(prefix):]: v for k, v in (extra or {}).items() if k.startswith(prefix)}
+    for k in _PLUGIN_KEYS:
+        values.pop(k, None)
+    return FxOptions.from_mapping(values, where=prefix)
+
+
+def meta_of(obj: MemoryObj) -> ChunkMeta:
+    m = obj.meta
+    shapes = m.shapes or [m.shape]
+    dtypes = m.dtypes or [m.dtype]
+    return ChunkMeta(
+        tuple(tuple(int(x) for x in s) for s in shapes),
+        tuple(str(d).removeprefix("torch.") for d in dtypes),
+        m.fmt.name,
+    )
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dt
+
+
+class FxStorageBackend(StoragePluginInterface):
+    def __init__(self, config=None, dst_device: str = "cpu", metadata=None, local_cpu_backend=None, loop=None):
+        super().__init__(dst_device="cpu", config=config, metadata=metadata,
+                         local_cpu_backend=local_cpu_backend, loop=loop)
+        if local_cpu_backend is None:
+            raise ConfigError("lmcache-fx needs LMCache's LocalCPUBackend as its allocator")
+        self.name = plugin_name(config, type(self))
+        self.options = options_from_extra(config.extra_config, f"storage_plugin.{self.name}.")
+        self.store = ChunkStore(self.options)
+        self._register_pool()
+        self._put_lock = threading.Lock()
+        self._put_keys: set[CacheEngineKey] = set()
+        self._lookup_pins: dict[str, list[CacheEngineKey]] = {}
+        self._writes: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name=f"lmcache-fx-writer-{self.name}", daemon=True)
+        self._writer.start()
+        log.info("lmcache-fx: plugin '%s' on %s, engine %s, O_DIRECT %s, %d chunks present",
+                 self.name, ",".join(self.store.roots), self.store.engine.kind, self.store.odirect, len(self.store))
+
+    def __str__(self) -> str:
+        return f"FxStorageBackend({self.name})"
+
+    def _register_pool(self) -> None:
+        """Huge pages and io_uring fixed buffers on LMCache's pool, where the
+        kernel allows: bigger requests and no per-I/O page pinning."""
+        from . import _fxio
+
+        try:
+            buf = self.local_cpu_backend.get_memory_allocator().buffer
+            addr, size = buf.data_ptr(), buf.numel() * buf.element_size()
+        except Exception as e:  # an allocator without one flat buffer
+            log.debug("lmcache-fx: no flat pool to register (%s)", e)
+            return
+        _fxio.advise_hugepages(addr, size)
+        r = self.store.engine.register_buffer(addr, size)
+        if r < 0:
+            log.info("lmcache-fx: fixed buffers not registered (%s); plain reads are used",
+                     os.strerror(-r))
+
+    # ------------------------------------------------------------ lookups
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        k = key.to_string()
+        if pin:
+            return self.store.pin(k)
+        return self.store.contains(k)
+
+    def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        n = 0
+        for key in keys:
+            if not self.contains(key, pin):
+                break
+            n += 1
+        return n
+
+    async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        n = self.batched_contains(keys, pin)
+        if pin and n:
+            # LMCache sends no unpin after an async load: remember and release.
+            self._lookup_pins.setdefault(lookup_id, []).extend(keys[:n])
+        return n
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        with self._put_lock:
+            return key in self._put_keys
+
+    def pin(self, key: CacheEngineKey) -> bool:
+        return self.store.pin(key.to_string())
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        return self.store.unpin(key.to_string())
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        return self.store.remove(key.to_string())
+
+    def touch_cache(self) -> None:
+        pass  # recency is updated on every hit
+
+    def get_allocator_backend(self):
+        return self.local_cpu_backend
+
+    # ------------------------------------------------------------ reads
+    def _allocate(self, meta: ChunkMeta, busy_loop: bool = True):
+        try:
+            shapes = [torch.Size(s) for s in meta.shapes]
+            dtypes = [_torch_dtype(d) for d in meta.dtypes]
+            fmt = MemoryFormat[meta.fmt]
+        except (KeyError, ValueError) as e:
+            log.warning("lmcache-fx: chunk meta not usable here (%s); miss", e)
+            return None
+        obj = self.local_cpu_backend.allocate(shapes, dtypes, fmt, busy_loop=busy_loop)
+        if obj is None:
+            return None
+        return obj, obj.data_ptr, obj.get_size()
+
+    @staticmethod
+    def _release(obj: MemoryObj) -> None:
+        obj.ref_count_down()
+
+    def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        return self.batched_get_blocking([key])[0]
+
+    def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        return self.store.read([k.to_string() for k in keys], self._allocate, self._release)
+
+    def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
+        fut: Future = Future()
+        try:
+            fut.set_result(self.get_blocking(key))
+        except Exception as e:
+            fut.set_exception(e)
+        return fut
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey],
+                                       transfer_spec: Any = None) -> list[MemoryObj]:
+        try:
+            objs = await self.store.read_async(
+                [k.to_string() for k in keys], lambda m: self._allocate(m, busy_loop=False), self._release
+            )
+        finally:
+            for k in self._lookup_pins.pop(lookup_id, []):
+                self.store.unpin(k.to_string())
+        out = []
+        for o in objs:  # a prefix: the first miss ends it
+            if o is None:
+                break
+            out.append(o)
+        for o in objs[len(out):]:
+            if o is not None:
+                o.ref_count_down()
+        return out
+
+    # ------------------------------------------------------------ writes
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: List[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Optional[Callable[[CacheEngineKey], None]] = None,
+    ) -> None:
+        batch = []
+        with self._put_lock:
+            for key, obj in zip(keys, objs):
+                if key in self._put_keys:
+                    continue
+                obj.ref_count_up()  # LMCache drops its reference when we return
+                self._put_keys.add(key)
+                batch.append((key, obj))
+        if batch:
+            self._writes.put((batch, on_complete_callback))
+        return None
+
+    def _write_loop(self) -> None:
+        carry = None
+        while True:
+            item = carry or self._writes.get()
+            carry = None
+            if item is None:
+                return
+            batch, callback = item
+            # Take what else is queued (same callback) so one engine batch writes it all.
+            while len(batch) < 64:
+                try:
+                    more = self._writes.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None or more[1] is not callback:
+                    carry = more if more is not None else None
+                    if more is None:
+                        self._writes.put(None)
+                    break
+                batch = batch + more[0]
+            self._write_batch(batch, callback)
+
+    def _write_batch(self, batch, callback) -> None:
+        try:
+            items = [(k.to_string(), o.data_ptr, o.get_size(), meta_of(o)) for k, o in batch]
+            done = self.store.write(items)
+        except Exception:
+            log.exception("lmcache-fx: store batch failed")
+            done = [False] * len(batch)
+        finally:
+            for _, o in batch:
+                o.ref_count_down()
+            with self._put_lock:
+                for k, _ in batch:
+                    self._put_keys.discard(k)
+        if callback is not None:
+            for (k, _), ok in zip(batch, done):
+                if ok:
+                    try:
+                        callback(k)
+                    except Exception:
+                        log.exception("lmcache-fx: on_complete_callback failed")
+
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Blocks until queued writes are on disk (tests, close)."""
+        import time
+
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._put_lock:
+                if not self._put_keys:
+                    return
+            if end is not None and time.monotonic() > end:
+                raise TimeoutError("lmcache-fx: writes still pending")
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        if self._writer.is_alive():
+            self._writes.put(None)
+            self._writer.join()
+        self.store.close()
+

@@ -1,0 +1,159 @@
+"""A real LMCacheEngine on CPU for tests, benchmarks and the demo.
+
+LMCache's MockGPUConnector moves nothing, so this module supplies a small
+connector that really gathers and scatters a paged KV cache (per layer
+[kv_size, num_blocks, block_size, kv_heads, head_dim]) through a slot
+mapping into LMCache's chunk objects ([kv_size, layers, tokens, heads*dim]).
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from contextlib import contextmanager
+
+os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from lmcache.v1.cache_engine import LMCacheEngineBuilder  # noqa: E402
+from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
+from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface  # noqa: E402
+from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
+
+
+class PagedCPUConnector(GPUConnectorInterface):
+    def __init__(self, num_layers, kv_size, kv_heads, head_dim):
+        self.num_layers, self.kv_size = num_layers, kv_size
+        self.hidden = kv_heads * head_dim
+        self.kvcaches = None
+
+    def _flat(self, kvcaches, layer):
+        # [kv_size, num_blocks, block_size, H, D] -> [kv_size, slots, H*D]
+        t = kvcaches[layer]
+        return t.view(self.kv_size, -1, self.hidden)
+
+    def from_gpu(self, memory_obj, start, end, **kw):
+        slots = kw["slot_mapping"][start:end]
+        dst = memory_obj.tensor
+        for layer in range(self.num_layers):
+            dst[:, layer, : end - start, :] = self._flat(kw["kvcaches"], layer)[:, slots, :]
+
+    def to_gpu(self, memory_obj, start, end, **kw):
+        slots = kw["slot_mapping"][start:end]
+        src = memory_obj.tensor
+        for layer in range(self.num_layers):
+            self._flat(kw["kvcaches"], layer)[:, slots, :] = src[:, layer, : end - start, :]
+
+    def batched_from_gpu(self, memory_objs, starts, ends, **kw):
+        for o, s, e in zip(memory_objs, starts, ends):
+            self.from_gpu(o, s, e, **kw)
+
+    def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kw):
+        for o, s, e in zip(memory_objs, starts, ends):
+            self.to_gpu(o, s, e, **kw)
+
+    def get_shape(self, num_tokens):
+        return torch.Size([self.kv_size, self.num_layers, num_tokens, self.hidden])
+
+
+class Geometry:
+    """A model's KV geometry: layers, kv heads, head dim, dtype, MLA or not."""
+
+    def __init__(self, layers=4, kv_heads=2, head_dim=64, dtype=torch.bfloat16, mla=False, chunk=256):
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.dtype, self.mla, self.chunk = dtype, mla, chunk
+        self.kv_size = 1 if mla else 2
+
+    @property
+    def bytes_per_token(self):
+        return self.kv_size * self.layers * self.kv_heads * self.head_dim * torch.tensor([], dtype=self.dtype).element_size()
+
+    def kv_shape(self):
+        return (self.layers, self.kv_size, self.chunk, self.kv_heads, self.head_dim)
+
+
+def fx_config(path, name="fx", local_cpu=False, cpu_gb=0.5, chunk=256, extra=None, **opts):
+    """The LMCache YAML a user writes, parsed by LMCache itself."""
+    cfg = {
+        "chunk_size": chunk,
+        "local_cpu": local_cpu,
+        "max_local_cpu_size": cpu_gb,
+        "storage_plugins": [name],
+        "extra_config": {
+            f"storage_plugin.{name}.module_path": "lmcache_fx.lmcache_plugin",
+            f"storage_plugin.{name}.class_name": "FxStorageBackend",
+            f"storage_plugin.{name}.path": str(path),
+            **{f"storage_plugin.{name}.{k}": v for k, v in opts.items()},
+            **(extra or {}),
+        },
+    }
+    return cfg
+
+
+def config_from_dict(d: dict, tmpdir) -> LMCacheEngineConfig:
+    p = os.path.join(str(tmpdir), f"lmcache-{uuid.uuid4().hex[:8]}.yaml")
+    with open(p, "w") as f:
+        yaml.safe_dump(d, f)
+    cfg = LMCacheEngineConfig.from_file(p)
+    cfg.validate()
+    return cfg
+
+
+class KV:
+    """A paged KV cache filled with random values, and a slot mapping."""
+
+    def __init__(self, geo: Geometry, num_tokens: int, seed: int = 0, block_size: int = 16):
+        g = torch.Generator().manual_seed(seed)
+        nblocks = (num_tokens + block_size - 1) // block_size + 2
+        shape = (geo.kv_size, nblocks, block_size, geo.kv_heads, geo.head_dim)
+        self.caches = [torch.randn(shape, generator=g).to(geo.dtype) for _ in range(geo.layers)]
+        # A shuffled slot mapping, like a real paged cache.
+        self.slot_mapping = torch.randperm(nblocks * block_size, generator=g)[:num_tokens]
+
+    def empty_like(self):
+        other = object.__new__(KV)
+        other.caches = [torch.zeros_like(c) for c in self.caches]
+        other.slot_mapping = self.slot_mapping
+        return other
+
+    def tokens_equal(self, other, n) -> bool:
+        s = self.slot_mapping[:n]
+        return all(
+            torch.equal(a.view(a.shape[0], -1, a.shape[-2] * a.shape[-1])[:, s],
+                        b.view(b.shape[0], -1, b.shape[-2] * b.shape[-1])[:, s])
+            for a, b in zip(self.caches, other.caches)
+        )
+
+
+@contextmanager
+def lmcache_engine(cfg: LMCacheEngineConfig, geo: Geometry, model="fx-test-model"):
+    md = LMCacheMetadata(
+        model_name=model, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+        kv_dtype=geo.dtype, kv_shape=geo.kv_shape(), use_mla=geo.mla, role="worker",
+        chunk_size=geo.chunk,
+    )
+    conn = PagedCPUConnector(geo.layers, geo.kv_size, geo.kv_heads, geo.head_dim)
+    iid = f"fx-{uuid.uuid4().hex[:8]}"
+    engine = LMCacheEngineBuilder.get_or_create(iid, cfg, md, conn, lambda *a, **k: None, lambda *a, **k: None)
+    try:
+        engine.post_init()
+        yield engine
+    finally:
+        LMCacheEngineBuilder.destroy(iid)
+
+
+def fx_backend(engine, name="fx"):
+    backends = engine.storage_manager.storage_backends
+    assert name in backends, f"plugin {name} not loaded; backends: {list(backends)}"
+    return backends[name]
+
+
+def store_and_wait(engine, tokens, kv: KV, backend=None, timeout=60):
+    engine.store(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
+    if backend is not None and hasattr(backend, "flush"):
+        backend.flush(timeout)
+
+
+def retrieve(engine, tokens, kv: KV):
+    mask = engine.retrieve(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
+    return int(mask.sum())
