@@ -85,6 +85,7 @@ class ChunkStore:
         self._index: "OrderedDict[str, Entry]" = OrderedDict()  # digest -> entry, LRU first
         self._pins: dict[str, int] = {}
         self._usage = 0
+        self._reserved = 0  # bytes of writes in progress, counted against capacity
         self._made_dirs: set[str] = set()
         self._tmp_seq = 0
         self._enospc_until = 0.0
@@ -256,9 +257,11 @@ class ChunkStore:
 
     # ------------------------------------------------------------ eviction
     def _evict_to(self, limit: int) -> bool:
-        """Evicts least recently used, unpinned chunks until usage <= limit."""
+        """Evicts least recently used, unpinned chunks until usage plus
+        writes in progress <= limit."""
         victims = []
         with self._lock:
+            limit -= self._reserved
             if self._usage <= limit:
                 return True
             for d, e in self._index.items():
@@ -292,13 +295,24 @@ class ChunkStore:
                     out[i] = True
                     continue
             size = HEADER_SIZE + nbytes
-            if size > cap or not self._evict_to(cap - size):
+            with self._lock:  # evict and reserve as one step, so concurrent writers cannot overshoot
+                room = size <= cap and self._evict_to(cap - size)
+                if room:
+                    self._reserved += size
+            if not room:
                 log.warning("lmcache-fx: no room for a %d-byte chunk under max_capacity_gb=%s (pinned chunks "
                             "fill it)", size, self.options.max_capacity_gb)
                 continue
             todo.append((i, key, d, addr, nbytes, meta))
         if not todo:
             return out
+        try:
+            return self._write_files(todo, out)
+        finally:
+            with self._lock:
+                self._reserved -= sum(HEADER_SIZE + t[4] for t in todo)
+
+    def _write_files(self, todo, out: list[bool]) -> list[bool]:
         if time.monotonic() < self._enospc_until:
             self._count_enospc(len(todo))
             return out

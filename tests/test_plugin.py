@@ -1,0 +1,272 @@
+"""The LMCache plugin driven by a real LMCacheEngine on CPU, configured from
+YAML exactly as a user writes it, with local_cpu: false so every retrieve
+reads the fx tier."""
+import asyncio
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lmc_harness import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
+from lmcache_fx.chunkfile import HEADER_SIZE
+from lmcache_fx.options import ConfigError
+
+GEOMETRIES = {
+    "bf16-gqa": Geometry(layers=4, kv_heads=2, head_dim=64, dtype=torch.bfloat16),
+    "mla-like": Geometry(layers=3, kv_heads=1, head_dim=576, dtype=torch.bfloat16, mla=True),
+    "fp32-odd": Geometry(layers=2, kv_heads=3, head_dim=40, dtype=torch.float32),  # rows not 4 KiB multiples
+}
+
+
+def chunk_files(store):
+    return sorted(glob.glob(os.path.join(store, "*", "*.fxkv")))
+
+
+@pytest.mark.parametrize("engine_kind", ["io_uring", "threads"])
+@pytest.mark.parametrize("geo_name", list(GEOMETRIES))
+def test_round_trip_bit_exact(tmp_path, geo_name, engine_kind):
+    geo = GEOMETRIES[geo_name]
+    store = tmp_path / "store"
+    ntok = 3 * 256 + 100  # a partial last chunk, stored because save_unfull_chunk is on
+    cfg = config_from_dict(
+        {**fx_config(store, io_engine="auto" if engine_kind == "io_uring" else "threads"),
+         "save_unfull_chunk": True},
+        tmp_path,
+    )
+    tokens = torch.randint(0, 30000, (ntok,))
+    kv = KV(geo, ntok, seed=1)
+    with lmcache_engine(cfg, geo) as eng:
+        be = fx_backend(eng)
+        if engine_kind == "io_uring" and be.store.engine.kind != "io_uring":
+            pytest.skip(f"io_uring unavailable: {be.store.engine.fallback_reason}")
+        assert be.store.engine.kind == engine_kind
+        store_and_wait(eng, tokens, kv, be)
+        assert len(chunk_files(store)) == 4
+        got = kv.empty_like()
+        n = retrieve(eng, tokens, got)
+        assert n == ntok
+        assert kv.tokens_equal(got, ntok)
+        assert be.store.stats.chunks_read == 4  # served by fx, not by a CPU copy
+        # A different prompt sharing only the first two chunks hits only them.
+        other = tokens.clone()
+        other[600] += 1
+        got2 = kv.empty_like()
+        assert retrieve(eng, other, got2) == 512
+        assert kv.tokens_equal(got2, 512)
+
+
+def test_files_have_header_then_payload(tmp_path):
+    geo = GEOMETRIES["bf16-gqa"]
+    store = tmp_path / "s"
+    cfg = config_from_dict(fx_config(store), tmp_path)
+    with lmcache_engine(cfg, geo) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, torch.arange(512), KV(geo, 512), be)
+    files = chunk_files(store)
+    assert len(files) == 2
+    for f in files:
+        assert os.path.getsize(f) == HEADER_SIZE + 256 * geo.bytes_per_token
+        assert (os.stat(f).st_mode & 0o777) == 0o600
+        with open(f, "rb") as fh:
+            assert fh.read(8) == b"LMCFXKV\0"
+    assert not glob.glob(os.path.join(store, "*", "*.tmp.*"))
+
+
+def _xproc(role, store, workdir, ntok):
+    env = dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), os.path.dirname(__file__)]))
+    r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "xproc.py"), role, str(store),
+                        str(workdir), str(ntok)], capture_output=True, text=True, env=env, timeout=300)
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert r.returncode == 0 and line, r.stderr[-3000:]
+    return json.loads(line[-1][7:])
+
+
+def test_store_in_one_process_retrieve_in_another(tmp_path):
+    store = tmp_path / "store"
+    a = _xproc("store", store, tmp_path, 1024)
+    assert a["chunks"] == 4
+    b = _xproc("retrieve", store, tmp_path, 1024)
+    assert b == {"tokens": 1024, "equal": True, "chunks_read": 4}
+
+
+def _flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+@pytest.mark.parametrize("damage", ["payload-bit", "header-bit", "truncated", "empty", "other-key"])
+def test_damaged_chunk_is_a_miss_and_removed(tmp_path, damage):
+    geo = GEOMETRIES["bf16-gqa"]
+    store = tmp_path / "store"
+    cfg = config_from_dict(fx_config(store), tmp_path)
+    tokens = torch.arange(768)
+    kv = KV(geo, 768, seed=3)
+    with lmcache_engine(cfg, geo) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, tokens, kv, be)
+        files = chunk_files(store)
+        assert len(files) == 3
+        # Damage the file of the second chunk.
+        key1 = [k for k in eng.token_database.process_tokens(tokens=tokens)][1][2]
+        victim = be.store.path_for(__import__("lmcache_fx.chunkfile", fromlist=["x"]).chunk_digest(key1.to_string()))
+        assert victim in files
+        size = os.path.getsize(victim)
+        if damage == "payload-bit":
+            _flip(victim, HEADER_SIZE + size // 3)
+        elif damage == "header-bit":
+            _flip(victim, 100)
+        elif damage == "truncated":
+            os.truncate(victim, size - 4096)
+        elif damage == "empty":
+            os.truncate(victim, 0)
+        else:  # a valid chunk of another key under this key's name
+            os.replace([f for f in files if f != victim][0], victim)
+        got = kv.empty_like()
+        n = retrieve(eng, tokens, got)
+        assert n == 256  # only the prefix before the bad chunk
+        assert kv.tokens_equal(got, 256)
+        assert be.store.stats.corrupt >= 1
+        assert not os.path.exists(victim)
+        # Nothing wrong was written into the destination past the hit prefix.
+        s = kv.slot_mapping[256:512]
+        assert all(torch.count_nonzero(c.view(c.shape[0], -1, c.shape[-2] * c.shape[-1])[:, s]) == 0
+                   for c in got.caches)
+
+
+def test_async_load_path_releases_pins(tmp_path):
+    geo = GEOMETRIES["bf16-gqa"]
+    store = tmp_path / "store"
+    cfg = config_from_dict(fx_config(store), tmp_path)
+    tokens = torch.arange(768)
+    kv = KV(geo, 768, seed=5)
+    with lmcache_engine(cfg, geo) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, tokens, kv, be)
+        keys = [k for _, _, k in eng.token_database.process_tokens(tokens=tokens)]
+        loop = eng.storage_manager.loop
+
+        async def go():
+            n = await be.batched_async_contains("L1", keys, True)
+            assert be.store._pins  # pinned while loading
+            objs = await be.batched_get_non_blocking("L1", keys[:n], {"cum_chunk_lengths": [0, 256, 512, 768]})
+            return n, objs
+
+        n, objs = asyncio.run_coroutine_threadsafe(go(), loop).result(60)
+        assert n == 3 and len(objs) == 3
+        assert not be.store._pins  # released without an unpin from LMCache
+        ref = kv.caches[0].view(2, -1, geo.kv_heads * geo.head_dim)[:, kv.slot_mapping[:256]]
+        assert torch.equal(objs[0].tensor[:, 0, :, :], ref)
+        for o in objs:
+            o.ref_count_down()
+
+
+def test_capacity_holds_and_survives_restart(tmp_path):
+    geo = GEOMETRIES["bf16-gqa"]  # 256 KiB per chunk
+    store = tmp_path / "store"
+    chunk_file = HEADER_SIZE + 256 * geo.bytes_per_token
+    cap_gb = 5.5 * chunk_file / (1 << 30)
+    cfg = config_from_dict(fx_config(store, max_capacity_gb=cap_gb), tmp_path)
+    with lmcache_engine(cfg, geo) as eng:
+        be = fx_backend(eng)
+        for seed in range(4):  # 4 prompts x 2 chunks = 8 chunks into room for 5
+            store_and_wait(eng, torch.arange(512) + 10000 * seed, KV(geo, 512, seed=seed), be)
+        assert len(chunk_files(store)) == 5
+        assert be.store.usage_bytes == 5 * chunk_file <= cap_gb * (1 << 30)
+        assert be.store.stats.evictions == 3
+        # The newest prompt is still whole.
+        kv3 = KV(geo, 512, seed=3)
+        got = kv3.empty_like()
+        assert retrieve(eng, torch.arange(512) + 30000, got) == 512
+    # A restart with a smaller cap recomputes usage from files and evicts.
+    cfg2 = config_from_dict(fx_config(store, max_capacity_gb=2.5 * chunk_file / (1 << 30)), tmp_path)
+    with lmcache_engine(cfg2, geo) as eng:
+        be = fx_backend(eng)
+        assert be.store.usage_bytes == 2 * chunk_file
+        assert len(chunk_files(store)) == 2
+
+
+@pytest.mark.parametrize(
+    "opt,value,needle",
+    [
+        ("queue_dept", 8, "did you mean 'storage_plugin.fx.queue_depth'"),
+        ("queue_depth", 0, "storage_plugin.fx.queue_depth: 0 is out of range"),
+        ("queue_depth", "many", "storage_plugin.fx.queue_depth: expected an integer"),
+        ("split_bytes", 5000, "not a multiple of 4096"),
+        ("io_engine", "spdk", "storage_plugin.fx.io_engine: expected one of auto, io_uring, threads"),
+        ("odirect", "maybe", "storage_plugin.fx.odirect"),
+        ("verify", "perhaps", "storage_plugin.fx.verify: expected true or false"),
+        ("max_capacity_gb", -1, "storage_plugin.fx.max_capacity_gb"),
+        ("path", "/proc/lmcache-fx", "cannot create or open the store directory"),
+    ],
+)
+def test_bad_option_is_refused_with_its_name(tmp_path, opt, value, needle):
+    from lmcache_fx.lmcache_plugin import FxStorageBackend
+
+    d = fx_config(value if opt == "path" else tmp_path / "store", **({} if opt == "path" else {opt: value}))
+    cfg = config_from_dict(d, tmp_path)
+
+    class FakeCPU:  # only the constructor runs; it fails before using this
+        pass
+
+    with pytest.raises(ConfigError) as ei:
+        FxStorageBackend(config=cfg, metadata=None, local_cpu_backend=FakeCPU(), loop=None)
+    assert needle in str(ei.value)
+
+
+def test_two_instances_read_their_own_options(tmp_path):
+    geo = GEOMETRIES["bf16-gqa"]
+    d = fx_config(tmp_path / "a", name="fxa", io_engine="threads")
+    d["storage_plugins"].append("fxb")
+    d["extra_config"].update({
+        "storage_plugin.fxb.module_path": "lmcache_fx.lmcache_plugin",
+        "storage_plugin.fxb.class_name": "FxStorageBackend",
+        "storage_plugin.fxb.path": str(tmp_path / "b"),
+        "storage_plugin.fxb.queue_depth": 7,
+    })
+    cfg = config_from_dict(d, tmp_path)
+    with lmcache_engine(cfg, geo) as eng:
+        a, b = fx_backend(eng, "fxa"), fx_backend(eng, "fxb")
+        assert a.store.roots == [str(tmp_path / "a")] and a.store.engine.kind == "threads"
+        assert b.store.roots == [str(tmp_path / "b")] and b.store.engine.queue_depth == 7
+
+
+def test_striping_over_paths(tmp_path):
+    geo = GEOMETRIES["bf16-gqa"]
+    paths = f"{tmp_path}/p0,{tmp_path}/p1"
+    cfg = config_from_dict(fx_config(paths), tmp_path)
+    tokens = torch.arange(256 * 12)
+    kv = KV(geo, len(tokens), seed=9)
+    with lmcache_engine(cfg, geo) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, tokens, kv, be)
+        n0, n1 = len(chunk_files(tmp_path / "p0")), len(chunk_files(tmp_path / "p1"))
+        assert n0 + n1 == 12 and n0 > 0 and n1 > 0
+        got = kv.empty_like()
+        assert retrieve(eng, tokens, got) == len(tokens)
+        assert kv.tokens_equal(got, len(tokens))
+
+
+@pytest.mark.xfs
+def test_odirect_on_xfs(xfs_store, tmp_path):
+    geo = GEOMETRIES["fp32-odd"]
+    cfg = config_from_dict({**fx_config(xfs_store, odirect="true"), "save_unfull_chunk": True}, tmp_path)
+    ntok = 700
+    tokens = torch.arange(ntok)
+    kv = KV(geo, ntok, seed=11)
+    with lmcache_engine(cfg, geo) as eng:
+        be = fx_backend(eng)
+        assert be.store.odirect
+        store_and_wait(eng, tokens, kv, be)
+        for f in chunk_files(xfs_store):  # trimmed back after the padded O_DIRECT write
+            assert (os.path.getsize(f) - HEADER_SIZE) % (geo.bytes_per_token) == 0
+        got = kv.empty_like()
+        assert retrieve(eng, tokens, got) == ntok
+        assert kv.tokens_equal(got, ntok)
