@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from lmc_harness import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
+from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
 from lmcache_fx.chunkfile import HEADER_SIZE
 from lmcache_fx.options import ConfigError
 

@@ -1,4 +1,4 @@
-"""A real LMCacheEngine on CPU for tests, benchmarks and the demo.
+"""A real LMCacheEngine on CPU, for tests, the benchmark and the demo.
 
 LMCache's MockGPUConnector moves nothing, so this module supplies a small
 connector that really gathers and scatters a paged KV cache (per layer

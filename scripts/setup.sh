@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Sets up lmcache-fx on a fresh Debian/Ubuntu machine with Python 3.11:
+# system packages (as root), a virtual environment in .venv, the C extension.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    need=""
+    for p in liburing-dev xfsprogs fio util-linux; do
+        dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
+    done
+    if [ -n "$need" ]; then
+        echo "setup: apt-get install$need"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
+    fi
+else
+    echo "setup: not root: skipping apt-get (liburing-dev for io_uring, xfsprogs for the XFS tests)" >&2
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+# torch first, pinned to the CPU build this project is tested with; lmcache
+# would otherwise pull a newer, much larger build.
+.venv/bin/pip install -q "torch==2.13.0" "lmcache==0.5.6" pytest pyyaml
+.venv/bin/pip install -q --no-build-isolation -e .
+.venv/bin/python -c "from lmcache_fx import _fxio as f; print('setup: lmcache-fx ready; io_uring:', f.io_uring_status())"
