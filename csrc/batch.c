@@ -53,6 +53,7 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
             continue;
         }
         direct = (fl & O_DIRECT) != 0;
+        b->prog[i].first = (uint32_t)k;
         while (pos < op->length) {
             uint64_t len = op->length - pos;
             fx_piece *p;
@@ -66,8 +67,11 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
             p->direct = direct;
             p->offset = op->offset + pos;
             p->length = len;
-            p->buf = op->buf + pos;
+            p->buf = p->start = op->buf + pos;
+            p->done = 0;
+            p->crc = 0;
             b->prog[i].pending++;
+            b->prog[i].count++;
             pos += len;
         }
     }
@@ -86,11 +90,18 @@ void fx_batch_release(fx_batch *b)
     b->prog = NULL;
 }
 
+void fx_piece_checksum(const fx_batch *b, fx_piece *p, int64_t res)
+{
+    if (b->want_crc && res > 0)
+        p->crc = fx_crc32c(0, p->start, (size_t)res);
+}
+
 /* Called once per piece; the caller serialises calls for one batch. */
 int fx_piece_finish(fx_batch *b, fx_piece *p, int64_t res)
 {
     fx_progress *pr = &b->prog[p->op];
 
+    p->done = res > 0 ? (uint64_t)res : 0;
     if (res < 0) {
         if (!pr->err)
             pr->err = (int)-res;
@@ -111,8 +122,14 @@ void fx_op_complete(fx_batch *b, size_t i)
         return;
     }
     r->result = (int64_t)pr->bytes;
-    if (b->want_crc)
-        r->crc = fx_crc32c(0, b->ops[i].buf, pr->bytes);
+    if (b->want_crc) {
+        /* Pieces were checksummed as they landed; join them in file order.
+         * Pieces after an EOF have no bytes and leave the CRC as it is. */
+        uint32_t crc = 0;
+        for (uint32_t k = pr->first; k < pr->first + pr->count; k++)
+            crc = fx_crc32c_combine(crc, b->pieces[k].crc, b->pieces[k].done);
+        r->crc = crc;
+    }
 }
 
 /* Transfers the whole range, retrying short transfers. O_DIRECT transfers are

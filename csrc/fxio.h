@@ -35,10 +35,15 @@ typedef struct {
     uint64_t offset; /* advances on short transfers */
     uint64_t length; /* remaining */
     char *buf;
+    char *start;     /* where the piece began, for its CRC */
+    uint64_t done;   /* bytes transferred once finished */
+    uint32_t crc;    /* CRC32C of those bytes, when asked for */
 } fx_piece;
 
 /* Per-operation progress while a batch runs. */
 typedef struct {
+    uint32_t first;    /* index of its first piece; its pieces are contiguous */
+    uint32_t count;    /* number of pieces */
     uint32_t pending;  /* pieces not finished */
     uint64_t bytes;    /* bytes done */
     int err;           /* first errno seen, 0 if none */
@@ -58,6 +63,9 @@ typedef struct fx_batch {
 /* Builds pieces and progress for a batch; returns 0 or -errno. */
 int fx_batch_prepare(fx_batch *b, uint64_t split_bytes);
 void fx_batch_release(fx_batch *b);
+/* CRC32C of a finished piece's bytes (res > 0), when the batch wants CRCs.
+ * Engines call it outside their locks: it is the costly part. */
+void fx_piece_checksum(const fx_batch *b, fx_piece *p, int64_t res);
 /* Records a finished piece (res = bytes or -errno). Not thread-safe on its
  * own: callers serialise per batch. Returns 1 when it was the op's last. */
 int fx_piece_finish(fx_batch *b, fx_piece *p, int64_t res);
@@ -71,6 +79,8 @@ int fx_piece_needs_bounce(const fx_piece *p);
 
 /* CRC32C (Castagnoli), hardware-accelerated where the CPU has it. */
 uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len);
+/* CRC of A followed by B from crc(A), crc(B) and len(B). */
+uint32_t fx_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 const char *fx_crc32c_impl(void);
 
 /* ---- thread engine ---- */

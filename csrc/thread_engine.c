@@ -72,15 +72,12 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&pool->mu);
 
         r = fx_piece_run_sync(job->b, p);
+        fx_piece_checksum(job->b, p, r); /* in parallel across workers */
 
         pthread_mutex_lock(&pool->mu);
         op_done = fx_piece_finish(job->b, p, r);
-        if (op_done) {
-            /* The CRC of a whole op is computed outside the lock. */
-            pthread_mutex_unlock(&pool->mu);
-            fx_op_complete(job->b, p->op);
-            pthread_mutex_lock(&pool->mu);
-        }
+        if (op_done)
+            fx_op_complete(job->b, p->op); /* cheap: joins piece CRCs */
         job->active--;
         if (++job->finished == job->b->npieces)
             pthread_cond_signal(&job->done_cv);

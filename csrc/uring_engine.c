@@ -256,17 +256,28 @@ static void prep_piece(fx_uring *u, ring_slot *s, struct io_uring_sqe *sqe, cons
 
 typedef struct {
     fx_batch *b;
-    int64_t *done;     /* bytes done per piece, across short transfers */
+    int64_t *done;      /* bytes done per piece, across short transfers */
     unsigned char *fin; /* piece finished */
+    fx_piece **landed;  /* pieces reaped but not yet checksummed */
+    int64_t *landed_res;
+    unsigned nlanded;
 } run_state;
 
 static void finish(run_state *st, fx_piece *p, int64_t r)
 {
     size_t pi = (size_t)(p - st->b->pieces);
 
+    fx_piece_checksum(st->b, p, r);
     st->fin[pi] = 1;
     if (fx_piece_finish(st->b, p, r))
         fx_op_complete(st->b, p->op);
+}
+
+/* A piece is done; its CRC waits until the ring has been refilled. */
+static void land(run_state *st, fx_piece *p, int64_t r)
+{
+    st->landed[st->nlanded] = p;
+    st->landed_res[st->nlanded++] = r;
 }
 
 /* Handles one completion; returns 1 when the piece must be resubmitted. */
@@ -278,21 +289,21 @@ static int on_cqe(run_state *st, fx_piece *p, int res)
     if (res == -EAGAIN || res == -EINTR)
         return 1;
     if (res < 0) {
-        finish(st, p, res);
+        land(st, p, res);
         return 0;
     }
     if (res == 0) {
-        finish(st, p, write ? -EIO : st->done[pi]); /* EOF */
+        land(st, p, write ? -EIO : st->done[pi]); /* EOF */
         return 0;
     }
     st->done[pi] += res;
     if ((uint64_t)res >= p->length) {
-        finish(st, p, st->done[pi]);
+        land(st, p, st->done[pi]);
         return 0;
     }
     if (p->direct) {
         /* Short O_DIRECT: EOF on read, out of space on write. */
-        finish(st, p, write ? -ENOSPC : st->done[pi]);
+        land(st, p, write ? -ENOSPC : st->done[pi]);
         return 0;
     }
     p->offset += (uint64_t)res;
@@ -301,10 +312,18 @@ static int on_cqe(run_state *st, fx_piece *p, int res)
     return 1;
 }
 
+static void finish_landed(run_state *st)
+{
+    for (unsigned i = 0; i < st->nlanded; i++)
+        finish(st, st->landed[i], st->landed_res[i]);
+    st->nlanded = 0;
+}
+
 /* The ring failed: reap what the kernel still holds, fail the rest, and
  * throw the ring away rather than reuse it. */
 static int abort_run(run_state *st, ring_slot *s, unsigned inflight, int err)
 {
+    finish_landed(st);
     while (inflight) {
         struct io_uring_cqe *cqe;
         if (io_uring_wait_cqe(&s->ring, &cqe) < 0)
@@ -321,13 +340,50 @@ static int abort_run(run_state *st, ring_slot *s, unsigned inflight, int err)
     return err;
 }
 
+/* Queues new pieces up to the queue depth; bounced pieces run inline. */
+static void fill(fx_uring *u, ring_slot *s, run_state *st, size_t *next, unsigned inflight,
+                 unsigned *queued)
+{
+    fx_batch *b = st->b;
+
+    while (*next < b->npieces && inflight + *queued < u->qd) {
+        fx_piece *p = &b->pieces[*next];
+        struct io_uring_sqe *sqe;
+
+        if (fx_piece_needs_bounce(p)) {
+            /* Rare (unaligned tail or buffer on O_DIRECT): done inline. */
+            (*next)++;
+            finish(st, p, fx_piece_run_sync(b, p));
+            continue;
+        }
+        sqe = io_uring_get_sqe(&s->ring);
+        if (!sqe)
+            break;
+        prep_piece(u, s, sqe, b, p);
+        (*next)++;
+        (*queued)++;
+    }
+}
+
+/* Accounts for what the kernel took from the submission queue. */
+static int took(int r, unsigned *inflight, unsigned *queued)
+{
+    if (r < 0)
+        return r == -EINTR || r == -EAGAIN || r == -EBUSY ? 0 : r;
+    if ((unsigned)r > *queued)
+        r = (int)*queued;
+    *inflight += (unsigned)r;
+    *queued -= (unsigned)r;
+    return 0;
+}
+
 int fx_uring_run(fx_uring *u, fx_batch *b)
 {
     ring_slot *s;
     size_t next = 0;
     unsigned inflight = 0, queued = 0;
     run_state st = {.b = b};
-    int ret = 0;
+    int ret = 0, err;
 
     if (b->npieces == 0)
         return 0;
@@ -336,7 +392,9 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
         return -ENOMEM;
     st.done = calloc(b->npieces, sizeof(*st.done));
     st.fin = calloc(b->npieces, 1);
-    if (!st.done || !st.fin) {
+    st.landed = calloc(u->qd, sizeof(*st.landed));
+    st.landed_res = calloc(u->qd, sizeof(*st.landed_res));
+    if (!st.done || !st.fin || !st.landed || !st.landed_res) {
         give_ring(u, s);
         ret = -ENOMEM;
         goto out;
@@ -344,36 +402,12 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
     while (next < b->npieces || inflight || queued) {
         struct io_uring_cqe *cqe;
         unsigned head, seen = 0;
-        int r;
 
-        while (next < b->npieces && inflight + queued < u->qd) {
-            fx_piece *p = &b->pieces[next];
-            struct io_uring_sqe *sqe;
-
-            if (fx_piece_needs_bounce(p)) {
-                /* Rare (unaligned tail or buffer on O_DIRECT): done inline. */
-                next++;
-                finish(&st, p, fx_piece_run_sync(b, p));
-                continue;
-            }
-            sqe = io_uring_get_sqe(&s->ring);
-            if (!sqe)
-                break;
-            prep_piece(u, s, sqe, b, p);
-            next++;
-            queued++;
-        }
+        fill(u, s, &st, &next, inflight, &queued);
         if (!inflight && !queued)
             continue; /* the rest was bounced inline */
-        r = io_uring_submit_and_wait(&s->ring, 1);
-        if (r >= 0) {
-            /* Entries the kernel did not take stay queued for the next call. */
-            if ((unsigned)r > queued)
-                r = (int)queued;
-            inflight += (unsigned)r;
-            queued -= (unsigned)r;
-        } else if (r != -EINTR && r != -EAGAIN && r != -EBUSY) {
-            ret = abort_run(&st, s, inflight, r);
+        if ((err = took(io_uring_submit_and_wait(&s->ring, 1), &inflight, &queued))) {
+            ret = abort_run(&st, s, inflight, err);
             goto out;
         }
         io_uring_for_each_cqe(&s->ring, head, cqe)
@@ -388,18 +422,29 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
             /* inflight + queued stays within the SQ size, so there is room. */
             sqe = io_uring_get_sqe(&s->ring);
             if (!sqe) {
-                finish(&st, p, -EBUSY);
+                land(&st, p, -EBUSY);
                 continue;
             }
             prep_piece(u, s, sqe, b, p);
             queued++;
         }
         io_uring_cq_advance(&s->ring, seen);
+        if (st.nlanded) {
+            /* Keep the device busy while this thread checksums what landed. */
+            fill(u, s, &st, &next, inflight, &queued);
+            if (queued && (err = took(io_uring_submit(&s->ring), &inflight, &queued))) {
+                ret = abort_run(&st, s, inflight, err);
+                goto out;
+            }
+            finish_landed(&st);
+        }
     }
     give_ring(u, s);
 out:
     free(st.done);
     free(st.fin);
+    free(st.landed);
+    free(st.landed_res);
     return ret;
 }
 

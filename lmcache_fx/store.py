@@ -323,6 +323,14 @@ class ChunkStore:
                 tmp, fd = self._create_tmp(d)
                 if fd < 0:
                     continue
+                try:
+                    # Size the file first: writes inside EOF run in parallel, where
+                    # extending O_DIRECT writes are serialised by the filesystem.
+                    os.ftruncate(fd, HEADER_SIZE + _round_up(nbytes, 4096))
+                except OSError as e:
+                    os.close(fd)
+                    self._write_failed(tmp, -e.errno)
+                    continue
                 files.append((i, key, d, tmp, fd, addr, nbytes, meta))
             res = self.engine.write([(f[4], HEADER_SIZE, f[6], f[5]) for f in files], crc=True)
             now = time.time_ns()
@@ -344,8 +352,8 @@ class ChunkStore:
                     continue
                 size = HEADER_SIZE + nbytes
                 try:
-                    if self.odirect and nbytes % 4096:
-                        os.ftruncate(fd, size)  # O_DIRECT padded the tail to a block
+                    if nbytes % 4096:
+                        os.ftruncate(fd, size)  # trim the block padding
                     os.rename(tmp, self.path_for(d))
                 except OSError as e:
                     self._write_failed(tmp, -e.errno)
@@ -555,6 +563,10 @@ class ChunkStore:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _round_up(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
 
 
 def chunk_digest_of_path(path: str) -> str:

@@ -25,6 +25,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first, pinned to the CPU build this project is tested with; lmcache
 # would otherwise pull a newer, much larger build.
-.venv/bin/pip install -q "torch==2.13.0" "lmcache==0.5.6" pytest pyyaml
+.venv/bin/pip install -q "torch==2.13.0" "lmcache==0.5.6" pytest pyyaml matplotlib lmcache-rust-raw-block-io
 .venv/bin/pip install -q --no-build-isolation -e .
 .venv/bin/python -c "from lmcache_fx import _fxio as f; print('setup: lmcache-fx ready; io_uring:', f.io_uring_status())"

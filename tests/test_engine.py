@@ -10,6 +10,7 @@ import ctypes
 import errno
 import os
 import random
+import resource
 import select
 import struct
 import subprocess
@@ -339,9 +340,12 @@ def test_bad_descriptors_do_not_spoil_the_batch(make_engine, payload, tmp_path, 
     path = write_file(tmp_path / "good.bin", payload[: 200 * KiB])
     good = fds(path)
     eng = make_engine(queue_depth=4, split_bytes=64 * KiB)
-    eng.read([])  # anything the engine opens lazily is open by now
-    closed = open_fd(path)
-    os.close(closed)  # a number that is no longer open (nothing opens in between)
+    # A closed descriptor number that nothing reuses during the test: the
+    # kernel hands out the lowest free number, so use one far above those.
+    # (A low one would be taken by submit()'s eventfd or a new ring.)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    closed = os.dup2(good, min(soft, 4096) - 1)
+    os.close(closed)
     huge = 1_000_000  # above any RLIMIT_NOFILE here
     b1, b2, b3, b4 = (bytearray(200 * KiB) for _ in range(4))
     ops = [
@@ -424,8 +428,8 @@ def test_odirect_read_eof(make_engine, direct_ok, payload, fds):
         (hb.address + 32 * KiB, 12_288, 4096, 0),  # aligned, beyond EOF
         (addr_of(ba, 15_000), 10_001, 10, 0),  # bounced, beyond EOF
     ]
-    res = eng.read([(fd, o, n, a) for a, o, n, _ in cases])
-    assert res == [e for *_, e in cases]
+    res = eng.read([(fd, o, n, a) for a, o, n, _ in cases], crc=True)
+    assert res == [(e, fx.crc32c(data[o : o + e])) for _, o, _, e in cases]
     mv = memoryview(hb)
     assert mv[:10_000] == data
     assert mv[16_384 : 16_384 + 1808] == data[8192:]
@@ -661,18 +665,22 @@ def test_concurrent_batches_from_threads(make_engine, payload, tmp_path):
     assert sorted(done) == [0, 1, 2, 3]
 
 
-def _probe_partial(mv, probes, stop):
-    """Counts loop turns, and turns that saw the buffer partly filled."""
+def _probe_partial(mv, step, stop):
+    """Counts loop turns, and turns that saw the buffer partly filled.
+
+    Each turn snapshots every step-th byte in one C call (bytes() of a strided
+    memoryview), so no other Python thread can run in the middle of it.
+    """
     turns = partial = 0
     shapes_ok = True
     while not stop.is_set():
         turns += 1
-        seen = [mv[o] != 0 for o in probes]
-        k = sum(seen)
-        if 0 < k < len(probes):
+        snap = bytes(mv[::step])
+        z = snap.find(0)
+        if z > 0:
             partial += 1
             # sequential fill (qd 1): a filled prefix, an empty suffix
-            shapes_ok = shapes_ok and seen == [True] * k + [False] * (len(probes) - k)
+            shapes_ok = shapes_ok and snap[z:] == bytes(len(snap) - z)
     return turns, partial, shapes_ok
 
 
@@ -693,7 +701,6 @@ def test_read_releases_the_gil(make_engine, tmp_path, fds):
     dst = fx.HostBuffer(size, hugepages=False)
     mv = memoryview(dst)
     zeros = bytes(size)
-    probes = list(range(0, size, 256 * KiB))
 
     def run(fill):
         stop = threading.Event()
@@ -701,7 +708,7 @@ def test_read_releases_the_gil(make_engine, tmp_path, fds):
 
         def reader():
             try:
-                for _ in range(30):
+                for _ in range(10):
                     mv[:] = zeros  # memcpy with the GIL held
                     results.append(fill())
             finally:
@@ -709,7 +716,7 @@ def test_read_releases_the_gil(make_engine, tmp_path, fds):
 
         t = threading.Thread(target=reader)
         t.start()
-        turns, partial, shapes_ok = _probe_partial(mv, probes, stop)
+        turns, partial, shapes_ok = _probe_partial(mv, 256 * KiB, stop)
         t.join()
         return turns, partial, shapes_ok, results
 
@@ -719,14 +726,14 @@ def test_read_releases_the_gil(make_engine, tmp_path, fds):
         return size
 
     turns, partial, _, results = run(gil_copy)
-    assert results == [size] * 30
+    assert results == [size] * 10
     assert turns > 0
     assert partial == 0
 
     turns, partial, shapes_ok, results = run(lambda: eng.read([(fd, 0, size, dst.address)])[0])
-    assert results == [size] * 30
+    assert results == [size] * 10
     assert mv == data
-    assert partial >= 10, f"Python thread made {partial} of {turns} turns during reads"
+    assert partial >= 100, f"Python thread made {partial} of {turns} turns during reads"
     assert shapes_ok
 
 
@@ -830,25 +837,58 @@ def test_dropped_batch_then_close(make_engine, payload, tmp_path, fds):
     assert eng.closed and dst == payload[:MiB]
 
 
-_CLOSE_SCRIPT = textwrap.dedent(
-    """
-    import os, select, sys
-    from lmcache_fx import _fxio as fx
-    eng = fx.Engine(io_engine=sys.argv[1])
-    path = sys.argv[2]
-    with open(path, "wb") as f:
-        f.write(b"x" * 8192)
-    fd = os.open(path, os.O_RDONLY)
-    buf = bytearray(8192)
-    import ctypes
-    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    batch = eng.submit([(fd, 0, 8192, addr)])
-    select.select([batch.fileno()], [], [], 10)
-    assert batch.done()
-    eng.close()   # batch finished but not waited on: must not hang
-    print("closed", batch.wait(), flush=True)
-    """
-)
+def run_child(body, *args, watchdog=2.0):
+    """Runs body (Python source) in a child interpreter, in a thread that a
+    watchdog abandons after `watchdog` seconds (the child then prints HUNG).
+    Returns (returncode, stdout, stderr)."""
+    script = textwrap.dedent(
+        """
+        import os, sys, threading, ctypes, select
+        from lmcache_fx import _fxio as fx
+        def addr(b):
+            return ctypes.addressof(ctypes.c_char.from_buffer(b))
+        def body():
+        %s
+        t = threading.Thread(target=body, daemon=True)
+        t.start()
+        t.join(%r)
+        if t.is_alive():
+            print("HUNG", flush=True)
+            os._exit(3)
+        """
+    ) % (textwrap.indent(textwrap.dedent(body), "    "), watchdog)
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fx.__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=watchdog + 60,
+    )
+    return out.returncode, out.stdout, out.stderr
+
+
+def test_run_child_sees_results(kind, tmp_path):
+    """The harness the xfail tests below rely on works when nothing hangs."""
+    rc, out, err = run_child(
+        """
+        eng = fx.Engine(io_engine=sys.argv[1])
+        with open(sys.argv[2], "wb") as f:
+            f.write(b"x" * 8192)
+        fd = os.open(sys.argv[2], os.O_RDONLY)
+        buf = bytearray(8192)
+        batch = eng.submit([(fd, 0, 8192, addr(buf))])
+        print("result", batch.wait(), flush=True)
+        eng.close()
+        print("closed", flush=True)
+        """,
+        kind,
+        tmp_path / "h.bin",
+    )
+    assert rc == 0, err
+    assert "result [8192]" in out and "closed" in out and "HUNG" not in out
 
 
 @pytest.mark.xfail(
@@ -857,21 +897,73 @@ _CLOSE_SCRIPT = textwrap.dedent(
     strict=False,
 )
 def test_close_after_unwaited_finished_batch(kind, tmp_path):
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(fx.__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", _CLOSE_SCRIPT, kind, str(tmp_path / "c.bin")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=5,
+    rc, out, err = run_child(
+        """
+        eng = fx.Engine(io_engine=sys.argv[1])
+        with open(sys.argv[2], "wb") as f:
+            f.write(b"x" * 8192)
+        fd = os.open(sys.argv[2], os.O_RDONLY)
+        buf = bytearray(8192)
+        batch = eng.submit([(fd, 0, 8192, addr(buf))])
+        select.select([batch.fileno()], [], [], 10)
+        assert batch.done()
+        eng.close()  # the batch has finished, it was only not waited on
+        print("closed", batch.wait(), flush=True)
+        """,
+        kind,
+        tmp_path / "c.bin",
+    )
+    assert "HUNG" not in out, "Engine.close() hung on a finished, un-waited batch"
+    assert rc == 0, err
+    assert "closed [8192]" in out
+
+
+def test_pipe_fd_fails_instead_of_blocking(kind, request):
+    if kind == "io_uring":
+        request.applymarker(
+            pytest.mark.xfail(
+                reason="csrc bug: a non-seekable fd (pipe) gives -ESPIPE on the thread engine "
+                "but blocks forever on io_uring (no fd type check in fx_batch_prepare)",
+                strict=False,
+            )
         )
-    except subprocess.TimeoutExpired:
-        pytest.fail("Engine.close() hung on a finished, un-waited batch")
-    assert out.returncode == 0, out.stderr
-    assert "closed" in out.stdout
+    rc, out, err = run_child(
+        """
+        eng = fx.Engine(io_engine=sys.argv[1])
+        r, w = os.pipe()  # nothing is ever written
+        buf = bytearray(100)
+        print("result", eng.read([(r, 0, 100, addr(buf))]), flush=True)
+        """,
+        kind,
+    )
+    assert "HUNG" not in out, "a read of an empty pipe blocked forever"
+    assert rc == 0, err
+    res = int(out.split("result [")[1].split("]")[0])
+    assert res < 0
+
+
+@pytest.mark.xfail(
+    reason="csrc bug: an Engine whose __init__ never ran (split_bytes=0, no pool) "
+    "crashes the interpreter (SIGFPE in fx_batch_prepare) instead of raising",
+    strict=False,
+)
+def test_uninitialised_engine_raises(tmp_path):
+    rc, out, err = run_child(
+        """
+        eng = fx.Engine.__new__(fx.Engine)
+        with open(sys.argv[1], "wb") as f:
+            f.write(b"x" * 100)
+        fd = os.open(sys.argv[1], os.O_RDONLY)
+        buf = bytearray(100)
+        try:
+            eng.read([(fd, 0, 100, addr(buf))])
+        except (ValueError, RuntimeError, OSError) as exc:
+            print("raised", type(exc).__name__, flush=True)
+        """,
+        tmp_path / "u.bin",
+    )
+    assert rc == 0, f"child died with {rc}: {err}"
+    assert "raised" in out
 
 
 # -------------------------------------------- 8. close() and register_buffer
@@ -1000,9 +1092,12 @@ def test_host_buffer_hugepages(size):
     assert hb.address % (2 * MiB) == 0
     assert len(hb) == size
     mv = memoryview(hb)
-    mv[-1] = 0x5A
+    assert mv.nbytes == size and mv[0] == 0 and mv[-1] == 0
     mv[0] = 0xA5
-    assert mv[0] == 0xA5 and mv[-1] == 0x5A and mv.nbytes == size
+    mv[size // 2] = 0x3C
+    mv[-1] = 0x5A
+    assert mv[-1] == 0x5A and (size == 1 or (mv[0] == 0xA5 and mv[size // 2] == 0x3C))
+    assert fx.crc32c_at(hb.address, size) == fx.crc32c(mv)
 
 
 def test_host_buffer_default_hugepages_for_large():

@@ -1,0 +1,234 @@
+"""The bench's own logic: parsing, preset byte math, medians and ratios, the
+output, and that every reader really read the bytes it claims (CRC32C of
+what landed in the destination KV cache against what was stored). No
+timing assertions."""
+import argparse
+import json
+import os
+
+import pytest
+
+from lmcache_fx import bench, cli
+from lmcache_fx.bench import MIB, Geometry
+
+# ------------------------------------------------------------------ parsing
+
+
+def parse(*argv):
+    p = bench.build_parser()
+    return p, p.parse_args(list(argv))
+
+
+def test_cli_dispatches_bench_subcommand():
+    p = cli.build_parser()
+    args = p.parse_args(["bench", "--path", "/x", "--preset", "llama-3-70b-tp8", "--total-gb", "0.5"])
+    assert args.command == "bench" and args._module == "lmcache_fx.bench"
+    assert args.path == "/x" and args.total_gb == 0.5 and args.preset == "llama-3-70b-tp8"
+
+
+def test_cli_without_subcommand_prints_help(capsys):
+    assert cli.main([]) == 2
+    assert "bench" in capsys.readouterr().out
+
+
+def test_sizes_and_defaults():
+    _, a = parse("--path", "/x", "--split-bytes", "512K", "--reps", "5")
+    assert a.split_bytes == 512 * 1024 and a.reps == 5 and a.queue_depth == 32
+    assert bench.parse_size("8G") == 8 << 30 and bench.parse_size("1MiB") == MIB and bench.parse_size(4096) == 4096
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench.parse_size("lots")
+
+
+def test_path_and_mkfs_loop_are_exclusive_and_one_is_needed():
+    with pytest.raises(SystemExit):
+        parse("--path", "/x", "--mkfs-loop", "2G")
+    p, a = parse()
+    with pytest.raises(SystemExit):
+        bench.check_args(p, a)
+
+
+@pytest.mark.parametrize("bad", [["--readers", "fx,nope"], ["--reps", "0"], ["--split-bytes", "5000"]])
+def test_bad_arguments_are_refused(bad):
+    p, a = parse("--path", "/x", *bad)
+    with pytest.raises(SystemExit):
+        bench.check_args(p, a)
+
+
+def test_reader_subset_keeps_order():
+    p, a = parse("--path", "/x", "--readers", "fio, fx")
+    assert bench.check_args(p, a) == ["fio", "fx"]
+
+
+# ------------------------------------------------------------------ geometry
+
+
+@pytest.mark.parametrize("preset,chunk_mib", [
+    ("qwen2.5-32b", 64.0),
+    ("llama-3-70b-tp8", 10.0),
+    ("qwen3-coder-480b-tp8", 7.75),
+    ("deepseek-v3-mla", 17.15625),
+])
+def test_preset_chunk_bytes_match_the_notes(preset, chunk_mib):
+    g = bench.PRESETS[preset]
+    assert g.chunk_bytes == int(chunk_mib * MIB)
+    assert g.bytes_per_token * g.chunk == g.chunk_bytes
+    assert g.kv_shape() == (g.layers, g.kv_size, 256, g.kv_heads, g.head_dim)
+
+
+def test_custom_geometry_overrides_preset():
+    _, a = parse("--path", "/x", "--preset", "llama-3-70b-tp8", "--layers", "2", "--head-dim", "64",
+                 "--chunk", "16", "--dtype", "float32")
+    g = bench.geometry_from_args(a)
+    assert (g.layers, g.kv_heads, g.head_dim, g.chunk, g.dtype) == (2, 1, 64, 16, "float32")
+    assert g.bytes_per_token == 2 * 2 * 1 * 64 * 4
+    _, a = parse("--path", "/x", "--layers", "3", "--kv-heads", "1", "--head-dim", "576", "--mla")
+    g = bench.geometry_from_args(a)
+    assert g.mla and g.kv_size == 1 and g.bytes_per_token == 3 * 576 * 2
+
+
+def test_plan_chunks_whole_chunks_at_least_one():
+    g = Geometry(layers=1, kv_heads=1, head_dim=64, chunk=16)  # 4 KiB chunks
+    assert g.chunk_bytes == 4096
+    assert bench.plan_chunks(g, 10 * 4096 + 100) == 10
+    assert bench.plan_chunks(g, 1) == 1
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def test_median_ratio_percentile():
+    assert bench.median([3, 1, 2]) == 2
+    assert bench.median([4, None, 1, 2, 3]) == 2.5
+    assert bench.median([None]) is None
+    assert bench.ratio(3.0, 4.0) == 0.75
+    assert bench.ratio(None, 1) is None and bench.ratio(1, 0) is None
+    xs = list(range(1, 101))
+    assert bench.percentile(xs, 50) == 50 and bench.percentile(xs, 99) == 99 and bench.percentile(xs, 100) == 100
+    assert bench.percentile([7.0], 99) == 7.0 and bench.percentile([], 50) is None
+
+
+def test_summary_medians_and_ratio_to_fio():
+    reps = [{"tier_read_gbps": x, "retrieve_gbps": x / 2, "store_gbps": 1.0, "cpu_s_per_gb": 0.1,
+             "tier_cpu_s_per_gb": 0.05} for x in (1.0, 3.0, 2.0)]
+    m = bench.summarize(reps)
+    assert m["tier_read_gbps"] == 2.0 and m["retrieve_gbps"] == 1.0 and m["cpu_s_per_gb"] == 0.1
+    fio = bench.summarize([{"tier_read_gbps": 4.0}])
+    assert bench.ratio(m["tier_read_gbps"], fio["tier_read_gbps"]) == 0.5
+
+
+def _fake_results(cold=True):
+    def entry(label, tr, ok=True):
+        return {"label": label, "available": True, "all_ok": ok, "ratio_to_fio": tr / 4.0,
+                "median": {"tier_read_gbps": tr, "retrieve_gbps": tr / 2, "store_gbps": 1.0,
+                           "cpu_s_per_gb": 0.2, "tier_cpu_s_per_gb": 0.1},
+                "latency": {"1": {"p50_ms": 1.0, "p99_ms": 2.0}}}
+
+    return {
+        "cold": cold, "cache_note": "note",
+        "config": {"n_chunks": 2, "chunk_bytes": MIB, "total_bytes": 2 * MIB, "reps": 3, "queue_depth": 32,
+                   "split_bytes": MIB},
+        "machine": {"filesystem": "test"},
+        "readers": {"fx": entry("lmcache-fx (io_uring)", 3.0),
+                    "rust_raw_block": {"label": "LMCache RustRawBlockBackend", "available": False,
+                                       "skip_reason": "not installed", "reps": []},
+                    "fio": entry("fio io_uring O_DIRECT", 4.0)},
+    }
+
+
+def test_table_shows_medians_skips_and_warm_label():
+    t = bench.format_table(_fake_results(cold=False))
+    assert "WARM" in t and "skipped: not installed" in t and "0.75x" in t and "3.00" in t
+    assert "1.0 / 2.0" in t  # latency p50 / p99
+    assert "COLD" in bench.format_table(_fake_results())
+
+
+def test_png_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "b.png"
+    assert bench.write_png(_fake_results(), str(out)) is None
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ readers really read
+
+
+def _tiny_cfg(path, readers_cold):
+    g = Geometry(layers=2, kv_heads=2, head_dim=64, chunk=16)  # 8 KiB chunks
+    return bench.BenchConfig(path=str(path), geo=g, n_chunks=6, reps=1, cold=readers_cold)
+
+
+def _check_reader_reads(name, path, cold):
+    cfg = _tiny_cfg(path, cold)
+    res = bench.run_bench(cfg, [name], quiet=True)
+    e = res["readers"][name]
+    if not e["available"]:
+        pytest.skip(f"{name}: {e['skip_reason']}")
+    r = e["reps"][0]
+    assert "error" not in r, r.get("error")
+    # every byte claimed came back from the tier, all tokens, and the bytes
+    # that landed in the destination KV cache have the stored checksum
+    assert r["tier_bytes"] == cfg.total_bytes
+    if name != "fio":
+        assert r["tokens"] == cfg.n_chunks * cfg.geo.chunk
+        assert r["crc_ok"] is True
+    assert r["ok"] and e["all_ok"]
+    return res
+
+
+LMCACHE_READERS = ["fx", "fx-threads", "local_disk", "fs_connector", "rust_raw_block"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LMCACHE_READERS)
+def test_lmcache_reader_reads_what_was_stored(name, odirect_tmp):
+    _check_reader_reads(name, odirect_tmp, cold=False)
+
+
+def test_fio_reader_reads_the_total(odirect_tmp):
+    import shutil
+
+    if shutil.which("fio") is None:
+        pytest.skip("fio not installed")
+    _check_reader_reads("fio", odirect_tmp, cold=False)
+
+
+def test_corruption_is_detected(odirect_tmp, monkeypatch):
+    """A reader that lands wrong bytes is reported as not ok: flip a byte in
+    what the connector scatters and the checksum must catch it."""
+    cfg = _tiny_cfg(odirect_tmp, False)
+    real = bench._connector_class
+
+    def corrupting():
+        cls = real()
+
+        class Bad(cls):
+            def to_gpu(self, memory_obj, start, end, **kw):
+                super().to_gpu(memory_obj, start, end, **kw)
+                if start == 0:
+                    import torch
+
+                    b = kw["kvcaches"].view(-1).view(torch.uint8)
+                    b[0] = b[0] ^ 0xFF  # one flipped byte
+
+        return Bad
+
+    monkeypatch.setattr(bench, "_connector_class", corrupting)
+    res = bench.run_bench(cfg, ["fx"], quiet=True)
+    r = res["readers"]["fx"]["reps"][0]
+    assert r["crc_ok"] is False and r["ok"] is False and r["tier_read_gbps"] is None
+    assert res["readers"]["fx"]["all_ok"] is False
+
+
+@pytest.mark.slow
+def test_cold_run_on_xfs_with_json(xfs_dir, tmp_path):
+    """The command end to end on XFS (root): cold, JSON written, exit 0."""
+    out = tmp_path / "r.json"
+    rc = bench.main(["--path", xfs_dir, "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "16",
+                     "--total-gb", "0.0001", "--reps", "3", "--readers", "fx,local_disk,fio", "--quiet",
+                     "--json", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["cold"] is True
+    assert [r["rep"] for r in d["readers"]["fx"]["reps"]] == [0, 1, 2]
+    assert d["readers"]["fx"]["ratio_to_fio"] is not None
+    assert not os.listdir(xfs_dir) or all(not n.startswith("lmcache-fx-bench-") for n in os.listdir(xfs_dir))
