@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 
-# subcommand -> (module, one-line help)
+# subcommand -> (module, one-line help). A module supplies
+# add_arguments(parser, command) and run(args, parser).
 SUBCOMMANDS = {
     "bench": ("lmcache_fx.bench", "measure lmcache-fx against fio and LMCache's own tiers"),
+    "doctor": ("lmcache_fx.doctor", "check whether the fast path will be used on this host"),
+    "ls": ("lmcache_fx.admin", "list the chunks of a store"),
+    "stat": ("lmcache_fx.admin", "summarise a store: chunks, bytes, models, ages, usage"),
+    "fsck": ("lmcache_fx.admin", "verify every chunk of a store; --repair removes bad ones"),
+    "gc": ("lmcache_fx.admin", "evict least recently used chunks down to a size"),
+    "estimate": ("lmcache_fx.estimate", "will external KV storage pay off, and how fast must it be?"),
 }
 
 
@@ -16,8 +24,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmcache-fx")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (mod, helptext) in SUBCOMMANDS.items():
-        sp = sub.add_parser(name, help=helptext, description=helptext)
-        importlib.import_module(mod).add_arguments(sp)
+        if importlib.util.find_spec(mod) is None:
+            continue  # not part of this build
+        m = importlib.import_module(mod)
+        sp = sub.add_parser(name, help=helptext, description=helptext,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        if m.add_arguments.__code__.co_argcount >= 2:
+            m.add_arguments(sp, name)
+        else:
+            m.add_arguments(sp)
         sp.set_defaults(_module=mod, _parser=sp)
     return p
 
