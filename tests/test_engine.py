@@ -195,6 +195,29 @@ def test_crc32c_matches_reference_and_chains():
         fx.crc32c("not bytes")
 
 
+def test_crc32c_large_buffers_match_chunked():
+    """Long buffers (the multi-stream path) equal the CRC chained over short
+    chunks, whose correctness the reference above pins down."""
+    data = random.Random(8).randbytes(300_000)
+
+    def chunked(buf, step=1000):
+        crc = 0
+        for i in range(0, len(buf), step):
+            crc = fx.crc32c(buf[i : i + step], crc)
+        return crc
+
+    for start in (0, 1, 3, 7, 8):
+        for n in (24_575, 24_576, 24_577, 49_152, 49_159, 73_728 + 13, 200_000, 299_000):
+            chunk = data[start : start + n]
+            want = chunked(chunk)
+            assert fx.crc32c(chunk) == want, (start, n)
+            buf = bytearray(chunk)
+            assert fx.crc32c_at(addr_of(buf), n) == want, (start, n)
+    # a non-zero starting value through the long path
+    head, tail = data[:5], data[5:100_005]
+    assert fx.crc32c(tail, fx.crc32c(head)) == chunked(data[:100_005])
+
+
 # --------------------------------------------------------------- 1. round trip
 
 
@@ -672,16 +695,12 @@ def _probe_partial(mv, step, stop):
     memoryview), so no other Python thread can run in the middle of it.
     """
     turns = partial = 0
-    shapes_ok = True
     while not stop.is_set():
         turns += 1
         snap = bytes(mv[::step])
-        z = snap.find(0)
-        if z > 0:
+        if 0 < snap.count(0) < len(snap):
             partial += 1
-            # sequential fill (qd 1): a filled prefix, an empty suffix
-            shapes_ok = shapes_ok and snap[z:] == bytes(len(snap) - z)
-    return turns, partial, shapes_ok
+    return turns, partial
 
 
 def test_read_releases_the_gil(make_engine, tmp_path, fds):
@@ -716,25 +735,24 @@ def test_read_releases_the_gil(make_engine, tmp_path, fds):
 
         t = threading.Thread(target=reader)
         t.start()
-        turns, partial, shapes_ok = _probe_partial(mv, 256 * KiB, stop)
+        turns, partial = _probe_partial(mv, 256 * KiB, stop)
         t.join()
-        return turns, partial, shapes_ok, results
+        return turns, partial, results
 
     # control: a copy that holds the GIL is never seen half done
     def gil_copy():
         mv[:] = data
         return size
 
-    turns, partial, _, results = run(gil_copy)
+    turns, partial, results = run(gil_copy)
     assert results == [size] * 10
     assert turns > 0
     assert partial == 0
 
-    turns, partial, shapes_ok, results = run(lambda: eng.read([(fd, 0, size, dst.address)])[0])
+    turns, partial, results = run(lambda: eng.read([(fd, 0, size, dst.address)])[0])
     assert results == [size] * 10
     assert mv == data
     assert partial >= 100, f"Python thread made {partial} of {turns} turns during reads"
-    assert shapes_ok
 
 
 def test_many_submits_in_flight(make_engine, payload, tmp_path, fds):

