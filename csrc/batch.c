@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fxio.h"
@@ -40,6 +41,7 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
     }
     for (i = 0; i < b->nops; i++) {
         const fx_op *op = &b->ops[i];
+        struct stat st;
         int direct = 0, fl;
         uint64_t pos = 0;
 
@@ -50,6 +52,15 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
         fl = fcntl(op->fd, F_GETFL);
         if (fl < 0) {
             b->prog[i].err = errno; /* bad descriptor: the op fails, others go on */
+            continue;
+        }
+        /* Positioned I/O only: a pipe or socket would block io_uring forever. */
+        if (fstat(op->fd, &st) < 0) {
+            b->prog[i].err = errno;
+            continue;
+        }
+        if (!(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
+            b->prog[i].err = S_ISDIR(st.st_mode) ? EISDIR : ESPIPE;
             continue;
         }
         direct = (fl & O_DIRECT) != 0;

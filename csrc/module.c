@@ -49,6 +49,11 @@ static PyTypeObject HostBufferType;
 static int begin_use(EngineObject *e)
 {
     int ok;
+
+    if (e->kind < 0) {
+        PyErr_SetString(PyExc_ValueError, "engine is not initialised (Engine.__init__ did not run)");
+        return -1;
+    }
     pthread_mutex_lock(&e->mu);
     ok = !e->closed;
     if (ok)
@@ -356,6 +361,9 @@ static void *batch_thread(void *arg)
         r = engine_run(bo->engine, &bo->b);
     fx_batch_release(&bo->b);
     bo->status = r;
+    /* The engine is no longer touched: let close() proceed even if nobody
+     * ever waits for this batch. */
+    end_use(bo->engine);
     atomic_store(&bo->finished, 1);
     while (write(bo->efd, &one, sizeof(one)) < 0 && errno == EINTR)
         ;
@@ -369,7 +377,6 @@ static void batch_join(BatchObject *bo)
         pthread_join(bo->thread, NULL);
         Py_END_ALLOW_THREADS
         bo->joined = 1;
-        end_use(bo->engine);
     }
 }
 
