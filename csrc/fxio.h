@@ -101,4 +101,10 @@ int fx_uring_register(fx_uring *u, void *addr, size_t len);
 int fx_uring_registered(const fx_uring *u);
 int fx_uring_available(void);
 
+/* io_uring rings from the engine's pool, for other loops over the same
+ * rings (the GPU pipeline). NULL when no ring can be had. */
+struct io_uring;
+struct io_uring *fx_uring_take(fx_uring *u);
+void fx_uring_give(fx_uring *u, struct io_uring *ring);
+
 #endif

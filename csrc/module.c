@@ -25,6 +25,9 @@
 
 enum { KIND_THREADS = 0, KIND_URING = 1 };
 
+/* csrc/gpu.c: adds the GPU staging/DMA types to the module; 0 or -1. */
+int fx_gpu_module_init(PyObject *module, PyTypeObject *engine_type);
+
 typedef struct {
     PyObject_HEAD
     pthread_mutex_t mu;
@@ -766,7 +769,8 @@ PyMODINIT_FUNC PyInit__fxio(void)
         PyModule_AddObjectRef(m, "HostBuffer", (PyObject *)&HostBufferType) < 0 ||
         PyModule_AddIntConstant(m, "DIO_ALIGN", FX_DIO_ALIGN) < 0 ||
         PyModule_AddIntConstant(m, "HAVE_LIBURING", fx_uring_available()) < 0 ||
-        PyModule_AddStringConstant(m, "CRC32C_IMPL", fx_crc32c_impl()) < 0) {
+        PyModule_AddStringConstant(m, "CRC32C_IMPL", fx_crc32c_impl()) < 0 ||
+        fx_gpu_module_init(m, &EngineType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -121,6 +121,18 @@ static void give_ring(fx_uring *u, ring_slot *s)
 
 int fx_uring_available(void) { return 1; }
 
+/* ring_slot starts with its struct io_uring, so the two convert. */
+struct io_uring *fx_uring_take(fx_uring *u)
+{
+    ring_slot *s = take_ring(u);
+    return s ? &s->ring : NULL;
+}
+
+void fx_uring_give(fx_uring *u, struct io_uring *ring)
+{
+    give_ring(u, (ring_slot *)ring);
+}
+
 fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
 {
     fx_uring *u = calloc(1, sizeof(*u));
@@ -475,5 +487,15 @@ int fx_uring_registered(const fx_uring *u)
 {
     (void)u;
     return 0;
+}
+struct io_uring *fx_uring_take(fx_uring *u)
+{
+    (void)u;
+    return NULL;
+}
+void fx_uring_give(fx_uring *u, struct io_uring *ring)
+{
+    (void)u;
+    (void)ring;
 }
 #endif
