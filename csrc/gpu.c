@@ -2,7 +2,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "fxio.h"
+#include "fxmodule.h"
 
 int fx_gpu_module_init(PyObject *module, PyTypeObject *engine_type)
 {

@@ -16,7 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "fxio.h"
+#include "fxmodule.h"
 
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25
@@ -25,8 +25,6 @@
 
 enum { KIND_THREADS = 0, KIND_URING = 1 };
 
-/* csrc/gpu.c: adds the GPU staging/DMA types to the module; 0 or -1. */
-int fx_gpu_module_init(PyObject *module, PyTypeObject *engine_type);
 
 typedef struct {
     PyObject_HEAD
@@ -74,6 +72,26 @@ static void end_use(EngineObject *e)
         pthread_cond_broadcast(&e->idle_cv);
     pthread_mutex_unlock(&e->mu);
 }
+
+int fx_engine_begin(PyObject *engine)
+{
+    if (!PyObject_TypeCheck(engine, &EngineType)) {
+        PyErr_SetString(PyExc_TypeError, "expected an lmcache_fx._fxio.Engine");
+        return -1;
+    }
+    return begin_use((EngineObject *)engine);
+}
+
+void fx_engine_end(PyObject *engine) { end_use((EngineObject *)engine); }
+
+fx_uring *fx_engine_uring(PyObject *engine)
+{
+    EngineObject *e = (EngineObject *)engine;
+    return e->kind == KIND_URING ? e->uring : NULL;
+}
+
+uint64_t fx_engine_split_bytes(PyObject *engine) { return ((EngineObject *)engine)->split_bytes; }
+unsigned fx_engine_queue_depth(PyObject *engine) { return ((EngineObject *)engine)->queue_depth; }
 
 /* Runs a prepared batch; no GIL. */
 static int engine_run(EngineObject *e, fx_batch *b)

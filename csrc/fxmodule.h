@@ -1,0 +1,20 @@
+/* Python-facing pieces shared between module.c and other Python-aware
+ * files of the C core (gpu.c). Include after Python.h. */
+#ifndef FXMODULE_H
+#define FXMODULE_H
+
+#include "fxio.h"
+
+/* Marks an Engine in use (so close() waits); -1 with an exception set when
+ * it is closed or not an Engine. Pair with fx_engine_end. */
+int fx_engine_begin(PyObject *engine);
+void fx_engine_end(PyObject *engine);
+/* The engine's io_uring, or NULL for the thread engine. */
+fx_uring *fx_engine_uring(PyObject *engine);
+uint64_t fx_engine_split_bytes(PyObject *engine);
+unsigned fx_engine_queue_depth(PyObject *engine);
+
+/* csrc/gpu.c: adds the GPU staging/DMA types to the module; 0 or -1. */
+int fx_gpu_module_init(PyObject *module, PyTypeObject *engine_type);
+
+#endif
