@@ -382,10 +382,10 @@ static void *batch_thread(void *arg)
         r = engine_run(bo->engine, &bo->b);
     fx_batch_release(&bo->b);
     bo->status = r;
+    atomic_store(&bo->finished, 1);
     /* The engine is no longer touched: let close() proceed even if nobody
      * ever waits for this batch. */
     end_use(bo->engine);
-    atomic_store(&bo->finished, 1);
     while (write(bo->efd, &one, sizeof(one)) < 0 && errno == EINTR)
         ;
     return NULL;
