@@ -1,0 +1,48 @@
+"""The option table: every option documented in README.md with its default,
+and values parsed or refused with the option's name."""
+import os
+import re
+
+import pytest
+
+from lmcache_fx.options import ConfigError, FxOptions
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def test_every_option_is_in_the_readme_table():
+    text = open(README).read()
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| `([^`]*)` \|", text, re.M))
+    for name in FxOptions.names():
+        assert name in rows, f"option {name} missing from README's table"
+        default = getattr(FxOptions(), name)
+        shown = rows[name]
+        if isinstance(default, bool):
+            assert shown == str(default).lower()
+        elif name == "split_bytes":
+            assert shown == f"{default >> 20}M"
+        elif name == "path":
+            assert shown == "~/.cache/lmcache-fx" and default == os.path.expanduser(shown)
+        else:
+            assert float(shown) == float(default) if isinstance(default, float) else shown == str(default)
+
+
+@pytest.mark.parametrize("value,expected", [("4M", 4 << 20), ("2MiB", 2 << 20), (65536, 65536), ("128K", 128 << 10)])
+def test_sizes_with_suffixes(value, expected):
+    assert FxOptions.from_mapping({"split_bytes": value}).split_bytes == expected
+
+
+@pytest.mark.parametrize("value,expected", [("true", True), ("False", False), (True, True), (0, False), ("on", True)])
+def test_booleans(value, expected):
+    assert FxOptions.from_mapping({"verify": value}).verify is expected
+
+
+def test_unknown_option_suggests_the_close_name():
+    with pytest.raises(ConfigError, match=r"unknown option 'x\.verfy': did you mean 'x\.verify'\?"):
+        FxOptions.from_mapping({"verfy": True}, where="x.")
+
+
+def test_paths_split_and_strip():
+    assert FxOptions.from_mapping({"path": " /a , /b ,"}).paths == ["/a", "/b"]
+    with pytest.raises(ConfigError, match="path: no directory given"):
+        FxOptions.from_mapping({"path": " , "})
