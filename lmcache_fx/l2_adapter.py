@@ -1,0 +1,373 @@
+"""LMCache MP-mode L2 adapter over the chunk store: translates
+L2AdapterInterface calls into store calls, and nothing more.
+
+    lmcache server ... --l2-adapter '{"type": "plugin",
+        "module_path": "lmcache_fx.l2_adapter", "class_name": "FxL2Adapter",
+        "adapter_params": {"path": "/mnt/nvmeof/lmcache", "max_capacity_gb": 2000}}'
+
+LMCache's plugin factory finds `FxL2AdapterConfig` by its naming convention
+(`<ClassName>Config`) and builds it from `adapter_params`, so a wrong option
+fails while LMCache parses its arguments, with the option's name; the
+generic keys (`eviction`, `serde`, `shared`, `affinity_tag`) stay at the top
+level of the JSON, where LMCache itself reads them for every adapter.
+
+Threads and eventfds: LMCache's store and prefetch controllers call in from
+two threads and poll the three eventfds below. Loads and lookups run on one
+asyncio loop owned by the adapter; a load is ONE engine batch for the whole
+task (two when headers are new to this process), awaited through the C
+batch's eventfd with loop.add_reader, so nothing in Python polls. Stores
+block in the C engine (GIL released) on one writer thread. Each finished
+task signals its LMCache eventfd.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Optional
+
+from lmcache.lmcache_native import Bitmap
+from lmcache.v1.distributed.internal_api import L2StoreResult
+from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInterface, L2TaskId
+from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
+from lmcache.v1.platform import create_event_notifier
+
+from .chunkfile import HEADER_SIZE, ChunkMeta
+from .lmcache_plugin import meta_of
+from .options import ConfigError, FxOptions
+from .store import ChunkStore
+
+if TYPE_CHECKING:
+    from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
+    from lmcache.v1.distributed.internal_api import L1MemoryDesc
+    from lmcache.v1.memory_management import MemoryObj
+
+log = logging.getLogger("lmcache_fx")
+
+WHERE = "adapter_params."
+
+
+def object_key_string(key: "ObjectKey") -> str:
+    """The store key of an ObjectKey: the same fields, order and spelling as
+    LMCache's FS L2 adapter file names (model with '/' as '-SEP-', kv_rank
+    in 0x hex, object group in hex, chunk hash in hex, cache_salt if any)."""
+    s = (f"{key.model_name.replace('/', '-SEP-')}@{key.kv_rank:#010x}@{key.object_group_id:x}"
+         f"@{key.chunk_hash.hex()}")
+    return f"{s}@{key.cache_salt}" if key.cache_salt else s
+
+
+class FxL2AdapterConfig(L2AdapterConfigBase):
+    """`adapter_params` are lmcache-fx options (README's table)."""
+
+    def __init__(self, options: FxOptions):
+        self.options = options
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FxL2AdapterConfig":
+        d = {k: v for k, v in (d or {}).items() if k != "type"}
+        return cls(FxOptions.from_mapping(d, where=WHERE))
+
+    @classmethod
+    def help(cls) -> str:
+        rows = "\n".join(f"- {n} ({vals}): {meaning}" for n, (meaning, vals) in FxOptions.DOC.items())
+        return ("lmcache-fx L2 adapter, adapter_params fields (all optional):\n" + rows + "\n\nExample JSON:\n"
+                '{"type": "plugin", "module_path": "lmcache_fx.l2_adapter", "class_name": "FxL2Adapter", '
+                '"adapter_params": {"path": "/mnt/nvmeof/lmcache", "max_capacity_gb": 2000}}')
+
+
+class FxL2Adapter(L2AdapterInterface):
+    def __init__(self, config, l1_memory_desc: "Optional[L1MemoryDesc]" = None):
+        if not isinstance(config, FxL2AdapterConfig):  # raw adapter_params (no config class found)
+            config = FxL2AdapterConfig.from_dict(config if isinstance(config, dict) else {})
+        self.options = config.options
+        super().__init__(max_capacity_bytes=self.options.max_capacity_bytes)
+        self.store = ChunkStore(self.options)
+        if l1_memory_desc is not None:
+            self._register_l1(l1_memory_desc)
+
+        self._store_efd = create_event_notifier()
+        self._lookup_efd = create_event_notifier()
+        self._load_efd = create_event_notifier()
+        self._lock = threading.Lock()
+        self._next_id: L2TaskId = 0
+        self._done_store: dict[L2TaskId, L2StoreResult] = {}
+        self._done_lookup: dict[L2TaskId, Bitmap] = {}
+        self._done_load: dict[L2TaskId, Bitmap] = {}
+        self._in_flight = 0
+        self._sizes: dict["ObjectKey", int] = {}  # keys stored or found by this adapter -> file bytes
+        self._evictions_seen = 0
+        self._closed = False
+        self._failures = 0
+
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="lmcache-fx-l2-loop", daemon=True)
+        self._loop_thread.start()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="lmcache-fx-l2-writer")
+        log.info("lmcache-fx: L2 adapter on %s, engine %s, O_DIRECT %s, %d chunks present",
+                 ",".join(self.store.roots), self.store.engine.kind, self.store.odirect, len(self.store))
+
+    def _register_l1(self, desc: "L1MemoryDesc") -> None:
+        from . import _fxio
+
+        size = desc.stable_registration_size or desc.size
+        if desc.ptr and size:
+            _fxio.advise_hugepages(desc.ptr, size)
+            r = self.store.engine.register_buffer(desc.ptr, size)
+            if r < 0:
+                log.info("lmcache-fx: L1 not registered as fixed buffers (errno %d); plain reads are used", -r)
+
+    def _task_id(self) -> L2TaskId:
+        with self._lock:
+            self._next_id += 1
+            self._in_flight += 1
+            return self._next_id
+
+    def _finish(self, table: dict, task_id: L2TaskId, result, efd) -> None:
+        with self._lock:
+            table[task_id] = result
+            self._in_flight -= 1
+        efd.notify()
+
+    # ------------------------------------------------------------ eventfds
+    def get_store_event_fd(self) -> int:
+        return self._store_efd.fileno()
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return self._lookup_efd.fileno()
+
+    def get_load_event_fd(self) -> int:
+        return self._load_efd.fileno()
+
+    # ------------------------------------------------------------ store
+    def submit_store_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
+        tid = self._task_id()
+        self._writer.submit(self._store, tid, list(keys), list(objects))
+        return tid
+
+    def _store(self, tid: L2TaskId, keys, objects) -> None:
+        ok, nbytes = True, 0
+        new_keys, new_sizes = [], []
+        try:
+            items = [(object_key_string(k), o.data_ptr, o.get_size(), meta_of(o)) for k, o in zip(keys, objects)]
+            done = self.store.write(items)
+            for k, it, d in zip(keys, items, done):
+                if not d:
+                    ok = False
+                    continue
+                size = HEADER_SIZE + it[2]
+                with self._lock:
+                    known = k in self._sizes
+                    self._sizes[k] = size
+                if not known:
+                    new_keys.append(k)
+                    new_sizes.append(size)
+                    nbytes += it[2]
+        except Exception:
+            log.exception("lmcache-fx: L2 store task %d failed", tid)
+            ok = False
+        if not ok:
+            with self._lock:
+                self._failures += 1
+        if new_keys:
+            self._notify_keys_stored(new_keys, new_sizes)
+        self._report_evictions()
+        self._finish(self._done_store, tid, L2StoreResult(ok, nbytes), self._store_efd)
+
+    def pop_completed_store_tasks(self) -> dict[L2TaskId, L2StoreResult]:
+        with self._lock:
+            done, self._done_store = self._done_store, {}
+        return done
+
+    # ------------------------------------------------------------ lookup and lock
+    def submit_lookup_and_lock_task(self, keys: list["ObjectKey"],
+                                    group_layout_descs: "dict[int, MemoryLayoutDesc]") -> L2TaskId:
+        tid = self._task_id()
+        self._loop.call_soon_threadsafe(self._lookup, tid, list(keys))
+        return tid
+
+    def _lookup(self, tid: L2TaskId, keys) -> None:
+        bm = Bitmap(len(keys))
+        try:
+            for i, k in enumerate(keys):
+                if self.store.pin(object_key_string(k)):  # pinned chunks are never evicted
+                    bm.set(i)
+        except Exception:
+            log.exception("lmcache-fx: L2 lookup task %d failed", tid)
+        self._finish(self._done_lookup, tid, bm, self._lookup_efd)
+
+    def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Optional[Bitmap]:
+        with self._lock:
+            return self._done_lookup.pop(task_id, None)
+
+    def submit_unlock(self, keys: list["ObjectKey"]) -> None:
+        for k in keys:
+            self.store.unpin(object_key_string(k))  # in memory: cannot fail
+
+    # ------------------------------------------------------------ load
+    def submit_load_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
+        tid = self._task_id()
+        asyncio.run_coroutine_threadsafe(self._load(tid, list(keys), list(objects)), self._loop)
+        return tid
+
+    async def _load(self, tid: L2TaskId, keys, objects) -> None:
+        bm = Bitmap(len(keys))
+        try:
+            # One read_steps per key, all driven as ONE engine batch: each
+            # chunk lands in the object LMCache gave for it.
+            gens = [self.store.read_steps([object_key_string(k)], self._into(o)) for k, o in zip(keys, objects)]
+            for i, r in enumerate(await self._drive_merged(gens)):
+                if r is not None and r[0][0] is not None:
+                    bm.set(i)
+        except Exception:
+            log.exception("lmcache-fx: L2 load task %d failed", tid)
+        hits = [keys[i] for i in bm.get_indices_list()]
+        if hits:
+            self._notify_keys_accessed(hits)
+        self._finish(self._done_load, tid, bm, self._load_efd)
+
+    @staticmethod
+    def _into(obj: "MemoryObj"):
+        mine = meta_of(obj)
+        size = obj.get_size()
+
+        def allocate(meta: ChunkMeta):
+            if meta.dtypes != mine.dtypes:
+                log.warning("lmcache-fx: stored chunk has dtypes %s, the L1 object %s; miss", meta.dtypes, mine.dtypes)
+                return None
+            return obj, obj.data_ptr, size  # the store checks the payload length against size
+
+        return allocate
+
+    async def _drive_merged(self, gens):
+        """Runs several read_steps generators, each step of all of them as
+        one engine batch awaited through its eventfd. Returns each
+        generator's (out, failed)."""
+        results = [None] * len(gens)
+        pending = []
+        for i, g in enumerate(gens):
+            try:
+                ops, crc = next(g)
+                pending.append((i, ops, crc))
+            except StopIteration as s:
+                results[i] = s.value
+        while pending:
+            crc = any(c for _, _, c in pending)
+            ops = [op for _, o, _ in pending for op in o]
+            res = await self._run_batch(ops, crc) if ops else []
+            nxt, pos = [], 0
+            for i, o, c in pending:
+                part = res[pos:pos + len(o)]
+                pos += len(o)
+                if crc and not c:
+                    part = [r[0] for r in part]
+                try:
+                    ops2, c2 = gens[i].send(part)
+                    nxt.append((i, ops2, c2))
+                except StopIteration as s:
+                    results[i] = s.value
+            pending = nxt
+        return results
+
+    async def _run_batch(self, ops, crc):
+        batch = self.store.engine.submit(ops, write=False, crc=crc)
+        if not batch.done():
+            fut = self._loop.create_future()
+            fd = batch.fileno()
+            self._loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+            try:
+                await fut
+            finally:
+                self._loop.remove_reader(fd)
+        return batch.wait()
+
+    def query_load_result(self, task_id: L2TaskId) -> Optional[Bitmap]:
+        with self._lock:
+            return self._done_load.pop(task_id, None)
+
+    # ------------------------------------------------------------ capacity and eviction
+    def delete(self, keys: list["ObjectKey"]) -> None:
+        """LMCache's L2 eviction controller (an `eviction` block in the
+        adapter JSON) removes keys through here."""
+        gone, sizes = [], []
+        for k in keys:
+            with self._lock:
+                size = self._sizes.pop(k, None)
+            before = self.store.usage_bytes
+            if self.store.remove(object_key_string(k)):
+                gone.append(k)
+                sizes.append(size if size is not None else max(before - self.store.usage_bytes, 0))
+        if gone:
+            self._notify_keys_deleted(gone, sizes)
+
+    def _report_evictions(self) -> None:
+        """The store evicts by itself to stay under max_capacity_gb; tell
+        LMCache's listeners which of the keys it knows were evicted."""
+        n = self.store.stats.snapshot()["evictions"]
+        if n == self._evictions_seen:
+            return
+        self._evictions_seen = n
+        with self._lock:
+            known = list(self._sizes.items())
+        gone = [(k, s) for k, s in known if not self.store.contains(object_key_string(k))]
+        if gone:
+            with self._lock:
+                for k, _ in gone:
+                    self._sizes.pop(k, None)
+            self._notify_keys_deleted([k for k, _ in gone], [s for _, s in gone])
+
+    def get_usage(self) -> AdapterUsage:
+        """Bytes from the store itself (it counts chunks of every process and
+        its own evictions); per-salt bytes from what this adapter stored."""
+        base = super().get_usage()
+        return AdapterUsage(
+            total_bytes_used=self.store.usage_bytes,
+            total_capacity_bytes=self.options.max_capacity_bytes,
+            bytes_by_cache_salt=MappingProxyType(dict(base.bytes_by_cache_salt)),
+        )
+
+    # ------------------------------------------------------------ status and close
+    def report_status(self) -> dict:
+        alive = self._loop_thread.is_alive() and not self._closed
+        with self._lock:
+            in_flight, failures = self._in_flight, self._failures
+        st = self.store.stats.snapshot()
+        return {
+            "is_healthy": alive,
+            "type": "FxL2Adapter",
+            "paths": self.store.roots,
+            "io_engine": self.store.engine.kind,
+            "io_engine_fallback": self.store.engine.fallback_reason,
+            "odirect": self.store.odirect,
+            "chunks": len(self.store),
+            "usage_bytes": self.store.usage_bytes,
+            "capacity_bytes": self.options.max_capacity_bytes,
+            "tasks_in_flight": in_flight,
+            "failed_store_tasks": failures,
+            **{k: st[k] for k in ("hits", "misses", "corrupt", "evictions", "write_errors",
+                                  "chunks_read", "bytes_read", "chunks_written", "bytes_written")},
+        }
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.shutdown(wait=True)
+        if self._loop.is_running():
+            async def drain():
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                if tasks:
+                    await asyncio.gather(*tasks, return_exceptions=True)  # let reads into L1 finish
+
+            try:
+                asyncio.run_coroutine_threadsafe(drain(), self._loop).result(30)
+            except Exception:
+                pass
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join()
+        self._loop.close()
+        self.store.close()
+        for efd in (self._store_efd, self._lookup_efd, self._load_efd):
+            efd.close()
+        log.info("lmcache-fx: L2 adapter closed")

@@ -1,0 +1,220 @@
+"""LMCache remote storage plugin: translates RemoteConnector calls into
+store calls, and nothing more.
+
+    remote_storage_plugins: ["fx"]
+    extra_config:
+      remote_storage_plugin.fx.module_path: lmcache_fx.remote_plugin
+      remote_storage_plugin.fx.class_name: FxRemoteConnector
+      remote_storage_plugin.fx.path: /mnt/nvmeof/lmcache
+
+How LMCache 0.5.6 drives it (read in storage_backend/connector/__init__.py
+and remote_backend.py):
+- `RemoteBackend(plugin_name="fx")` asks for the virtual URL `plugin://fx`.
+  `class_name` names a RemoteConnector subclass, so LMCache wraps it in its
+  DynamicConnectorAdapter, whose can_parse matches `plugin://<type>` (type =
+  the name up to the first dot), and constructs it as
+  `cls(loop=, local_cpu_backend=, config=)`: no plugin name, no metadata.
+- The connector is wrapped in InstrumentedRemoteConnector, which drops one
+  reference of every object after `put`/`batched_put` returns; the naive
+  serde (the default `remote_serde`) passes the MemoryObj itself, so the
+  objects are LMCache's pool buffers and stay valid until we return.
+- `batched_get` runs on the storage-manager event loop under
+  `blocking_timeout_secs` (a timeout is a miss); `batched_contains` runs on
+  the caller's thread; pin/unpin never reach a connector.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional
+
+import torch
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+
+from .chunkfile import ChunkMeta
+from .lmcache_plugin import _torch_dtype, meta_of, options_from_extra
+from .options import ConfigError
+from .store import ChunkStore
+
+log = logging.getLogger("lmcache_fx")
+
+PREFIX = "remote_storage_plugin."
+_claimed: dict[int, set] = {}  # id(config) -> remote plugin names already built
+_claim_lock = threading.Lock()
+
+
+def remote_plugin_name(config, cls) -> str:
+    """The `remote_storage_plugins` entry this connector was built for.
+
+    LMCache does not pass it to a RemoteConnector class; RemoteBackends are
+    built one by one in list order from one config object, so take the next
+    entry (in list order) whose module_path/class_name name this class."""
+    extra = (config.extra_config if config is not None else None) or {}
+    names = list(dict.fromkeys((config.remote_storage_plugins or []) if config is not None else []))
+    mine = [
+        n for n in names
+        if extra.get(f"{PREFIX}{n}.class_name") == cls.__name__
+        and extra.get(f"{PREFIX}{n}.module_path") == cls.__module__
+    ]
+    if not mine:
+        raise ConfigError(
+            f"remote_storage_plugins has no entry whose {PREFIX}<name>.module_path is {cls.__module__} "
+            f"and class_name is {cls.__name__}"
+        )
+    with _claim_lock:
+        taken = _claimed.setdefault(id(config), set())
+        for n in mine:
+            if n not in taken:
+                taken.add(n)
+                return n
+    return mine[0]  # a reconnect of an instance already built
+
+
+class FxRemoteConnector(RemoteConnector):
+    def __init__(self, loop=None, local_cpu_backend=None, config=None):
+        if local_cpu_backend is None or getattr(local_cpu_backend, "metadata", None) is None:
+            raise ConfigError("lmcache-fx remote plugin needs LMCache's LocalCPUBackend (max_local_cpu_size > 0)")
+        super().__init__(config, local_cpu_backend.metadata)
+        self.loop = loop
+        self.local_cpu_backend = local_cpu_backend
+        self.name = remote_plugin_name(config, type(self))
+        self.options = options_from_extra(config.extra_config, f"{PREFIX}{self.name}.")
+        self.store = ChunkStore(self.options)
+        self._register_pool()
+        # Writes block in the C engine (GIL released) on one thread, so the
+        # event loop keeps serving gets while a put is in flight.
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"lmcache-fx-remote-writer-{self.name}")
+        self._pending_lock = threading.Lock()
+        self._pending_puts = 0  # batched_put coroutines running (RemoteBackend does not track batched puts)
+        log.info("lmcache-fx: remote plugin '%s' on %s, engine %s, O_DIRECT %s, %d chunks present",
+                 self.name, ",".join(self.store.roots), self.store.engine.kind, self.store.odirect, len(self.store))
+
+    def __repr__(self) -> str:
+        return f"FxRemoteConnector({self.name})"
+
+    def _register_pool(self) -> None:
+        from . import _fxio
+
+        try:
+            buf = self.local_cpu_backend.get_memory_allocator().buffer
+            addr, size = buf.data_ptr(), buf.numel() * buf.element_size()
+        except Exception as e:
+            log.debug("lmcache-fx: no flat pool to register (%s)", e)
+            return
+        _fxio.advise_hugepages(addr, size)
+        self.store.engine.register_buffer(addr, size)
+
+    # ------------------------------------------------------------ lookups
+    async def exists(self, key: CacheEngineKey) -> bool:
+        return self.store.contains(key.to_string())
+
+    def exists_sync(self, key: CacheEngineKey) -> bool:
+        return self.store.contains(key.to_string())
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    def batched_contains(self, keys: List[CacheEngineKey]) -> int:
+        n = 0
+        for k in keys:
+            if not self.store.contains(k.to_string()):
+                break
+            n += 1
+        return n
+
+    def support_batched_async_contains(self) -> bool:
+        return True
+
+    async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        return self.batched_contains(keys)
+
+    # ------------------------------------------------------------ reads
+    def _allocate(self, meta: ChunkMeta):
+        try:
+            shapes = [torch.Size(s) for s in meta.shapes]
+            dtypes = [_torch_dtype(d) for d in meta.dtypes]
+            fmt = MemoryFormat[meta.fmt]
+        except (KeyError, ValueError) as e:
+            log.warning("lmcache-fx: chunk meta not usable here (%s); miss", e)
+            return None
+        # busy_loop=False: this runs on LMCache's event loop, which must not spin.
+        obj = self.local_cpu_backend.allocate(shapes, dtypes, fmt, busy_loop=False)
+        if obj is None:
+            return None
+        return obj, obj.data_ptr, obj.get_size()
+
+    @staticmethod
+    def _release(obj: MemoryObj) -> None:
+        obj.ref_count_down()
+
+    async def _read(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        # One engine batch (two when headers are new to this process), awaited
+        # through the batch's eventfd: the loop is free while the engine reads.
+        return await self.store.read_async([k.to_string() for k in keys], self._allocate, self._release)
+
+    async def get(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        return (await self._read([key]))[0]
+
+    def support_batched_get(self) -> bool:
+        return True
+
+    async def batched_get(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        return await self._read(keys)
+
+    def support_batched_get_non_blocking(self) -> bool:
+        return True
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: List[CacheEngineKey]) -> List[MemoryObj]:
+        objs = await self._read(keys)
+        out = []
+        for o in objs:  # a prefix: the first miss ends it
+            if o is None:
+                break
+            out.append(o)
+        for o in objs[len(out):]:
+            if o is not None:
+                o.ref_count_down()
+        return out
+
+    # ------------------------------------------------------------ writes
+    def support_batched_put(self) -> bool:
+        return True
+
+    async def put(self, key: CacheEngineKey, memory_obj: MemoryObj):
+        await self.batched_put([key], [memory_obj])
+
+    async def batched_put(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]):
+        # LMCache keeps a reference to each object until this coroutine returns,
+        # so the write finishes before we return: one engine batch of payloads,
+        # one of headers.
+        items = [(k.to_string(), o.data_ptr, o.get_size(), meta_of(o)) for k, o in zip(keys, memory_objs)]
+        loop = asyncio.get_running_loop()
+        with self._pending_lock:
+            self._pending_puts += 1
+        try:
+            done = await loop.run_in_executor(self._writer, self.store.write, items)
+        finally:
+            with self._pending_lock:
+                self._pending_puts -= 1
+        if not all(done):
+            log.debug("lmcache-fx: %d of %d chunks not stored", done.count(False), len(done))
+
+    def pending_puts(self) -> int:
+        """batched_put calls that started and have not finished (tests)."""
+        with self._pending_lock:
+            return self._pending_puts
+
+    # ------------------------------------------------------------ misc
+    def remove_sync(self, key: CacheEngineKey) -> bool:
+        return self.store.remove(key.to_string())
+
+    async def list(self) -> List[str]:
+        return []  # the store indexes digests; keys live in chunk headers only
+
+    async def close(self):
+        self._writer.shutdown(wait=True)
+        self.store.close()

@@ -1,0 +1,369 @@
+"""The three LMCache entry points over one store, driven by LMCache itself:
+the in-process storage plugin and the remote storage plugin through a real
+LMCacheEngine on CPU, the MP-mode L2 adapter through LMCache's MP
+StorageManager (its store and prefetch controllers), its `lmcache bench l2`
+command and a real `lmcache server` process.
+
+Run as a script, this file is the other process of the cross-process test:
+    python tests/test_entry_points.py <entry> <store_path> <workdir>
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
+
+from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_config, lmcache_engine, retrieve  # noqa: E402
+
+ENTRIES = ["plugin", "remote", "l2"]
+GEO = Geometry(layers=2, kv_heads=2, head_dim=64, dtype=torch.bfloat16)  # 128 KiB chunks
+NTOK = 4 * 256
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+L2_JSON = {"type": "plugin", "module_path": "lmcache_fx.l2_adapter", "class_name": "FxL2Adapter"}
+
+
+# ---------------------------------------------------------------- configs
+def remote_config(path, name="fx", cpu_gb=0.1, **opts):
+    """The YAML a user writes for the remote storage plugin form."""
+    return {
+        "chunk_size": GEO.chunk,
+        "local_cpu": False,
+        "max_local_cpu_size": cpu_gb,
+        "remote_storage_plugins": [name],
+        "extra_config": {
+            f"remote_storage_plugin.{name}.module_path": "lmcache_fx.remote_plugin",
+            f"remote_storage_plugin.{name}.class_name": "FxRemoteConnector",
+            f"remote_storage_plugin.{name}.path": str(path),
+            **{f"remote_storage_plugin.{name}.{k}": v for k, v in opts.items()},
+        },
+    }
+
+
+def engine_config(entry, path, workdir, **opts):
+    d = fx_config(path, cpu_gb=0.1, **opts) if entry == "plugin" else remote_config(path, **opts)
+    return config_from_dict(d, workdir)
+
+
+def backend_of(engine, entry):
+    backends = engine.storage_manager.storage_backends
+    name = "fx" if entry == "plugin" else "RemoteBackend-fx"
+    assert name in backends, f"{entry}: backend not loaded; backends: {list(backends)}"
+    return backends[name]
+
+
+def fx_store_of(backend):
+    """The ChunkStore behind either engine backend."""
+    if hasattr(backend, "store"):
+        return backend.store
+    return backend.connection.getWrappedConnector().store
+
+
+def store_engine(engine, entry, tokens, kv, timeout=60):
+    """Stores and waits for the files: LMCache frees its pool at destroy even
+    while a tier still writes from it."""
+    be = backend_of(engine, entry)
+    st = fx_store_of(be)
+    want = len(st) + len(tokens) // GEO.chunk
+    engine.store(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
+    if entry == "plugin":
+        be.flush(timeout)
+        return be
+    # RemoteBackend does not track batched puts (put_tasks is only filled by
+    # the single-key path): wait for the chunks, then for the put to return.
+    conn, end = be.connection.getWrappedConnector(), time.monotonic() + timeout
+    while len(st) < want or conn.pending_puts():
+        assert time.monotonic() < end, "remote puts still pending"
+        time.sleep(0.01)
+    return be
+
+
+# ---------------------------------------------------------------- MP mode
+class MPSide:
+    """LMCache's MP StorageManager (L1 + store/prefetch controllers) with the
+    fx L2 adapter, configured from the same arguments `lmcache server` takes."""
+
+    def __init__(self, path, l1_gb=0.05, **params):
+        from lmcache.v1.distributed.config import parse_args
+        from lmcache.v1.distributed.storage_manager import StorageManager
+
+        spec = json.dumps({**L2_JSON, "adapter_params": {"path": str(path), **params}})
+        self.sm = StorageManager(parse_args(["--l1-size-gb", str(l1_gb), "--eviction-policy", "LRU", "--l2-adapter", spec]))
+        self.adapter = self.sm.l2_adapters()[0][1]
+
+    @staticmethod
+    def keys_and_data(n=4, seed=7):
+        from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
+
+        shape = torch.Size([GEO.kv_size, GEO.layers, GEO.chunk, GEO.kv_heads * GEO.head_dim])
+        layout = MemoryLayoutDesc(shapes=[shape], dtypes=[GEO.dtype])
+        g = torch.Generator().manual_seed(seed)
+        rank = ObjectKey.ComputeKVRank(1, 0, 1, 0)
+        keys = [ObjectKey(chunk_hash=(seed * 1000 + i).to_bytes(32, "big"), model_name="org/fx-test-model",
+                          kv_rank=rank) for i in range(n)]
+        return keys, [torch.randn(shape, generator=g).to(GEO.dtype) for _ in keys], layout
+
+    def store(self, keys, data, layout, timeout=60):
+        objs = self.sm.reserve_write(keys, layout)
+        assert len(objs) == len(keys)
+        for k, d in zip(keys, data):
+            objs[k].tensor.copy_(d)
+        self.sm.finish_write(keys)
+        end = time.monotonic() + timeout
+        while not all(self.adapter.store.contains(_ks(k)) for k in keys):  # the store controller writes async
+            assert time.monotonic() < end, "L2 store did not complete"
+            time.sleep(0.01)
+
+    def load(self, keys, layout, data):
+        """Prefetch through LMCache's prefetch controller (L2 lookup-and-lock,
+        load, unlock); returns (L2 hits, bit-exact)."""
+        from lmcache.v1.distributed.api import GroupedObjectKeys, PrefetchTaskSpec
+
+        h = self.sm.submit_prefetch_task(PrefetchTaskSpec(key_groups=[
+            GroupedObjectKeys(keys=keys, object_group_id=0, layout_desc=layout)]))
+        assert self.sm.wait_prefetch_status(h, 60)
+        r = self.sm.query_prefetch_status(h)
+        hits = r.l2_hit_cells[0].popcount()
+        equal = False
+        if r.hit_cells[0].popcount() == len(keys):
+            with self.sm.read_prefetched_results(keys, r.l1_owners) as objs:
+                equal = objs is not None and all(_bytes(o.tensor) == _bytes(d) for o, d in zip(objs, data))
+            self.sm.finish_read_prefetched(keys, l1_owners=r.l1_owners)
+        return hits, equal
+
+    def close(self):
+        self.sm.close()
+
+
+def _ks(k):
+    from lmcache_fx.l2_adapter import object_key_string
+
+    return object_key_string(k)
+
+
+def _bytes(t):
+    return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+# ---------------------------------------------------------------- one side of a round trip
+def do_store(entry, path, workdir) -> dict:
+    if entry == "l2":
+        side = MPSide(path)
+        try:
+            keys, data, layout = MPSide.keys_and_data()
+            side.store(keys, data, layout)
+            return {"chunks": len(side.adapter.store)}
+        finally:
+            side.close()
+    tokens, kv = torch.arange(NTOK) % 5000, KV(GEO, NTOK, seed=7)
+    with lmcache_engine(engine_config(entry, path, workdir), GEO) as eng:
+        be = store_engine(eng, entry, tokens, kv)
+        return {"chunks": len(fx_store_of(be))}
+
+
+def do_retrieve(entry, path, workdir) -> dict:
+    if entry == "l2":
+        side = MPSide(path)
+        try:
+            keys, data, layout = MPSide.keys_and_data()
+            hits, equal = side.load(keys, layout, data)
+            return {"chunks": hits, "equal": equal, "chunks_read": side.adapter.store.stats.chunks_read}
+        finally:
+            side.close()
+    tokens, kv = torch.arange(NTOK) % 5000, KV(GEO, NTOK, seed=7)
+    with lmcache_engine(engine_config(entry, path, workdir), GEO) as eng:
+        got = kv.empty_like()
+        n = retrieve(eng, tokens, got)
+        return {"chunks": n // GEO.chunk, "equal": kv.tokens_equal(got, n),
+                "chunks_read": fx_store_of(backend_of(eng, entry)).stats.chunks_read}
+
+
+def _env():
+    return dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", LMCACHE_DISABLE_BANNER="1",
+                PYTHONPATH=os.pathsep.join([ROOT, os.path.dirname(__file__)]))
+
+
+# ---------------------------------------------------------------- tests
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_round_trip_bit_exact(tmp_path, entry):
+    """Store and read back in one process, every read from the fx files."""
+    store = tmp_path / "store"
+    if entry == "l2":
+        side = MPSide(store)
+        try:
+            keys, data, layout = MPSide.keys_and_data(seed=3)
+            side.store(keys, data, layout)
+            side.sm.clear(force=True)  # drop L1 so the prefetch must load from L2
+            assert side.load(keys, layout, data) == (4, True)
+            assert side.adapter.store.stats.chunks_read == 4
+            assert side.adapter.report_status()["is_healthy"]
+        finally:
+            side.close()
+        return
+    tokens, kv = torch.randint(0, 30000, (NTOK,)), KV(GEO, NTOK, seed=1)
+    with lmcache_engine(engine_config(entry, store, tmp_path), GEO) as eng:
+        be = store_engine(eng, entry, tokens, kv)
+        st = fx_store_of(be)
+        assert len(st) == 4
+        got = kv.empty_like()
+        assert retrieve(eng, tokens, got) == NTOK
+        assert kv.tokens_equal(got, NTOK)
+        assert st.stats.chunks_read == 4  # served by fx (local_cpu is off)
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_store_in_one_process_retrieve_in_another(tmp_path, entry):
+    store = tmp_path / "store"
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), entry, str(store), str(tmp_path)],
+                       capture_output=True, text=True, env=_env(), timeout=300)
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert r.returncode == 0 and line, r.stderr[-3000:]
+    assert json.loads(line[-1][7:]) == {"chunks": 4}
+    assert do_retrieve(entry, store, tmp_path) == {"chunks": 4, "equal": True, "chunks_read": 4}
+
+
+@pytest.mark.parametrize("src,dst", [("plugin", "remote"), ("remote", "plugin")])
+def test_stored_through_one_found_through_another(tmp_path, src, dst):
+    """Both engine entry points key chunks by CacheEngineKey.to_string() and
+    store LMCache's KV_2LTD objects as they are: the same files serve both."""
+    store = tmp_path / "store"
+    tokens, kv = torch.arange(NTOK) + 77, KV(GEO, NTOK, seed=5)
+    with lmcache_engine(engine_config(src, store, tmp_path), GEO) as eng:
+        store_engine(eng, src, tokens, kv)
+    with lmcache_engine(engine_config(dst, store, tmp_path), GEO) as eng:
+        got = kv.empty_like()
+        assert retrieve(eng, tokens, got) == NTOK
+        assert kv.tokens_equal(got, NTOK)
+        assert fx_store_of(backend_of(eng, dst)).stats.chunks_read == 4
+
+
+def test_l2_and_engine_entry_points_share_a_path(tmp_path):
+    """MP mode keys chunks by ObjectKey (chunk hash bytes from the MP token
+    hasher, packed kv_rank, object group, cache_salt; no dtype), the engine
+    entry points by CacheEngineKey (in-process token hash, world size,
+    worker id, dtype): the same tokens give different keys, so neither can
+    find the other's chunks (docs/entry-points.md). They share one path
+    safely: one index, one capacity, no collisions."""
+    store = tmp_path / "store"
+    tokens, kv = torch.arange(NTOK) + 5, KV(GEO, NTOK, seed=9)
+    with lmcache_engine(engine_config("plugin", store, tmp_path), GEO) as eng:
+        store_engine(eng, "plugin", tokens, kv)
+    side = MPSide(store)
+    try:
+        assert len(side.adapter.store) == 4 and side.adapter.get_usage().total_bytes_used > 0  # counted
+        keys, data, layout = MPSide.keys_and_data(seed=11)
+        side.store(keys, data, layout)
+        assert len(side.adapter.store) == 8
+        side.sm.clear(force=True)
+        assert side.load(keys, layout, data) == (4, True)
+    finally:
+        side.close()
+    with lmcache_engine(engine_config("remote", store, tmp_path), GEO) as eng:
+        st = fx_store_of(backend_of(eng, "remote"))
+        assert len(st) == 8
+        got = kv.empty_like()
+        assert retrieve(eng, tokens, got) == NTOK and kv.tokens_equal(got, NTOK)
+
+
+def test_l2_capacity_and_eviction_reported(tmp_path):
+    from lmcache_fx.chunkfile import HEADER_SIZE
+
+    chunk = HEADER_SIZE + GEO.chunk * GEO.bytes_per_token
+    side = MPSide(tmp_path / "store", max_capacity_gb=5.5 * chunk / (1 << 30))
+    try:
+        ad = side.adapter
+        assert ad.supports_global_eviction
+        deleted = []
+
+        class Listener:  # LMCache's L2AdapterListener callbacks
+            def on_l2_keys_stored(self, keys, sizes): pass
+            def on_l2_keys_accessed(self, keys): pass
+            def on_l2_keys_deleted(self, keys): deleted.extend(keys)
+
+        ad.register_listener(Listener())
+        k1, d1, layout = MPSide.keys_and_data(n=4, seed=1)
+        k2, d2, _ = MPSide.keys_and_data(n=4, seed=2)
+        side.store(k1, d1, layout)
+        side.store(k2, d2, layout)
+        u = ad.get_usage()
+        assert u.total_bytes_used == 5 * chunk and u.total_capacity_bytes == ad.options.max_capacity_bytes
+        assert 0 < u.usage_fraction <= 1
+        assert sorted(deleted, key=str) == sorted(k1[:3], key=str)  # LRU first, reported to listeners
+        ad.delete([k2[0]])
+        assert ad.get_usage().total_bytes_used == 4 * chunk and k2[0] in deleted
+        st = ad.report_status()
+        assert st["is_healthy"] and st["evictions"] == 3 and st["chunks"] == 4
+    finally:
+        side.close()
+
+
+@pytest.mark.parametrize("params,needle", [({"queue_dept": 8}, "did you mean 'adapter_params.queue_depth'"),
+                                           ({"split_bytes": 5000}, "adapter_params.split_bytes")])
+def test_l2_bad_option_is_refused_with_its_name(tmp_path, params, needle):
+    with pytest.raises(ValueError, match=needle):  # ConfigError, raised while the server builds its adapters
+        MPSide(tmp_path / "s", **params)
+
+
+def _lmcache_cli():
+    return os.path.join(os.path.dirname(sys.executable), "lmcache")
+
+
+def test_lmcache_bench_l2_verifies(tmp_path):
+    """LMCache's own L2 benchmark drives store / lookup / load and checks the
+    data (--no-skip-verify)."""
+    spec = json.dumps({**L2_JSON, "adapter_params": {"path": str(tmp_path / "b")}})
+    r = subprocess.run([_lmcache_cli(), "bench", "l2", "--l2-adapter", spec, "--num-keys", "16", "--rounds", "1",
+                        "--data-size-kb", "128", "--l1-align-bytes", "4096", "--lookup-max-hit-rate", "1.0",
+                        "--no-skip-verify"], capture_output=True, text=True, env=_env(), timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "All 16 keys data verified OK" in out, out[-3000:]
+
+
+def test_real_lmcache_server_loads_the_adapter(tmp_path):
+    """`lmcache server` on CPU builds the adapter from --l2-adapter, shows its
+    report_status, and closes it on SIGINT. (Nothing is stored: that needs an
+    inference engine as the client.)"""
+    import socket
+
+    ports = []
+    for _ in range(2):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        ports.append(s.getsockname()[1])
+        s.close()
+    spec = json.dumps({**L2_JSON, "adapter_params": {"path": str(tmp_path / "srv")}})
+    p = subprocess.Popen([_lmcache_cli(), "server", "--l1-size-gb", "0.05", "--eviction-policy", "LRU",
+                          "--port", str(ports[0]), "--http-port", str(ports[1]), "--l2-adapter", spec],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    try:
+        status, end = None, time.monotonic() + 120
+        while status is None and time.monotonic() < end and p.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/status", timeout=2) as f:
+                    status = json.load(f)
+            except OSError:
+                time.sleep(0.5)
+        assert status is not None, "server did not come up"
+        (l2,) = status["storage_manager"]["l2_adapters"]
+        assert l2["type"] == "FxL2Adapter" and l2["is_healthy"] and l2["paths"] == [str(tmp_path / "srv")]
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            out, _ = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+    assert p.returncode is not None and "FxL2Adapter" not in "".join(
+        l for l in out.splitlines() if "Traceback" in l or "Error" in l), out[-3000:]
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(do_store(sys.argv[1], sys.argv[2], sys.argv[3])))
