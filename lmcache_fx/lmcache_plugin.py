@@ -32,33 +32,36 @@ from .store import ChunkStore
 log = logging.getLogger("lmcache_fx")
 
 _PLUGIN_KEYS = ("module_path", "class_name")
-_claimed: dict[int, set] = {}  # id(config) -> plugin names already built in this process
+_claimed: dict[tuple, set] = {}  # (id(config), prefix) -> plugin names already built in this process
 _claim_lock = threading.Lock()
 
 
-def plugin_name(config, cls) -> str:
-    """The `storage_plugins` entry this instance was built for. LMCache does
-    not pass it, so take the next entry naming this class, in the order
-    LMCache iterates them."""
-    extra = config.extra_config or {}
+def plugin_name(config, cls, names=None, prefix: str = "storage_plugin.", list_name: str = "storage_plugins") -> str:
+    """The entry of LMCache's plugin list this instance was built for. LMCache
+    does not pass it, so take the next entry naming this class, in the order
+    LMCache builds them: `names` (default: the storage_plugins set, which
+    LMCache iterates as a set)."""
+    extra = (config.extra_config if config is not None else None) or {}
+    if names is None:
+        names = set(config.storage_plugins or []) if config is not None else []
     mine = [
         n
-        for n in set(config.storage_plugins or [])
-        if extra.get(f"storage_plugin.{n}.class_name") == cls.__name__
-        and extra.get(f"storage_plugin.{n}.module_path") == cls.__module__
+        for n in names
+        if extra.get(f"{prefix}{n}.class_name") == cls.__name__
+        and extra.get(f"{prefix}{n}.module_path") == cls.__module__
     ]
+    if not mine:
+        raise ConfigError(
+            f"{list_name} has no entry whose {prefix}<name>.module_path is {cls.__module__} "
+            f"and class_name is {cls.__name__}"
+        )
     with _claim_lock:
-        taken = _claimed.setdefault(id(config), set())
+        taken = _claimed.setdefault((id(config), prefix), set())
         for n in mine:
             if n not in taken:
                 taken.add(n)
                 return n
-    if mine:
-        return mine[0]
-    raise ConfigError(
-        f"storage_plugins has no entry whose storage_plugin.<name>.module_path is {cls.__module__} "
-        f"and class_name is {cls.__name__}"
-    )
+    return mine[0]  # a rebuild of an instance already made
 
 
 def options_from_extra(extra: dict, prefix: str) -> FxOptions:

@@ -36,42 +36,20 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .chunkfile import ChunkMeta
-from .lmcache_plugin import _torch_dtype, meta_of, options_from_extra
+from .lmcache_plugin import _torch_dtype, meta_of, options_from_extra, plugin_name
 from .options import ConfigError
 from .store import ChunkStore
 
 log = logging.getLogger("lmcache_fx")
 
 PREFIX = "remote_storage_plugin."
-_claimed: dict[int, set] = {}  # id(config) -> remote plugin names already built
-_claim_lock = threading.Lock()
 
 
 def remote_plugin_name(config, cls) -> str:
-    """The `remote_storage_plugins` entry this connector was built for.
-
-    LMCache does not pass it to a RemoteConnector class; RemoteBackends are
-    built one by one in list order from one config object, so take the next
-    entry (in list order) whose module_path/class_name name this class."""
-    extra = (config.extra_config if config is not None else None) or {}
+    """The `remote_storage_plugins` entry this connector was built for:
+    RemoteBackends are built one by one in list order from one config."""
     names = list(dict.fromkeys((config.remote_storage_plugins or []) if config is not None else []))
-    mine = [
-        n for n in names
-        if extra.get(f"{PREFIX}{n}.class_name") == cls.__name__
-        and extra.get(f"{PREFIX}{n}.module_path") == cls.__module__
-    ]
-    if not mine:
-        raise ConfigError(
-            f"remote_storage_plugins has no entry whose {PREFIX}<name>.module_path is {cls.__module__} "
-            f"and class_name is {cls.__name__}"
-        )
-    with _claim_lock:
-        taken = _claimed.setdefault(id(config), set())
-        for n in mine:
-            if n not in taken:
-                taken.add(n)
-                return n
-    return mine[0]  # a reconnect of an instance already built
+    return plugin_name(config, cls, names, PREFIX, "remote_storage_plugins")
 
 
 class FxRemoteConnector(RemoteConnector):
