@@ -1,12 +1,1504 @@
-/* GPU staging and DMA without GDS: to be filled in (issue 6). */
+/* GPU staging and DMA without GDS (issue 6).
+ *
+ * A GpuStaging object owns a staging pool: anonymous memory, 2 MiB-aligned with
+ * MADV_HUGEPAGE, cut into slots, registered as io_uring fixed buffers on the
+ * pool's own ring (silently skipped when the kernel refuses) and page-locked
+ * through the GPU driver found at run time with dlopen (libcuda.so.1, or
+ * ROCm's libamdhip64.so; LMCACHE_FX_GPU_DRIVER=/path/lib.so selects another
+ * library exporting the CUDA driver names, e.g. the tests' stand-in).
+ *
+ * read(ops) pipelines NVMe -> GPU: each op (fd, offset, length, device_ptr) is
+ * cut into pieces of at most slot_bytes; a piece is read into a free slot; when
+ * the read lands, an async host-to-device copy from the slot to its place in
+ * GPU memory is put on the pool's stream and an event recorded after it, while
+ * later reads go on. A slot is read into again only after its event completed.
+ * The first error stops new reads and copies (cancel_on_error, the default;
+ * otherwise a read error ends only its op), every read in flight is reaped and
+ * every copy waited for before the call returns. The GIL is released.
+ *
+ * Why a private ring rather than one borrowed with fx_uring_take: the engine's
+ * rings usually carry LMCache's pool as their fixed buffers (the plugin
+ * registers it), and a ring holds one buffer table, so the staging slots could
+ * not be registered there (EBUSY) and would be re-pinned on every read.
+ */
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
 #include <Python.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "fxmodule.h"
 
+#ifdef FX_HAVE_LIBURING
+#include <liburing.h>
+#endif
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#define HUGE_2M (2ull << 20)
+#define NOT_READY 600 /* CUDA_ERROR_NOT_READY == hipErrorNotReady */
+
+/* ------------------------------------------------------------- the driver */
+
+enum { API_NONE = 0, API_CUDA = 1, API_HIP = 2 };
+
+typedef struct {
+    int api;
+    void *lib;
+    char path[512];
+    char err[512];
+    int ndev;
+    /* CUDA driver API */
+    int (*cuInit)(unsigned);
+    int (*cuDeviceGetCount)(int *);
+    int (*cuDeviceGet)(int *, int);
+    int (*cuDevicePrimaryCtxRetain)(void **, int);
+    int (*cuDevicePrimaryCtxRelease)(int);
+    int (*cuCtxSetCurrent)(void *);
+    int (*cuCtxGetCurrent)(void **);
+    int (*cuMemHostRegister)(void *, size_t, unsigned);
+    int (*cuMemHostUnregister)(void *);
+    int (*cuMemcpyHtoDAsync)(unsigned long long, const void *, size_t, void *);
+    int (*cuStreamCreate)(void **, unsigned);
+    int (*cuStreamDestroy)(void *);
+    int (*cuStreamSynchronize)(void *);
+    int (*cuEventCreate)(void **, unsigned);
+    int (*cuEventRecord)(void *, void *);
+    int (*cuEventQuery)(void *);
+    int (*cuEventSynchronize)(void *);
+    int (*cuEventDestroy)(void *);
+    int (*cuGetErrorName)(int, const char **);
+    /* HIP runtime */
+    int (*hipInit)(unsigned);
+    int (*hipGetDeviceCount)(int *);
+    int (*hipSetDevice)(int);
+    int (*hipGetDevice)(int *);
+    int (*hipHostRegister)(void *, size_t, unsigned);
+    int (*hipHostUnregister)(void *);
+    int (*hipMemcpyHtoDAsync)(void *, void *, size_t, void *);
+    int (*hipStreamCreateWithFlags)(void **, unsigned);
+    int (*hipStreamDestroy)(void *);
+    int (*hipStreamSynchronize)(void *);
+    int (*hipEventCreateWithFlags)(void **, unsigned);
+    int (*hipEventRecord)(void *, void *);
+    int (*hipEventQuery)(void *);
+    int (*hipEventSynchronize)(void *);
+    int (*hipEventDestroy)(void *);
+    const char *(*hipGetErrorName)(int);
+} gpu_driver;
+
+static gpu_driver drv;
+static pthread_mutex_t drv_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *sym2(void *lib, const char *a, const char *b)
+{
+    void *p = dlsym(lib, a);
+    return p || !b ? p : dlsym(lib, b);
+}
+
+#define LOAD(field, a, b)                                                                      \
+    do {                                                                                       \
+        *(void **)&drv.field = sym2(lib, a, b);                                                \
+        if (!drv.field) {                                                                      \
+            snprintf(drv.err, sizeof(drv.err), "%s: symbol %s missing", path, a);              \
+            return -1;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+static int load_cuda(void *lib, const char *path)
+{
+    LOAD(cuInit, "cuInit", NULL);
+    LOAD(cuDeviceGetCount, "cuDeviceGetCount", NULL);
+    LOAD(cuDeviceGet, "cuDeviceGet", NULL);
+    LOAD(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", NULL);
+    LOAD(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease");
+    LOAD(cuCtxSetCurrent, "cuCtxSetCurrent", NULL);
+    LOAD(cuCtxGetCurrent, "cuCtxGetCurrent", NULL);
+    LOAD(cuMemHostRegister, "cuMemHostRegister_v2", "cuMemHostRegister");
+    LOAD(cuMemHostUnregister, "cuMemHostUnregister", NULL);
+    LOAD(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync");
+    LOAD(cuStreamCreate, "cuStreamCreate", NULL);
+    LOAD(cuStreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy");
+    LOAD(cuStreamSynchronize, "cuStreamSynchronize", NULL);
+    LOAD(cuEventCreate, "cuEventCreate", NULL);
+    LOAD(cuEventRecord, "cuEventRecord", NULL);
+    LOAD(cuEventQuery, "cuEventQuery", NULL);
+    LOAD(cuEventSynchronize, "cuEventSynchronize", NULL);
+    LOAD(cuEventDestroy, "cuEventDestroy_v2", "cuEventDestroy");
+    *(void **)&drv.cuGetErrorName = dlsym(lib, "cuGetErrorName"); /* optional */
+    drv.api = API_CUDA;
+    return 0;
+}
+
+static int load_hip(void *lib, const char *path)
+{
+    LOAD(hipInit, "hipInit", NULL);
+    LOAD(hipGetDeviceCount, "hipGetDeviceCount", NULL);
+    LOAD(hipSetDevice, "hipSetDevice", NULL);
+    LOAD(hipGetDevice, "hipGetDevice", NULL);
+    LOAD(hipHostRegister, "hipHostRegister", NULL);
+    LOAD(hipHostUnregister, "hipHostUnregister", NULL);
+    LOAD(hipMemcpyHtoDAsync, "hipMemcpyHtoDAsync", NULL);
+    LOAD(hipStreamCreateWithFlags, "hipStreamCreateWithFlags", NULL);
+    LOAD(hipStreamDestroy, "hipStreamDestroy", NULL);
+    LOAD(hipStreamSynchronize, "hipStreamSynchronize", NULL);
+    LOAD(hipEventCreateWithFlags, "hipEventCreateWithFlags", NULL);
+    LOAD(hipEventRecord, "hipEventRecord", NULL);
+    LOAD(hipEventQuery, "hipEventQuery", NULL);
+    LOAD(hipEventSynchronize, "hipEventSynchronize", NULL);
+    LOAD(hipEventDestroy, "hipEventDestroy", NULL);
+    *(void **)&drv.hipGetErrorName = dlsym(lib, "hipGetErrorName");
+    drv.api = API_HIP;
+    return 0;
+}
+
+static const char *drv_errname(int code)
+{
+    const char *s = NULL;
+    if (drv.api == API_CUDA && drv.cuGetErrorName)
+        drv.cuGetErrorName(code, &s);
+    else if (drv.api == API_HIP && drv.hipGetErrorName)
+        s = drv.hipGetErrorName(code);
+    return s ? s : "unknown error";
+}
+
+static int try_lib(const char *path, int want)
+{
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    int r, n = 0;
+
+    if (!lib) {
+        const char *e = dlerror();
+        snprintf(drv.err, sizeof(drv.err), "%s", e ? e : path);
+        return -1;
+    }
+    memset(&drv, 0, sizeof(drv));
+    if (want == API_CUDA || (want == 0 && dlsym(lib, "cuInit")))
+        r = load_cuda(lib, path);
+    else
+        r = load_hip(lib, path);
+    if (r == 0) {
+        r = drv.api == API_CUDA ? drv.cuInit(0) : drv.hipInit(0);
+        if (r == 0)
+            r = drv.api == API_CUDA ? drv.cuDeviceGetCount(&n) : drv.hipGetDeviceCount(&n);
+        if (r != 0) {
+            snprintf(drv.err, sizeof(drv.err), "%s: init failed: %s (%d)", path, drv_errname(r), r);
+            r = -1;
+        } else if (n < 1) {
+            snprintf(drv.err, sizeof(drv.err), "%s: no GPU devices", path);
+            r = -1;
+        }
+    }
+    if (r != 0) {
+        char keep[512];
+        memcpy(keep, drv.err, sizeof(keep));
+        dlclose(lib);
+        memset(&drv, 0, sizeof(drv));
+        memcpy(drv.err, keep, sizeof(keep));
+        return -1;
+    }
+    drv.lib = lib;
+    drv.ndev = n;
+    snprintf(drv.path, sizeof(drv.path), "%s", path);
+    return 0;
+}
+
+/* Loads the driver once per process; 0 or -1 (drv.err says why). */
+static int driver_load(void)
+{
+    int r;
+
+    pthread_mutex_lock(&drv_mu);
+    if (!drv.api) { /* a failure is not cached: tried again next time */
+        const char *env = getenv("LMCACHE_FX_GPU_DRIVER");
+        char errs[1024] = "";
+
+        if (env && *env) {
+            try_lib(env, 0);
+        } else if (try_lib("libcuda.so.1", API_CUDA) != 0) {
+            snprintf(errs, sizeof(errs), "%s", drv.err);
+            if (try_lib("libamdhip64.so", API_HIP) != 0 && try_lib("libamdhip64.so.6", API_HIP) != 0 &&
+                try_lib("libamdhip64.so.7", API_HIP) != 0) {
+                char tmp[512];
+                memcpy(tmp, drv.err, sizeof(tmp));
+                snprintf(drv.err, sizeof(drv.err), "no GPU driver: CUDA: %.200s; ROCm: %.200s", errs, tmp);
+            }
+        }
+    }
+    r = drv.api ? 0 : -1;
+    pthread_mutex_unlock(&drv_mu);
+    return r;
+}
+
+/* Makes the pool's device current on this thread; restores with ctx_leave. */
+typedef struct {
+    void *ctx;
+    int dev;
+} saved_ctx;
+
+static int ctx_enter(void *ctx, int device, saved_ctx *s)
+{
+    if (drv.api == API_CUDA) {
+        s->ctx = NULL;
+        drv.cuCtxGetCurrent(&s->ctx);
+        return drv.cuCtxSetCurrent(ctx);
+    }
+    s->dev = -1;
+    drv.hipGetDevice(&s->dev);
+    return drv.hipSetDevice(device);
+}
+
+static void ctx_leave(const saved_ctx *s)
+{
+    if (drv.api == API_CUDA)
+        drv.cuCtxSetCurrent(s->ctx);
+    else if (s->dev >= 0)
+        drv.hipSetDevice(s->dev);
+}
+
+static int d_copy(unsigned long long dst, const void *src, size_t n, void *stream)
+{
+    return drv.api == API_CUDA ? drv.cuMemcpyHtoDAsync(dst, src, n, stream)
+                               : drv.hipMemcpyHtoDAsync((void *)(uintptr_t)dst, (void *)src, n, stream);
+}
+static int d_record(void *ev, void *stream)
+{
+    return drv.api == API_CUDA ? drv.cuEventRecord(ev, stream) : drv.hipEventRecord(ev, stream);
+}
+static int d_query(void *ev) { return drv.api == API_CUDA ? drv.cuEventQuery(ev) : drv.hipEventQuery(ev); }
+static int d_evsync(void *ev)
+{
+    return drv.api == API_CUDA ? drv.cuEventSynchronize(ev) : drv.hipEventSynchronize(ev);
+}
+static int d_ssync(void *st)
+{
+    return drv.api == API_CUDA ? drv.cuStreamSynchronize(st) : drv.hipStreamSynchronize(st);
+}
+
+/* ------------------------------------------------------------ the trace */
+
+enum { T_READ_SUBMIT = 1, T_READ_DONE, T_COPY_ISSUE, T_COPY_DONE, T_ERROR };
+static const char *trace_names[] = {"", "read_submit", "read_done", "copy_issue", "copy_done", "error"};
+
+typedef struct {
+    uint64_t t;
+    int kind;
+    int slot;
+    int64_t op;
+    int64_t piece;
+    int64_t val; /* bytes, or -errno / driver code */
+} trace_ev;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------- the slots */
+
+enum { S_FREE = 0, S_READING, S_COPYING };
+
+typedef struct {
+    int state;
+    int idx;
+    size_t op;
+    int64_t piece;
+    int fd;
+    int direct;
+    uint64_t rd_off;  /* file offset of the read (block-aligned on O_DIRECT) */
+    uint64_t rd_len;  /* bytes asked */
+    uint64_t got;     /* bytes landed */
+    uint64_t use_off; /* file offset of the first wanted byte in this piece */
+    uint64_t use_len; /* wanted bytes in this piece */
+    uint64_t copied;  /* wanted bytes being copied */
+    int64_t res;      /* thread reader: result of the read */
+} slot_t;
+
+typedef struct {
+    int fd;
+    int direct;
+    uint64_t off, len;
+    unsigned long long dev;
+    uint64_t ra, rb;   /* file range read: [ra, rb) */
+    int err;           /* errno */
+    int dropped;       /* a piece was thrown away by a cancel */
+    int issued_all;
+    int eof;
+    uint32_t outstanding;
+    uint64_t bytes;
+} op_t;
+
+/* --------------------------------------------------------- the thread reader */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    slot_t **work; /* FIFO of slots to read, capacity nslots */
+    unsigned wh, wn;
+    slot_t **done; /* FIFO of finished slots */
+    unsigned dh, dn;
+    unsigned cap;
+    int stop;
+    int nthreads;
+    pthread_t *threads;
+} treader;
+
+static int64_t pread_piece(slot_t *s, char *buf)
+{
+    uint64_t done = 0;
+    while (done < s->rd_len) {
+        ssize_t r = pread(s->fd, buf + done, s->rd_len - done, (off_t)(s->rd_off + done));
+        if (r < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            break;
+        done += (uint64_t)r;
+        if (s->direct)
+            break; /* short O_DIRECT read: EOF */
+    }
+    return (int64_t)done;
+}
+
+typedef struct GpuStagingObject GpuStagingObject;
+static char *slot_addr(GpuStagingObject *g, int i);
+
+typedef struct {
+    treader *tr;
+    GpuStagingObject *g;
+} tr_arg;
+
+static void *tr_worker(void *arg)
+{
+    tr_arg *a = arg;
+    treader *tr = a->tr;
+    GpuStagingObject *g = a->g;
+
+    pthread_mutex_lock(&tr->mu);
+    for (;;) {
+        slot_t *s;
+        while (!tr->stop && !tr->wn)
+            pthread_cond_wait(&tr->work_cv, &tr->mu);
+        if (tr->stop)
+            break;
+        s = tr->work[tr->wh];
+        tr->wh = (tr->wh + 1) % tr->cap;
+        tr->wn--;
+        pthread_mutex_unlock(&tr->mu);
+        s->res = pread_piece(s, slot_addr(g, s->idx));
+        pthread_mutex_lock(&tr->mu);
+        tr->done[(tr->dh + tr->dn) % tr->cap] = s;
+        tr->dn++;
+        pthread_cond_signal(&tr->done_cv);
+    }
+    pthread_mutex_unlock(&tr->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ the object */
+
+struct GpuStagingObject {
+    PyObject_HEAD
+    pthread_mutex_t run_mu; /* one read() at a time */
+    int ready, closed;
+    int device;
+    void *ctx;
+    char *mem;
+    size_t mapped;
+    size_t slot_bytes;
+    unsigned nslots;
+    int pinned;
+    char pin_error[256];
+    void *stream;
+    void **events;
+    int io; /* 1 io_uring, 0 threads */
+    int fixed;
+#ifdef FX_HAVE_LIBURING
+    struct io_uring ring;
+#endif
+    int have_ring;
+    int broken; /* the ring failed with reads still queued: unusable */
+    treader tr;
+    tr_arg tra;
+    unsigned poll_us;
+    /* last run */
+    char last_error[512];
+    trace_ev *trace;
+    size_t ntrace, trace_cap;
+    int tracing;
+    uint64_t st_wall_ns, st_bytes, st_reads, st_copies, st_overlap_copies, st_max_reads, st_copy_waits;
+};
+
+static char *slot_addr(GpuStagingObject *g, int i) { return g->mem + (size_t)i * g->slot_bytes; }
+
+static PyTypeObject GpuStagingType;
+
+static void tr_add(GpuStagingObject *g, int kind, int slot, int64_t op, int64_t piece, int64_t val)
+{
+    if (!g->tracing)
+        return;
+    if (g->ntrace == g->trace_cap) {
+        size_t cap = g->trace_cap ? g->trace_cap * 2 : 1024;
+        trace_ev *t = realloc(g->trace, cap * sizeof(*t));
+        if (!t)
+            return;
+        g->trace = t;
+        g->trace_cap = cap;
+    }
+    g->trace[g->ntrace++] = (trace_ev){now_ns(), kind, slot, op, piece, val};
+}
+
+static void set_error(GpuStagingObject *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_error(GpuStagingObject *g, const char *fmt, ...)
+{
+    va_list ap;
+    if (g->last_error[0])
+        return; /* keep the first */
+    va_start(ap, fmt);
+    vsnprintf(g->last_error, sizeof(g->last_error), fmt, ap);
+    va_end(ap);
+}
+
+/* Tears down whatever was built; safe on a half-built object. */
+static void staging_free(GpuStagingObject *g)
+{
+    saved_ctx sc;
+    int entered = 0;
+
+    if (g->tr.threads) {
+        pthread_mutex_lock(&g->tr.mu);
+        g->tr.stop = 1;
+        pthread_cond_broadcast(&g->tr.work_cv);
+        pthread_mutex_unlock(&g->tr.mu);
+        for (int i = 0; i < g->tr.nthreads; i++)
+            pthread_join(g->tr.threads[i], NULL);
+        free(g->tr.threads);
+        g->tr.threads = NULL;
+        pthread_cond_destroy(&g->tr.work_cv);
+        pthread_cond_destroy(&g->tr.done_cv);
+        pthread_mutex_destroy(&g->tr.mu);
+    }
+    free(g->tr.work);
+    free(g->tr.done);
+    g->tr.work = g->tr.done = NULL;
+#ifdef FX_HAVE_LIBURING
+    if (g->have_ring) {
+        io_uring_queue_exit(&g->ring); /* drops the fixed buffers too */
+        g->have_ring = 0;
+    }
+#endif
+    if (drv.api && (g->ctx || drv.api == API_HIP) && (g->stream || g->events || g->pinned)) {
+        entered = ctx_enter(g->ctx, g->device, &sc) == 0;
+        if (g->stream)
+            d_ssync(g->stream);
+        if (g->events) {
+            for (unsigned i = 0; i < g->nslots; i++)
+                if (g->events[i])
+                    drv.api == API_CUDA ? drv.cuEventDestroy(g->events[i]) : drv.hipEventDestroy(g->events[i]);
+        }
+        if (g->stream)
+            drv.api == API_CUDA ? drv.cuStreamDestroy(g->stream) : drv.hipStreamDestroy(g->stream);
+        if (g->pinned)
+            drv.api == API_CUDA ? drv.cuMemHostUnregister(g->mem) : drv.hipHostUnregister(g->mem);
+        if (entered)
+            ctx_leave(&sc);
+    }
+    free(g->events);
+    g->events = NULL;
+    g->stream = NULL;
+    g->pinned = 0;
+    if (g->ctx && drv.api == API_CUDA)
+        drv.cuDevicePrimaryCtxRelease(g->device);
+    g->ctx = NULL;
+    if (g->mem)
+        munmap(g->mem, g->mapped);
+    g->mem = NULL;
+}
+
+/* Builds the pool without the GIL; 0 or -1 with msg. */
+static int staging_build(GpuStagingObject *g, int want_uring, char *msg, size_t msglen)
+{
+    size_t total = (size_t)g->nslots * g->slot_bytes;
+    saved_ctx sc;
+    void *p;
+    int r;
+
+    /* Staging memory: 2 MiB-aligned anonymous, huge pages asked for. */
+    g->mapped = (total + HUGE_2M - 1) & ~(size_t)(HUGE_2M - 1);
+    p = mmap(NULL, g->mapped + HUGE_2M, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        snprintf(msg, msglen, "mmap of %zu bytes failed: %s", g->mapped, strerror(errno));
+        return -1;
+    }
+    {
+        uintptr_t a = ((uintptr_t)p + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1);
+        size_t head = a - (uintptr_t)p, tail = HUGE_2M - head;
+        if (head)
+            munmap(p, head);
+        if (tail)
+            munmap((char *)a + g->mapped, tail);
+        g->mem = (char *)a;
+    }
+    madvise(g->mem, g->mapped, MADV_HUGEPAGE);
+    if (madvise(g->mem, g->mapped, MADV_POPULATE_WRITE) < 0)
+        memset(g->mem, 0, g->mapped); /* fault in before pinning */
+
+    /* Driver: context, page-locking, stream, one event per slot. */
+    if (drv.api == API_CUDA) {
+        int dev = 0;
+        if ((r = drv.cuDeviceGet(&dev, g->device)) != 0 || (r = drv.cuDevicePrimaryCtxRetain(&g->ctx, dev)) != 0) {
+            g->ctx = NULL;
+            snprintf(msg, msglen, "device %d: %s (%d)", g->device, drv_errname(r), r);
+            return -1;
+        }
+    }
+    if ((r = ctx_enter(g->ctx, g->device, &sc)) != 0) {
+        snprintf(msg, msglen, "cannot make device %d current: %s (%d)", g->device, drv_errname(r), r);
+        return -1;
+    }
+    r = drv.api == API_CUDA ? drv.cuMemHostRegister(g->mem, g->mapped, 1 /* PORTABLE */)
+                            : drv.hipHostRegister(g->mem, g->mapped, 1 /* hipHostRegisterPortable */);
+    if (r == 0)
+        g->pinned = 1;
+    else /* copies still work, but synchronously: no overlap */
+        snprintf(g->pin_error, sizeof(g->pin_error), "host register failed: %s (%d)", drv_errname(r), r);
+    r = drv.api == API_CUDA ? drv.cuStreamCreate(&g->stream, 1 /* NON_BLOCKING */)
+                            : drv.hipStreamCreateWithFlags(&g->stream, 1 /* hipStreamNonBlocking */);
+    if (r != 0) {
+        g->stream = NULL;
+        ctx_leave(&sc);
+        snprintf(msg, msglen, "stream create failed: %s (%d)", drv_errname(r), r);
+        return -1;
+    }
+    g->events = calloc(g->nslots, sizeof(*g->events));
+    if (!g->events) {
+        ctx_leave(&sc);
+        snprintf(msg, msglen, "out of memory");
+        return -1;
+    }
+    for (unsigned i = 0; i < g->nslots; i++) {
+        r = drv.api == API_CUDA ? drv.cuEventCreate(&g->events[i], 2 /* DISABLE_TIMING */)
+                                : drv.hipEventCreateWithFlags(&g->events[i], 2 /* hipEventDisableTiming */);
+        if (r != 0) {
+            g->events[i] = NULL;
+            ctx_leave(&sc);
+            snprintf(msg, msglen, "event create failed: %s (%d)", drv_errname(r), r);
+            return -1;
+        }
+    }
+    ctx_leave(&sc);
+
+    /* Reads: the pool's own ring with the slots as fixed buffers, else threads. */
+#ifdef FX_HAVE_LIBURING
+    if (want_uring) {
+        struct io_uring_params prm;
+        memset(&prm, 0, sizeof(prm));
+#ifdef IORING_SETUP_COOP_TASKRUN
+        prm.flags = IORING_SETUP_COOP_TASKRUN;
+#endif
+        r = io_uring_queue_init_params(g->nslots + 2, &g->ring, &prm);
+        if (r == -EINVAL && prm.flags) {
+            memset(&prm, 0, sizeof(prm));
+            r = io_uring_queue_init_params(g->nslots + 2, &g->ring, &prm);
+        }
+        if (r == 0) {
+            struct iovec *iov = calloc(g->nslots, sizeof(*iov));
+            g->have_ring = 1;
+            g->io = 1;
+            if (iov) {
+                for (unsigned i = 0; i < g->nslots; i++) {
+                    iov[i].iov_base = slot_addr(g, (int)i);
+                    iov[i].iov_len = g->slot_bytes;
+                }
+                /* Refused without CAP_IPC_LOCK above RLIMIT_MEMLOCK: plain reads then. */
+                g->fixed = io_uring_register_buffers(&g->ring, iov, g->nslots) == 0;
+                free(iov);
+            }
+        }
+    }
+#else
+    (void)want_uring;
+#endif
+    if (!g->io) {
+        treader *tr = &g->tr;
+        int n = g->nslots < 8 ? (int)g->nslots : 8;
+        tr->cap = g->nslots;
+        tr->work = calloc(tr->cap, sizeof(*tr->work));
+        tr->done = calloc(tr->cap, sizeof(*tr->done));
+        tr->threads = calloc((size_t)n, sizeof(pthread_t));
+        if (!tr->work || !tr->done || !tr->threads) {
+            free(tr->threads);
+            tr->threads = NULL;
+            snprintf(msg, msglen, "out of memory");
+            return -1;
+        }
+        pthread_mutex_init(&tr->mu, NULL);
+        pthread_cond_init(&tr->work_cv, NULL);
+        pthread_cond_init(&tr->done_cv, NULL);
+        g->tra.tr = tr;
+        g->tra.g = g;
+        for (tr->nthreads = 0; tr->nthreads < n; tr->nthreads++)
+            if (pthread_create(&tr->threads[tr->nthreads], NULL, tr_worker, &g->tra))
+                break;
+        if (tr->nthreads == 0) {
+            snprintf(msg, msglen, "could not start reader threads");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- the run */
+
+typedef struct {
+    GpuStagingObject *g;
+    op_t *ops;
+    size_t nops;
+    size_t cur;      /* op the cursor is on */
+    uint64_t pos;    /* next read offset within cur */
+    int cur_started;
+    int cancel;
+    int cancel_on_error;
+    int64_t npieces;
+    slot_t *slots;
+    int *fifo; /* copying slots in issue order */
+    unsigned fh, fn;
+    unsigned reading, copying, queued;
+} run_t;
+
+static int op_fail(run_t *R, size_t i, int err, int cancel_all)
+{
+    if (!R->ops[i].err)
+        R->ops[i].err = err;
+    if (cancel_all || R->cancel_on_error)
+        R->cancel = 1;
+    return 0;
+}
+
+/* Moves the cursor to the next piece to read; 0 when none is left. */
+static int next_piece(run_t *R)
+{
+    while (R->cur < R->nops) {
+        op_t *o = &R->ops[R->cur];
+        if (R->cancel)
+            return 0;
+        if (!R->cur_started) {
+            struct stat st;
+            int fl;
+            R->cur_started = 1;
+            if (o->len == 0) {
+                o->issued_all = 1;
+                goto advance;
+            }
+            fl = fcntl(o->fd, F_GETFL);
+            if (fl < 0 || fstat(o->fd, &st) < 0) {
+                o->issued_all = 1;
+                op_fail(R, R->cur, errno, 0);
+                set_error(R->g, "op %zu: fd %d: %s", R->cur, o->fd, strerror(errno));
+                goto advance;
+            }
+            if (!(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
+                int e = S_ISDIR(st.st_mode) ? EISDIR : ESPIPE;
+                o->issued_all = 1;
+                op_fail(R, R->cur, e, 0);
+                set_error(R->g, "op %zu: fd %d: %s", R->cur, o->fd, strerror(e));
+                goto advance;
+            }
+            o->direct = (fl & O_DIRECT) != 0;
+            o->ra = o->direct ? o->off & ~(uint64_t)(FX_DIO_ALIGN - 1) : o->off;
+            o->rb = o->direct ? (o->off + o->len + FX_DIO_ALIGN - 1) & ~(uint64_t)(FX_DIO_ALIGN - 1)
+                              : o->off + o->len;
+            R->pos = o->ra;
+        }
+        if (!o->err && !o->eof && R->pos < o->rb)
+            return 1;
+        o->issued_all = 1;
+    advance:
+        R->cur++;
+        R->cur_started = 0;
+    }
+    return 0;
+}
+
+static int start_read(run_t *R, slot_t *s)
+{
+    GpuStagingObject *g = R->g;
+    op_t *o = &R->ops[R->cur];
+    uint64_t end = R->pos + g->slot_bytes < o->rb ? R->pos + g->slot_bytes : o->rb;
+    uint64_t ue = o->off + o->len;
+
+    s->state = S_READING;
+    s->op = R->cur;
+    s->piece = R->npieces++;
+    s->fd = o->fd;
+    s->direct = o->direct;
+    s->rd_off = R->pos;
+    s->rd_len = end - R->pos;
+    s->got = 0;
+    s->use_off = R->pos > o->off ? R->pos : o->off;
+    s->use_len = (end < ue ? end : ue) - s->use_off;
+    s->copied = 0;
+    o->outstanding++;
+    R->pos = end;
+    R->reading++;
+    g->st_reads++;
+    if (R->reading > g->st_max_reads)
+        g->st_max_reads = R->reading;
+    tr_add(g, T_READ_SUBMIT, s->idx, (int64_t)s->op, s->piece, (int64_t)s->rd_len);
+#ifdef FX_HAVE_LIBURING
+    if (g->io) {
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&g->ring);
+        if (!sqe)
+            return -EBUSY; /* cannot happen: ring holds nslots + 2 */
+        if (g->fixed)
+            io_uring_prep_read_fixed(sqe, s->fd, slot_addr(g, s->idx), (unsigned)s->rd_len, s->rd_off, s->idx);
+        else
+            io_uring_prep_read(sqe, s->fd, slot_addr(g, s->idx), (unsigned)s->rd_len, s->rd_off);
+        io_uring_sqe_set_data(sqe, s);
+        R->queued++;
+        return 0;
+    }
+#endif
+    pthread_mutex_lock(&g->tr.mu);
+    g->tr.work[(g->tr.wh + g->tr.wn) % g->tr.cap] = s;
+    g->tr.wn++;
+    pthread_cond_signal(&g->tr.work_cv);
+    pthread_mutex_unlock(&g->tr.mu);
+    return 0;
+}
+
+#ifdef FX_HAVE_LIBURING
+static void resubmit_rest(run_t *R, slot_t *s)
+{
+    GpuStagingObject *g = R->g;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&g->ring);
+    char *buf = slot_addr(g, s->idx) + s->got;
+    if (g->fixed)
+        io_uring_prep_read_fixed(sqe, s->fd, buf, (unsigned)(s->rd_len - s->got), s->rd_off + s->got, s->idx);
+    else
+        io_uring_prep_read(sqe, s->fd, buf, (unsigned)(s->rd_len - s->got), s->rd_off + s->got);
+    io_uring_sqe_set_data(sqe, s);
+    R->queued++;
+}
+#endif
+
+static void slot_done(run_t *R, slot_t *s)
+{
+    op_t *o = &R->ops[s->op];
+    s->state = S_FREE;
+    o->outstanding--;
+}
+
+/* A read finished with res (total bytes, or -errno): copy what was wanted. */
+static void read_landed(run_t *R, slot_t *s, int64_t res)
+{
+    GpuStagingObject *g = R->g;
+    op_t *o = &R->ops[s->op];
+    uint64_t have_end, ue;
+    int r;
+
+    R->reading--;
+    tr_add(g, T_READ_DONE, s->idx, (int64_t)s->op, s->piece, res);
+    if (res < 0) {
+        op_fail(R, s->op, (int)-res, 0);
+        set_error(g, "op %zu: read at offset %llu failed: %s", s->op, (unsigned long long)s->rd_off,
+                  strerror((int)-res));
+        tr_add(g, T_ERROR, s->idx, (int64_t)s->op, s->piece, res);
+        slot_done(R, s);
+        return;
+    }
+    if (R->cancel || o->err) {
+        o->dropped = 1;
+        slot_done(R, s);
+        return;
+    }
+    s->got = (uint64_t)res;
+    if (s->got < s->rd_len)
+        o->eof = 1;
+    have_end = s->rd_off + s->got;
+    ue = s->use_off + s->use_len;
+    if (have_end < ue)
+        ue = have_end;
+    if (ue <= s->use_off) {
+        slot_done(R, s); /* nothing wanted landed (EOF) */
+        return;
+    }
+    s->copied = ue - s->use_off;
+    /* Traced before the call: the copy may start before it returns. */
+    tr_add(g, T_COPY_ISSUE, s->idx, (int64_t)s->op, s->piece, (int64_t)s->copied);
+    r = d_copy(o->dev + (s->use_off - o->off), slot_addr(g, s->idx) + (s->use_off - s->rd_off), s->copied,
+               g->stream);
+    if (r == 0) {
+        r = d_record(g->events[s->idx], g->stream);
+        if (r != 0) {
+            /* The copy is queued but has no event: wait for the stream. */
+            d_ssync(g->stream);
+        }
+    }
+    if (r != 0) {
+        op_fail(R, s->op, EIO, 1);
+        set_error(g, "op %zu: %s failed: %s (%d)", s->op,
+                  drv.api == API_CUDA ? "cuMemcpyHtoDAsync" : "hipMemcpyHtoDAsync", drv_errname(r), r);
+        tr_add(g, T_ERROR, s->idx, (int64_t)s->op, s->piece, -r);
+        slot_done(R, s);
+        return;
+    }
+    g->st_copies++;
+    if (R->reading || R->queued)
+        g->st_overlap_copies++;
+    s->state = S_COPYING;
+    R->fifo[(R->fh + R->fn) % g->nslots] = s->idx;
+    R->fn++;
+    R->copying++;
+}
+
+/* The copy from the oldest copying slot ended with driver status r. */
+static void copy_finished(run_t *R, int r)
+{
+    GpuStagingObject *g = R->g;
+    slot_t *s = &R->slots[R->fifo[R->fh]];
+    op_t *o = &R->ops[s->op];
+
+    R->fh = (R->fh + 1) % g->nslots;
+    R->fn--;
+    R->copying--;
+    if (r == 0) {
+        o->bytes += s->copied;
+        g->st_bytes += s->copied;
+        tr_add(g, T_COPY_DONE, s->idx, (int64_t)s->op, s->piece, (int64_t)s->copied);
+    } else {
+        op_fail(R, s->op, EIO, 1);
+        set_error(g, "op %zu: copy to the GPU failed: %s (%d)", s->op, drv_errname(r), r);
+        tr_add(g, T_ERROR, s->idx, (int64_t)s->op, s->piece, -r);
+    }
+    slot_done(R, s);
+}
+
+/* Reclaims slots whose copies completed; blocking waits for the oldest. */
+static void reap_copies(run_t *R, int block)
+{
+    while (R->fn) {
+        void *ev = R->g->events[R->fifo[R->fh]];
+        int r = d_query(ev);
+        if (r == NOT_READY) {
+            if (!block)
+                return;
+            R->g->st_copy_waits++;
+            r = d_evsync(ev);
+            block = 0;
+        }
+        copy_finished(R, r);
+    }
+}
+
+/* Waits for read completions; timeout_us < 0 blocks. Returns 0 or -errno of the ring. */
+static int wait_reads(run_t *R, long timeout_us)
+{
+    GpuStagingObject *g = R->g;
+#ifdef FX_HAVE_LIBURING
+    if (g->io) {
+        struct io_uring_cqe *cqe;
+        unsigned head, seen = 0;
+        int r;
+
+        if (R->queued) {
+            r = io_uring_submit(&g->ring);
+            if (r > 0)
+                R->queued -= (unsigned)r > R->queued ? R->queued : (unsigned)r;
+            else if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
+                return r;
+        }
+        if (timeout_us < 0) {
+            r = io_uring_wait_cqe(&g->ring, &cqe);
+        } else {
+            struct __kernel_timespec ts = {.tv_sec = timeout_us / 1000000, .tv_nsec = (timeout_us % 1000000) * 1000};
+            r = io_uring_wait_cqe_timeout(&g->ring, &cqe, &ts);
+        }
+        if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN)
+            return r;
+        io_uring_for_each_cqe(&g->ring, head, cqe)
+        {
+            slot_t *s = io_uring_cqe_get_data(cqe);
+            int res = cqe->res;
+            seen++;
+            if (res == -EAGAIN || res == -EINTR) {
+                resubmit_rest(R, s);
+                continue;
+            }
+            if (res > 0) {
+                s->got += (uint64_t)res;
+                if (s->got < s->rd_len && !s->direct) {
+                    resubmit_rest(R, s); /* short buffered read: go on */
+                    continue;
+                }
+                res = (int)s->got;
+            } else if (res == 0) {
+                res = (int)s->got; /* EOF */
+            }
+            read_landed(R, s, res);
+        }
+        io_uring_cq_advance(&g->ring, seen);
+        return 0;
+    }
+#endif
+    {
+        treader *tr = &g->tr;
+        slot_t *batch[64];
+        unsigned n = 0;
+
+        pthread_mutex_lock(&tr->mu);
+        if (!tr->dn) {
+            if (timeout_us < 0) {
+                while (!tr->dn)
+                    pthread_cond_wait(&tr->done_cv, &tr->mu);
+            } else {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += timeout_us * 1000;
+                ts.tv_sec += ts.tv_nsec / 1000000000;
+                ts.tv_nsec %= 1000000000;
+                pthread_cond_timedwait(&tr->done_cv, &tr->mu, &ts);
+            }
+        }
+        while (tr->dn && n < 64) {
+            batch[n++] = tr->done[tr->dh];
+            tr->dh = (tr->dh + 1) % tr->cap;
+            tr->dn--;
+        }
+        pthread_mutex_unlock(&tr->mu);
+        for (unsigned i = 0; i < n; i++)
+            read_landed(R, batch[i], batch[i]->res);
+        return 0;
+    }
+}
+
+/* Runs the whole pipeline; no GIL. Fills res[] per op. */
+static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *res, int cancel_on_error)
+{
+    run_t R = {.g = g, .ops = ops, .nops = nops, .cancel_on_error = cancel_on_error};
+    saved_ctx sc;
+    uint64_t t0 = now_ns();
+    int r;
+
+    g->last_error[0] = 0;
+    g->ntrace = 0;
+    g->st_bytes = g->st_reads = g->st_copies = g->st_overlap_copies = g->st_max_reads = g->st_copy_waits = 0;
+    R.slots = calloc(g->nslots, sizeof(*R.slots));
+    R.fifo = calloc(g->nslots, sizeof(*R.fifo));
+    if (!R.slots || !R.fifo) {
+        for (size_t i = 0; i < nops; i++)
+            res[i] = -ENOMEM;
+        goto out;
+    }
+    for (unsigned i = 0; i < g->nslots; i++)
+        R.slots[i].idx = (int)i;
+    if ((r = ctx_enter(g->ctx, g->device, &sc)) != 0) {
+        set_error(g, "cannot make device %d current: %s (%d)", g->device, drv_errname(r), r);
+        for (size_t i = 0; i < nops; i++)
+            res[i] = -EIO;
+        goto out;
+    }
+    for (;;) {
+        /* Slots whose copies ended are free again. */
+        reap_copies(&R, 0);
+        /* Fill free slots with reads. */
+        for (unsigned i = 0; i < g->nslots && !R.cancel; i++) {
+            if (R.slots[i].state != S_FREE)
+                continue;
+            if (!next_piece(&R))
+                break;
+            if (start_read(&R, &R.slots[i]) < 0)
+                break;
+        }
+        if (!R.reading && !R.copying) {
+            if (R.cancel || !next_piece(&R))
+                break;
+            continue;
+        }
+        if (R.reading) {
+            /* Poll copies while reads are out only when slots are wanted. */
+            int more = !R.cancel && R.cur < nops;
+            if ((r = wait_reads(&R, R.copying && more ? (long)g->poll_us : -1)) < 0) {
+                /* The ring itself failed: reap what the kernel holds, then stop. */
+                set_error(g, "io_uring failed: %s", strerror(-r));
+                R.cancel = 1;
+                for (size_t i = 0; i < nops; i++)
+                    if (!ops[i].issued_all || ops[i].outstanding)
+                        op_fail(&R, i, -r, 1);
+#ifdef FX_HAVE_LIBURING
+                if (R.queued)
+                    g->broken = 1; /* unsubmitted SQEs stay in the ring */
+                R.reading -= R.queued;
+                R.queued = 0;
+                while (R.reading) {
+                    struct io_uring_cqe *cqe;
+                    if (io_uring_wait_cqe(&g->ring, &cqe) < 0)
+                        break; /* cannot happen short of a kernel bug */
+                    read_landed(&R, io_uring_cqe_get_data(cqe), cqe->res < 0 ? cqe->res : r);
+                    io_uring_cqe_seen(&g->ring, cqe);
+                }
+#endif
+            }
+        } else {
+            reap_copies(&R, 1); /* only copies out: wait for the oldest */
+        }
+    }
+    /* Nothing may touch the staging slots after return. */
+    d_ssync(g->stream);
+    ctx_leave(&sc);
+    for (size_t i = 0; i < nops; i++) {
+        op_t *o = &ops[i];
+        if (o->err)
+            res[i] = -o->err;
+        else if (!o->issued_all || o->dropped)
+            res[i] = -ECANCELED;
+        else
+            res[i] = (int64_t)o->bytes;
+    }
+out:
+    g->st_wall_ns = now_ns() - t0;
+    free(R.slots);
+    free(R.fifo);
+}
+
+/* ------------------------------------------------------------- Python side */
+
+static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"slots", "slot_bytes", "device", "engine", "io_engine", NULL};
+    long long slots = 8, slot_bytes = 4 << 20;
+    int device = 0, want_uring;
+    PyObject *engine = Py_None;
+    const char *io_engine = "auto";
+    char msg[512] = "";
+    int r;
+
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "GpuStaging is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|LLiOs", kwlist, &slots, &slot_bytes, &device, &engine,
+                                     &io_engine))
+        return -1;
+    if (slots < 2 || slots > 1024) {
+        PyErr_Format(PyExc_ValueError, "slots must be in 2..1024, not %lld", slots);
+        return -1;
+    }
+    if (slot_bytes < (long long)FX_DIO_ALIGN || slot_bytes > (1ll << 30) || slot_bytes % FX_DIO_ALIGN) {
+        PyErr_Format(PyExc_ValueError, "slot_bytes must be a multiple of 4096 in 4096..1 GiB, not %lld",
+                     slot_bytes);
+        return -1;
+    }
+    if (strcmp(io_engine, "auto") && strcmp(io_engine, "io_uring") && strcmp(io_engine, "threads")) {
+        PyErr_Format(PyExc_ValueError, "io_engine must be 'auto', 'io_uring' or 'threads', not '%s'", io_engine);
+        return -1;
+    }
+    want_uring = strcmp(io_engine, "threads") != 0 && fx_uring_available();
+    if (engine != Py_None) {
+        /* Follow the engine: its choice (or fallback) of io_uring. */
+        if (fx_engine_begin(engine) < 0)
+            return -1;
+        if (!fx_engine_uring(engine))
+            want_uring = 0;
+        fx_engine_end(engine);
+    }
+    if (device < 0) {
+        PyErr_Format(PyExc_ValueError, "device must be >= 0, not %d", device);
+        return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    r = driver_load();
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        PyErr_Format(PyExc_OSError, "GPU driver unavailable: %s", drv.err);
+        return -1;
+    }
+    if (device >= drv.ndev) {
+        PyErr_Format(PyExc_ValueError, "device %d: the driver reports %d device(s)", device, drv.ndev);
+        return -1;
+    }
+    self->device = device;
+    self->nslots = (unsigned)slots;
+    self->slot_bytes = (size_t)slot_bytes;
+    self->poll_us = 50;
+    Py_BEGIN_ALLOW_THREADS
+    r = staging_build(self, want_uring, msg, sizeof(msg));
+    if (r < 0)
+        staging_free(self);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        PyErr_Format(PyExc_OSError, "GpuStaging: %s", msg);
+        return -1;
+    }
+    if (!strcmp(io_engine, "io_uring") && !self->io) {
+        Py_BEGIN_ALLOW_THREADS
+        staging_free(self);
+        Py_END_ALLOW_THREADS
+        PyErr_SetString(PyExc_OSError, "GpuStaging: io_engine='io_uring' but no io_uring ring could be set up");
+        return -1;
+    }
+    self->ready = 1;
+    return 0;
+}
+
+static PyObject *GpuStaging_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    GpuStagingObject *self = (GpuStagingObject *)type->tp_alloc(type, 0);
+    (void)args;
+    (void)kw;
+    if (!self)
+        return NULL;
+    pthread_mutex_init(&self->run_mu, NULL);
+    return (PyObject *)self;
+}
+
+static void staging_close(GpuStagingObject *self)
+{
+    pthread_mutex_lock(&self->run_mu);
+    if (self->ready && !self->closed) {
+        self->closed = 1;
+        staging_free(self);
+    }
+    pthread_mutex_unlock(&self->run_mu);
+}
+
+static PyObject *GpuStaging_close(GpuStagingObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    staging_close(self);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static void GpuStaging_dealloc(GpuStagingObject *self)
+{
+    staging_close(self);
+    pthread_mutex_destroy(&self->run_mu);
+    free(self->trace);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"ops", "trace", "cancel_on_error", NULL};
+    PyObject *ops_obj, *seq, *out = NULL;
+    int trace = 0, cancel_on_error = 1, closed = 0;
+    Py_ssize_t n, i;
+    op_t *ops;
+    int64_t *res;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp", kwlist, &ops_obj, &trace, &cancel_on_error))
+        return NULL;
+    if (!self->ready) {
+        PyErr_SetString(PyExc_ValueError, "GpuStaging is not initialised");
+        return NULL;
+    }
+    seq = PySequence_Fast(ops_obj, "ops must be a sequence of (fd, offset, length, device_address)");
+    if (!seq)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    ops = calloc(n ? (size_t)n : 1, sizeof(*ops));
+    res = calloc(n ? (size_t)n : 1, sizeof(*res));
+    if (!ops || !res) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        long long fd, off, len;
+        unsigned long long dev;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "LLLK;each op is (fd, offset, length, device_address)",
+                              &fd, &off, &len, &dev))
+            goto done;
+        if (fd < 0 || fd > INT32_MAX || off < 0 || len < 0) {
+            PyErr_Format(PyExc_ValueError, "op %zd: fd, offset and length must be >= 0", i);
+            goto done;
+        }
+        if (len > 0 && dev == 0) {
+            PyErr_Format(PyExc_ValueError, "op %zd: device address is NULL", i);
+            goto done;
+        }
+        ops[i].fd = (int)fd;
+        ops[i].off = (uint64_t)off;
+        ops[i].len = (uint64_t)len;
+        ops[i].dev = dev;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->run_mu);
+    if (self->closed || self->broken) {
+        closed = 1;
+    } else {
+        self->tracing = trace;
+        run_pipeline(self, ops, (size_t)n, res, cancel_on_error);
+    }
+    pthread_mutex_unlock(&self->run_mu);
+    Py_END_ALLOW_THREADS
+    if (closed) {
+        PyErr_SetString(PyExc_ValueError, self->broken ? "GpuStaging is unusable after an io_uring failure"
+                                                       : "GpuStaging is closed");
+        goto done;
+    }
+    out = PyList_New(n);
+    for (i = 0; out && i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(res[i]);
+        if (!v) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+done:
+    Py_DECREF(seq);
+    free(ops);
+    free(res);
+    return out;
+}
+
+static PyObject *GpuStaging_last_trace(GpuStagingObject *self, PyObject *unused)
+{
+    PyObject *out;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->run_mu); /* waits for a running read() */
+    Py_END_ALLOW_THREADS
+    out = PyList_New((Py_ssize_t)self->ntrace);
+    for (size_t i = 0; out && i < self->ntrace; i++) {
+        trace_ev *e = &self->trace[i];
+        PyObject *v = Py_BuildValue("(KsiLLL)", (unsigned long long)e->t, trace_names[e->kind], e->slot,
+                                    (long long)e->op, (long long)e->piece, (long long)e->val);
+        if (!v) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, v);
+    }
+    pthread_mutex_unlock(&self->run_mu);
+    return out;
+}
+
+static PyObject *GpuStaging_last_stats(GpuStagingObject *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "wall_ns", (unsigned long long)self->st_wall_ns,
+                         "bytes", (unsigned long long)self->st_bytes, "reads", (unsigned long long)self->st_reads,
+                         "copies", (unsigned long long)self->st_copies, "copies_during_reads",
+                         (unsigned long long)self->st_overlap_copies, "max_reads_in_flight",
+                         (unsigned long long)self->st_max_reads, "copy_waits",
+                         (unsigned long long)self->st_copy_waits);
+}
+
+static PyObject *g_address(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLongLong((uintptr_t)g->mem);
+}
+static PyObject *g_size(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyLong_FromSize_t((size_t)g->nslots * g->slot_bytes);
+}
+static PyObject *g_slot_bytes(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyLong_FromSize_t(g->slot_bytes);
+}
+static PyObject *g_slots(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLong(g->nslots);
+}
+static PyObject *g_device(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(g->device);
+}
+static PyObject *g_pinned(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(g->pinned);
+}
+static PyObject *g_pin_error(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    if (!g->pin_error[0])
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(g->pin_error);
+}
+static PyObject *g_fixed(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(g->fixed);
+}
+static PyObject *g_io(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(g->io ? "io_uring" : "threads");
+}
+static PyObject *g_driver(GpuStagingObject *g, void *c)
+{
+    (void)g;
+    (void)c;
+    return PyUnicode_FromString(drv.path);
+}
+static PyObject *g_last_error(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    if (!g->last_error[0])
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(g->last_error);
+}
+static PyObject *g_closed(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(g->closed);
+}
+static PyObject *g_poll_get(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLong(g->poll_us);
+}
+static int g_poll_set(GpuStagingObject *g, PyObject *v, void *c)
+{
+    long x;
+    (void)c;
+    if (!v || (x = PyLong_AsLong(v)) < 1 || x > 1000000) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "poll_us must be in 1..1000000");
+        return -1;
+    }
+    g->poll_us = (unsigned)x;
+    return 0;
+}
+
+static PyGetSetDef GpuStaging_getset[] = {
+    {"address", (getter)g_address, NULL, "start of the staging memory", NULL},
+    {"size", (getter)g_size, NULL, "slots * slot_bytes", NULL},
+    {"slot_bytes", (getter)g_slot_bytes, NULL, "largest piece", NULL},
+    {"slots", (getter)g_slots, NULL, "staging slots (reads + copies in flight)", NULL},
+    {"device", (getter)g_device, NULL, "GPU ordinal", NULL},
+    {"pinned", (getter)g_pinned, NULL, "staging is page-locked by the driver", NULL},
+    {"pin_error", (getter)g_pin_error, NULL, "why it is not, or None", NULL},
+    {"fixed_buffers", (getter)g_fixed, NULL, "slots are io_uring fixed buffers", NULL},
+    {"io", (getter)g_io, NULL, "'io_uring' or 'threads'", NULL},
+    {"driver", (getter)g_driver, NULL, "path of the GPU driver library", NULL},
+    {"last_error", (getter)g_last_error, NULL, "first error of the last read(), or None", NULL},
+    {"closed", (getter)g_closed, NULL, "close() was called", NULL},
+    {"poll_us", (getter)g_poll_get, (setter)g_poll_set, "copy polling interval while reads are out", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef GpuStaging_methods[] = {
+    {"read", (PyCFunction)(void (*)(void))GpuStaging_read, METH_VARARGS | METH_KEYWORDS,
+     "read(ops, trace=False, cancel_on_error=True) -> list: bytes copied to the GPU or -errno per op"},
+    {"last_trace", (PyCFunction)GpuStaging_last_trace, METH_NOARGS,
+     "last_trace() -> [(t_ns, kind, slot, op, piece, value)] of the last read(trace=True)"},
+    {"last_stats", (PyCFunction)GpuStaging_last_stats, METH_NOARGS, "last_stats() -> dict of the last read()"},
+    {"close", (PyCFunction)GpuStaging_close, METH_NOARGS, "wait for a running read, free everything"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject GpuStagingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "lmcache_fx._fxio.GpuStaging",
+    .tp_basicsize = sizeof(GpuStagingObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "GpuStaging(slots=8, slot_bytes=4 MiB, device=0, engine=None, io_engine='auto'): "
+              "pinned staging and pipelined file -> GPU reads",
+    .tp_new = GpuStaging_new,
+    .tp_init = (initproc)GpuStaging_init,
+    .tp_dealloc = (destructor)GpuStaging_dealloc,
+    .tp_methods = GpuStaging_methods,
+    .tp_getset = GpuStaging_getset,
+};
+
+/* ---------------------------------------------------------- module functions */
+
+static PyObject *mod_gpu_driver(PyObject *m, PyObject *unused)
+{
+    int r;
+    (void)m;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    r = driver_load();
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        return Py_BuildValue("{s:O,s:O,s:i,s:s}", "api", Py_None, "path", Py_None, "devices", 0, "error", drv.err);
+    return Py_BuildValue("{s:s,s:s,s:i,s:O}", "api", drv.api == API_CUDA ? "cuda" : "hip", "path", drv.path,
+                         "devices", drv.ndev, "error", Py_None);
+}
+
+/* Can io_uring register this memory as a fixed buffer? Uses a throwaway ring,
+ * so no engine's registration is disturbed. 0 or -errno. */
+static PyObject *mod_uring_register_probe(PyObject *m, PyObject *args)
+{
+    unsigned long long addr, len;
+    int r = -ENOSYS;
+    (void)m;
+    if (!PyArg_ParseTuple(args, "KK", &addr, &len))
+        return NULL;
+#ifdef FX_HAVE_LIBURING
+    Py_BEGIN_ALLOW_THREADS
+    {
+        struct io_uring ring;
+        r = io_uring_queue_init(2, &ring, 0);
+        if (r == 0) {
+            size_t n = (size_t)((len + (1ull << 30) - 1) >> 30), i;
+            struct iovec *iov = calloc(n ? n : 1, sizeof(*iov));
+            if (!iov) {
+                r = -ENOMEM;
+            } else {
+                for (i = 0; i < n; i++) {
+                    iov[i].iov_base = (char *)(uintptr_t)addr + (i << 30);
+                    iov[i].iov_len = len - (i << 30) < (1ull << 30) ? len - (i << 30) : (1ull << 30);
+                }
+                r = io_uring_register_buffers(&ring, iov, (unsigned)n);
+                free(iov);
+            }
+            io_uring_queue_exit(&ring);
+        }
+    }
+    Py_END_ALLOW_THREADS
+#else
+    (void)addr;
+    (void)len;
+#endif
+    return PyLong_FromLong(r);
+}
+
+static PyMethodDef gpu_functions[] = {
+    {"gpu_driver", (PyCFunction)mod_gpu_driver, METH_NOARGS,
+     "gpu_driver() -> {'api', 'path', 'devices', 'error'}: loads the driver once"},
+    {"uring_register_probe", (PyCFunction)mod_uring_register_probe, METH_VARARGS,
+     "uring_register_probe(address, length) -> 0 or -errno: can io_uring pin this memory"},
+    {NULL, NULL, 0, NULL},
+};
+
 int fx_gpu_module_init(PyObject *module, PyTypeObject *engine_type)
 {
-    (void)module;
     (void)engine_type;
+    if (PyType_Ready(&GpuStagingType) < 0)
+        return -1;
+    if (PyModule_AddObjectRef(module, "GpuStaging", (PyObject *)&GpuStagingType) < 0)
+        return -1;
+    for (PyMethodDef *d = gpu_functions; d->ml_name; d++) {
+        PyObject *f = PyCFunction_New(d, NULL);
+        if (!f || PyModule_AddObject(module, d->ml_name, f) < 0) {
+            Py_XDECREF(f);
+            return -1;
+        }
+    }
     return 0;
 }

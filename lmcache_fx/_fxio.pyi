@@ -78,3 +78,45 @@ def io_uring_status() -> tuple[bool, str]:
 def advise_hugepages(address: int, length: int) -> int:
     """MADV_HUGEPAGE (+ MADV_COLLAPSE) on the 2 MiB-aligned interior of an
     existing mapping; bytes advised or -errno."""
+
+class GpuStaging:
+    """Pinned staging slots and a pipelined NVMe -> GPU read (csrc/gpu.c).
+
+    Slots are 2 MiB-aligned huge-page memory, io_uring fixed buffers where
+    allowed, page-locked through the GPU driver found at run time (libcuda.so.1
+    or libamdhip64.so; LMCACHE_FX_GPU_DRIVER selects another library). A piece
+    lands in a slot, an async host-to-device copy of it starts on a stream and
+    an event is recorded; the slot is refilled only after that event completed.
+    """
+    address: int
+    size: int
+    slot_bytes: int
+    slots: int
+    device: int
+    pinned: bool
+    pin_error: str | None
+    fixed_buffers: bool
+    io: Literal["io_uring", "threads"]
+    driver: str
+    last_error: str | None
+    closed: bool
+    poll_us: int
+    def __init__(
+        self,
+        slots: int = 8,
+        slot_bytes: int = 4 << 20,
+        device: int = 0,
+        engine: Engine | None = None,
+        io_engine: Literal["auto", "io_uring", "threads"] = "auto",
+    ) -> None: ...
+    def read(self, ops: Sequence[Op], trace: bool = False, cancel_on_error: bool = True) -> list[int]:
+        """ops are (fd, offset, length, device_pointer); per op bytes copied,
+        -errno, -ECANCELED (stopped by another op's error) or -EIO (driver)."""
+    def last_trace(self) -> list[tuple[int, str, int, int, int, int]]: ...
+    def last_stats(self) -> dict[str, int]: ...
+    def close(self) -> None: ...
+
+def gpu_driver() -> dict:
+    """Which GPU driver library was found, or why none."""
+def uring_register_probe(address: int, length: int) -> int:
+    """Registers memory with a throwaway ring: 0 or -errno (e.g. -EFAULT)."""

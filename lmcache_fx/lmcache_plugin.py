@@ -100,6 +100,12 @@ class FxStorageBackend(StoragePluginInterface):
         self.options = options_from_extra(config.extra_config, f"storage_plugin.{self.name}.")
         self.store = ChunkStore(self.options)
         self._register_pool()
+        from . import metrics
+
+        port = self.options.metrics_port
+        if port:  # one port per worker on a host: tensor-parallel workers must not collide
+            port += int(getattr(metadata, "local_worker_id", 0) or 0)
+        self._metrics = metrics.start_metrics(self.store, name=self.name, port=port)
         self._put_lock = threading.Lock()
         self._put_keys: set[CacheEngineKey] = set()
         self._lookup_pins: dict[str, list[CacheEngineKey]] = {}
@@ -298,6 +304,7 @@ class FxStorageBackend(StoragePluginInterface):
             time.sleep(0.005)
 
     def close(self) -> None:
+        self._metrics.close()
         if self._writer.is_alive():
             self._writes.put(None)
             self._writer.join()

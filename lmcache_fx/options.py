@@ -77,6 +77,7 @@ class FxOptions:
     odirect: str = "auto"
     verify: bool = True
     shared_group: bool = False
+    metrics_port: int = 0
 
     # option -> (one-line meaning, accepted values)
     DOC = {
@@ -91,6 +92,8 @@ class FxOptions:
         "verify": ("check each payload's CRC32C on read; a mismatch is a miss", "true | false"),
         "shared_group": ("files 0660 and directories 0770 instead of 0600/0700, for a group of users",
                          "true | false"),
+        "metrics_port": ("Prometheus metrics on http://0.0.0.0:<port + local worker id>/metrics; 0 = off "
+                         "(they are in LMCache's /metrics either way)", "0..65535"),
     }
 
     @property
@@ -140,4 +143,6 @@ class FxOptions:
             return x
         if name == "odirect":
             return _parse_choice(full, v, ("auto", "true", "false"))
+        if name == "metrics_port":
+            return _parse_number(full, v, int, 0, 65535)
         return _parse_bool(full, v)  # verify, shared_group

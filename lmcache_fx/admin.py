@@ -1,0 +1,864 @@
+"""`lmcache-fx ls | stat | fsck | gc`: look into a store, verify it, shrink it,
+without the server and without reading code.
+
+They read the store through the real pieces: file names and temporaries as
+ChunkStore lays them out, headers with chunkfile.decode_header, payloads with
+the C engine (io_uring, O_DIRECT where the filesystem allows, CRC32C computed
+as the data lands). They are safe beside a running server: a chunk that
+vanishes or is replaced while they look is skipped, and nothing is removed
+unless asked (fsck --repair, gc).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import resource
+import stat as stat_mod
+import sys
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Iterable, Iterator, Optional
+
+from . import _fxio
+from .chunkfile import HEADER_SIZE, SUFFIX, BadHeader, FormatVersionMismatch, Header, chunk_digest, decode_header
+from .options import GIB
+from .store import TMP_MARK, ChunkStore
+
+# ---------------------------------------------------------------- help texts
+
+EXAMPLES = {
+    "ls": """\
+One line per chunk, least recently written first (the next to be evicted):
+age, file size, model, geometry, LMCache key.
+
+examples:
+  lmcache-fx ls /mnt/nvme/lmcache
+  lmcache-fx ls /mnt/nvme0/fx,/mnt/nvme1/fx --model Qwen/Qwen3-8B --sort size
+  lmcache-fx ls --config lmcache.yaml --json | jq '.chunks[].key'
+""",
+    "stat": """\
+Summary of a store: chunks, bytes, models, geometries, an age histogram,
+usage against max_capacity_gb (from --config or --capacity-gb), free space.
+Reads every header (4 KiB per chunk), not the payloads: use fsck for that.
+
+examples:
+  lmcache-fx stat /mnt/nvme/lmcache
+  lmcache-fx stat --config lmcache.yaml
+  lmcache-fx stat /mnt/nvme/lmcache --capacity-gb 2000 --json
+""",
+    "fsck": """\
+Verifies every chunk: header checksum, format version, the key against the
+file name, the payload length and the payload CRC32C, reading with the C
+engine (io_uring, O_DIRECT where allowed, two batches in flight). Also
+reports temporaries of dead writers and files that do not belong.
+--repair removes bad chunks and stale temporaries (never files of another
+format version, foreign files, or temporaries of live writers).
+
+exit status: 0 clean; 1 problems found and all repaired; 4 problems left;
+2 usage error or unreadable path.
+
+examples:
+  lmcache-fx fsck /mnt/nvme/lmcache
+  lmcache-fx fsck /mnt/nvme/lmcache --repair
+  lmcache-fx fsck --config lmcache.yaml --json > fsck.json
+""",
+    "gc": """\
+Removes least recently written chunks until the chunk files take at most
+--to-gb GiB (the order the store itself evicts in after a restart). Safe
+beside a running server: a removed chunk is a miss there.
+
+examples:
+  lmcache-fx gc /mnt/nvme/lmcache --to-gb 1500
+  lmcache-fx gc /mnt/nvme/lmcache --to-gb 0.5 --dry-run
+  lmcache-fx gc --config lmcache.yaml --to-gb 100 --json
+""",
+}
+
+
+class AdminError(Exception):
+    """A problem the user can fix (wrong path, bad config): one clear line."""
+
+
+# ---------------------------------------------------------------- the store on disk
+
+
+@dataclass
+class StoreFile:
+    path: str
+    root: str
+    size: int
+    mtime: float
+    ino: int
+    kind: str  # chunk | tmp | other
+    digest: str = ""
+    why: str = ""  # for other: why it does not belong
+
+
+@dataclass
+class Scan:
+    roots: list[str]
+    chunks: list[StoreFile] = field(default_factory=list)
+    temps: list[StoreFile] = field(default_factory=list)
+    others: list[StoreFile] = field(default_factory=list)
+    looks_like_store: dict = field(default_factory=dict)  # root -> bool
+
+
+def check_root(root: str) -> str:
+    """The absolute root, or AdminError saying what is wrong with it."""
+    p = os.path.abspath(os.path.expanduser(root))
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        parent = os.path.dirname(p)
+        hint = "" if os.path.isdir(parent) else f" (nor does {parent})"
+        raise AdminError(f"{p}: no such directory{hint}; give the store's path, as in storage_plugin.<name>.path")
+    except PermissionError:
+        raise AdminError(f"{p}: permission denied; run as the store's owner or root")
+    if not stat_mod.S_ISDIR(st.st_mode):
+        raise AdminError(f"{p}: not a directory; give the store directory, not a chunk file")
+    if not os.access(p, os.R_OK | os.X_OK):
+        raise AdminError(f"{p}: cannot list it (permission denied); run as the store's owner or root")
+    return p
+
+
+def split_paths(values: Iterable[str]) -> list[str]:
+    out = []
+    for v in values:
+        out += [x.strip() for x in v.split(",") if x.strip()]
+    return out
+
+
+def _is_hex(s: str) -> bool:
+    return all(c in "0123456789abcdef" for c in s)
+
+
+def scan(roots: list[str]) -> Scan:
+    """Lists a store the way ChunkStore._scan sees it, keeping what it skips."""
+    sc = Scan(roots)
+    for root in roots:
+        looks = False
+        try:
+            with os.scandir(root) as top:
+                entries = list(top)
+        except OSError as e:
+            raise AdminError(f"{root}: cannot list it: {e.strerror}")
+        for de in entries:
+            name = de.name
+            if len(name) == 2 and _is_hex(name) and de.is_dir(follow_symlinks=False):
+                looks = True
+                _scan_sub(sc, root, de.path)
+            elif TMP_MARK in name and name.startswith(TMP_MARK):  # the O_DIRECT probe of a starting store
+                looks = True
+                _add(sc, root, de, "tmp")
+        sc.looks_like_store[root] = looks or not entries
+    sc.chunks.sort(key=lambda f: (f.mtime, f.digest))  # the store's order: least recently written first
+    return sc
+
+
+def _add(sc: Scan, root: str, de, kind: str, digest: str = "", why: str = "") -> None:
+    try:
+        st = de.stat(follow_symlinks=False)
+    except OSError:
+        return  # vanished
+    if kind != "other" and not stat_mod.S_ISREG(st.st_mode):
+        kind, why = "other", "not a regular file (the store ignores it)"
+    f = StoreFile(de.path, root, st.st_size, st.st_mtime, st.st_ino, kind, digest, why)
+    {"chunk": sc.chunks, "tmp": sc.temps, "other": sc.others}[kind].append(f)
+
+
+def _scan_sub(sc: Scan, root: str, sub: str) -> None:
+    try:
+        with os.scandir(sub) as it:
+            entries = list(it)
+    except OSError as e:
+        sc.others.append(StoreFile(sub, root, 0, 0, 0, "other", why=f"cannot list: {e.strerror}"))
+        return
+    subname = os.path.basename(sub)
+    for de in entries:
+        name = de.name
+        if TMP_MARK in name:
+            _add(sc, root, de, "tmp")
+        elif name.endswith(SUFFIX) and len(name) == 32 + len(SUFFIX) and _is_hex(name[:32]):
+            if name[:2] != subname:
+                _add(sc, root, de, "other", why=f"chunk file in the wrong directory (belongs in {name[:2]}/)")
+            else:
+                _add(sc, root, de, "chunk", digest=name[:32])
+        else:
+            _add(sc, root, de, "other", why="not an lmcache-fx file")
+
+
+def expected_path(roots: list[str], digest: str) -> str:
+    """Where the store puts a chunk of this digest (ChunkStore.path_for)."""
+    return ChunkStore.path_for(SimpleNamespace(roots=roots), digest)
+
+
+def tmp_is_stale(f: StoreFile, now: Optional[float] = None) -> bool:
+    """The store's own rule: the writer process is gone, or the file is old."""
+    return ChunkStore._tmp_is_stale(os.path.basename(f.path), f.mtime, time.time() if now is None else now)
+
+
+# ---------------------------------------------------------------- reading with the engine
+
+
+def raise_nofile() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+class Reader:
+    """Opens chunk files (O_DIRECT where the filesystem allows) and reads them
+    in batches through the C engine."""
+
+    def __init__(self, io_engine: str = "auto", queue_depth: int = 64, split_bytes: int = 1 << 20,
+                 odirect: bool = True):
+        try:
+            self.engine = _fxio.Engine(io_engine, queue_depth, split_bytes)
+        except OSError as e:
+            raise AdminError(f"--io-engine {io_engine}: {e}")
+        self.odirect = odirect
+        self._no_direct: set[str] = set()  # roots where O_DIRECT was refused
+        self.used_direct = False
+        self.max_files = max(16, min(4096, (raise_nofile() - 64) // 2))
+
+    def open(self, f: StoreFile) -> tuple[int, str]:
+        """(fd, "") or (-1, why)."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        if self.odirect and f.root not in self._no_direct:
+            try:
+                fd = os.open(f.path, flags | os.O_DIRECT)
+                self.used_direct = True
+                return fd, ""
+            except OSError as e:
+                if e.errno != 22:  # EINVAL: no O_DIRECT on this filesystem
+                    return -1, _open_why(e)
+                self._no_direct.add(f.root)
+        try:
+            return os.open(f.path, flags), ""
+        except OSError as e:
+            return -1, _open_why(e)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # -- headers only (ls, stat)
+    def headers(self, files: list[StoreFile]) -> Iterator[tuple[StoreFile, Optional[Header], str]]:
+        for i in range(0, len(files), self.max_files):
+            part = files[i:i + self.max_files]
+            buf = _fxio.HostBuffer(HEADER_SIZE * len(part), hugepages=False)
+            ops, opened, fds = [], [], []
+            try:
+                for j, f in enumerate(part):
+                    fd, why = self.open(f)
+                    if fd < 0:
+                        yield f, None, why
+                        continue
+                    fds.append(fd)
+                    ops.append((fd, 0, HEADER_SIZE, buf.address + HEADER_SIZE * j))
+                    opened.append((j, f))
+                res = self.engine.read(ops) if ops else []
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            for (j, f), n in zip(opened, res):
+                if n != HEADER_SIZE:
+                    yield f, None, _short_why(n, f.size)
+                    continue
+                try:
+                    yield f, decode_header(memoryview(buf)[HEADER_SIZE * j:HEADER_SIZE * (j + 1)]), ""
+                except BadHeader as e:
+                    yield f, None, f"bad header: {e}"
+
+    # -- whole chunks with CRC (fsck)
+    def verify(self, files: list[StoreFile], buffer_bytes: int) -> Iterator["Verdict"]:
+        """Header + payload of every file, CRC32C by the engine; two batches of
+        at most buffer_bytes in flight so the device never waits on Python."""
+        pool: list = []
+        inflight: collections.deque = collections.deque()
+        for batch in _plan(files, buffer_bytes, self.max_files):
+            if len(inflight) >= 2:
+                yield from self._finish(inflight.popleft(), pool)
+            need = sum(_span(f) for f in batch)
+            buf = None
+            for k, b in enumerate(pool):
+                if len(b) >= need:
+                    buf = pool.pop(k)
+                    break
+            if buf is None:
+                buf = _fxio.HostBuffer(max(need, buffer_bytes))
+            ops, items, fds, early = [], [], [], []
+            off = 0
+            for f in batch:
+                if f.size < HEADER_SIZE:
+                    early.append(Verdict(f, "bad", f"file is {f.size} bytes, shorter than the "
+                                                   f"{HEADER_SIZE}-byte header (truncated)"))
+                    continue
+                fd, why = self.open(f)
+                if fd < 0:
+                    early.append(Verdict(f, "gone" if "no longer" in why else "bad", why))
+                    continue
+                fds.append(fd)
+                try:
+                    f.ino = os.fstat(fd).st_ino  # what was verified, for a safe --repair
+                except OSError:
+                    pass
+                plen = f.size - HEADER_SIZE
+                first = len(ops)
+                ops.append((fd, 0, HEADER_SIZE, buf.address + off))
+                if plen:
+                    ops.append((fd, HEADER_SIZE, plen, buf.address + off + HEADER_SIZE))
+                items.append((f, off, first, plen))
+                off += _span(f)
+            try:
+                batch_obj = self.engine.submit(ops, write=False, crc=True) if ops else None
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            inflight.append((batch_obj, buf, items, fds, early))
+        while inflight:
+            yield from self._finish(inflight.popleft(), pool)
+
+    def _finish(self, entry, pool) -> Iterator["Verdict"]:
+        batch_obj, buf, items, fds, early = entry
+        try:
+            res = batch_obj.wait() if batch_obj is not None else []
+        finally:
+            for fd in fds:
+                os.close(fd)
+        yield from early
+        for f, off, first, plen in items:
+            hn, _ = res[first]
+            pn, pcrc = res[first + 1] if plen else (0, 0)
+            yield _judge(f, memoryview(buf)[off:off + HEADER_SIZE], hn, pn, pcrc, plen)
+        pool.append(buf)
+
+
+def _span(f: StoreFile) -> int:
+    return HEADER_SIZE + _round_up(max(f.size - HEADER_SIZE, 0), 4096)
+
+
+def _round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def _plan(files: list[StoreFile], buffer_bytes: int, max_files: int) -> Iterator[list[StoreFile]]:
+    batch, used = [], 0
+    for f in files:
+        s = _span(f)
+        if batch and (used + s > buffer_bytes or len(batch) >= max_files):
+            yield batch
+            batch, used = [], 0
+        batch.append(f)
+        used += s
+    if batch:
+        yield batch
+
+
+def _open_why(e: OSError) -> str:
+    if e.errno == 2:
+        return "no longer there (removed while checking)"
+    if e.errno == 40:
+        return "a symbolic link (the store never follows them)"
+    return f"cannot open: {e.strerror}"
+
+
+def _short_why(n: int, size: int) -> str:
+    if n < 0:
+        return f"header read failed: {os.strerror(-n)}"
+    return f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header (truncated)"
+
+
+@dataclass
+class Verdict:
+    file: StoreFile
+    status: str  # ok | bad | version | gone
+    problem: str = ""
+    header: Optional[Header] = None
+
+
+def _judge(f: StoreFile, hmv, hn: int, pn: int, pcrc: int, plen: int) -> Verdict:
+    if hn != HEADER_SIZE:
+        return Verdict(f, "bad", _short_why(hn, f.size))
+    try:
+        h = decode_header(hmv)
+    except FormatVersionMismatch as e:
+        return Verdict(f, "version", str(e))
+    except BadHeader as e:
+        return Verdict(f, "bad", f"bad header: {e}")
+    if chunk_digest(h.key) != f.digest:
+        return Verdict(f, "bad", f"holds key {h.key!r}, which belongs in another file", h)
+    if h.payload_len != plen:
+        how = "truncated" if plen < h.payload_len else "too long"
+        return Verdict(f, "bad", f"payload is {plen} bytes, header says {h.payload_len} ({how})", h)
+    if pn != plen:
+        return Verdict(f, "bad", f"payload read failed: {os.strerror(-pn)}" if pn < 0
+                       else f"payload read returned {pn} of {plen} bytes", h)
+    if plen and pcrc != h.payload_crc:
+        return Verdict(f, "bad", f"payload checksum mismatch (CRC32C {pcrc:08x}, header says {h.payload_crc:08x})", h)
+    return Verdict(f, "ok", "", h)
+
+
+# ---------------------------------------------------------------- keys and formatting
+
+
+def key_fields(key: str) -> dict:
+    """model, world size, worker of an LMCache key (CacheEngineKey.to_string:
+    model@world_size@worker_id@hash@dtype[@tag%value...])."""
+    parts = key.split("@")
+    if len(parts) < 5:
+        return {"model": "?", "world_size": None, "worker_id": None, "kv_dtype": None}
+    try:
+        ws, wid = int(parts[1]), int(parts[2])
+    except ValueError:
+        ws = wid = None
+    return {"model": parts[0], "world_size": ws, "worker_id": wid, "kv_dtype": parts[4]}
+
+
+def geometry(h: Header) -> str:
+    shapes = " + ".join(f"{d}[{','.join(str(x) for x in s)}]" for s, d in zip(h.meta.shapes, h.meta.dtypes))
+    return f"{shapes} {h.meta.fmt}"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def human_age(s: float) -> str:
+    s = max(0.0, s)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.0f}{unit}" if s / size >= 10 else f"{s / size:.1f}{unit}"
+    return f"{s:.0f}s"
+
+
+AGE_BUCKETS = [("< 1 hour", 3600), ("1 hour - 1 day", 86400), ("1 - 7 days", 7 * 86400),
+               ("7 - 30 days", 30 * 86400), ("> 30 days", float("inf"))]
+
+
+def fs_info(path: str) -> dict:
+    """Filesystem type, mount point, device, total and free bytes of a path."""
+    out = {"fstype": "?", "mountpoint": "?", "device": "?", "total_bytes": None, "free_bytes": None}
+    real = os.path.realpath(path)
+    best = -1
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                mp = _unescape(left.split()[4])
+                fstype, dev = (right.split() + ["?", "?"])[:2]
+                if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) > best:
+                    best = len(mp)
+                    out.update(fstype=fstype, mountpoint=mp, device=_unescape(dev))
+    except OSError:
+        pass
+    try:
+        sv = os.statvfs(path)
+        out["total_bytes"] = sv.f_blocks * sv.f_frsize
+        out["free_bytes"] = sv.f_bavail * sv.f_frsize
+    except OSError:
+        pass
+    return out
+
+
+def _unescape(s: str) -> str:
+    return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
+    p.epilog = EXAMPLES[command]
+    p.add_argument("path", nargs="*", metavar="PATH",
+                   help="store directory; several (or comma-separated) for a striped store")
+    p.add_argument("--config", metavar="YAML", help="take the path (and capacity) from an LMCache config file")
+    p.add_argument("--plugin", metavar="NAME", help="which storage_plugins entry of --config (default: the only one)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
+    if command == "ls":
+        p.add_argument("--model", help="only chunks of this model")
+        p.add_argument("--sort", choices=["age", "size", "key", "model"], default="age",
+                       help="order (default age: least recently written first, the eviction order)")
+        p.add_argument("--limit", type=int, default=0, metavar="N", help="print at most N chunks")
+    if command == "stat":
+        p.add_argument("--capacity-gb", type=float, metavar="N", help="max_capacity_gb to compare usage with")
+    if command == "fsck":
+        p.add_argument("--repair", action="store_true", help="remove bad chunks and stale temporaries")
+        p.add_argument("--buffer-mb", type=int, default=16, metavar="MB",
+                       help="memory per batch (two batches in flight; default 16)")
+        p.add_argument("--io-engine", choices=["auto", "io_uring", "threads"], default="auto")
+        p.add_argument("--queue-depth", type=int, default=32, metavar="N", help="reads in flight per batch (default 32)")
+        p.add_argument("--no-odirect", action="store_true", help="read through the page cache")
+    if command == "gc":
+        p.add_argument("--to-gb", type=float, required=True, metavar="N",
+                       help="keep at most N GiB of chunk files (the unit of max_capacity_gb)")
+        p.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+
+
+def resolve(args) -> tuple[list[str], Optional[object]]:
+    """(roots, FxOptions from --config or None); AdminError on a wrong path."""
+    opts = None
+    paths = split_paths(args.path)
+    if args.config:
+        from .doctor import load_plugin_configs
+
+        plugins = load_plugin_configs(args.config)
+        if not plugins:
+            raise AdminError(f"{args.config}: storage_plugins has no lmcache-fx entry "
+                             "(storage_plugin.<name>.module_path: lmcache_fx.lmcache_plugin)")
+        if args.plugin:
+            plugins = [p for p in plugins if p.name == args.plugin]
+            if not plugins:
+                raise AdminError(f"{args.config}: no lmcache-fx plugin named {args.plugin!r}")
+        elif len(plugins) > 1:
+            raise AdminError(f"{args.config}: several lmcache-fx plugins ({', '.join(p.name for p in plugins)}); "
+                             "pick one with --plugin")
+        pc = plugins[0]
+        if pc.error:
+            raise AdminError(f"{args.config}: {pc.error}")
+        opts = pc.options
+        if not paths:
+            paths = opts.paths
+    elif args.plugin:
+        raise AdminError("--plugin needs --config")
+    if not paths:
+        raise AdminError("no store given: pass its PATH, or --config with the LMCache YAML")
+    return [check_root(p) for p in paths], opts
+
+
+# ---------------------------------------------------------------- commands
+
+
+def quiet_broken_pipe() -> int:
+    """`lmcache-fx ls | head`: stop quietly when the reader goes away."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, sys.stdout.fileno())
+    os.close(fd)
+    return 0
+
+
+def run(args, parser=None) -> int:
+    try:
+        return {"ls": cmd_ls, "stat": cmd_stat, "fsck": cmd_fsck, "gc": cmd_gc}[args.command](args)
+    except BrokenPipeError:
+        return quiet_broken_pipe()
+    except AdminError as e:
+        print(f"lmcache-fx {args.command}: error: {e}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(json.dumps({"error": str(e)}))
+        return 2
+
+
+def _emit(args, obj: dict, text: str) -> None:
+    if args.json:
+        print(json.dumps(obj, indent=1))
+    else:
+        print(text, end="" if text.endswith("\n") else "\n")
+
+
+def _warn_not_store(sc: Scan) -> list[str]:
+    return [f"{r} does not look like an lmcache-fx store (no <2 hex digits>/ directories)"
+            for r, ok in sc.looks_like_store.items() if not ok]
+
+
+def _chunk_record(f: StoreFile, h: Optional[Header], err: str, now: float) -> dict:
+    rec = {"path": f.path, "digest": f.digest, "size": f.size, "mtime": f.mtime, "age_s": round(now - f.mtime, 3)}
+    if h is not None:
+        rec.update(key=h.key, **key_fields(h.key), shapes=[list(s) for s in h.meta.shapes],
+                   dtypes=list(h.meta.dtypes), fmt=h.meta.fmt, payload_len=h.payload_len,
+                   created_ns=h.created_ns, geometry=geometry(h))
+    else:
+        rec["error"] = err
+    return rec
+
+
+def _read_headers(sc: Scan) -> list[dict]:
+    rd = Reader(queue_depth=64)
+    now = time.time()
+    try:
+        recs = [_chunk_record(f, h, err, now) for f, h, err in rd.headers(sc.chunks)]
+    finally:
+        rd.close()
+    order = {f.path: i for i, f in enumerate(sc.chunks)}
+    recs.sort(key=lambda r: order[r["path"]])
+    return recs
+
+
+def cmd_ls(args) -> int:
+    roots, _ = resolve(args)
+    sc = scan(roots)
+    recs = _read_headers(sc)
+    if args.model:
+        recs = [r for r in recs if r.get("model") == args.model]
+    if args.sort == "size":
+        recs.sort(key=lambda r: -r["size"])
+    elif args.sort == "key":
+        recs.sort(key=lambda r: r.get("key", ""))
+    elif args.sort == "model":
+        recs.sort(key=lambda r: (r.get("model", ""), r["mtime"]))
+    shown = recs[:args.limit] if args.limit > 0 else recs
+    warnings = _warn_not_store(sc)
+    obj = {"paths": roots, "chunks": shown, "total_chunks": len(recs),
+           "temporaries": [f.path for f in sc.temps], "other_files": [{"path": f.path, "why": f.why}
+                                                                    for f in sc.others],
+           "warnings": warnings}
+    lines = []
+    if shown:
+        lines.append(f"{'AGE':>6}  {'SIZE':>10}  {'MODEL':<24} {'GEOMETRY':<36} KEY")
+    for r in shown:
+        if "error" in r:
+            lines.append(f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  BAD: {r['error']}  ({r['path']})")
+        else:
+            lines.append(f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  {r['model']:<24} "
+                         f"{r['geometry']:<36} {r['key']}")
+    total = sum(r["size"] for r in recs)
+    more = f" (showing {len(shown)})" if len(shown) < len(recs) else ""
+    lines.append(f"{len(recs)} chunks, {human_bytes(total)}{more}"
+                 + (f"; {len(sc.temps)} temporaries" if sc.temps else "")
+                 + (f"; {len(sc.others)} other files (see fsck)" if sc.others else ""))
+    lines += [f"warning: {w}" for w in warnings]
+    _emit(args, obj, "\n".join(lines))
+    return 0
+
+
+def cmd_stat(args) -> int:
+    roots, opts = resolve(args)
+    sc = scan(roots)
+    recs = _read_headers(sc)
+    now = time.time()
+    cap_gb = args.capacity_gb if args.capacity_gb is not None else (opts.max_capacity_gb if opts else None)
+    total = sum(f.size for f in sc.chunks)
+    models: dict = collections.OrderedDict()
+    geos: dict = collections.OrderedDict()
+    bad = 0
+    for r in recs:
+        if "error" in r:
+            bad += 1
+            continue
+        m = models.setdefault(r["model"], {"chunks": 0, "bytes": 0, "world_sizes": set(), "workers": set()})
+        m["chunks"] += 1
+        m["bytes"] += r["size"]
+        m["world_sizes"].add(r["world_size"])
+        m["workers"].add(r["worker_id"])
+        g = geos.setdefault(r["geometry"], {"chunks": 0, "bytes": 0, "payload_len": set()})
+        g["chunks"] += 1
+        g["bytes"] += r["size"]
+        g["payload_len"].add(r["payload_len"])
+    ages = collections.OrderedDict((name, {"chunks": 0, "bytes": 0}) for name, _ in AGE_BUCKETS)
+    for f in sc.chunks:
+        a = now - f.mtime
+        for name, lim in AGE_BUCKETS:
+            if a < lim:
+                ages[name]["chunks"] += 1
+                ages[name]["bytes"] += f.size
+                break
+    fss = {r: fs_info(r) for r in roots}
+    stale = sum(1 for t in sc.temps if tmp_is_stale(t, now))
+    obj = {
+        "paths": roots,
+        "chunks": len(sc.chunks),
+        "bytes": total,
+        "bad_headers": bad,
+        "temporaries": len(sc.temps),
+        "stale_temporaries": stale,
+        "other_files": len(sc.others),
+        "oldest_age_s": round(now - sc.chunks[0].mtime, 3) if sc.chunks else None,
+        "newest_age_s": round(now - sc.chunks[-1].mtime, 3) if sc.chunks else None,
+        "capacity_bytes": int(cap_gb * GIB) if cap_gb is not None else None,
+        "usage_fraction": (total / (cap_gb * GIB)) if cap_gb else None,
+        "models": [{"model": k, "chunks": v["chunks"], "bytes": v["bytes"],
+                    "world_sizes": sorted(x for x in v["world_sizes"] if x is not None),
+                    "workers": sorted(x for x in v["workers"] if x is not None)} for k, v in models.items()],
+        "geometries": [{"geometry": k, "chunks": v["chunks"], "bytes": v["bytes"],
+                        "payload_bytes": sorted(v["payload_len"])} for k, v in geos.items()],
+        "ages": [{"age": k, **v} for k, v in ages.items()],
+        "filesystems": fss,
+        "warnings": _warn_not_store(sc),
+    }
+    L = [f"store:        {', '.join(roots)}"]
+    for r, fi in fss.items():
+        free = human_bytes(fi["free_bytes"]) if fi["free_bytes"] is not None else "?"
+        tot = human_bytes(fi["total_bytes"]) if fi["total_bytes"] is not None else "?"
+        L.append(f"filesystem:   {fi['fstype']} on {fi['device']} at {fi['mountpoint']}, {free} free of {tot}"
+                 + (f"  ({r})" if len(roots) > 1 else ""))
+    L.append(f"chunks:       {len(sc.chunks)}, {human_bytes(total)}"
+             + (f"  ({bad} with a bad header: run fsck)" if bad else ""))
+    if cap_gb is not None:
+        src = "--capacity-gb" if args.capacity_gb is not None else "max_capacity_gb"
+        L.append(f"capacity:     {human_bytes(cap_gb * GIB)} ({src}), {100 * total / (cap_gb * GIB):.1f}% used")
+        free_all = sum(fi["free_bytes"] or 0 for fi in fss.values())
+        if cap_gb * GIB > total + free_all:
+            L.append(f"              warning: the filesystem has room for only {human_bytes(total + free_all)}; "
+                     "writes will hit ENOSPC before the capacity is reached")
+    else:
+        L.append("capacity:     unknown (pass --capacity-gb N or --config YAML)")
+    L.append(f"temporaries:  {len(sc.temps)} ({stale} stale)" + ("  -> fsck --repair removes stale ones" if stale else ""))
+    if sc.others:
+        L.append(f"other files:  {len(sc.others)} (see fsck)")
+    if sc.chunks:
+        L.append(f"written:      newest {human_age(obj['newest_age_s'])} ago, oldest {human_age(obj['oldest_age_s'])} ago")
+    if models:
+        L.append("models:")
+        for m in obj["models"]:
+            L.append(f"  {m['model']:<32} {m['chunks']:>8} chunks {human_bytes(m['bytes']):>11}   world size "
+                     f"{','.join(map(str, m['world_sizes']))}, workers {','.join(map(str, m['workers']))}")
+    if geos:
+        L.append("geometries:")
+        for g in obj["geometries"]:
+            L.append(f"  {g['geometry']:<44} {g['chunks']:>8} chunks {human_bytes(g['bytes']):>11}")
+    if sc.chunks:
+        L.append("age (since written):")
+        peak = max(v["chunks"] for v in ages.values()) or 1
+        for k, v in ages.items():
+            bar = "#" * round(30 * v["chunks"] / peak)
+            L.append(f"  {k:<16} {v['chunks']:>8} {human_bytes(v['bytes']):>11}  {bar}".rstrip())
+    L += [f"warning: {w}" for w in obj["warnings"]]
+    _emit(args, obj, "\n".join(L))
+    return 0
+
+
+def cmd_fsck(args) -> int:
+    roots, opts = resolve(args)
+    if args.buffer_mb < 1:
+        raise AdminError("--buffer-mb must be at least 1")
+    if not 1 <= args.queue_depth <= 32768:
+        raise AdminError("--queue-depth must be in 1..32768")
+    sc = scan(roots)
+    rd = Reader(args.io_engine, args.queue_depth, odirect=not args.no_odirect)
+    t0 = time.perf_counter()
+    problems, counts, nbytes = [], collections.Counter(), 0
+    try:
+        for v in rd.verify(sc.chunks, args.buffer_mb << 20):
+            counts[v.status] += 1
+            if v.status == "ok":
+                nbytes += v.file.size
+                if len(roots) > 1 and expected_path(roots, v.file.digest) != v.file.path:
+                    problems.append(_problem(v.file, "misplaced", "striped to another path with this path list: "
+                                             "unreachable unless the paths are given as when it was written"))
+                continue
+            if v.status == "gone":
+                continue
+            problems.append(_problem(v.file, v.status, v.problem))
+        engine_kind = rd.engine.kind
+        direct = rd.used_direct
+    finally:
+        rd.close()
+    secs = time.perf_counter() - t0
+    now = time.time()
+    for t in sc.temps:
+        if tmp_is_stale(t, now):
+            problems.append(_problem(t, "stale-tmp", "temporary of a writer that is gone"))
+    for o in sc.others:
+        problems.append(_problem(o, "foreign", o.why))
+    if args.repair:
+        for p in problems:
+            if p["kind"] in ("bad", "stale-tmp"):
+                p["removed"], p["note"] = _remove_checked(p)
+    # Errors are what the store would trip over or leak: bad chunks and stale
+    # temporaries. Files of another format version, foreign files and
+    # misplaced chunks are reported but the store never reads them.
+    found = [p for p in problems if p["kind"] in ("bad", "stale-tmp")]
+    left = [p for p in found if not p.get("removed")]
+    code = 0 if not found else (1 if not left else 4)
+    live_tmp = len(sc.temps) - sum(1 for p in problems if p["kind"] == "stale-tmp")
+    obj = {"paths": roots, "checked": len(sc.chunks), "ok": counts["ok"], "bad": counts["bad"],
+           "other_version": counts["version"], "vanished": counts["gone"], "bytes_verified": nbytes,
+           "seconds": round(secs, 3), "gb_per_s": round(nbytes / secs / 1e9, 3) if secs > 0 else None,
+           "engine": engine_kind, "odirect": direct, "live_temporaries": live_tmp, "problems": problems,
+           "repair": args.repair, "exit_status": code, "warnings": _warn_not_store(sc)}
+    L = []
+    for p in problems:
+        tag = {"bad": "BAD", "stale-tmp": "STALE", "foreign": "FOREIGN", "version": "VERSION",
+               "misplaced": "MISPLACED"}[p["kind"]]
+        act = ""
+        if args.repair and p["kind"] in ("bad", "stale-tmp"):
+            act = "  -> removed" if p["removed"] else f"  -> not removed: {p['note']}"
+        L.append(f"{tag:<9} {p['path']}: {p['problem']}{act}")
+    L.append(f"checked {len(sc.chunks)} chunks ({human_bytes(nbytes)} verified) in {secs:.2f} s"
+             + (f", {nbytes / secs / 1e9:.2f} GB/s" if secs > 0 and nbytes else "")
+             + f" with {engine_kind}{' + O_DIRECT' if direct else ''}: "
+             f"{counts['ok']} ok, {counts['bad']} bad"
+             + (f", {counts['version']} of another format version" if counts["version"] else "")
+             + (f", {counts['gone']} removed meanwhile" if counts["gone"] else ""))
+    if live_tmp:
+        L.append(f"{live_tmp} temporaries of running writers (left alone)")
+    if found and not args.repair:
+        L.append("run again with --repair to remove the bad chunks and stale temporaries")
+    L += [f"warning: {w}" for w in obj["warnings"]]
+    _emit(args, obj, "\n".join(L))
+    return code
+
+
+def _problem(f: StoreFile, kind: str, why: str) -> dict:
+    return {"path": f.path, "kind": kind, "problem": why, "size": f.size, "ino": f.ino, "removed": False}
+
+
+def _remove_checked(p: dict) -> tuple[bool, str]:
+    """Unlinks the file that was checked, not one renamed into its place since."""
+    try:
+        st = os.stat(p["path"], follow_symlinks=False)
+    except FileNotFoundError:
+        return True, "already gone"
+    except OSError as e:
+        return False, e.strerror
+    if p["ino"] and st.st_ino != p["ino"]:
+        return False, "replaced by a new file while checking (left alone)"
+    try:
+        os.unlink(p["path"])
+        return True, ""
+    except FileNotFoundError:
+        return True, "already gone"
+    except OSError as e:
+        return False, e.strerror
+
+
+def cmd_gc(args) -> int:
+    roots, _ = resolve(args)
+    if args.to_gb < 0:
+        raise AdminError("--to-gb must be >= 0")
+    target = int(args.to_gb * GIB)
+    sc = scan(roots)
+    before = sum(f.size for f in sc.chunks)
+    usage = before
+    removed, failed = [], []
+    for f in sc.chunks:  # least recently written first
+        if usage <= target:
+            break
+        if not args.dry_run:
+            try:
+                os.unlink(f.path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                failed.append({"path": f.path, "error": e.strerror})
+                continue
+        removed.append({"path": f.path, "size": f.size, "age_s": round(time.time() - f.mtime, 3)})
+        usage -= f.size
+    obj = {"paths": roots, "target_bytes": target, "before_bytes": before, "after_bytes": usage,
+           "chunks_before": len(sc.chunks), "removed_chunks": len(removed),
+           "freed_bytes": before - usage, "dry_run": args.dry_run, "removed": removed, "failed": failed,
+           "warnings": _warn_not_store(sc)}
+    verb = "would remove" if args.dry_run else "removed"
+    L = [f"{verb} {len(removed)} of {len(sc.chunks)} chunks ({human_bytes(before - usage)}): "
+         f"{human_bytes(before)} -> {human_bytes(usage)} (target {human_bytes(target)})"]
+    if removed:
+        L.append(f"oldest removed written {human_age(removed[0]['age_s'])} ago, newest "
+                 f"{human_age(removed[-1]['age_s'])} ago")
+    L += [f"could not remove {x['path']}: {x['error']}" for x in failed]
+    L += [f"warning: {w}" for w in obj["warnings"]]
+    _emit(args, obj, "\n".join(L))
+    return 1 if failed or usage > target else 0

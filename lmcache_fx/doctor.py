@@ -1,0 +1,665 @@
+"""`lmcache-fx doctor`: will the fast path be used on this host, and if not, why?
+
+Checks, for each store path (from --path, or from the plugin entries of an
+LMCache YAML): the io_uring engine (kernel, kernel.io_uring_disabled,
+seccomp), O_DIRECT on the path's filesystem (a real 4 KiB write and read),
+filesystem type and free space against max_capacity_gb, locked-memory limit
+and whether io_uring fixed buffers register, transparent huge pages, the GPU
+driver library and pinned-memory registration, the installed LMCache version,
+and whether the plugin's options parse and its class imports the way LMCache
+loads it. Nothing is created except a 4 KiB probe file, removed at once.
+
+Exit status: 0 the configured fast path will be used (warnings may remain);
+1 it will not (a FAIL line says why and how to fix it); 2 usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import resource
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from . import _fxio
+from .options import GIB, ConfigError, FxOptions
+
+EXAMPLES = """\
+examples:
+  lmcache-fx doctor --path /mnt/nvme/lmcache
+  lmcache-fx doctor --config /etc/lmcache/lmcache.yaml
+  lmcache-fx doctor --config lmcache.yaml --json | jq '.checks[] | select(.status=="fail")'
+  LMCACHE_CONFIG_FILE=lmcache.yaml lmcache-fx doctor
+
+exit status: 0 the configured fast path (io_uring + O_DIRECT, unless the
+options turn them off) will be used; 1 it will not; 2 usage error.
+"""
+
+PLUGIN_MODULE = "lmcache_fx.lmcache_plugin"
+PLUGIN_CLASS = "FxStorageBackend"
+LMCACHE_RANGE = ((0, 5, 6), (0, 6, 0))  # >=0.5.6,<0.6 as in pyproject.toml
+CAP_IPC_LOCK = 14
+PROBE_REGISTER_BYTES = 64 << 20
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | info | warn | fail
+    summary: str
+    fix: str = ""
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
+class PluginConf:
+    """One lmcache-fx entry of an LMCache config."""
+
+    name: str
+    module_path: str
+    class_name: str
+    options: Optional[FxOptions] = None
+    error: str = ""
+
+
+# ---------------------------------------------------------------- LMCache config
+
+
+def load_lmcache_config(path: str):
+    """LMCacheEngineConfig exactly as LMCache builds it: the file, then
+    LMCACHE_* environment overrides. Raises ValueError with a clear line."""
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: no such file")
+    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+    try:
+        from lmcache.v1.config import LMCacheEngineConfig
+    except Exception as e:  # noqa: BLE001 - any import failure is the answer
+        raise ValueError(f"cannot import LMCache to read {path}: {e}")
+    try:
+        cfg = LMCacheEngineConfig.from_file(path)
+        cfg.update_config_from_env()
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{path}: LMCache cannot read it: {type(e).__name__}: {e}")
+    return cfg
+
+
+def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
+    """The lmcache-fx entries of storage_plugins, and warnings about
+    storage_plugin.<name>.* settings LMCache will ignore."""
+    extra = cfg.extra_config or {}
+    listed = list(cfg.storage_plugins or [])
+    out, warns = [], []
+    for n in listed:
+        mp = str(extra.get(f"storage_plugin.{n}.module_path") or "")
+        cn = str(extra.get(f"storage_plugin.{n}.class_name") or "")
+        if "lmcache_fx" in mp or cn == PLUGIN_CLASS:
+            out.append(PluginConf(n, mp, cn))
+    named = {k.split(".")[1] for k in extra if k.startswith("storage_plugin.") and k.count(".") >= 2}
+    for n in sorted(named - set(listed)):
+        if str(extra.get(f"storage_plugin.{n}.module_path", "")).startswith("lmcache_fx"):
+            warns.append(f"extra_config has storage_plugin.{n}.* but storage_plugins does not list '{n}': "
+                         f"LMCache will not load it (add it: storage_plugins: [{n!r}])")
+    return out, warns
+
+
+def check_plugin(pc: PluginConf, cfg) -> None:
+    """What LMCache does before the constructor, then the plugin's own option
+    parsing: fills pc.options or pc.error."""
+    if not pc.module_path or not pc.class_name:
+        pc.error = (f"storage_plugin.{pc.name}.module_path and .class_name must both be set "
+                    f"({PLUGIN_MODULE} / {PLUGIN_CLASS}); LMCache skips the plugin otherwise")
+        return
+    import importlib
+
+    try:
+        mod = importlib.import_module(pc.module_path)
+        getattr(mod, pc.class_name)
+    except Exception as e:  # noqa: BLE001
+        pc.error = (f"LMCache cannot load {pc.module_path}.{pc.class_name}: {type(e).__name__}: {e} "
+                    f"(expected {PLUGIN_MODULE} / {PLUGIN_CLASS})")
+        return
+    from .lmcache_plugin import options_from_extra
+
+    try:
+        pc.options = options_from_extra(cfg.extra_config, f"storage_plugin.{pc.name}.")
+    except ConfigError as e:
+        pc.error = str(e)
+
+
+def load_plugin_configs(path: str) -> list[PluginConf]:
+    """lmcache-fx entries of an LMCache YAML with their options or errors
+    (used by ls/stat/fsck/gc --config). ValueError when unreadable."""
+    from .admin import AdminError
+
+    try:
+        cfg = load_lmcache_config(path)
+    except ValueError as e:
+        raise AdminError(str(e))
+    plugins, _ = plugin_entries(cfg)
+    for pc in plugins:
+        check_plugin(pc, cfg)
+    return plugins
+
+
+# ---------------------------------------------------------------- host facts
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def proc_status() -> dict:
+    out = {}
+    for line in (_read("/proc/self/status") or "").splitlines():
+        k, _, v = line.partition(":")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def kernel_version() -> tuple[str, tuple[int, int]]:
+    rel = os.uname().release
+    try:
+        parts = rel.split("-")[0].split(".")
+        return rel, (int(parts[0]), int(parts[1]))
+    except (ValueError, IndexError):
+        return rel, (0, 0)
+
+
+def has_cap(status: dict, bit: int) -> bool:
+    try:
+        return bool(int(status.get("CapEff", "0"), 16) >> bit & 1)
+    except ValueError:
+        return False
+
+
+def check_io_uring(io_engine: str) -> Check:
+    rel, (maj, mnr) = kernel_version()
+    st = proc_status()
+    disabled = _read("/proc/sys/kernel/io_uring_disabled")
+    group = _read("/proc/sys/kernel/io_uring_group")
+    seccomp = st.get("Seccomp", "?")
+    filters = st.get("Seccomp_filters", "?")
+    data = {"kernel": rel, "io_uring_disabled": disabled, "io_uring_group": group, "seccomp": seccomp,
+            "seccomp_filters": filters, "built_with_liburing": bool(_fxio.HAVE_LIBURING), "io_engine": io_engine}
+    usable, reason = _fxio.io_uring_status()
+    data["usable"], data["reason"] = usable, reason
+    facts = (f"kernel {rel}, kernel.io_uring_disabled={disabled if disabled is not None else 'absent'}, "
+             f"seccomp {'off' if seccomp == '0' else {'1': 'strict', '2': f'filter ({filters} filters)'}.get(seccomp, seccomp)}")
+    if usable:
+        if (maj, mnr) < (5, 15):
+            return Check("io_uring", "warn", f"usable ({facts}); kernels before 5.15 have slower, less tested io_uring",
+                         "upgrade the kernel to 5.15 or later", data)
+        return Check("io_uring", "ok", f"usable ({facts})", data=data)
+    # Why not, most specific first.
+    if not _fxio.HAVE_LIBURING:
+        why = "lmcache-fx was built without liburing (only the thread engine is in it)"
+        fix = "apt-get install liburing-dev, then reinstall lmcache-fx (pip install --force-reinstall .)"
+    elif (maj, mnr) < (5, 6):
+        why = f"kernel {rel} is older than 5.6 (no IORING_OP_READ/WRITE)"
+        fix = "upgrade the kernel (5.15+ recommended)"
+    elif disabled == "2":
+        why = "kernel.io_uring_disabled=2: io_uring is off for everyone"
+        fix = "sysctl -w kernel.io_uring_disabled=0 (and in /etc/sysctl.d to keep it)"
+    elif disabled == "1":
+        why = (f"kernel.io_uring_disabled=1: only CAP_SYS_ADMIN or members of group "
+               f"{group} (kernel.io_uring_group) may use io_uring")
+        fix = "add the server's user to that group, or sysctl -w kernel.io_uring_disabled=0"
+    elif seccomp == "2":
+        why = f"a seccomp filter blocks io_uring_setup ({filters} filter(s); Docker's default profile does this)"
+        fix = ("run the container with a seccomp profile that allows io_uring_setup, io_uring_enter and "
+               "io_uring_register (docker run --security-opt seccomp=PROFILE.json)")
+    else:
+        why = reason
+        fix = "see the reason above"
+    status = "info" if io_engine == "threads" else "fail"
+    summary = f"not usable: {why} [{reason}]"
+    if io_engine == "threads":
+        summary += "; io_engine: threads is configured, so it is not needed"
+    elif io_engine == "auto":
+        summary += "; io_engine: auto will fall back to the thread engine"
+    else:
+        summary += "; io_engine: io_uring will refuse to start the plugin"
+    return Check("io_uring", status, summary, fix, data)
+
+
+def check_versions() -> list[Check]:
+    from importlib import metadata
+
+    out = []
+    try:
+        fxv = metadata.version("lmcache-fx")
+    except metadata.PackageNotFoundError:
+        fxv = "not installed (running from a source tree)"
+    crc = _fxio.CRC32C_IMPL
+    c = Check("lmcache-fx", "ok", f"{fxv}, C engine with {'io_uring and ' if _fxio.HAVE_LIBURING else ''}threads, "
+              f"CRC32C {crc}", data={"version": fxv, "crc32c": crc, "liburing": bool(_fxio.HAVE_LIBURING)})
+    if crc == "table":
+        c.status, c.fix = "warn", "this CPU lacks SSE4.2/ARMv8 CRC: verify: true costs noticeable CPU per GB"
+    out.append(c)
+    try:
+        v = metadata.version("lmcache")
+    except metadata.PackageNotFoundError:
+        out.append(Check("LMCache", "fail", "not installed in this Python", "pip install 'lmcache>=0.5.6,<0.6'"))
+        return out
+    try:
+        t = tuple(int(x) for x in v.split("+")[0].split(".")[:3] if x.isdigit())
+    except ValueError:
+        t = ()
+    lo, hi = LMCACHE_RANGE
+    if t and lo <= t < hi:
+        out.append(Check("LMCache", "ok", f"{v} (supported: >=0.5.6,<0.6)", data={"version": v}))
+    else:
+        out.append(Check("LMCache", "warn", f"{v} is outside the tested range >=0.5.6,<0.6",
+                         "install lmcache 0.5.x (>=0.5.6), or expect interface changes", {"version": v}))
+    return out
+
+
+def check_memlock(pool_bytes: Optional[int]) -> list[Check]:
+    st = proc_status()
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    cap = has_cap(st, CAP_IPC_LOCK)
+
+    def fmt(x):
+        return "unlimited" if x == resource.RLIM_INFINITY else f"{x / (1 << 20):.0f} MiB"
+
+    data = {"memlock_soft": None if soft == resource.RLIM_INFINITY else soft,
+            "memlock_hard": None if hard == resource.RLIM_INFINITY else hard, "cap_ipc_lock": cap,
+            "pool_bytes": pool_bytes}
+    out = [Check("memlock", "ok" if cap or soft == resource.RLIM_INFINITY else "info",
+                 f"RLIMIT_MEMLOCK {fmt(soft)} (hard {fmt(hard)}), CAP_IPC_LOCK {'yes' if cap else 'no'}", data=data)]
+    # Does a fixed buffer register? Try with real memory on a real ring.
+    try:
+        eng = _fxio.Engine("io_uring", 4, 1 << 20)
+    except OSError as e:
+        out.append(Check("fixed buffers", "info", f"not tried: no io_uring ({e})"))
+        return out
+    try:
+        size = PROBE_REGISTER_BYTES
+        buf = _fxio.HostBuffer(size)
+        r = eng.register_buffer(buf.address, size)
+        eng.register_buffer(0, 0)
+    finally:
+        eng.close()
+    data = {"probe_bytes": size, "result": r}
+    if r < 0:
+        return out + [Check("fixed buffers", "warn",
+                            f"a {size >> 20} MiB buffer does not register ({os.strerror(-r)}): reads work, "
+                            "but pin pages per I/O (more CPU per GB)",
+                            "raise the memlock limit (ulimit -l unlimited; docker run --ulimit memlock=-1) or "
+                            "grant CAP_IPC_LOCK", data)]
+    limited = not cap and soft != resource.RLIM_INFINITY
+    if pool_bytes and limited and pool_bytes > soft:
+        return out + [Check("fixed buffers", "warn",
+                            f"a {size >> 20} MiB buffer registers, but LMCache's pool of {pool_bytes / GIB:.1f} GiB "
+                            f"exceeds the memlock limit ({fmt(soft)}) without CAP_IPC_LOCK: it will not register",
+                            "raise the memlock limit above the pool size (ulimit -l unlimited) or grant "
+                            "CAP_IPC_LOCK", data)]
+    note = "" if pool_bytes is None else f"; LMCache's pool ({pool_bytes / GIB:.1f} GiB) fits the limit"
+    return out + [Check("fixed buffers", "ok", f"io_uring fixed buffers register ({size >> 20} MiB tried){note}",
+                        data=data)]
+
+
+def check_hugepages() -> Check:
+    en = _read("/sys/kernel/mm/transparent_hugepage/enabled")
+    de = _read("/sys/kernel/mm/transparent_hugepage/defrag")
+
+    def sel(s):
+        if not s:
+            return None
+        for w in s.split():
+            if w.startswith("["):
+                return w.strip("[]")
+        return s
+
+    mode, defrag = sel(en), sel(de)
+    data = {"thp_enabled": mode, "thp_defrag": defrag}
+    buf = _fxio.HostBuffer(4 << 20, hugepages=False)
+    adv = _fxio.advise_hugepages(buf.address, len(buf))
+    data["madvise_result"] = adv
+    if mode is None:
+        return Check("huge pages", "info", "no transparent huge pages on this kernel", data=data)
+    if mode == "never" or adv < 0:
+        return Check("huge pages", "warn",
+                     f"transparent huge pages are '{mode}': LMCache's pool stays on 4 KiB pages, so large reads "
+                     "are split into smaller requests (up to 7-10x more CPU per GB measured on virtio)",
+                     "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled", data)
+    return Check("huge pages", "ok", f"transparent huge pages '{mode}', defrag '{defrag}': the plugin advises "
+                 "LMCache's pool onto 2 MiB pages", data=data)
+
+
+def check_gpu() -> Check:
+    found = {}
+    for lib in ("libcuda.so.1", "libamdhip64.so"):
+        try:
+            found[lib] = ctypes.CDLL(lib)
+        except OSError:
+            pass
+    data = {"libraries": sorted(found)}
+    if not found:
+        return Check("GPU driver", "info", "no libcuda.so.1 or libamdhip64.so: no GPU driver here; LMCache runs "
+                     "on CPU only (fine for tests, not for serving)", data=data)
+    parts = []
+    count = -1
+    if "libcuda.so.1" in found:
+        cu = found["libcuda.so.1"]
+        r = cu.cuInit(0)
+        n = ctypes.c_int(0)
+        if r == 0:
+            cu.cuDeviceGetCount(ctypes.byref(n))
+            count = n.value
+        parts.append(f"libcuda.so.1 (cuInit {'ok' if r == 0 else f'error {r}'}, {n.value} devices)")
+        data["cuInit"] = r
+    if "libamdhip64.so" in found:
+        hip = found["libamdhip64.so"]
+        n = ctypes.c_int(0)
+        r = hip.hipGetDeviceCount(ctypes.byref(n))
+        parts.append(f"libamdhip64.so (hipGetDeviceCount {'ok' if r == 0 else f'error {r}'}, {n.value} devices)")
+        data["hipGetDeviceCount"] = r
+        count = max(count, n.value if r == 0 else 0)
+    data["devices"] = count
+    if count <= 0:
+        return Check("GPU driver", "warn", f"found {', '.join(parts)} but no usable device",
+                     "check the driver matches the kernel module (nvidia-smi / rocm-smi) and the device is "
+                     "visible in this container", data)
+    pinned = pinned_registration()
+    data["pinned"] = pinned
+    if pinned:
+        return Check("GPU driver", "warn", f"{', '.join(parts)}; pinned registration of host memory failed: {pinned}",
+                     "LMCache's pool is pinned memory: check the memlock limit and the driver", data)
+    return Check("GPU driver", "ok", f"{', '.join(parts)}; host memory registers as pinned", data=data)
+
+
+def pinned_registration() -> str:
+    """'' when host memory registers as pinned with the GPU runtime (the
+    way LMCache's pool is pinned), else why not."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "torch sees no GPU (a CPU-only torch build?)"
+        buf = _fxio.HostBuffer(8 << 20)
+        cudart = torch.cuda.cudart()
+        r = cudart.cudaHostRegister(buf.address, len(buf), 0)
+        if int(r) != 0:
+            return f"cudaHostRegister returned {r}"
+        cudart.cudaHostUnregister(buf.address)
+        return ""
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------- the store path
+
+
+def _nearest_existing(p: str) -> str:
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
+    from .admin import fs_info, human_bytes, scan
+
+    out = []
+    root = os.path.abspath(os.path.expanduser(root))
+    where = _nearest_existing(root)
+    fi = fs_info(where)
+    data = {"path": root, **fi}
+    if os.path.exists(root):
+        if not os.path.isdir(root):
+            return [Check(f"{tag}path", "fail", f"{root} exists and is not a directory: the plugin will not start",
+                          "point path at a directory", data)]
+        st = os.stat(root)
+        if st.st_uid != os.geteuid() and os.geteuid() != 0 and not opts.shared_group:
+            out.append(Check(f"{tag}path", "fail", f"{root} belongs to uid {st.st_uid}, not this user: the plugin "
+                             "refuses it", "use a directory of your own, or shared_group: true", data))
+        elif not os.access(root, os.W_OK | os.X_OK):
+            out.append(Check(f"{tag}path", "fail", f"{root} is not writable by this user: the plugin will not start",
+                             "fix its permissions or pick another path", data))
+        else:
+            out.append(Check(f"{tag}path", "ok", f"{root} on {fi['fstype']} ({fi['device']} at {fi['mountpoint']})",
+                             data=data))
+    elif not os.access(where, os.W_OK | os.X_OK):
+        return [Check(f"{tag}path", "fail", f"{root} does not exist and {where} is not writable: the plugin cannot "
+                      "create it", f"mkdir -p {root} and give it to the server's user", data)]
+    else:
+        out.append(Check(f"{tag}path", "ok", f"{root} does not exist yet; the plugin will create it under {where} "
+                         f"({fi['fstype']})", data=data))
+    # O_DIRECT: a real aligned write and read through the engine.
+    if opts.odirect == "false":
+        out.append(Check(f"{tag}O_DIRECT", "info", "odirect: false is configured: reads go through the page cache"))
+    else:
+        ok, why = probe_odirect(root if os.path.isdir(root) else where)
+        if ok:
+            out.append(Check(f"{tag}O_DIRECT", "ok", f"works on {fi['fstype']} (4 KiB written and read back)"))
+        else:
+            out.append(Check(f"{tag}O_DIRECT", "fail",
+                             f"not usable on {fi['fstype']} at {where}: {why}; "
+                             + ("odirect: true will refuse to start the plugin" if opts.odirect == "true"
+                                else "odirect: auto will use buffered I/O (page cache, more CPU, no fast path)"),
+                             "put the store on a block filesystem (XFS or ext4 on NVMe), or set odirect: false "
+                             "to accept buffered I/O", {"error": why}))
+    # Free space against capacity.
+    if fi["free_bytes"] is not None:
+        used = 0
+        if os.path.isdir(root):
+            try:
+                used = sum(f.size for f in scan([root]).chunks)
+            except Exception:  # noqa: BLE001
+                used = 0
+        cap = opts.max_capacity_bytes
+        room = fi["free_bytes"] + used
+        d = {"free_bytes": fi["free_bytes"], "store_bytes": used, "capacity_bytes": cap}
+        nroots = len(opts.paths)
+        share = cap / nroots  # striping spreads the capacity over the paths
+        if share > room:
+            out.append(Check(f"{tag}space", "warn",
+                             f"{human_bytes(fi['free_bytes'])} free + {human_bytes(used)} in the store < "
+                             f"max_capacity_gb {opts.max_capacity_gb:g}"
+                             + (f" / {nroots} paths" if nroots > 1 else "")
+                             + ": writes will fail with ENOSPC before eviction starts",
+                             f"set max_capacity_gb below {room * nroots / GIB * 0.95:.0f}", d))
+        else:
+            out.append(Check(f"{tag}space", "ok", f"{human_bytes(fi['free_bytes'])} free, {human_bytes(used)} in the "
+                             f"store, max_capacity_gb {opts.max_capacity_gb:g}", data=d))
+    return out
+
+
+def probe_odirect(directory: str) -> tuple[bool, str]:
+    from .store import TMP_MARK
+
+    probe = os.path.join(directory, f"{TMP_MARK}doctor.{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_DIRECT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == 22:
+            return False, "the filesystem refuses O_DIRECT (EINVAL; tmpfs and some FUSE filesystems do)"
+        return False, f"cannot create a probe file: {e.strerror}"
+    eng = _fxio.Engine("auto", 2, 1 << 20)
+    try:
+        buf = _fxio.HostBuffer(8192, hugepages=False)
+        memoryview(buf)[:4096] = bytes(range(256)) * 16
+        w = eng.write([(fd, 0, 4096, buf.address)])[0]
+        if w != 4096:
+            return False, f"O_DIRECT write failed: {os.strerror(-w) if w < 0 else f'{w} bytes'}"
+        r = eng.read([(fd, 0, 4096, buf.address + 4096)])[0]
+        if r != 4096 or bytes(memoryview(buf)[4096:]) != bytes(memoryview(buf)[:4096]):
+            return False, f"O_DIRECT read failed: {os.strerror(-r) if r < 0 else 'wrong data'}"
+        return True, ""
+    finally:
+        eng.close()
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+
+
+def check_engine(opts: FxOptions, tag: str) -> Check:
+    """The engine the plugin will build, built the same way."""
+    from .store import make_engine
+
+    try:
+        eng = make_engine(opts)
+    except ConfigError as e:
+        return Check(f"{tag}engine", "fail", f"the plugin will not start: {e}",
+                     "fix io_uring (see above) or set io_engine: auto")
+    try:
+        kind, why = eng.kind, eng.fallback_reason
+        qd, split = eng.queue_depth, eng.split_bytes
+    finally:
+        eng.close()
+    data = {"engine": kind, "queue_depth": qd, "split_bytes": split, "fallback_reason": why}
+    if kind == "io_uring":
+        return Check(f"{tag}engine", "ok", f"io_uring, queue_depth {qd}, split_bytes {split >> 10} KiB", data=data)
+    if opts.io_engine == "threads":
+        return Check(f"{tag}engine", "info", f"threads (io_engine: threads is configured), queue_depth {qd}",
+                     data=data)
+    return Check(f"{tag}engine", "fail", f"the thread engine will run instead of io_uring: {why}",
+                 "see the io_uring line", data)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str = "doctor") -> None:
+    p.epilog = EXAMPLES
+    p.add_argument("--path", metavar="P", help="store directory (comma-separated for a striped store); "
+                   "default: the path of each lmcache-fx plugin in --config, else the option's default")
+    p.add_argument("--config", metavar="YAML", help="LMCache config file to check the plugin against "
+                   "(default: $LMCACHE_CONFIG_FILE when set)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
+    p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+
+
+def diagnose(path: Optional[str], config: Optional[str]) -> dict:
+    checks: list[Check] = []
+    checks += check_versions()
+    plugins: list[tuple[str, FxOptions]] = []
+    pool_bytes = None
+    if config:
+        try:
+            cfg = load_lmcache_config(config)
+        except ValueError as e:
+            checks.append(Check("config", "fail", str(e), "fix the file; LMCache would not start with it"))
+            cfg = None
+        if cfg is not None:
+            entries, warns = plugin_entries(cfg)
+            checks += [Check("config", "warn", w) for w in warns]
+            try:  # LMCache's pool exists even with local_cpu: false (it is the staging allocator)
+                pool_bytes = int(float(cfg.max_local_cpu_size) * GIB)
+            except (TypeError, ValueError):
+                pool_bytes = None
+            if not entries:
+                checks.append(Check("config", "fail", f"{config}: storage_plugins lists no lmcache-fx plugin",
+                                    "add: storage_plugins: [fx] and extra_config: storage_plugin.fx.module_path: "
+                                    f"{PLUGIN_MODULE}, storage_plugin.fx.class_name: {PLUGIN_CLASS}"))
+            for pc in entries:
+                check_plugin(pc, cfg)
+                if pc.error:
+                    checks.append(Check(f"[{pc.name}] plugin", "fail",
+                                        f"will not load (LMCache would log 'Failed to create backend {pc.name}' "
+                                        f"and run without the tier): {pc.error}",
+                                        "correct the setting named above in the YAML"))
+                    # Still check its path, so one run shows every problem.
+                    raw = (cfg.extra_config or {}).get(f"storage_plugin.{pc.name}.path")
+                    try:
+                        plugins.append((pc.name, FxOptions.from_mapping({"path": raw} if raw else {})))
+                    except ConfigError:
+                        pass
+                else:
+                    checks.append(Check(f"[{pc.name}] plugin", "ok",
+                                        f"loads; options: {_opts_summary(pc.options)}", data=asdict(pc.options)))
+                    plugins.append((pc.name, pc.options))
+    io_engine = plugins[0][1].io_engine if plugins else "auto"
+    checks.append(check_io_uring(io_engine))
+    if path:
+        base = plugins[0][1] if plugins else FxOptions()
+        try:
+            o = FxOptions.from_mapping({**_nondefault(base), "path": path})
+        except ConfigError as e:
+            raise ValueError(f"--path: {e}")
+        plugins = [("", o)]
+    elif not plugins and not config:
+        plugins = [("", FxOptions())]
+        checks.append(Check("config", "info", "no --config: checking the default options on the default path "
+                            f"{FxOptions().path} (give --path or --config)"))
+    for name, o in plugins:
+        tag = f"[{name}] " if name else ""
+        checks.append(check_engine(o, tag))
+        for root in o.paths:
+            checks += check_path(root, o, tag if len(o.paths) == 1 else f"{tag}{root}: ")
+    checks += check_memlock(pool_bytes)
+    checks.append(check_hugepages())
+    checks.append(check_gpu())
+    fails = [c for c in checks if c.status == "fail"]
+    warns = [c for c in checks if c.status == "warn"]
+    if fails:
+        verdict = "the fast path will NOT be used; see the FAIL lines: " + ", ".join(c["name"] if isinstance(c, dict)
+                                                                                      else c.name for c in fails)
+    else:
+        used = []
+        for name, o in plugins:
+            parts = ["io_uring" if o.io_engine != "threads" else "threads"]
+            if o.odirect != "false":
+                parts.append("O_DIRECT")
+            used.append(f"{' + '.join(parts)} on {o.path}")
+        verdict = "the configured fast path will be used: " + "; ".join(used)
+        if warns:
+            verdict += f" ({len(warns)} warning{'s' if len(warns) > 1 else ''})"
+    return {"checks": [asdict(c) for c in checks], "fast_path": not fails, "warnings": len(warns),
+            "verdict": verdict}
+
+
+def _opts_summary(o: FxOptions) -> str:
+    return (f"path {o.path}, max_capacity_gb {o.max_capacity_gb:g}, io_engine {o.io_engine}, queue_depth "
+            f"{o.queue_depth}, split_bytes {o.split_bytes >> 10} KiB, odirect {o.odirect}, verify "
+            f"{str(o.verify).lower()}")
+
+
+def _nondefault(o: FxOptions) -> dict:
+    d = FxOptions()
+    return {k: getattr(o, k) for k in FxOptions.names() if getattr(o, k) != getattr(d, k)}
+
+
+def run(args, parser=None) -> int:
+    config = args.config or os.environ.get("LMCACHE_CONFIG_FILE") or None
+    try:
+        if config and not os.path.isfile(config):
+            raise ValueError(f"{config}: no such file" + ("" if args.config else " (from $LMCACHE_CONFIG_FILE)"))
+        res = diagnose(args.path, config)
+    except ValueError as e:
+        print(f"lmcache-fx doctor: error: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(e)}))
+        return 2
+    code = 0 if res["fast_path"] and not (args.strict and res["warnings"]) else 1
+    res["exit_status"] = code
+    try:
+        _print(res, args.json)
+    except BrokenPipeError:
+        from .admin import quiet_broken_pipe
+
+        quiet_broken_pipe()
+    return code
+
+
+def _print(res: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(res, indent=1))
+        return
+    width = max(len(c["name"]) for c in res["checks"])
+    for c in res["checks"]:
+        print(f"[{c['status'].upper():<4}] {c['name']:<{width}}  {c['summary']}")
+        if c["fix"] and c["status"] in ("warn", "fail"):
+            print(f"{'':>7} {'':<{width}}  fix: {c['fix']}")
+    print(res["verdict"])

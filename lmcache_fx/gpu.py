@@ -1,0 +1,199 @@
+"""File -> GPU reads without GPUDirect Storage: pinned staging, pipelined.
+
+    from lmcache_fx.gpu import GpuReader
+    with GpuReader(device=0) as rd:
+        results = rd.read_into([(fd, file_offset, nbytes, tensor.data_ptr()), ...])
+
+Each op is cut into pieces of `slot_bytes`; a piece is read (io_uring, or C
+threads when the engine has no io_uring) into a page-locked staging slot, and
+as soon as it lands an async host-to-device copy to its place on the GPU is
+queued on a stream, while later reads go on. A slot is refilled only after
+its copy's event completed. Results are per op: bytes copied to the GPU
+(short at end of file) or -errno; -ECANCELED for ops stopped by another op's
+error (cancel_on_error, the default). Every read and copy has finished when
+read_into returns, so the data is visible to any later GPU work.
+
+The driver is found at run time: libcuda.so.1, else ROCm's libamdhip64.so;
+LMCACHE_FX_GPU_DRIVER=/path/lib.so selects another library exporting the
+CUDA driver names (the tests' stand-in, tests/fake_gpu_driver.c, whose
+"device pointers" are host addresses).
+"""
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any, Iterable, Optional, Sequence
+
+from . import _fxio
+
+DEFAULT_SLOTS = 8
+DEFAULT_SLOT_BYTES = 4 << 20
+
+
+def driver_info() -> dict:
+    """{'api': 'cuda'|'hip'|None, 'path', 'devices', 'error'}; loads the driver once."""
+    return _fxio.gpu_driver()
+
+
+def available() -> bool:
+    return driver_info()["api"] is not None
+
+
+def io_uring_can_register(address: int, length: int) -> int:
+    """0 if io_uring can take [address, address+length) as a fixed buffer, else
+    -errno. Tried on a throwaway ring: no engine's registration is touched.
+    Use it on pinned memory (cudaHostAlloc, torch pin_memory) before
+    Engine.register_buffer; see docs/gpu.md for what is known to work."""
+    return _fxio.uring_register_probe(address, length)
+
+
+def _device_index(device: Any) -> int:
+    if device is None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return torch.cuda.current_device()
+        except Exception:
+            pass
+        return 0
+    if isinstance(device, int):
+        return device
+    idx = getattr(device, "index", None)  # torch.device
+    if idx is not None:
+        return int(idx)
+    s = str(device)
+    if ":" in s:
+        return int(s.rsplit(":", 1)[1])
+    return 0
+
+
+class GpuReader:
+    """A staging pool on one GPU and the pipeline that reads through it.
+
+    engine: an lmcache_fx Engine to follow (its io_uring or thread choice);
+    io_engine: 'auto' | 'io_uring' | 'threads' when no engine is given.
+    slots * slot_bytes of host memory is page-locked for the reader's life.
+    One read_into runs at a time per reader (others wait)."""
+
+    def __init__(self, engine=None, device: Any = None, slots: int = DEFAULT_SLOTS,
+                 slot_bytes: int = DEFAULT_SLOT_BYTES, io_engine: str = "auto"):
+        self.device = _device_index(device)
+        self._st = _fxio.GpuStaging(slots=slots, slot_bytes=slot_bytes, device=self.device,
+                                    engine=engine, io_engine=io_engine)
+
+    # -- properties of the staging pool
+    @property
+    def staging(self) -> "_fxio.GpuStaging":
+        return self._st
+
+    @property
+    def pinned(self) -> bool:
+        return self._st.pinned
+
+    @property
+    def io(self) -> str:
+        return self._st.io
+
+    @property
+    def last_error(self) -> Optional[str]:
+        return self._st.last_error
+
+    def stats(self) -> dict:
+        s = dict(self._st.last_stats())
+        s["gb_per_s"] = s["bytes"] / s["wall_ns"] if s["wall_ns"] else 0.0
+        return s
+
+    def trace(self) -> list[tuple]:
+        """(t_ns CLOCK_MONOTONIC, kind, slot, op, piece, value) of the last
+        read_into(trace=True); kinds: read_submit, read_done, copy_issue,
+        copy_done (when the event was seen complete), error."""
+        return self._st.last_trace()
+
+    # -- reads
+    def read_into(self, ops: Sequence[tuple[int, int, int, int]], trace: bool = False,
+                  cancel_on_error: bool = True) -> list[int]:
+        """ops: (fd, file_offset, length, device_address). GIL released."""
+        return self._st.read(ops, trace=trace, cancel_on_error=cancel_on_error)
+
+    def read_tensors(self, path: str, items: Iterable[tuple[int, Any]], odirect: bool = True,
+                     trace: bool = False) -> list[int]:
+        """Fills each contiguous tensor with the file's bytes at file_offset.
+        O_DIRECT is used when asked and the filesystem allows it."""
+        items = list(items)
+        ops_t = []
+        for off, t in items:
+            if not t.is_contiguous():
+                raise ValueError("read_tensors needs contiguous tensors")
+        fd = _open(path, odirect)
+        try:
+            for off, t in items:
+                ops_t.append((fd, int(off), t.numel() * t.element_size(), t.data_ptr()))
+            return self.read_into(ops_t, trace=trace)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self._st.close()
+
+    def __enter__(self) -> "GpuReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _open(path: str, odirect: bool) -> int:
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    if odirect:
+        try:
+            return os.open(path, flags | os.O_DIRECT)
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # tmpfs and friends refuse O_DIRECT
+                raise
+    return os.open(path, flags)
+
+
+def check_results(results: Sequence[int], sizes: Sequence[int], what: str = "read") -> None:
+    """Raises OSError on the first op that failed or came back short."""
+    for i, (r, n) in enumerate(zip(results, sizes)):
+        if r < 0:
+            raise OSError(-r, f"{what}: op {i}: {os.strerror(-r)}")
+        if r != n:
+            raise OSError(errno.EIO, f"{what}: op {i}: {r} of {n} bytes (file too short)")
+
+
+class GpuChunkAllocator:
+    """GPU-resident MemoryObjs for LMCache, the way its GdsBackend makes them:
+    one preallocated GPU tensor carved by LMCache's own allocator, with reads
+    landing there through the pipeline. For the plugin's direct_to_gpu mode
+    (see docs/gpu.md): the plugin's get_allocator_backend() returns an object
+    whose allocate/batched_allocate come from here, and chunk data reads are
+    routed to read_into instead of the engine."""
+
+    def __init__(self, size: int, device: Any = None, engine=None, slots: int = DEFAULT_SLOTS,
+                 slot_bytes: int = DEFAULT_SLOT_BYTES):
+        from lmcache.v1.memory_allocators.gpu_memory_allocator import GPUMemoryAllocator
+
+        idx = _device_index(device)
+        self.allocator = GPUMemoryAllocator(size, device=f"cuda:{idx}", align_bytes=4096)
+        base = self.allocator.tensor
+        self.base, self.size = base.data_ptr(), base.numel() * base.element_size()
+        self.reader = GpuReader(engine=engine, device=idx, slots=slots, slot_bytes=slot_bytes)
+
+    def owns(self, address: int) -> bool:
+        return self.base <= address < self.base + self.size
+
+    def allocate(self, shapes, dtypes, fmt=None, busy_loop: bool = True):
+        from lmcache.v1.memory_management import MemoryFormat
+
+        return self.allocator.allocate(shapes, dtypes, fmt or MemoryFormat.KV_2LTD)
+
+    def batched_allocate(self, shapes, dtypes, batch_size: int, fmt=None, busy_loop: bool = True):
+        from lmcache.v1.memory_management import MemoryFormat
+
+        return self.allocator.batched_allocate(shapes, dtypes, batch_size, fmt or MemoryFormat.KV_2LTD)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.allocator.close()

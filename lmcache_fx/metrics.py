@@ -1,0 +1,272 @@
+"""Prometheus metrics of lmcache-fx stores, read from `store.stats` at scrape
+time (no work on the data path beyond the counters the store keeps anyway).
+
+Two ways out, both from one collector:
+
+* LMCache's own observability: the collector is registered in
+  prometheus_client's global REGISTRY, which LMCache's internal API server
+  serves at /metrics (`internal_api_server_enabled: true`).
+* A port of its own (`metrics_port`): a Prometheus HTTP server on a private
+  registry, so it also works where LMCache runs prometheus_client in
+  multiprocess mode (PROMETHEUS_MULTIPROC_DIR, which only exports
+  file-backed metrics).
+
+Wiring in the plugin is two lines:
+
+    self._metrics = metrics.start_metrics(self.store, name=self.name, port=port)
+    ...
+    self._metrics.close()
+
+Metric names (all labelled store=<plugin name>, path=<store paths>):
+
+    lmcache_fx_read_chunks_total, lmcache_fx_read_bytes_total,
+    lmcache_fx_written_chunks_total, lmcache_fx_written_bytes_total,
+    lmcache_fx_hits_total, lmcache_fx_misses_total, lmcache_fx_corrupt_total,
+    lmcache_fx_evictions_total, lmcache_fx_write_errors_total, lmcache_fx_read_errors_total,
+    lmcache_fx_read_seconds_total (time inside read batches),
+    lmcache_fx_read_batch_seconds (histogram, when the store keeps one),
+    lmcache_fx_read_bandwidth_bytes_per_second (lifetime average),
+    lmcache_fx_usage_bytes, lmcache_fx_capacity_bytes, lmcache_fx_chunks,
+    lmcache_fx_engine_info{engine, odirect, fixed_buffers} = 1
+
+GB/s over a window is best taken in PromQL:
+    rate(lmcache_fx_read_bytes_total[1m]) / rate(lmcache_fx_read_seconds_total[1m])
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from typing import Callable, Optional, Union
+
+log = logging.getLogger("lmcache_fx")
+
+# Upper bounds (seconds) of the read-batch latency histogram. A store keeps
+# counts per bucket (one more for +Inf) in Stats.read_latency_counts.
+READ_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# Stats field -> (metric name without prefix, help). Counters.
+COUNTERS = {
+    "chunks_read": ("read_chunks", "Chunks read from the store and served"),
+    "bytes_read": ("read_bytes", "Payload bytes read from the store and served"),
+    "chunks_written": ("written_chunks", "Chunks written to the store"),
+    "bytes_written": ("written_bytes", "Bytes of chunk files written (header included)"),
+    "hits": ("hits", "Chunks asked for and served"),
+    "misses": ("misses", "Chunks asked for and not served (absent, bad, or no room in the pool)"),
+    "corrupt": ("corrupt", "Chunk files found bad on read (treated as misses and removed)"),
+    "evictions": ("evictions", "Chunks evicted to stay under max_capacity_gb"),
+    "write_errors": ("write_errors", "Chunk writes that failed"),
+    "read_errors": ("read_errors", "Chunk reads that failed with an I/O error (misses, file kept)"),
+    "read_seconds": ("read_seconds", "Seconds spent in read batches"),
+    "read_batches": ("read_batches", "Read batches (one per LMCache retrieve that reaches the store)"),
+}
+
+PREFIX = "lmcache_fx_"
+
+
+def latency_bucket(seconds: float) -> int:
+    """Index into Stats.read_latency_counts for one observation."""
+    return bisect.bisect_left(READ_LATENCY_BUCKETS, seconds)
+
+
+Source = Union[Callable[[], dict], object]
+
+
+def store_snapshot(store) -> dict:
+    """Everything the metrics report about a ChunkStore, as one dict:
+    the Stats counters plus usage, capacity, chunks and the engine in use."""
+    snap = dict(store.stats.snapshot())
+    snap["usage_bytes"] = store.usage_bytes
+    snap["capacity_bytes"] = store.options.max_capacity_bytes
+    snap["chunks"] = len(store)
+    eng = store.engine
+    snap["engine"] = getattr(eng, "kind", "?")
+    snap["odirect"] = bool(getattr(store, "odirect", False))
+    snap["fixed_buffers"] = bool(getattr(eng, "registered", False))
+    snap["path"] = ",".join(getattr(store, "roots", []))
+    return snap
+
+
+def _snap_of(source: Source) -> dict:
+    return source() if callable(source) else store_snapshot(source)
+
+
+def build_metrics(snapshots: dict) -> list:
+    """Prometheus metric families from {store name: snapshot}; a snapshot is
+    store_snapshot()'s dict (fields it lacks are left out)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    labels = ["store", "path"]
+    out = []
+    for field, (name, doc) in COUNTERS.items():
+        fam = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+        for sname, s in snapshots.items():
+            if field in s:
+                fam.add_metric([sname, s.get("path", "")], float(s[field]))
+        if fam.samples:
+            out.append(fam)
+    gauges = {
+        "usage_bytes": "Bytes of chunk files in the store, as this process counts them",
+        "capacity_bytes": "max_capacity_gb in bytes",
+        "chunks": "Chunk files in this process's index",
+    }
+    for field, doc in gauges.items():
+        fam = GaugeMetricFamily(PREFIX + field, doc, labels=labels)
+        for sname, s in snapshots.items():
+            if field in s:
+                fam.add_metric([sname, s.get("path", "")], float(s[field]))
+        if fam.samples:
+            out.append(fam)
+    bw = GaugeMetricFamily(PREFIX + "read_bandwidth_bytes_per_second",
+                           "Payload bytes read per second inside read batches, since start", labels=labels)
+    for sname, s in snapshots.items():
+        if s.get("read_seconds"):
+            bw.add_metric([sname, s.get("path", "")], s.get("bytes_read", 0) / s["read_seconds"])
+    if bw.samples:
+        out.append(bw)
+    info = GaugeMetricFamily(PREFIX + "engine_info", "The I/O engine in use (value is always 1)",
+                             labels=labels + ["engine", "odirect", "fixed_buffers"])
+    for sname, s in snapshots.items():
+        if "engine" in s:
+            info.add_metric([sname, s.get("path", ""), str(s["engine"]), str(bool(s.get("odirect"))).lower(),
+                             str(bool(s.get("fixed_buffers"))).lower()], 1.0)
+    if info.samples:
+        out.append(info)
+    hist = HistogramMetricFamily(PREFIX + "read_batch_seconds", "Latency of read batches", labels=labels)
+    for sname, s in snapshots.items():
+        counts = s.get("read_latency_counts")
+        if not counts or len(counts) != len(READ_LATENCY_BUCKETS) + 1:
+            continue
+        cum, buckets = 0, []
+        for bound, c in zip(list(READ_LATENCY_BUCKETS) + [float("inf")], counts):
+            cum += c
+            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), float(cum)))
+        hist.add_metric([sname, s.get("path", "")], buckets, float(s.get("read_seconds", 0.0)))
+    if hist.samples:
+        out.append(hist)
+    return out
+
+
+class FxCollector:
+    """A prometheus_client collector over any number of stores."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sources: dict[str, Source] = {}
+
+    def add(self, name: str, source: Source) -> None:
+        with self._lock:
+            self._sources[name] = source
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            self._sources.pop(name, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sources)
+
+    def collect(self):
+        with self._lock:
+            sources = dict(self._sources)
+        snaps = {}
+        for name, src in sources.items():
+            try:
+                snaps[name] = _snap_of(src)
+            except Exception as e:  # a scrape must never take the server down
+                log.debug("lmcache-fx: metrics of %s unavailable: %s", name, e)
+        return build_metrics(snaps)
+
+    def describe(self):
+        return []  # unchecked collector: names depend on what the stores report
+
+
+_lock = threading.Lock()
+_global: Optional[FxCollector] = None  # in prometheus_client.REGISTRY
+_servers: dict[int, tuple] = {}  # port -> (server, thread, FxCollector, users)
+
+
+def global_collector() -> FxCollector:
+    """The collector registered in prometheus_client's global REGISTRY."""
+    global _global
+    with _lock:
+        if _global is None:
+            from prometheus_client import REGISTRY
+
+            _global = FxCollector()
+            REGISTRY.register(_global)
+        return _global
+
+
+class MetricsHandle:
+    """What start_metrics returns; close() takes the store out of the metrics."""
+
+    def __init__(self, name: str, port: int):
+        self.name, self.port = name, port
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        global_collector().remove(self.name)
+        if not self.port:
+            return
+        with _lock:
+            entry = _servers.get(self.port)
+            if entry is None:
+                return
+            server, thread, coll, users = entry
+            coll.remove(self.name)
+            if users > 1:
+                _servers[self.port] = (server, thread, coll, users - 1)
+                return
+            del _servers[self.port]
+        server.shutdown()
+        server.server_close()
+
+
+def start_metrics(source: Source, name: str = "fx", port: int = 0, addr: str = "0.0.0.0") -> MetricsHandle:
+    """Exposes a store's metrics: always in the global REGISTRY (LMCache's
+    /metrics), and on http://addr:port/metrics when port > 0. Stores in one
+    process share a port. A port that cannot be bound is logged, not raised:
+    metrics must never stop the cache."""
+    global_collector().add(name, source)
+    h = MetricsHandle(name, 0)
+    if port:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        with _lock:
+            entry = _servers.get(port)
+            if entry is not None:
+                server, thread, coll, users = entry
+                coll.add(name, source)
+                _servers[port] = (server, thread, coll, users + 1)
+                h.port = port
+                return h
+            coll = FxCollector()
+            coll.add(name, source)
+            reg = CollectorRegistry(auto_describe=False)
+            reg.register(coll)
+            try:
+                server, thread = start_http_server(port, addr=addr, registry=reg)
+            except OSError as e:
+                log.error("lmcache-fx: metrics_port %d: cannot listen on %s:%d (%s); Prometheus metrics are "
+                          "off for '%s' (they are still in LMCache's /metrics)", port, addr, port, e.strerror or e,
+                          name)
+                return h
+            _servers[port] = (server, thread, coll, 1)
+            h.port = port
+        log.info("lmcache-fx: Prometheus metrics of '%s' on http://%s:%d/metrics", name, addr, port)
+    return h
+
+
+def render(source: Source, name: str = "fx") -> str:
+    """The text exposition of one store's metrics (tests, debugging)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    coll = FxCollector()
+    coll.add(name, source)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(coll)
+    return generate_latest(reg).decode()
