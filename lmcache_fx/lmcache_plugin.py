@@ -90,6 +90,22 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dt
 
 
+def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
+    """A MemoryObj for a chunk from LMCache's pool, as (obj, address, bytes)
+    for ChunkStore reads; None when the pool is full or the meta is foreign."""
+    try:
+        shapes = [torch.Size(s) for s in meta.shapes]
+        dtypes = [_torch_dtype(d) for d in meta.dtypes]
+        fmt = MemoryFormat[meta.fmt]
+    except (KeyError, ValueError) as e:
+        log.warning("lmcache-fx: chunk meta not usable here (%s); miss", e)
+        return None
+    obj = local_cpu_backend.allocate(shapes, dtypes, fmt, busy_loop=busy_loop)
+    if obj is None:
+        return None
+    return obj, obj.data_ptr, obj.get_size()
+
+
 class FxStorageBackend(StoragePluginInterface):
     def __init__(self, config=None, dst_device: str = "cpu", metadata=None, local_cpu_backend=None, loop=None):
         super().__init__(dst_device="cpu", config=config, metadata=metadata,
@@ -178,17 +194,7 @@ class FxStorageBackend(StoragePluginInterface):
 
     # ------------------------------------------------------------ reads
     def _allocate(self, meta: ChunkMeta, busy_loop: bool = True):
-        try:
-            shapes = [torch.Size(s) for s in meta.shapes]
-            dtypes = [_torch_dtype(d) for d in meta.dtypes]
-            fmt = MemoryFormat[meta.fmt]
-        except (KeyError, ValueError) as e:
-            log.warning("lmcache-fx: chunk meta not usable here (%s); miss", e)
-            return None
-        obj = self.local_cpu_backend.allocate(shapes, dtypes, fmt, busy_loop=busy_loop)
-        if obj is None:
-            return None
-        return obj, obj.data_ptr, obj.get_size()
+        return allocate_from(self.local_cpu_backend, meta, busy_loop)
 
     @staticmethod
     def _release(obj: MemoryObj) -> None:

@@ -30,13 +30,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional
 
-import torch
 from lmcache.utils import CacheEngineKey
-from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .chunkfile import ChunkMeta
-from .lmcache_plugin import _torch_dtype, meta_of, options_from_extra, plugin_name
+from .lmcache_plugin import allocate_from, meta_of, options_from_extra, plugin_name
 from .options import ConfigError
 from .store import ChunkStore
 
@@ -112,18 +111,8 @@ class FxRemoteConnector(RemoteConnector):
 
     # ------------------------------------------------------------ reads
     def _allocate(self, meta: ChunkMeta):
-        try:
-            shapes = [torch.Size(s) for s in meta.shapes]
-            dtypes = [_torch_dtype(d) for d in meta.dtypes]
-            fmt = MemoryFormat[meta.fmt]
-        except (KeyError, ValueError) as e:
-            log.warning("lmcache-fx: chunk meta not usable here (%s); miss", e)
-            return None
         # busy_loop=False: this runs on LMCache's event loop, which must not spin.
-        obj = self.local_cpu_backend.allocate(shapes, dtypes, fmt, busy_loop=False)
-        if obj is None:
-            return None
-        return obj, obj.data_ptr, obj.get_size()
+        return allocate_from(self.local_cpu_backend, meta, busy_loop=False)
 
     @staticmethod
     def _release(obj: MemoryObj) -> None:
