@@ -36,7 +36,7 @@ from lmcache.v1.platform import create_event_notifier
 
 from .chunkfile import HEADER_SIZE, ChunkMeta
 from .lmcache_plugin import meta_of
-from .options import ConfigError, FxOptions
+from .options import FxOptions
 from .store import ChunkStore
 
 if TYPE_CHECKING:
