@@ -59,7 +59,7 @@ class ChunkMeta:
             shapes = tuple(tuple(int(x) for x in s) for s in d["shapes"])
             dtypes = tuple(str(x) for x in d["dtypes"])
             fmt = str(d["fmt"])
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:  # int(Infinity) overflows
             raise BadHeader(f"bad meta: {e}") from None
         if not shapes or len(shapes) != len(dtypes) or any(x < 0 for s in shapes for x in s):
             raise BadHeader("bad meta: shapes and dtypes do not match")
@@ -111,8 +111,8 @@ def decode_header(buf) -> Header:
     try:
         d = json.loads(bytes(mv[_FIXED.size:_FIXED.size + mlen]))
         key = d["key"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise BadHeader(f"bad meta: {e}") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # deep nesting exhausts the stack
+        raise BadHeader(f"bad meta: {type(e).__name__}") from None
     if not isinstance(key, str) or not isinstance(d, dict):
         raise BadHeader("bad meta: key is not a string")
     return Header(key, ChunkMeta.from_json(d), plen, pcrc, created)

@@ -25,6 +25,7 @@ from typing import Optional
 
 from . import _fxio
 from .options import GIB, ConfigError, FxOptions
+from .store import root_problem
 
 EXAMPLES = """\
 examples:
@@ -418,13 +419,10 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
         if not os.path.isdir(root):
             return [Check(f"{tag}path", "fail", f"{root} exists and is not a directory: the plugin will not start",
                           "point path at a directory", data)]
-        st = os.stat(root)
-        if st.st_uid != os.geteuid() and os.geteuid() != 0 and not opts.shared_group:
-            out.append(Check(f"{tag}path", "fail", f"{root} belongs to uid {st.st_uid}, not this user: the plugin "
-                             "refuses it", "use a directory of your own, or shared_group: true", data))
-        elif not os.access(root, os.W_OK | os.X_OK):
-            out.append(Check(f"{tag}path", "fail", f"{root} is not writable by this user: the plugin will not start",
-                             "fix its permissions or pick another path", data))
+        why = root_problem(root, os.stat(root), opts.shared_group)
+        if why:
+            out.append(Check(f"{tag}path", "fail", f"{why}: the plugin will not start",
+                             "use a directory of your own (chmod 700), or shared_group: true for a group store", data))
         else:
             out.append(Check(f"{tag}path", "ok", f"{root} on {fi['fstype']} ({fi['device']} at {fi['mountpoint']})",
                              data=data))

@@ -44,7 +44,7 @@ def _parse_number(name: str, v, kind, lo, hi):
         x = kind(v)
         if kind is int and isinstance(v, float) and v != x:
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{name}: expected {'an integer' if kind is int else 'a number'}, got {v!r}") from None
     if not (lo <= x <= hi):
         raise ConfigError(f"{name}: {x} is out of range [{lo}, {hi}]")
@@ -60,7 +60,7 @@ def _parse_size(name: str, v, lo, hi) -> int:
             s = s[:-1]
         try:
             v = int(float(s) * mult)
-        except ValueError:
+        except (ValueError, OverflowError):
             raise ConfigError(f"{name}: expected bytes like 1048576 or '1M', got {v!r}") from None
     return _parse_number(name, v, int, lo, hi)
 

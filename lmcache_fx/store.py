@@ -30,6 +30,7 @@ from .chunkfile import (
     decode_header,
     encode_header,
 )
+from .metrics import READ_LATENCY_BUCKETS, latency_bucket
 from .options import ConfigError, FxOptions
 
 log = logging.getLogger("lmcache_fx")
@@ -58,17 +59,29 @@ class Stats:
         self.lock = threading.Lock()
         self.chunks_read = self.bytes_read = 0
         self.chunks_written = self.bytes_written = 0
-        self.hits = self.misses = self.corrupt = self.evictions = self.write_errors = 0
+        self.hits = self.misses = self.corrupt = self.evictions = self.write_errors = self.read_errors = 0
         self.read_seconds = 0.0
+        self.read_batches = 0
+        self.read_latency_counts = [0] * (len(READ_LATENCY_BUCKETS) + 1)  # a histogram, +Inf last
 
     def add(self, **kw):
         with self.lock:
             for k, v in kw.items():
                 setattr(self, k, getattr(self, k) + v)
 
+    def observe_read(self, seconds: float, **kw) -> None:
+        """Counts one read batch and its latency along with other counters."""
+        i = latency_bucket(seconds)
+        with self.lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
+            self.read_batches += 1
+            self.read_seconds += seconds
+            self.read_latency_counts[i] += 1
+
     def snapshot(self) -> dict:
         with self.lock:
-            return {k: v for k, v in vars(self).items() if k != "lock"}
+            return {k: (list(v) if isinstance(v, list) else v) for k, v in vars(self).items() if k != "lock"}
 
 
 class ChunkStore:
@@ -77,10 +90,6 @@ class ChunkStore:
         self.roots = [os.path.abspath(p) for p in options.paths]
         self.file_mode = 0o660 if options.shared_group else 0o600
         self.dir_mode = 0o770 if options.shared_group else 0o700
-        for root in self.roots:
-            self._prepare_root(root)
-        self.engine = engine or make_engine(options)
-        self.odirect = self._decide_odirect()
         self._lock = threading.RLock()
         self._index: "OrderedDict[str, Entry]" = OrderedDict()  # digest -> entry, LRU first
         self._pins: dict[str, int] = {}
@@ -90,26 +99,49 @@ class ChunkStore:
         self._tmp_seq = 0
         self._enospc_until = 0.0
         self._enospc_count = 0
+        self._io_warn_until = 0.0
+        self._io_warn_quiet = 0
         self._hdr_pool: list = []
         self.stats = Stats()
-        self._scan()
+        self.engine = None
+        created: list[str] = []
+        try:  # nothing half-starts: on any error, undo what was made here
+            for root in self.roots:
+                self._prepare_root(root, created)
+            self.engine = engine or make_engine(options)
+            self.odirect = self._decide_odirect()
+            self._scan()
+        except BaseException:
+            if self.engine is not None and engine is None:
+                self.engine.close()
+            for d in reversed(created):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
+            raise
 
     # ------------------------------------------------------------ start-up
-    def _prepare_root(self, root: str) -> None:
+    def _prepare_root(self, root: str, created: list) -> None:
+        missing = []  # directories this call creates, deepest first
+        p = root
+        while not os.path.lexists(p) and p != os.path.dirname(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        if not os.path.isdir(p):
+            raise ConfigError(f"path: {p!r} exists and is not a directory; pick a directory")
         try:
             os.makedirs(root, mode=self.dir_mode, exist_ok=True)
+            if missing and self.options.shared_group:
+                os.chmod(root, self.dir_mode)  # the umask may have removed group bits
             st = os.stat(root)
         except OSError as e:
             raise ConfigError(f"path: cannot create or open the store directory {root!r}: {e.strerror}") from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise ConfigError(f"path: {root!r} is not a directory")
-        if st.st_uid != os.geteuid() and os.geteuid() != 0 and not self.options.shared_group:
-            raise ConfigError(
-                f"path: {root!r} belongs to uid {st.st_uid}, not to this user; use a directory of your own "
-                "or set shared_group: true for a store shared by a group"
-            )
-        if not os.access(root, os.W_OK | os.X_OK):
-            raise ConfigError(f"path: {root!r} is not writable by this user; fix its permissions or pick another")
+        finally:
+            created.extend(d for d in reversed(missing) if os.path.isdir(d))
+        why = root_problem(root, st, self.options.shared_group)
+        if why:
+            raise ConfigError(f"path: {why}")
 
     def _decide_odirect(self) -> bool:
         mode = self.options.odirect
@@ -198,7 +230,11 @@ class ChunkStore:
                 return e
         path = self.path_for(d)
         try:
-            st = os.stat(path, follow_symlinks=False)
+            dfd = _open_dir(os.path.dirname(path))
+            try:
+                st = os.stat(os.path.basename(path), dir_fd=dfd, follow_symlinks=False)
+            finally:
+                os.close(dfd)
         except OSError:
             return None
         if not stat.S_ISREG(st.st_mode):
@@ -385,6 +421,16 @@ class ChunkStore:
             except OSError as e:
                 self._write_failed(None, -e.errno)
                 return "", -1
+            else:
+                if self.options.shared_group:  # past the umask
+                    try:
+                        dfd = _open_dir(sub)
+                        try:
+                            os.fchmod(dfd, self.dir_mode)
+                        finally:
+                            os.close(dfd)
+                    except OSError:
+                        pass
             self._made_dirs.add(sub)
         with self._lock:
             self._tmp_seq += 1
@@ -394,10 +440,20 @@ class ChunkStore:
         if self.odirect:
             flags |= os.O_DIRECT
         try:
-            return tmp, os.open(tmp, flags, self.file_mode)
+            fd = _open_in(tmp, flags, self.file_mode)
         except OSError as e:
-            self._write_failed(None, -e.errno)
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                self.stats.add(write_errors=1)
+                self._io_warning("lmcache-fx: %s is not a directory (a planted symlink?); not storing there", sub)
+            else:
+                self._write_failed(None, -e.errno)
             return "", -1
+        if self.options.shared_group:
+            try:
+                os.fchmod(fd, self.file_mode)  # past the umask
+            except OSError:
+                pass
+        return tmp, fd
 
     def _write_failed(self, tmp: Optional[str], res: int) -> None:
         if tmp:
@@ -406,7 +462,20 @@ class ChunkStore:
         if res == -errno.ENOSPC or res == -errno.EDQUOT:
             self._count_enospc(1)
         else:
-            log.warning("lmcache-fx: store failed: %s", os.strerror(-res) if res < 0 else f"short write ({res})")
+            self._io_warning("lmcache-fx: store failed: %s", os.strerror(-res) if res < 0 else f"short write ({res})")
+
+    def _io_warning(self, msg: str, *args) -> None:
+        """A failing device fails every chunk: one warning per 5 s, with a count."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._io_warn_until:
+                self._io_warn_quiet += 1
+                return
+            quiet, self._io_warn_quiet = self._io_warn_quiet, 0
+            self._io_warn_until = now + 5.0
+        if quiet:
+            msg += f" ({quiet} more I/O errors in the last 5 s not logged)"
+        log.warning(msg, *args)
 
     def _count_enospc(self, n: int) -> None:
         """One error per burst of full-disk failures, not one per chunk."""
@@ -508,10 +577,11 @@ class ChunkStore:
             hits = sum(1 for o in out if o is not None)
             with self._lock:
                 for i, o in enumerate(out):
-                    if o is not None:
-                        self._index.move_to_end(chunk_digest(keys[i]), last=True)
-            self.stats.add(chunks_read=hits, bytes_read=nbytes, hits=hits, misses=n - hits,
-                           read_seconds=time.perf_counter() - t0)
+                    d = chunk_digest(keys[i])
+                    if o is not None and d in self._index:  # evicted meanwhile by another thread: still a hit
+                        self._index.move_to_end(d, last=True)
+            self.stats.observe_read(time.perf_counter() - t0, chunks_read=hits, bytes_read=nbytes, hits=hits,
+                                    misses=n - hits)
             # Handles allocated for chunks that failed go back to the caller to free.
             failed = [allocs[i][0] for i in range(n) if allocs[i] is not None and out[i] is None]
             return out, failed
@@ -524,15 +594,18 @@ class ChunkStore:
         if self.odirect:
             flags |= os.O_DIRECT
         try:
-            return os.open(path, flags)
-        except OSError:
+            return _open_in(path, flags)
+        except OSError as e:
             # Gone (evicted or removed by another process): a miss.
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                self._io_warning("lmcache-fx: cannot open %s (%s); treating it as a miss", path, e.strerror)
             self._drop(chunk_digest_of_path(path), unlink=False)
             return -1
 
     def _check_header(self, key: str, e: Entry, mv, res: int):
         if res != HEADER_SIZE:
-            self._corrupt(key, e, f"header read returned {res}", remove=res >= 0)
+            self._corrupt(key, e, f"header read returned {res} bytes" if res >= 0
+                          else f"header read failed: {os.strerror(-res)}", remove=res >= 0)
             return None
         try:
             h = decode_header(mv)
@@ -548,9 +621,12 @@ class ChunkStore:
         return h
 
     def _corrupt(self, key: str, e: Entry, why: str, remove: bool = True) -> None:
-        log.warning("lmcache-fx: chunk file %s is bad (%s); treating it as a miss%s", e.path, why,
-                    " and removing it" if remove else "")
-        self.stats.add(corrupt=1)
+        if remove:
+            log.warning("lmcache-fx: chunk file %s is bad (%s); treating it as a miss and removing it", e.path, why)
+            self.stats.add(corrupt=1)
+        else:  # a read error, not bad data: the file is kept, and a failing device warns once per burst
+            self._io_warning("lmcache-fx: reading chunk file %s failed (%s); treating it as a miss", e.path, why)
+            self.stats.add(read_errors=1)
         self._drop(chunk_digest(key), unlink=remove, expect_path=e.path)
 
     def read(self, keys: Sequence[str], allocate, release: Callable[[object], None]) -> list[Optional[object]]:
@@ -565,12 +641,42 @@ class ChunkStore:
         self.engine.close()
 
 
+def root_problem(root: str, st: os.stat_result, shared_group: bool) -> Optional[str]:
+    """Why an existing store directory is refused (the store and doctor agree), or None."""
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{root!r} is not a directory"
+    # Root too: a directory another user controls could hold links that make root write anywhere.
+    if st.st_uid != os.geteuid() and not shared_group:
+        return (f"{root!r} belongs to uid {st.st_uid}, not to this user; use a directory of your own "
+                "or set shared_group: true for a store shared by a group")
+    if st.st_mode & stat.S_IWOTH:
+        return (f"{root!r} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): anyone could plant "
+                "chunk files there; use a directory of your own (chmod 700) or a group one with shared_group: true")
+    if not os.access(root, os.W_OK | os.X_OK):
+        return f"{root!r} is not writable by this user; fix its permissions or pick another"
+    return None
+
+
 def _round_up(n: int, align: int) -> int:
     return (n + align - 1) // align * align
 
 
 def chunk_digest_of_path(path: str) -> str:
     return os.path.basename(path)[:32]
+
+
+def _open_dir(path: str) -> int:
+    """A fan-out directory, refusing a symlink planted in its place (ELOOP)."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _open_in(path: str, flags: int, mode: int = 0o600) -> int:
+    """os.open of <root>/<ab>/<name> that follows no symlink below the root."""
+    dfd = _open_dir(os.path.dirname(path))
+    try:
+        return os.open(os.path.basename(path), flags | os.O_NOFOLLOW, mode, dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def _unlink_quiet(path: str) -> bool:

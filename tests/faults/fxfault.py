@@ -1,0 +1,539 @@
+"""Helpers and child processes for tests/test_reliability.py.
+
+Run as a child: `python tests/faults/fxfault.py <role> <json-args>`; the child
+prints lines (READY, DONE <i>, RESULT <json>) with flush, so a parent can kill
+it at any moment and still know what it reported.
+
+Payloads are deterministic: bytes 0..31 are a stamp (key digest, rank,
+version), the rest comes from a PRNG seeded by the stamp, so any buffer can be
+checked whole against what its stamp claims: a torn or foreign chunk is caught.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import random
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from lmcache_fx import _fxio  # noqa: E402
+from lmcache_fx.chunkfile import SUFFIX, ChunkMeta, chunk_digest  # noqa: E402
+from lmcache_fx.options import FxOptions  # noqa: E402
+from lmcache_fx.store import TMP_MARK, ChunkStore  # noqa: E402
+
+STAMP = struct.Struct("<16sII8x")  # key digest, rank, version
+
+
+def key_digest(key: str) -> bytes:
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def payload(key: str, nbytes: int, version: int = 0, rank: int = 0) -> bytes:
+    stamp = STAMP.pack(key_digest(key), rank, version)
+    rest = random.Random(stamp).randbytes(max(nbytes - len(stamp), 0))
+    return (stamp + rest)[:nbytes]
+
+
+def meta_for(nbytes: int) -> ChunkMeta:
+    return ChunkMeta(((nbytes,),), ("uint8",), "KV_2LTD")
+
+
+def check(key: str, data, rank: int | None = None) -> str:
+    """'ok', or why the bytes are not a whole chunk of this key."""
+    data = bytes(data)
+    if len(data) < STAMP.size:
+        return "short"
+    kd, r, v, = STAMP.unpack_from(data, 0)
+    if kd != key_digest(key):
+        return "foreign-key"
+    if rank is not None and r != rank:
+        return "foreign-rank"
+    if data != payload(key, len(data), v, r):
+        return "torn"
+    return "ok"
+
+
+class Chunks:
+    """Source buffers for writes: keeps HostBuffers alive for the batch."""
+
+    def __init__(self):
+        self.bufs = []
+
+    def item(self, key: str, nbytes: int, version: int = 0, rank: int = 0):
+        hb = _fxio.HostBuffer(max(nbytes, 1), hugepages=False)
+        memoryview(hb)[:nbytes] = payload(key, nbytes, version, rank)
+        self.bufs.append(hb)
+        return (key, hb.address, nbytes, meta_for(nbytes))
+
+
+def allocator():
+    """allocate(meta) for ChunkStore.read: one HostBuffer per chunk."""
+
+    def allocate(meta: ChunkMeta):
+        n = 1
+        for x in meta.shapes[0]:
+            n *= x
+        if n <= 0 or n > (1 << 30):
+            return None
+        hb = _fxio.HostBuffer(n, hugepages=False)
+        return hb, hb.address, n
+
+    return allocate
+
+
+def read_check(store: ChunkStore, keys, rank: int | None = None) -> tuple[int, int, list]:
+    """Reads keys; returns (hits, misses, [(key, problem)] for wrong chunks)."""
+    got = store.read(list(keys), allocator(), lambda h: None)
+    hits = misses = 0
+    bad = []
+    for k, h in zip(keys, got):
+        if h is None:
+            misses += 1
+            continue
+        hits += 1
+        why = check(k, memoryview(h), rank)
+        if why != "ok":
+            bad.append((k, why))
+    return hits, misses, bad
+
+
+def open_store(path: str, **opts) -> ChunkStore:
+    o = FxOptions.from_mapping({"path": path, **opts})
+    return ChunkStore(o)
+
+
+def chunk_files(path: str) -> list[str]:
+    out = []
+    for d in os.scandir(path):
+        if d.is_dir(follow_symlinks=False) and len(d.name) == 2:
+            out += [e.path for e in os.scandir(d.path) if e.name.endswith(SUFFIX)]
+    return out
+
+
+def tmp_files(path: str) -> list[str]:
+    out = []
+    for d in os.scandir(path):
+        if d.is_dir(follow_symlinks=False) and len(d.name) == 2:
+            out += [e.path for e in os.scandir(d.path) if TMP_MARK in e.name]
+    return out
+
+
+class LogCount(logging.Handler):
+    """Counts lmcache_fx log records by level (pytest runs with -p no:logging)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def count(self, level: int, needle: str = "") -> int:
+        return sum(1 for r in self.records if r.levelno == level and needle in r.getMessage())
+
+    def __enter__(self):
+        lg = logging.getLogger("lmcache_fx")
+        self._old = lg.level
+        lg.setLevel(logging.DEBUG)
+        lg.addHandler(self)
+        return self
+
+    def __exit__(self, *a):
+        lg = logging.getLogger("lmcache_fx")
+        lg.removeHandler(self)
+        lg.setLevel(self._old)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def rings() -> int:
+    """io_uring instances open in this process (the engine pools them)."""
+    n = 0
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            n += "io_uring" in os.readlink(f"/proc/self/fd/{f}")
+        except OSError:
+            pass
+    return n
+
+
+def os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+# --------------------------------------------------------------- seccomp
+def deny_io_uring(err: int = 1) -> None:
+    """Installs a seccomp filter failing io_uring_setup/enter/register with
+    errno `err` (1 = EPERM, as Docker's default profile; 38 = ENOSYS)."""
+    import platform
+
+    arch = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[platform.machine()]
+    LD, JEQ, RET = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    allow, deny = 0x7FFF0000, 0x00050000 | err
+    prog = [
+        (LD, 0, 0, 4),  # arch
+        (JEQ, 0, 5, arch),
+        (LD, 0, 0, 0),  # syscall number
+        (JEQ, 2, 0, 425),  # io_uring_setup
+        (JEQ, 1, 0, 426),  # io_uring_enter
+        (JEQ, 0, 1, 427),  # io_uring_register
+        (RET, 0, 0, deny),
+        (RET, 0, 0, allow),
+    ]
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    arr = (SockFilter * len(prog))(*[SockFilter(*p) for p in prog])
+    fprog = SockFprog(len(prog), arr)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    if libc.prctl(38, 1, None, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    if libc.prctl(22, 2, ctypes.cast(ctypes.byref(fprog), ctypes.c_void_p), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
+        raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+
+
+# --------------------------------------------------------------- loop devices
+def _run(*cmd):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@contextmanager
+def failing_xfs(size_outer="400M", size_inner="320M"):
+    """XFS on a loop device whose backing file lives on a second XFS (itself on
+    a /dev/shm loop). Yields (mountpoint, fail): fail() shuts the outer
+    filesystem down, so every block I/O of the inner device returns EIO -
+    a real device-level error under the store's filesystem. Removes only what
+    it made."""
+    import tempfile
+
+    work = tempfile.mkdtemp(prefix="fx-eio-", dir="/dev/shm")
+    outer_img = os.path.join(work, "outer.img")
+    outer_mnt, inner_mnt = os.path.join(work, "outer"), os.path.join(work, "inner")
+    os.makedirs(outer_mnt)
+    os.makedirs(inner_mnt)
+    made = []  # undo steps, last first
+    try:
+        with open(outer_img, "wb") as f:
+            f.truncate(int(size_outer[:-1]) << 20)
+        a = _run("losetup", "-f", "--show", outer_img)
+        made.append(("losetup", "-d", a))
+        _run("mkfs.xfs", "-q", "-f", a)
+        _run("mount", a, outer_mnt)
+        made.append(("umount", outer_mnt))
+        inner_img = os.path.join(outer_mnt, "inner.img")
+        with open(inner_img, "wb") as f:
+            f.truncate(int(size_inner[:-1]) << 20)
+        b = _run("losetup", "-f", "--show", inner_img)
+        made.append(("losetup", "-d", b))
+        _run("mkfs.xfs", "-q", "-f", b)
+        _run("mount", b, inner_mnt)
+        made.append(("umount", inner_mnt))
+
+        def fail():
+            _run("xfs_io", "-x", "-c", "shutdown", outer_mnt)
+
+        yield inner_mnt, fail
+    finally:
+        for cmd in reversed(made):
+            subprocess.run(cmd, check=False, capture_output=True)
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --------------------------------------------------------------- children
+def out(*a):
+    print(*a, flush=True)
+
+
+def child_writer(a):
+    """Stores chunks of one trial until killed (or done); DONE <i> after each
+    completed store."""
+    store = open_store(a["path"], **a.get("opts", {}))
+    rng = random.Random(a["seed"])
+    out("READY")
+    i = 0
+    while i < a["n"]:
+        batch = []
+        src = Chunks()
+        for _ in range(rng.randint(1, 6)):
+            if i >= a["n"]:
+                break
+            size = rng.choice([65536, 262144, 1 << 20, 4096 * rng.randint(1, 300) + rng.randint(1, 4095)])
+            batch.append((i, src.item(f"crash/{a['seed']}/{i}", size)))
+            i += 1
+        ok = store.write([it for _, it in batch])
+        for (j, _), good in zip(batch, ok):
+            if good:
+                out(f"DONE {j}")
+    out("FINISHED")
+
+
+def child_conc(a):
+    """One process of the concurrency test: writer, churn, reader or remover."""
+    role, path, rank = a["role"], a["path"], a.get("rank", 0)
+    nkeys, size = a["nkeys"], a["size"]
+    rng = random.Random(a["seed"])
+    store = open_store(path, split_bytes="64K", queue_depth=8)
+    keys = [f"model@2@{rank}@{h:016x}@bfloat16" for h in range(nkeys)]
+    end = time.monotonic() + a["seconds"]
+    st = {"role": role, "rank": rank, "writes": 0, "reads": 0, "hits": 0, "misses": 0, "bad": [], "done": [],
+          "removed": 0}
+    out("READY")
+    if role == "reader":
+        time.sleep(a.get("delay", 0))
+    while time.monotonic() < end:
+        if role == "writer":
+            pick = rng.sample(keys, 4)
+            src = Chunks()
+            ok = store.write([src.item(k, size, 0, rank) for k in pick])
+            st["writes"] += 1
+            st["done"] += [k for k, g in zip(pick, ok) if g]
+        elif role == "churn":  # replaces chunks with new versions while others read them
+            k = rng.choice(keys)
+            # Forget it without unlinking, so the rename replaces the file under the readers.
+            store._drop(chunk_digest(k), unlink=False)
+            src = Chunks()
+            store.write([src.item(k, size, rng.randint(1, 1 << 30), rank)])
+            st["writes"] += 1
+        elif role == "remover":  # deletes files behind the readers' backs
+            files = chunk_files(path)
+            if files:
+                try:
+                    os.unlink(rng.choice(files))
+                    st["removed"] += 1
+                except FileNotFoundError:
+                    pass
+            time.sleep(0.02)
+        else:  # reader
+            pick = rng.sample(keys, rng.randint(1, 4))
+            h, m, bad = read_check(store, pick, rank)
+            st["reads"] += 1
+            st["hits"] += h
+            st["misses"] += m
+            st["bad"] += bad
+    st["done"] = sorted(set(st["done"]))
+    out("RESULT " + json.dumps(st))
+
+
+def child_noring(a):
+    """Store and read back under a seccomp filter denying io_uring (or not)."""
+    if a.get("deny") is not None:
+        deny_io_uring(a["deny"])
+    from lmcache_fx.options import ConfigError
+
+    with LogCount() as logs:
+        usable, why = _fxio.io_uring_status()
+        res = {"io_uring_usable": usable, "why": why}
+        try:
+            open_store(a["path"] + "-strict", io_engine="io_uring")
+            res["strict"] = "started"
+        except ConfigError as e:
+            res["strict"] = str(e)
+        stores = [open_store(a["path"]) for _ in range(2)]  # two instances: still one warning
+        res["kinds"] = [s.engine.kind for s in stores]
+        res["fallback_reason"] = stores[0].engine.fallback_reason
+        src = Chunks()
+        keys = [f"noring/{i}" for i in range(12)]
+        ok = stores[0].write([src.item(k, 262144 + 4096 * i + i) for i, k in enumerate(keys)])
+        res["stored"] = sum(ok)
+        got = stores[1].read(keys, allocator(), lambda h: None)
+        digest = hashlib.sha256()
+        bad = 0
+        for k, h in zip(keys, got):
+            if h is None or check(k, memoryview(h)) != "ok":
+                bad += 1
+            else:
+                digest.update(bytes(memoryview(h)))
+        res["bad"] = bad
+        res["digest"] = digest.hexdigest()
+        res["warnings"] = logs.count(logging.WARNING, "io_uring unavailable")
+        for s in stores:
+            s.close()
+    if a.get("plugin"):
+        res["plugin"] = plugin_round_trip(a["path"] + "-plugin", a["workdir"])
+    out("RESULT " + json.dumps(res))
+
+
+def plugin_round_trip(store_path, workdir):
+    """A real LMCacheEngine storing and retrieving 1024 tokens through fx."""
+    import torch
+
+    from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
+        retrieve, store_and_wait
+
+    geo = Geometry(layers=2, kv_heads=2, head_dim=64)
+    cfg = config_from_dict(fx_config(store_path, cpu_gb=0.05), workdir)
+    tokens = torch.arange(1024) % 5000
+    kv = KV(geo, 1024, seed=7)
+    with lmcache_engine(cfg, geo) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, tokens, kv, be)
+        got = kv.empty_like()
+        n = retrieve(eng, tokens, got)
+        return {"engine": be.store.engine.kind, "tokens": n, "equal": kv.tokens_equal(got, n),
+                "chunks_read": be.store.stats.chunks_read}
+
+
+def child_plugin_writer(a):
+    """Stores prompts through a real LMCacheEngine with fx until killed."""
+    import torch
+
+    from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
+        retrieve, store_and_wait
+
+    geo = Geometry(layers=2, kv_heads=2, head_dim=64)
+    cfg = config_from_dict(fx_config(a["path"], cpu_gb=0.05), a["workdir"])
+    with lmcache_engine(cfg, geo) as eng:
+        be = fx_backend(eng)
+        if a["role"] == "store":
+            out("READY")
+            for i in range(a.get("base", 0), a["n"]):
+                store_and_wait(eng, torch.arange(512) + 10000 * i, KV(geo, 512, seed=i), be)
+                out(f"DONE {i}")
+            out("FINISHED")
+        else:
+            res = {"full": 0, "partial": 0, "none": 0, "wrong": 0}
+            for i in range(a.get("base", 0), a["n"]):
+                kv = KV(geo, 512, seed=i)
+                got = kv.empty_like()
+                n = retrieve(eng, torch.arange(512) + 10000 * i, got)
+                if n and not kv.tokens_equal(got, n):
+                    res["wrong"] += 1
+                res["full" if n == 512 else "partial" if n else "none"] += 1
+                res.setdefault("got", []).append(n)
+            out("RESULT " + json.dumps(res))
+
+
+def child_soak(a):
+    """Mixed stores and retrieves at `conc` concurrent requests for `seconds`;
+    samples RSS, fds and threads. 1/4 of the requests use the async path."""
+    import asyncio
+    import threading
+
+    store = open_store(a["path"], max_capacity_gb=a["cap_gb"], queue_depth=16)
+    nkeys, conc = a["nkeys"], a["conc"]
+    keys = [f"soak/{i}" for i in range(nkeys)]
+    sizes = [65536, 262144, 4096 * 37 + 123]
+    stop = threading.Event()
+    lock = threading.Lock()
+    tot = {"stores": 0, "retrieves": 0, "hits": 0, "misses": 0, "wrong": 0, "errors": 0}
+    errs: list = []
+
+    def one(rng, use_async, loop):
+        if rng.random() < 0.4:
+            src = Chunks()
+            pick = rng.sample(range(nkeys), rng.randint(1, 4))
+            store.write([src.item(keys[i], sizes[i % 3]) for i in pick])
+            with lock:
+                tot["stores"] += 1
+        else:
+            pick = [keys[i] for i in rng.sample(range(nkeys), rng.randint(1, 8))]
+            if use_async:
+                got = loop.run_until_complete(store.read_async(pick, allocator(), lambda h: None))
+            else:
+                got = store.read(pick, allocator(), lambda h: None)
+            h = sum(1 for g in got if g is not None)
+            w = sum(1 for k, g in zip(pick, got) if g is not None and check(k, memoryview(g)) != "ok")
+            with lock:
+                tot["retrieves"] += 1
+                tot["hits"] += h
+                tot["misses"] += len(pick) - h
+                tot["wrong"] += w
+
+    def worker(n):
+        rng = random.Random(n)
+        use_async = n % 4 == 0
+        loop = asyncio.new_event_loop() if use_async else None
+        try:
+            while not stop.is_set():
+                try:
+                    one(rng, use_async, loop)
+                except Exception:
+                    with lock:
+                        tot["errors"] += 1
+                        if len(errs) < 5:
+                            errs.append(traceback.format_exc()[-600:])
+        finally:
+            if loop:
+                loop.close()
+
+    import gc
+
+    def phase(seconds, samples=None):
+        stop.clear()
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(conc)]
+        for t in threads:
+            t.start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            time.sleep(1.0)
+            if samples is not None:
+                samples.append((round(time.monotonic() - t0, 1), rss_bytes(), open_fds(), os_threads()))
+        stop.set()
+        for t in threads:
+            t.join(60)
+        gc.collect()
+        return sum(t.is_alive() for t in threads)
+
+    cold = (rss_bytes(), open_fds(), os_threads())
+    alive = phase(a.get("warmup", 3))  # fills the ring pool, allocator arenas, the LRU
+    start = (rss_bytes(), open_fds(), os_threads(), rings())
+    samples = []
+    alive += phase(a["seconds"], samples)
+    end = (rss_bytes(), open_fds(), os_threads(), rings())
+    fd_kinds = sorted(os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")
+                      if os.path.exists(f"/proc/self/fd/{f}"))
+    files = chunk_files(a["path"])
+    res = dict(tot, error_samples=errs, fd_kinds=fd_kinds, start=start, end=end, samples=samples, usage=store.usage_bytes,
+               files_bytes=sum(os.path.getsize(f) for f in files), cap=store.options.max_capacity_bytes,
+               stats=store.stats.snapshot(), alive=alive, cold=cold)
+    store.close()
+    out("RESULT " + json.dumps(res))
+
+
+ROLES = {"writer": child_writer, "conc": child_conc, "noring": child_noring, "plugin": child_plugin_writer,
+         "soak": child_soak}
+
+
+def spawn(role: str, args: dict, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", PYTHONPATH=ROOT)
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), role, json.dumps(args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
+
+
+def result_of(p: subprocess.Popen, timeout: float = 120) -> dict:
+    so, se = p.communicate(timeout=timeout)
+    line = [x for x in so.splitlines() if x.startswith("RESULT ")]
+    if p.returncode != 0 or not line:
+        raise AssertionError(f"child failed rc={p.returncode}: {se[-3000:]}")
+    return json.loads(line[-1][7:])
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    ROLES[sys.argv[1]](json.loads(sys.argv[2]))

@@ -1,0 +1,476 @@
+"""Operator tools (doctor, ls, stat, fsck, gc, metrics) against a real store
+written by the plugin through a real LMCacheEngine, then damaged on purpose."""
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import pytest
+import torch
+
+from lmcache_fx import _fxio, metrics
+from lmcache_fx.chunkfile import HEADER_SIZE, chunk_digest
+from lmcache_fx.cli import main
+from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
+from lmcache_fx.options import GIB, FxOptions
+from lmcache_fx.store import ChunkStore
+
+MODELS = {
+    "org/model-a": (Geometry(layers=4, kv_heads=2, head_dim=64), 1024, 0),  # 4 chunks of 512 KiB + header
+    "org/mla-b": (Geometry(layers=3, kv_heads=1, head_dim=576, mla=True), 512, 50000),  # 2 MLA chunks
+}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tokens(model):
+    geo, n, base = MODELS[model]
+    return torch.arange(n) + base
+
+
+@pytest.fixture(scope="module")
+def real_store(tmp_path_factory):
+    """A store written by the plugin: 4 chunks of one model, 2 of an MLA
+    model. Returns (path, {model: [chunk file path in token order]})."""
+    d = tmp_path_factory.mktemp("real")
+    store = d / "store"
+    files = {}
+    for model, (geo, n, _) in MODELS.items():
+        cfg = config_from_dict(fx_config(store, cpu_gb=0.05), d)
+        with lmcache_engine(cfg, geo, model=model) as eng:
+            be = fx_backend(eng)
+            toks = _tokens(model)
+            store_and_wait(eng, toks, KV(geo, n, seed=7), be)
+            keys = [k.to_string() for _, _, k in eng.token_database.process_tokens(tokens=toks)]
+            files[model] = [be.store.path_for(chunk_digest(k)) for k in keys]
+    assert all(os.path.exists(f) for fs in files.values() for f in fs)
+    return str(store), files
+
+
+@pytest.fixture
+def store_copy(real_store, tmp_path):
+    src, files = real_store
+    dst = str(tmp_path / "store")
+    shutil.copytree(src, dst)
+    # Distinct write times, oldest first in this order: a0 a1 a2 a3 b0 b1.
+    order = [f.replace(src, dst) for m in MODELS for f in files[m]]
+    now = time.time()
+    for i, f in enumerate(order):
+        os.utime(f, (now - 3600 * (len(order) - i), now - 3600 * (len(order) - i)))
+    return dst, {m: [f.replace(src, dst) for f in fs] for m, fs in files.items()}
+
+
+def cli(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def cli_json(capsys, *argv):
+    rc, out, err = cli(capsys, *argv, "--json")
+    return rc, json.loads(out), err
+
+
+def _flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+# ---------------------------------------------------------------- help and errors
+
+
+@pytest.mark.parametrize("cmd", ["doctor", "ls", "stat", "fsck", "gc"])
+def test_help_has_examples(capsys, cmd):
+    with pytest.raises(SystemExit) as ei:
+        main([cmd, "--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and f"lmcache-fx {cmd}" in out and "--json" in out
+
+
+@pytest.mark.parametrize("cmd", ["ls", "stat", "fsck", "gc"])
+def test_wrong_path_is_a_clear_error(capsys, tmp_path, cmd):
+    extra = ["--to-gb", "1"] if cmd == "gc" else []
+    rc, out, err = cli(capsys, cmd, tmp_path / "nope", *extra)
+    assert rc == 2 and "no such directory" in err and str(tmp_path / "nope") in err
+    f = tmp_path / "file"
+    f.write_text("x")
+    rc, obj, err = cli_json(capsys, cmd, f, *extra)
+    assert rc == 2 and "not a directory" in obj["error"]
+    rc, out, err = cli(capsys, cmd, *extra)
+    assert rc == 2 and "no store given" in err
+    rc, out, err = cli(capsys, cmd, "--config", tmp_path / "missing.yaml", *extra)
+    assert rc == 2 and "no such file" in err
+
+
+# ---------------------------------------------------------------- ls and stat
+
+
+def test_ls_lists_every_chunk_with_model_and_geometry(capsys, store_copy):
+    path, files = store_copy
+    rc, obj, _ = cli_json(capsys, "ls", path)
+    assert rc == 0 and obj["total_chunks"] == 6
+    chunks = obj["chunks"]
+    # Least recently written first: the order the store evicts in.
+    assert [c["path"] for c in chunks] == files["org/model-a"] + files["org/mla-b"]
+    a = [c for c in chunks if c["model"] == "org/model-a"]
+    assert len(a) == 4 and all(c["shapes"] == [[2, 4, 256, 128]] and c["dtypes"] == ["bfloat16"]
+                               and c["fmt"] == "KV_2LTD" for c in a)
+    b = [c for c in chunks if c["model"] == "org/mla-b"]
+    assert len(b) == 2 and all(c["fmt"] == "KV_MLA_FMT" and c["world_size"] == 1 for c in b)
+    assert all(c["size"] == HEADER_SIZE + c["payload_len"] for c in chunks)
+    rc, out, _ = cli(capsys, "ls", path, "--model", "org/mla-b")
+    assert rc == 0 and out.count("org/mla-b@1@0@") == 2 and "org/model-a" not in out
+    assert "2 chunks" in out
+
+
+def test_stat_summarises_models_geometries_ages_usage(capsys, store_copy):
+    path, files = store_copy
+    total = sum(os.path.getsize(f) for fs in files.values() for f in fs)
+    rc, obj, _ = cli_json(capsys, "stat", path, "--capacity-gb", 10 * total / GIB)
+    assert rc == 0
+    assert obj["chunks"] == 6 and obj["bytes"] == total and obj["bad_headers"] == 0
+    assert {m["model"]: m["chunks"] for m in obj["models"]} == {"org/model-a": 4, "org/mla-b": 2}
+    assert len(obj["geometries"]) == 2
+    assert abs(obj["usage_fraction"] - 0.1) < 1e-6
+    ages = {a["age"]: a["chunks"] for a in obj["ages"]}
+    assert ages["1 hour - 1 day"] == 6  # the fixture dated them 1-6 hours ago
+    assert obj["filesystems"][path]["free_bytes"] > 0
+    rc, out, _ = cli(capsys, "stat", path)
+    assert "org/model-a" in out and "KV_MLA_FMT" in out and "capacity:     unknown" in out
+
+
+# ---------------------------------------------------------------- fsck
+
+
+def test_fsck_clean_store(capsys, store_copy):
+    path, files = store_copy
+    rc, obj, _ = cli_json(capsys, "fsck", path)
+    assert rc == 0, obj
+    assert obj["checked"] == obj["ok"] == 6 and obj["bad"] == 0 and not obj["problems"]
+    assert obj["bytes_verified"] == sum(os.path.getsize(f) for fs in files.values() for f in fs)
+    assert obj["engine"] == ("io_uring" if _fxio.io_uring_status()[0] else "threads")
+    # Small batches: many batches in flight one after another give the same answer.
+    rc, obj2, _ = cli_json(capsys, "fsck", path, "--buffer-mb", 1, "--io-engine", "threads")
+    assert rc == 0 and obj2["ok"] == 6 and obj2["engine"] == "threads"
+
+
+def test_fsck_finds_and_repairs_damage_then_the_plugin_reads_the_rest(capsys, store_copy, tmp_path):
+    path, files = store_copy
+    a, b = files["org/model-a"], files["org/mla-b"]
+    _flip(a[1], 100)  # header bit
+    _flip(a[3], HEADER_SIZE + 5000)  # payload bit
+    os.truncate(b[1], os.path.getsize(b[1]) - 4096)  # truncated
+    sub = os.path.dirname(a[0])
+    empty = os.path.join(sub, os.path.basename(sub) + "0" * 30 + ".fxkv")
+    open(empty, "w").close()  # an empty chunk file
+    other = os.path.join(sub, os.path.basename(sub) + "1" * 30 + ".fxkv")
+    shutil.copy(a[0], other)  # a valid chunk under another key's name
+    stale = a[0] + ".tmp.999999999.1"  # a temporary of a dead writer
+    open(stale, "w").write("partial")
+    live = a[0] + f".tmp.{os.getpid()}.7"  # a temporary of a live writer
+    open(live, "w").write("partial")
+    foreign = os.path.join(sub, "notes.txt")
+    open(foreign, "w").write("hello")
+
+    rc, obj, _ = cli_json(capsys, "fsck", path)
+    assert rc == 4
+    probs = {p["path"]: p for p in obj["problems"]}
+    assert "header checksum mismatch" in probs[a[1]]["problem"]
+    assert "payload checksum mismatch" in probs[a[3]]["problem"]
+    assert "truncated" in probs[b[1]]["problem"]
+    assert "shorter than the 4096-byte header" in probs[empty]["problem"]
+    assert "belongs in another file" in probs[other]["problem"]
+    assert probs[stale]["kind"] == "stale-tmp" and probs[foreign]["kind"] == "foreign"
+    assert live not in probs and obj["live_temporaries"] == 1
+    assert obj["ok"] == 3 and obj["bad"] == 5
+    rc, out, _ = cli(capsys, "fsck", path)
+    assert "run again with --repair" in out and "BAD" in out
+
+    rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
+    assert rc == 1
+    for p in (a[1], a[3], b[1], empty, other, stale):
+        assert not os.path.exists(p), p
+    for p in (a[0], a[2], b[0], live, foreign):
+        assert os.path.exists(p), p
+    rc, obj, _ = cli_json(capsys, "fsck", path)
+    assert rc == 0 and obj["ok"] == 3  # the foreign file is reported, not an error
+    os.unlink(live)
+
+    # The store the plugin finds afterwards: model-a serves its first chunk, and nothing is corrupt.
+    geo, n, _ = MODELS["org/model-a"]
+    cfg = config_from_dict(fx_config(path, cpu_gb=0.05), tmp_path)
+    kv = KV(geo, n, seed=7)
+    with lmcache_engine(cfg, geo, model="org/model-a") as eng:
+        be = fx_backend(eng)
+        got = kv.empty_like()
+        assert retrieve(eng, _tokens("org/model-a"), got) == 256
+        assert kv.tokens_equal(got, 256)
+        assert be.store.stats.corrupt == 0
+
+
+def test_fsck_misplaced_when_striped_and_version(capsys, store_copy, tmp_path):
+    path, files = store_copy
+    p2 = tmp_path / "second"
+    p2.mkdir()
+    rc, obj, _ = cli_json(capsys, "fsck", f"{path},{p2}")
+    # With two paths about half the chunks belong on the other one.
+    mis = [p for p in obj["problems"] if p["kind"] == "misplaced"]
+    assert rc == 0 and 0 < len(mis) < 6
+
+
+# ---------------------------------------------------------------- gc
+
+
+def test_gc_evicts_least_recently_written_first(capsys, store_copy):
+    path, files = store_copy
+    order = files["org/model-a"] + files["org/mla-b"]
+    sizes = [os.path.getsize(f) for f in order]
+    keep = sum(sizes[3:])  # room for the newest three
+    rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", keep / GIB, "--dry-run")
+    assert rc == 0 and obj["removed_chunks"] == 3 and all(os.path.exists(f) for f in order)
+    assert [r["path"] for r in obj["removed"]] == order[:3]
+    rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", keep / GIB)
+    assert rc == 0 and obj["after_bytes"] == keep and obj["freed_bytes"] == sum(sizes[:3])
+    assert [os.path.exists(f) for f in order] == [False] * 3 + [True] * 3
+    rc, out, _ = cli(capsys, "gc", path, "--to-gb", 0)
+    assert rc == 0 and "removed 3 of 3 chunks" in out
+    # The plugin's own scan agrees: nothing left.
+    st = ChunkStore(FxOptions(path=path, io_engine="threads"))
+    assert len(st) == 0 and st.usage_bytes == 0
+    st.close()
+
+
+# ---------------------------------------------------------------- config in admin commands
+
+
+def test_admin_commands_take_the_path_from_the_lmcache_yaml(capsys, store_copy, tmp_path):
+    path, _ = store_copy
+    import yaml
+
+    y = tmp_path / "lmcache.yaml"
+    y.write_text(yaml.safe_dump(fx_config(path, max_capacity_gb=1)))
+    rc, obj, _ = cli_json(capsys, "stat", "--config", y)
+    assert rc == 0 and obj["paths"] == [path] and obj["capacity_bytes"] == GIB and obj["chunks"] == 6
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(fx_config(path, queue_dept=3)))
+    rc, out, err = cli(capsys, "ls", "--config", bad)
+    assert rc == 2 and "did you mean 'storage_plugin.fx.queue_depth'" in err
+
+
+# ---------------------------------------------------------------- doctor
+
+
+def _fast_path_expected(path):
+    from lmcache_fx.doctor import probe_odirect
+
+    return _fxio.io_uring_status()[0] and probe_odirect(path)[0]
+
+
+def test_doctor_on_a_real_store(capsys, store_copy):
+    path, _ = store_copy
+    rc, obj, _ = cli_json(capsys, "doctor", "--path", path)
+    checks = {c["name"]: c for c in obj["checks"]}
+    for name in ("io_uring", "engine", "path", "O_DIRECT", "space", "memlock", "huge pages", "GPU driver", "LMCache"):
+        assert name in checks, name
+    assert "kernel.io_uring_disabled" in checks["io_uring"]["summary"]
+    assert checks["LMCache"]["data"]["version"].startswith("0.5")
+    expected = _fast_path_expected(path)
+    assert obj["fast_path"] == expected and rc == (0 if expected else 1)
+    assert checks["space"]["data"]["store_bytes"] > 0  # it counted the store's chunks
+    assert not [f for f in os.listdir(path) if ".tmp." in f]  # the probe is gone
+    rc, out, _ = cli(capsys, "doctor", "--path", path)
+    assert ("fast path will be used" in out) == expected
+
+
+def test_doctor_checks_the_plugin_config(capsys, tmp_path):
+    import yaml
+
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({**fx_config(tmp_path / "s", max_capacity_gb=1), "max_local_cpu_size": 1}))
+    rc, obj, _ = cli_json(capsys, "doctor", "--config", good)
+    checks = {c["name"]: c for c in obj["checks"]}
+    assert checks["[fx] plugin"]["status"] == "ok" and checks["[fx] path"]["status"] == "ok"
+    assert not os.path.exists(tmp_path / "s")  # doctor creates nothing
+    assert rc == (0 if _fast_path_expected(str(tmp_path)) else 1)
+
+    bad = tmp_path / "bad.yaml"
+    d = fx_config(tmp_path / "s", split_bytes=5000)
+    d["extra_config"]["storage_plugin.fy.module_path"] = "lmcache_fx.lmcache_plugin"
+    bad.write_text(yaml.safe_dump(d))
+    rc, out, _ = cli(capsys, "doctor", "--config", bad)
+    assert rc == 1
+    assert "[FAIL] [fx] plugin" in out and "not a multiple of 4096" in out
+    assert "storage_plugins does not list 'fy'" in out
+    assert "fast path will NOT be used" in out
+
+    wrongmod = tmp_path / "wrongmod.yaml"
+    d = fx_config(tmp_path / "s")
+    d["extra_config"]["storage_plugin.fx.module_path"] = "lmcache_fx.plugin"
+    wrongmod.write_text(yaml.safe_dump(d))
+    rc, obj, _ = cli_json(capsys, "doctor", "--config", wrongmod)
+    assert rc == 1 and any("cannot load lmcache_fx.plugin" in c["summary"] for c in obj["checks"])
+
+    f = tmp_path / "afile"
+    f.write_text("x")
+    notdir = tmp_path / "notdir.yaml"
+    notdir.write_text(yaml.safe_dump(fx_config(f)))
+    rc, obj, _ = cli_json(capsys, "doctor", "--config", notdir)
+    assert rc == 1 and {c["name"]: c for c in obj["checks"]}["[fx] path"]["status"] == "fail"
+
+    rc, out, err = cli(capsys, "doctor", "--config", tmp_path / "missing.yaml")
+    assert rc == 2 and "no such file" in err
+
+
+SECCOMP_DOCTOR = textwrap.dedent("""
+    import ctypes, struct, sys
+    # A seccomp filter answering io_uring_setup (425) with EPERM, like Docker's default profile.
+    def ins(code, jt, jf, k): return struct.pack("HBBI", code, jt, jf, k)
+    prog = (ins(0x20, 0, 0, 0)                      # ld [nr]
+            + ins(0x15, 0, 1, 425)                  # jeq 425
+            + ins(0x06, 0, 0, 0x00050000 | 1)       # ret ERRNO(EPERM)
+            + ins(0x06, 0, 0, 0x7fff0000))          # ret ALLOW
+    buf = ctypes.create_string_buffer(prog)
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    fp = Fprog(len(prog) // 8, ctypes.addressof(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0          # PR_SET_NO_NEW_PRIVS
+    assert libc.prctl(22, 2, ctypes.byref(fp), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, FILTER
+    from lmcache_fx.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the seccomp filter uses x86_64 syscall numbers")
+def test_doctor_explains_io_uring_blocked_by_seccomp(tmp_path):
+    if not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring is not usable here to begin with")
+    env = dict(os.environ, PYTHONPATH=ROOT, LMCACHE_TRACK_USAGE="false")
+    env.pop("LMCACHE_CONFIG_FILE", None)
+
+    def doctor(*args):
+        r = subprocess.run([sys.executable, "-c", SECCOMP_DOCTOR, "doctor", "--path", str(tmp_path), "--json", *args],
+                           capture_output=True, text=True, env=env, timeout=120)
+        return r.returncode, json.loads(r.stdout)
+
+    rc, obj = doctor()
+    checks = {c["name"]: c for c in obj["checks"]}
+    assert rc == 1 and checks["io_uring"]["status"] == "fail"
+    assert "seccomp filter blocks io_uring_setup" in checks["io_uring"]["summary"]
+    assert "seccomp" in checks["io_uring"]["fix"]
+    assert checks["engine"]["status"] == "fail" and checks["engine"]["data"]["engine"] == "threads"
+    # With io_engine: threads configured, the thread engine is the fast path asked for.
+    import yaml
+
+    y = tmp_path / "threads.yaml"
+    y.write_text(yaml.safe_dump(fx_config(tmp_path / "s", io_engine="threads")))
+    r = subprocess.run([sys.executable, "-c", SECCOMP_DOCTOR, "doctor", "--config", str(y), "--json"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    obj = json.loads(r.stdout)
+    checks = {c["name"]: c for c in obj["checks"]}
+    assert checks["io_uring"]["status"] == "info" and checks["[fx] engine"]["status"] == "info"
+    assert r.returncode == (0 if _fast_path_expected(str(tmp_path)) else 1)
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_from_a_real_store(store_copy):
+    path, files = store_copy
+    from prometheus_client import REGISTRY, generate_latest
+
+    store = ChunkStore(FxOptions(path=path, max_capacity_gb=1))
+    keys = []
+    for f in files["org/model-a"][:2]:
+        with open(f, "rb") as fh:
+            from lmcache_fx.chunkfile import decode_header
+
+            keys.append(decode_header(fh.read(HEADER_SIZE)).key)
+    bufs = []
+
+    def allocate(meta):
+        b = _fxio.HostBuffer(256 * 4 * 2 * 128 * 2, hugepages=False)
+        bufs.append(b)
+        return b, b.address, len(b)
+
+    got = store.read(keys + ["org/model-a@1@0@dead@bfloat16"], allocate, lambda h: None)
+    assert got[0] is not None and got[1] is not None and got[2] is None
+    port = _free_port()
+    h = metrics.start_metrics(store, name="fxtest", port=port, addr="127.0.0.1")
+    h2 = metrics.start_metrics(lambda: {"hits": 5, "path": "/other"}, name="fxother", port=port, addr="127.0.0.1")
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        lab = f'path="{path}",store="fxtest"'
+        assert f"lmcache_fx_read_chunks_total{{{lab}}} 2.0" in body
+        assert f"lmcache_fx_hits_total{{{lab}}} 2.0" in body
+        assert f"lmcache_fx_misses_total{{{lab}}} 1.0" in body
+        assert f"lmcache_fx_chunks{{{lab}}} 6.0" in body
+        assert 'lmcache_fx_engine_info{engine="' in body and f'odirect="{str(store.odirect).lower()}"' in body
+        assert 'lmcache_fx_hits_total{path="/other",store="fxother"} 5.0' in body  # two stores, one port
+        # LMCache's own /metrics serves the global registry: the store is there too.
+        assert f"lmcache_fx_read_bytes_total{{{lab}}}" in generate_latest(REGISTRY).decode()
+    finally:
+        h.close()
+        h2.close()
+        store.close()
+    assert "fxtest" not in generate_latest(REGISTRY).decode()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_metrics_histogram_and_bandwidth_from_a_snapshot():
+    counts = [0] * (len(metrics.READ_LATENCY_BUCKETS) + 1)
+    for s in (0.0004, 0.003, 0.003, 20.0):
+        counts[metrics.latency_bucket(s)] += 1
+    snap = {"bytes_read": 4 << 30, "read_seconds": 2.0, "read_batches": 4, "read_latency_counts": counts,
+            "engine": "io_uring", "path": "/p"}
+    text = metrics.render(lambda: snap, name="x")
+    assert 'lmcache_fx_read_batch_seconds_bucket{le="0.0005",path="/p",store="x"} 1.0' in text
+    assert 'lmcache_fx_read_batch_seconds_bucket{le="0.005",path="/p",store="x"} 3.0' in text
+    assert 'lmcache_fx_read_batch_seconds_bucket{le="+Inf",path="/p",store="x"} 4.0' in text
+    assert 'lmcache_fx_read_bandwidth_bytes_per_second{path="/p",store="x"} 2.147483648e+09' in text
+    assert "lmcache_fx_read_batches_total" in text
+    # A port already taken is logged, never raised: metrics must not stop the cache.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        h = metrics.start_metrics(lambda: snap, name="y", port=s.getsockname()[1], addr="127.0.0.1")
+        assert h.port == 0
+        h.close()
+
+
+@pytest.mark.skipif("metrics_port" not in FxOptions.names(),
+                    reason="the plugin does not start metrics yet (metrics_port option not wired in)")
+def test_plugin_exports_metrics_on_its_port(tmp_path):
+    geo, n, _ = MODELS["org/model-a"]
+    port = _free_port()
+    cfg = config_from_dict(fx_config(tmp_path / "store", cpu_gb=0.05, metrics_port=port), tmp_path)
+    toks = _tokens("org/model-a")
+    kv = KV(geo, n, seed=1)
+    with lmcache_engine(cfg, geo, model="org/model-a") as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, toks, kv, be)
+        assert retrieve(eng, toks, kv.empty_like()) == n
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        lab = f'path="{tmp_path / "store"}",store="fx"'
+        assert f"lmcache_fx_read_chunks_total{{{lab}}} 4.0" in body
+        assert f"lmcache_fx_written_chunks_total{{{lab}}} 4.0" in body
+        assert f'lmcache_fx_read_batch_seconds_count{{{lab}}} 1.0' in body
+        assert 'lmcache_fx_engine_info{engine="' in body
+    with pytest.raises(OSError):  # closed with the engine
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

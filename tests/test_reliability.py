@@ -1,0 +1,805 @@
+"""Reliability and security: faults of a real cluster, each with a figure.
+
+Every case runs real trials (real files, real XFS on loop devices, real
+io_uring, real processes killed with SIGKILL) and reports its figure through
+`figure()`: printed, and appended to $FX_RELIABILITY_OUT for
+scripts/reliability.py, which regenerates docs/reliability.md.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import random
+import signal
+import struct
+import subprocess
+import threading
+import time
+
+import pytest
+
+from faults import fxfault as F
+from lmcache_fx import _fxio, loopfs
+from lmcache_fx.chunkfile import HEADER_SIZE, BadHeader, ChunkMeta, chunk_digest, decode_header, encode_header
+from lmcache_fx.options import ConfigError, FxOptions
+from lmcache_fx.store import ChunkStore
+
+pytestmark = pytest.mark.reliability
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def figure(fault: str, trials, checked: str, **figures) -> None:
+    """Prints one row of docs/reliability.md and records it for the script."""
+    row = {"fault": fault, "trials": trials, "checked": checked, "figures": figures,
+           "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]}
+    print(f"\nRELIABILITY {json.dumps(row)}", flush=True)
+    dest = os.environ.get("FX_RELIABILITY_OUT")
+    if dest:
+        with open(dest, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+@pytest.fixture
+def store_dir(request, tmp_path):
+    """A store directory on XFS on a loop device (O_DIRECT) when root, else on tmp_path."""
+    if loopfs.why_not_available() is None:
+        return request.getfixturevalue("xfs_store")
+    return str(tmp_path / "store")
+
+
+def fs_of(path: str) -> str:
+    """'xfs', 'ext4', ... of the filesystem holding path (for the figures)."""
+    best, fstype = "", "?"
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            mnt, typ = line.split()[1], line.split()[2]
+            if (path + "/").startswith(mnt.rstrip("/") + "/") and len(mnt) >= len(best):
+                best, fstype = mnt, typ
+    return fstype
+
+
+def need_root_xfs():
+    why = loopfs.why_not_available()
+    if why:
+        pytest.skip(f"XFS loop filesystem: {why}")
+
+
+# ------------------------------------------------------------------ crashes
+CRASH_TRIALS = 60
+
+
+def test_sigkill_during_stores(store_dir):
+    """A writer process killed with SIGKILL at a random moment, then a restart."""
+    rng = random.Random(20240607)
+    done_total = found_beyond = wrong = lost = tmp_left = acct_bad = killed_mid = 0
+    tmp_seen = 0
+    for t in range(CRASH_TRIALS):
+        p = F.spawn("writer", {"path": store_dir, "seed": t, "n": 400})
+        assert p.stdout.readline().strip() == "READY", p.stderr.read()
+        time.sleep(rng.uniform(0.0, 0.25))
+        p.send_signal(signal.SIGKILL)
+        so, _ = p.communicate(timeout=30)
+        done = [int(x.split()[1]) for x in so.splitlines() if x.startswith("DONE ")]
+        killed_mid += "FINISHED" not in so
+        tmp_seen += len(F.tmp_files(store_dir))
+        # Restart: a fresh store on the same directory.
+        s = F.open_store(store_dir)
+        try:
+            tmp_left += len(F.tmp_files(store_dir))
+            files = F.chunk_files(store_dir)
+            if s.usage_bytes != sum(os.path.getsize(f) for f in files) or len(s) != len(files):
+                acct_bad += 1
+            keys = [f"crash/{t}/{i}" for i in range(max(done, default=-1) + 8)]
+            got = s.read(keys, F.allocator(), lambda h: None)
+            for i, (k, h) in enumerate(zip(keys, got)):
+                if h is None:
+                    lost += i in done
+                    continue
+                if F.check(k, memoryview(h)) != "ok":
+                    wrong += 1
+                elif i not in done:
+                    found_beyond += 1  # renamed into place just before the kill
+            done_total += len(done)
+            if t >= 2:  # keep the directory bounded: drop trial t-2
+                for i in range(400):
+                    s.remove(f"crash/{t - 2}/{i}")
+        finally:
+            s.close()
+    figure("SIGKILL of a writer process at a random moment (store API), then restart", CRASH_TRIALS,
+           "zero wrong chunks; every completed store found; temporaries removed at start; usage == bytes of files",
+           fs=fs_of(store_dir), killed_mid_run=killed_mid, completed_stores=done_total, found_after_restart=done_total - lost,
+           extra_whole_chunks=found_beyond, wrong_chunks=wrong, temporaries_left_by_kills=tmp_seen,
+           temporaries_after_restart=tmp_left, accounting_mismatches=acct_bad)
+    assert killed_mid >= CRASH_TRIALS * 0.8
+    assert wrong == 0 and lost == 0 and tmp_left == 0 and acct_bad == 0
+
+
+@pytest.mark.slow
+def test_sigkill_through_plugin(tmp_path):
+    """The same through a real LMCacheEngine, twice on one store: killed at a
+    random moment after its 1st and then its 3rd completed prompt."""
+    store = str(tmp_path / "store")
+    rng = random.Random(1)
+    completed = whole = wrong = tmp_before = tmp_after = 0
+    for trial, after in enumerate((1, 3)):
+        base = 100 * trial  # new prompts each trial, on the same directory
+        p = F.spawn("plugin", {"role": "store", "path": store, "workdir": str(tmp_path), "n": base + 40,
+                               "base": base})
+        assert p.stdout.readline().strip() == "READY", p.stderr.read()[-3000:]
+        deadline = time.monotonic() + 120
+        done = 0
+        while done < after and time.monotonic() < deadline:
+            done += p.stdout.readline().startswith("DONE ")
+        time.sleep(rng.uniform(0.0, 0.3))
+        p.send_signal(signal.SIGKILL)
+        so, _ = p.communicate(timeout=30)
+        n_done = done + sum(1 for x in so.splitlines() if x.startswith("DONE "))
+        tmp_before += len(F.tmp_files(store))
+        r = F.result_of(F.spawn("plugin", {"role": "retrieve", "path": store, "workdir": str(tmp_path),
+                                           "n": base + 40, "base": base}), 300)
+        tmp_after += len(F.tmp_files(store))
+        completed += n_done
+        whole += sum(1 for n in r["got"][:n_done] if n == 512)
+        wrong += r["wrong"]
+    figure("SIGKILL of an LMCacheEngine storing through the plugin, then a fresh engine on the same store", 2,
+           "completed prompts retrieved whole and bit-exact; no wrong tokens; temporaries removed",
+           prompts_completed=completed, retrieved_whole=whole, wrong=wrong,
+           temporaries_left_by_kills=tmp_before, temporaries_after_restart=tmp_after)
+    assert wrong == 0 and whole == completed and tmp_after == 0
+
+
+# ------------------------------------------------------------------ concurrency
+def test_concurrent_processes_and_tp_ranks(store_dir):
+    """Writers and readers in separate processes on one path, two TP ranks
+    (different worker ids), then churn and deletion under readers."""
+    size = (1 << 20) + 4096 * 3 + 17  # multi-piece reads (split 64K)
+    common = {"path": store_dir, "nkeys": 24, "size": size}
+    phase1 = [("writer", 0, 1), ("writer", 0, 2), ("writer", 1, 3), ("reader", 0, 4), ("reader", 1, 5)]
+    procs = [F.spawn("conc", dict(common, role=r, rank=k, seed=s, seconds=6, delay=1.0)) for r, k, s in phase1]
+    res1 = [F.result_of(p, 120) for p in procs]
+    # Every chunk a writer completed is there, whole, for its rank.
+    s = F.open_store(store_dir)
+    lost = wrong = 0
+    for r in res1:
+        if r["role"] != "writer":
+            continue
+        h, m, bad = F.read_check(s, r["done"], r["rank"])
+        lost += m
+        wrong += len(bad)
+    s.close()
+    phase2 = [("churn", 0, 6), ("churn", 0, 7), ("remover", 0, 8), ("reader", 0, 9), ("reader", 0, 10)]
+    common["nkeys"] = 8  # few keys: replacements and deletions land on the chunks being read
+    procs = [F.spawn("conc", dict(common, role=r, rank=k, seed=s, seconds=5)) for r, k, s in phase2]
+    res2 = [F.result_of(p, 120) for p in procs]
+    readers = [r for r in res1 + res2 if r["role"] == "reader"]
+    torn = sum(len(r["bad"]) for r in readers)
+    r1 = [r for r in res1 if r["role"] == "reader"]
+    r2 = [r for r in res2 if r["role"] == "reader"]
+    figure("Concurrent processes on one path: 3 writers (2 TP ranks) + 2 readers for 6 s, then 2 writers "
+           "replacing chunks with new versions + a deleter + 2 readers for 5 s (1 MiB chunks, 64 KiB pieces)", 10,
+           "no torn or foreign-rank reads; no completed chunk lost; no crash when files vanish under readers",
+           processes=10, phase1_reads=f"{sum(r['hits'] for r in r1)} hits / {sum(r['misses'] for r in r1)} misses",
+           phase2_reads=f"{sum(r['hits'] for r in r2)} hits / {sum(r['misses'] for r in r2)} misses",
+           torn_or_foreign=torn,
+           completed_by_writers=sum(len(r["done"]) for r in res1 if r["role"] == "writer"), lost=lost,
+           wrong_after=wrong, replaced=sum(r["writes"] for r in res2 if r["role"] == "churn"),
+           deleted_under_readers=sum(r["removed"] for r in res2), crashes=0)
+    assert torn == 0 and lost == 0 and wrong == 0
+    assert sum(r["hits"] for r in r1) > 0 and sum(r["hits"] for r in r2) > 0
+
+
+# ------------------------------------------------------------------ full disk
+def test_full_disk(tmp_path):
+    need_root_xfs()
+    with loopfs.xfs_loop("320M") as mnt, F.LogCount() as logs:
+        path = os.path.join(mnt, "store")
+        # Ballast leaves ~40 MiB for the store, whose cap (10 GB) is far above the disk.
+        st = os.statvfs(mnt)
+        with open(os.path.join(mnt, "ballast"), "wb") as f:
+            f.truncate(0)
+            os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (40 << 20))
+        s = F.open_store(path, max_capacity_gb=10)
+        chunk = 1 << 20
+        stored, n = [], 0
+        raised = 0
+        t_full = None
+        for b in range(200):  # fill until ENOSPC, then a burst of 30 more batches
+            src = F.Chunks()
+            keys = [f"full/{n + i}" for i in range(4)]
+            n += 4
+            try:
+                ok = s.write([src.item(k, chunk + 4096 * (i % 2)) for i, k in enumerate(keys)])
+            except Exception:
+                raised += 1
+                continue
+            stored += [k for k, g in zip(keys, ok) if g]
+            if not all(ok) and t_full is None:
+                t_full = b
+            if t_full is not None and b - t_full >= 30:
+                break
+        assert t_full is not None, "the disk never filled"
+        errors_in_burst = logs.count(logging.ERROR, "ENOSPC")
+        other_warnings = logs.count(logging.WARNING, "store failed")
+        # Reads keep working while the disk is full.
+        present = [k for k in stored if s.contains(k)]
+        hits, misses, bad = F.read_check(s, present)
+        # Stores resume once the quiet period ends: eviction made room.
+        time.sleep(max(0.0, s._enospc_until - time.monotonic()) + 0.1)
+        src = F.Chunks()
+        resumed = s.write([src.item(f"full/resume/{i}", chunk) for i in range(1)])
+        h2, m2, bad2 = F.read_check(s, ["full/resume/0"])
+        s.close()
+    figure("Full disk: 320 MB XFS loop filled to ENOSPC (ballast + 1 MiB chunks, cap far above the disk)",
+           f"{n} chunk stores", "one logged error per burst; no raise; reads keep working; stores resume "
+           "after eviction frees space", stored_before_full=len(stored), failing_batches_in_burst=30,
+           errors_logged=errors_in_burst, per_chunk_warnings=other_warnings, raised=raised,
+           reads_while_full=f"{hits}/{len(present)} hit, {len(bad)} wrong", resumed=bool(resumed[0] and h2 == 1))
+    assert raised == 0 and errors_in_burst == 1 and other_warnings == 0
+    assert hits == len(present) and not bad
+    assert resumed == [True] and h2 == 1 and not bad2
+
+
+# ------------------------------------------------------------------ EIO
+def test_injected_eio(tmp_path):
+    """The device under the store starts failing every I/O (EIO)."""
+    need_root_xfs()
+    if not _have("xfs_io"):
+        pytest.skip("xfs_io not found (xfsprogs)")
+    with F.failing_xfs() as (mnt, fail), F.LogCount() as logs:
+        path = os.path.join(mnt, "store")
+        s = F.open_store(path)
+        keys = [f"eio/{i}" for i in range(16)]
+        src = F.Chunks()
+        assert all(s.write([src.item(k, 262144 + 4096 * i) for i, k in enumerate(keys)]))
+        h0, _, _ = F.read_check(s, keys)
+        fail()
+        out = {}
+
+        def go():
+            try:
+                out["read"] = F.read_check(s, keys)  # inodes cached: the reads themselves fail
+                out["contains_new"] = s.contains("eio/never-stored")
+                src2 = F.Chunks()
+                out["write"] = s.write([src2.item(f"eio/new/{i}", 262144) for i in range(4)])
+                loopfs.drop_caches()
+                s.stats.add()
+                out["read2"] = F.read_check(s, keys)  # and now the opens fail too
+                try:
+                    s2 = F.open_store(path)
+                    out["restart"] = f"started, {len(s2)} chunks"
+                    out["restart_read"] = F.read_check(s2, keys)
+                    s2.close()
+                except ConfigError as e:
+                    out["restart"] = f"ConfigError: {e}"
+            except Exception as e:  # a crash is the failure this test looks for
+                out["raised"] = repr(e)
+
+        t0 = time.monotonic()
+        th = threading.Thread(target=go, daemon=True)
+        th.start()
+        th.join(60)
+        took = time.monotonic() - t0
+        hung = th.is_alive()
+        s.close()
+        warnings = logs.count(logging.WARNING)
+        read_warnings = [r.getMessage() for r in logs.records if r.levelno >= logging.WARNING]
+    print("\n".join(read_warnings))
+    hits, misses, bad = out.get("read", (None, None, None))
+    figure("Injected EIO: the loop device under the store's XFS fails every I/O (its backing filesystem is "
+           "shut down)", f"{len(keys)} reads + 4 stores + a restart",
+           "misses and warnings; no exception; no hang", hits_before=h0, hits_after=hits, misses_after=misses,
+           misses_after_drop_caches=(out.get("read2") or (0, 0))[1],
+           wrong=len(bad or []), stores_ok=sum(out.get("write", [])), warnings=warnings, raised=out.get("raised"),
+           restart=out.get("restart"), seconds=round(took, 2), hung=hung)
+    assert not hung and "raised" not in out
+    assert hits == 0 and misses == len(keys) and not bad and out["read2"][:2] == (0, len(keys))
+    assert not any(out["write"]) and warnings >= 1
+
+
+def _have(tool):
+    import shutil
+
+    return shutil.which(tool) is not None
+
+
+# ------------------------------------------------------------------ no io_uring
+@pytest.mark.slow
+def test_no_io_uring_under_seccomp(tmp_path):
+    base = str(tmp_path / "s")
+    plain = F.result_of(F.spawn("noring", {"path": base + "-plain"}))
+    eperm = F.result_of(F.spawn("noring", {"path": base + "-eperm", "deny": errno.EPERM, "plugin": True,
+                                           "workdir": str(tmp_path)}), 300)
+    enosys = F.result_of(F.spawn("noring", {"path": base + "-enosys", "deny": errno.ENOSYS}))
+    figure("No io_uring: backend started under a seccomp filter denying io_uring_setup (EPERM as Docker, and "
+           "ENOSYS)", 3, "thread engine, exactly one warning for two stores, same bytes as with io_uring; "
+           "io_engine: io_uring refused naming the option; a real LMCacheEngine round trip",
+           engine_without_filter=plain["kinds"][0], engine_eperm=eperm["kinds"], engine_enosys=enosys["kinds"],
+           warnings=[eperm["warnings"], enosys["warnings"]], reason=eperm["fallback_reason"],
+           same_bytes=eperm["digest"] == plain["digest"] == enosys["digest"],
+           strict=eperm["strict"][:90], plugin=eperm["plugin"])
+    if plain["kinds"][0] != "io_uring":
+        pytest.skip(f"io_uring unavailable even without the filter: {plain['why']}")
+    for r in (eperm, enosys):
+        assert not r["io_uring_usable"]
+        assert r["kinds"] == ["threads", "threads"] and r["warnings"] == 1
+        assert r["stored"] == 12 and r["bad"] == 0 and r["digest"] == plain["digest"]
+        assert r["strict"].startswith("io_engine:")
+    assert eperm["plugin"]["engine"] == "threads" and eperm["plugin"]["tokens"] == 1024 and eperm["plugin"]["equal"]
+
+
+# ------------------------------------------------------------------ corruption
+CORRUPT_TRIALS = 1200
+
+
+def test_random_corruption_is_always_a_miss(store_dir):
+    rng = random.Random(99)
+    s = F.open_store(store_dir)
+    src = F.Chunks()
+    sizes = [4096, 65536 + 123, 300000, 8192 * 3]
+    keys = [f"corrupt/{i}" for i in range(len(sizes))]
+    assert all(s.write([src.item(k, n) for k, n in zip(keys, sizes)]))
+    pristine = {}
+    for k in keys:
+        with open(s.path_for(chunk_digest(k)), "rb") as f:
+            pristine[k] = f.read()
+    detected = removed = wrong = 0
+    kinds = {"flip": 0, "truncate": 0, "flip-after-cached-header": 0}
+    with F.LogCount() as logs:
+        for t in range(CORRUPT_TRIALS):
+            k = keys[t % len(keys)]
+            path = s.path_for(chunk_digest(k))
+            data = bytearray(pristine[k])
+            cached = rng.random() < 0.3
+            if rng.random() < 0.6:
+                kind = "flip-after-cached-header" if cached else "flip"
+                for _ in range(rng.choice([1, 1, 1, 2, 8])):
+                    # header, payload, or the edges of both
+                    off = rng.choice([rng.randrange(len(data)), rng.randrange(HEADER_SIZE),
+                                      rng.choice([0, 8, 16, 24, 28, HEADER_SIZE - 4, HEADER_SIZE, len(data) - 1])])
+                    data[off] ^= rng.randrange(1, 256)
+            else:
+                kind = "truncate"
+                data = data[:rng.choice([0, rng.randrange(HEADER_SIZE), HEADER_SIZE, rng.randrange(len(data)),
+                                         len(data) - 1])]
+            kinds[kind] += 1
+            if cached:  # this process has read the header before: phase 2 checks it again
+                _put(path, pristine[k])
+                h, _, bad = F.read_check(s, [k])
+                assert h == 1 and not bad
+            _put(path, bytes(data))
+            h, m, bad = F.read_check(s, [k])
+            detected += m
+            wrong += len(bad) + (h if not bad else 0)
+            removed += not os.path.exists(path)
+            s.remove(k)
+    s.close()
+    figure("Corruption: random bytes flipped (1-8, header and payload) and files truncated",
+           CORRUPT_TRIALS, "every damaged file is a miss, removed, with a warning", fs=fs_of(store_dir),
+           odirect=s.odirect, **kinds, detected=detected,
+           removed=removed, wrong_chunks_served=wrong, warnings=logs.count(logging.WARNING, "is bad"))
+    assert detected == CORRUPT_TRIALS and removed == CORRUPT_TRIALS and wrong == 0
+
+
+def _put(path, data):
+    tmp = path + ".planted"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.rename(tmp, path)
+
+
+FUZZ_DIRECT = 150_000
+FUZZ_HYPOTHESIS = 5_000
+
+
+def _valid_header(key="model@1@0@abc@bfloat16", meta=None, plen=262144, pcrc=7):
+    buf = bytearray(HEADER_SIZE)
+    encode_header(buf, key, meta or ChunkMeta(((2, 2, 256, 128),), ("bfloat16",), "KV_2LTD"), plen, pcrc, 1)
+    return buf
+
+
+def _reseal(buf):
+    struct.pack_into("<I", buf, HEADER_SIZE - 4, _fxio.crc32c(bytes(buf[:HEADER_SIZE - 4])))
+    return buf
+
+
+def _decode_only_badheader(buf):
+    try:
+        decode_header(buf)
+        return "ok"
+    except BadHeader:
+        return "bad"
+
+
+def test_header_fuzz():
+    """decode_header on mutated headers, most re-sealed with a valid CRC so
+    parsing reaches the JSON meta, plus hypothesis-built fields and metas."""
+    rng = random.Random(5)
+    base = _valid_header()
+    body_end = 40 + struct.unpack_from("<I", base, 28)[0]
+    metas = [b'{"key":"k","shapes":[[Infinity]],"dtypes":["x"],"fmt":"f"}', b"[" * 3000 + b"]" * 3000,
+             b'{"key":"k","shapes":[[1e999]],"dtypes":["x"],"fmt":"f"}', b'{"key":"k","shapes":{"a":1},"dtypes":1}',
+             b'{"key":1}', b'"x"', b"null", b'{"key":"\\ud800","shapes":[[-1]],"dtypes":["a"],"fmt":"f"}',
+             b'{"key":"k","shapes":[[NaN]],"dtypes":["x"],"fmt":"f"}', b'{"key":"k","shapes":[],"dtypes":[],"fmt":1}',
+             b'{"key":"k","shapes":[[1]],"dtypes":["x"],"fmt":"f"}', b"\xff\xfe", b"{" * 2000]
+    outcome = {"ok": 0, "bad": 0}
+    crashes = []
+    t0 = time.perf_counter()
+    for i in range(FUZZ_DIRECT):
+        buf = bytearray(base)
+        r = rng.random()
+        if r < 0.3:  # flip bytes in the fixed fields and meta, reseal
+            for _ in range(rng.randint(1, 6)):
+                buf[rng.randrange(body_end + 8)] = rng.randrange(256)
+            _reseal(buf)
+        elif r < 0.6:  # a planted meta
+            m = rng.choice(metas) if rng.random() < 0.5 else bytes(rng.randrange(256) for _ in range(rng.randrange(64)))
+            if rng.random() < 0.5:
+                m = bytearray(m)
+                for _ in range(rng.randint(1, 3)):
+                    if m:
+                        m[rng.randrange(len(m))] = rng.choice(b'[]{}",:0123456789eE-+.aINfn\\u ')
+                m = bytes(m)
+            m = m[:4000]
+            buf[40:40 + len(m)] = m
+            struct.pack_into("<I", buf, 28, rng.choice([len(m), rng.randrange(4100), 4052, 0xFFFFFFFF]))
+            _reseal(buf)
+        elif r < 0.8:  # unsealed random damage
+            for _ in range(rng.randint(1, 4)):
+                buf[rng.randrange(HEADER_SIZE)] ^= rng.randrange(1, 256)
+        elif r < 0.9:  # short buffers
+            buf = buf[:rng.randrange(HEADER_SIZE)]
+        else:  # random bytes with the magic
+            buf = bytearray(b"LMCFXKV\0" + rng.randbytes(HEADER_SIZE - 8))
+            if rng.random() < 0.5:
+                _reseal(buf)
+        try:
+            outcome[_decode_only_badheader(buf)] += 1
+        except Exception as e:
+            crashes.append(f"{type(e).__name__}: {str(e)[:80]}")
+    direct_s = time.perf_counter() - t0
+    hyp = _hypothesis_fuzz()
+    figure("Header parsing fuzzed: mutated and re-sealed headers, planted metas (direct decode_header calls) "
+           "+ hypothesis-built fields", FUZZ_DIRECT + hyp["examples"],
+           "decode_header only ever returns a header or raises BadHeader (no other exception)",
+           direct_inputs=FUZZ_DIRECT, accepted=outcome["ok"], rejected=outcome["bad"],
+           other_exceptions=len(crashes), first=sorted(set(crashes))[:3], seconds=round(direct_s, 1),
+           hypothesis_examples=hyp["examples"], hypothesis_result=hyp["result"])
+    assert not crashes
+    assert hyp["result"] in ("passed", "skipped: hypothesis not installed"), hyp
+
+
+def _hypothesis_fuzz() -> dict:
+    try:
+        from hypothesis import HealthCheck, given, settings
+        from hypothesis import strategies as st
+    except ImportError:
+        return {"examples": 0, "result": "skipped: hypothesis not installed"}
+    n = [0]
+    json_vals = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["key", "shapes", "dtypes", "fmt", "x"]),
+                                                            c, max_size=5), max_leaves=12)
+
+    @settings(max_examples=FUZZ_HYPOTHESIS, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(version=st.integers(0, 0xFFFF), hsize=st.sampled_from([4096, 0, 4095, 0xFFFFFFFF]),
+           plen=st.integers(0, 2**64 - 1), mlen_delta=st.integers(-8, 8), meta=json_vals,
+           raw=st.binary(max_size=64), use_raw=st.booleans())
+    def run(version, hsize, plen, mlen_delta, meta, raw, use_raw):
+        n[0] += 1
+        import json as _j
+
+        body = raw if use_raw else _j.dumps(meta).encode()[:4000]
+        buf = bytearray(HEADER_SIZE)
+        struct.pack_into("<8sHHIQIIQ", buf, 0, b"LMCFXKV\0", version, 0, hsize, plen, 0,
+                         max(0, min(len(body) + mlen_delta, 0xFFFFFFFF)), 0)
+        buf[40:40 + len(body)] = body
+        _reseal(buf)
+        _decode_only_badheader(buf)
+
+    try:
+        run()
+        return {"examples": n[0], "result": "passed"}
+    except Exception as e:
+        return {"examples": n[0], "result": f"{type(e).__name__}: {str(e)[:120]}"}
+
+
+# ------------------------------------------------------------------ hostile directory
+def test_hostile_store_directory(tmp_path):
+    root = tmp_path / "store"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    s = F.open_store(str(root))
+    src = F.Chunks()
+    checks = {}
+    # 1. Keys that look like paths never escape.
+    evil = ["../../etc/passwd", "/etc/shadow", "a/b/../../c", "x\0y", "..", "\udc80surrogate", "k" * 2000]
+    ok = s.write([src.item(k, 8192 + i) for i, k in enumerate(evil)])
+    h, m, bad = F.read_check(s, evil)
+    everything = [os.path.join(dp, f) for dp, _, fs in os.walk(tmp_path) for f in fs]
+    escaped = [p for p in everything if not p.startswith(str(root) + os.sep)]
+    checks["evil_keys"] = f"{sum(ok)}/{len(evil)} stored, {h} read back, files outside the store: {len(escaped)}"
+    assert all(ok) and h == len(evil) and not bad and not escaped
+    # 2. Private permissions by default.
+    modes = {oct(os.stat(p).st_mode & 0o777) for p in F.chunk_files(str(root))}
+    dmodes = {oct(os.stat(os.path.join(root, d)).st_mode & 0o777) for d in os.listdir(root)} | \
+        {oct(os.stat(root).st_mode & 0o777)}
+    checks["private_modes"] = f"files {sorted(modes)}, dirs {sorted(dmodes)}"
+    assert modes == {"0o600"} and dmodes == {"0o700"}
+    # 3. A planted symlink in place of a chunk file is never followed.
+    secret = outside / "secret"
+    secret.write_bytes(b"secret" * 1000)
+    victim = "planted/victim"
+    vpath = s.path_for(chunk_digest(victim))
+    os.makedirs(os.path.dirname(vpath), exist_ok=True)
+    real_chunk = s.path_for(chunk_digest(evil[0]))
+    os.symlink(real_chunk, vpath)  # a valid chunk behind the link: still not served
+    s2 = F.open_store(str(root))
+    link_hit = s2.contains(victim)
+    h_link, _, _ = F.read_check(s2, [victim])
+    wrote = s2.write([src.item(victim, 4096)])  # replaces the link, does not write through it
+    follow_write = os.path.islink(vpath) or open(real_chunk, "rb").read(8) != b"LMCFXKV\0"
+    os.unlink(vpath)
+    os.symlink(str(secret), vpath)
+    s3 = F.open_store(str(root))
+    secret_after = secret.read_bytes() == b"secret" * 1000 and os.path.islink(vpath)
+    h_secret, _, _ = F.read_check(s3, [victim])
+    checks["symlinked_file"] = (f"contains={link_hit}, reads={h_link + h_secret}, write replaced the link "
+                                f"itself={not follow_write}, target untouched={secret_after}")
+    assert not link_hit and h_link == 0 and h_secret == 0 and wrote == [True] and not follow_write and secret_after
+    # 4. A planted symlink in place of a fan-out directory is never followed.
+    evil_dir = outside / "d"
+    evil_dir.mkdir()
+    key2 = next(f"dirlink/{i}" for i in range(10000)
+                if not os.path.exists(os.path.dirname(s.path_for(chunk_digest(f"dirlink/{i}")))))
+    sub = os.path.dirname(s.path_for(chunk_digest(key2)))
+    os.symlink(str(evil_dir), sub)
+    s4 = F.open_store(str(root))
+    w = s4.write([src.item(key2, 4096)])
+    files_outside = os.listdir(evil_dir)
+    # a valid chunk planted behind the directory link is not served either
+    other = F.open_store(str(tmp_path / "other"))
+    other.write([src.item(key2, 4096)])
+    os.rename(other.path_for(chunk_digest(key2)), os.path.join(evil_dir, os.path.basename(s4.path_for(chunk_digest(key2)))))
+    s5 = F.open_store(str(root))
+    h_dir, _, _ = F.read_check(s5, [key2])
+    checks["symlinked_dir"] = f"store refused={w == [False]}, files written outside={len(files_outside)}, reads={h_dir}"
+    assert w == [False] and not files_outside and h_dir == 0 and not s5.contains(key2)
+    os.unlink(sub)
+    # 5. shared_group opens files and directories to the group, whatever the umask.
+    old = os.umask(0o022)
+    try:
+        g = F.open_store(str(tmp_path / "shared"), shared_group=True)
+        g.write([src.item("shared/0", 4096)])
+        gf = {oct(os.stat(p).st_mode & 0o777) for p in F.chunk_files(str(tmp_path / "shared"))}
+        gd = {oct(os.stat(os.path.join(tmp_path, "shared", d)).st_mode & 0o777)
+              for d in os.listdir(tmp_path / "shared")}
+    finally:
+        os.umask(old)
+    checks["shared_group_umask_022"] = f"files {sorted(gf)}, dirs {sorted(gd)}"
+    assert gf == {"0o660"} and gd == {"0o770"}
+    # 6. A store directory owned by another user is refused, root or not.
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o777)
+    os.chmod(foreign, 0o777)
+    refused = {}
+    if os.geteuid() == 0:
+        os.chown(foreign, 12345, 12345)
+        try:
+            F.open_store(str(foreign))
+            refused["root"] = "started"
+        except ConfigError as e:
+            refused["root"] = str(e)
+        # ... and as an ordinary user (uid 65534) on a root-owned directory, in a forked child
+        import shutil
+        import tempfile
+
+        top = tempfile.mkdtemp(prefix="fx-foreign-")  # reachable by uid 65534, unlike tmp_path
+        try:
+            os.chmod(top, 0o755)
+            f2 = os.path.join(top, "store")
+            os.mkdir(f2)
+            os.chmod(f2, 0o777)
+            refused["nobody"] = _as_user(65534, lambda: F.open_store(f2))
+        finally:
+            shutil.rmtree(top, ignore_errors=True)
+    else:
+        try:
+            F.open_store(str(foreign))
+        except ConfigError as e:
+            refused["user"] = str(e)
+    checks["foreign_owner"] = refused
+    # 7. A store directory every user can write to (planted chunks would be served) is refused.
+    open_dir = tmp_path / "world"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o1777)
+    try:
+        F.open_store(str(open_dir))
+        checks["world_writable"] = "started"
+    except ConfigError as e:
+        checks["world_writable"] = str(e)
+    for s_ in (s, s2, s3, s4, s5, other, g):
+        s_.close()
+    figure("Hostile store directory: path-like keys, planted symlinks (file and fan-out dir), permissions, a "
+           "directory owned by another user or writable by all", sum(len(x) if isinstance(x, dict) else 1 for x in checks.values()),
+           "keys never escape; symlinks never followed (read or write); 0600/0700 by default, 0660/0770 with "
+           "shared_group under umask 022; foreign owner or world-writable directory refused with a clear error", **checks)
+    assert refused and all("belongs to uid" in v for v in refused.values()), refused
+    assert "writable by every user" in checks["world_writable"]
+
+
+def _as_user(uid, fn) -> str:
+    """Runs fn in a forked child with uid/gid dropped; its ConfigError text, or 'started'."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: no logging, no exit handlers
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            try:
+                fn()
+                msg = "started"
+            except ConfigError as e:
+                msg = str(e)
+            except BaseException as e:
+                msg = f"{type(e).__name__}: {e}"
+            os.write(w, msg.encode()[:4000])
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        msg = f.read()
+    os.waitpid(pid, 0)
+    return msg
+
+
+# ------------------------------------------------------------------ bad configuration
+BAD_OPTIONS = [
+    ("path", 123), ("path", None), ("path", ""), ("path", " , "), ("path", ["a"]),
+    ("max_capacity_gb", "lots"), ("max_capacity_gb", -1), ("max_capacity_gb", 0), ("max_capacity_gb", 1e12),
+    ("max_capacity_gb", float("nan")), ("max_capacity_gb", float("inf")), ("max_capacity_gb", True),
+    ("max_capacity_gb", None), ("max_capacity_gb", "100G"), ("max_capacity_gb", [1]),
+    ("io_engine", "spdk"), ("io_engine", 1), ("io_engine", None), ("io_engine", True), ("io_engine", ""),
+    ("queue_depth", 0), ("queue_depth", -1), ("queue_depth", 10**9), ("queue_depth", 2.5), ("queue_depth", "many"),
+    ("queue_depth", True), ("queue_depth", None), ("queue_depth", float("inf")), ("queue_depth", "1e3x"),
+    ("split_bytes", 0), ("split_bytes", 5000), ("split_bytes", -4096), ("split_bytes", "1T"), ("split_bytes", 2**40),
+    ("split_bytes", "1X"), ("split_bytes", True), ("split_bytes", 4096.5), ("split_bytes", "nan"),
+    ("split_bytes", "inf"), ("split_bytes", "1e400"), ("split_bytes", None), ("split_bytes", [4096]),
+    ("odirect", "maybe"), ("odirect", 2), ("odirect", None),
+    ("verify", "perhaps"), ("verify", 2), ("verify", None), ("verify", [True]),
+    ("shared_group", "group"), ("shared_group", -1), ("shared_group", None),
+    ("metrics_port", -1), ("metrics_port", 65536), ("metrics_port", "http"), ("metrics_port", 1.5),
+    ("queue_dept", 8), ("bogus", 1), ("PATH", "/tmp"),
+]
+GENERIC_BAD = ["\x00absurd", -1, None, [1], {"a": 1}]  # for options added after this table
+
+
+def _bad_options():
+    known = {n for n, _ in BAD_OPTIONS}
+    extra = [(n, v) for n in FxOptions.names() if n not in known for v in GENERIC_BAD]
+    return BAD_OPTIONS + extra, sorted({n for n, _ in extra})
+
+
+def test_bad_configuration(tmp_path):
+    """Every option with a wrong value, unknown names and unusable paths: a
+    ConfigError naming the option, and nothing left running or created."""
+    from lmcache_fx.cpu_engine import config_from_dict, fx_config
+    from lmcache_fx.lmcache_plugin import FxStorageBackend
+
+    class FakeCPU:  # the constructor must fail before needing LMCache's allocator
+        pass
+
+    prefix = "storage_plugin.fx."
+    failures = []
+    store_dir = tmp_path / "never-created"
+    fds0, thr0 = F.open_fds(), F.os_threads()
+    cases, untabled = _bad_options()
+    for name, value in cases:
+        d = fx_config(store_dir)
+        if name == "path":
+            d["extra_config"][prefix + "path"] = value
+        else:
+            d["extra_config"][prefix + name] = value
+        cfg = config_from_dict(d, tmp_path)
+        try:
+            FxStorageBackend(config=cfg, metadata=None, local_cpu_backend=FakeCPU(), loop=None)
+            failures.append(f"{name}={value!r}: started")
+        except ConfigError as e:
+            wanted = prefix + ("queue_depth" if name == "queue_dept" else name)
+            if name in ("bogus", "PATH"):
+                wanted = prefix + name
+            if wanted not in str(e):
+                failures.append(f"{name}={value!r}: message does not name {wanted}: {e}")
+        except Exception as e:
+            failures.append(f"{name}={value!r}: {type(e).__name__}: {e}")
+        if store_dir.exists():
+            failures.append(f"{name}={value!r}: created the store directory")
+    # Unusable paths, tried on the store itself (all options otherwise good).
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    paths = [("/proc/lmcache-fx", "cannot create"), (str(tmp_path / "afile"), "not a directory"),
+             (str(tmp_path / "afile" / "sub"), "not a directory")]
+    (tmp_path / "afile").write_text("x")
+    mounted = False
+    if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1M,mode=0755", "tmpfs", str(ro)]).returncode == 0:
+        mounted = True
+        paths += [(str(ro), "not writable"), (str(ro / "sub"), "cannot create")]
+    paths.append((f"{tmp_path}/good-first,/proc/lmcache-fx", "cannot create"))
+    # odirect: true where O_DIRECT is impossible (ramfs; tmpfs allows it since Linux 6.6);
+    # io_engine: io_uring refused is exercised under seccomp (test_no_io_uring_under_seccomp)
+    shm = None
+    if os.geteuid() == 0:
+        shm = str(tmp_path / "ramfs")
+        os.mkdir(shm)
+        if subprocess.run(["mount", "-t", "ramfs", "ramfs", shm]).returncode != 0:
+            shm = None
+    try:
+        for p, needle in paths:
+            try:
+                ChunkStore(FxOptions.from_mapping({"path": p}))
+                failures.append(f"path={p}: started")
+            except ConfigError as e:
+                if needle not in str(e) or not str(e).startswith("path:"):
+                    failures.append(f"path={p}: {e}")
+        if os.path.exists(f"{tmp_path}/good-first"):
+            failures.append("path=good,bad: created the first directory before refusing the second")
+        if shm:
+            try:
+                ChunkStore(FxOptions.from_mapping({"path": shm + "/s", "odirect": "true"}))
+                failures.append("odirect=true on ramfs: started")
+            except ConfigError as e:
+                if not str(e).startswith("odirect:"):
+                    failures.append(f"odirect=true on ramfs: {e}")
+            if os.path.exists(shm + "/s"):
+                failures.append("odirect=true on ramfs: left the store directory behind")
+        time.sleep(0.2)
+        fds1, thr1 = F.open_fds(), F.os_threads()
+        # More is a leak; fewer is an earlier test's thread finishing meanwhile.
+        if fds1 > fds0 or thr1 > thr0:
+            failures.append(f"half-started: fds {fds0}->{fds1}, OS threads {thr0}->{thr1}")
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=False)
+        if shm:
+            subprocess.run(["umount", shm], check=False)
+    ntrials = len(cases) + len(paths) + (1 if shm else 0)
+    figure("Bad configuration: every option wrong-typed, negative, absurd (nan/inf/huge), unknown names, "
+           "unusable paths (missing parent, a file, read-only fs, one bad of two), odirect: true on ramfs", ntrials,
+           "ConfigError naming the option (and a fix); no directory created, no fd or thread left behind",
+           options=len(FxOptions.names()), refused_correctly=ntrials - len(failures), failures=failures[:6],
+           options_tried_with_generic_values_only=untabled)
+    assert not failures, failures
+
+
+# ------------------------------------------------------------------ load
+SOAK_SECONDS = 20
+
+
+def test_soak_16_concurrent(store_dir):
+    """Mixed stores and retrieves at 16 concurrent requests; memory, fds and
+    threads measured at rest after a 3 s warm-up and again after the soak."""
+    r = F.result_of(F.spawn("soak", {"path": store_dir, "seconds": SOAK_SECONDS, "conc": 16, "nkeys": 400,
+                                     "cap_gb": 48 / 1024, "warmup": 3}), SOAK_SECONDS + 120)
+    rss0, fds0, thr0, rings0 = r["start"]
+    rss1, fds1, thr1, rings1 = r["end"]
+    peak = max(s[1] for s in r["samples"])
+    figure(f"Load: mixed stores/retrieves at 16 concurrent requests (4 async) for {SOAK_SECONDS} s after a 3 s "
+           "warm-up, 400 keys, 48 MiB cap (eviction on)", f"{r['stores'] + r['retrieves']} requests",
+           "no wrong chunk, no exception; RSS, open fds and threads at rest equal before and after the soak; "
+           "usage within cap and equal to files",
+           stores=r["stores"], retrieves=r["retrieves"], hits=r["hits"], misses=r["misses"], wrong=r["wrong"],
+           exceptions=r["errors"], evictions=r["stats"]["evictions"],
+           rss_mib=f"{rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} (peak {peak / 2**20:.1f})",
+           fds=f"{fds0} -> {fds1}", pooled_io_uring_rings=f"{rings0} -> {rings1}", threads=f"{thr0} -> {thr1}",
+           usage=r["usage"], files_bytes=r["files_bytes"])
+    assert r["wrong"] == 0 and r["errors"] == 0 and r["alive"] == 0, r["error_samples"]
+    assert r["retrieves"] > 100 and r["hits"] > 0
+    # The engine keeps one ring per concurrent batch it has seen (at most 16 here): fds other than
+    # rings must not move, and the ring pool stays within the concurrency.
+    assert fds1 - rings1 == fds0 - rings0 and rings1 <= 16 and thr1 == thr0
+    assert rss1 - rss0 < 16 << 20, (rss0, rss1)
+    assert r["usage"] <= r["cap"] and r["usage"] == r["files_bytes"]
