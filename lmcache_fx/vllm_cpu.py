@@ -1,0 +1,338 @@
+"""vLLM general plugin: LMCache's KV connector for vLLM on CPU.
+
+LMCache 0.5.6 ships vLLM KV connectors for cuda, xpu, musa and hpu only; on a
+CPU build of vLLM its `CreateGPUConnector` fails and LMCache runs "in degraded
+mode (recompute)". This plugin supplies the missing connector.
+
+vLLM loads it in every process through the entry point
+
+    [project.entry-points."vllm.general_plugins"]
+    lmcache_fx_cpu = "lmcache_fx.vllm_cpu:register"
+
+`register()` imports nothing heavy: importing lmcache (or torch/vLLM parts)
+while vLLM loads plugins crashed worker start-up. It only installs an import
+hook; when LMCache's `lmcache.v1.gpu_connector` module is first imported, its
+`CreateGPUConnector` is wrapped. The wrapper acts only when the engine is
+vLLM, vLLM runs on CPU and LMCache detected a CPU device; everything else goes
+to LMCache's own function unchanged.
+
+Set LMCACHE_FX_VLLM_CPU=0 to disable. With LMCACHE_FX_STATS_FILE=<path>, the
+worker writes the lmcache-fx tier's counters (chunks/bytes read, hits,
+corrupt, read seconds) there as JSON whenever they change, and logs them
+("lmcache-fx stats: {...}"), so a client of the server can see what fx served.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+log = logging.getLogger("lmcache_fx.vllm_cpu")
+
+_TARGET = "lmcache.v1.gpu_connector"
+_PATCHED = "_lmcache_fx_cpu_patched"
+
+
+# --------------------------------------------------------------- the hook
+def register() -> None:
+    """vLLM's plugin entry point: install the lazy patch. Cheap and safe in
+    every process (API server, engine core, workers)."""
+    if os.environ.get("LMCACHE_FX_VLLM_CPU", "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    mod = sys.modules.get(_TARGET)
+    if mod is not None:
+        _patch(mod)
+        return
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps the loader of LMCache's gpu_connector
+    package so the patch is applied right after the module runs."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _TARGET:
+            return None
+        spec = None
+        for finder in sys.meta_path:  # whoever would have found it (normally PathFinder)
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PatchingLoader(spec.loader)
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):  # get_source, is_package, ... for tracebacks and tools
+        return getattr(self._inner, name)
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        try:
+            _patch(module)
+        except Exception:  # never break LMCache's import
+            log.exception("lmcache-fx: could not install the vLLM CPU connector")
+
+
+def _patch(mod) -> None:
+    orig = getattr(mod, "CreateGPUConnector", None)
+    if orig is None or getattr(orig, _PATCHED, False):
+        return
+
+    def CreateGPUConnector(config, metadata, engine, layout_hints=None, *args, **kwargs):
+        if _cpu_vllm(engine):
+            for flag in ("use_layerwise", "enable_blending", "use_gpu_connector_v3"):
+                if getattr(config, flag, False):
+                    raise ValueError(f"lmcache-fx CPU connector: {flag}: true is not supported on CPU; "
+                                     f"set {flag}: false in the LMCache config")
+            _log_to_stderr()
+            conn = connector_class().from_metadata(metadata)
+            log.info("lmcache-fx: vLLM on CPU: using the lmcache-fx CPU KV connector (%d layers, %d kv heads "
+                     "x %d, %s)", conn.num_layers, conn.kv_heads, conn.head_dim, metadata.kv_dtype)
+            _start_stats_reporter()
+            return conn
+        return orig(config, metadata, engine, layout_hints, *args, **kwargs)
+
+    CreateGPUConnector.__wrapped__ = orig
+    CreateGPUConnector.__doc__ = orig.__doc__
+    setattr(CreateGPUConnector, _PATCHED, True)
+    mod.CreateGPUConnector = CreateGPUConnector
+
+
+def _cpu_vllm(engine) -> bool:
+    """vLLM is the engine, vLLM runs on CPU, and LMCache detected a CPU device."""
+    try:
+        from lmcache import torch_device_type
+        from lmcache.utils import EngineType
+
+        if engine != EngineType.VLLM or torch_device_type not in ("cpu", ""):
+            return False
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception as e:
+        log.debug("lmcache-fx: not a vLLM CPU worker (%s)", e)
+        return False
+
+
+# --------------------------------------------------------------- the connector
+_connector_cls = None
+
+
+def connector_class():
+    """The connector class, built on first use (it subclasses LMCache's
+    GPUConnectorInterface, so importing this module imports no LMCache)."""
+    global _connector_cls
+    if _connector_cls is None:
+        _connector_cls = _make_connector_class()
+    return _connector_cls
+
+
+def _make_connector_class():
+    import torch
+    from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
+
+    class VLLMPagedMemCPUConnector(GPUConnectorInterface):
+        """Copies between vLLM-CPU's paged KV cache and LMCache's KV_2LTD chunk
+        objects ([2, layers, tokens, kv_heads * head_dim]) with index ops.
+
+        vLLM-CPU 0.32.0 keeps one tensor per layer shaped
+        [num_blocks, kv_heads, block_size, 2 * head_dim], which its attention
+        views as [num_blocks, kv_heads, 2 * block_size, head_dim] and splits
+        into K (first block_size rows) and V. So here it is viewed as
+        [num_blocks, kv_heads, 2, block_size, head_dim]. A slot s is row
+        s % block_size of block s // block_size. (The kernels own the order
+        inside a block; LMCache chunks are whole blocks, 256 tokens vs vLLM-CPU's
+        block sizes of 32k, so blocks come back exactly as they were.)
+        The layouts common on GPUs, [2, num_blocks, block_size, kv_heads,
+        head_dim] and [num_blocks, 2, block_size, kv_heads, head_dim], are
+        accepted too.
+        """
+
+        def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype):
+            self.num_layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
+            self.hidden = kv_heads * head_dim
+            self.dtype = dtype
+            self.kvcaches = None
+
+        @classmethod
+        def from_metadata(cls, metadata, *a, **k):
+            if metadata.use_mla:
+                raise ValueError("lmcache-fx CPU connector: MLA models are not supported")
+            num_layers, _kv, _chunk, kv_heads, head_dim = metadata.kv_shape
+            return cls(int(num_layers), int(kv_heads), int(head_dim), metadata.kv_dtype)
+
+        def get_shape(self, num_tokens: int) -> torch.Size:
+            return torch.Size([2, self.num_layers, num_tokens, self.hidden])
+
+        # ---- views of one layer's cache for a set of slots
+        def _split(self, t: torch.Tensor, slots: torch.Tensor):
+            """(index function) -> a getter and a setter of [n, 2, H*D] for `slots`."""
+            H, D = self.kv_heads, self.head_dim
+            n = slots.numel()
+            if t.dim() == 4 and t.shape[1] == H and t.shape[3] == 2 * D:  # vLLM-CPU: [nb, H, bs, 2D]
+                nb, _, bs, _ = t.shape
+                kv = t.view(nb, H, 2, bs, D)  # what its attention does: K = [.., :bs, ..], V = [.., bs:, ..]
+                blk, off = slots // bs, slots % bs
+
+                def get():
+                    return kv[blk, :, :, off].transpose(1, 2).reshape(n, 2, H * D)  # [n, H, 2, D] -> [n, 2, H*D]
+
+                def put(v):  # v: [n, 2, H*D]
+                    kv[blk, :, :, off] = v.view(n, 2, H, D).transpose(1, 2).to(t.dtype)
+
+                return get, put
+            if t.dim() == 5 and t.shape[0] == 2:  # [2, nb, bs, H, D]
+                flat = t.view(2, -1, H * D)
+
+                def get():
+                    return flat[:, slots].transpose(0, 1)
+
+                def put(v):
+                    flat[:, slots] = v.transpose(0, 1).to(t.dtype)
+
+                return get, put
+            if t.dim() == 5 and t.shape[1] == 2:  # [nb, 2, bs, H, D]
+                bs = t.shape[2]
+                blk, off = slots // bs, slots % bs
+
+                def get():
+                    return t[blk, :, off].reshape(n, 2, H * D)
+
+                def put(v):
+                    t[blk, :, off] = v.view(n, 2, H, D).to(t.dtype)
+
+                return get, put
+            raise ValueError(f"lmcache-fx CPU connector: unknown KV cache layout {tuple(t.shape)} "
+                             f"for {H} kv heads x {D}")
+
+        def _caches(self, kwargs):
+            if "kvcaches" in kwargs and kwargs["kvcaches"] is not None:
+                self.kvcaches = kwargs["kvcaches"]
+            if self.kvcaches is None:
+                raise ValueError("kvcaches should be provided in kwargs or initialized beforehand")
+            if "slot_mapping" not in kwargs:
+                raise ValueError("'slot_mapping' should be provided in kwargs")
+            return self.kvcaches, kwargs["slot_mapping"]
+
+        def from_gpu(self, memory_obj, start: int, end: int, **kwargs):
+            caches, slot_mapping = self._caches(kwargs)
+            slots = slot_mapping[start:end].to("cpu", torch.long)
+            dst = memory_obj.tensor  # [2, L, chunk, H*D]
+            n = end - start
+            for layer in range(self.num_layers):
+                get, _ = self._split(caches[layer], slots)
+                dst[:, layer, :n, :] = get().transpose(0, 1).to(dst.dtype)
+
+        def to_gpu(self, memory_obj, start: int, end: int, **kwargs):
+            caches, slot_mapping = self._caches(kwargs)
+            # Tokens vLLM already holds are not overwritten (LMCache's own rule).
+            skip = min(end - start, max(0, int(kwargs.get("vllm_cached_tokens", 0) or 0) - start))
+            if skip >= end - start:
+                return
+            slots = slot_mapping[start + skip:end].to("cpu", torch.long)
+            src = memory_obj.tensor[:, :, skip:end - start, :]  # [2, L, n, H*D]
+            for layer in range(self.num_layers):
+                _, put = self._split(caches[layer], slots)
+                put(src[:, layer].transpose(0, 1))
+
+        def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
+            for o, s, e in zip(memory_objs, starts, ends):
+                self.from_gpu(o, s, e, **kwargs)
+
+        def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kwargs):
+            for o, s, e in zip(memory_objs, starts, ends):
+                self.to_gpu(o, s, e, **kwargs)
+
+    VLLMPagedMemCPUConnector.__module__ = __name__
+    return VLLMPagedMemCPUConnector
+
+
+# --------------------------------------------------------------- fx counters
+def _log_to_stderr() -> None:
+    """vLLM configures only its own loggers: show lmcache-fx's INFO lines
+    (tier in use, chunks present, stats) in the server log too."""
+    lg = logging.getLogger("lmcache_fx")
+    if lg.handlers or lg.level not in (logging.NOTSET,):
+        return
+    h = logging.StreamHandler()
+    h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S"))
+    lg.addHandler(h)
+    lg.setLevel(logging.INFO)
+    lg.propagate = False
+
+
+_reporter_started = False
+
+
+def _start_stats_reporter() -> None:
+    """In the worker: a daemon thread that publishes the fx tier's counters
+    whenever they change (LMCACHE_FX_STATS_FILE, and the log)."""
+    global _reporter_started
+    if _reporter_started:
+        return
+    _reporter_started = True
+    threading.Thread(target=_report_loop, name="lmcache-fx-stats", daemon=True).start()
+
+
+def _fx_backends():
+    from lmcache.integration.vllm.utils import ENGINE_NAME
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    from .lmcache_plugin import FxStorageBackend
+
+    eng = LMCacheEngineBuilder.get(ENGINE_NAME)
+    sm = getattr(eng, "storage_manager", None) if eng is not None else None
+    if sm is None:
+        return {}
+    return {n: b for n, b in sm.storage_backends.items() if isinstance(b, FxStorageBackend)}
+
+
+def _report_loop(interval: float = 0.1) -> None:
+    path = os.environ.get("LMCACHE_FX_STATS_FILE")
+    last = None
+    announced = False
+    while True:
+        time.sleep(interval)
+        try:
+            backends = _fx_backends()
+        except Exception:
+            continue
+        if not backends:
+            continue
+        if not announced:
+            announced = True
+            log.info("lmcache-fx: tier(s) in use by LMCache: %s", ", ".join(sorted(backends)))
+        snap = {}
+        for n, b in sorted(backends.items()):
+            s = b.store.stats.snapshot()
+            s["chunks_in_store"] = len(b.store)
+            snap[n] = s
+        if snap == last:
+            continue
+        last = snap
+        line = json.dumps(snap, sort_keys=True)
+        log.info("lmcache-fx stats: %s", line)
+        if path:
+            try:
+                tmp = f"{path}.tmp.{os.getpid()}"
+                with open(tmp, "w") as f:
+                    f.write(line + "\n")
+                os.replace(tmp, path)
+            except OSError as e:
+                log.warning("lmcache-fx: cannot write stats file %s: %s", path, e)

