@@ -32,6 +32,13 @@ struct fx_uring {
     size_t reg_len;
     int reg_gen;
     int reg_ok;
+    ring_slot *donor; /* holds the registration; new rings clone it */
+    /* Pieces in flight over all rings, bounded by qd, so concurrent batches
+     * share the device fairly instead of each adding qd more. */
+    pthread_mutex_t slot_mu;
+    pthread_cond_t slot_cv;
+    unsigned slots_used;
+    unsigned slot_waiters;
 };
 
 static int ring_init(struct io_uring *ring, unsigned qd, unsigned *flags)
@@ -68,6 +75,25 @@ static int register_region(fx_uring *u, struct io_uring *ring)
     return r;
 }
 
+/* IORING_REGISTER_CLONE_BUFFERS (Linux 6.12+; liburing 2.3 predates it):
+ * shares another ring's buffer table instead of pinning the pages again,
+ * which for a pool of gigabytes takes hundreds of milliseconds per ring. */
+#define FX_REGISTER_CLONE_BUFFERS 30
+struct fx_clone_buffers {
+    uint32_t src_fd, flags, src_off, dst_off, nr, pad[3];
+};
+
+static int clone_registration(fx_uring *u, ring_slot *s)
+{
+    struct fx_clone_buffers arg;
+
+    if (!u->donor)
+        return -ENOENT;
+    memset(&arg, 0, sizeof(arg));
+    arg.src_fd = (uint32_t)u->donor->ring.ring_fd;
+    return io_uring_register((unsigned)s->ring.ring_fd, FX_REGISTER_CLONE_BUFFERS, &arg, 1);
+}
+
 /* Brings a ring's fixed buffers in line with the engine's current region. */
 static void sync_registration(fx_uring *u, ring_slot *s)
 {
@@ -76,8 +102,18 @@ static void sync_registration(fx_uring *u, ring_slot *s)
     if (s->reg_gen)
         io_uring_unregister_buffers(&s->ring);
     s->reg_gen = 0;
-    if (u->reg_base && u->reg_ok && register_region(u, &s->ring) == 0)
+    if (u->reg_base && u->reg_ok &&
+        (clone_registration(u, s) == 0 || register_region(u, &s->ring) == 0))
         s->reg_gen = u->reg_gen;
+}
+
+static void drop_donor(fx_uring *u)
+{
+    if (u->donor) {
+        io_uring_queue_exit(&u->donor->ring);
+        free(u->donor);
+        u->donor = NULL;
+    }
 }
 
 static ring_slot *take_ring(fx_uring *u)
@@ -145,6 +181,8 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
         return NULL;
     }
     pthread_mutex_init(&u->mu, NULL);
+    pthread_mutex_init(&u->slot_mu, NULL);
+    pthread_cond_init(&u->slot_cv, NULL);
     u->qd = qd;
 #ifdef IORING_SETUP_COOP_TASKRUN
     /* Completions are reaped by the submitting thread; skip the IPIs. */
@@ -181,6 +219,8 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
     return u;
 fail:
     pthread_mutex_destroy(&u->mu);
+    pthread_mutex_destroy(&u->slot_mu);
+    pthread_cond_destroy(&u->slot_cv);
     free(u);
     return NULL;
 }
@@ -193,41 +233,50 @@ void fx_uring_destroy(fx_uring *u)
         io_uring_queue_exit(&u->free_list[i]->ring);
         free(u->free_list[i]);
     }
+    drop_donor(u);
     pthread_mutex_destroy(&u->mu);
+    pthread_mutex_destroy(&u->slot_mu);
+    pthread_cond_destroy(&u->slot_cv);
     free(u);
 }
 
 int fx_uring_register(fx_uring *u, void *addr, size_t len)
 {
-    ring_slot *s;
-    int r;
+    ring_slot *d = NULL;
+    unsigned flags = 0;
+    int r = 0;
 
-    /* Try on one ring first so a refusal (ENOMEM without CAP_IPC_LOCK) is
-     * reported; the other rings catch up when they are next taken. */
+    /* A small ring of its own holds the registration (so a refusal, ENOMEM
+     * without CAP_IPC_LOCK, is reported here); pool rings clone it when they
+     * are next taken. */
+    if (addr) {
+        d = calloc(1, sizeof(*d));
+        if (!d)
+            return -ENOMEM;
+        r = ring_init(&d->ring, 1, &flags);
+        if (r < 0) {
+            free(d);
+            return r;
+        }
+    }
     pthread_mutex_lock(&u->mu);
+    drop_donor(u);
     u->reg_base = addr;
     u->reg_len = len;
     u->reg_gen++;
-    u->reg_ok = addr != NULL;
-    pthread_mutex_unlock(&u->mu);
-    if (!addr)
-        return 0;
-    s = take_ring(u);
-    if (!s)
-        return -ENOMEM;
-    pthread_mutex_lock(&u->mu);
-    r = s->reg_gen == u->reg_gen ? 0 : -ENOMEM;
-    if (r) {
-        /* Find the real error for the caller. */
-        r = register_region(u, &s->ring);
+    u->reg_ok = 0;
+    if (d) {
+        r = register_region(u, &d->ring);
         if (r == 0) {
-            s->reg_gen = u->reg_gen;
+            d->reg_gen = u->reg_gen;
+            u->donor = d;
+            u->reg_ok = 1;
         } else {
-            u->reg_ok = 0;
+            io_uring_queue_exit(&d->ring);
+            free(d);
         }
     }
     pthread_mutex_unlock(&u->mu);
-    give_ring(u, s);
     return r;
 }
 
@@ -273,7 +322,45 @@ typedef struct {
     fx_piece **landed;  /* pieces reaped but not yet checksummed */
     int64_t *landed_res;
     unsigned nlanded;
+    unsigned held; /* engine-wide slots this batch holds (queued or in flight) */
 } run_state;
+
+/* One engine-wide slot for a new piece. A batch with pieces in flight yields
+ * to batches that have none (they wait here), so every request progresses;
+ * a batch with none waits for a slot. Returns 0 when the caller should reap
+ * its own completions first. */
+static int take_slot(fx_uring *u, run_state *st)
+{
+    int ok = 0;
+
+    pthread_mutex_lock(&u->slot_mu);
+    if (st->held == 0) {
+        u->slot_waiters++;
+        while (u->slots_used >= u->qd)
+            pthread_cond_wait(&u->slot_cv, &u->slot_mu);
+        u->slot_waiters--;
+        ok = 1;
+    } else if (u->slots_used < u->qd && !u->slot_waiters) {
+        ok = 1;
+    }
+    if (ok) {
+        u->slots_used++;
+        st->held++;
+    }
+    pthread_mutex_unlock(&u->slot_mu);
+    return ok;
+}
+
+static void give_slots(fx_uring *u, run_state *st, unsigned n)
+{
+    if (!n)
+        return;
+    pthread_mutex_lock(&u->slot_mu);
+    u->slots_used -= n;
+    st->held -= n;
+    pthread_cond_broadcast(&u->slot_cv);
+    pthread_mutex_unlock(&u->slot_mu);
+}
 
 static void finish(run_state *st, fx_piece *p, int64_t r)
 {
@@ -333,9 +420,10 @@ static void finish_landed(run_state *st)
 
 /* The ring failed: reap what the kernel still holds, fail the rest, and
  * throw the ring away rather than reuse it. */
-static int abort_run(run_state *st, ring_slot *s, unsigned inflight, int err)
+static int abort_run(fx_uring *u, run_state *st, ring_slot *s, unsigned inflight, int err)
 {
     finish_landed(st);
+    give_slots(u, st, st->held);
     while (inflight) {
         struct io_uring_cqe *cqe;
         if (io_uring_wait_cqe(&s->ring, &cqe) < 0)
@@ -368,9 +456,13 @@ static void fill(fx_uring *u, ring_slot *s, run_state *st, size_t *next, unsigne
             finish(st, p, fx_piece_run_sync(b, p));
             continue;
         }
-        sqe = io_uring_get_sqe(&s->ring);
-        if (!sqe)
+        if (!take_slot(u, st))
             break;
+        sqe = io_uring_get_sqe(&s->ring);
+        if (!sqe) {
+            give_slots(u, st, 1);
+            break;
+        }
         prep_piece(u, s, sqe, b, p);
         (*next)++;
         (*queued)++;
@@ -413,13 +505,13 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
     }
     while (next < b->npieces || inflight || queued) {
         struct io_uring_cqe *cqe;
-        unsigned head, seen = 0;
+        unsigned head, seen = 0, ended = 0;
 
         fill(u, s, &st, &next, inflight, &queued);
         if (!inflight && !queued)
             continue; /* the rest was bounced inline */
         if ((err = took(io_uring_submit_and_wait(&s->ring, 1), &inflight, &queued))) {
-            ret = abort_run(&st, s, inflight, err);
+            ret = abort_run(u, &st, s, inflight, err);
             goto out;
         }
         io_uring_for_each_cqe(&s->ring, head, cqe)
@@ -429,23 +521,28 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
 
             seen++;
             inflight--;
-            if (!on_cqe(&st, p, cqe->res))
+            if (!on_cqe(&st, p, cqe->res)) {
+                ended++;
                 continue;
-            /* inflight + queued stays within the SQ size, so there is room. */
+            }
+            /* A resubmitted piece keeps its slot; inflight + queued stays
+             * within the SQ size, so there is room. */
             sqe = io_uring_get_sqe(&s->ring);
             if (!sqe) {
                 land(&st, p, -EBUSY);
+                ended++;
                 continue;
             }
             prep_piece(u, s, sqe, b, p);
             queued++;
         }
         io_uring_cq_advance(&s->ring, seen);
+        give_slots(u, &st, ended);
         if (st.nlanded) {
             /* Keep the device busy while this thread checksums what landed. */
             fill(u, s, &st, &next, inflight, &queued);
             if (queued && (err = took(io_uring_submit(&s->ring), &inflight, &queued))) {
-                ret = abort_run(&st, s, inflight, err);
+                ret = abort_run(u, &st, s, inflight, err);
                 goto out;
             }
             finish_landed(&st);
