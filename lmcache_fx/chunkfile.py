@@ -115,4 +115,29 @@ def decode_header(buf) -> Header:
         raise BadHeader(f"bad meta: {type(e).__name__}") from None
     if not isinstance(key, str) or not isinstance(d, dict):
         raise BadHeader("bad meta: key is not a string")
-    return Header(key, ChunkMeta.from_json(d), plen, pcrc, created)
+    meta = ChunkMeta.from_json(d)
+    expect = tensor_bytes(meta)
+    if expect is not None and expect != plen:
+        # A planted file with valid CRCs but shapes that do not add up would
+        # make the reader allocate the wrong (possibly huge) destination.
+        raise BadHeader(f"shapes and dtypes make {expect} bytes, payload length is {plen}")
+    return Header(key, meta, plen, pcrc, created)
+
+
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "uint8": 1,
+             "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1}
+_TENSOR_FORMATS = {"KV_2LTD", "KV_T2D", "KV_2TD", "KV_MLA_FMT"}
+
+
+def tensor_bytes(meta: ChunkMeta):
+    """Bytes the shapes and dtypes of a KV tensor chunk make, or None when the
+    format or a dtype is not one whose size is known here (no check then)."""
+    if meta.fmt not in _TENSOR_FORMATS or any(d not in _ITEMSIZE for d in meta.dtypes):
+        return None
+    total = 0
+    for shape, dtype in zip(meta.shapes, meta.dtypes):
+        n = _ITEMSIZE[dtype]
+        for x in shape:
+            n *= x
+        total += n
+    return total

@@ -270,3 +270,22 @@ def test_odirect_on_xfs(xfs_store, tmp_path):
         got = kv.empty_like()
         assert retrieve(eng, tokens, got) == ntok
         assert kv.tokens_equal(got, ntok)
+
+
+def test_header_whose_shapes_do_not_match_the_payload_is_bad(tmp_path):
+    """A planted chunk with valid CRCs but shapes that claim more (or fewer)
+    bytes than its payload is refused before anything is allocated."""
+    from lmcache_fx import _fxio
+    from lmcache_fx.chunkfile import BadHeader, ChunkMeta, decode_header, encode_header
+
+    buf = _fxio.HostBuffer(HEADER_SIZE, hugepages=False)
+    good = ChunkMeta(((2, 4, 256, 128),), ("bfloat16",), "KV_2LTD")
+    encode_header(buf, "k", good, 2 * 4 * 256 * 128 * 2, 0, 0)
+    assert decode_header(buf).meta == good
+    huge = ChunkMeta(((2, 4, 1 << 40, 128),), ("bfloat16",), "KV_2LTD")
+    encode_header(buf, "k", huge, 2 * 4 * 256 * 128 * 2, 0, 0)
+    with pytest.raises(BadHeader, match="shapes and dtypes make"):
+        decode_header(buf)
+    # Formats whose size the shapes do not give (compressed) are not checked.
+    encode_header(buf, "k", ChunkMeta(((7,),), ("uint8",), "BINARY_BUFFER"), 3, 0, 0)
+    assert decode_header(buf).payload_len == 3
