@@ -100,7 +100,7 @@ def ask(server: Server, messages: list[dict], max_tokens: int, rid: str, timeout
             "logprobs": logprobs, "prompt_tokens": usage.get("prompt_tokens")}
 
 
-def hit_tokens(server: Server, log_offset: int, rid: str, wait: float = 5.0):
+def hit_tokens(server: Server, log_offset: int, rid: str, wait: float = 30.0):
     """LMCache's hit tokens for request `rid`, from the server log."""
     end = time.monotonic() + wait
     while True:

@@ -177,7 +177,18 @@ def rings() -> int:
 
 
 def os_threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+    """Threads of this process, without io_uring's kernel workers (iou-wrk-*,
+    which the kernel starts and retires on its own)."""
+    n = 0
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                if f.read().startswith("iou-"):
+                    continue
+        except OSError:
+            continue  # exited meanwhile
+        n += 1
+    return n
 
 
 # --------------------------------------------------------------- seccomp
