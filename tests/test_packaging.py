@@ -140,7 +140,7 @@ def test_c_core_and_store_on_other_pythons(tmp_path, version):
         d = tempfile.mkdtemp()
         s = ChunkStore(FxOptions(path=d))
         src = _fxio.HostBuffer(1 << 20); memoryview(src)[:] = os.urandom(1 << 20)
-        meta = ChunkMeta(((2, 1, 256, 512),), ("bfloat16",), "KV_2LTD")
+        meta = ChunkMeta(((2, 1, 256, 1024),), ("bfloat16",), "KV_2LTD")  # 1 MiB
         assert s.write([("k@1", src.address, 1 << 20, meta)]) == [True]
         dst = _fxio.HostBuffer(1 << 20)
         out = s.read(["k@1"], lambda m: ("h", dst.address, 1 << 20), lambda h: None)
