@@ -6,15 +6,33 @@ the path chosen by digest when several are given (striping). Writes go to a
 temporary name in the same directory and are renamed into place, so a reader
 sees a whole chunk or none. The index is rebuilt at start from names and
 sizes only; headers are read on first use.
+
+Shared stores: every process (TP ranks, instances, nodes) writing to one
+path shares one capacity. The bytes of the store live in a ledger, the lock
+file <first path>/.fx/store.lock, changed only under an advisory flock on it:
+a write reserves its bytes there (evicting first when the cap would be
+passed), a commit or removal corrects them. Scans recompute the ledger from
+the files (at start, every RESCAN_SECONDS, and when an evictor needs victims)
+so crashes and foreign deletions cannot make it drift for long. Least
+recently used is the file mtime: a write sets it, a hit refreshes it at most
+once per TOUCH_SECONDS, and the evictor removes the oldest files first,
+whoever wrote them. See docs/shared-stores.md.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
+import itertools
 import logging
 import os
+import socket
 import stat
+import struct
 import threading
 import time
+import zlib
+from contextlib import contextmanager
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Generator, Optional, Sequence
@@ -37,6 +55,136 @@ log = logging.getLogger("lmcache_fx")
 
 TMP_MARK = ".tmp."
 STALE_TMP_SECONDS = 3600  # a temporary file this old belongs to a dead writer
+LOCK_DIR = ".fx"  # in the first root: shared state; no fan-out directory, so never scanned
+LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evictor lock; never a chunk
+TOUCH_SECONDS = 10.0  # a hit refreshes its chunk's mtime (the shared LRU clock) at most this often
+RESCAN_SECONDS = 300.0  # the ledger is recomputed from the files at least this often (by any process)
+VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
+_tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
+
+
+def _host_tag() -> str:
+    """Names this kernel's pid space: temporaries of another node or container
+    are judged stale by age only, never by a pid that means nothing here."""
+    parts = [socket.gethostname()]
+    for f in ("/proc/sys/kernel/random/boot_id",):
+        try:
+            with open(f) as fh:
+                parts.append(fh.read().strip())
+        except OSError:
+            pass
+    try:
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        pass
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=4).hexdigest()
+
+
+HOST_TAG = _host_tag()
+
+
+class _Ledger:
+    """The shared byte count of a store, in its lock file: magic, usage,
+    time of the last scan, CRC. One object per lock file per process (flock
+    locks per open file, so threads and stores of one process take `mutex`
+    first)."""
+
+    REC = struct.Struct("<8sqd")
+    MAGIC = b"FXLEDG1\0"
+    _registry: dict = {}
+    _reg_lock = threading.Lock()
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.mutex = threading.RLock()
+        self.depth = 0  # nesting of hold() by the thread owning mutex
+        self.refs = 0
+
+    @classmethod
+    def open(cls, root: str, mode: int, dir_mode: int, shared_group: bool) -> "_Ledger":
+        path = os.path.join(root, LOCK_NAME)
+        try:
+            try:
+                os.mkdir(os.path.join(root, LOCK_DIR), dir_mode)
+            except FileExistsError:
+                pass
+            dfd = _open_dir(os.path.join(root, LOCK_DIR))  # refuses a planted symlink
+            try:
+                if shared_group:
+                    try:
+                        os.fchmod(dfd, dir_mode)  # past the umask
+                    except OSError:
+                        pass
+                fd = os.open(os.path.basename(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             mode, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            raise ConfigError(f"path: cannot open the store's lock file {path!r}: {e.strerror}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise ConfigError(f"path: {path!r} is not a regular file; remove it")
+        if shared_group:
+            try:
+                os.fchmod(fd, mode)
+            except OSError:
+                pass
+        with cls._reg_lock:
+            led = cls._registry.get((st.st_dev, st.st_ino))
+            if led is None:
+                led = cls._registry[(st.st_dev, st.st_ino)] = cls(fd)
+                led.key = (st.st_dev, st.st_ino)
+            else:
+                os.close(fd)
+            led.refs += 1
+        return led
+
+    def release(self) -> None:
+        with self._reg_lock:
+            self.refs -= 1
+            if self.refs == 0:
+                self._registry.pop(self.key, None)
+                os.close(self.fd)
+
+    @contextmanager
+    def hold(self):
+        with self.mutex:
+            if self.depth == 0:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX)
+                except OSError as e:  # a filesystem without locks: this process still serialises
+                    log.warning("lmcache-fx: flock on the store lock file failed (%s)", e.strerror)
+            self.depth += 1
+            try:
+                yield self
+            finally:
+                self.depth -= 1
+                if self.depth == 0:
+                    try:
+                        fcntl.flock(self.fd, fcntl.LOCK_UN)
+                    except OSError:
+                        pass
+
+    def get(self) -> Optional[tuple[int, float]]:
+        """(usage, last scan time), or None when the record is missing or bad. Hold the lock."""
+        try:
+            b = os.pread(self.fd, self.REC.size + 4, 0)
+        except OSError:
+            return None
+        if len(b) != self.REC.size + 4 or zlib.crc32(b[:-4]) != struct.unpack("<I", b[-4:])[0]:
+            return None
+        magic, usage, scanned = self.REC.unpack(b[:-4])
+        if magic != self.MAGIC:
+            return None
+        return usage, scanned
+
+    def put(self, usage: int, scanned: float) -> None:
+        b = self.REC.pack(self.MAGIC, int(usage), float(scanned))
+        try:
+            os.pwrite(self.fd, b + struct.pack("<I", zlib.crc32(b)), 0)
+        except OSError:
+            pass  # the next reader finds a bad record and rescans
 
 
 @dataclass
@@ -44,6 +192,7 @@ class Entry:
     path: str
     size: int  # bytes of the file
     meta: Optional[ChunkMeta] = None  # known once the header was read or written
+    touched: float = 0.0  # time.monotonic() of the last mtime refresh by this process
 
 
 @dataclass
@@ -60,6 +209,8 @@ class Stats:
         self.chunks_read = self.bytes_read = 0
         self.chunks_written = self.bytes_written = 0
         self.hits = self.misses = self.corrupt = self.evictions = self.write_errors = self.read_errors = 0
+        self.scans = 0  # directory scans under the shared lock (start, drift, victims)
+        self.scan_seconds = 0.0
         self.read_seconds = 0.0
         self.read_batches = 0
         self.read_latency_counts = [0] * (len(READ_LATENCY_BUCKETS) + 1)  # a histogram, +Inf last
@@ -90,30 +241,45 @@ class ChunkStore:
         self.roots = [os.path.abspath(p) for p in options.paths]
         self.file_mode = 0o660 if options.shared_group else 0o600
         self.dir_mode = 0o770 if options.shared_group else 0o700
-        self._lock = threading.RLock()
-        self._index: "OrderedDict[str, Entry]" = OrderedDict()  # digest -> entry, LRU first
+        self._lock = threading.RLock()  # never held while taking the ledger
+        self._index: "OrderedDict[str, Entry]" = OrderedDict()  # digest -> entry, LRU first (this process)
+        self._index_limit = 65536
         self._pins: dict[str, int] = {}
-        self._usage = 0
-        self._reserved = 0  # bytes of writes in progress, counted against capacity
+        self._ledger: Optional[_Ledger] = None
+        self._last_usage = 0  # the shared usage as last read from the ledger
+        self._victims: list = []  # (mtime_ns, digest, path, size) oldest last; from this process's last scan
+        self._victims_at = -1e9
         self._made_dirs: set[str] = set()
-        self._tmp_seq = 0
         self._enospc_until = 0.0
         self._enospc_count = 0
         self._io_warn_until = 0.0
         self._io_warn_quiet = 0
         self._hdr_pool: list = []
+        self._last_mtime_ns = 0
         self.stats = Stats()
         self.engine = None
         created: list[str] = []
+        lock_made = False
         try:  # nothing half-starts: on any error, undo what was made here
             for root in self.roots:
                 self._prepare_root(root, created)
+            lock_made = not os.path.lexists(os.path.join(self.roots[0], LOCK_DIR))
+            self._ledger = _Ledger.open(self.roots[0], self.file_mode, self.dir_mode, options.shared_group)
             self.engine = engine or make_engine(options)
             self.odirect = self._decide_odirect()
             self._scan()
         except BaseException:
             if self.engine is not None and engine is None:
                 self.engine.close()
+            if self._ledger is not None:
+                self._ledger.release()
+                self._ledger = None
+            if lock_made:
+                _unlink_quiet(os.path.join(self.roots[0], LOCK_NAME))
+                try:
+                    os.rmdir(os.path.join(self.roots[0], LOCK_DIR))
+                except OSError:
+                    pass
             for d in reversed(created):
                 try:
                     os.rmdir(d)
@@ -165,15 +331,23 @@ class ChunkStore:
             log.info("lmcache-fx: O_DIRECT not supported on %s (%s); using buffered I/O", self.roots[0], why)
         return ok
 
-    def _scan(self) -> None:
-        """Rebuilds the index from names and sizes; removes stale temporaries."""
+    def _walk(self) -> tuple[list, int]:
+        """Lists every root: chunk files as (mtime_ns, digest, path, size),
+        newest first, and the bytes the store holds (chunks plus temporaries
+        of live writers, which are reserved in the ledger). Removes stale
+        temporaries. The lock file sits in no fan-out directory: never seen."""
         found = []
+        usage = 0
         now = time.time()
         for root in self.roots:
             with os.scandir(root) as top:
                 subdirs = [d.path for d in top if len(d.name) == 2 and d.is_dir(follow_symlinks=False)]
             for sub in subdirs:
-                with os.scandir(sub) as it:
+                try:
+                    it = os.scandir(sub)
+                except FileNotFoundError:
+                    continue
+                with it:
                     for de in it:
                         name = de.name
                         try:
@@ -185,26 +359,66 @@ class ChunkStore:
                         if TMP_MARK in name:
                             if self._tmp_is_stale(name, st.st_mtime, now):
                                 _unlink_quiet(de.path)
+                            else:
+                                usage += st.st_size
                             continue
                         if name.endswith(SUFFIX) and len(name) == 32 + len(SUFFIX):
-                            found.append((st.st_mtime, name[:32], de.path, st.st_size))
-        found.sort()  # oldest first = least recently used
+                            found.append((st.st_mtime_ns, name[:32], de.path, st.st_size))
+                            usage += st.st_size
+        found.sort(reverse=True)
+        return found, usage
+
+    def _rescan_locked(self) -> Optional[int]:
+        """Recomputes the shared usage from the files (ledger held); refreshes
+        this process's victim list and prunes its index. None when the
+        directory cannot be listed."""
+        t0 = time.perf_counter()
+        try:
+            found, usage = self._walk()
+        except OSError as e:
+            self._io_warning("lmcache-fx: cannot scan the store (%s)", e.strerror)
+            return None
+        self._ledger.put(usage, time.time())
+        self._last_usage = usage
+        self._victims = found
+        self._victims_at = time.monotonic()
+        present = {f[1] for f in found}
         with self._lock:
-            for _, digest, path, size in found:
-                self._index[digest] = Entry(path, size)
-                self._usage += size
-        if found:
-            log.info("lmcache-fx: found %d chunks (%.2f GB) under %s", len(found), self._usage / 1e9,
-                     ",".join(self.roots))
-        self._evict_to(self.options.max_capacity_bytes)
+            for d in [d for d in self._index if d not in present]:
+                del self._index[d]
+            self._index_limit = max(65536, 2 * len(found))
+        self.stats.add(scans=1, scan_seconds=time.perf_counter() - t0)
+        return usage
+
+    def _scan(self) -> None:
+        """At start: rebuilds the index from names and sizes, recomputes the
+        shared usage, removes stale temporaries, evicts down to the cap."""
+        with self._ledger.hold():
+            found, usage = self._walk()
+            now_ns, mono = time.time_ns(), time.monotonic()
+            with self._lock:
+                for mt, digest, path, size in reversed(found):  # oldest first = least recently used
+                    self._index[digest] = Entry(path, size, touched=mono - max(0, now_ns - mt) / 1e9)
+                self._index_limit = max(65536, 2 * len(found))
+            self._ledger.put(usage, time.time())
+            self._last_usage = usage
+            self._victims, self._victims_at = found, time.monotonic()
+            self.stats.add(scans=1)
+            if found:
+                log.info("lmcache-fx: found %d chunks (%.2f GB in the store) under %s", len(found), usage / 1e9,
+                         ",".join(self.roots))
+            self._evict_locked(self.options.max_capacity_bytes, usage)
 
     @staticmethod
     def _tmp_is_stale(name: str, mtime: float, now: float) -> bool:
-        # <digest>.fxkv.tmp.<pid>.<seq>: stale when the writer is gone
+        # <digest>.fxkv.tmp.<pid>.<seq>[.<host tag>]: stale when the writer is gone
         try:
-            pid = int(name.split(TMP_MARK, 1)[1].split(".")[0])
+            parts = name.split(TMP_MARK, 1)[1].split(".")
+            pid = int(parts[0])
         except (IndexError, ValueError):
             return now - mtime > STALE_TMP_SECONDS
+        if len(parts) >= 3 and parts[2] != HOST_TAG:
+            return now - mtime > STALE_TMP_SECONDS  # another node's or container's pid: age only
         if pid == os.getpid():
             return False
         try:
@@ -220,41 +434,81 @@ class ChunkStore:
         root = self.roots[int(digest[:8], 16) % len(self.roots)]
         return os.path.join(root, digest[:2], digest + SUFFIX)
 
-    def _entry(self, key: str) -> Optional[Entry]:
+    def _entry(self, key: str, check: bool = False) -> Optional[Entry]:
         """Index entry, looking on disk when the index has none (another
-        process may have written it)."""
+        process may have written it). `check`: confirm an indexed file is
+        still there (another process may have evicted it)."""
         d = chunk_digest(key)
         with self._lock:
             e = self._index.get(d)
+        if e is not None and not check:
+            return e
+        path = e.path if e is not None else self.path_for(d)
+        st = _stat_in(path)
+        if st is None or not stat.S_ISREG(st.st_mode):
             if e is not None:
-                return e
-        path = self.path_for(d)
-        try:
-            dfd = _open_dir(os.path.dirname(path))
-            try:
-                st = os.stat(os.path.basename(path), dir_fd=dfd, follow_symlinks=False)
-            finally:
-                os.close(dfd)
-        except OSError:
+                with self._lock:
+                    if self._index.get(d) is e:
+                        del self._index[d]
             return None
-        if not stat.S_ISREG(st.st_mode):
-            return None
+        if e is not None:
+            return e
         with self._lock:
             e = self._index.get(d)
             if e is None:
-                e = self._index[d] = Entry(path, st.st_size)
-                self._usage += st.st_size
+                mono = time.monotonic() - max(0, time.time_ns() - st.st_mtime_ns) / 1e9
+                e = self._index[d] = Entry(path, st.st_size, touched=mono)
+                self._bound_index()
             return e
 
+    def _bound_index(self) -> None:
+        """Keeps the index within bounds (self._lock held): entries of files
+        that other processes evicted are only found out when used."""
+        if len(self._index) <= self._index_limit:
+            return
+        drop = [d for d in itertools.islice(self._index, len(self._index) // 2) if not self._pins.get(d)]
+        for d in drop:
+            del self._index[d]
+
+    def _touch(self, e: Entry, fd: Optional[int] = None) -> None:
+        """Marks a chunk used for every process's LRU: its mtime, at most once
+        per TOUCH_SECONDS per chunk and process."""
+        now = time.monotonic()
+        if now - e.touched < TOUCH_SECONDS:
+            return
+        e.touched = now
+        t = self._next_mtime_ns()
+        try:
+            if fd is not None:
+                os.utime(fd, ns=(t, t))
+            else:
+                dfd = _open_dir(os.path.dirname(e.path))
+                try:
+                    os.utime(os.path.basename(e.path), ns=(t, t), dir_fd=dfd, follow_symlinks=False)
+                finally:
+                    os.close(dfd)
+        except OSError:
+            pass  # gone, or not ours to touch: recency is advisory
+
+    def _next_mtime_ns(self) -> int:
+        """Now, in ns, strictly increasing in this process: chunks written in
+        one batch keep their order in every process's LRU."""
+        with self._lock:
+            t = max(time.time_ns(), self._last_mtime_ns + 1)
+            self._last_mtime_ns = t
+            return t
+
     def contains(self, key: str) -> bool:
-        return self._entry(key) is not None
+        return self._entry(key, check=True) is not None
 
     def pin(self, key: str) -> bool:
         d = chunk_digest(key)
-        if self._entry(key) is None:
+        e = self._entry(key, check=True)
+        if e is None:
             return False
         with self._lock:
             self._pins[d] = self._pins.get(d, 0) + 1
+        self._touch(e)  # a lookup announces a read: keep it from other processes' evictors
         return True
 
     def unpin(self, key: str) -> bool:
@@ -275,17 +529,36 @@ class ChunkStore:
     def _drop(self, digest: str, unlink: bool, expect_path: Optional[str] = None) -> bool:
         with self._lock:
             e = self._index.pop(digest, None)
-            if e is not None:
-                self._usage -= e.size
         path = e.path if e else (expect_path or self.path_for(digest))
-        if unlink:
-            return _unlink_quiet(path) or e is not None
-        return e is not None
+        if not unlink:
+            return e is not None
+        with self._ledger.hold():
+            st = _stat_in(path)
+            gone = _unlink_quiet(path)
+            if gone and st is not None:
+                self._ledger_add_locked(-st.st_size)
+        return gone or e is not None
+
+    def _ledger_add_locked(self, delta: int) -> Optional[int]:
+        """Adds to the shared usage (ledger held); a bad record is rebuilt by a scan."""
+        rec = self._ledger.get()
+        if rec is None:
+            return self._rescan_locked()
+        usage = max(0, rec[0] + delta)
+        self._ledger.put(usage, rec[1])
+        self._last_usage = usage
+        return usage
 
     @property
     def usage_bytes(self) -> int:
-        with self._lock:
-            return self._usage
+        """Bytes in the store, counted over every process writing to it."""
+        with self._ledger.hold():
+            rec = self._ledger.get()
+            if rec is None:
+                u = self._rescan_locked()
+                return self._last_usage if u is None else u
+            self._last_usage = rec[0]
+            return rec[0]
 
     def __len__(self) -> int:
         with self._lock:
@@ -293,28 +566,63 @@ class ChunkStore:
 
     # ------------------------------------------------------------ eviction
     def _evict_to(self, limit: int) -> bool:
-        """Evicts least recently used, unpinned chunks until usage plus
-        writes in progress <= limit."""
-        victims = []
-        with self._lock:
-            limit -= self._reserved
-            if self._usage <= limit:
-                return True
-            for d, e in self._index.items():
-                if self._usage <= limit:
-                    break
-                if self._pins.get(d):
+        """Evicts least recently used (oldest mtime), unpinned chunks of any
+        process until the shared usage <= limit."""
+        with self._ledger.hold():
+            rec = self._ledger.get()
+            usage = rec[0] if rec else self._rescan_locked()
+            if usage is None:
+                return False
+            return self._evict_locked(limit, usage) <= limit
+
+    def _evict_locked(self, limit: int, usage: int) -> int:
+        """The evictor (ledger held): removes the oldest chunks from this
+        process's sorted scan, rescanning when it is old or used up, until
+        usage <= limit. Returns the usage after."""
+        if usage <= limit:
+            return usage
+        rescanned = False
+        if not self._victims or time.monotonic() - self._victims_at > VICTIM_LIST_SECONDS:
+            u = self._rescan_locked()
+            if u is None:
+                return usage
+            usage, rescanned = u, True
+        n = 0
+        while usage > limit:
+            kept = []
+            while usage > limit and self._victims:
+                v = self._victims.pop()
+                mt, d, path, size = v
+                with self._lock:
+                    pinned = bool(self._pins.get(d))
+                if pinned:
+                    kept.append(v)
                     continue
-                victims.append((d, e))
-                self._usage -= e.size
-            for d, _ in victims:
-                del self._index[d]
-            ok = self._usage <= limit
-        for _, e in victims:
-            _unlink_quiet(e.path)
-        if victims:
-            self.stats.add(evictions=len(victims))
-        return ok
+                st = _stat_in(path)
+                if st is None or not stat.S_ISREG(st.st_mode):
+                    continue  # evicted or removed by another process
+                if st.st_mtime_ns > mt:
+                    continue  # used (or rewritten) since the scan: no longer old
+                if not _unlink_quiet(path):
+                    continue
+                usage = max(0, usage - st.st_size)
+                n += 1
+                with self._lock:
+                    e = self._index.get(d)
+                    if e is not None and e.path == path:
+                        del self._index[d]
+            self._victims.extend(reversed(kept))
+            if usage <= limit or rescanned:
+                break
+            u = self._rescan_locked()  # the list ran out: look again, once
+            if u is None:
+                break
+            usage, rescanned = u, True
+        if n:
+            self.stats.add(evictions=n)
+        self._ledger.put(usage, (self._ledger.get() or (0, time.time()))[1])
+        self._last_usage = usage
+        return usage
 
     # ------------------------------------------------------------ writes
     def write(self, items: Sequence[tuple[str, int, int, ChunkMeta]]) -> list[bool]:
@@ -323,92 +631,145 @@ class ChunkStore:
         chunk is now in the store."""
         out = [False] * len(items)
         todo = []
-        cap = self.options.max_capacity_bytes
         for i, (key, addr, nbytes, meta) in enumerate(items):
             d = chunk_digest(key)
             with self._lock:
-                if d in self._index:
-                    out[i] = True
-                    continue
-            size = HEADER_SIZE + nbytes
-            with self._lock:  # evict and reserve as one step, so concurrent writers cannot overshoot
-                room = size <= cap and self._evict_to(cap - size)
-                if room:
-                    self._reserved += size
-            if not room:
-                log.warning("lmcache-fx: no room for a %d-byte chunk under max_capacity_gb=%s (pinned chunks "
-                            "fill it)", size, self.options.max_capacity_gb)
+                known = d in self._index
+            if known and self._entry(key, check=True) is not None:
+                out[i] = True
                 continue
             todo.append((i, key, d, addr, nbytes, meta))
         if not todo:
             return out
-        try:
-            return self._write_files(todo, out)
-        finally:
-            with self._lock:
-                self._reserved -= sum(HEADER_SIZE + t[4] for t in todo)
+        return self._write_files(todo, out)
+
+    def _reserve(self, files: list) -> list:
+        """Counts the files in the shared usage, evicting first where the cap
+        would be passed, and sizes them, as one step under the lock (so a
+        scan sees a temporary at the size it is counted at). Returns those
+        that got room; f[8] is set to the bytes reserved."""
+        cap = self.options.max_capacity_bytes
+        ok = []
+        with self._ledger.hold():
+            rec = self._ledger.get()
+            if rec is None or time.time() - rec[1] > RESCAN_SECONDS:
+                usage = self._rescan_locked()
+            else:
+                usage = rec[0]
+            if usage is None:
+                return ok
+            start = usage
+            for f in files:
+                rsize = HEADER_SIZE + _round_up(f[6], 4096)
+                if usage + rsize > cap and rsize <= cap:
+                    usage = self._evict_locked(cap - rsize, usage)
+                if usage + rsize > cap:
+                    log.warning("lmcache-fx: no room for a %d-byte chunk under max_capacity_gb=%s (pinned chunks "
+                                "fill it)", rsize, self.options.max_capacity_gb)
+                    continue
+                try:
+                    # Size the file first: writes inside EOF run in parallel, where
+                    # extending O_DIRECT writes are serialised by the filesystem.
+                    os.ftruncate(f[4], rsize)
+                except OSError as e:
+                    self._write_failed(None, -e.errno)
+                    continue
+                usage += rsize
+                f[8] = rsize
+                ok.append(f)
+            if ok or usage != start:  # the evictor may have written the ledger meanwhile
+                rec2 = self._ledger.get()
+                self._ledger.put(usage, rec2[1] if rec2 else time.time())
+                self._last_usage = usage
+        return ok
 
     def _write_files(self, todo, out: list[bool]) -> list[bool]:
         if time.monotonic() < self._enospc_until:
             self._count_enospc(len(todo))
             return out
-        hdrs = _fxio.HostBuffer(HEADER_SIZE * len(todo), hugepages=False)
-        files = []  # (i, key, digest, tmp, fd, nbytes, meta)
+        files = []  # [i, key, digest, tmp, fd, addr, nbytes, meta, reserved bytes]
+        ready = []
         try:
             for i, key, d, addr, nbytes, meta in todo:
                 tmp, fd = self._create_tmp(d)
-                if fd < 0:
-                    continue
-                try:
-                    # Size the file first: writes inside EOF run in parallel, where
-                    # extending O_DIRECT writes are serialised by the filesystem.
-                    os.ftruncate(fd, HEADER_SIZE + _round_up(nbytes, 4096))
-                except OSError as e:
-                    os.close(fd)
-                    self._write_failed(tmp, -e.errno)
-                    continue
-                files.append((i, key, d, tmp, fd, addr, nbytes, meta))
-            res = self.engine.write([(f[4], HEADER_SIZE, f[6], f[5]) for f in files], crc=True)
+                if fd >= 0:
+                    files.append([i, key, d, tmp, fd, addr, nbytes, meta, 0])
+            if not files:
+                return out
+            good = self._reserve(files)
+            if not good:
+                return out
+            hdrs = _fxio.HostBuffer(HEADER_SIZE * len(good), hugepages=False)
+            res = self.engine.write([(f[4], HEADER_SIZE, f[6], f[5]) for f in good], crc=True)
             now = time.time_ns()
-            hdr_ops, good = [], []
-            for j, (f, (n, crc)) in enumerate(zip(files, res)):
-                i, key, d, tmp, fd, addr, nbytes, meta = f
-                if n != nbytes:
-                    self._write_failed(tmp, n)
+            hdr_ops, good2 = [], []
+            for j, (f, (n, crc)) in enumerate(zip(good, res)):
+                if n != f[6]:
+                    self._write_failed(None, n)
                     continue
                 off = HEADER_SIZE * j
-                encode_header(memoryview(hdrs)[off:off + HEADER_SIZE], key, meta, nbytes, crc, now)
-                hdr_ops.append((fd, 0, HEADER_SIZE, hdrs.address + off))
-                good.append(f)
+                encode_header(memoryview(hdrs)[off:off + HEADER_SIZE], f[1], f[7], f[6], crc, now)
+                hdr_ops.append((f[4], 0, HEADER_SIZE, hdrs.address + off))
+                good2.append(f)
             hres = self.engine.write(hdr_ops) if hdr_ops else []
-            for f, n in zip(good, hres):
-                i, key, d, tmp, fd, addr, nbytes, meta = f
+            for f, n in zip(good2, hres):
                 if n != HEADER_SIZE:
-                    self._write_failed(tmp, n)
+                    self._write_failed(None, n)
                     continue
-                size = HEADER_SIZE + nbytes
-                try:
-                    if nbytes % 4096:
-                        os.ftruncate(fd, size)  # trim the block padding
-                    os.rename(tmp, self.path_for(d))
-                except OSError as e:
-                    self._write_failed(tmp, -e.errno)
-                    continue
-                with self._lock:
-                    old = self._index.pop(d, None)
-                    if old:
-                        self._usage -= old.size
-                    self._index[d] = Entry(self.path_for(d), size, meta)
-                    self._usage += size
-                out[i] = True
-                self.stats.add(chunks_written=1, bytes_written=size)
+                ready.append(f)
+        finally:
+            self._commit(files, ready, out)
+        return out
+
+    def _commit(self, files: list, ready: list, out: list[bool]) -> None:
+        """Renames finished files into place and removes the rest, correcting
+        the shared usage in the same locked step (a scan never sees a state
+        the ledger does not count)."""
+        done = []
+        try:
+            reserved = [f for f in files if f[8]]
+            if reserved:
+                with self._ledger.hold():
+                    delta = 0
+                    ready_ids = {id(f) for f in ready}
+                    for f in reserved:
+                        i, key, d, tmp, fd, addr, nbytes, meta, rsize = f
+                        if id(f) in ready_ids:
+                            size = HEADER_SIZE + nbytes
+                            final = self.path_for(d)
+                            try:
+                                if nbytes % 4096:
+                                    os.ftruncate(fd, size)  # trim the block padding
+                                t = self._next_mtime_ns()
+                                os.utime(fd, ns=(t, t))  # the LRU clock, exact within a batch
+                                old = _stat_in(final)
+                                os.rename(tmp, final)
+                            except OSError as e:
+                                self._write_failed(None, -e.errno)
+                            else:
+                                delta += size - rsize - (old.st_size if old is not None and
+                                                         stat.S_ISREG(old.st_mode) else 0)
+                                out[i] = True
+                                done.append(f)
+                                continue
+                        _unlink_quiet(tmp)
+                        delta -= rsize
+                    self._ledger_add_locked(delta)
         finally:
             for f in files:
                 os.close(f[4])
             for f in files:
-                if not out[f[0]]:
-                    _unlink_quiet(f[3])
-        return out
+                if not out[f[0]] and not f[8]:
+                    _unlink_quiet(f[3])  # never counted: no lock needed
+        mono = time.monotonic()
+        with self._lock:
+            for f in done:
+                i, key, d, tmp, fd, addr, nbytes, meta, rsize = f
+                self._index.pop(d, None)
+                self._index[d] = Entry(self.path_for(d), HEADER_SIZE + nbytes, meta, touched=mono)
+            self._bound_index()
+        for f in done:
+            self.stats.add(chunks_written=1, bytes_written=HEADER_SIZE + f[6])
 
     def _create_tmp(self, digest: str) -> tuple[str, int]:
         final = self.path_for(digest)
@@ -432,10 +793,7 @@ class ChunkStore:
                     except OSError:
                         pass
             self._made_dirs.add(sub)
-        with self._lock:
-            self._tmp_seq += 1
-            seq = self._tmp_seq
-        tmp = f"{final}{TMP_MARK}{os.getpid()}.{seq}"
+        tmp = f"{final}{TMP_MARK}{os.getpid()}.{next(_tmp_seq)}.{HOST_TAG}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         if self.odirect:
             flags |= os.O_DIRECT
@@ -575,6 +933,9 @@ class ChunkStore:
                 out[i] = allocs[i][0]
                 nbytes += prn
             hits = sum(1 for o in out if o is not None)
+            for k, i in enumerate(slots):  # the shared LRU clock: this chunk was used
+                if out[i] is not None:
+                    self._touch(entries[i], fds[k])
             with self._lock:
                 for i, o in enumerate(out):
                     d = chunk_digest(keys[i])
@@ -639,6 +1000,9 @@ class ChunkStore:
 
     def close(self) -> None:
         self.engine.close()
+        if self._ledger is not None:
+            self._ledger.release()
+            self._ledger = None
 
 
 def root_problem(root: str, st: os.stat_result, shared_group: bool) -> Optional[str]:
@@ -675,6 +1039,20 @@ def _open_in(path: str, flags: int, mode: int = 0o600) -> int:
     dfd = _open_dir(os.path.dirname(path))
     try:
         return os.open(os.path.basename(path), flags | os.O_NOFOLLOW, mode, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def _stat_in(path: str) -> Optional[os.stat_result]:
+    """lstat of <root>/<ab>/<name>, following no symlink below the root; None when absent."""
+    try:
+        dfd = _open_dir(os.path.dirname(path))
+    except OSError:
+        return None
+    try:
+        return os.stat(os.path.basename(path), dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return None
     finally:
         os.close(dfd)
 

@@ -800,6 +800,6 @@ def test_soak_16_concurrent(store_dir):
     assert r["retrieves"] > 100 and r["hits"] > 0
     # The engine keeps one ring per concurrent batch it has seen (at most 16 here): fds other than
     # rings must not move, and the ring pool stays within the concurrency.
-    assert fds1 - rings1 == fds0 - rings0 and rings1 <= 16 and thr1 == thr0
+    assert fds1 - rings1 == fds0 - rings0 and rings1 <= 16 and thr1 == thr0, r["fd_kinds"]
     assert rss1 - rss0 < 16 << 20, (rss0, rss1)
     assert r["usage"] <= r["cap"] and r["usage"] == r["files_bytes"]

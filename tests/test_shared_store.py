@@ -1,0 +1,324 @@
+"""Shared stores: many processes, TP ranks, instances and mount namespaces on
+one path (issue 10). Figures are printed as `SHARED {json}` lines; the table
+in docs/shared-stores.md comes from them.
+
+Run as a child: `python tests/test_shared_store.py <role> <json-args>`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for p in (HERE, ROOT):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from faults import fxfault as F  # noqa: E402
+from lmcache_fx import loopfs  # noqa: E402
+from lmcache_fx.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
+from lmcache_fx.store import LOCK_NAME  # noqa: E402
+
+CHUNK = 256 * 1024  # payload bytes; files are HEADER_SIZE more
+
+
+def figure(name: str, **fig) -> None:
+    print(f"\nSHARED {json.dumps(dict(case=name, **fig))}", flush=True)
+
+
+def dir_bytes(path: str) -> int:
+    """Bytes of every file in the fan-out directories (chunks and temporaries)."""
+    n = 0
+    try:
+        subs = [d.path for d in os.scandir(path) if len(d.name) == 2 and d.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    for sub in subs:
+        try:
+            for e in os.scandir(sub):
+                try:
+                    n += e.stat(follow_symlinks=False).st_size
+                except OSError:
+                    pass
+        except OSError:
+            pass
+    return n
+
+
+# ------------------------------------------------------------------ children
+def child_writer(a):
+    """Writes `n` chunks of rank `rank` in batches of 1-4 under a shared cap."""
+    s = F.open_store(a["path"], max_capacity_gb=a["cap"] / (1 << 30))
+    rng = random.Random(a["rank"])
+    print("READY", flush=True)
+    done, i = [], 0
+    while i < a["n"]:
+        src = F.Chunks()
+        keys = [f"model@8@{a['rank']}@{h:016x}@bfloat16" for h in range(i, min(a["n"], i + rng.randint(1, 4)))]
+        i += len(keys)
+        ok = s.write([src.item(k, CHUNK, 0, a["rank"]) for k in keys])
+        done += [k for k, g in zip(keys, ok) if g]
+        if a.get("reread") and done:  # hits refresh the shared LRU clock
+            F.read_check(s, rng.sample(done, min(2, len(done))), a["rank"])
+    st = s.stats.snapshot()
+    s.close()
+    print("RESULT " + json.dumps({"done": done, "evictions": st["evictions"], "scans": st["scans"],
+                                  "scan_seconds": st["scan_seconds"]}), flush=True)
+
+
+def child_reader(a):
+    """Reads random keys of all ranks until told to stop; counts wrong data."""
+    s = F.open_store(a["path"], max_capacity_gb=a["cap"] / (1 << 30))
+    rng = random.Random(99)
+    print("READY", flush=True)
+    res = {"hits": 0, "misses": 0, "bad": []}
+    end = time.monotonic() + a["seconds"]
+    while time.monotonic() < end:
+        r = rng.randrange(a["ranks"])
+        keys = [f"model@8@{r}@{rng.randrange(a['n']):016x}@bfloat16" for _ in range(3)]
+        h, m, bad = F.read_check(s, keys, r)
+        res["hits"] += h
+        res["misses"] += m
+        res["bad"] += bad
+    s.close()
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def child_ns(a):
+    """In another mount namespace: reads what the parent wrote, writes its own."""
+    s = F.open_store(a["path"], max_capacity_gb=a["cap"] / (1 << 30))
+    h, m, bad = F.read_check(s, a["read"], 0)
+    src = F.Chunks()
+    ok = s.write([src.item(k, CHUNK, 0, 1) for k in a["write"]])
+    usage = s.usage_bytes
+    s.close()
+    print("RESULT " + json.dumps({"hits": h, "misses": m, "bad": bad, "wrote": sum(ok), "usage": usage,
+                                  "mountinfo_id": os.readlink("/proc/self/ns/mnt")}), flush=True)
+
+
+def spawn(role, args, prefix=()):
+    env = dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", PYTHONPATH=ROOT)
+    return subprocess.Popen([*prefix, sys.executable, os.path.abspath(__file__), role, json.dumps(args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+# ------------------------------------------------------------------ tests
+import pytest  # noqa: E402
+
+
+def _need_xfs():
+    why = loopfs.why_not_available()
+    if why:
+        pytest.skip(f"XFS loop filesystem: {why}")
+
+
+def _result(p) -> dict:
+    """The child's RESULT line. Not communicate(): it would lose what readline() already buffered."""
+    so = p.stdout.read()
+    p.wait(120)
+    line = [x for x in so.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and line, p.stderr.read()[-3000:]
+    return json.loads(line[-1][7:])
+
+
+def _run_writers(path, writers, cap, n, readers=0, seconds=0.0):
+    """Starts writer (and reader) processes, samples the directory's bytes
+    every 2 ms, returns (peak bytes, writer results, reader results)."""
+    procs = [spawn("writer", {"path": path, "rank": r, "n": n, "cap": cap, "reread": True}) for r in range(writers)]
+    rprocs = [spawn("reader", {"path": path, "cap": cap, "ranks": writers, "n": n, "seconds": seconds})
+              for _ in range(readers)]
+    for p in procs + rprocs:
+        line = p.stdout.readline().strip()
+        assert line == "READY", p.stderr.read()[-3000:]
+    peak = 0
+    while any(p.poll() is None for p in procs):
+        peak = max(peak, dir_bytes(path))
+        time.sleep(0.002)
+    res = [_result(p) for p in procs]
+    rres = [_result(p) for p in rprocs]
+    peak = max(peak, dir_bytes(path))
+    return peak, res, rres
+
+
+def test_one_capacity_for_many_writers(xfs_dir):
+    """1, 4 and 8 writer processes (+2 readers with 8) on one path under one
+    cap: the directory never holds more than cap + one chunk per writer;
+    after, the ledger equals the files and every chunk read is its rank's."""
+    _need_xfs()
+    file_size = HEADER_SIZE + CHUNK
+    cap = 24 * file_size + 1000  # 24 chunks; each writer writes 40: eviction all the time
+    rows = []
+    for writers in (1, 4, 8):
+        path = os.path.join(xfs_dir, f"shared-cap-{writers}")
+        readers = 2 if writers == 8 else 0
+        peak, res, rres = _run_writers(path, writers, cap, 40, readers=readers, seconds=2.0)
+        s = F.open_store(path, max_capacity_gb=cap / (1 << 30))
+        files = F.chunk_files(path)
+        on_disk = sum(os.path.getsize(f) for f in files)
+        usage = s.usage_bytes
+        wrong = 0
+        for r in range(writers):
+            present = [k for k in res[r]["done"] if s.contains(k)]
+            _, _, bad = F.read_check(s, present, r)
+            wrong += len(bad)
+        wrong += sum(len(x["bad"]) for x in rres)
+        s.close()
+        over = max(0, peak - cap)
+        row = dict(writers=writers, readers=readers, cap_bytes=cap, chunk_file_bytes=file_size,
+                   written=sum(len(x["done"]) for x in res), evictions=sum(x["evictions"] for x in res),
+                   scans=sum(x["scans"] for x in res),
+                   scan_ms_max=round(1000 * max(x["scan_seconds"] / max(x["scans"], 1) for x in res), 2),
+                   peak_bytes=peak, overshoot_bytes=over, overshoot_chunks=round(over / file_size, 2),
+                   end_files_bytes=on_disk, ledger_after_restart=usage, wrong=wrong,
+                   reader_hits=sum(x["hits"] for x in rres))
+        figure("capacity", **row)
+        rows.append(row)
+        assert wrong == 0
+        assert over <= writers * file_size, row
+        assert on_disk <= cap and usage == on_disk
+        assert os.path.isfile(os.path.join(path, LOCK_NAME)) and not any(LOCK_NAME in x for x in files)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_lock_file_is_not_a_chunk(tmp_path):
+    s = F.open_store(str(tmp_path / "s"))
+    src = F.Chunks()
+    assert s.write([src.item("a", 4096)]) == [True]
+    assert os.path.isfile(tmp_path / "s" / LOCK_NAME)
+    s.close()
+    s = F.open_store(str(tmp_path / "s"))
+    assert len(s) == 1 and s.usage_bytes == HEADER_SIZE + 4096  # not counted, not scanned
+    s.close()
+
+
+def test_usage_is_shared_between_instances(tmp_path, monkeypatch):
+    """Two stores (as two processes would) on one path see one usage and one
+    cap; the second one's write evicts the first one's oldest chunk."""
+    from lmcache_fx import store as store_mod
+
+    monkeypatch.setattr(store_mod, "TOUCH_SECONDS", 0.0)  # hits refresh recency at once (default: 10 s)
+    f = HEADER_SIZE + CHUNK
+    cap = (3 * f + 10) / (1 << 30)
+    a = F.open_store(str(tmp_path / "s"), max_capacity_gb=cap)
+    b = F.open_store(str(tmp_path / "s"), max_capacity_gb=cap)
+    src = F.Chunks()
+    assert a.write([src.item(f"a{i}", CHUNK) for i in range(3)]) == [True] * 3
+    assert b.usage_bytes == 3 * f
+    F.read_check(b, ["a0"])  # a hit: a0 is now the most recently used, for both
+    assert b.write([src.item("b0", CHUNK)]) == [True]
+    assert a.usage_bytes == b.usage_bytes == 3 * f
+    assert a.contains("a0") and not a.contains("a1") and a.contains("b0")
+    a.close()
+    b.close()
+
+
+def test_tp_ranks_do_not_collide(tmp_path):
+    """Keys of ranks 0..7 of one chunk hash: 8 files, each read back as its rank's."""
+    s = F.open_store(str(tmp_path / "s"))
+    keys = [f"m@8@{r}@00000000deadbeef@bfloat16" for r in range(8)]
+    src = F.Chunks()
+    assert s.write([src.item(k, 8192, 0, r) for r, k in enumerate(keys)]) == [True] * 8
+    assert len({chunk_digest(k) for k in keys}) == 8 and len(F.chunk_files(str(tmp_path / "s"))) == 8
+    for r, k in enumerate(keys):
+        h, m, bad = F.read_check(s, [k], r)
+        assert (h, m, bad) == (1, 0, [])
+    s.close()
+
+
+def test_other_model_dtype_world_size_never_match(tmp_path):
+    """Keys differ in every field LMCache puts in them; a file planted under
+    another key's name is refused by its header (key check), removed."""
+    s = F.open_store(str(tmp_path / "s"))
+    k = "llama@1@0@00000000cafef00d@bfloat16"
+    src = F.Chunks()
+    assert s.write([src.item(k, 8192)]) == [True]
+    others = ["qwen@1@0@00000000cafef00d@bfloat16", "llama@1@0@00000000cafef00d@float16",
+              "llama@2@0@00000000cafef00d@bfloat16", "llama@1@0@00000000cafef00e@bfloat16"]
+    assert not any(s.contains(o) for o in others)
+    planted = s.path_for(chunk_digest(others[0]))
+    os.makedirs(os.path.dirname(planted), exist_ok=True)
+    shutil.copy(s.path_for(chunk_digest(k)), planted)
+    h, m, bad = F.read_check(s, [others[0]])
+    assert (h, m) == (0, 1) and not os.path.exists(planted)
+    s.close()
+
+
+@pytest.mark.slow
+def test_instance_b_retrieves_what_instance_a_stored(tmp_path):
+    """Two LMCacheEngines in two processes (same model and config): B gets A's prefix."""
+    store = str(tmp_path / "store")
+    env = dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", PYTHONPATH=ROOT)
+    outs = []
+    for role in ("store", "retrieve"):
+        p = subprocess.run([sys.executable, os.path.join(HERE, "xproc.py"), role, store, str(tmp_path), "1024"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+        assert line, p.stderr[-3000:]
+        outs.append(json.loads(line[-1][7:]))
+    figure("instances", stored_chunks=outs[0]["chunks"], retrieved_tokens=outs[1]["tokens"],
+           equal=outs[1]["equal"], chunks_read=outs[1]["chunks_read"])
+    assert outs[0]["chunks"] == 4 and outs[1]["tokens"] == 1024 and outs[1]["equal"]
+    assert outs[1]["chunks_read"] == 4
+
+
+def _mount_source(mnt: str) -> str:
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            dev, m = line.split()[:2]
+            if m == mnt:
+                return dev
+    raise AssertionError(f"{mnt} not mounted")
+
+
+def test_two_mount_namespaces(xfs_dir, tmp_path):
+    """A process in another mount namespace mounts the same XFS elsewhere and
+    shares the store: it reads the parent's chunks, the parent reads its
+    chunks, and both count one usage through the lock file."""
+    _need_xfs()
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare not found")
+    path = os.path.join(xfs_dir, "ns-store")
+    f = HEADER_SIZE + CHUNK
+    cap = 6 * f + 100
+    s = F.open_store(path, max_capacity_gb=cap / (1 << 30))
+    src = F.Chunks()
+    mine = [f"m@2@0@{i:016x}@bfloat16" for i in range(4)]
+    assert s.write([src.item(k, CHUNK, 0, 0) for k in mine]) == [True] * 4
+    dev = _mount_source(xfs_dir)
+    other = str(tmp_path / "other-mnt")
+    os.makedirs(other)
+    theirs = [f"m@2@1@{i:016x}@bfloat16" for i in range(4)]
+    args = {"path": os.path.join(other, "ns-store"), "cap": cap, "read": mine, "write": theirs}
+    cmd = (f"mount {dev} {other} && exec {sys.executable} {os.path.abspath(__file__)} ns '{json.dumps(args)}'")
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=ROOT)
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd], capture_output=True,
+                       text=True, env=env, timeout=120)
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if not line and "mount" in p.stderr:
+        pytest.skip(f"cannot mount in a new namespace: {p.stderr[-300:]}")
+    assert line, p.stderr[-3000:]
+    r = json.loads(line[-1][7:])
+    got = [k for k in theirs if s.contains(k)]
+    h, m, bad = F.read_check(s, got, 1)
+    usage = s.usage_bytes
+    files = F.chunk_files(path)
+    s.close()
+    figure("mount-namespaces", child_hits=r["hits"], child_wrote=r["wrote"], parent_hits=h, wrong=len(bad) + len(r["bad"]),
+           usage=usage, files_bytes=sum(os.path.getsize(x) for x in files), cap=cap,
+           other_ns=r["mountinfo_id"] != os.readlink("/proc/self/ns/mnt"))
+    assert r["hits"] == 4 and r["wrote"] == 4 and not r["bad"]
+    assert h + m == len(got) and not bad and h >= 2  # the cap holds 6: two of the parent's were evicted
+    assert usage == sum(os.path.getsize(x) for x in files) <= cap
+    assert not os.path.ismount(other)  # the mount lived only in the child's namespace
+
+
+ROLES = {"writer": child_writer, "reader": child_reader, "ns": child_ns}
+
+if __name__ == "__main__":
+    ROLES[sys.argv[1]](json.loads(sys.argv[2]))
