@@ -163,28 +163,66 @@ def check_results(results: Sequence[int], sizes: Sequence[int], what: str = "rea
             raise OSError(errno.EIO, f"{what}: op {i}: {r} of {n} bytes (file too short)")
 
 
+def direct_to_gpu_problem(device: Any = None, memory_device: Optional[str] = None) -> Optional[str]:
+    """Why GPU-resident chunks cannot be served here (None when they can):
+    the pipeline needs a GPU driver with the device, and the chunk buffer a
+    torch that sees it. memory_device: the torch device of the chunk buffer
+    (default cuda:<device>); 'cpu' only with the tests' stand-in driver,
+    whose "device pointers" are host addresses."""
+    info = driver_info()
+    if info["api"] is None:
+        return f"no CUDA/ROCm driver found ({info['error']})"
+    idx = _device_index(device)
+    if not 0 <= idx < int(info.get("devices") or 0):
+        return f"GPU {idx} does not exist ({info['path']} reports {info.get('devices')} device(s))"
+    if memory_device is None or str(memory_device).startswith("cuda"):
+        try:
+            import torch
+
+            ok, n = torch.cuda.is_available(), torch.cuda.device_count()
+        except Exception as e:  # a torch without CUDA/ROCm support at all
+            return f"torch cannot use the GPU ({e})"
+        if not ok:
+            return "torch sees no CUDA/ROCm device (torch.cuda.is_available() is False)"
+        if idx >= n:
+            return f"torch sees {n} GPU(s), not cuda:{idx}"
+    return None
+
+
 class GpuChunkAllocator:
     """GPU-resident MemoryObjs for LMCache, the way its GdsBackend makes them:
-    one preallocated GPU tensor carved by LMCache's own allocator, with reads
-    landing there through the pipeline. For the plugin's direct_to_gpu mode
-    (see docs/gpu.md): the plugin's get_allocator_backend() returns an object
-    whose allocate/batched_allocate come from here, and chunk data reads are
-    routed to read_into instead of the engine."""
+    one preallocated GPU tensor carved by LMCache's own GPUMemoryAllocator
+    (4 KiB-aligned objects), filled through the pipeline. The plugin's
+    direct_to_gpu mode allocates retrieved chunks here and reads them with a
+    GpuRouter; LMCache's connector then copies GPU -> KV cache directly.
+
+    memory_device: torch device of the buffer, default cuda:<device>; 'cpu'
+    only with the tests' stand-in driver (see direct_to_gpu_problem)."""
 
     def __init__(self, size: int, device: Any = None, engine=None, slots: int = DEFAULT_SLOTS,
-                 slot_bytes: int = DEFAULT_SLOT_BYTES):
+                 slot_bytes: int = DEFAULT_SLOT_BYTES, memory_device: Optional[str] = None):
         from lmcache.v1.memory_allocators.gpu_memory_allocator import GPUMemoryAllocator
 
         idx = _device_index(device)
-        self.allocator = GPUMemoryAllocator(size, device=f"cuda:{idx}", align_bytes=4096)
+        mdev = memory_device or f"cuda:{idx}"
+        self.allocator = GPUMemoryAllocator(size, device=mdev, align_bytes=4096)
         base = self.allocator.tensor
+        if str(base.device).split(":")[0] != mdev.split(":")[0]:  # LMCache falls back to CPU silently
+            self.allocator.close()
+            raise OSError(errno.ENODEV, f"chunk buffer landed on {base.device}, not {mdev}")
         self.base, self.size = base.data_ptr(), base.numel() * base.element_size()
-        self.reader = GpuReader(engine=engine, device=idx, slots=slots, slot_bytes=slot_bytes)
+        try:
+            self.reader = GpuReader(engine=engine, device=idx, slots=slots, slot_bytes=slot_bytes)
+        except BaseException:
+            self.allocator.close()
+            raise
 
     def owns(self, address: int) -> bool:
         return self.base <= address < self.base + self.size
 
     def allocate(self, shapes, dtypes, fmt=None, busy_loop: bool = True):
+        """A MemoryObj, or None when the buffer is full (no waiting: in one
+        retrieve, the chunks already read are what would have to be freed)."""
         from lmcache.v1.memory_management import MemoryFormat
 
         return self.allocator.allocate(shapes, dtypes, fmt or MemoryFormat.KV_2LTD)
@@ -197,3 +235,96 @@ class GpuChunkAllocator:
     def close(self) -> None:
         self.reader.close()
         self.allocator.close()
+
+
+class GpuRouter:
+    """An engine stand-in for ChunkStore's drive_blocking / drive_async:
+    read ops whose address `owns` are sent to the GPU pipeline (one read_into
+    per batch), the others to the engine, both at once; results come back in
+    op order. Writes go to the engine unchanged. CRCs of GPU-bound payloads
+    are not available (the data never rests in host memory the caller can
+    see), so a batch asking for them is refused: direct_to_gpu needs
+    verify: false."""
+
+    def __init__(self, engine, reader: GpuReader, owns):
+        self.engine, self.reader, self.owns = engine, reader, owns
+
+    def __getattr__(self, name):  # kind, register_buffer, ...: the engine's
+        return getattr(self.engine, name)
+
+    def _split(self, ops):
+        dev, host = [], []
+        for i, op in enumerate(ops):
+            (dev if self.owns(op[3]) else host).append(i)
+        return dev, host
+
+    def read(self, ops, crc: bool = False):
+        dev, host = self._split(ops)
+        if not dev:
+            return self.engine.read(ops, crc=crc)
+        if crc:
+            raise ValueError("CRC32C of reads into GPU memory is not available (direct_to_gpu needs verify: false)")
+        batch = self.engine.submit([ops[i] for i in host], write=False, crc=False) if host else None
+        try:
+            dres = self.reader.read_into([ops[i] for i in dev], cancel_on_error=False)
+        finally:
+            hres = batch.wait() if batch is not None else []
+        out = [0] * len(ops)
+        for i, r in zip(dev, dres):
+            out[i] = r
+        for i, r in zip(host, hres):
+            out[i] = r
+        return out
+
+    def write(self, ops, crc: bool = False):
+        return self.engine.write(ops, crc=crc)
+
+    def submit(self, ops, write: bool = False, crc: bool = False):
+        if write or not self._split(ops)[0]:
+            return self.engine.submit(ops, write=write, crc=crc)
+        return _ThreadBatch(lambda: self.read(ops, crc))
+
+
+class _ThreadBatch:
+    """A Batch (fileno / done / wait) for a routed read run on its own thread."""
+
+    def __init__(self, fn):
+        import threading
+
+        self._fd = os.eventfd(0, os.EFD_CLOEXEC)
+        self._ev = threading.Event()
+        self._res: Any = None
+        self._exc: Optional[BaseException] = None
+
+        def run():
+            try:
+                self._res = fn()
+            except BaseException as e:
+                self._exc = e
+            finally:
+                self._ev.set()
+                os.eventfd_write(self._fd, 1)
+
+        self._t = threading.Thread(target=run, name="lmcache-fx-gpu-read", daemon=True)
+        self._t.start()
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def done(self) -> bool:
+        return self._ev.is_set()
+
+    def wait(self):
+        self._t.join()
+        self._close()
+        if self._exc is not None:
+            raise self._exc
+        return self._res
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self):  # wait() never called (a cancelled await); the thread is done: it held self
+        self._close()

@@ -10,6 +10,12 @@ calls, and nothing more.
 Reads go straight into MemoryObjs allocated from LMCache's LocalCPUBackend
 (one engine batch per request); writes run on one background thread that
 holds a reference to each object until its file is in place.
+
+With `direct_to_gpu: true`, reads go instead into GPU MemoryObjs of the
+plugin's own buffer (gpu.GpuChunkAllocator, as LMCache's GdsBackend does),
+through the pipelined NVMe -> pinned staging -> GPU reader: the store's read
+batches are driven through a gpu.GpuRouter, which sends ops into that buffer
+to the pipeline and the header reads to the engine.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from .chunkfile import ChunkMeta
 from .options import ConfigError, FxOptions
-from .store import ChunkStore
+from .store import ChunkStore, drive_async, drive_blocking
 
 log = logging.getLogger("lmcache_fx")
 
@@ -106,15 +112,57 @@ def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
     return obj, obj.data_ptr, obj.get_size()
 
 
+def _gpu_index(dst_device) -> Optional[int]:
+    s = str(dst_device or "")
+    if s.startswith("cuda") or s.startswith("hip"):
+        return int(s.split(":", 1)[1]) if ":" in s else None
+    return None
+
+
 class FxStorageBackend(StoragePluginInterface):
+    # Torch device of the direct_to_gpu chunk buffer; None = the worker's GPU.
+    # Only the tests set "cpu", with the stand-in driver (host "device pointers").
+    gpu_memory_device: Optional[str] = None
+
     def __init__(self, config=None, dst_device: str = "cpu", metadata=None, local_cpu_backend=None, loop=None):
         super().__init__(dst_device="cpu", config=config, metadata=metadata,
                          local_cpu_backend=local_cpu_backend, loop=loop)
         if local_cpu_backend is None:
             raise ConfigError("lmcache-fx needs LMCache's LocalCPUBackend as its allocator")
         self.name = plugin_name(config, type(self))
-        self.options = options_from_extra(config.extra_config, f"storage_plugin.{self.name}.")
+        prefix = f"storage_plugin.{self.name}."
+        self.options = options_from_extra(config.extra_config, prefix)
+        self._gpu = None
+        gpu_device = None
+        if self.options.direct_to_gpu:  # checked before anything starts
+            from . import gpu
+
+            gpu_device = _gpu_index(dst_device)
+            why = gpu.direct_to_gpu_problem(gpu_device, self.gpu_memory_device)
+            if why:
+                raise ConfigError(f"{prefix}direct_to_gpu: cannot serve chunks in GPU memory here: {why}; "
+                                  f"set {prefix}direct_to_gpu: false on hosts without a GPU")
         self.store = ChunkStore(self.options)
+        if self.options.direct_to_gpu:
+            try:
+                self._gpu = gpu.GpuChunkAllocator(
+                    self.options.gpu_buffer_mib << 20, device=gpu_device, engine=self.store.engine,
+                    slots=self.options.gpu_staging_slots, slot_bytes=self.options.gpu_slot_mib << 20,
+                    memory_device=self.gpu_memory_device,
+                )
+            except Exception as e:
+                self.store.close()
+                raise ConfigError(f"{prefix}direct_to_gpu: the GPU chunk buffer ({prefix}gpu_buffer_mib="
+                                  f"{self.options.gpu_buffer_mib}) or staging ({prefix}gpu_staging_slots="
+                                  f"{self.options.gpu_staging_slots} x {prefix}gpu_slot_mib="
+                                  f"{self.options.gpu_slot_mib}) could not be set up: {e}") from None
+            self._reads = gpu.GpuRouter(self.store.engine, self._gpu.reader, self._gpu.owns)
+            if getattr(config, "local_cpu", False):
+                log.warning("lmcache-fx: direct_to_gpu with LMCache's local_cpu: true: LMCache keeps retrieved "
+                            "chunks in its CPU tier's index, holding them in the %d MiB GPU buffer until it "
+                            "evicts them; local_cpu: false is advised", self.options.gpu_buffer_mib)
+        else:
+            self._reads = self.store.engine
         self._register_pool()
         from . import metrics
 
@@ -128,8 +176,12 @@ class FxStorageBackend(StoragePluginInterface):
         self._writes: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name=f"lmcache-fx-writer-{self.name}", daemon=True)
         self._writer.start()
-        log.info("lmcache-fx: plugin '%s' on %s, engine %s, O_DIRECT %s, %d chunks present",
-                 self.name, ",".join(self.store.roots), self.store.engine.kind, self.store.odirect, len(self.store))
+        log.info("lmcache-fx: plugin '%s' on %s, engine %s, O_DIRECT %s, %d chunks present%s",
+                 self.name, ",".join(self.store.roots), self.store.engine.kind, self.store.odirect, len(self.store),
+                 "" if self._gpu is None else
+                 f", direct_to_gpu on GPU {self._gpu.reader.device} ({self.options.gpu_buffer_mib} MiB buffer, "
+                 f"staging {self.options.gpu_staging_slots} x {self.options.gpu_slot_mib} MiB, "
+                 f"pinned {self._gpu.reader.pinned}, reads {self._gpu.reader.io})")
 
     def __str__(self) -> str:
         return f"FxStorageBackend({self.name})"
@@ -190,11 +242,14 @@ class FxStorageBackend(StoragePluginInterface):
         pass  # recency is updated on every hit
 
     def get_allocator_backend(self):
+        # Stores are written from LMCache's CPU pool, also with direct_to_gpu
+        # (LMCache only uses this to choose what memory a put hands us; GdsBackend
+        # returns itself because cuFile writes from GPU memory, which we do not).
         return self.local_cpu_backend
 
     # ------------------------------------------------------------ reads
     def _allocate(self, meta: ChunkMeta, busy_loop: bool = True):
-        return allocate_from(self.local_cpu_backend, meta, busy_loop)
+        return allocate_from(self._gpu or self.local_cpu_backend, meta, busy_loop)
 
     @staticmethod
     def _release(obj: MemoryObj) -> None:
@@ -204,7 +259,10 @@ class FxStorageBackend(StoragePluginInterface):
         return self.batched_get_blocking([key])[0]
 
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
-        return self.store.read([k.to_string() for k in keys], self._allocate, self._release)
+        ks = [k.to_string() for k in keys]
+        if self._gpu is None:
+            return self.store.read(ks, self._allocate, self._release)
+        return drive_blocking(self._reads, self.store.read_steps(ks, self._allocate), self._release)
 
     def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
         fut: Future = Future()
@@ -217,9 +275,12 @@ class FxStorageBackend(StoragePluginInterface):
     async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey],
                                        transfer_spec: Any = None) -> list[MemoryObj]:
         try:
-            objs = await self.store.read_async(
-                [k.to_string() for k in keys], lambda m: self._allocate(m, busy_loop=False), self._release
-            )
+            ks = [k.to_string() for k in keys]
+            alloc = lambda m: self._allocate(m, busy_loop=False)  # noqa: E731
+            if self._gpu is None:
+                objs = await self.store.read_async(ks, alloc, self._release)
+            else:
+                objs = await drive_async(self._reads, self.store.read_steps(ks, alloc), self._release)
         finally:
             for k in self._lookup_pins.pop(lookup_id, []):
                 self.store.unpin(k.to_string())
@@ -277,7 +338,14 @@ class FxStorageBackend(StoragePluginInterface):
 
     def _write_batch(self, batch, callback) -> None:
         try:
-            items = [(k.to_string(), o.data_ptr, o.get_size(), meta_of(o)) for k, o in batch]
+            items, keep = [], []
+            for k, o in batch:
+                addr = o.data_ptr
+                if self._gpu is not None and self._gpu.owns(addr):  # one of our GPU chunks: via host memory
+                    host = o.raw_data.view(torch.uint8).reshape(-1)[:o.get_size()].to("cpu", copy=True)
+                    keep.append(host)
+                    addr = host.data_ptr()
+                items.append((k.to_string(), addr, o.get_size(), meta_of(o)))
             done = self.store.write(items)
         except Exception:
             log.exception("lmcache-fx: store batch failed")
@@ -314,5 +382,7 @@ class FxStorageBackend(StoragePluginInterface):
         if self._writer.is_alive():
             self._writes.put(None)
             self._writer.join()
+        if self._gpu is not None:
+            self._gpu.close()
         self.store.close()
 

@@ -78,6 +78,10 @@ class FxOptions:
     verify: bool = True
     shared_group: bool = False
     metrics_port: int = 0
+    direct_to_gpu: bool = False
+    gpu_buffer_mib: int = 2048
+    gpu_staging_slots: int = 8
+    gpu_slot_mib: int = 4
 
     # option -> (one-line meaning, accepted values)
     DOC = {
@@ -94,6 +98,14 @@ class FxOptions:
                          "true | false"),
         "metrics_port": ("Prometheus metrics on http://0.0.0.0:<port + local worker id>/metrics; 0 = off "
                          "(they are in LMCache's /metrics either way)", "0..65535"),
+        "direct_to_gpu": ("return chunks in GPU memory of the plugin's own (like LMCache's GdsBackend), read "
+                          "NVMe -> pinned staging -> GPU by the pipeline; needs a GPU driver and verify: false",
+                          "true | false"),
+        "gpu_buffer_mib": ("direct_to_gpu: GPU memory holding retrieved chunks until LMCache releases them",
+                           "1..1048576"),
+        "gpu_staging_slots": ("direct_to_gpu: page-locked staging slots (reads and GPU copies in flight)",
+                              "2..256"),
+        "gpu_slot_mib": ("direct_to_gpu: size of one staging slot (the largest read/copy piece)", "1..1024"),
     }
 
     @property
@@ -122,6 +134,11 @@ class FxOptions:
             setattr(o, name, cls._parse(full, name, v))
         if not o.paths:
             raise ConfigError(f"{where}path: no directory given; set it to a directory on the NVMe filesystem")
+        if o.direct_to_gpu and o.verify:
+            raise ConfigError(
+                f"{where}direct_to_gpu: needs {where}verify: false; payloads copied straight to the GPU "
+                "cannot be checked against their CRC32C yet (a corrupt chunk would not be detected)"
+            )
         return o
 
     @staticmethod
@@ -145,4 +162,10 @@ class FxOptions:
             return _parse_choice(full, v, ("auto", "true", "false"))
         if name == "metrics_port":
             return _parse_number(full, v, int, 0, 65535)
-        return _parse_bool(full, v)  # verify, shared_group
+        if name == "gpu_buffer_mib":
+            return _parse_number(full, v, int, 1, 1 << 20)
+        if name == "gpu_staging_slots":
+            return _parse_number(full, v, int, 2, 256)
+        if name == "gpu_slot_mib":
+            return _parse_number(full, v, int, 1, 1024)
+        return _parse_bool(full, v)  # verify, shared_group, direct_to_gpu

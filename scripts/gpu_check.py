@@ -62,6 +62,65 @@ def run_fio(path, size, bs="4M", qd=16):
     return j["jobs"][0]["read"]["bw_bytes"] / 1e9, " ".join(cmd)
 
 
+def lmcache_direct_to_gpu(store_dir, device="cuda:0", layers=32):
+    """LMCache store -> retrieve with the plugin's direct_to_gpu: chunks come
+    back as MemoryObjs in the plugin's GPU buffer, bit-exact. device="cpu"
+    runs it with the tests' stand-in driver (LMCACHE_FX_GPU_DRIVER)."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    from lmcache_fx.chunkfile import HEADER_SIZE, chunk_digest
+    from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
+        retrieve, store_and_wait
+    from lmcache_fx.lmcache_plugin import FxStorageBackend
+
+    if device == "cpu":
+        FxStorageBackend.gpu_memory_device = "cpu"
+    store = os.path.join(store_dir, "lmcache_fx_gpu_check_store")
+    shutil.rmtree(store, ignore_errors=True)
+    geo = Geometry(layers=layers, kv_heads=8, head_dim=128, dtype=torch.bfloat16)  # 32 layers: 32 MiB chunks
+    ntok = 16 * 256
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config_from_dict(fx_config(store, direct_to_gpu=True, verify=False, gpu_buffer_mib=1024, cpu_gb=2),
+                               tmp)
+    tokens = torch.arange(ntok) % 30000
+    kv = KV(geo, ntok, seed=3)
+    kv.caches = [c.to(device) for c in kv.caches]  # the paged KV cache on the GPU, as in vLLM
+    kv.slot_mapping = kv.slot_mapping.to(device)
+    out = {}
+    try:
+        with lmcache_engine(cfg, geo) as eng:
+            be = fx_backend(eng)
+            store_and_wait(eng, tokens, kv, be)
+            keys = [k for _, _, k in eng.token_database.process_tokens(tokens=tokens)]
+            t0 = time.perf_counter()  # O_DIRECT reads where the filesystem allows
+            objs = be.batched_get_blocking(keys)
+            el = time.perf_counter() - t0
+            exact = 0
+            for o, k in zip(objs, keys):
+                if o is None:
+                    continue
+                with open(be.store.path_for(chunk_digest(k.to_string())), "rb") as f:
+                    f.seek(HEADER_SIZE)
+                    want = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+                have = o.raw_data.view(torch.uint8).reshape(-1)[:o.get_size()]
+                exact += have.device.type == torch.device(device).type and torch.equal(have.cpu(), want)
+                o.ref_count_down()
+            nbytes = sum(o.get_size() for o in objs if o is not None)
+            got = kv.empty_like()
+            n = retrieve(eng, tokens, got)
+            out = {"chunks": len(keys), "returned": sum(o is not None for o in objs), "bit_exact": exact,
+                   "GBps_cold": nbytes / el / 1e9, "retrieve_tokens": n, "ntok": ntok,
+                   "retrieve_equal": kv.tokens_equal(got, n), "chunks_read": be.store.stats.chunks_read,
+                   "pinned": be._gpu.reader.pinned, "io": be._gpu.reader.io}
+            out["ok"] = out["bit_exact"] == len(keys) and n == ntok and out["retrieve_equal"]
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -197,6 +256,15 @@ def main():
         log(f"best pipeline {best['GBps']:.2f} GB/s vs target {results['target_GBps']:.2f} "
             f"(90 % of min(fio, h2d)) -> {'MET' if results['target_met'] else 'NOT met'}; "
             f"overlap proven: {results['overlap_proven']}; all bit-exact: {results['all_bit_exact']}")
+        # LMCache with the plugin's direct_to_gpu (chunks returned in GPU memory)
+        try:
+            results["lmcache_direct_to_gpu"] = lmcache_direct_to_gpu(a.dir)
+        except Exception as e:
+            results["lmcache_direct_to_gpu"] = {"ok": False, "error": repr(e)[:500]}
+        d2g = results["lmcache_direct_to_gpu"]
+        log(f"LMCache direct_to_gpu round trip: {d2g}")
+        if "error" not in d2g:  # a mismatch fails the check; an error is only reported
+            results["all_bit_exact"] = results["all_bit_exact"] and d2g["ok"]
     finally:
         if not a.keep:
             os.unlink(path)
