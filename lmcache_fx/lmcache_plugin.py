@@ -33,7 +33,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from .chunkfile import ChunkMeta
 from .options import ConfigError, FxOptions
-from .store import ChunkStore, drive_async, drive_blocking
+from .store import ChunkStore
 
 log = logging.getLogger("lmcache_fx")
 
@@ -259,10 +259,7 @@ class FxStorageBackend(StoragePluginInterface):
         return self.batched_get_blocking([key])[0]
 
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
-        ks = [k.to_string() for k in keys]
-        if self._gpu is None:
-            return self.store.read(ks, self._allocate, self._release)
-        return drive_blocking(self._reads, self.store.read_steps(ks, self._allocate), self._release)
+        return self.store.read([k.to_string() for k in keys], self._allocate, self._release, engine=self._reads)
 
     def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
         fut: Future = Future()
@@ -275,12 +272,9 @@ class FxStorageBackend(StoragePluginInterface):
     async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey],
                                        transfer_spec: Any = None) -> list[MemoryObj]:
         try:
-            ks = [k.to_string() for k in keys]
-            alloc = lambda m: self._allocate(m, busy_loop=False)  # noqa: E731
-            if self._gpu is None:
-                objs = await self.store.read_async(ks, alloc, self._release)
-            else:
-                objs = await drive_async(self._reads, self.store.read_steps(ks, alloc), self._release)
+            objs = await self.store.read_async([k.to_string() for k in keys],
+                                               lambda m: self._allocate(m, busy_loop=False), self._release,
+                                               engine=self._reads)
         finally:
             for k in self._lookup_pins.pop(lookup_id, []):
                 self.store.unpin(k.to_string())

@@ -990,13 +990,15 @@ class ChunkStore:
             self.stats.add(read_errors=1)
         self._drop(chunk_digest(key), unlink=remove, expect_path=e.path)
 
-    def read(self, keys: Sequence[str], allocate, release: Callable[[object], None]) -> list[Optional[object]]:
-        """Blocking read: drives read_steps with the engine."""
-        return drive_blocking(self.engine, self.read_steps(keys, allocate), release)
+    def read(self, keys: Sequence[str], allocate, release: Callable[[object], None],
+             engine=None) -> list[Optional[object]]:
+        """Blocking read: drives read_steps with the engine (or another
+        object with the engine's read/submit, e.g. the GPU router)."""
+        return drive_blocking(engine or self.engine, self.read_steps(keys, allocate), release)
 
-    async def read_async(self, keys: Sequence[str], allocate, release) -> list[Optional[object]]:
+    async def read_async(self, keys: Sequence[str], allocate, release, engine=None) -> list[Optional[object]]:
         """The same read, awaited on an event loop."""
-        return await drive_async(self.engine, self.read_steps(keys, allocate), release)
+        return await drive_async(engine or self.engine, self.read_steps(keys, allocate), release)
 
     def close(self) -> None:
         self.engine.close()
