@@ -150,6 +150,8 @@ def scan(roots: list[str]) -> Scan:
             if len(name) == 2 and _is_hex(name) and de.is_dir(follow_symlinks=False):
                 looks = True
                 _scan_sub(sc, root, de.path)
+            elif name == ".fx" and de.is_dir(follow_symlinks=False):  # the shared-capacity lock
+                looks = True
             elif TMP_MARK in name and name.startswith(TMP_MARK):  # the O_DIRECT probe of a starting store
                 looks = True
                 _add(sc, root, de, "tmp")

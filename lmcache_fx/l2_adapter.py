@@ -36,7 +36,7 @@ from lmcache.v1.platform import create_event_notifier
 
 from .chunkfile import HEADER_SIZE, ChunkMeta
 from .lmcache_plugin import meta_of
-from .options import FxOptions
+from .options import FxOptions, refuse_direct_to_gpu
 from .store import ChunkStore
 
 if TYPE_CHECKING:
@@ -67,7 +67,9 @@ class FxL2AdapterConfig(L2AdapterConfigBase):
     @classmethod
     def from_dict(cls, d: dict) -> "FxL2AdapterConfig":
         d = {k: v for k, v in (d or {}).items() if k != "type"}
-        return cls(FxOptions.from_mapping(d, where=WHERE))
+        options = FxOptions.from_mapping(d, where=WHERE)
+        refuse_direct_to_gpu(options, WHERE)
+        return cls(options)
 
     @classmethod
     def help(cls) -> str:

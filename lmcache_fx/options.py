@@ -16,6 +16,14 @@ class ConfigError(ValueError):
     """A wrong option: the message names the option and the fix."""
 
 
+def refuse_direct_to_gpu(options, where: str) -> None:
+    """Entry points other than the in-process plugin cannot hand LMCache
+    GPU-resident chunks: say so instead of silently ignoring the option."""
+    if options.direct_to_gpu:
+        raise ConfigError(f"{where}direct_to_gpu: only the in-process storage plugin (lmcache_fx.lmcache_plugin) "
+                          "serves chunks in GPU memory; remove it here or use storage_plugins")
+
+
 def _parse_bool(name: str, v) -> bool:
     if isinstance(v, bool):
         return v

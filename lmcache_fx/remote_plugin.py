@@ -36,7 +36,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .chunkfile import ChunkMeta
 from .lmcache_plugin import allocate_from, meta_of, options_from_extra, plugin_name
-from .options import ConfigError
+from .options import ConfigError, refuse_direct_to_gpu
 from .store import ChunkStore
 
 log = logging.getLogger("lmcache_fx")
@@ -60,6 +60,7 @@ class FxRemoteConnector(RemoteConnector):
         self.local_cpu_backend = local_cpu_backend
         self.name = remote_plugin_name(config, type(self))
         self.options = options_from_extra(config.extra_config, f"{PREFIX}{self.name}.")
+        refuse_direct_to_gpu(self.options, f"{PREFIX}{self.name}.")
         self.store = ChunkStore(self.options)
         self._register_pool()
         # Writes block in the C engine (GIL released) on one thread, so the

@@ -367,3 +367,11 @@ def test_real_lmcache_server_loads_the_adapter(tmp_path):
 
 if __name__ == "__main__":
     print("RESULT " + json.dumps(do_store(sys.argv[1], sys.argv[2], sys.argv[3])))
+
+
+def test_direct_to_gpu_is_refused_outside_the_in_process_plugin():
+    from lmcache_fx.l2_adapter import FxL2AdapterConfig
+    from lmcache_fx.options import ConfigError
+
+    with pytest.raises(ConfigError, match="direct_to_gpu: only the in-process storage plugin"):
+        FxL2AdapterConfig.from_dict({"path": "/tmp/x", "direct_to_gpu": True, "verify": False})
