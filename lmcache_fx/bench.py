@@ -1072,14 +1072,17 @@ def format_sweep(s: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmcache-fx bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="lmcache-fx bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return p
 
 
 def main(argv=None) -> int:
-    p = build_parser()
-    return run(p.parse_args(argv), p)
+    """`python -m lmcache_fx.bench` is `lmcache-fx bench`."""
+    from .cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -110,6 +110,7 @@ class Inputs:
     pcie_gbps: float = 25.0  # host-to-GPU GB/s per GPU
     prefill_tok_s: Optional[float] = None  # prompt tokens/s of the whole instance (all ranks)
     async_loading: bool = False  # loads overlap other requests' prefill
+    overhead_s: float = 0.0  # fixed time per request (HTTP, tokenization, scheduling, lookup), in every step
     model: str = "custom"
 
 
@@ -158,6 +159,8 @@ def estimate(inp: Inputs) -> dict:
         raise ValueError("hit rate must be between 0 and 1")
     if inp.concurrency < 1:
         raise ValueError("concurrency must be >= 1")
+    if inp.overhead_s < 0:
+        raise ValueError("overhead must be >= 0")
     rank, copies = rank_geometry(geo, inp.tp)
     bpt_model = geo.bytes_per_token  # unique KV bytes of one token
     bpt_rank = rank.bytes_per_token
@@ -223,18 +226,22 @@ def estimate(inp: Inputs) -> dict:
         eff = res["load"]["effective_gbps"]
         res["break_even"]["speedup_bound"] = min(x for x in (eff / be if eff else math.inf,
                                                              inp.context / miss) if x is not None)
-        base = fifo_ttft(inp.concurrency, 0.0, inp.context / R, False)
+        t0 = inp.overhead_s  # a fixed cost per request, with or without the store
+        base = fifo_ttft(inp.concurrency, 0.0, t0 + inp.context / R, False)
         res["ttft"] = {"concurrency": inp.concurrency, "queueing": "async" if inp.async_loading else "serial",
                        "recompute": base}
         if load_s is not None:
-            st = fifo_ttft(inp.concurrency, load_s, miss / R, inp.async_loading)
+            st = fifo_ttft(inp.concurrency, load_s, t0 + miss / R, inp.async_loading)
             res["ttft"]["with_store"] = st
             res["ttft"]["speedup_p50"] = base["p50_s"] / st["p50_s"] if st["p50_s"] else None
             # which resource binds: the biggest share of the per-request time
             parts = {"prefill compute": miss / R}
+            if t0:
+                parts["fixed overhead"] = t0
             if load_bind:
                 parts[{"disk": "disk", "link": "network link", "pcie": "PCIe"}[load_bind]] = load_s
-            tot = sum(parts.values()) if not inp.async_loading else max(parts.values())
+            tot = (sum(parts.values()) if not inp.async_loading else
+                   max(load_s if load_bind else 0.0, miss / R + t0))
             res["binds"] = max(parts, key=parts.get)
             res["shares"] = {k: (v / tot if tot else 0.0) for k, v in parts.items()}
     if "binds" not in res:
@@ -358,7 +365,8 @@ def format_text(r: dict) -> str:
         out.append("  recompute        - (give --prefill-tok-s)")
         return "\n".join(out)
     out.append(f"  recompute prefix {_t(c['recompute_prefix_s'])} at {c['prefill_tok_s']:,.0f} tok/s "
-               f"(whole prompt {_t(c['prefill_whole_s'])}, the miss {_t(c['prefill_miss_s'])})")
+               f"(whole prompt {_t(c['prefill_whole_s'])}, the miss {_t(c['prefill_miss_s'])})"
+               + (f"; plus {_t(i['overhead_s'])} fixed per request" if i.get("overhead_s") else ""))
     be = r["break_even"]
     line = (f"  break-even read  {be['storage_gbps']:.2f} GB/s (= {bpt['stored']:,} B/token x "
             f"{c['prefill_tok_s']:,.0f} tok/s)")
@@ -428,6 +436,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "estimate") -> None
                    help="host-to-GPU GB/s per GPU (default 25, Gen4 x16; Gen5 ~50; 0 to ignore)")
     s.add_argument("--prefill-tok-s", type=float, dest="prefill_tok_s",
                    help="prompt tokens/s of the whole instance at this context length")
+    s.add_argument("--overhead-ms", type=float, default=0.0, dest="overhead_ms",
+                   help="fixed time per request added to every step, with or without the store (HTTP, "
+                        "tokenization, scheduling, lookup; default 0): the TTFT of a very short prompt")
     s.add_argument("--async-loading", action="store_true",
                    help="loads overlap other requests' prefill (LMCache enable_async_loading)")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="JSON to FILE (or stdout)")
@@ -450,7 +461,7 @@ def inputs_from_args(args) -> Inputs:
     return Inputs(geo=geo, tp=args.tp or m.preset_tp, context=args.context, hit_rate=args.hit_rate,
                   concurrency=args.concurrency, storage_gbps=args.storage_gbps, link_gbit=args.link_gbit,
                   pcie_gbps=args.pcie_gbps, prefill_tok_s=args.prefill_tok_s, async_loading=args.async_loading,
-                  model=label)
+                  overhead_s=(getattr(args, "overhead_ms", 0.0) or 0.0) / 1e3, model=label)
 
 
 def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
@@ -464,6 +475,8 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
         parser.error("--hit-rate must be between 0 and 1")
     if args.concurrency < 1:
         parser.error("--concurrency must be >= 1")
+    if getattr(args, "overhead_ms", 0) and args.overhead_ms < 0:
+        parser.error("--overhead-ms must be >= 0")
     meas = None
     if args.measure:
         if args.storage_gbps:
@@ -504,8 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    p = build_parser()
-    return run(p.parse_args(argv), p)
+    """`python -m lmcache_fx.estimate` is `lmcache-fx estimate`."""
+    from .cli import main as cli_main
+
+    return cli_main(["estimate", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

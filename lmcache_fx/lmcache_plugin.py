@@ -96,6 +96,20 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dt
 
 
+def hit_prefix(objs: list) -> list:
+    """The objects up to the first miss (LMCache's async loads take a
+    prefix); the objects after it are released."""
+    out = []
+    for o in objs:
+        if o is None:
+            break
+        out.append(o)
+    for o in objs[len(out):]:
+        if o is not None:
+            o.ref_count_down()
+    return out
+
+
 def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
     """A MemoryObj for a chunk from LMCache's pool, as (obj, address, bytes)
     for ChunkStore reads; None when the pool is full or the meta is foreign."""
@@ -278,15 +292,7 @@ class FxStorageBackend(StoragePluginInterface):
         finally:
             for k in self._lookup_pins.pop(lookup_id, []):
                 self.store.unpin(k.to_string())
-        out = []
-        for o in objs:  # a prefix: the first miss ends it
-            if o is None:
-                break
-            out.append(o)
-        for o in objs[len(out):]:
-            if o is not None:
-                o.ref_count_down()
-        return out
+        return hit_prefix(objs)
 
     # ------------------------------------------------------------ writes
     def batched_submit_put_task(

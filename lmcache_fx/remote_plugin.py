@@ -35,7 +35,7 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .chunkfile import ChunkMeta
-from .lmcache_plugin import allocate_from, meta_of, options_from_extra, plugin_name
+from .lmcache_plugin import allocate_from, hit_prefix, meta_of, options_from_extra, plugin_name
 from .options import ConfigError, refuse_direct_to_gpu
 from .store import ChunkStore
 
@@ -138,15 +138,7 @@ class FxRemoteConnector(RemoteConnector):
 
     async def batched_get_non_blocking(self, lookup_id: str, keys: List[CacheEngineKey]) -> List[MemoryObj]:
         objs = await self._read(keys)
-        out = []
-        for o in objs:  # a prefix: the first miss ends it
-            if o is None:
-                break
-            out.append(o)
-        for o in objs[len(out):]:
-            if o is not None:
-                o.ref_count_down()
-        return out
+        return hit_prefix(objs)
 
     # ------------------------------------------------------------ writes
     def support_batched_put(self) -> bool:
