@@ -161,6 +161,36 @@ def test_fifo_queueing():
     assert est.fifo_ttft(1, 1.0, 0.5, overlap=False)["p50_s"] == 1.5
 
 
+def test_fixed_overhead_per_request():
+    """--overhead-ms: the same fixed time in every step, with or without the store; default 0 changes nothing;
+    the break-even bandwidth does not depend on it (it cancels in load < recompute)."""
+    g = est.models()["qwen2.5-32b"].geo
+    kw = dict(geo=g, context=8192, hit_rate=1.0, storage_gbps=2.0, pcie_gbps=0, prefill_tok_s=4096,
+              concurrency=4)
+    a = est.estimate(est.Inputs(**kw))
+    b = est.estimate(est.Inputs(**kw, overhead_s=0.05))
+    load, miss = b["load"]["load_s"], b["request"]["miss_tokens"] / 4096
+    assert a["ttft"]["recompute"]["alone_s"] == pytest.approx(2.0)
+    assert b["ttft"]["recompute"]["alone_s"] == pytest.approx(2.05)
+    assert b["ttft"]["with_store"]["alone_s"] == pytest.approx(load + miss + 0.05)
+    assert b["ttft"]["with_store"]["p50_s"] == pytest.approx(2.5 * (load + miss + 0.05))
+    assert b["break_even"] == a["break_even"]
+    assert b["shares"]["fixed overhead"] == pytest.approx(0.05 / (load + miss + 0.05))
+    assert b["ttft"]["speedup_p50"] < a["ttft"]["speedup_p50"] <= a["break_even"]["speedup_bound"]
+    o = est.estimate(est.Inputs(**kw, overhead_s=0.05, async_loading=True))["ttft"]["with_store"]
+    assert o["step_s"] == pytest.approx(max(load, miss + 0.05))
+
+
+def test_overhead_through_the_cli(capsys):
+    d = run_json(capsys, "--layers", "4", "--kv-heads", "2", "--head-dim", "64", "--kv-dtype", "fp32",
+                 "--context", "4096", "--hit-rate", "1", "--storage-gbps", "1.5", "--pcie-gbps", "0",
+                 "--prefill-tok-s", "16000", "--overhead-ms", "40")
+    assert d["inputs"]["overhead_s"] == pytest.approx(0.04)
+    assert d["ttft"]["recompute"]["alone_s"] == pytest.approx(0.04 + 4096 / 16000)
+    assert est.main(["--context", "4k", "--prefill-tok-s", "1000", "--overhead-ms", "25"]) == 0
+    assert "plus 25 ms fixed per request" in capsys.readouterr().out
+
+
 def test_speedup_bounded_by_the_miss_fraction():
     """Even infinitely fast storage cannot beat context / miss tokens (Amdahl)."""
     g = est.models()["qwen2.5-32b"].geo
@@ -194,7 +224,7 @@ def test_through_the_cli_and_partial_inputs(capsys):
 
 @pytest.mark.parametrize("argv", [["--model", "nope"], ["--model", "qwen2.5-32b", "--tp", "3"],
                                   ["--hit-rate", "1.5"], ["--concurrency", "0"],
-                                  ["--storage-gbps", "1", "--measure", "/tmp"]])
+                                  ["--storage-gbps", "1", "--measure", "/tmp"], ["--overhead-ms", "-1"]])
 def test_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as e:
         est.main(argv)
