@@ -195,9 +195,9 @@ def crc_of(t) -> int:
 
 
 def _connector_class():
-    from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
+    from .cpu_engine import ChunkwiseConnector
 
-    class ContiguousCPUConnector(GPUConnectorInterface):
+    class ContiguousCPUConnector(ChunkwiseConnector):
         """Moves chunks between LMCache's objects ([kv, layers, tokens, hidden])
         and one contiguous CPU 'KV cache' tensor of the same layout."""
 
@@ -212,14 +212,6 @@ def _connector_class():
 
         def to_gpu(self, memory_obj, start, end, **kw):
             kw["kvcaches"][:, :, start:end, :].copy_(memory_obj.tensor[:, :, : end - start, :])
-
-        def batched_from_gpu(self, memory_objs, starts, ends, **kw):
-            for o, s, e in zip(memory_objs, starts, ends):
-                self.from_gpu(o, s, e, **kw)
-
-        def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kw):
-            for o, s, e in zip(memory_objs, starts, ends):
-                self.to_gpu(o, s, e, **kw)
 
         def get_shape(self, num_tokens):
             return self._torch.Size([self.geo.kv_size, self.geo.layers, num_tokens, self.geo.hidden])

@@ -21,7 +21,19 @@ from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface  # noq
 from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
 
 
-class PagedCPUConnector(GPUConnectorInterface):
+class ChunkwiseConnector(GPUConnectorInterface):
+    """LMCache's batched calls as a loop over the per-chunk ones."""
+
+    def batched_from_gpu(self, memory_objs, starts, ends, **kw):
+        for o, s, e in zip(memory_objs, starts, ends):
+            self.from_gpu(o, s, e, **kw)
+
+    def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kw):
+        for o, s, e in zip(memory_objs, starts, ends):
+            self.to_gpu(o, s, e, **kw)
+
+
+class PagedCPUConnector(ChunkwiseConnector):
     def __init__(self, num_layers, kv_size, kv_heads, head_dim):
         self.num_layers, self.kv_size = num_layers, kv_size
         self.hidden = kv_heads * head_dim
@@ -43,14 +55,6 @@ class PagedCPUConnector(GPUConnectorInterface):
         src = memory_obj.tensor
         for layer in range(self.num_layers):
             self._flat(kw["kvcaches"], layer)[:, slots, :] = src[:, layer, : end - start, :]
-
-    def batched_from_gpu(self, memory_objs, starts, ends, **kw):
-        for o, s, e in zip(memory_objs, starts, ends):
-            self.from_gpu(o, s, e, **kw)
-
-    def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kw):
-        for o, s, e in zip(memory_objs, starts, ends):
-            self.to_gpu(o, s, e, **kw)
 
     def get_shape(self, num_tokens):
         return torch.Size([self.kv_size, self.num_layers, num_tokens, self.hidden])

@@ -30,6 +30,21 @@ def xfs_store(xfs_dir, request):
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def fake_gpu_driver_so(tmp_path_factory):
+    """The stand-in GPU driver library (memcpy + a worker thread per stream),
+    built from tests/fake_gpu_driver.c; selected with LMCACHE_FX_GPU_DRIVER."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not found: cannot build the stand-in GPU driver")
+    so = str(tmp_path_factory.mktemp("fakegpu") / "fake_gpu_driver.so")
+    subprocess.run(["gcc", "-O2", "-Wall", "-shared", "-fPIC", "-pthread", "-o", so,
+                    os.path.join(os.path.dirname(__file__), "fake_gpu_driver.c")], check=True)
+    return so
+
+
 @pytest.fixture
 def odirect_tmp(tmp_path):
     """tmp_path, skipped when its filesystem refuses O_DIRECT (tmpfs)."""

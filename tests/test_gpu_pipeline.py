@@ -10,7 +10,6 @@ propagation and bit-exact results.
 import ctypes
 import errno
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -26,12 +25,8 @@ MiB = 1 << 20
 
 
 @pytest.fixture(scope="session")
-def fake_driver(tmp_path_factory):
-    if not shutil.which("gcc"):
-        pytest.skip("gcc not found: cannot build the stand-in GPU driver")
-    so = str(tmp_path_factory.mktemp("fakegpu") / "fake_gpu_driver.so")
-    subprocess.run(["gcc", "-O2", "-Wall", "-shared", "-fPIC", "-pthread", "-o", so,
-                    os.path.join(HERE, "fake_gpu_driver.c")], check=True)
+def fake_driver(fake_gpu_driver_so):
+    so = fake_gpu_driver_so
     os.environ["LMCACHE_FX_GPU_DRIVER"] = so
     info = _fxio.gpu_driver()
     if info["path"] != so:
