@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
-os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
 
 GB = 1e9
 MIB = 1 << 20
@@ -1001,6 +1000,9 @@ def _ints(s: str, conv=int) -> list:
 
 
 def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
+    # LMCache's INFO lines would bury the table; set here, not at import, so
+    # importing this module changes nothing for other code in the process.
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
     import logging
 
     parser = parser or build_parser()

@@ -108,6 +108,8 @@ class Server:
             "DO_NOT_TRACK": "1",
             "VLLM_CACHE_ROOT": os.path.join(self.work, "vllm-cache"),
             "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "INFO"),
+            # LMCache's per-request "hit tokens" line is INFO: the client reads it.
+            "LMCACHE_LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
         })
         if self.cpu:
