@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
@@ -222,25 +221,15 @@ def _connector_class():
 def lmcache_engine(cfg_dict: dict, geo: Geometry, model: str = "lmcache-fx-bench"):
     """A real LMCacheEngine on CPU built from the YAML-shaped dict a user writes."""
     import torch
-    from lmcache.v1.cache_engine import LMCacheEngineBuilder
     from lmcache.v1.config import LMCacheEngineConfig
-    from lmcache.v1.metadata import LMCacheMetadata
+
+    from .cpu_engine import engine_on_cpu
 
     cfg = LMCacheEngineConfig.from_dict(cfg_dict)
     cfg.validate()
-    md = LMCacheMetadata(
-        model_name=model, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
-        kv_dtype=getattr(torch, geo.dtype), kv_shape=geo.kv_shape(), use_mla=geo.mla, role="worker",
-        chunk_size=geo.chunk,
-    )
-    conn = _connector_class()(geo)
-    iid = f"fxbench-{uuid.uuid4().hex[:8]}"
-    engine = LMCacheEngineBuilder.get_or_create(iid, cfg, md, conn, lambda *a, **k: None, lambda *a, **k: None)
-    try:
-        engine.post_init()
+    with engine_on_cpu(cfg, _connector_class()(geo), getattr(torch, geo.dtype), geo.kv_shape(), geo.mla,
+                       geo.chunk, model, prefix="fxbench") as engine:
         yield engine
-    finally:
-        LMCacheEngineBuilder.destroy(iid)
 
 
 class TierMeter:

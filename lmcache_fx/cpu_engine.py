@@ -130,20 +130,28 @@ class KV:
 
 
 @contextmanager
-def lmcache_engine(cfg: LMCacheEngineConfig, geo: Geometry, model="fx-test-model"):
+def engine_on_cpu(cfg: LMCacheEngineConfig, connector, kv_dtype, kv_shape, use_mla, chunk_size, model, prefix="fx"):
+    """A single-worker LMCacheEngine with the given connector, destroyed on
+    exit (an engine left alive keeps a non-daemon thread and hangs exit)."""
     md = LMCacheMetadata(
         model_name=model, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
-        kv_dtype=geo.dtype, kv_shape=geo.kv_shape(), use_mla=geo.mla, role="worker",
-        chunk_size=geo.chunk,
+        kv_dtype=kv_dtype, kv_shape=kv_shape, use_mla=use_mla, role="worker", chunk_size=chunk_size,
     )
-    conn = PagedCPUConnector(geo.layers, geo.kv_size, geo.kv_heads, geo.head_dim)
-    iid = f"fx-{uuid.uuid4().hex[:8]}"
-    engine = LMCacheEngineBuilder.get_or_create(iid, cfg, md, conn, lambda *a, **k: None, lambda *a, **k: None)
+    iid = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    engine = LMCacheEngineBuilder.get_or_create(iid, cfg, md, connector, lambda *a, **k: None,
+                                                lambda *a, **k: None)
     try:
         engine.post_init()
         yield engine
     finally:
         LMCacheEngineBuilder.destroy(iid)
+
+
+@contextmanager
+def lmcache_engine(cfg: LMCacheEngineConfig, geo: Geometry, model="fx-test-model"):
+    conn = PagedCPUConnector(geo.layers, geo.kv_size, geo.kv_heads, geo.head_dim)
+    with engine_on_cpu(cfg, conn, geo.dtype, geo.kv_shape(), geo.mla, geo.chunk, model) as engine:
+        yield engine
 
 
 def fx_backend(engine, name="fx"):
