@@ -26,7 +26,7 @@ def phase(role, args):
 
     import torch
 
-    from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve
+    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve
 
     logging.getLogger("lmcache").setLevel(logging.WARNING)
     geo = Geometry(**GEOMETRY)
@@ -84,7 +84,7 @@ def main():
     if args.phase:
         return phase(args.phase, args)
 
-    from lmcache_fx.loopfs import drop_caches
+    from lmcache_fx.testing.loopfs import drop_caches
 
     print(f"lmcache-fx demo: {args.tokens} tokens of KV ({GEOMETRY['layers']} layers, {GEOMETRY['kv_heads']} kv "
           f"heads x {GEOMETRY['head_dim']}, bf16) into {args.store}")

@@ -34,10 +34,11 @@ from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInter
 from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 from lmcache.v1.platform import create_event_notifier
 
-from .chunkfile import HEADER_SIZE, ChunkMeta
-from .lmcache_plugin import meta_of
-from .options import FxOptions, refuse_direct_to_gpu
-from .store import ChunkStore
+from .core.chunkfile import HEADER_SIZE, ChunkMeta
+from .core.options import FxOptions, refuse_direct_to_gpu
+from .core.drive import await_batch
+from .core.store import ChunkStore
+from .integration.common import meta_of, register_memory
 
 if TYPE_CHECKING:
     from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
@@ -73,7 +74,7 @@ class FxL2AdapterConfig(L2AdapterConfigBase):
 
     @classmethod
     def help(cls) -> str:
-        rows = "\n".join(f"- {n} ({vals}): {meaning}" for n, (meaning, vals) in FxOptions.DOC.items())
+        rows = "\n".join(f"- {n} ({vals}): {meaning}" for n, (meaning, vals) in FxOptions.doc().items())
         return ("lmcache-fx L2 adapter, adapter_params fields (all optional):\n" + rows + "\n\nExample JSON:\n"
                 '{"type": "plugin", "module_path": "lmcache_fx.l2_adapter", "class_name": "FxL2Adapter", '
                 '"adapter_params": {"path": "/mnt/nvmeof/lmcache", "max_capacity_gb": 2000}}')
@@ -111,14 +112,7 @@ class FxL2Adapter(L2AdapterInterface):
                  ",".join(self.store.roots), self.store.engine.kind, self.store.odirect, len(self.store))
 
     def _register_l1(self, desc: "L1MemoryDesc") -> None:
-        from . import _fxio
-
-        size = desc.stable_registration_size or desc.size
-        if desc.ptr and size:
-            _fxio.advise_hugepages(desc.ptr, size)
-            r = self.store.engine.register_buffer(desc.ptr, size)
-            if r < 0:
-                log.info("lmcache-fx: L1 not registered as fixed buffers (errno %d); plain reads are used", -r)
+        register_memory(self.store.engine, desc.ptr, desc.stable_registration_size or desc.size, "L1")
 
     def _task_id(self) -> L2TaskId:
         with self._lock:
@@ -273,16 +267,7 @@ class FxL2Adapter(L2AdapterInterface):
         return results
 
     async def _run_batch(self, ops, crc):
-        batch = self.store.engine.submit(ops, write=False, crc=crc)
-        if not batch.done():
-            fut = self._loop.create_future()
-            fd = batch.fileno()
-            self._loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
-            try:
-                await fut
-            finally:
-                self._loop.remove_reader(fd)
-        return batch.wait()
+        return await await_batch(self.store.engine.submit(ops, write=False, crc=crc), self._loop)
 
     def query_load_result(self, task_id: L2TaskId) -> Optional[Bitmap]:
         with self._lock:

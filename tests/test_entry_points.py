@@ -21,7 +21,7 @@ import torch
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
 
-from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_config, lmcache_engine, retrieve  # noqa: E402
+from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_config, lmcache_engine, retrieve  # noqa: E402
 
 ENTRIES = ["plugin", "remote", "l2"]
 GEO = Geometry(layers=2, kv_heads=2, head_dim=64, dtype=torch.bfloat16)  # 128 KiB chunks
@@ -273,7 +273,7 @@ def test_l2_and_engine_entry_points_share_a_path(tmp_path):
 
 
 def test_l2_capacity_and_eviction_reported(tmp_path):
-    from lmcache_fx.chunkfile import HEADER_SIZE
+    from lmcache_fx.core.chunkfile import HEADER_SIZE
 
     chunk = HEADER_SIZE + GEO.chunk * GEO.bytes_per_token
     side = MPSide(tmp_path / "store", max_capacity_gb=5.5 * chunk / (1 << 30))
@@ -371,7 +371,7 @@ if __name__ == "__main__":
 
 def test_direct_to_gpu_is_refused_outside_the_in_process_plugin():
     from lmcache_fx.l2_adapter import FxL2AdapterConfig
-    from lmcache_fx.options import ConfigError
+    from lmcache_fx.core.options import ConfigError
 
     with pytest.raises(ConfigError, match="direct_to_gpu: only the in-process storage plugin"):
         FxL2AdapterConfig.from_dict({"path": "/tmp/x", "direct_to_gpu": True, "verify": False})

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from lmcache_fx import estimate as est
-from lmcache_fx.bench import MIB
+from lmcache_fx.tools import estimate as est
+from lmcache_fx.tools.models import MIB
 
 # From the public config.json of each model (num_hidden_layers,
 # num_key_value_heads, head_dim = hidden_size / num_attention_heads unless
@@ -215,7 +215,7 @@ def test_issue_command_text_and_json(capsys):
 
 
 def test_through_the_cli_and_partial_inputs(capsys):
-    from lmcache_fx import cli
+    from lmcache_fx.tools import cli
 
     assert cli.main(["estimate", "--model", "llama-3-70b", "--tp", "8", "--context", "8k"]) == 0
     out = capsys.readouterr().out

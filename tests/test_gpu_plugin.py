@@ -26,7 +26,7 @@ MiB = 1 << 20
 
 # ------------------------------------------------------------------ options
 def test_options_defaults_and_parsing():
-    from lmcache_fx.options import FxOptions
+    from lmcache_fx.core.options import FxOptions
 
     o = FxOptions()
     assert (o.direct_to_gpu, o.gpu_buffer_mib, o.gpu_staging_slots, o.gpu_slot_mib) == (False, 2048, 8, 4)
@@ -46,7 +46,7 @@ def test_options_defaults_and_parsing():
     ({"gpu_slots": 4}, r"unknown option 'x\.gpu_slots': did you mean 'x\.gpu_slot_mib'\?"),
 ])
 def test_options_refused_with_their_name(values, message):
-    from lmcache_fx.options import ConfigError, FxOptions
+    from lmcache_fx.core.options import ConfigError, FxOptions
 
     with pytest.raises(ConfigError, match=message):
         FxOptions.from_mapping(values, where="x.")
@@ -195,9 +195,9 @@ def _threads():
 def child_refuse(store, workdir):
     import torch
 
-    from lmcache_fx.cpu_engine import Geometry, config_from_dict, fx_config, lmcache_engine
+    from lmcache_fx.testing.cpu_engine import Geometry, config_from_dict, fx_config, lmcache_engine
     from lmcache_fx.lmcache_plugin import FxStorageBackend
-    from lmcache_fx.options import ConfigError
+    from lmcache_fx.core.options import ConfigError
 
     cfg = config_from_dict(fx_config(store, direct_to_gpu=True, verify=False), workdir)
     out = {"cuda": torch.cuda.is_available()}
@@ -220,8 +220,8 @@ def child_roundtrip(store, workdir):
     import torch
 
     from lmcache_fx import _fxio
-    from lmcache_fx.chunkfile import HEADER_SIZE
-    from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
+    from lmcache_fx.core.chunkfile import HEADER_SIZE
+    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
         retrieve, store_and_wait
     from lmcache_fx.lmcache_plugin import FxStorageBackend
 
@@ -279,7 +279,7 @@ def child_roundtrip(store, workdir):
         out["chunks_read"] = be.store.stats.chunks_read
 
         keys = [k for _, _, k in eng.token_database.process_tokens(tokens=tokens)]
-        from lmcache_fx.chunkfile import chunk_digest
+        from lmcache_fx.core.chunkfile import chunk_digest
 
         files = [be.store.path_for(chunk_digest(k.to_string())) for k in keys]
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from lmcache_fx.options import ConfigError, FxOptions
+from lmcache_fx.core.options import ConfigError, FxOptions
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
@@ -13,9 +13,13 @@ README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 def test_every_option_is_in_the_readme_table():
     text = open(README).read()
     rows = dict(re.findall(r"^\| `([a-z_]+)` \| `([^`]*)` \|", text, re.M))
+    cells = [re.split(r"(?<!\\)\|", line)[1:-1] for line in text.splitlines() if re.match(r"^\| `[a-z_]+` \| `", line)]
+    values = {c[0].strip(" `"): c[2] for c in cells}
     for name in FxOptions.names():
         assert name in rows, f"option {name} missing from README's table"
         default = getattr(FxOptions(), name)
+        # the values column is the table's own text, modulo markdown backticks
+        assert values[name].replace("`", "").replace("\\|", "|").strip() == FxOptions.doc()[name][1], name
         shown = rows[name]
         if isinstance(default, bool):
             assert shown == str(default).lower()

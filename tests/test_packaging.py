@@ -80,7 +80,7 @@ def test_wheel_installs_without_build_tools_and_round_trips(wheel, tmp_path):
         assert "{tmp_path}" in lmcache_fx.__file__, lmcache_fx.__file__
         from lmcache_fx import _fxio
         assert _fxio.HAVE_LIBURING and _fxio.Engine("io_uring").kind == "io_uring"
-        from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
+        from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
         d = tempfile.mkdtemp()
         geo = Geometry(layers=2)
         cfg = config_from_dict(fx_config(d + "/store"), d)
@@ -134,9 +134,9 @@ def test_c_core_and_store_on_other_pythons(tmp_path, version):
     script = textwrap.dedent("""
         import os, sys, tempfile
         from lmcache_fx import _fxio
-        from lmcache_fx.options import FxOptions
-        from lmcache_fx.store import ChunkStore
-        from lmcache_fx.chunkfile import ChunkMeta
+        from lmcache_fx.core.options import FxOptions
+        from lmcache_fx.core.store import ChunkStore
+        from lmcache_fx.core.chunkfile import ChunkMeta
         d = tempfile.mkdtemp()
         s = ChunkStore(FxOptions(path=d))
         src = _fxio.HostBuffer(1 << 20); memoryview(src)[:] = os.urandom(1 << 20)

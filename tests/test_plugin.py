@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
-from lmcache_fx.chunkfile import HEADER_SIZE
-from lmcache_fx.options import ConfigError
+from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
+from lmcache_fx.core.chunkfile import HEADER_SIZE
+from lmcache_fx.core.options import ConfigError
 
 GEOMETRIES = {
     "bf16-gqa": Geometry(layers=4, kv_heads=2, head_dim=64, dtype=torch.bfloat16),
@@ -116,7 +116,7 @@ def test_damaged_chunk_is_a_miss_and_removed(tmp_path, damage):
         assert len(files) == 3
         # Damage the file of the second chunk.
         key1 = [k for k in eng.token_database.process_tokens(tokens=tokens)][1][2]
-        victim = be.store.path_for(__import__("lmcache_fx.chunkfile", fromlist=["x"]).chunk_digest(key1.to_string()))
+        victim = be.store.path_for(__import__("lmcache_fx.core.chunkfile", fromlist=["x"]).chunk_digest(key1.to_string()))
         assert victim in files
         size = os.path.getsize(victim)
         if damage == "payload-bit":
@@ -276,7 +276,7 @@ def test_header_whose_shapes_do_not_match_the_payload_is_bad(tmp_path):
     """A planted chunk with valid CRCs but shapes that claim more (or fewer)
     bytes than its payload is refused before anything is allocated."""
     from lmcache_fx import _fxio
-    from lmcache_fx.chunkfile import BadHeader, ChunkMeta, decode_header, encode_header
+    from lmcache_fx.core.chunkfile import BadHeader, ChunkMeta, decode_header, encode_header
 
     buf = _fxio.HostBuffer(HEADER_SIZE, hugepages=False)
     good = ChunkMeta(((2, 4, 256, 128),), ("bfloat16",), "KV_2LTD")

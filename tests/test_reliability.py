@@ -21,10 +21,11 @@ import time
 import pytest
 
 from faults import fxfault as F
-from lmcache_fx import _fxio, loopfs
-from lmcache_fx.chunkfile import HEADER_SIZE, BadHeader, ChunkMeta, chunk_digest, decode_header, encode_header
-from lmcache_fx.options import ConfigError, FxOptions
-from lmcache_fx.store import ChunkStore
+from lmcache_fx import _fxio
+from lmcache_fx.testing import loopfs
+from lmcache_fx.core.chunkfile import HEADER_SIZE, BadHeader, ChunkMeta, chunk_digest, decode_header, encode_header
+from lmcache_fx.core.options import ConfigError, FxOptions
+from lmcache_fx.core.store import ChunkStore
 
 pytestmark = pytest.mark.reliability
 
@@ -687,7 +688,7 @@ def _bad_options():
 def test_bad_configuration(tmp_path):
     """Every option with a wrong value, unknown names and unusable paths: a
     ConfigError naming the option, and nothing left running or created."""
-    from lmcache_fx.cpu_engine import config_from_dict, fx_config
+    from lmcache_fx.testing.cpu_engine import config_from_dict, fx_config
     from lmcache_fx.lmcache_plugin import FxStorageBackend
 
     class FakeCPU:  # the constructor must fail before needing LMCache's allocator

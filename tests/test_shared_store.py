@@ -21,9 +21,9 @@ for p in (HERE, ROOT):
         sys.path.insert(0, p)
 
 from faults import fxfault as F  # noqa: E402
-from lmcache_fx import loopfs  # noqa: E402
-from lmcache_fx.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
-from lmcache_fx.store import LOCK_NAME  # noqa: E402
+from lmcache_fx.testing import loopfs  # noqa: E402
+from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
+from lmcache_fx.core.store import LOCK_NAME  # noqa: E402
 
 CHUNK = 256 * 1024  # payload bytes; files are HEADER_SIZE more
 
@@ -200,7 +200,7 @@ def test_lock_file_is_not_a_chunk(tmp_path):
 def test_usage_is_shared_between_instances(tmp_path, monkeypatch):
     """Two stores (as two processes would) on one path see one usage and one
     cap; the second one's write evicts the first one's oldest chunk."""
-    from lmcache_fx import store as store_mod
+    from lmcache_fx.core import store as store_mod
 
     monkeypatch.setattr(store_mod, "TOUCH_SECONDS", 0.0)  # hits refresh recency at once (default: 10 s)
     f = HEADER_SIZE + CHUNK

@@ -29,9 +29,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from lmcache_fx import _fxio  # noqa: E402
-from lmcache_fx.chunkfile import SUFFIX, ChunkMeta, chunk_digest  # noqa: E402
-from lmcache_fx.options import FxOptions  # noqa: E402
-from lmcache_fx.store import TMP_MARK, ChunkStore  # noqa: E402
+from lmcache_fx.core.chunkfile import SUFFIX, ChunkMeta, chunk_digest  # noqa: E402
+from lmcache_fx.core.options import FxOptions  # noqa: E402
+from lmcache_fx.core.store import TMP_MARK, ChunkStore  # noqa: E402
 
 STAMP = struct.Struct("<16sII8x")  # key digest, rank, version
 
@@ -355,7 +355,7 @@ def child_noring(a):
     """Store and read back under a seccomp filter denying io_uring (or not)."""
     if a.get("deny") is not None:
         deny_io_uring(a["deny"])
-    from lmcache_fx.options import ConfigError
+    from lmcache_fx.core.options import ConfigError
 
     with LogCount() as logs:
         usable, why = _fxio.io_uring_status()
@@ -394,7 +394,7 @@ def plugin_round_trip(store_path, workdir):
     """A real LMCacheEngine storing and retrieving 1024 tokens through fx."""
     import torch
 
-    from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
+    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
         retrieve, store_and_wait
 
     geo = Geometry(layers=2, kv_heads=2, head_dim=64)
@@ -414,7 +414,7 @@ def child_plugin_writer(a):
     """Stores prompts through a real LMCacheEngine with fx until killed."""
     import torch
 
-    from lmcache_fx.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
+    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
         retrieve, store_and_wait
 
     geo = Geometry(layers=2, kv_heads=2, head_dim=64)

@@ -10,13 +10,13 @@ import sys
 # subcommand -> (module, one-line help). A module supplies
 # add_arguments(parser, command) and run(args, parser).
 SUBCOMMANDS = {
-    "bench": ("lmcache_fx.bench", "measure lmcache-fx against fio and LMCache's own tiers"),
-    "doctor": ("lmcache_fx.doctor", "check whether the fast path will be used on this host"),
-    "ls": ("lmcache_fx.admin", "list the chunks of a store"),
-    "stat": ("lmcache_fx.admin", "summarise a store: chunks, bytes, models, ages, usage"),
-    "fsck": ("lmcache_fx.admin", "verify every chunk of a store; --repair removes bad ones"),
-    "gc": ("lmcache_fx.admin", "evict least recently used chunks down to a size"),
-    "estimate": ("lmcache_fx.estimate", "will external KV storage pay off, and how fast must it be?"),
+    "bench": ("lmcache_fx.tools.bench", "measure lmcache-fx against fio and LMCache's own tiers"),
+    "doctor": ("lmcache_fx.tools.doctor", "check whether the fast path will be used on this host"),
+    "ls": ("lmcache_fx.tools.admin", "list the chunks of a store"),
+    "stat": ("lmcache_fx.tools.admin", "summarise a store: chunks, bytes, models, ages, usage"),
+    "fsck": ("lmcache_fx.tools.admin", "verify every chunk of a store; --repair removes bad ones"),
+    "gc": ("lmcache_fx.tools.admin", "evict least recently used chunks down to a size"),
+    "estimate": ("lmcache_fx.tools.estimate", "will external KV storage pay off, and how fast must it be?"),
 }
 
 
@@ -29,10 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         m = importlib.import_module(mod)
         sp = sub.add_parser(name, help=helptext, description=helptext,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-        if m.add_arguments.__code__.co_argcount >= 2:
-            m.add_arguments(sp, name)
-        else:
-            m.add_arguments(sp)
+        m.add_arguments(sp, name)
         sp.set_defaults(_module=mod, _parser=sp)
     return p
 

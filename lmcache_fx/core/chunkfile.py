@@ -24,7 +24,7 @@ import json
 import struct
 from dataclasses import dataclass
 
-from . import _fxio
+from .. import _fxio
 
 MAGIC = b"LMCFXKV\0"
 FORMAT_VERSION = 1
@@ -141,3 +141,11 @@ def tensor_bytes(meta: ChunkMeta):
             n *= x
         total += n
     return total
+
+
+def dtype_size(name: str) -> int:
+    """Bytes of one element of a dtype named as torch names it ('bfloat16')."""
+    try:
+        return _ITEMSIZE[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}") from None

@@ -19,13 +19,23 @@ import stat as stat_mod
 import sys
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Iterable, Iterator, Optional
 
-from . import _fxio
-from .chunkfile import HEADER_SIZE, SUFFIX, BadHeader, FormatVersionMismatch, Header, chunk_digest, decode_header
-from .options import GIB
-from .store import TMP_MARK, ChunkStore
+from .. import _fxio
+from ..core.chunkfile import HEADER_SIZE, BadHeader, FormatVersionMismatch, Header, chunk_digest, decode_header
+from ..core.options import GIB
+from .common import AdminError, fs_info, human_age, human_bytes, quiet_broken_pipe
+from .lmcache_config import load_plugin_configs
+from ..core.layout import (
+    LOCK_DIR,
+    TMP_MARK,
+    StoreFile,
+    is_fanout_name,
+    path_for,
+    round_up,
+    scan_fanout,
+    tmp_is_stale,
+)
 
 # ---------------------------------------------------------------- help texts
 
@@ -78,23 +88,7 @@ examples:
 }
 
 
-class AdminError(Exception):
-    """A problem the user can fix (wrong path, bad config): one clear line."""
-
-
 # ---------------------------------------------------------------- the store on disk
-
-
-@dataclass
-class StoreFile:
-    path: str
-    root: str
-    size: int
-    mtime: float
-    ino: int
-    kind: str  # chunk | tmp | other
-    digest: str = ""
-    why: str = ""  # for other: why it does not belong
 
 
 @dataclass
@@ -131,13 +125,11 @@ def split_paths(values: Iterable[str]) -> list[str]:
     return out
 
 
-def _is_hex(s: str) -> bool:
-    return all(c in "0123456789abcdef" for c in s)
-
-
 def scan(roots: list[str]) -> Scan:
-    """Lists a store the way ChunkStore._scan sees it, keeping what it skips."""
+    """Lists a store the way the store's own scan sees it (core/layout.py),
+    keeping what it skips."""
     sc = Scan(roots)
+    lists = {"chunk": sc.chunks, "tmp": sc.temps, "other": sc.others}
     for root in roots:
         looks = False
         try:
@@ -147,59 +139,35 @@ def scan(roots: list[str]) -> Scan:
             raise AdminError(f"{root}: cannot list it: {e.strerror}")
         for de in entries:
             name = de.name
-            if len(name) == 2 and _is_hex(name) and de.is_dir(follow_symlinks=False):
+            if is_fanout_name(name) and de.is_dir(follow_symlinks=False):
                 looks = True
-                _scan_sub(sc, root, de.path)
-            elif name == ".fx" and de.is_dir(follow_symlinks=False):  # the shared-capacity lock
+                try:
+                    for f in scan_fanout(root, de.path):
+                        lists[f.kind].append(f)
+                except OSError as e:
+                    sc.others.append(StoreFile(de.path, root, 0, 0, 0, 0, "other", why=f"cannot list: {e.strerror}"))
+            elif name == LOCK_DIR and de.is_dir(follow_symlinks=False):  # the shared-capacity lock
                 looks = True
-            elif TMP_MARK in name and name.startswith(TMP_MARK):  # the O_DIRECT probe of a starting store
+            elif name.startswith(TMP_MARK):  # the O_DIRECT probe of a starting store
                 looks = True
-                _add(sc, root, de, "tmp")
+                try:
+                    st = de.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                sc.temps.append(StoreFile(de.path, root, st.st_size, st.st_mtime, st.st_mtime_ns, st.st_ino, "tmp"))
         sc.looks_like_store[root] = looks or not entries
     sc.chunks.sort(key=lambda f: (f.mtime, f.digest))  # the store's order: least recently written first
     return sc
 
 
-def _add(sc: Scan, root: str, de, kind: str, digest: str = "", why: str = "") -> None:
-    try:
-        st = de.stat(follow_symlinks=False)
-    except OSError:
-        return  # vanished
-    if kind != "other" and not stat_mod.S_ISREG(st.st_mode):
-        kind, why = "other", "not a regular file (the store ignores it)"
-    f = StoreFile(de.path, root, st.st_size, st.st_mtime, st.st_ino, kind, digest, why)
-    {"chunk": sc.chunks, "tmp": sc.temps, "other": sc.others}[kind].append(f)
-
-
-def _scan_sub(sc: Scan, root: str, sub: str) -> None:
-    try:
-        with os.scandir(sub) as it:
-            entries = list(it)
-    except OSError as e:
-        sc.others.append(StoreFile(sub, root, 0, 0, 0, "other", why=f"cannot list: {e.strerror}"))
-        return
-    subname = os.path.basename(sub)
-    for de in entries:
-        name = de.name
-        if TMP_MARK in name:
-            _add(sc, root, de, "tmp")
-        elif name.endswith(SUFFIX) and len(name) == 32 + len(SUFFIX) and _is_hex(name[:32]):
-            if name[:2] != subname:
-                _add(sc, root, de, "other", why=f"chunk file in the wrong directory (belongs in {name[:2]}/)")
-            else:
-                _add(sc, root, de, "chunk", digest=name[:32])
-        else:
-            _add(sc, root, de, "other", why="not an lmcache-fx file")
-
-
 def expected_path(roots: list[str], digest: str) -> str:
-    """Where the store puts a chunk of this digest (ChunkStore.path_for)."""
-    return ChunkStore.path_for(SimpleNamespace(roots=roots), digest)
+    """Where the store puts a chunk of this digest."""
+    return path_for(roots, digest)
 
 
-def tmp_is_stale(f: StoreFile, now: Optional[float] = None) -> bool:
+def is_stale_tmp(f: StoreFile, now: Optional[float] = None) -> bool:
     """The store's own rule: the writer process is gone, or the file is old."""
-    return ChunkStore._tmp_is_stale(os.path.basename(f.path), f.mtime, time.time() if now is None else now)
+    return tmp_is_stale(os.path.basename(f.path), f.mtime, time.time() if now is None else now)
 
 
 # ---------------------------------------------------------------- reading with the engine
@@ -347,11 +315,7 @@ class Reader:
 
 
 def _span(f: StoreFile) -> int:
-    return HEADER_SIZE + _round_up(max(f.size - HEADER_SIZE, 0), 4096)
-
-
-def _round_up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
+    return HEADER_SIZE + round_up(max(f.size - HEADER_SIZE, 0), 4096)
 
 
 def _plan(files: list[StoreFile], buffer_bytes: int, max_files: int) -> Iterator[list[StoreFile]]:
@@ -432,53 +396,8 @@ def geometry(h: Header) -> str:
     return f"{shapes} {h.meta.fmt}"
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
-
-
-def human_age(s: float) -> str:
-    s = max(0.0, s)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s / size:.0f}{unit}" if s / size >= 10 else f"{s / size:.1f}{unit}"
-    return f"{s:.0f}s"
-
-
 AGE_BUCKETS = [("< 1 hour", 3600), ("1 hour - 1 day", 86400), ("1 - 7 days", 7 * 86400),
                ("7 - 30 days", 30 * 86400), ("> 30 days", float("inf"))]
-
-
-def fs_info(path: str) -> dict:
-    """Filesystem type, mount point, device, total and free bytes of a path."""
-    out = {"fstype": "?", "mountpoint": "?", "device": "?", "total_bytes": None, "free_bytes": None}
-    real = os.path.realpath(path)
-    best = -1
-    try:
-        with open("/proc/self/mountinfo") as fh:
-            for line in fh:
-                left, _, right = line.partition(" - ")
-                mp = _unescape(left.split()[4])
-                fstype, dev = (right.split() + ["?", "?"])[:2]
-                if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) > best:
-                    best = len(mp)
-                    out.update(fstype=fstype, mountpoint=mp, device=_unescape(dev))
-    except OSError:
-        pass
-    try:
-        sv = os.statvfs(path)
-        out["total_bytes"] = sv.f_blocks * sv.f_frsize
-        out["free_bytes"] = sv.f_bavail * sv.f_frsize
-    except OSError:
-        pass
-    return out
-
-
-def _unescape(s: str) -> str:
-    return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
 # ---------------------------------------------------------------- arguments
@@ -516,8 +435,6 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
     opts = None
     paths = split_paths(args.path)
     if args.config:
-        from .doctor import load_plugin_configs
-
         plugins = load_plugin_configs(args.config)
         if not plugins:
             raise AdminError(f"{args.config}: storage_plugins has no lmcache-fx entry "
@@ -543,14 +460,6 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
 
 
 # ---------------------------------------------------------------- commands
-
-
-def quiet_broken_pipe() -> int:
-    """`lmcache-fx ls | head`: stop quietly when the reader goes away."""
-    fd = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(fd, sys.stdout.fileno())
-    os.close(fd)
-    return 0
 
 
 def run(args, parser=None) -> int:
@@ -669,7 +578,7 @@ def cmd_stat(args) -> int:
                 ages[name]["bytes"] += f.size
                 break
     fss = {r: fs_info(r) for r in roots}
-    stale = sum(1 for t in sc.temps if tmp_is_stale(t, now))
+    stale = sum(1 for t in sc.temps if is_stale_tmp(t, now))
     obj = {
         "paths": roots,
         "chunks": len(sc.chunks),
@@ -762,7 +671,7 @@ def cmd_fsck(args) -> int:
     secs = time.perf_counter() - t0
     now = time.time()
     for t in sc.temps:
-        if tmp_is_stale(t, now):
+        if is_stale_tmp(t, now):
             problems.append(_problem(t, "stale-tmp", "temporary of a writer that is gone"))
     for o in sc.others:
         problems.append(_problem(o, "foreign", o.why))

@@ -9,7 +9,7 @@ holds every chunk, drop the page cache (root), retrieve through the engine
 from the tier, and check that what landed equals what was stored (CRC32C).
 
     lmcache-fx bench --mkfs-loop 8G --json out.json --png out.png
-    python -m lmcache_fx.bench --path /mnt/nvme/bench --preset llama-3-70b-tp8
+    python -m lmcache_fx.tools.bench --path /mnt/nvme/bench --preset llama-3-70b-tp8
 """
 from __future__ import annotations
 
@@ -28,58 +28,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
-os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
-
-GB = 1e9
-MIB = 1 << 20
-
-# ------------------------------------------------------------------ geometry
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """KV geometry of one rank: bytes per token = kv_size*layers*heads*dim*dtype."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str = "bfloat16"
-    mla: bool = False
-    chunk: int = 256
-
-    @property
-    def kv_size(self) -> int:
-        return 1 if self.mla else 2
-
-    @property
-    def dtype_bytes(self) -> int:
-        return {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "uint8": 1}[self.dtype]
-
-    @property
-    def hidden(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def bytes_per_token(self) -> int:
-        return self.kv_size * self.layers * self.hidden * self.dtype_bytes
-
-    @property
-    def chunk_bytes(self) -> int:
-        return self.bytes_per_token * self.chunk
-
-    def kv_shape(self) -> tuple:
-        """LMCacheMetadata.kv_shape: (layers, kv_size, chunk, heads, head_dim)."""
-        return (self.layers, self.kv_size, self.chunk, self.kv_heads, self.head_dim)
-
-
-# Per-rank geometry (bf16, 256-token chunks). TP8 divides the KV heads by 8;
-# MLA keeps one latent (512 + 64 rope) per layer, the same on every rank.
-PRESETS: dict[str, Geometry] = {
-    "qwen2.5-32b": Geometry(layers=64, kv_heads=8, head_dim=128),  # 64 MiB / chunk
-    "llama-3-70b-tp8": Geometry(layers=80, kv_heads=1, head_dim=128),  # 10 MiB / chunk / rank
-    "qwen3-coder-480b-tp8": Geometry(layers=62, kv_heads=1, head_dim=128),  # 7.75 MiB / chunk / rank
-    "deepseek-v3-mla": Geometry(layers=61, kv_heads=1, head_dim=576, mla=True),  # 17.2 MiB / chunk
-}
+from .models import GB, MIB, PRESETS, Geometry, parse_size
 
 ALL_READERS = ["fx", "fx-threads", "fx-noverify", "local_disk", "fs_connector", "rust_raw_block", "fio"]
 READER_LABELS = {
@@ -91,23 +40,6 @@ READER_LABELS = {
     "rust_raw_block": "LMCache RustRawBlockBackend",
     "fio": "fio io_uring O_DIRECT",
 }
-
-
-def parse_size(s) -> int:
-    """'8G', '512M', '1MiB', 4096 -> bytes (powers of 1024)."""
-    if isinstance(s, int):
-        return s
-    t = str(s).strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
-    if mult != 1:
-        t = t[:-1]
-    try:
-        v = int(float(t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 8G or 1M, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"size must be > 0, got {s!r}")
-    return v
 
 
 def geometry_from_args(args) -> Geometry:
@@ -184,7 +116,7 @@ class Workload:
 
 
 def crc_of(t) -> int:
-    from . import _fxio
+    from .. import _fxio
 
     return _fxio.crc32c(t.contiguous().view(-1).view(__import__("torch").uint8).numpy())
 
@@ -193,7 +125,7 @@ def crc_of(t) -> int:
 
 
 def _connector_class():
-    from .cpu_engine import ChunkwiseConnector
+    from ..integration.connector import ChunkwiseConnector
 
     class ContiguousCPUConnector(ChunkwiseConnector):
         """Moves chunks between LMCache's objects ([kv, layers, tokens, hidden])
@@ -223,7 +155,7 @@ def lmcache_engine(cfg_dict: dict, geo: Geometry, model: str = "lmcache-fx-bench
     import torch
     from lmcache.v1.config import LMCacheEngineConfig
 
-    from .cpu_engine import engine_on_cpu
+    from ..testing.cpu_engine import engine_on_cpu
 
     cfg = LMCacheEngineConfig.from_dict(cfg_dict)
     cfg.validate()
@@ -373,7 +305,7 @@ class LMCacheReader(Reader):
         self.wait_stored(keys)
         store_s = time.perf_counter() - t0
         if cfg.cold:
-            from .loopfs import drop_caches
+            from ..testing.loopfs import drop_caches
 
             drop_caches()
         # retrieve
@@ -418,7 +350,7 @@ class LMCacheReader(Reader):
         self.engine.store(tokens, kvcaches=w.src, slot_mapping=w.slot_mapping)
         self.wait_stored(keys)
         if self.cfg.cold:
-            from .loopfs import drop_caches
+            from ..testing.loopfs import drop_caches
 
             drop_caches()
         n_req = max(len(keys), 4 * conc)
@@ -617,7 +549,7 @@ class FioReader(Reader):
         wj = self._fio("write", self.bs, self.cfg.queue_depth, self.size)
         store_s = time.perf_counter() - t0
         if self.cfg.cold:
-            from .loopfs import drop_caches
+            from ..testing.loopfs import drop_caches
 
             drop_caches()
         c0 = children_cpu_seconds()
@@ -643,7 +575,7 @@ class FioReader(Reader):
         # One request = up to 4 chunks, read at request size bs: approximated by
         # fio's completion latency of chunk-sized reads at iodepth=conc.
         if self.cfg.cold:
-            from .loopfs import drop_caches
+            from ..testing.loopfs import drop_caches
 
             drop_caches()
         if not os.path.exists(self.file):
@@ -711,7 +643,7 @@ def machine_info(path: str) -> dict:
     except Exception:
         pass
     try:
-        from . import _fxio
+        from .. import _fxio
 
         info["io_uring"] = _fxio.io_uring_status()
     except Exception:
@@ -720,8 +652,8 @@ def machine_info(path: str) -> dict:
 
 
 def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict:
-    from . import __version__
-    from .loopfs import drop_caches
+    from .. import __version__
+    from ..testing.loopfs import drop_caches
 
     if cfg.cold and not drop_caches():
         cfg.cold = False
@@ -797,11 +729,11 @@ def run_sweep(path: str, geo: Geometry, n_chunks: int, reps: int, qds, splits, c
     """GB/s of lmcache-fx's store read path (no LMCache engine) against
     queue_depth (at split 1 MiB) and split_bytes (at queue_depth 32), into a
     huge-page, registered destination like the plugin's pool."""
-    from . import _fxio
-    from .chunkfile import ChunkMeta
-    from .loopfs import drop_caches
-    from .options import FxOptions
-    from .store import ChunkStore
+    from .. import _fxio
+    from ..core.chunkfile import ChunkMeta
+    from ..testing.loopfs import drop_caches
+    from ..core.options import FxOptions
+    from ..core.store import ChunkStore
 
     d = os.path.join(path, "sweep")
     shutil.rmtree(d, ignore_errors=True)
@@ -936,7 +868,7 @@ def write_png(results: dict, path: str) -> Optional[str]:
 # ------------------------------------------------------------------ command line
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model KV geometry per rank (default qwen2.5-32b)")
     g = p.add_argument_group("custom geometry (overrides the preset)")
@@ -989,6 +921,7 @@ def _ints(s: str, conv=int) -> list:
 
 
 def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
+    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")  # LMCache would post usage reports otherwise
     # LMCache's INFO lines would bury the table; set here, not at import, so
     # importing this module changes nothing for other code in the process.
     os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
@@ -1000,7 +933,7 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
     n_chunks = plan_chunks(geo, int(args.total_gb * GB))
     with ExitStack() as stack:
         if args.mkfs_loop:
-            from .loopfs import why_not_available, xfs_loop
+            from ..testing.loopfs import why_not_available, xfs_loop
 
             why = why_not_available()
             if why:
@@ -1062,7 +995,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """`python -m lmcache_fx.bench` is `lmcache-fx bench`."""
+    """`python -m lmcache_fx.tools.bench` is `lmcache-fx bench`."""
     from .cli import main as cli_main
 
     return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])

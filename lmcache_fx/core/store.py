@@ -1,46 +1,34 @@
 """The durable chunk store: one file per chunk, an in-memory LRU index, and
 capacity, over the C engine. Knows nothing of LMCache; adapters translate.
 
-Layout: <path>/<2 hex>/<32 hex>.fxkv, the name a BLAKE2b digest of the key,
-the path chosen by digest when several are given (striping). Writes go to a
-temporary name in the same directory and are renamed into place, so a reader
-sees a whole chunk or none. The index is rebuilt at start from names and
-sizes only; headers are read on first use.
+Files are laid out as core/layout.py says; writes go to a temporary name in
+the same directory and are renamed into place, so a reader sees a whole chunk
+or none. The index is rebuilt at start from names and sizes only; headers are
+read on first use.
 
-Shared stores: every process (TP ranks, instances, nodes) writing to one
-path shares one capacity. The bytes of the store live in a ledger, the lock
-file <first path>/.fx/store.lock, changed only under an advisory flock on it:
-a write reserves its bytes there (evicting first when the cap would be
-passed), a commit or removal corrects them. Scans recompute the ledger from
-the files (at start, every RESCAN_SECONDS, and when an evictor needs victims)
-so crashes and foreign deletions cannot make it drift for long. Least
-recently used is the file mtime: a write sets it, a hit refreshes it at most
-once per TOUCH_SECONDS, and the evictor removes the oldest files first,
-whoever wrote them. See docs/shared-stores.md.
+Capacity is shared by every process on a path through the ledger
+(core/ledger.py). Scans recompute the ledger from the files (at start, every
+RESCAN_SECONDS, and when an evictor needs victims) so crashes and foreign
+deletions cannot make it drift for long. Least recently used is the file
+mtime: a write sets it, a hit refreshes it at most once per TOUCH_SECONDS, and
+the evictor removes the oldest files first, whoever wrote them.
 """
 from __future__ import annotations
 
 import errno
-import fcntl
-import hashlib
 import itertools
 import logging
 import os
-import socket
 import stat
-import struct
 import threading
 import time
-import zlib
-from contextlib import contextmanager
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Generator, Optional, Sequence
 
-from . import _fxio
+from .. import _fxio
 from .chunkfile import (
     HEADER_SIZE,
-    SUFFIX,
     BadHeader,
     ChunkMeta,
     FormatVersionMismatch,
@@ -48,143 +36,38 @@ from .chunkfile import (
     decode_header,
     encode_header,
 )
+from .drive import drive_async, drive_blocking, make_engine
+from .layout import (
+    HOST_TAG,
+    LOCK_DIR,
+    LOCK_NAME,
+    TMP_MARK,
+    chunk_digest_of_path,
+    fanout_dirs,
+    open_dir,
+    open_in,
+    path_for,
+    probe_odirect,
+    root_problem,
+    round_up,
+    scan_fanout,
+    stat_in,
+    tmp_is_stale,
+    unlink_quiet,
+)
+from .ledger import Ledger
 from .metrics import READ_LATENCY_BUCKETS, latency_bucket
 from .options import ConfigError, FxOptions
 
 log = logging.getLogger("lmcache_fx")
 
-TMP_MARK = ".tmp."
-STALE_TMP_SECONDS = 3600  # a temporary file this old belongs to a dead writer
-LOCK_DIR = ".fx"  # in the first root: shared state; no fan-out directory, so never scanned
-LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evictor lock; never a chunk
+__all__ = ["ChunkStore", "Entry", "ReadResult", "Stats", "LOCK_NAME", "TMP_MARK", "HOST_TAG", "root_problem",
+           "drive_async", "drive_blocking", "make_engine"]
+
 TOUCH_SECONDS = 10.0  # a hit refreshes its chunk's mtime (the shared LRU clock) at most this often
 RESCAN_SECONDS = 300.0  # the ledger is recomputed from the files at least this often (by any process)
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
-
-
-def _host_tag() -> str:
-    """Names this kernel's pid space: temporaries of another node or container
-    are judged stale by age only, never by a pid that means nothing here."""
-    parts = [socket.gethostname()]
-    for f in ("/proc/sys/kernel/random/boot_id",):
-        try:
-            with open(f) as fh:
-                parts.append(fh.read().strip())
-        except OSError:
-            pass
-    try:
-        parts.append(os.readlink("/proc/self/ns/pid"))
-    except OSError:
-        pass
-    return hashlib.blake2b("|".join(parts).encode(), digest_size=4).hexdigest()
-
-
-HOST_TAG = _host_tag()
-
-
-class _Ledger:
-    """The shared byte count of a store, in its lock file: magic, usage,
-    time of the last scan, CRC. One object per lock file per process (flock
-    locks per open file, so threads and stores of one process take `mutex`
-    first)."""
-
-    REC = struct.Struct("<8sqd")
-    MAGIC = b"FXLEDG1\0"
-    _registry: dict = {}
-    _reg_lock = threading.Lock()
-
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.mutex = threading.RLock()
-        self.depth = 0  # nesting of hold() by the thread owning mutex
-        self.refs = 0
-
-    @classmethod
-    def open(cls, root: str, mode: int, dir_mode: int, shared_group: bool) -> "_Ledger":
-        path = os.path.join(root, LOCK_NAME)
-        try:
-            try:
-                os.mkdir(os.path.join(root, LOCK_DIR), dir_mode)
-            except FileExistsError:
-                pass
-            dfd = _open_dir(os.path.join(root, LOCK_DIR))  # refuses a planted symlink
-            try:
-                if shared_group:
-                    try:
-                        os.fchmod(dfd, dir_mode)  # past the umask
-                    except OSError:
-                        pass
-                fd = os.open(os.path.basename(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             mode, dir_fd=dfd)
-            finally:
-                os.close(dfd)
-        except OSError as e:
-            raise ConfigError(f"path: cannot open the store's lock file {path!r}: {e.strerror}") from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise ConfigError(f"path: {path!r} is not a regular file; remove it")
-        if shared_group:
-            try:
-                os.fchmod(fd, mode)
-            except OSError:
-                pass
-        with cls._reg_lock:
-            led = cls._registry.get((st.st_dev, st.st_ino))
-            if led is None:
-                led = cls._registry[(st.st_dev, st.st_ino)] = cls(fd)
-                led.key = (st.st_dev, st.st_ino)
-            else:
-                os.close(fd)
-            led.refs += 1
-        return led
-
-    def release(self) -> None:
-        with self._reg_lock:
-            self.refs -= 1
-            if self.refs == 0:
-                self._registry.pop(self.key, None)
-                os.close(self.fd)
-
-    @contextmanager
-    def hold(self):
-        with self.mutex:
-            if self.depth == 0:
-                try:
-                    fcntl.flock(self.fd, fcntl.LOCK_EX)
-                except OSError as e:  # a filesystem without locks: this process still serialises
-                    log.warning("lmcache-fx: flock on the store lock file failed (%s)", e.strerror)
-            self.depth += 1
-            try:
-                yield self
-            finally:
-                self.depth -= 1
-                if self.depth == 0:
-                    try:
-                        fcntl.flock(self.fd, fcntl.LOCK_UN)
-                    except OSError:
-                        pass
-
-    def get(self) -> Optional[tuple[int, float]]:
-        """(usage, last scan time), or None when the record is missing or bad. Hold the lock."""
-        try:
-            b = os.pread(self.fd, self.REC.size + 4, 0)
-        except OSError:
-            return None
-        if len(b) != self.REC.size + 4 or zlib.crc32(b[:-4]) != struct.unpack("<I", b[-4:])[0]:
-            return None
-        magic, usage, scanned = self.REC.unpack(b[:-4])
-        if magic != self.MAGIC:
-            return None
-        return usage, scanned
-
-    def put(self, usage: int, scanned: float) -> None:
-        b = self.REC.pack(self.MAGIC, int(usage), float(scanned))
-        try:
-            os.pwrite(self.fd, b + struct.pack("<I", zlib.crc32(b)), 0)
-        except OSError:
-            pass  # the next reader finds a bad record and rescans
 
 
 @dataclass
@@ -245,7 +128,7 @@ class ChunkStore:
         self._index: "OrderedDict[str, Entry]" = OrderedDict()  # digest -> entry, LRU first (this process)
         self._index_limit = 65536
         self._pins: dict[str, int] = {}
-        self._ledger: Optional[_Ledger] = None
+        self._ledger: Optional[Ledger] = None
         self._last_usage = 0  # the shared usage as last read from the ledger
         self._victims: list = []  # (mtime_ns, digest, path, size) oldest last; from this process's last scan
         self._victims_at = -1e9
@@ -264,7 +147,7 @@ class ChunkStore:
             for root in self.roots:
                 self._prepare_root(root, created)
             lock_made = not os.path.lexists(os.path.join(self.roots[0], LOCK_DIR))
-            self._ledger = _Ledger.open(self.roots[0], self.file_mode, self.dir_mode, options.shared_group)
+            self._ledger = Ledger.open(self.roots[0], self.file_mode, self.dir_mode, options.shared_group)
             self.engine = engine or make_engine(options)
             self.odirect = self._decide_odirect()
             self._scan()
@@ -275,7 +158,7 @@ class ChunkStore:
                 self._ledger.release()
                 self._ledger = None
             if lock_made:
-                _unlink_quiet(os.path.join(self.roots[0], LOCK_NAME))
+                unlink_quiet(os.path.join(self.roots[0], LOCK_NAME))
                 try:
                     os.rmdir(os.path.join(self.roots[0], LOCK_DIR))
                 except OSError:
@@ -313,18 +196,10 @@ class ChunkStore:
         mode = self.options.odirect
         if mode == "false":
             return False
-        probe = os.path.join(self.roots[0], f"{TMP_MARK}odirect.{os.getpid()}")
         try:
-            fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_CLOEXEC, 0o600)
-            os.close(fd)
-            ok, why = True, ""
+            ok, why = probe_odirect(self.roots[0])
         except OSError as e:
             ok, why = False, e.strerror
-        finally:
-            try:
-                os.unlink(probe)
-            except OSError:
-                pass
         if not ok and mode == "true":
             raise ConfigError(f"odirect: true, but {self.roots[0]!r} does not allow O_DIRECT ({why}); use auto")
         if not ok:
@@ -340,31 +215,20 @@ class ChunkStore:
         usage = 0
         now = time.time()
         for root in self.roots:
-            with os.scandir(root) as top:
-                subdirs = [d.path for d in top if len(d.name) == 2 and d.is_dir(follow_symlinks=False)]
-            for sub in subdirs:
+            for sub in fanout_dirs(root):
                 try:
-                    it = os.scandir(sub)
+                    files = list(scan_fanout(root, sub))
                 except FileNotFoundError:
                     continue
-                with it:
-                    for de in it:
-                        name = de.name
-                        try:
-                            st = de.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        if not stat.S_ISREG(st.st_mode):
-                            continue  # a planted symlink or device is never an entry
-                        if TMP_MARK in name:
-                            if self._tmp_is_stale(name, st.st_mtime, now):
-                                _unlink_quiet(de.path)
-                            else:
-                                usage += st.st_size
-                            continue
-                        if name.endswith(SUFFIX) and len(name) == 32 + len(SUFFIX):
-                            found.append((st.st_mtime_ns, name[:32], de.path, st.st_size))
-                            usage += st.st_size
+                for f in files:
+                    if f.kind == "tmp":
+                        if tmp_is_stale(os.path.basename(f.path), f.mtime, now):
+                            unlink_quiet(f.path)
+                        else:
+                            usage += f.size
+                    elif f.kind == "chunk":
+                        found.append((f.mtime_ns, f.digest, f.path, f.size))
+                        usage += f.size
         found.sort(reverse=True)
         return found, usage
 
@@ -409,30 +273,9 @@ class ChunkStore:
                          ",".join(self.roots))
             self._evict_locked(self.options.max_capacity_bytes, usage)
 
-    @staticmethod
-    def _tmp_is_stale(name: str, mtime: float, now: float) -> bool:
-        # <digest>.fxkv.tmp.<pid>.<seq>[.<host tag>]: stale when the writer is gone
-        try:
-            parts = name.split(TMP_MARK, 1)[1].split(".")
-            pid = int(parts[0])
-        except (IndexError, ValueError):
-            return now - mtime > STALE_TMP_SECONDS
-        if len(parts) >= 3 and parts[2] != HOST_TAG:
-            return now - mtime > STALE_TMP_SECONDS  # another node's or container's pid: age only
-        if pid == os.getpid():
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
-        return now - mtime > STALE_TMP_SECONDS
-
     # ------------------------------------------------------------ lookups
     def path_for(self, digest: str) -> str:
-        root = self.roots[int(digest[:8], 16) % len(self.roots)]
-        return os.path.join(root, digest[:2], digest + SUFFIX)
+        return path_for(self.roots, digest)
 
     def _entry(self, key: str, check: bool = False) -> Optional[Entry]:
         """Index entry, looking on disk when the index has none (another
@@ -444,7 +287,7 @@ class ChunkStore:
         if e is not None and not check:
             return e
         path = e.path if e is not None else self.path_for(d)
-        st = _stat_in(path)
+        st = stat_in(path)
         if st is None or not stat.S_ISREG(st.st_mode):
             if e is not None:
                 with self._lock:
@@ -482,7 +325,7 @@ class ChunkStore:
             if fd is not None:
                 os.utime(fd, ns=(t, t))
             else:
-                dfd = _open_dir(os.path.dirname(e.path))
+                dfd = open_dir(os.path.dirname(e.path))
                 try:
                     os.utime(os.path.basename(e.path), ns=(t, t), dir_fd=dfd, follow_symlinks=False)
                 finally:
@@ -533,8 +376,8 @@ class ChunkStore:
         if not unlink:
             return e is not None
         with self._ledger.hold():
-            st = _stat_in(path)
-            gone = _unlink_quiet(path)
+            st = stat_in(path)
+            gone = unlink_quiet(path)
             if gone and st is not None:
                 self._ledger_add_locked(-st.st_size)
         return gone or e is not None
@@ -598,12 +441,12 @@ class ChunkStore:
                 if pinned:
                     kept.append(v)
                     continue
-                st = _stat_in(path)
+                st = stat_in(path)
                 if st is None or not stat.S_ISREG(st.st_mode):
                     continue  # evicted or removed by another process
                 if st.st_mtime_ns > mt:
                     continue  # used (or rewritten) since the scan: no longer old
-                if not _unlink_quiet(path):
+                if not unlink_quiet(path):
                     continue
                 usage = max(0, usage - st.st_size)
                 n += 1
@@ -660,7 +503,7 @@ class ChunkStore:
                 return ok
             start = usage
             for f in files:
-                rsize = HEADER_SIZE + _round_up(f[6], 4096)
+                rsize = HEADER_SIZE + round_up(f[6], 4096)
                 if usage + rsize > cap and rsize <= cap:
                     usage = self._evict_locked(cap - rsize, usage)
                 if usage + rsize > cap:
@@ -742,7 +585,7 @@ class ChunkStore:
                                     os.ftruncate(fd, size)  # trim the block padding
                                 t = self._next_mtime_ns()
                                 os.utime(fd, ns=(t, t))  # the LRU clock, exact within a batch
-                                old = _stat_in(final)
+                                old = stat_in(final)
                                 os.rename(tmp, final)
                             except OSError as e:
                                 self._write_failed(None, -e.errno)
@@ -752,7 +595,7 @@ class ChunkStore:
                                 out[i] = True
                                 done.append(f)
                                 continue
-                        _unlink_quiet(tmp)
+                        unlink_quiet(tmp)
                         delta -= rsize
                     self._ledger_add_locked(delta)
         finally:
@@ -760,7 +603,7 @@ class ChunkStore:
                 os.close(f[4])
             for f in files:
                 if not out[f[0]] and not f[8]:
-                    _unlink_quiet(f[3])  # never counted: no lock needed
+                    unlink_quiet(f[3])  # never counted: no lock needed
         mono = time.monotonic()
         with self._lock:
             for f in done:
@@ -785,7 +628,7 @@ class ChunkStore:
             else:
                 if self.options.shared_group:  # past the umask
                     try:
-                        dfd = _open_dir(sub)
+                        dfd = open_dir(sub)
                         try:
                             os.fchmod(dfd, self.dir_mode)
                         finally:
@@ -798,7 +641,7 @@ class ChunkStore:
         if self.odirect:
             flags |= os.O_DIRECT
         try:
-            fd = _open_in(tmp, flags, self.file_mode)
+            fd = open_in(tmp, flags, self.file_mode)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 self.stats.add(write_errors=1)
@@ -815,7 +658,7 @@ class ChunkStore:
 
     def _write_failed(self, tmp: Optional[str], res: int) -> None:
         if tmp:
-            _unlink_quiet(tmp)
+            unlink_quiet(tmp)
         self.stats.add(write_errors=1)
         if res == -errno.ENOSPC or res == -errno.EDQUOT:
             self._count_enospc(1)
@@ -955,7 +798,7 @@ class ChunkStore:
         if self.odirect:
             flags |= os.O_DIRECT
         try:
-            return _open_in(path, flags)
+            return open_in(path, flags)
         except OSError as e:
             # Gone (evicted or removed by another process): a miss.
             if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
@@ -1007,119 +850,3 @@ class ChunkStore:
             self._ledger = None
 
 
-def root_problem(root: str, st: os.stat_result, shared_group: bool) -> Optional[str]:
-    """Why an existing store directory is refused (the store and doctor agree), or None."""
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{root!r} is not a directory"
-    # Root too: a directory another user controls could hold links that make root write anywhere.
-    if st.st_uid != os.geteuid() and not shared_group:
-        return (f"{root!r} belongs to uid {st.st_uid}, not to this user; use a directory of your own "
-                "or set shared_group: true for a store shared by a group")
-    if st.st_mode & stat.S_IWOTH:
-        return (f"{root!r} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): anyone could plant "
-                "chunk files there; use a directory of your own (chmod 700) or a group one with shared_group: true")
-    if not os.access(root, os.W_OK | os.X_OK):
-        return f"{root!r} is not writable by this user; fix its permissions or pick another"
-    return None
-
-
-def _round_up(n: int, align: int) -> int:
-    return (n + align - 1) // align * align
-
-
-def chunk_digest_of_path(path: str) -> str:
-    return os.path.basename(path)[:32]
-
-
-def _open_dir(path: str) -> int:
-    """A fan-out directory, refusing a symlink planted in its place (ELOOP)."""
-    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-
-
-def _open_in(path: str, flags: int, mode: int = 0o600) -> int:
-    """os.open of <root>/<ab>/<name> that follows no symlink below the root."""
-    dfd = _open_dir(os.path.dirname(path))
-    try:
-        return os.open(os.path.basename(path), flags | os.O_NOFOLLOW, mode, dir_fd=dfd)
-    finally:
-        os.close(dfd)
-
-
-def _stat_in(path: str) -> Optional[os.stat_result]:
-    """lstat of <root>/<ab>/<name>, following no symlink below the root; None when absent."""
-    try:
-        dfd = _open_dir(os.path.dirname(path))
-    except OSError:
-        return None
-    try:
-        return os.stat(os.path.basename(path), dir_fd=dfd, follow_symlinks=False)
-    except OSError:
-        return None
-    finally:
-        os.close(dfd)
-
-
-def _unlink_quiet(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except OSError:
-        return False
-
-
-def drive_blocking(engine, gen, release) -> list:
-    """Runs a read_steps generator with blocking engine batches."""
-    try:
-        ops, crc = next(gen)
-        while True:
-            ops, crc = gen.send(engine.read(ops, crc=crc))
-    except StopIteration as stop:
-        out, failed = stop.value
-    for h in failed:
-        release(h)
-    return out
-
-
-async def drive_async(engine, gen, release) -> list:
-    """Runs a read_steps generator, awaiting each batch through its eventfd
-    so the event loop keeps running while the engine reads."""
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-
-    async def run(ops, crc):
-        batch = engine.submit(ops, write=False, crc=crc)
-        fd = batch.fileno()
-        if not batch.done():
-            fut = loop.create_future()
-            loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
-            try:
-                await fut
-            finally:
-                loop.remove_reader(fd)
-        return batch.wait()
-
-    try:
-        ops, crc = next(gen)
-        while True:
-            ops, crc = gen.send(await run(ops, crc))
-    except StopIteration as stop:
-        out, failed = stop.value
-    for h in failed:
-        release(h)
-    return out
-
-
-_engine_warned = set()
-
-
-def make_engine(options: FxOptions):
-    """Builds the C engine; warns once per reason when io_uring is not used."""
-    try:
-        eng = _fxio.Engine(options.io_engine, options.queue_depth, options.split_bytes)
-    except OSError as e:
-        raise ConfigError(f"io_engine: {e}; use io_engine: auto to fall back to the thread engine") from None
-    if eng.fallback_reason and eng.fallback_reason not in _engine_warned:
-        _engine_warned.add(eng.fallback_reason)
-        log.warning("lmcache-fx: io_uring unavailable (%s); using the thread engine", eng.fallback_reason)
-    return eng

@@ -23,9 +23,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from . import _fxio
-from .options import GIB, ConfigError, FxOptions
-from .store import root_problem
+from .. import _fxio
+from ..core.options import GIB, ConfigError, FxOptions
+from ..core.layout import probe_odirect, root_problem
+from .common import fs_info, human_bytes, quiet_broken_pipe
+from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
 
 EXAMPLES = """\
 examples:
@@ -38,8 +40,6 @@ exit status: 0 the configured fast path (io_uring + O_DIRECT, unless the
 options turn them off) will be used; 1 it will not; 2 usage error.
 """
 
-PLUGIN_MODULE = "lmcache_fx.lmcache_plugin"
-PLUGIN_CLASS = "FxStorageBackend"
 LMCACHE_RANGE = ((0, 5, 6), (0, 6, 0))  # >=0.5.6,<0.6 as in pyproject.toml
 CAP_IPC_LOCK = 14
 PROBE_REGISTER_BYTES = 64 << 20
@@ -54,94 +54,7 @@ class Check:
     data: dict = field(default_factory=dict)
 
 
-@dataclass
-class PluginConf:
-    """One lmcache-fx entry of an LMCache config."""
-
-    name: str
-    module_path: str
-    class_name: str
-    options: Optional[FxOptions] = None
-    error: str = ""
-
-
 # ---------------------------------------------------------------- LMCache config
-
-
-def load_lmcache_config(path: str):
-    """LMCacheEngineConfig exactly as LMCache builds it: the file, then
-    LMCACHE_* environment overrides. Raises ValueError with a clear line."""
-    if not os.path.exists(path):
-        raise ValueError(f"{path}: no such file")
-    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
-    try:
-        from lmcache.v1.config import LMCacheEngineConfig
-    except Exception as e:  # noqa: BLE001 - any import failure is the answer
-        raise ValueError(f"cannot import LMCache to read {path}: {e}")
-    try:
-        cfg = LMCacheEngineConfig.from_file(path)
-        cfg.update_config_from_env()
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{path}: LMCache cannot read it: {type(e).__name__}: {e}")
-    return cfg
-
-
-def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
-    """The lmcache-fx entries of storage_plugins, and warnings about
-    storage_plugin.<name>.* settings LMCache will ignore."""
-    extra = cfg.extra_config or {}
-    listed = list(cfg.storage_plugins or [])
-    out, warns = [], []
-    for n in listed:
-        mp = str(extra.get(f"storage_plugin.{n}.module_path") or "")
-        cn = str(extra.get(f"storage_plugin.{n}.class_name") or "")
-        if "lmcache_fx" in mp or cn == PLUGIN_CLASS:
-            out.append(PluginConf(n, mp, cn))
-    named = {k.split(".")[1] for k in extra if k.startswith("storage_plugin.") and k.count(".") >= 2}
-    for n in sorted(named - set(listed)):
-        if str(extra.get(f"storage_plugin.{n}.module_path", "")).startswith("lmcache_fx"):
-            warns.append(f"extra_config has storage_plugin.{n}.* but storage_plugins does not list '{n}': "
-                         f"LMCache will not load it (add it: storage_plugins: [{n!r}])")
-    return out, warns
-
-
-def check_plugin(pc: PluginConf, cfg) -> None:
-    """What LMCache does before the constructor, then the plugin's own option
-    parsing: fills pc.options or pc.error."""
-    if not pc.module_path or not pc.class_name:
-        pc.error = (f"storage_plugin.{pc.name}.module_path and .class_name must both be set "
-                    f"({PLUGIN_MODULE} / {PLUGIN_CLASS}); LMCache skips the plugin otherwise")
-        return
-    import importlib
-
-    try:
-        mod = importlib.import_module(pc.module_path)
-        getattr(mod, pc.class_name)
-    except Exception as e:  # noqa: BLE001
-        pc.error = (f"LMCache cannot load {pc.module_path}.{pc.class_name}: {type(e).__name__}: {e} "
-                    f"(expected {PLUGIN_MODULE} / {PLUGIN_CLASS})")
-        return
-    from .lmcache_plugin import options_from_extra
-
-    try:
-        pc.options = options_from_extra(cfg.extra_config, f"storage_plugin.{pc.name}.")
-    except ConfigError as e:
-        pc.error = str(e)
-
-
-def load_plugin_configs(path: str) -> list[PluginConf]:
-    """lmcache-fx entries of an LMCache YAML with their options or errors
-    (used by ls/stat/fsck/gc --config). ValueError when unreadable."""
-    from .admin import AdminError
-
-    try:
-        cfg = load_lmcache_config(path)
-    except ValueError as e:
-        raise AdminError(str(e))
-    plugins, _ = plugin_entries(cfg)
-    for pc in plugins:
-        check_plugin(pc, cfg)
-    return plugins
 
 
 # ---------------------------------------------------------------- host facts
@@ -408,7 +321,7 @@ def _nearest_existing(p: str) -> str:
 
 
 def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
-    from .admin import fs_info, human_bytes, scan
+    from .admin import scan
 
     out = []
     root = os.path.abspath(os.path.expanduser(root))
@@ -472,39 +385,9 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
     return out
 
 
-def probe_odirect(directory: str) -> tuple[bool, str]:
-    from .store import TMP_MARK
-
-    probe = os.path.join(directory, f"{TMP_MARK}doctor.{os.getpid()}")
-    try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_DIRECT | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        if e.errno == 22:
-            return False, "the filesystem refuses O_DIRECT (EINVAL; tmpfs and some FUSE filesystems do)"
-        return False, f"cannot create a probe file: {e.strerror}"
-    eng = _fxio.Engine("auto", 2, 1 << 20)
-    try:
-        buf = _fxio.HostBuffer(8192, hugepages=False)
-        memoryview(buf)[:4096] = bytes(range(256)) * 16
-        w = eng.write([(fd, 0, 4096, buf.address)])[0]
-        if w != 4096:
-            return False, f"O_DIRECT write failed: {os.strerror(-w) if w < 0 else f'{w} bytes'}"
-        r = eng.read([(fd, 0, 4096, buf.address + 4096)])[0]
-        if r != 4096 or bytes(memoryview(buf)[4096:]) != bytes(memoryview(buf)[:4096]):
-            return False, f"O_DIRECT read failed: {os.strerror(-r) if r < 0 else 'wrong data'}"
-        return True, ""
-    finally:
-        eng.close()
-        os.close(fd)
-        try:
-            os.unlink(probe)
-        except OSError:
-            pass
-
-
 def check_engine(opts: FxOptions, tag: str) -> Check:
     """The engine the plugin will build, built the same way."""
-    from .store import make_engine
+    from ..core.drive import make_engine
 
     try:
         eng = make_engine(opts)
@@ -645,7 +528,6 @@ def run(args, parser=None) -> int:
     try:
         _print(res, args.json)
     except BrokenPipeError:
-        from .admin import quiet_broken_pipe
 
         quiet_broken_pipe()
     return code

@@ -226,7 +226,7 @@ class MetricsHandle:
         server.server_close()
 
 
-def start_metrics(source: Source, name: str = "fx", port: int = 0, addr: str = "0.0.0.0") -> MetricsHandle:
+def start_metrics(source: Source, name: str = "fx", port: int = 0, addr: str = "127.0.0.1") -> MetricsHandle:
     """Exposes a store's metrics: always in the global REGISTRY (LMCache's
     /metrics), and on http://addr:port/metrics when port > 0. Stores in one
     process share a port. A port that cannot be bound is logged, not raised:

@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from .bench import GB, MIB, PRESETS, Geometry, parse_size
+from .models import GB, MIB, PRESETS, Geometry, parse_size
 
 KIB = 1 << 10
 
@@ -258,8 +258,8 @@ def measure_read(path: str, chunk_bytes: int, total_bytes: int = 512 * MIB, reps
     """Cold read GB/s of PATH with the fx engine: files of one chunk each,
     written and read with O_DIRECT (buffered where the filesystem refuses it),
     page cache dropped before each read when root; files removed after."""
-    from . import _fxio
-    from .loopfs import drop_caches
+    from .. import _fxio
+    from ..testing.loopfs import drop_caches
 
     size = -(-chunk_bytes // _fxio.DIO_ALIGN) * _fxio.DIO_ALIGN
     n = max(1, total_bytes // size)
@@ -517,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """`python -m lmcache_fx.estimate` is `lmcache-fx estimate`."""
+    """`python -m lmcache_fx.tools.estimate` is `lmcache-fx estimate`."""
     from .cli import main as cli_main
 
     return cli_main(["estimate", *(sys.argv[1:] if argv is None else argv)])

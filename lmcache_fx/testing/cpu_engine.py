@@ -11,26 +11,16 @@ import os
 import uuid
 from contextlib import contextmanager
 
-os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+import torch
+import yaml
+from lmcache.v1.cache_engine import LMCacheEngineBuilder
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.metadata import LMCacheMetadata
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
-from lmcache.v1.cache_engine import LMCacheEngineBuilder  # noqa: E402
-from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
-from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface  # noqa: E402
-from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
+from ..integration.connector import ChunkwiseConnector
 
-
-class ChunkwiseConnector(GPUConnectorInterface):
-    """LMCache's batched calls as a loop over the per-chunk ones."""
-
-    def batched_from_gpu(self, memory_objs, starts, ends, **kw):
-        for o, s, e in zip(memory_objs, starts, ends):
-            self.from_gpu(o, s, e, **kw)
-
-    def batched_to_gpu(self, memory_objs=None, starts=None, ends=None, **kw):
-        for o, s, e in zip(memory_objs, starts, ends):
-            self.to_gpu(o, s, e, **kw)
+__all__ = ["ChunkwiseConnector", "PagedCPUConnector", "Geometry", "KV", "fx_config", "config_from_dict",
+           "engine_on_cpu", "lmcache_engine", "fx_backend", "store_and_wait", "retrieve"]
 
 
 class PagedCPUConnector(ChunkwiseConnector):
@@ -132,7 +122,9 @@ class KV:
 @contextmanager
 def engine_on_cpu(cfg: LMCacheEngineConfig, connector, kv_dtype, kv_shape, use_mla, chunk_size, model, prefix="fx"):
     """A single-worker LMCacheEngine with the given connector, destroyed on
-    exit (an engine left alive keeps a non-daemon thread and hangs exit)."""
+    exit (an engine left alive keeps a non-daemon thread and hangs exit).
+    LMCache's usage reporting is turned off unless the caller chose."""
+    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
     md = LMCacheMetadata(
         model_name=model, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
         kv_dtype=kv_dtype, kv_shape=kv_shape, use_mla=use_mla, role="worker", chunk_size=chunk_size,

@@ -1,0 +1,248 @@
+"""Where a store's files live and what their names mean: the one definition
+the store, its scans and the admin tools share.
+
+    <root>/<ab>/<32 hex digest>.fxkv               a chunk (ab = its first two hex digits)
+    <root>/<ab>/<digest>.fxkv.tmp.<pid>.<n>.<host> a write in progress (renamed into place when whole)
+    <root>/.tmp.odirect.<pid>                      the O_DIRECT probe of a starting store
+    <first root>/.fx/store.lock                    the shared ledger and evictor lock
+
+With several roots a chunk's root is chosen by its digest (striping). Every
+open below a root follows no symlink (O_NOFOLLOW on the fan-out directory and
+the file), so a planted link cannot redirect the store outside it.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import socket
+import stat
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from .chunkfile import SUFFIX
+
+TMP_MARK = ".tmp."
+STALE_TMP_SECONDS = 3600  # a temporary file this old belongs to a dead writer
+LOCK_DIR = ".fx"  # in the first root: shared state; no fan-out directory, so never scanned
+LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evictor lock; never a chunk
+DIGEST_HEX = 32
+_HEX = frozenset("0123456789abcdef")
+
+
+def _host_tag() -> str:
+    """Names this kernel's pid space: temporaries of another node or container
+    are judged stale by age only, never by a pid that means nothing here."""
+    parts = [socket.gethostname()]
+    for f in ("/proc/sys/kernel/random/boot_id",):
+        try:
+            with open(f) as fh:
+                parts.append(fh.read().strip())
+        except OSError:
+            pass
+    try:
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        pass
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=4).hexdigest()
+
+
+HOST_TAG = _host_tag()
+
+
+HOST_TAG = _host_tag()
+
+
+def path_for(roots: list[str], digest: str) -> str:
+    """Where the store keeps the chunk of this digest."""
+    root = roots[int(digest[:8], 16) % len(roots)]
+    return os.path.join(root, digest[:2], digest + SUFFIX)
+
+
+def is_fanout_name(name: str) -> bool:
+    return len(name) == 2 and _HEX.issuperset(name)
+
+
+@dataclass
+class StoreFile:
+    """One entry of a fan-out directory, as a scan sees it."""
+
+    path: str
+    root: str
+    size: int
+    mtime: float
+    mtime_ns: int
+    ino: int
+    kind: str  # chunk | tmp | other
+    digest: str = ""
+    why: str = ""  # for other: why it does not belong
+
+
+def classify(name: str, fanout: str) -> tuple[str, str, str]:
+    """(kind, digest, why) of a name found in fan-out directory `fanout`."""
+    if TMP_MARK in name:
+        return "tmp", "", ""
+    if name.endswith(SUFFIX) and len(name) == DIGEST_HEX + len(SUFFIX) and _HEX.issuperset(name[:DIGEST_HEX]):
+        if name[:2] != fanout:
+            return "other", "", f"chunk file in the wrong directory (belongs in {name[:2]}/)"
+        return "chunk", name[:DIGEST_HEX], ""
+    return "other", "", "not an lmcache-fx file"
+
+
+def scan_fanout(root: str, sub: str) -> Iterator[StoreFile]:
+    """Every entry of one fan-out directory; a non-regular file is `other`
+    (a planted symlink or device is never a chunk). Raises OSError when the
+    directory cannot be listed; entries that vanish meanwhile are skipped."""
+    fanout = os.path.basename(sub)
+    with os.scandir(sub) as it:
+        for de in it:
+            kind, digest, why = classify(de.name, fanout)
+            try:
+                st = de.stat(follow_symlinks=False)
+            except OSError:
+                continue  # vanished
+            if not stat.S_ISREG(st.st_mode):
+                kind, digest, why = "other", "", "not a regular file (the store ignores it)"
+            yield StoreFile(de.path, root, st.st_size, st.st_mtime, st.st_mtime_ns, st.st_ino, kind, digest, why)
+
+
+def fanout_dirs(root: str) -> list[str]:
+    """The fan-out directories of a root (real directories, not symlinks)."""
+    with os.scandir(root) as top:
+        return [de.path for de in top if is_fanout_name(de.name) and de.is_dir(follow_symlinks=False)]
+
+
+def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
+    # <digest>.fxkv.tmp.<pid>.<seq>[.<host tag>]: stale when the writer is gone
+    try:
+        parts = name.split(TMP_MARK, 1)[1].split(".")
+        pid = int(parts[0])
+    except (IndexError, ValueError):
+        return now - mtime > STALE_TMP_SECONDS
+    if len(parts) >= 3 and parts[2] != HOST_TAG:
+        return now - mtime > STALE_TMP_SECONDS  # another node's or container's pid: age only
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return now - mtime > STALE_TMP_SECONDS
+
+
+def root_problem(root: str, st: os.stat_result, shared_group: bool) -> Optional[str]:
+    """Why an existing store directory is refused (the store and doctor agree), or None."""
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{root!r} is not a directory"
+    # Root too: a directory another user controls could hold links that make root write anywhere.
+    if st.st_uid != os.geteuid() and not shared_group:
+        return (f"{root!r} belongs to uid {st.st_uid}, not to this user; use a directory of your own "
+                "or set shared_group: true for a store shared by a group")
+    if st.st_mode & stat.S_IWOTH:
+        return (f"{root!r} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): anyone could plant "
+                "chunk files there; use a directory of your own (chmod 700) or a group one with shared_group: true")
+    if not os.access(root, os.W_OK | os.X_OK):
+        return f"{root!r} is not writable by this user; fix its permissions or pick another"
+    return None
+
+
+def round_up(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+def chunk_digest_of_path(path: str) -> str:
+    return os.path.basename(path)[:32]
+
+
+def open_dir(path: str) -> int:
+    """A fan-out directory, refusing a symlink planted in its place (ELOOP)."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def open_in(path: str, flags: int, mode: int = 0o600) -> int:
+    """os.open of <root>/<ab>/<name> that follows no symlink below the root."""
+    dfd = open_dir(os.path.dirname(path))
+    try:
+        return os.open(os.path.basename(path), flags | os.O_NOFOLLOW, mode, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def stat_in(path: str) -> Optional[os.stat_result]:
+    """lstat of <root>/<ab>/<name>, following no symlink below the root; None when absent."""
+    try:
+        dfd = open_dir(os.path.dirname(path))
+    except OSError:
+        return None
+    try:
+        return os.stat(os.path.basename(path), dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+
+
+def unlink_quiet(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def probe_odirect(directory: str) -> tuple[bool, str]:
+    """Whether files in `directory` take O_DIRECT I/O: a 4 KiB write and read
+    through an unnamed file (O_TMPFILE), or, where the filesystem has none, an
+    exclusive new name opened relative to the directory without following
+    links, so nothing planted under any name can redirect the probe. Returns
+    (ok, why not)."""
+    import mmap
+
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    name = None
+    try:
+        flags = os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC
+        try:
+            fd = os.open(".", flags | os.O_TMPFILE, 0o600, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.EINVAL:  # O_DIRECT refused (O_TMPFILE itself fails with EOPNOTSUPP/EISDIR)
+                return False, _odirect_why(e)
+            name = f"{TMP_MARK}odirect.{os.getpid()}.{HOST_TAG}"
+            try:
+                fd = os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+            except OSError as e2:
+                if e2.errno != errno.EINVAL:
+                    name = None  # not ours: never unlink what another made
+                return False, _odirect_why(e2)
+        try:
+            buf = mmap.mmap(-1, 8192)  # page-aligned, as O_DIRECT needs
+            try:
+                buf[:4096] = bytes(range(256)) * 16
+                w = os.pwritev(fd, [memoryview(buf)[:4096]], 0)
+                if w != 4096:
+                    return False, f"O_DIRECT write wrote {w} of 4096 bytes"
+                r = os.preadv(fd, [memoryview(buf)[4096:]], 0)
+                if r != 4096 or buf[4096:] != buf[:4096]:
+                    return False, "O_DIRECT read returned other bytes"
+            finally:
+                buf.close()
+        except OSError as e:
+            return False, _odirect_why(e)
+        finally:
+            os.close(fd)
+        return True, ""
+    finally:
+        if name is not None:
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except OSError:
+                pass
+        os.close(dfd)
+
+
+def _odirect_why(e: OSError) -> str:
+    if e.errno == errno.EINVAL:
+        return "the filesystem refuses O_DIRECT (EINVAL; tmpfs before Linux 6.6 and some FUSE filesystems do)"
+    return f"O_DIRECT probe failed: {e.strerror}"

@@ -1,0 +1,221 @@
+"""Every runtime option of lmcache-fx, in one table, with its default.
+
+The same names are read from LMCache's `extra_config` as
+`storage_plugin.<name>.<option>`; README.md prints this table.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+GIB = 1 << 30
+
+
+class ConfigError(ValueError):
+    """A wrong option: the message names the option and the fix."""
+
+
+def refuse_direct_to_gpu(options, where: str) -> None:
+    """Entry points other than the in-process plugin cannot hand LMCache
+    GPU-resident chunks: say so instead of silently ignoring the option."""
+    if options.direct_to_gpu:
+        raise ConfigError(f"{where}direct_to_gpu: only the in-process storage plugin (lmcache_fx.lmcache_plugin) "
+                          "serves chunks in GPU memory; remove it here or use storage_plugins")
+
+
+def _parse_bool(name: str, v) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("false", "0", "no", "off"):
+        return False
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    raise ConfigError(f"{name}: expected true or false, got {v!r}")
+
+
+def _parse_choice(name: str, v, choices) -> str:
+    s = str(v).strip().lower() if isinstance(v, (str, bool)) else None
+    if isinstance(v, bool):
+        s = "true" if v else "false"
+    if s not in choices:
+        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {v!r}")
+    return s
+
+
+def _parse_number(name: str, v, kind, lo, hi):
+    if isinstance(v, bool):
+        raise ConfigError(f"{name}: expected a number, got {v!r}")
+    try:
+        x = kind(v)
+        if kind is int and isinstance(v, float) and v != x:
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{name}: expected {'an integer' if kind is int else 'a number'}, got {v!r}") from None
+    if not (lo <= x <= hi):
+        raise ConfigError(f"{name}: {x} is out of range [{lo}, {hi}]")
+    return x
+
+
+_SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text) -> int:
+    """Bytes from an integer or a string with a K/M/G/T suffix (powers of
+    1024; 'M', 'MB' and 'MiB' alike). ValueError when it is not one."""
+    if isinstance(text, bool):
+        raise ValueError(f"expected a size, got {text!r}")
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    mult = _SIZE_UNITS.get(s[-1:], 1)
+    if mult != 1:
+        s = s[:-1]
+    try:
+        return int(float(s) * mult)
+    except (ValueError, OverflowError):
+        raise ValueError(f"expected bytes like 1048576 or '1M', got {text!r}") from None
+
+
+def _parse_size(name: str, v, lo, hi) -> int:
+    try:
+        v = parse_size(v)
+    except ValueError as e:
+        raise ConfigError(f"{name}: {e}") from None
+    return _parse_number(name, v, int, lo, hi)
+
+
+# ---------------------------------------------------------------- the table
+# Each option is declared once, as a field of FxOptions: its default, the
+# values it accepts (as README shows them), its meaning, and its parser.
+
+
+def _opt(default: Any, values: str, meaning: str, parse: Callable[[str, Any], Any]) -> Any:
+    return field(default=default, metadata={"values": values, "meaning": meaning, "parse": parse})
+
+
+def _boolean(full: str, v) -> bool:
+    return _parse_bool(full, v)
+
+
+def _choice(*choices: str) -> Callable[[str, Any], str]:
+    return lambda full, v: _parse_choice(full, v, choices)
+
+
+def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
+    return lambda full, v: _parse_number(full, v, int, lo, hi)
+
+
+def _path(full: str, v) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{full}: expected a directory path, got {v!r}")
+    return v
+
+
+def _capacity(full: str, v) -> float:
+    return _parse_number(full, v, float, 1e-6, 1e9)
+
+
+def _split(full: str, v) -> int:
+    x = _parse_size(full, v, 4096, 1 << 30)
+    if x % 4096:
+        raise ConfigError(f"{full}: {x} is not a multiple of 4096; try {(x // 4096 + 1) * 4096}")
+    return x
+
+
+def _address(full: str, v) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(str(v).strip()))
+    except ValueError:
+        raise ConfigError(f"{full}: expected an IP address such as 127.0.0.1 or 0.0.0.0, got {v!r}") from None
+
+
+@dataclass
+class FxOptions:
+    """Every runtime option with its default; defaults chosen by measurement
+    (docs/benchmarks.md)."""
+
+    path: str = _opt(os.path.join(os.path.expanduser("~"), ".cache", "lmcache-fx"), "path[,path...]",
+                     "store directory; several comma-separated paths stripe chunks over them", _path)
+    max_capacity_gb: float = _opt(100.0, "> 0", "bytes of chunk files kept under the paths, evicting least "
+                                  "recently used", _capacity)
+    io_engine: str = _opt("auto", "auto | io_uring | threads", "io_uring, or C threads doing pread/pwrite; auto "
+                          "falls back to threads with a warning", _choice("auto", "io_uring", "threads"))
+    queue_depth: int = _opt(32, "1..32768", "sub-reads in flight per batch (thread engine: threads, at most 16 "
+                            "by default)", _int(1, 32768))
+    split_bytes: int = _opt(1 << 20, "4K..1G, multiple of 4096 (bytes or K/M/G)", "size of the sub-reads a chunk is cut into",
+                            _split)
+    odirect: str = _opt("auto", "auto | true | false", "O_DIRECT (page cache bypassed); auto uses it where the "
+                        "filesystem allows", _choice("auto", "true", "false"))
+    verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss",
+                        _boolean)
+    shared_group: bool = _opt(False, "true | false", "files 0660 and directories 0770 instead of 0600/0700, for "
+                              "a group of users", _boolean)
+    metrics_port: int = _opt(0, "0..65535", "Prometheus metrics on http://<metrics_addr>:<port + local worker "
+                             "id>/metrics; 0 = off (they are in LMCache's /metrics either way)", _int(0, 65535))
+    metrics_addr: str = _opt("127.0.0.1", "IP address", "address the metrics server listens on; 0.0.0.0 for "
+                             "every interface (the page names store paths)", _address)
+    direct_to_gpu: bool = _opt(False, "true | false", "return chunks in GPU memory of the plugin's own (like "
+                               "LMCache's GdsBackend), read NVMe -> pinned staging -> GPU by the pipeline; needs "
+                               "a GPU driver and verify: false", _boolean)
+    gpu_buffer_mib: int = _opt(2048, "1..1048576", "direct_to_gpu: GPU memory holding retrieved chunks until "
+                               "LMCache releases them", _int(1, 1 << 20))
+    gpu_staging_slots: int = _opt(8, "2..256", "direct_to_gpu: page-locked staging slots (reads and GPU copies "
+                                  "in flight)", _int(2, 256))
+    gpu_slot_mib: int = _opt(4, "1..1024", "direct_to_gpu: size of one staging slot (the largest read/copy "
+                             "piece)", _int(1, 1024))
+
+    @property
+    def paths(self) -> list[str]:
+        return [p.strip() for p in self.path.split(",") if p.strip()]
+
+    @property
+    def max_capacity_bytes(self) -> int:
+        return int(self.max_capacity_gb * GIB)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def doc(cls) -> dict[str, tuple[str, str]]:
+        """option -> (one-line meaning, accepted values), in table order."""
+        return {f.name: (f.metadata["meaning"], f.metadata["values"]) for f in fields(cls)}
+
+    @classmethod
+    def from_mapping(cls, values: dict, where: str = "") -> "FxOptions":
+        """Builds options from {name: value}; `where` prefixes names in errors."""
+        o = cls()
+        table = {f.name: f for f in fields(cls)}
+        for name, v in values.items():
+            full = f"{where}{name}"
+            if name not in table:
+                close = difflib.get_close_matches(name, list(table), n=1)
+                hint = f"did you mean '{where}{close[0]}'?" if close else f"valid options: {', '.join(table)}"
+                raise ConfigError(f"unknown option '{full}': {hint}")
+            setattr(o, name, table[name].metadata["parse"](full, v))
+        if not o.paths:
+            raise ConfigError(f"{where}path: no directory given; set it to a directory on the NVMe filesystem")
+        if o.direct_to_gpu and o.verify:
+            raise ConfigError(
+                f"{where}direct_to_gpu: needs {where}verify: false; payloads copied straight to the GPU "
+                "cannot be checked against their CRC32C yet (a corrupt chunk would not be detected)"
+            )
+        return o
+
+
+_PLUGIN_KEYS = ("module_path", "class_name")  # LMCache's own keys under a plugin's prefix
+
+
+def options_from_extra(extra: dict, prefix: str) -> FxOptions:
+    """Options under `prefix` of LMCache's extra_config (e.g.
+    'storage_plugin.fx.'), checked by name."""
+    values = {k[len(prefix):]: v for k, v in (extra or {}).items() if k.startswith(prefix)}
+    for k in _PLUGIN_KEYS:
+        values.pop(k, None)
+    return FxOptions.from_mapping(values, where=prefix)

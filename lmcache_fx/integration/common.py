@@ -1,0 +1,132 @@
+"""What the LMCache adapters share: which plugin entry an instance is, its
+options, chunk metadata of a MemoryObj, allocation from LMCache's pool, the
+hit prefix of a read, and registering LMCache's pool with the engine."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Optional
+
+import torch
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+
+from .. import _fxio
+from ..core.chunkfile import ChunkMeta
+from ..core.options import ConfigError, options_from_extra
+
+log = logging.getLogger("lmcache_fx")
+
+__all__ = ["plugin_name", "options_from_extra", "meta_of", "hit_prefix", "allocate_from", "register_memory",
+           "register_pool", "gpu_index"]
+
+_claimed: dict[tuple, set] = {}  # (id(config), prefix) -> plugin names already built in this process
+_claim_lock = threading.Lock()
+
+
+def plugin_name(config, cls, names=None, prefix: str = "storage_plugin.", list_name: str = "storage_plugins") -> str:
+    """The entry of LMCache's plugin list this instance was built for. LMCache
+    does not pass it, so take the next entry naming this class, in the order
+    LMCache builds them: `names` (default: the storage_plugins set, which
+    LMCache iterates as a set)."""
+    extra = (config.extra_config if config is not None else None) or {}
+    if names is None:
+        names = set(config.storage_plugins or []) if config is not None else []
+    mine = [
+        n
+        for n in names
+        if extra.get(f"{prefix}{n}.class_name") == cls.__name__
+        and extra.get(f"{prefix}{n}.module_path") == cls.__module__
+    ]
+    if not mine:
+        raise ConfigError(
+            f"{list_name} has no entry whose {prefix}<name>.module_path is {cls.__module__} "
+            f"and class_name is {cls.__name__}"
+        )
+    with _claim_lock:
+        taken = _claimed.setdefault((id(config), prefix), set())
+        for n in mine:
+            if n not in taken:
+                taken.add(n)
+                return n
+    return mine[0]  # a rebuild of an instance already made
+
+
+def meta_of(obj: MemoryObj) -> ChunkMeta:
+    m = obj.meta
+    shapes = m.shapes or [m.shape]
+    dtypes = m.dtypes or [m.dtype]
+    return ChunkMeta(
+        tuple(tuple(int(x) for x in s) for s in shapes),
+        tuple(str(d).removeprefix("torch.") for d in dtypes),
+        m.fmt.name,
+    )
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dt
+
+
+def hit_prefix(objs: list) -> list:
+    """The objects up to the first miss (LMCache's async loads take a
+    prefix); the objects after it are released."""
+    out = []
+    for o in objs:
+        if o is None:
+            break
+        out.append(o)
+    for o in objs[len(out):]:
+        if o is not None:
+            o.ref_count_down()
+    return out
+
+
+def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
+    """A MemoryObj for a chunk from LMCache's pool, as (obj, address, bytes)
+    for ChunkStore reads; None when the pool is full or the meta is foreign."""
+    try:
+        shapes = [torch.Size(s) for s in meta.shapes]
+        dtypes = [_torch_dtype(d) for d in meta.dtypes]
+        fmt = MemoryFormat[meta.fmt]
+    except (KeyError, ValueError) as e:
+        log.warning("lmcache-fx: chunk meta not usable here (%s); miss", e)
+        return None
+    obj = local_cpu_backend.allocate(shapes, dtypes, fmt, busy_loop=busy_loop)
+    if obj is None:
+        return None
+    return obj, obj.data_ptr, obj.get_size()
+
+
+def register_memory(engine, addr: int, size: int, what: str) -> bool:
+    """Huge pages and io_uring fixed buffers on memory LMCache reads into,
+    where the kernel allows: bigger requests and no per-I/O page pinning."""
+    if not addr or not size:
+        return False
+    _fxio.advise_hugepages(addr, size)
+    r = engine.register_buffer(addr, size)
+    if r < 0:
+        log.info("lmcache-fx: %s not registered as fixed buffers (%s); plain reads are used", what, os.strerror(-r))
+        return False
+    return True
+
+
+def register_pool(engine, local_cpu_backend) -> bool:
+    """register_memory on LMCache's CPU pool, when it is one flat buffer."""
+    try:
+        buf = local_cpu_backend.get_memory_allocator().buffer
+        addr, size = buf.data_ptr(), buf.numel() * buf.element_size()
+    except Exception as e:  # an allocator without one flat buffer
+        log.debug("lmcache-fx: no flat pool to register (%s)", e)
+        return False
+    return register_memory(engine, addr, size, "LMCache's CPU pool")
+
+
+def gpu_index(dst_device) -> Optional[int]:
+    """The GPU ordinal of LMCache's dst_device ('cuda:1' -> 1), None for the current one."""
+    s = str(dst_device or "")
+    if s.startswith("cuda") or s.startswith("hip"):
+        return int(s.split(":", 1)[1]) if ":" in s else None
+    return None

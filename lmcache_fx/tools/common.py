@@ -1,0 +1,63 @@
+"""Helpers every operator command shares: the error a user can fix, sizes and
+ages for people, what filesystem a path is on, quiet exit on a closed pipe."""
+from __future__ import annotations
+
+import os
+import sys
+
+
+class AdminError(Exception):
+    """A problem the user can fix (wrong path, bad config): one clear line."""
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def human_age(s: float) -> str:
+    s = max(0.0, s)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.0f}{unit}" if s / size >= 10 else f"{s / size:.1f}{unit}"
+    return f"{s:.0f}s"
+
+
+def fs_info(path: str) -> dict:
+    """Filesystem type, mount point, device, total and free bytes of a path."""
+    out = {"fstype": "?", "mountpoint": "?", "device": "?", "total_bytes": None, "free_bytes": None}
+    real = os.path.realpath(path)
+    best = -1
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                mp = _unescape(left.split()[4])
+                fstype, dev = (right.split() + ["?", "?"])[:2]
+                if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) > best:
+                    best = len(mp)
+                    out.update(fstype=fstype, mountpoint=mp, device=_unescape(dev))
+    except OSError:
+        pass
+    try:
+        sv = os.statvfs(path)
+        out["total_bytes"] = sv.f_blocks * sv.f_frsize
+        out["free_bytes"] = sv.f_bavail * sv.f_frsize
+    except OSError:
+        pass
+    return out
+
+
+def _unescape(s: str) -> str:
+    return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def quiet_broken_pipe() -> int:
+    """`lmcache-fx ls | head`: stop quietly when the reader goes away."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, sys.stdout.fileno())
+    os.close(fd)
+    return 0

@@ -1,0 +1,97 @@
+"""The lmcache-fx entries of an LMCache YAML and their options, as LMCache
+itself would read them (LMCache is imported only to parse the file)."""
+from __future__ import annotations
+
+import os
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..core.options import ConfigError, FxOptions, options_from_extra
+from .common import AdminError
+
+PLUGIN_MODULE = "lmcache_fx.lmcache_plugin"
+PLUGIN_CLASS = "FxStorageBackend"
+
+
+@dataclass
+class PluginConf:
+    """One lmcache-fx entry of an LMCache config."""
+
+    name: str
+    module_path: str
+    class_name: str
+    options: Optional[FxOptions] = None
+    error: str = ""
+
+
+def load_lmcache_config(path: str):
+    """LMCacheEngineConfig exactly as LMCache builds it: the file, then
+    LMCACHE_* environment overrides. Raises ValueError with a clear line."""
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: no such file")
+    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+    try:
+        from lmcache.v1.config import LMCacheEngineConfig
+    except Exception as e:  # noqa: BLE001 - any import failure is the answer
+        raise ValueError(f"cannot import LMCache to read {path}: {e}")
+    try:
+        cfg = LMCacheEngineConfig.from_file(path)
+        cfg.update_config_from_env()
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{path}: LMCache cannot read it: {type(e).__name__}: {e}")
+    return cfg
+
+
+def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
+    """The lmcache-fx entries of storage_plugins, and warnings about
+    storage_plugin.<name>.* settings LMCache will ignore."""
+    extra = cfg.extra_config or {}
+    listed = list(cfg.storage_plugins or [])
+    out, warns = [], []
+    for n in listed:
+        mp = str(extra.get(f"storage_plugin.{n}.module_path") or "")
+        cn = str(extra.get(f"storage_plugin.{n}.class_name") or "")
+        if "lmcache_fx" in mp or cn == PLUGIN_CLASS:
+            out.append(PluginConf(n, mp, cn))
+    named = {k.split(".")[1] for k in extra if k.startswith("storage_plugin.") and k.count(".") >= 2}
+    for n in sorted(named - set(listed)):
+        if str(extra.get(f"storage_plugin.{n}.module_path", "")).startswith("lmcache_fx"):
+            warns.append(f"extra_config has storage_plugin.{n}.* but storage_plugins does not list '{n}': "
+                         f"LMCache will not load it (add it: storage_plugins: [{n!r}])")
+    return out, warns
+
+
+def check_plugin(pc: PluginConf, cfg) -> None:
+    """What LMCache does before the constructor, then the plugin's own option
+    parsing: fills pc.options or pc.error."""
+    if not pc.module_path or not pc.class_name:
+        pc.error = (f"storage_plugin.{pc.name}.module_path and .class_name must both be set "
+                    f"({PLUGIN_MODULE} / {PLUGIN_CLASS}); LMCache skips the plugin otherwise")
+        return
+    import importlib
+
+    try:
+        mod = importlib.import_module(pc.module_path)
+        getattr(mod, pc.class_name)
+    except Exception as e:  # noqa: BLE001
+        pc.error = (f"LMCache cannot load {pc.module_path}.{pc.class_name}: {type(e).__name__}: {e} "
+                    f"(expected {PLUGIN_MODULE} / {PLUGIN_CLASS})")
+        return
+    try:
+        pc.options = options_from_extra(cfg.extra_config, f"storage_plugin.{pc.name}.")
+    except ConfigError as e:
+        pc.error = str(e)
+
+
+def load_plugin_configs(path: str) -> list[PluginConf]:
+    """lmcache-fx entries of an LMCache YAML with their options or errors
+    (used by ls/stat/fsck/gc --config). ValueError when unreadable."""
+    try:
+        cfg = load_lmcache_config(path)
+    except ValueError as e:
+        raise AdminError(str(e))
+    plugins, _ = plugin_entries(cfg)
+    for pc in plugins:
+        check_plugin(pc, cfg)
+    return plugins
