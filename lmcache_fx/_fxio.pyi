@@ -11,8 +11,10 @@ O_DIRECT descriptors are detected per op; a piece whose buffer, offset or
 length is not 4 KiB-aligned goes through an aligned bounce buffer. O_DIRECT
 writes of an unaligned length pad the file with zeros to the block.
 """
-from collections.abc import Buffer, Sequence
+from collections.abc import Sequence
 from typing import Literal, overload
+
+from typing_extensions import Buffer
 
 Op = tuple[int, int, int, int]
 

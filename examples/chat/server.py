@@ -58,6 +58,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def logging_config(level: str) -> dict:
+    """vLLM's logging, plus lmcache-fx's logger on the same handler (the
+    library itself configures no handlers)."""
+    fmt = {"format": "%(levelname)s %(asctime)s [%(name)s] %(message)s", "datefmt": "%m-%d %H:%M:%S"}
+    handler = {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": fmt},
+        "handlers": {"console": handler},
+        "loggers": {
+            "vllm": {"handlers": ["console"], "level": level, "propagate": False},
+            "lmcache_fx": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        },
+    }
+
+
 class Server:
     """One vLLM server process (its own process group) and its log file."""
 
@@ -111,6 +128,9 @@ class Server:
             # LMCache's per-request "hit tokens" line is INFO: the client reads it.
             "LMCACHE_LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
+            # vLLM configures only its own logger; this config also shows
+            # lmcache-fx's lines (tier in use, stats, warnings) in the log.
+            "VLLM_LOGGING_CONFIG_PATH": os.path.join(self.work, "logging.json"),
         })
         if self.cpu:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -121,6 +141,8 @@ class Server:
         os.makedirs(self.store, exist_ok=True)
         with open(os.path.join(self.work, "lmcache.yaml"), "w") as f:
             f.write(lmcache_yaml(self.store, self.capacity_gb, self.cpu_gb, local_cpu=self.local_cpu))
+        with open(os.path.join(self.work, "logging.json"), "w") as f:
+            json.dump(logging_config(os.environ.get("VLLM_LOGGING_LEVEL", "INFO")), f)
         try:
             os.unlink(self.stats_path)
         except FileNotFoundError:

@@ -97,21 +97,16 @@ def build_metrics(snapshots: dict) -> list:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
     labels = ["store", "path"]
-    out = []
-    for field, (name, doc) in COUNTERS.items():
-        fam = CounterMetricFamily(PREFIX + name, doc, labels=labels)
-        for sname, s in snapshots.items():
-            if field in s:
-                fam.add_metric([sname, s.get("path", "")], float(s[field]))
-        if fam.samples:
-            out.append(fam)
+    out: list = []  # metric families of several kinds
     gauges = {
         "usage_bytes": "Bytes of chunk files in the store, as this process counts them",
         "capacity_bytes": "max_capacity_gb in bytes",
         "chunks": "Chunk files in this process's index",
     }
-    for field, doc in gauges.items():
-        fam = GaugeMetricFamily(PREFIX + field, doc, labels=labels)
+    per_field = [(CounterMetricFamily, field, name, doc) for field, (name, doc) in COUNTERS.items()]
+    per_field += [(GaugeMetricFamily, field, field, doc) for field, doc in gauges.items()]
+    for family, field, name, doc in per_field:
+        fam = family(PREFIX + name, doc, labels=labels)
         for sname, s in snapshots.items():
             if field in s:
                 fam.add_metric([sname, s.get("path", "")], float(s[field]))

@@ -34,6 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def command_parser(command: str, add_arguments, doc: str) -> argparse.ArgumentParser:
+    """A parser for one subcommand on its own (`python -m lmcache_fx.tools.<module>`, tests)."""
+    p = argparse.ArgumentParser(prog=f"lmcache-fx {command}", description=(doc or "").split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p, command)
+    return p
+
+
+def run_command(command: str, argv=None) -> int:
+    """`python -m lmcache_fx.tools.<module> ARGS` is `lmcache-fx <command> ARGS`."""
+    return main([command, *(sys.argv[1:] if argv is None else argv)])
+
+
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)

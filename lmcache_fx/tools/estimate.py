@@ -510,17 +510,15 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmcache-fx estimate", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return p
+    from .cli import command_parser
+
+    return command_parser("estimate", add_arguments, __doc__ or "")
 
 
 def main(argv=None) -> int:
-    """`python -m lmcache_fx.tools.estimate` is `lmcache-fx estimate`."""
-    from .cli import main as cli_main
+    from .cli import run_command
 
-    return cli_main(["estimate", *(sys.argv[1:] if argv is None else argv)])
+    return run_command("estimate", argv)
 
 
 if __name__ == "__main__":
