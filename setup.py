@@ -53,7 +53,7 @@ setup(
             extra_objects=extra_objects,
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
                                 "-Wno-cast-function-type"],
-            libraries=["pthread"],
+            libraries=["pthread", "dl"],
         )
     ],
 )

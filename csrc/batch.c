@@ -1,14 +1,111 @@
 /* Batch bookkeeping shared by both engines: cutting operations into pieces,
- * the O_DIRECT bounce for unaligned pieces, and per-operation results. */
+ * the O_DIRECT bounce for unaligned pieces, per-operation results, short
+ * transfers, the fork guard and the test fault points. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "fxio.h"
+
+/* ------------------------------------------------------------ fork guard */
+
+_Atomic unsigned fx_fork_gen;
+
+static void on_fork_child(void) { atomic_fetch_add(&fx_fork_gen, 1); }
+
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static int fork_guard_err;
+
+static void fork_guard_install(void) { fork_guard_err = pthread_atfork(NULL, NULL, on_fork_child); }
+
+int fx_fork_guard_init(void)
+{
+    pthread_once(&fork_once, fork_guard_install);
+    return fork_guard_err ? -fork_guard_err : 0;
+}
+
+/* ---------------------------------------------------------- fault points */
+
+_Atomic int fx_fault_on;
+static _Atomic long fault_left[FX_FAULT_NKINDS];
+static _Atomic long fault_fired[FX_FAULT_NKINDS];
+static const char *const fault_names[FX_FAULT_NKINDS] = {
+    [FX_FAULT_WAIT_EINTR] = "wait_eintr", [FX_FAULT_SUBMIT_FAIL] = "submit_fail",
+    [FX_FAULT_EAGAIN] = "eagain",         [FX_FAULT_EINTR] = "eintr",
+    [FX_FAULT_SHORT] = "short",
+};
+
+long fx_fault_hit(int kind)
+{
+    long left = atomic_load(&fault_left[kind]);
+
+    while (left > 0)
+        if (atomic_compare_exchange_weak(&fault_left[kind], &left, left - 1))
+            return atomic_fetch_add(&fault_fired[kind], 1) + 1;
+    return 0;
+}
+
+const char *fx_fault_name(int kind) { return fault_names[kind]; }
+long fx_fault_fired(int kind) { return atomic_load(&fault_fired[kind]); }
+
+int fx_fault_setup(const char *spec, char *why, size_t whylen)
+{
+    long left[FX_FAULT_NKINDS] = {0};
+    const char *p = spec;
+    int any = 0;
+
+    while (p && *p) {
+        size_t n = strcspn(p, ":,");
+        int k;
+        char *end;
+        long v;
+
+        for (k = 0; k < FX_FAULT_NKINDS; k++)
+            if (strlen(fault_names[k]) == n && strncmp(p, fault_names[k], n) == 0)
+                break;
+        if (k == FX_FAULT_NKINDS || p[n] != ':') {
+            snprintf(why, whylen, "LMCACHE_FX_FAULT: expected kind:count with kind one of "
+                                  "wait_eintr, submit_fail, eagain, eintr, short; got '%.*s'",
+                     (int)strcspn(p, ","), p);
+            return -1;
+        }
+        errno = 0;
+        v = strtol(p + n + 1, &end, 10);
+        if (errno || end == p + n + 1 || v < 0 || (*end && *end != ',')) {
+            snprintf(why, whylen, "LMCACHE_FX_FAULT: bad count for %s", fault_names[k]);
+            return -1;
+        }
+        left[k] = v;
+        any |= v > 0;
+        p = *end ? end + 1 : end;
+    }
+    atomic_store(&fx_fault_on, 0);
+    for (int k = 0; k < FX_FAULT_NKINDS; k++) {
+        atomic_store(&fault_left[k], left[k]);
+        atomic_store(&fault_fired[k], 0);
+    }
+    atomic_store(&fx_fault_on, any);
+    return 0;
+}
+
+int64_t fx_fault_short(int64_t res, long ordinal)
+{
+    int64_t keep = (res / 2) & ~(int64_t)(FX_DIO_ALIGN - 1);
+
+    if (ordinal % 2 == 0)
+        keep += 512; /* every other one ends off the 4 KiB grid */
+    return keep > 0 && keep < res ? keep : res;
+}
+
+/* ----------------------------------------------------------------- batch */
 
 static int is_aligned(uint64_t v) { return (v & (FX_DIO_ALIGN - 1)) == 0; }
 
@@ -81,6 +178,7 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
             p->buf = p->start = op->buf + pos;
             p->done = 0;
             p->crc = 0;
+            p->retries = 0;
             b->prog[i].pending++;
             b->prog[i].count++;
             pos += len;
@@ -91,6 +189,15 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
         if (b->prog[i].pending == 0)
             fx_op_complete(b, i); /* empty op or bad descriptor */
     return 0;
+}
+
+void fx_batch_fail_all(fx_batch *b, int err)
+{
+    for (size_t i = 0; i < b->nops; i++)
+        if (b->prog[i].pending) {
+            b->prog[i].pending = 0;
+            b->res[i].result = -err;
+        }
 }
 
 void fx_batch_release(fx_batch *b)
@@ -143,18 +250,71 @@ void fx_op_complete(fx_batch *b, size_t i)
     }
 }
 
-/* Transfers the whole range, retrying short transfers. O_DIRECT transfers are
- * short only at EOF (reads) or when space runs out (writes), and their
- * remainder would be unaligned, so they are not retried. */
+/* Size of a regular file or block device; 0 or -errno. */
+static int fd_size(int fd, uint64_t *size)
+{
+    struct stat st;
+
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    if (S_ISBLK(st.st_mode))
+        return ioctl(fd, BLKGETSIZE64, size) < 0 ? -errno : 0;
+    *size = (uint64_t)st.st_size;
+    return 0;
+}
+
+/* A short read is not the end of the file unless the file says so: buffered
+ * reads just go on (a later read of 0 bytes is the end); O_DIRECT reads go on
+ * from the aligned position at or below where they stopped, unless they
+ * stopped off the grid at or past the file's size (how O_DIRECT ends). */
+int64_t fx_short_keep(int write, int direct, int fd, uint64_t pos, uint64_t got)
+{
+    uint64_t size;
+
+    if (write || !direct || ((pos + got) & (FX_DIO_ALIGN - 1)) == 0)
+        return (int64_t)got;
+    if (fd_size(fd, &size) == 0 && pos + got >= size)
+        return -1;
+    return (int64_t)(got & ~(uint64_t)(FX_DIO_ALIGN - 1));
+}
+
+/* pread/pwrite with the fault points. */
+static ssize_t rw_once(int write, int fd, char *buf, uint64_t len, uint64_t off)
+{
+    ssize_t r;
+    long k;
+
+    if (__builtin_expect(fx_fault_on, 0)) {
+        if (fx_fault_hit(FX_FAULT_EINTR)) {
+            errno = EINTR;
+            return -1;
+        }
+        if (fx_fault_hit(FX_FAULT_EAGAIN)) {
+            errno = EAGAIN;
+            return -1;
+        }
+    }
+    r = write ? pwrite(fd, buf, len, (off_t)off) : pread(fd, buf, len, (off_t)off);
+    if (__builtin_expect(fx_fault_on, 0) && r > 0 && !write && (k = fx_fault_hit(FX_FAULT_SHORT)))
+        r = (ssize_t)fx_fault_short(r, k);
+    return r;
+}
+
+/* Transfers the whole range. EINTR, EAGAIN and short transfers are retried up
+ * to FX_RETRY_MAX times (then -errno, or -EIO for a short transfer); a read
+ * of 0 bytes is the end of the file. A short O_DIRECT write means the space
+ * ran out. */
 static int64_t rw_all(int write, int direct, int fd, char *buf, uint64_t len, uint64_t off)
 {
     uint64_t done = 0;
+    unsigned retries = 0;
 
     while (done < len) {
-        ssize_t r = write ? pwrite(fd, buf + done, len - done, (off_t)(off + done))
-                          : pread(fd, buf + done, len - done, (off_t)(off + done));
+        ssize_t r = rw_once(write, fd, buf + done, len - done, off + done);
+        int64_t keep;
+
         if (r < 0) {
-            if (errno == EINTR || errno == EAGAIN)
+            if ((errno == EINTR || errno == EAGAIN) && retries++ < FX_RETRY_MAX)
                 continue;
             return -errno;
         }
@@ -163,12 +323,20 @@ static int64_t rw_all(int write, int direct, int fd, char *buf, uint64_t len, ui
                 return -EIO;
             break; /* EOF */
         }
-        done += (uint64_t)r;
-        if (direct && done < len) {
-            if (write)
-                return -ENOSPC;
+        if ((uint64_t)r >= len - done) {
+            done = len;
             break;
         }
+        if (write && direct)
+            return -ENOSPC;
+        keep = fx_short_keep(write, direct, fd, off + done, (uint64_t)r);
+        if (keep < 0) {
+            done += (uint64_t)r; /* O_DIRECT read that ended at EOF */
+            break;
+        }
+        if (retries++ >= FX_RETRY_MAX)
+            return -EIO;
+        done += (uint64_t)keep;
     }
     return (int64_t)done;
 }

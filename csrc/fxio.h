@@ -38,7 +38,12 @@ typedef struct {
     char *start;     /* where the piece began, for its CRC */
     uint64_t done;   /* bytes transferred once finished */
     uint32_t crc;    /* CRC32C of those bytes, when asked for */
+    uint32_t retries; /* resubmissions so far (EAGAIN, EINTR, short transfers) */
 } fx_piece;
+
+/* A piece is resubmitted at most this many times after -EAGAIN, -EINTR or a
+ * short transfer; then it fails with that errno (-EIO for a short transfer). */
+#define FX_RETRY_MAX 32
 
 /* Per-operation progress while a batch runs. */
 typedef struct {
@@ -76,6 +81,51 @@ void fx_op_complete(fx_batch *b, size_t i);
 int64_t fx_piece_run_sync(const fx_batch *b, fx_piece *p);
 /* Whether a piece on an O_DIRECT fd must go through a bounce buffer. */
 int fx_piece_needs_bounce(const fx_piece *p);
+/* After a short transfer (0 < got < want) at pos on fd: how many of the got
+ * bytes to keep before continuing at pos + kept (O_DIRECT continues from an
+ * aligned position, re-reading a few bytes), or -1 when the read ended at the
+ * end of the file (got is then the final count). */
+int64_t fx_short_keep(int write, int direct, int fd, uint64_t pos, uint64_t got);
+/* Fails every op of a batch that has not finished with -err. */
+void fx_batch_fail_all(fx_batch *b, int err);
+
+/* ---- fork safety ----
+ * A child handler (pthread_atfork, installed once by fx_fork_guard_init) bumps
+ * the process generation: an engine, pool, ring or buffer remembers the
+ * generation it was made in and refuses to run in a forked child, whose copy
+ * has no I/O threads and shares the parent's rings. */
+extern _Atomic unsigned fx_fork_gen;
+int fx_fork_guard_init(void);
+#define FX_FORKED(gen) (__builtin_expect((gen) != fx_fork_gen, 0))
+
+/* ---- fault injection, for tests ----
+ * LMCACHE_FX_FAULT="kind:count,..." read at engine creation (fx_fault_setup)
+ * arms counters; each fault point fires while its counter lasts. Off, a fault
+ * point costs one predictable branch on fx_fault_on.
+ *   wait_eintr   an io_uring wait returns -EINTR without waiting
+ *   submit_fail  a submission goes to the kernel, then reports -EIO (abort)
+ *   eagain       a read/write completes with -EAGAIN (pread: EAGAIN)
+ *   eintr        a read/write completes with -EINTR (pread: EINTR)
+ *   short        a read/write transfers about half of what it asked for */
+enum {
+    FX_FAULT_WAIT_EINTR,
+    FX_FAULT_SUBMIT_FAIL,
+    FX_FAULT_EAGAIN,
+    FX_FAULT_EINTR,
+    FX_FAULT_SHORT,
+    FX_FAULT_NKINDS
+};
+extern _Atomic int fx_fault_on;
+/* Consumes one firing of a fault point; its ordinal (1, 2, ...) or 0. */
+long fx_fault_hit(int kind);
+#define FX_FAULT(kind) (__builtin_expect(fx_fault_on, 0) ? fx_fault_hit(kind) : 0)
+/* Parses spec (NULL or "" disarms); 0, or -1 with a message in why. */
+int fx_fault_setup(const char *spec, char *why, size_t whylen);
+const char *fx_fault_name(int kind);
+/* How many times a fault point fired since the last fx_fault_setup. */
+long fx_fault_fired(int kind);
+/* Bytes a 'short' fault lets through of res (< res), or res when too small. */
+int64_t fx_fault_short(int64_t res, long ordinal);
 
 /* CRC32C (Castagnoli), hardware-accelerated where the CPU has it. */
 uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len);
@@ -100,11 +150,5 @@ int fx_uring_run(fx_uring *u, fx_batch *b);
 int fx_uring_register(fx_uring *u, void *addr, size_t len);
 int fx_uring_registered(const fx_uring *u);
 int fx_uring_available(void);
-
-/* io_uring rings from the engine's pool, for other loops over the same
- * rings (the GPU pipeline). NULL when no ring can be had. */
-struct io_uring;
-struct io_uring *fx_uring_take(fx_uring *u);
-void fx_uring_give(fx_uring *u, struct io_uring *ring);
 
 #endif

@@ -32,6 +32,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,6 +46,10 @@
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
+#ifndef MADV_DONTFORK
+#define MADV_DONTFORK 10
+#endif
+#define FX_MPOL_PREFERRED 1
 #define HUGE_2M (2ull << 20)
 #define NOT_READY 600 /* CUDA_ERROR_NOT_READY == hipErrorNotReady */
 
@@ -77,7 +82,9 @@ typedef struct {
     int (*cuEventQuery)(void *);
     int (*cuEventSynchronize)(void *);
     int (*cuEventDestroy)(void *);
+    int (*cuStreamWaitEvent)(void *, void *, unsigned);
     int (*cuGetErrorName)(int, const char **);
+    int (*cuDeviceGetPCIBusId)(char *, int, int); /* optional */
     /* HIP runtime */
     int (*hipInit)(unsigned);
     int (*hipGetDeviceCount)(int *);
@@ -94,7 +101,9 @@ typedef struct {
     int (*hipEventQuery)(void *);
     int (*hipEventSynchronize)(void *);
     int (*hipEventDestroy)(void *);
+    int (*hipStreamWaitEvent)(void *, void *, unsigned);
     const char *(*hipGetErrorName)(int);
+    int (*hipDeviceGetPCIBusId)(char *, int, int); /* optional */
 } gpu_driver;
 
 static gpu_driver drv;
@@ -135,7 +144,9 @@ static int load_cuda(void *lib, const char *path)
     LOAD(cuEventQuery, "cuEventQuery", NULL);
     LOAD(cuEventSynchronize, "cuEventSynchronize", NULL);
     LOAD(cuEventDestroy, "cuEventDestroy_v2", "cuEventDestroy");
+    LOAD(cuStreamWaitEvent, "cuStreamWaitEvent", NULL);
     *(void **)&drv.cuGetErrorName = dlsym(lib, "cuGetErrorName"); /* optional */
+    *(void **)&drv.cuDeviceGetPCIBusId = dlsym(lib, "cuDeviceGetPCIBusId");
     drv.api = API_CUDA;
     return 0;
 }
@@ -157,7 +168,9 @@ static int load_hip(void *lib, const char *path)
     LOAD(hipEventQuery, "hipEventQuery", NULL);
     LOAD(hipEventSynchronize, "hipEventSynchronize", NULL);
     LOAD(hipEventDestroy, "hipEventDestroy", NULL);
+    LOAD(hipStreamWaitEvent, "hipStreamWaitEvent", NULL);
     *(void **)&drv.hipGetErrorName = dlsym(lib, "hipGetErrorName");
+    *(void **)&drv.hipDeviceGetPCIBusId = dlsym(lib, "hipDeviceGetPCIBusId");
     drv.api = API_HIP;
     return 0;
 }
@@ -172,12 +185,16 @@ static const char *drv_errname(int code)
     return s ? s : "unknown error";
 }
 
-static int try_lib(const char *path, int want)
+/* Tries one library; noload: only if it is already loaded in the process
+ * (RTLD_NOLOAD: the runtime torch already uses, never a second copy). */
+static int try_lib(const char *path, int want, int noload)
 {
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | (noload ? RTLD_NOLOAD : 0));
     int r, n = 0;
 
     if (!lib) {
+        if (noload)
+            return -1; /* not loaded: drv.err untouched */
         const char *e = dlerror();
         snprintf(drv.err, sizeof(drv.err), "%s", e ? e : path);
         return -1;
@@ -213,6 +230,17 @@ static int try_lib(const char *path, int want)
     return 0;
 }
 
+static const struct {
+    const char *name;
+    int api;
+} driver_names[] = {
+    {"libcuda.so.1", API_CUDA},
+    {"libamdhip64.so.7", API_HIP},
+    {"libamdhip64.so.6", API_HIP},
+    {"libamdhip64.so", API_HIP},
+};
+#define N_DRIVER_NAMES ((int)(sizeof(driver_names) / sizeof(driver_names[0])))
+
 /* Loads the driver once per process; 0 or -1 (drv.err says why). */
 static int driver_load(void)
 {
@@ -224,14 +252,23 @@ static int driver_load(void)
         char errs[1024] = "";
 
         if (env && *env) {
-            try_lib(env, 0);
-        } else if (try_lib("libcuda.so.1", API_CUDA) != 0) {
-            snprintf(errs, sizeof(errs), "%s", drv.err);
-            if (try_lib("libamdhip64.so", API_HIP) != 0 && try_lib("libamdhip64.so.6", API_HIP) != 0 &&
-                try_lib("libamdhip64.so.7", API_HIP) != 0) {
-                char tmp[512];
-                memcpy(tmp, drv.err, sizeof(tmp));
-                snprintf(drv.err, sizeof(drv.err), "no GPU driver: CUDA: %.200s; ROCm: %.200s", errs, tmp);
+            try_lib(env, 0, 0);
+        } else {
+            /* First a driver the process already loaded (torch's), then a fresh
+             * load; versioned HIP names before the unversioned one, so a host
+             * never ends up with two HIP runtimes. */
+            int i, ok = 0;
+            for (i = 0; i < N_DRIVER_NAMES && !ok; i++)
+                ok = try_lib(driver_names[i].name, driver_names[i].api, 1) == 0;
+            if (!ok && try_lib("libcuda.so.1", API_CUDA, 0) != 0) {
+                snprintf(errs, sizeof(errs), "%s", drv.err);
+                for (i = 1; i < N_DRIVER_NAMES && !ok; i++)
+                    ok = try_lib(driver_names[i].name, API_HIP, 0) == 0;
+                if (!ok) {
+                    char tmp[512];
+                    memcpy(tmp, drv.err, sizeof(tmp));
+                    snprintf(drv.err, sizeof(drv.err), "no GPU driver: CUDA: %.200s; ROCm: %.200s", errs, tmp);
+                }
             }
         }
     }
@@ -283,6 +320,10 @@ static int d_evsync(void *ev)
 static int d_ssync(void *st)
 {
     return drv.api == API_CUDA ? drv.cuStreamSynchronize(st) : drv.hipStreamSynchronize(st);
+}
+static int d_wait(void *st, void *ev)
+{
+    return drv.api == API_CUDA ? drv.cuStreamWaitEvent(st, ev, 0) : drv.hipStreamWaitEvent(st, ev, 0);
 }
 
 /* ------------------------------------------------------------ the trace */
@@ -416,6 +457,7 @@ struct GpuStagingObject {
     pthread_mutex_t run_mu; /* one read() at a time */
     int ready, closed;
     int device;
+    int cudev; /* CUdevice handle (what the primary context is retained and released with) */
     void *ctx;
     char *mem;
     size_t mapped;
@@ -425,8 +467,17 @@ struct GpuStagingObject {
     char pin_error[256];
     void *stream;
     void **events;
+    void *ev_in;  /* recorded on the caller's stream; the pipeline stream waits on it */
+    void *ev_out; /* recorded after the last copy; the caller's stream waits on it */
+    int pending;  /* a read(sync=False) left copies out of the slots in flight */
     int io; /* 1 io_uring, 0 threads */
     int fixed;
+    char fixed_error[256]; /* why the slots are not io_uring fixed buffers (io_uring only) */
+    int numa_node;         /* node the staging memory was bound to, or -1 */
+    char numa_info[256];
+    pid_t pid;             /* process that built the pool */
+    int forked;            /* this is a fork()ed child: the pool is unusable */
+    GpuStagingObject *reg_next, *reg_prev;
 #ifdef FX_HAVE_LIBURING
     struct io_uring ring;
 #endif
@@ -501,15 +552,21 @@ static void staging_free(GpuStagingObject *g)
         g->have_ring = 0;
     }
 #endif
-    if (drv.api && (g->ctx || drv.api == API_HIP) && (g->stream || g->events || g->pinned)) {
+    if (drv.api && (g->ctx || drv.api == API_HIP) && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
         entered = ctx_enter(g->ctx, g->device, &sc) == 0;
         if (g->stream)
-            d_ssync(g->stream);
+            d_ssync(g->stream); /* also the copies a read(sync=False) left in flight */
+        g->pending = 0;
         if (g->events) {
             for (unsigned i = 0; i < g->nslots; i++)
                 if (g->events[i])
                     drv.api == API_CUDA ? drv.cuEventDestroy(g->events[i]) : drv.hipEventDestroy(g->events[i]);
         }
+        if (g->ev_in)
+            drv.api == API_CUDA ? drv.cuEventDestroy(g->ev_in) : drv.hipEventDestroy(g->ev_in);
+        if (g->ev_out)
+            drv.api == API_CUDA ? drv.cuEventDestroy(g->ev_out) : drv.hipEventDestroy(g->ev_out);
+        g->ev_in = g->ev_out = NULL;
         if (g->stream)
             drv.api == API_CUDA ? drv.cuStreamDestroy(g->stream) : drv.hipStreamDestroy(g->stream);
         if (g->pinned)
@@ -522,15 +579,83 @@ static void staging_free(GpuStagingObject *g)
     g->stream = NULL;
     g->pinned = 0;
     if (g->ctx && drv.api == API_CUDA)
-        drv.cuDevicePrimaryCtxRelease(g->device);
+        drv.cuDevicePrimaryCtxRelease(g->cudev); /* the CUdevice handle, as retained */
     g->ctx = NULL;
     if (g->mem)
         munmap(g->mem, g->mapped);
     g->mem = NULL;
 }
 
+/* ------------------------------------------------------------- NUMA */
+
+/* NUMA node of a PCI device from sysfs (<sysfs>/bus/pci/devices/<id>/numa_node),
+ * the bus id as drivers give it ("0000:3B:00.0", any case, 4- or 8-digit
+ * domain); -1 when unknown (no such file, or the kernel says -1). */
+static int numa_node_of(const char *bus_id, const char *sysfs)
+{
+    unsigned dom, bus, dev, fn;
+    char path[640], buf[32];
+    int fd, node = -1;
+    ssize_t n;
+
+    if (sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4)
+        return -1;
+    snprintf(path, sizeof(path), "%s/bus/pci/devices/%04x:%02x:%02x.%x/numa_node", sysfs, dom & 0xffff, bus, dev,
+             fn);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n > 0) {
+        buf[n] = 0;
+        node = atoi(buf);
+    }
+    return node >= 0 && node < 1024 ? node : -1;
+}
+
+/* Binds the (not yet faulted) staging memory to the GPU's node, preferred:
+ * pages come from elsewhere rather than failing when the node is full. */
+static void numa_place(GpuStagingObject *g, const char *sysfs)
+{
+    char bus[64] = "";
+    int r = -1, node;
+
+    g->numa_node = -1;
+    if (drv.api == API_CUDA && drv.cuDeviceGetPCIBusId)
+        r = drv.cuDeviceGetPCIBusId(bus, (int)sizeof(bus), g->cudev);
+    else if (drv.api == API_HIP && drv.hipDeviceGetPCIBusId)
+        r = drv.hipDeviceGetPCIBusId(bus, (int)sizeof(bus), g->device);
+    if (r != 0 || !bus[0]) {
+        snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d: PCI bus id unknown (%s): staging not placed",
+                 g->device, r == -1 ? "driver has no DeviceGetPCIBusId" : drv_errname(r));
+        return;
+    }
+    bus[sizeof(bus) - 1] = 0;
+    node = numa_node_of(bus, sysfs);
+    if (node < 0) {
+        snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s): no NUMA node in %s: staging not placed",
+                 g->device, bus, sysfs);
+        return;
+    }
+    {
+        unsigned long mask[1024 / (8 * sizeof(unsigned long))];
+        memset(mask, 0, sizeof(mask));
+        mask[node / (8 * sizeof(unsigned long))] = 1ul << (node % (8 * sizeof(unsigned long)));
+        if (syscall(SYS_mbind, g->mem, g->mapped, FX_MPOL_PREFERRED, mask, (unsigned long)(8 * sizeof(mask) + 1),
+                    0ul) != 0) {
+            snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s) is on node %d; mbind failed: %s",
+                     g->device, bus, node, strerror(errno));
+            return;
+        }
+    }
+    g->numa_node = node;
+    snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s) is on node %d: staging placed there", g->device, bus,
+             node);
+}
+
 /* Builds the pool without the GIL; 0 or -1 with msg. */
-static int staging_build(GpuStagingObject *g, int want_uring, char *msg, size_t msglen)
+static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs, char *msg, size_t msglen)
 {
     size_t total = (size_t)g->nslots * g->slot_bytes;
     saved_ctx sc;
@@ -554,13 +679,26 @@ static int staging_build(GpuStagingObject *g, int want_uring, char *msg, size_t 
         g->mem = (char *)a;
     }
     madvise(g->mem, g->mapped, MADV_HUGEPAGE);
+    /* A fork()ed child gets no copy: the pool is unusable there anyway (see
+     * fx_gpu_atfork_child), and the parent's pinned pages stay its own. */
+    madvise(g->mem, g->mapped, MADV_DONTFORK);
+
+    if (drv.api == API_CUDA) {
+        int dev = 0;
+        if ((r = drv.cuDeviceGet(&dev, g->device)) != 0) {
+            snprintf(msg, msglen, "device %d: %s (%d)", g->device, drv_errname(r), r);
+            return -1;
+        }
+        g->cudev = dev;
+    }
+    /* On the GPU's NUMA node, bound before the pages are faulted in. */
+    numa_place(g, sysfs);
     if (madvise(g->mem, g->mapped, MADV_POPULATE_WRITE) < 0)
         memset(g->mem, 0, g->mapped); /* fault in before pinning */
 
     /* Driver: context, page-locking, stream, one event per slot. */
     if (drv.api == API_CUDA) {
-        int dev = 0;
-        if ((r = drv.cuDeviceGet(&dev, g->device)) != 0 || (r = drv.cuDevicePrimaryCtxRetain(&g->ctx, dev)) != 0) {
+        if ((r = drv.cuDevicePrimaryCtxRetain(&g->ctx, g->cudev)) != 0) {
             g->ctx = NULL;
             snprintf(msg, msglen, "device %d: %s (%d)", g->device, drv_errname(r), r);
             return -1;
@@ -590,11 +728,12 @@ static int staging_build(GpuStagingObject *g, int want_uring, char *msg, size_t 
         snprintf(msg, msglen, "out of memory");
         return -1;
     }
-    for (unsigned i = 0; i < g->nslots; i++) {
-        r = drv.api == API_CUDA ? drv.cuEventCreate(&g->events[i], 2 /* DISABLE_TIMING */)
-                                : drv.hipEventCreateWithFlags(&g->events[i], 2 /* hipEventDisableTiming */);
+    for (unsigned i = 0; i < g->nslots + 2; i++) {
+        void **ev = i < g->nslots ? &g->events[i] : i == g->nslots ? &g->ev_in : &g->ev_out;
+        r = drv.api == API_CUDA ? drv.cuEventCreate(ev, 2 /* DISABLE_TIMING */)
+                                : drv.hipEventCreateWithFlags(ev, 2 /* hipEventDisableTiming */);
         if (r != 0) {
-            g->events[i] = NULL;
+            *ev = NULL;
             ctx_leave(&sc);
             snprintf(msg, msglen, "event create failed: %s (%d)", drv_errname(r), r);
             return -1;
@@ -625,7 +764,13 @@ static int staging_build(GpuStagingObject *g, int want_uring, char *msg, size_t 
                     iov[i].iov_len = g->slot_bytes;
                 }
                 /* Refused without CAP_IPC_LOCK above RLIMIT_MEMLOCK: plain reads then. */
-                g->fixed = io_uring_register_buffers(&g->ring, iov, g->nslots) == 0;
+                r = io_uring_register_buffers(&g->ring, iov, g->nslots);
+                g->fixed = r == 0;
+                if (r < 0)
+                    snprintf(g->fixed_error, sizeof(g->fixed_error),
+                             "io_uring fixed-buffer registration failed: %s%s", strerror(-r),
+                             r == -ENOMEM || r == -EPERM ? " (RLIMIT_MEMLOCK too low without CAP_IPC_LOCK?)"
+                                                         : "");
                 free(iov);
             }
         }
@@ -987,7 +1132,8 @@ static int wait_reads(run_t *R, long timeout_us)
 }
 
 /* Runs the whole pipeline; no GIL. Fills res[] per op. */
-static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *res, int cancel_on_error)
+static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *res, int cancel_on_error,
+                         void *cstream, int sync)
 {
     run_t R = {.g = g, .ops = ops, .nops = nops, .cancel_on_error = cancel_on_error};
     saved_ctx sc;
@@ -1012,6 +1158,22 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
             res[i] = -EIO;
         goto out;
     }
+    if (g->pending) {
+        /* The last read(sync=False) may still be copying out of the slots. */
+        d_ssync(g->stream);
+        g->pending = 0;
+    }
+    /* Stream order: no copy may start before the work the caller queued on
+     * its stream so far (kernels still using the destination). */
+    if ((r = d_record(g->ev_in, cstream)) != 0 || (r = d_wait(g->stream, g->ev_in)) != 0) {
+        set_error(g, "ordering after the caller's stream failed: %s (%s, %d)",
+                  drv.api == API_CUDA ? "cuEventRecord/cuStreamWaitEvent" : "hipEventRecord/hipStreamWaitEvent",
+                  drv_errname(r), r);
+        for (size_t i = 0; i < nops; i++)
+            res[i] = -EIO;
+        ctx_leave(&sc);
+        goto out;
+    }
     for (;;) {
         /* Slots whose copies ended are free again. */
         reap_copies(&R, 0);
@@ -1029,6 +1191,10 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
                 break;
             continue;
         }
+        /* sync=False: every read landed and its copy is queued: the caller's
+         * stream waits for the last copies instead of this thread. */
+        if (!sync && !R.reading && !R.cancel && !next_piece(&R))
+            break;
         if (R.reading) {
             /* Poll copies while reads are out only when slots are wanted. */
             int more = !R.cancel && R.cur < nops;
@@ -1057,8 +1223,30 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
             reap_copies(&R, 1); /* only copies out: wait for the oldest */
         }
     }
-    /* Nothing may touch the staging slots after return. */
-    d_ssync(g->stream);
+    if (R.copying) {
+        /* sync=False, nothing failed: the copies still out count as done; the
+         * caller's stream is ordered after them, and the next read (or close)
+         * waits for them before it touches the slots. */
+        while (R.fn) {
+            slot_t *s = &R.slots[R.fifo[R.fh]];
+            R.ops[s->op].bytes += s->copied;
+            g->st_bytes += s->copied;
+            R.fh = (R.fh + 1) % g->nslots;
+            R.fn--;
+            R.ops[s->op].outstanding--;
+        }
+        R.copying = 0;
+        g->pending = 1;
+        if ((r = d_record(g->ev_out, g->stream)) != 0 || (r = d_wait(cstream, g->ev_out)) != 0) {
+            /* Cannot order the caller's stream: wait here instead. */
+            set_error(g, "ordering the caller's stream after the copies failed: %s (%d)", drv_errname(r), r);
+            d_ssync(g->stream);
+            g->pending = 0;
+        }
+    } else {
+        /* Nothing may touch the staging slots after return. */
+        d_ssync(g->stream);
+    }
     ctx_leave(&sc);
     for (size_t i = 0; i < nops; i++) {
         op_t *o = &ops[i];
@@ -1075,15 +1263,65 @@ out:
     free(R.fifo);
 }
 
+/* ------------------------------------------------------------- fork */
+
+/* Every live pool, so a fork()ed child can mark them unusable: the child has
+ * no reader threads, no staging memory (MADV_DONTFORK) and no usable GPU
+ * context, so touching a pool there would hang or crash; it raises instead. */
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static GpuStagingObject *reg_head;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void atfork_prepare(void) { pthread_mutex_lock(&reg_mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&reg_mu); }
+static void atfork_child(void)
+{
+    /* One thread now: whatever other threads held is gone with them. */
+    pthread_mutex_init(&reg_mu, NULL);
+    for (GpuStagingObject *g = reg_head; g; g = g->reg_next) {
+        g->forked = 1;
+        pthread_mutex_init(&g->run_mu, NULL); /* a parent thread may have held it mid-read */
+    }
+    pthread_mutex_init(&drv_mu, NULL);
+}
+static void atfork_install(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+static void reg_add(GpuStagingObject *g)
+{
+    pthread_once(&atfork_once, atfork_install);
+    pthread_mutex_lock(&reg_mu);
+    g->reg_prev = NULL;
+    g->reg_next = reg_head;
+    if (reg_head)
+        reg_head->reg_prev = g;
+    reg_head = g;
+    pthread_mutex_unlock(&reg_mu);
+}
+
+static void reg_del(GpuStagingObject *g)
+{
+    pthread_mutex_lock(&reg_mu);
+    if (g->reg_prev)
+        g->reg_prev->reg_next = g->reg_next;
+    else if (reg_head == g)
+        reg_head = g->reg_next;
+    if (g->reg_next)
+        g->reg_next->reg_prev = g->reg_prev;
+    g->reg_next = g->reg_prev = NULL;
+    pthread_mutex_unlock(&reg_mu);
+}
+
+static int is_forked(GpuStagingObject *g) { return g->forked || (g->pid && g->pid != getpid()); }
+
 /* ------------------------------------------------------------- Python side */
 
 static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"slots", "slot_bytes", "device", "engine", "io_engine", NULL};
+    static char *kwlist[] = {"slots", "slot_bytes", "device", "engine", "io_engine", "numa_sysfs", NULL};
     long long slots = 8, slot_bytes = 4 << 20;
     int device = 0, want_uring;
     PyObject *engine = Py_None;
-    const char *io_engine = "auto";
+    const char *io_engine = "auto", *sysfs = "/sys";
     char msg[512] = "";
     int r;
 
@@ -1091,8 +1329,8 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_RuntimeError, "GpuStaging is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|LLiOs", kwlist, &slots, &slot_bytes, &device, &engine,
-                                     &io_engine))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|LLiOss", kwlist, &slots, &slot_bytes, &device, &engine,
+                                     &io_engine, &sysfs))
         return -1;
     if (slots < 2 || slots > 1024) {
         PyErr_Format(PyExc_ValueError, "slots must be in 2..1024, not %lld", slots);
@@ -1136,7 +1374,7 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
     self->slot_bytes = (size_t)slot_bytes;
     self->poll_us = 50;
     Py_BEGIN_ALLOW_THREADS
-    r = staging_build(self, want_uring, msg, sizeof(msg));
+    r = staging_build(self, want_uring, sysfs, msg, sizeof(msg));
     if (r < 0)
         staging_free(self);
     Py_END_ALLOW_THREADS
@@ -1151,7 +1389,9 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_OSError, "GpuStaging: io_engine='io_uring' but no io_uring ring could be set up");
         return -1;
     }
+    self->pid = getpid();
     self->ready = 1;
+    reg_add(self);
     return 0;
 }
 
@@ -1168,6 +1408,12 @@ static PyObject *GpuStaging_new(PyTypeObject *type, PyObject *args, PyObject *kw
 
 static void staging_close(GpuStagingObject *self)
 {
+    if (is_forked(self)) {
+        /* A fork()ed child: the threads, the memory and the context are the
+         * parent's; freeing them here would hang or corrupt. Forget them. */
+        self->closed = 1;
+        return;
+    }
     pthread_mutex_lock(&self->run_mu);
     if (self->ready && !self->closed) {
         self->closed = 1;
@@ -1187,6 +1433,7 @@ static PyObject *GpuStaging_close(GpuStagingObject *self, PyObject *unused)
 
 static void GpuStaging_dealloc(GpuStagingObject *self)
 {
+    reg_del(self);
     staging_close(self);
     pthread_mutex_destroy(&self->run_mu);
     free(self->trace);
@@ -1195,17 +1442,25 @@ static void GpuStaging_dealloc(GpuStagingObject *self)
 
 static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"ops", "trace", "cancel_on_error", NULL};
+    static char *kwlist[] = {"ops", "trace", "cancel_on_error", "stream", "sync", NULL};
     PyObject *ops_obj, *seq, *out = NULL;
-    int trace = 0, cancel_on_error = 1, closed = 0;
+    int trace = 0, cancel_on_error = 1, closed = 0, sync = 1;
+    unsigned long long stream = 0;
     Py_ssize_t n, i;
     op_t *ops;
     int64_t *res;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp", kwlist, &ops_obj, &trace, &cancel_on_error))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ppKp", kwlist, &ops_obj, &trace, &cancel_on_error, &stream,
+                                     &sync))
         return NULL;
     if (!self->ready) {
         PyErr_SetString(PyExc_ValueError, "GpuStaging is not initialised");
+        return NULL;
+    }
+    if (is_forked(self)) {
+        PyErr_SetString(PyExc_RuntimeError, "GpuStaging was created before fork(): it cannot be used in the child "
+                                            "(its threads, staging memory and GPU context stay with the parent); "
+                                            "create a new GpuReader in the child");
         return NULL;
     }
     seq = PySequence_Fast(ops_obj, "ops must be a sequence of (fd, offset, length, device_address)");
@@ -1243,7 +1498,7 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
         closed = 1;
     } else {
         self->tracing = trace;
-        run_pipeline(self, ops, (size_t)n, res, cancel_on_error);
+        run_pipeline(self, ops, (size_t)n, res, cancel_on_error, (void *)(uintptr_t)stream, sync);
     }
     pthread_mutex_unlock(&self->run_mu);
     Py_END_ALLOW_THREADS
@@ -1343,6 +1598,28 @@ static PyObject *g_fixed(GpuStagingObject *g, void *c)
     (void)c;
     return PyBool_FromLong(g->fixed);
 }
+static PyObject *g_fixed_error(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    if (!g->fixed_error[0])
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(g->fixed_error);
+}
+static PyObject *g_numa_node(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(g->numa_node);
+}
+static PyObject *g_numa_info(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(g->numa_info);
+}
+static PyObject *g_forked(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(is_forked(g));
+}
 static PyObject *g_io(GpuStagingObject *g, void *c)
 {
     (void)c;
@@ -1393,6 +1670,10 @@ static PyGetSetDef GpuStaging_getset[] = {
     {"pinned", (getter)g_pinned, NULL, "staging is page-locked by the driver", NULL},
     {"pin_error", (getter)g_pin_error, NULL, "why it is not, or None", NULL},
     {"fixed_buffers", (getter)g_fixed, NULL, "slots are io_uring fixed buffers", NULL},
+    {"fixed_error", (getter)g_fixed_error, NULL, "why io_uring refused them as fixed buffers, or None", NULL},
+    {"numa_node", (getter)g_numa_node, NULL, "NUMA node the staging memory is bound to, or -1", NULL},
+    {"numa_info", (getter)g_numa_info, NULL, "how the staging memory was placed, and why", NULL},
+    {"forked", (getter)g_forked, NULL, "this process is a fork()ed child of the pool's: unusable", NULL},
     {"io", (getter)g_io, NULL, "'io_uring' or 'threads'", NULL},
     {"driver", (getter)g_driver, NULL, "path of the GPU driver library", NULL},
     {"last_error", (getter)g_last_error, NULL, "first error of the last read(), or None", NULL},
@@ -1403,7 +1684,9 @@ static PyGetSetDef GpuStaging_getset[] = {
 
 static PyMethodDef GpuStaging_methods[] = {
     {"read", (PyCFunction)(void (*)(void))GpuStaging_read, METH_VARARGS | METH_KEYWORDS,
-     "read(ops, trace=False, cancel_on_error=True) -> list: bytes copied to the GPU or -errno per op"},
+     "read(ops, trace=False, cancel_on_error=True, stream=0, sync=True) -> list: bytes copied to the GPU or "
+     "-errno per op. Copies start after the work queued on `stream` (the caller's CUstream/hipStream_t, 0: the "
+     "default stream) so far; sync=False returns once every copy is queued and makes `stream` wait for them"},
     {"last_trace", (PyCFunction)GpuStaging_last_trace, METH_NOARGS,
      "last_trace() -> [(t_ns, kind, slot, op, piece, value)] of the last read(trace=True)"},
     {"last_stats", (PyCFunction)GpuStaging_last_stats, METH_NOARGS, "last_stats() -> dict of the last read()"},
@@ -1478,7 +1761,18 @@ static PyObject *mod_uring_register_probe(PyObject *m, PyObject *args)
     return PyLong_FromLong(r);
 }
 
+static PyObject *mod_gpu_numa_node(PyObject *m, PyObject *args)
+{
+    const char *bus, *sysfs = "/sys";
+    (void)m;
+    if (!PyArg_ParseTuple(args, "s|s", &bus, &sysfs))
+        return NULL;
+    return PyLong_FromLong(numa_node_of(bus, sysfs));
+}
+
 static PyMethodDef gpu_functions[] = {
+    {"gpu_numa_node", (PyCFunction)mod_gpu_numa_node, METH_VARARGS,
+     "gpu_numa_node(pci_bus_id, sysfs='/sys') -> NUMA node of the PCI device, or -1"},
     {"gpu_driver", (PyCFunction)mod_gpu_driver, METH_NOARGS,
      "gpu_driver() -> {'api', 'path', 'devices', 'error'}: loads the driver once"},
     {"uring_register_probe", (PyCFunction)mod_uring_register_probe, METH_VARARGS,

@@ -4,6 +4,11 @@
  * batch with the GIL released; Engine.submit runs it on a C thread and
  * signals an eventfd, so asyncio code can await it. HostBuffer is aligned
  * anonymous memory (huge pages when large) for headers and staging.
+ *
+ * Fork: an Engine, Batch or HostBuffer belongs to the process that made it.
+ * In a forked child (no I/O threads, the parent's rings, HostBuffer memory
+ * not mapped: MADV_DONTFORK) every use raises RuntimeError; close() and
+ * destruction there leave the parent's resources alone.
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -25,6 +30,9 @@
 
 enum { KIND_THREADS = 0, KIND_URING = 1 };
 
+#define FORK_MSG(what)                                                                             \
+    "lmcache-fx " what " was created in another process (fork); create a new " what " in the child"
+
 
 typedef struct {
     PyObject_HEAD
@@ -39,6 +47,7 @@ typedef struct {
     fx_uring *uring;
     fx_pool *pool;
     PyObject *fallback_reason; /* str, or None when the asked engine runs */
+    unsigned gen;              /* process generation (fork guard) */
 } EngineObject;
 
 static PyTypeObject EngineType;
@@ -51,6 +60,10 @@ static int begin_use(EngineObject *e)
 {
     int ok;
 
+    if (FX_FORKED(e->gen)) { /* before the lock: a parent thread may hold it */
+        PyErr_SetString(PyExc_RuntimeError, FORK_MSG("Engine"));
+        return -1;
+    }
     if (e->kind < 0) {
         PyErr_SetString(PyExc_ValueError, "engine is not initialised (Engine.__init__ did not run)");
         return -1;
@@ -199,6 +212,15 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
         PyErr_Format(PyExc_ValueError, "threads must be in 0..1024, not %d", threads);
         return -1;
     }
+    {
+        const char *spec = getenv("LMCACHE_FX_FAULT");
+        if (fx_fault_setup(spec, why, sizeof(why)) < 0) {
+            PyErr_SetString(PyExc_ValueError, why);
+            return -1;
+        }
+        why[0] = 0;
+    }
+    self->gen = fx_fork_gen;
     self->queue_depth = (unsigned)qd;
     self->split_bytes = (uint64_t)split;
     Py_XSETREF(self->fallback_reason, Py_NewRef(Py_None));
@@ -242,6 +264,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     pthread_mutex_init(&self->mu, NULL);
     pthread_cond_init(&self->idle_cv, NULL);
     self->kind = -1;
+    self->gen = fx_fork_gen;
     return (PyObject *)self;
 }
 
@@ -251,6 +274,14 @@ static void engine_shutdown(EngineObject *self)
     fx_uring *u;
     fx_pool *p;
 
+    if (FX_FORKED(self->gen)) {
+        /* A forked child's copy: its lock, users count, threads and rings
+         * are the parent's. Forget them; nothing here can run on them. */
+        self->closed = 1;
+        self->uring = NULL;
+        self->pool = NULL;
+        return;
+    }
     pthread_mutex_lock(&self->mu);
     self->closed = 1;
     while (self->users)
@@ -275,9 +306,13 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused)
 
 static void Engine_dealloc(EngineObject *self)
 {
+    int forked = FX_FORKED(self->gen);
+
     engine_shutdown(self); /* no users can remain: they hold references */
-    pthread_cond_destroy(&self->idle_cv);
-    pthread_mutex_destroy(&self->mu);
+    if (!forked) {
+        pthread_cond_destroy(&self->idle_cv);
+        pthread_mutex_destroy(&self->mu);
+    }
     Py_XDECREF(self->fallback_reason);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -315,8 +350,12 @@ static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int
     fx_batch_release(&b);
     Py_END_ALLOW_THREADS
     end_use(self);
-    /* Only a failure to start (no memory for the batch or a ring) raises; a
-     * ring that failed midway has put an error on each op it did not finish. */
+    /* Only a failure to start (no memory for the batch) raises; a ring that
+     * failed midway has put an error on each op it did not finish. */
+    if (r == -EOWNERDEAD) {
+        PyErr_SetString(PyExc_RuntimeError, FORK_MSG("Engine"));
+        goto done;
+    }
     if (r == -ENOMEM) {
         errno = -r;
         PyErr_SetFromErrno(PyExc_OSError);
@@ -370,6 +409,7 @@ typedef struct {
     pthread_t thread;
     int started, joined;
     atomic_int finished;
+    unsigned gen; /* process generation (fork guard) */
 } BatchObject;
 
 static void *batch_thread(void *arg)
@@ -393,6 +433,8 @@ static void *batch_thread(void *arg)
 
 static void batch_join(BatchObject *bo)
 {
+    if (FX_FORKED(bo->gen))
+        return; /* the batch thread is the parent's: nothing to join here */
     if (bo->started && !bo->joined) {
         Py_BEGIN_ALLOW_THREADS
         pthread_join(bo->thread, NULL);
@@ -420,6 +462,7 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
     bo->efd = -1;
     bo->status = 0;
     bo->started = bo->joined = 0;
+    bo->gen = fx_fork_gen;
     atomic_init(&bo->finished, 0);
     if (!(bo->ops = parse_ops(ops_obj, &n)))
         goto fail;
@@ -469,9 +512,21 @@ static PyObject *Batch_fileno(BatchObject *bo, PyObject *unused)
     return PyLong_FromLong(bo->efd);
 }
 
+static int batch_forked(BatchObject *bo)
+{
+    if (!FX_FORKED(bo->gen))
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError,
+                    "lmcache-fx Batch was submitted in another process (fork): it never finishes "
+                    "here; create a new Engine in the child");
+    return 1;
+}
+
 static PyObject *Batch_done(BatchObject *bo, PyObject *unused)
 {
     (void)unused;
+    if (batch_forked(bo))
+        return NULL;
     return PyBool_FromLong(atomic_load(&bo->finished));
 }
 
@@ -480,6 +535,8 @@ static PyObject *Batch_wait(BatchObject *bo, PyObject *args, PyObject *kw)
     static char *kwlist[] = {NULL};
 
     if (!PyArg_ParseTupleAndKeywords(args, kw, "", kwlist))
+        return NULL;
+    if (batch_forked(bo))
         return NULL;
     batch_join(bo);
     if (bo->status == -ENOMEM) {
@@ -497,6 +554,7 @@ typedef struct {
     size_t size;    /* as asked */
     size_t mapped;  /* rounded */
     int huge;
+    unsigned gen;   /* process generation: not mapped in a forked child */
 } HostBufferObject;
 
 static PyObject *HostBuffer_new(PyTypeObject *type, PyObject *args, PyObject *kw)
@@ -533,6 +591,9 @@ static PyObject *HostBuffer_new(PyTypeObject *type, PyObject *args, PyObject *kw
         p = (void *)a;
         madvise(p, map, MADV_HUGEPAGE);
     }
+    /* I/O memory of this process: a fork neither copies it nor shares pages
+     * the kernel may still be writing. */
+    (void)madvise(p, map, MADV_DONTFORK);
     hb = (HostBufferObject *)type->tp_alloc(type, 0);
     if (!hb) {
         munmap(p, map);
@@ -542,24 +603,41 @@ static PyObject *HostBuffer_new(PyTypeObject *type, PyObject *args, PyObject *kw
     hb->size = (size_t)size;
     hb->mapped = map;
     hb->huge = hugepages;
+    hb->gen = fx_fork_gen;
     return (PyObject *)hb;
 }
 
 static void HostBuffer_dealloc(HostBufferObject *hb)
 {
-    if (hb->addr)
+    /* In a forked child the range is not mapped (MADV_DONTFORK) and may hold
+     * something else by now. */
+    if (hb->addr && !FX_FORKED(hb->gen))
         munmap(hb->addr, hb->mapped);
     Py_TYPE(hb)->tp_free((PyObject *)hb);
 }
 
+static int hostbuffer_forked(HostBufferObject *hb)
+{
+    if (!FX_FORKED(hb->gen))
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError,
+                    "lmcache-fx HostBuffer was created in another process (fork): its memory is "
+                    "not mapped in the child; create a new HostBuffer in the child");
+    return 1;
+}
+
 static int HostBuffer_getbuffer(HostBufferObject *hb, Py_buffer *view, int flags)
 {
+    if (hostbuffer_forked(hb))
+        return -1;
     return PyBuffer_FillInfo(view, (PyObject *)hb, hb->addr, (Py_ssize_t)hb->size, 0, flags);
 }
 
 static PyObject *HostBuffer_address(HostBufferObject *hb, void *c)
 {
     (void)c;
+    if (hostbuffer_forked(hb))
+        return NULL;
     return PyLong_FromUnsignedLongLong((uintptr_t)hb->addr);
 }
 
@@ -643,6 +721,25 @@ static PyObject *mod_advise_hugepages(PyObject *m, PyObject *args)
         (void)madvise((void *)a, e - a, MADV_COLLAPSE); /* best effort, 6.1+ */
     Py_END_ALLOW_THREADS
     return PyLong_FromLongLong(r < 0 ? r : (long long)(e - a));
+}
+
+/* Fault points fired since the last Engine() armed LMCACHE_FX_FAULT. */
+static PyObject *mod_fault_counts(PyObject *m, PyObject *unused)
+{
+    PyObject *d = PyDict_New();
+
+    (void)m;
+    (void)unused;
+    for (int k = 0; d && k < FX_FAULT_NKINDS; k++) {
+        PyObject *v = PyLong_FromLong(fx_fault_fired(k));
+        if (!v || PyDict_SetItemString(d, fx_fault_name(k), v) < 0) {
+            Py_XDECREF(v);
+            Py_CLEAR(d);
+            break;
+        }
+        Py_DECREF(v);
+    }
+    return d;
 }
 
 /* ----------------------------------------------------------------- tables */
@@ -764,6 +861,8 @@ static PyMethodDef module_methods[] = {
      "io_uring_status() -> (usable, reason)"},
     {"advise_hugepages", (PyCFunction)mod_advise_hugepages, METH_VARARGS,
      "advise_hugepages(address, length) -> bytes advised or -errno"},
+    {"_fault_counts", (PyCFunction)mod_fault_counts, METH_NOARGS,
+     "_fault_counts() -> {fault point: times fired} (tests; see LMCACHE_FX_FAULT)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -776,6 +875,10 @@ PyMODINIT_FUNC PyInit__fxio(void)
 {
     PyObject *m;
 
+    if (fx_fork_guard_init() < 0) {
+        PyErr_SetString(PyExc_ImportError, "lmcache-fx: pthread_atfork failed");
+        return NULL;
+    }
     if (PyType_Ready(&EngineType) < 0 || PyType_Ready(&BatchType) < 0 ||
         PyType_Ready(&HostBufferType) < 0)
         return NULL;

@@ -23,6 +23,7 @@ struct fx_pool {
     int stop;
     int nthreads;
     pthread_t *threads;
+    unsigned gen; /* process generation it was made in (fork guard) */
 };
 
 /* First queued job that still has pieces and room for another worker. */
@@ -100,6 +101,7 @@ fx_pool *fx_pool_create(int nthreads)
         free(pool);
         return NULL;
     }
+    pool->gen = fx_fork_gen;
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->work_cv, NULL);
     for (i = 0; i < nthreads; i++) {
@@ -117,6 +119,10 @@ fx_pool *fx_pool_create(int nthreads)
 void fx_pool_destroy(fx_pool *pool)
 {
     if (!pool)
+        return;
+    /* A forked child has none of the threads and maybe a lock held by one:
+     * leave the copy alone. */
+    if (FX_FORKED(pool->gen))
         return;
     pthread_mutex_lock(&pool->mu);
     pool->stop = 1;
@@ -139,6 +145,10 @@ int fx_pool_run(fx_pool *pool, fx_batch *b, int queue_depth)
 
     if (b->npieces == 0)
         return 0;
+    if (FX_FORKED(pool->gen)) {
+        fx_batch_fail_all(b, EOWNERDEAD); /* no workers here: it would wait forever */
+        return -EOWNERDEAD;
+    }
     pthread_cond_init(&job.done_cv, NULL);
     pthread_mutex_lock(&pool->mu);
     if (pool->tail)

@@ -1,13 +1,17 @@
 /* The io_uring engine. One ring runs one batch at a time; rings are kept in a
  * small free list so several Python threads can run batches at once without
  * sharing a ring. Every piece that was submitted is reaped before a batch
- * returns, on every path, because the kernel writes into caller memory. */
+ * returns and before its ring is freed, on every path and whatever the waits
+ * return (a signal's EINTR included), because the kernel writes into caller
+ * memory. When no ring can be had (out of file descriptors, say) the batch
+ * runs with pread/pwrite on the calling thread instead. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include "fxio.h"
 
@@ -39,6 +43,7 @@ struct fx_uring {
     pthread_cond_t slot_cv;
     unsigned slots_used;
     unsigned slot_waiters;
+    unsigned gen; /* process generation it was made in (fork guard) */
 };
 
 static int ring_init(struct io_uring *ring, unsigned qd, unsigned *flags)
@@ -54,6 +59,8 @@ static int ring_init(struct io_uring *ring, unsigned qd, unsigned *flags)
         memset(&p, 0, sizeof(p));
         r = io_uring_queue_init_params(qd, ring, &p);
     }
+    if (r == 0)
+        (void)io_uring_ring_dontfork(ring); /* a forked child gets no copy of the rings */
     return r;
 }
 
@@ -157,18 +164,6 @@ static void give_ring(fx_uring *u, ring_slot *s)
 
 int fx_uring_available(void) { return 1; }
 
-/* ring_slot starts with its struct io_uring, so the two convert. */
-struct io_uring *fx_uring_take(fx_uring *u)
-{
-    ring_slot *s = take_ring(u);
-    return s ? &s->ring : NULL;
-}
-
-void fx_uring_give(fx_uring *u, struct io_uring *ring)
-{
-    give_ring(u, (ring_slot *)ring);
-}
-
 fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
 {
     fx_uring *u = calloc(1, sizeof(*u));
@@ -184,6 +179,7 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
     pthread_mutex_init(&u->slot_mu, NULL);
     pthread_cond_init(&u->slot_cv, NULL);
     u->qd = qd;
+    u->gen = fx_fork_gen;
 #ifdef IORING_SETUP_COOP_TASKRUN
     /* Completions are reaped by the submitting thread; skip the IPIs. */
     u->setup_flags = IORING_SETUP_COOP_TASKRUN;
@@ -228,6 +224,10 @@ fail:
 void fx_uring_destroy(fx_uring *u)
 {
     if (!u)
+        return;
+    /* A forked child's copy shares the parent's rings (their memory is not
+     * even mapped here) and maybe a lock held by a parent thread: leave it. */
+    if (FX_FORKED(u->gen))
         return;
     for (int i = 0; i < u->nfree; i++) {
         io_uring_queue_exit(&u->free_list[i]->ring);
@@ -384,9 +384,14 @@ static int on_cqe(run_state *st, fx_piece *p, int res)
 {
     size_t pi = (size_t)(p - st->b->pieces);
     int write = st->b->write;
+    int64_t keep;
 
-    if (res == -EAGAIN || res == -EINTR)
-        return 1;
+    if (res == -EAGAIN || res == -EINTR) {
+        if (p->retries++ < FX_RETRY_MAX)
+            return 1;
+        land(st, p, res);
+        return 0;
+    }
     if (res < 0) {
         land(st, p, res);
         return 0;
@@ -395,20 +400,46 @@ static int on_cqe(run_state *st, fx_piece *p, int res)
         land(st, p, write ? -EIO : st->done[pi]); /* EOF */
         return 0;
     }
-    st->done[pi] += res;
     if ((uint64_t)res >= p->length) {
+        st->done[pi] += res;
         land(st, p, st->done[pi]);
         return 0;
     }
-    if (p->direct) {
-        /* Short O_DIRECT: EOF on read, out of space on write. */
-        land(st, p, write ? -ENOSPC : st->done[pi]);
+    if (write && p->direct) {
+        land(st, p, -ENOSPC); /* short O_DIRECT write: out of space */
         return 0;
     }
-    p->offset += (uint64_t)res;
-    p->buf += res;
-    p->length -= (uint64_t)res;
+    keep = fx_short_keep(write, p->direct, st->b->ops[p->op].fd, p->offset, (uint64_t)res);
+    if (keep < 0) {
+        st->done[pi] += res; /* O_DIRECT read that ended at EOF */
+        land(st, p, st->done[pi]);
+        return 0;
+    }
+    if (p->retries++ >= FX_RETRY_MAX) {
+        land(st, p, -EIO);
+        return 0;
+    }
+    st->done[pi] += keep;
+    p->offset += (uint64_t)keep;
+    p->buf += keep;
+    p->length -= (uint64_t)keep;
     return 1;
+}
+
+/* A completion's result, through the fault points when they are armed. */
+static int cqe_result(int write, int res)
+{
+    long k;
+
+    if (__builtin_expect(fx_fault_on, 0)) {
+        if (fx_fault_hit(FX_FAULT_EINTR))
+            return -EINTR;
+        if (fx_fault_hit(FX_FAULT_EAGAIN))
+            return -EAGAIN;
+        if (!write && res > 0 && (k = fx_fault_hit(FX_FAULT_SHORT)))
+            return (int)fx_fault_short(res, k);
+    }
+    return res;
 }
 
 static void finish_landed(run_state *st)
@@ -418,20 +449,53 @@ static void finish_landed(run_state *st)
     st->nlanded = 0;
 }
 
-/* The ring failed: reap what the kernel still holds, fail the rest, and
- * throw the ring away rather than reuse it. */
+/* Waits for a completion, whatever it takes: until every piece in flight has
+ * completed the kernel may still write into the caller's memory, so neither
+ * the batch nor its ring may end first. EINTR (a signal), EAGAIN, EBUSY are
+ * retried at once; any other error after 1 ms, peeking at the completion
+ * queue in case the wait itself is what fails. */
+static void wait_cqe_all(struct io_uring *ring, struct io_uring_cqe **cqe)
+{
+    for (;;) {
+        const struct timespec pause = {0, 1000000};
+        int r;
+
+        *cqe = NULL;
+        r = FX_FAULT(FX_FAULT_WAIT_EINTR) ? -EINTR : io_uring_wait_cqe(ring, cqe);
+        if (r == 0 && *cqe)
+            return;
+        if (r == -EINTR || r == -EAGAIN || r == -EBUSY || r == -ETIME)
+            continue;
+        if (io_uring_peek_cqe(ring, cqe) == 0 && *cqe)
+            return;
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* The ring failed: reap every piece the kernel still holds (one that came
+ * back whole counts; the others fail with err), fail the pieces never
+ * submitted, and throw the ring away rather than reuse it. */
 static int abort_run(fx_uring *u, run_state *st, ring_slot *s, unsigned inflight, int err)
 {
     finish_landed(st);
-    give_slots(u, st, st->held);
     while (inflight) {
         struct io_uring_cqe *cqe;
-        if (io_uring_wait_cqe(&s->ring, &cqe) < 0)
-            break;
-        finish(st, io_uring_cqe_get_data(cqe), cqe->res < 0 ? cqe->res : err);
+        fx_piece *p;
+        size_t pi;
+        int res;
+
+        wait_cqe_all(&s->ring, &cqe);
+        p = io_uring_cqe_get_data(cqe);
+        res = cqe_result(st->b->write, cqe->res);
         io_uring_cqe_seen(&s->ring, cqe);
         inflight--;
+        pi = (size_t)(p - st->b->pieces);
+        if (res >= 0 && (uint64_t)res >= p->length)
+            finish(st, p, st->done[pi] + res);
+        else
+            finish(st, p, res < 0 ? res : err);
     }
+    give_slots(u, st, st->held);
     io_uring_queue_exit(&s->ring);
     free(s);
     for (size_t i = 0; i < st->b->npieces; i++)
@@ -481,6 +545,33 @@ static int took(int r, unsigned *inflight, unsigned *queued)
     return 0;
 }
 
+/* Submits what is queued and waits for at least one completion. */
+static int submit_and_wait(ring_slot *s, unsigned *inflight, unsigned *queued)
+{
+    if (__builtin_expect(fx_fault_on, 0)) {
+        if (fx_fault_hit(FX_FAULT_SUBMIT_FAIL)) {
+            took(io_uring_submit(&s->ring), inflight, queued);
+            return -EIO; /* in flight now, and the ring "failed" */
+        }
+        if (fx_fault_hit(FX_FAULT_WAIT_EINTR))
+            return took(-EINTR, inflight, queued);
+    }
+    return took(io_uring_submit_and_wait(&s->ring, 1), inflight, queued);
+}
+
+/* No ring to be had: the batch runs on this thread. */
+static void run_inline(fx_batch *b)
+{
+    for (size_t i = 0; i < b->npieces; i++) {
+        fx_piece *p = &b->pieces[i];
+        int64_t r = fx_piece_run_sync(b, p);
+
+        fx_piece_checksum(b, p, r);
+        if (fx_piece_finish(b, p, r))
+            fx_op_complete(b, p->op);
+    }
+}
+
 int fx_uring_run(fx_uring *u, fx_batch *b)
 {
     ring_slot *s;
@@ -491,9 +582,15 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
 
     if (b->npieces == 0)
         return 0;
+    if (FX_FORKED(u->gen)) {
+        fx_batch_fail_all(b, EOWNERDEAD); /* the rings are the parent's */
+        return -EOWNERDEAD;
+    }
     s = take_ring(u);
-    if (!s)
-        return -ENOMEM;
+    if (!s) {
+        run_inline(b);
+        return 0;
+    }
     st.done = calloc(b->npieces, sizeof(*st.done));
     st.fin = calloc(b->npieces, 1);
     st.landed = calloc(u->qd, sizeof(*st.landed));
@@ -510,7 +607,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
         fill(u, s, &st, &next, inflight, &queued);
         if (!inflight && !queued)
             continue; /* the rest was bounced inline */
-        if ((err = took(io_uring_submit_and_wait(&s->ring, 1), &inflight, &queued))) {
+        if ((err = submit_and_wait(s, &inflight, &queued))) {
             ret = abort_run(u, &st, s, inflight, err);
             goto out;
         }
@@ -521,7 +618,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
 
             seen++;
             inflight--;
-            if (!on_cqe(&st, p, cqe->res)) {
+            if (!on_cqe(&st, p, cqe_result(b->write, cqe->res))) {
                 ended++;
                 continue;
             }
@@ -584,15 +681,5 @@ int fx_uring_registered(const fx_uring *u)
 {
     (void)u;
     return 0;
-}
-struct io_uring *fx_uring_take(fx_uring *u)
-{
-    (void)u;
-    return NULL;
-}
-void fx_uring_give(fx_uring *u, struct io_uring *ring)
-{
-    (void)u;
-    (void)ring;
 }
 #endif

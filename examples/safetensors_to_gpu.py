@@ -49,21 +49,24 @@ def read_header(path):
 
 def load(path, device, slots=8, slot_bytes=4 << 20):
     import torch
-    from lmcache_fx.gpu import GpuReader, check_results, _open
+
+    from lmcache_fx.gpu import GpuReader, _device_index, _open, check_results
 
     tensors, start, _ = read_header(path)
-    out, ops, sizes = {}, [], []
+    out, ops = {}, []
     for name, (dt, shape, b, e) in tensors.items():
         t = torch.empty(shape, dtype=getattr(torch, DTYPES[dt]), device=device)
         if t.numel() * t.element_size() != e - b:
             raise ValueError(f"{name}: {e - b} bytes for {dt}{list(shape)}")
         out[name] = t
         ops.append((start + b, e - b, t))
-    dev_index = torch.device(device).index or 0
+    dev_index = 0 if str(device) == "cpu" else _device_index(device)  # "cuda": torch's current device
     fd = _open(path, odirect=True)
     try:
         with GpuReader(device=dev_index, slots=slots, slot_bytes=slot_bytes) as rd:
             t0 = time.perf_counter()
+            # The copies are ordered after torch's current stream (the default): the blocks torch.empty
+            # handed back may still be in use by kernels queued earlier.
             res = rd.read_into([(fd, off, n, t.data_ptr()) for off, n, t in ops if n])
             el = time.perf_counter() - t0
             stats = rd.stats()
@@ -137,7 +140,7 @@ def main():
         hdr, start, _ = read_header(path)
         ok = True
         with open(path, "rb") as f:
-            for name, (dt, shape, b, e) in hdr.items():
+            for name, (_dt, _shape, b, e) in hdr.items():
                 f.seek(start + b)
                 raw = f.read(e - b)
                 got = tensors[name].cpu().contiguous().view(torch.uint8).numpy().tobytes() if e > b else b""

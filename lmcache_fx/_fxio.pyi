@@ -20,7 +20,8 @@ Op = tuple[int, int, int, int]
 
 DIO_ALIGN: int  # 4096
 HAVE_LIBURING: int  # 1 when built with liburing (io_uring engine present)
-CRC32C_IMPL: str  # "sse4.2", "armv8-crc" or "table"
+CRC32C_IMPL: str  # best first: "vpclmulqdq+crc32q", "pclmulqdq+crc32q", "sse4.2", "armv8-pmull", "armv8-crc", "table"
+def _fault_counts() -> dict[str, int]: ...  # tests: times each LMCACHE_FX_FAULT point fired
 
 class Engine:
     kind: Literal["io_uring", "threads"]

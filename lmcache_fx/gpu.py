@@ -10,10 +10,18 @@ as soon as it lands an async host-to-device copy to its place on the GPU is
 queued on a stream, while later reads go on. A slot is refilled only after
 its copy's event completed. Results are per op: bytes copied to the GPU
 (short at end of file) or -errno; -ECANCELED for ops stopped by another op's
-error (cancel_on_error, the default). Every read and copy has finished when
-read_into returns, so the data is visible to any later GPU work.
+error (cancel_on_error, the default).
 
-The driver is found at run time: libcuda.so.1, else ROCm's libamdhip64.so;
+Stream order: the copies start only after the work already queued on the
+caller's stream (`stream=`, torch's current stream by default), so a
+destination still used by earlier kernels is not overwritten under them.
+With sync=True (the default) every read and copy has finished when read_into
+returns; with sync=False it returns once every copy is queued, and the
+caller's stream waits for them (work queued on it afterwards sees the data;
+the host does not wait).
+
+The driver is found at run time: a CUDA/HIP library the process already
+loaded (torch's), else libcuda.so.1, else ROCm's libamdhip64.so.7/.6/.so;
 LMCACHE_FX_GPU_DRIVER=/path/lib.so selects another library exporting the
 CUDA driver names (the tests' stand-in, tests/fake_gpu_driver.c, whose
 "device pointers" are host addresses).
@@ -21,13 +29,20 @@ CUDA driver names (the tests' stand-in, tests/fake_gpu_driver.c, whose
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import sys
+import threading
+import weakref
 from typing import Any, Iterable, Optional, Sequence
 
 from . import _fxio
 
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_BYTES = 4 << 20
+
+log = logging.getLogger("lmcache_fx.gpu")
+_warned: set = set()
 
 
 def driver_info() -> dict:
@@ -47,25 +62,51 @@ def io_uring_can_register(address: int, length: int) -> int:
     return _fxio.uring_register_probe(address, length)
 
 
-def _device_index(device: Any) -> int:
-    if device is None:
-        try:
-            import torch
+def _current_device() -> int:
+    try:
+        import torch
 
-            if torch.cuda.is_available():
-                return torch.cuda.current_device()
-        except Exception:
-            pass
-        return 0
+        if torch.cuda.is_available():
+            return torch.cuda.current_device()
+    except Exception:
+        pass
+    return 0
+
+
+def _device_index(device: Any) -> int:
+    """GPU ordinal of device: an int, "cuda:N", a torch.device; None, "cuda"
+    or torch.device("cuda") mean torch's current device (as in torch)."""
+    if device is None:
+        return _current_device()
     if isinstance(device, int):
         return device
-    idx = getattr(device, "index", None)  # torch.device
-    if idx is not None:
-        return int(idx)
+    if not isinstance(device, str):
+        idx = getattr(device, "index", None)  # torch.device
+        if idx is not None:
+            return int(idx)
     s = str(device)
     if ":" in s:
         return int(s.rsplit(":", 1)[1])
-    return 0
+    return _current_device()
+
+
+def _stream_handle(stream: Any, device: int) -> int:
+    """The CUstream / hipStream_t to order the copies after: an int handle,
+    an object with .cuda_stream (a torch.cuda.Stream), or None for torch's
+    current stream on the device (0, the default stream, when torch is not
+    loaded or has no GPU: there is no torch work to order after)."""
+    if stream is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return 0
+        try:
+            if not torch.cuda.is_available():
+                return 0
+            return int(torch.cuda.current_stream(device).cuda_stream)
+        except Exception:
+            return 0
+    handle = getattr(stream, "cuda_stream", stream)
+    return int(handle)
 
 
 class GpuReader:
@@ -77,10 +118,15 @@ class GpuReader:
     One read_into runs at a time per reader (others wait)."""
 
     def __init__(self, engine=None, device: Any = None, slots: int = DEFAULT_SLOTS,
-                 slot_bytes: int = DEFAULT_SLOT_BYTES, io_engine: str = "auto"):
+                 slot_bytes: int = DEFAULT_SLOT_BYTES, io_engine: str = "auto", warn: bool = True):
         self.device = _device_index(device)
         self._st = _fxio.GpuStaging(slots=slots, slot_bytes=slot_bytes, device=self.device,
                                     engine=engine, io_engine=io_engine)
+        self._inflight: set = set()  # routed reads running on threads (GpuRouter.submit)
+        self._inflight_mu = threading.Lock()
+        if warn and self.degraded and self.degraded not in _warned:
+            _warned.add(self.degraded)
+            log.warning("lmcache-fx: GPU reads on a slow path: %s", self.degraded)
 
     # -- properties of the staging pool
     @property
@@ -99,6 +145,28 @@ class GpuReader:
     def last_error(self) -> Optional[str]:
         return self._st.last_error
 
+    @property
+    def degraded(self) -> Optional[str]:
+        """Why reads run slower than they could, or None: staging not
+        page-locked (every copy synchronous, no overlap) or io_uring refusing
+        the slots as fixed buffers (pages pinned again on every read)."""
+        why = []
+        if not self._st.pinned:
+            why.append(f"staging memory not page-locked ({self._st.pin_error}): copies to the GPU are "
+                       "synchronous, reads and copies do not overlap")
+        if self._st.fixed_error:
+            why.append(f"{self._st.fixed_error}: every read pins its pages again")
+        return "; ".join(why) or None
+
+    @property
+    def numa_node(self) -> int:
+        """NUMA node the staging memory was bound to (the GPU's), or -1."""
+        return self._st.numa_node
+
+    @property
+    def numa_info(self) -> str:
+        return self._st.numa_info
+
     def stats(self) -> dict:
         s = dict(self._st.last_stats())
         s["gb_per_s"] = s["bytes"] / s["wall_ns"] if s["wall_ns"] else 0.0
@@ -112,28 +180,47 @@ class GpuReader:
 
     # -- reads
     def read_into(self, ops: Sequence[tuple[int, int, int, int]], trace: bool = False,
-                  cancel_on_error: bool = True) -> list[int]:
-        """ops: (fd, file_offset, length, device_address). GIL released."""
-        return self._st.read(ops, trace=trace, cancel_on_error=cancel_on_error)
+                  cancel_on_error: bool = True, stream: Any = None, sync: bool = True) -> list[int]:
+        """ops: (fd, file_offset, length, device_address). GIL released.
+        stream: ordered after the work queued on it so far (default: torch's
+        current stream); sync=False: return once the copies are queued, with
+        `stream` made to wait for them instead of this thread."""
+        return self._st.read(ops, trace=trace, cancel_on_error=cancel_on_error,
+                             stream=_stream_handle(stream, self.device), sync=sync)
 
     def read_tensors(self, path: str, items: Iterable[tuple[int, Any]], odirect: bool = True,
-                     trace: bool = False) -> list[int]:
+                     trace: bool = False, stream: Any = None, sync: bool = True) -> list[int]:
         """Fills each contiguous tensor with the file's bytes at file_offset.
         O_DIRECT is used when asked and the filesystem allows it."""
         items = list(items)
         ops_t = []
-        for off, t in items:
+        for _off, t in items:
             if not t.is_contiguous():
                 raise ValueError("read_tensors needs contiguous tensors")
         fd = _open(path, odirect)
         try:
             for off, t in items:
                 ops_t.append((fd, int(off), t.numel() * t.element_size(), t.data_ptr()))
-            return self.read_into(ops_t, trace=trace)
+            return self.read_into(ops_t, trace=trace, stream=stream, sync=sync)
         finally:
             os.close(fd)
 
+    # -- routed reads on threads (GpuRouter): memory is freed only after them
+    def _track(self, batch: "_ThreadBatch", on: bool) -> None:
+        with self._inflight_mu:
+            (self._inflight.add if on else self._inflight.discard)(batch)
+
+    def wait_writes(self, lo: int = 0, hi: int = 1 << 64) -> None:
+        """Waits for every routed read still writing into [lo, hi): what must
+        happen before that memory is freed (e.g. after an awaited read was
+        cancelled, its thread still runs)."""
+        with self._inflight_mu:
+            batches = [b for b in self._inflight if b.overlaps(lo, hi)]
+        for b in batches:
+            b.join()
+
     def close(self) -> None:
+        self.wait_writes()
         self._st.close()
 
     def __enter__(self) -> "GpuReader":
@@ -211,11 +298,40 @@ class GpuChunkAllocator:
             self.allocator.close()
             raise OSError(errno.ENODEV, f"chunk buffer landed on {base.device}, not {mdev}")
         self.base, self.size = base.data_ptr(), base.numel() * base.element_size()
+        del base
         try:
             self.reader = GpuReader(engine=engine, device=idx, slots=slots, slot_bytes=slot_bytes)
         except BaseException:
             self.allocator.close()
+            self.allocator = None
             raise
+        # A chunk is handed back (LMCache's ref_count_down -> free) only after
+        # any routed read still writing into it ended: an awaited retrieve
+        # cancelled mid-read leaves its thread running into those buffers.
+        inner = self.allocator.allocator
+        reader_ref = weakref.ref(self.reader)
+        orig_free, orig_bfree = inner.free, inner.batched_free
+
+        def settle(objs):
+            rd = reader_ref()
+            if rd is None:
+                return
+            for o in objs:
+                try:
+                    a = int(o.data_ptr)
+                    rd.wait_writes(a, a + int(o.get_size()))
+                except Exception:
+                    rd.wait_writes()
+
+        def free(memory_obj, *a, **k):
+            settle([memory_obj])
+            return orig_free(memory_obj, *a, **k)
+
+        def batched_free(memory_objs, *a, **k):
+            settle(memory_objs)
+            return orig_bfree(memory_objs, *a, **k)
+
+        inner.free, inner.batched_free = free, batched_free
 
     def owns(self, address: int) -> bool:
         return self.base <= address < self.base + self.size
@@ -225,16 +341,29 @@ class GpuChunkAllocator:
         retrieve, the chunks already read are what would have to be freed)."""
         from lmcache.v1.memory_management import MemoryFormat
 
+        if self.allocator is None:
+            return None
         return self.allocator.allocate(shapes, dtypes, fmt or MemoryFormat.KV_2LTD)
 
     def batched_allocate(self, shapes, dtypes, batch_size: int, fmt=None, busy_loop: bool = True):
         from lmcache.v1.memory_management import MemoryFormat
 
+        if self.allocator is None:
+            return None
         return self.allocator.batched_allocate(shapes, dtypes, batch_size, fmt or MemoryFormat.KV_2LTD)
 
     def close(self) -> None:
+        """Waits for reads still running, frees the staging pool and drops
+        the gpu_buffer_mib tensor now (not at garbage collection): its memory
+        goes back to torch once LMCache holds no chunk of it."""
         self.reader.close()
-        self.allocator.close()
+        alloc, self.allocator = self.allocator, None
+        if alloc is not None:
+            alloc.close()
+            inner = alloc.allocator
+            for name in ("free", "batched_free"):  # our hooks hold the reader only weakly; drop them anyway
+                inner.__dict__.pop(name, None)
+            alloc.tensor = None
 
 
 class GpuRouter:
@@ -280,21 +409,26 @@ class GpuRouter:
         return self.engine.write(ops, crc=crc)
 
     def submit(self, ops, write: bool = False, crc: bool = False):
-        if write or not self._split(ops)[0]:
+        dev = [] if write else self._split(ops)[0]
+        if not dev:
             return self.engine.submit(ops, write=write, crc=crc)
-        return _ThreadBatch(lambda: self.read(ops, crc))
+        ranges = [(ops[i][3], ops[i][3] + ops[i][2]) for i in dev]
+        track = getattr(self.reader, "_track", None)
+        return _ThreadBatch(lambda: self.read(ops, crc), ranges, track)
 
 
 class _ThreadBatch:
-    """A Batch (fileno / done / wait) for a routed read run on its own thread."""
+    """A Batch (fileno / done / wait) for a routed read run on its own thread.
+    ranges: the device memory it writes; track(batch, on) registers it with
+    the reader while it runs (GpuReader.wait_writes)."""
 
-    def __init__(self, fn):
-        import threading
-
+    def __init__(self, fn, ranges=(), track=None):
         self._fd = os.eventfd(0, os.EFD_CLOEXEC)
         self._ev = threading.Event()
         self._res: Any = None
         self._exc: Optional[BaseException] = None
+        self._ranges = list(ranges)
+        self._track = track
 
         def run():
             try:
@@ -303,10 +437,23 @@ class _ThreadBatch:
                 self._exc = e
             finally:
                 self._ev.set()
-                os.eventfd_write(self._fd, 1)
+                if track is not None:
+                    track(self, False)
+                fd = self._fd
+                if fd >= 0:
+                    os.eventfd_write(fd, 1)
 
+        if track is not None:
+            track(self, True)
         self._t = threading.Thread(target=run, name="lmcache-fx-gpu-read", daemon=True)
         self._t.start()
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        return any(a < hi and lo < b for a, b in self._ranges)
+
+    def join(self) -> None:
+        if threading.current_thread() is not self._t:
+            self._t.join()
 
     def fileno(self) -> int:
         return self._fd

@@ -35,14 +35,42 @@ def fake_gpu_driver_so(tmp_path_factory):
     """The stand-in GPU driver library (memcpy + a worker thread per stream),
     built from tests/fake_gpu_driver.c; selected with LMCACHE_FX_GPU_DRIVER."""
     import shutil
-    import subprocess
 
     if not shutil.which("gcc"):
         pytest.skip("gcc not found: cannot build the stand-in GPU driver")
     so = str(tmp_path_factory.mktemp("fakegpu") / "fake_gpu_driver.so")
-    subprocess.run(["gcc", "-O2", "-Wall", "-shared", "-fPIC", "-pthread", "-o", so,
-                    os.path.join(os.path.dirname(__file__), "fake_gpu_driver.c")], check=True)
+    _build_fake_gpu_driver(so)
     return so
+
+
+def _build_fake_gpu_driver(out, *defines, soname=None):
+    import subprocess
+
+    cmd = ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread", *defines, "-o", out,
+           os.path.join(os.path.dirname(__file__), "fake_gpu_driver.c")]
+    if soname:
+        cmd.insert(1, f"-Wl,-soname,{soname}")
+    subprocess.run(cmd, check=True)
+
+
+@pytest.fixture(scope="session")
+def fake_hip_driver_dirs(tmp_path_factory):
+    """The stand-in built as the HIP runtime (hip* names only): `loaded/` holds
+    libamdhip64.so.6 (1 device), the runtime a process would already have from
+    torch; `fresh/` holds libamdhip64.so and libamdhip64.so.7 (3 devices each),
+    what a fresh dlopen would find on LD_LIBRARY_PATH."""
+    import shutil
+
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not found: cannot build the stand-in GPU driver")
+    root = tmp_path_factory.mktemp("fakehip")
+    loaded, fresh = root / "loaded", root / "fresh"
+    loaded.mkdir()
+    fresh.mkdir()
+    _build_fake_gpu_driver(str(loaded / "libamdhip64.so.6"), "-DFAKE_HIP", soname="libamdhip64.so.6")
+    for name in ("libamdhip64.so", "libamdhip64.so.7"):
+        _build_fake_gpu_driver(str(fresh / name), "-DFAKE_HIP", "-DFAKE_NDEV=3", soname=name)
+    return str(loaded), str(fresh)
 
 
 @pytest.fixture

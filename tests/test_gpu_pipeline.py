@@ -9,6 +9,7 @@ propagation and bit-exact results.
 """
 import ctypes
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def test_bit_exact_and_order(drv, datafile, io_engine):
     want = [min(n, len(data) - off) for off, n in spec]
     assert res == want, g.last_error
     assert g.last_error is None
-    for (off, n), w, got in zip(spec, where, want):
+    for (off, _n), w, got in zip(spec, where, want):
         assert bytes(mv[w:w + got]) == data[off:off + got]
         assert bytes(mv[w + got:w + got + 4096]) == b"\xee" * 4096  # nothing written past the op
     assert drv.fake_gpu_unpinned_copies() == 0  # every copy came from page-locked staging
@@ -155,7 +156,7 @@ def test_overlap_and_slot_reuse(drv, datafile):
         if e[1] != "read_submit":
             continue
         prior = [c for c in copy_end_by_slot.get(e[2], []) if c[0] < e[0]]
-        for s, end in prior:
+        for _s, end in prior:
             assert end < e[0], f"slot {e[2]} refilled at {e[0]} before its copy ended at {end}"
     assert sum(len(v) for v in copy_end_by_slot.values()) == 16
     g.close()
@@ -356,3 +357,422 @@ def test_python_api_and_example(drv, tmp_path):
                          capture_output=True, text=True, cwd=ROOT, env=dict(os.environ))
     assert out.returncode == 0, out.stderr + out.stdout
     assert "bit-exact: yes" in out.stdout
+
+
+# ------------------------------------------------------------------ issue 17
+def _kernels(lib):
+    lib.fake_gpu_stream_new.restype = ctypes.c_void_p
+    lib.fake_gpu_stream_sync.argtypes = [ctypes.c_void_p]
+    lib.fake_gpu_kernel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                    ctypes.c_size_t, ctypes.c_uint]
+    return lib
+
+
+@pytest.mark.parametrize("io_engine", ["io_uring", "threads"])
+def test_copies_wait_for_the_callers_stream(drv, datafile, io_engine):
+    """A kernel queued earlier on the caller's stream still reads B (clones it
+    into C) and another still writes W: the pipeline's copies into B and W
+    must land after them. Without the ordering, the copies (fast) land first:
+    the clone holds the new bytes and the kernel's write wins over the read."""
+    if io_engine == "io_uring" and not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    path, data = datafile
+    lib = _kernels(drv)
+    n = 3 * MiB + 5
+    S = lib.fake_gpu_stream_new()
+    g = _fxio.GpuStaging(slots=4, slot_bytes=MiB, io_engine=io_engine)
+    B, C, W = _fxio.HostBuffer(n), _fxio.HostBuffer(n), _fxio.HostBuffer(n)
+    memoryview(B)[:n] = b"\x11" * n
+    lib.fake_gpu_kernel(S, C.address, B.address, 0, n, 150000)  # reads B after 150 ms
+    lib.fake_gpu_kernel(S, W.address, None, 0xAB, n, 0)  # then writes W
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        res = g.read([(fd, 7, n, B.address), (fd, 7 + n, n, W.address)], stream=S)
+    finally:
+        os.close(fd)
+    assert res == [n, n], g.last_error
+    lib.fake_gpu_stream_sync(S)
+    assert bytes(memoryview(C)[:n]) == b"\x11" * n  # the clone holds B's old bytes
+    assert bytes(memoryview(B)[:n]) == data[7:7 + n]
+    assert bytes(memoryview(W)[:n]) == data[7 + n:7 + 2 * n]  # the read came after the kernel's write
+    log = fake_log(drv)
+    kernel_end = max(e[1] for e in log if e[0] == 5)
+    assert min(e[1] for e in log if e[0] == 1) > kernel_end  # no copy started before the caller's work ended
+    g.close()
+
+
+def test_sync_false_makes_the_callers_stream_wait(drv, datafile):
+    """sync=False returns with copies still running; work queued on the
+    caller's stream afterwards sees the data (the stream waits on the last
+    copy's event); the next read waits for the slots before reusing them."""
+    path, data = datafile
+    lib = _kernels(drv)
+    drv.fake_gpu_set_delay_us(5000)
+    S = lib.fake_gpu_stream_new()
+    g = _fxio.GpuStaging(slots=4, slot_bytes=MiB)
+    n = 8 * MiB
+    B, C, D = _fxio.HostBuffer(n), _fxio.HostBuffer(n), _fxio.HostBuffer(n)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        res = g.read([(fd, 0, n, B.address)], stream=S, sync=False)
+        t_ret = time.monotonic_ns()
+        lib.fake_gpu_kernel(S, C.address, B.address, 0, n, 0)  # a kernel using B, queued after the read
+        assert res == [n], g.last_error
+        lib.fake_gpu_stream_sync(S)
+        assert bytes(memoryview(C)[:n]) == data[:n]
+        ends = [e[1] for e in fake_log(drv) if e[0] == 2]
+        assert len(ends) == 8 and max(ends) > t_ret  # it returned before the last copies ended
+        # the next read (sync) reuses the slots only after those copies ended
+        res = g.read([(fd, n, n, D.address)], stream=S)
+        assert res == [n] and bytes(memoryview(D)[:n]) == data[n:2 * n]
+        assert bytes(memoryview(B)[:n]) == data[:n]
+    finally:
+        os.close(fd)
+    g.close()
+
+
+def test_python_api_takes_the_stream(drv, datafile):
+    """GpuReader.read_into: a torch-like stream object (.cuda_stream), an int
+    handle, or the default (torch's current stream; 0 without a torch GPU)."""
+    from lmcache_fx import gpu
+
+    path, data = datafile
+    lib = _kernels(drv)
+    S = lib.fake_gpu_stream_new()
+
+    class TorchLikeStream:
+        cuda_stream = S
+
+    assert gpu._stream_handle(TorchLikeStream(), 0) == S and gpu._stream_handle(5, 0) == 5
+    assert gpu._stream_handle(None, 0) == 0  # no torch GPU here
+    B, C = _fxio.HostBuffer(MiB), _fxio.HostBuffer(MiB)
+    memoryview(B)[:] = b"\x22" * MiB
+    lib.fake_gpu_kernel(S, C.address, B.address, 0, MiB, 100000)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with gpu.GpuReader(device=0, slots=2, slot_bytes=256 << 10) as rd:
+            assert rd.read_into([(fd, 0, MiB, B.address)], stream=TorchLikeStream()) == [MiB]
+            assert rd.read_into([(fd, MiB, 4096, C.address + 4096)]) == [4096]  # default stream: 0
+    finally:
+        os.close(fd)
+    lib.fake_gpu_stream_sync(S)
+    assert bytes(memoryview(C)[:4096]) == b"\x22" * 4096 and bytes(memoryview(B)) == data[:MiB]
+
+
+def test_unpinned_staging_warns_once_with_the_reason(drv, datafile, caplog):
+    import logging
+
+    from lmcache_fx import gpu
+
+    path, data = datafile
+    drv.fake_gpu_fail_register(1)
+    gpu._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="lmcache_fx.gpu"):
+        rd = gpu.GpuReader(device=0, slots=2, slot_bytes=MiB)
+        rd2 = gpu.GpuReader(device=0, slots=2, slot_bytes=MiB)
+    warns = [r.getMessage() for r in caplog.records if r.name == "lmcache_fx.gpu"]
+    assert len(warns) == 1, warns  # once per reason
+    assert "not page-locked (host register failed: CUDA_ERROR_INVALID_VALUE (1))" in warns[0]
+    assert "synchronous" in warns[0]
+    assert not rd.pinned and rd.degraded and "CUDA_ERROR_INVALID_VALUE" in rd.degraded
+    dev = _fxio.HostBuffer(2 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    try:  # still correct, only slower
+        assert rd.read_into([(fd, 0, 2 * MiB, dev.address)]) == [2 * MiB]
+    finally:
+        os.close(fd)
+    assert bytes(memoryview(dev)) == data[:2 * MiB]
+    rd.close()
+    rd2.close()
+    drv.fake_gpu_fail_register(0)
+    with gpu.GpuReader(device=0, slots=2, slot_bytes=MiB) as ok:
+        assert ok.pinned and ok.degraded is None
+
+
+def test_fixed_buffer_refusal_is_reported(fake_gpu_driver_so, tmp_path):
+    """io_uring refusing the slots as fixed buffers (no CAP_IPC_LOCK, a low
+    RLIMIT_MEMLOCK) is named in fixed_error and in GpuReader.degraded."""
+    import shutil
+
+    if not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    code = ("import resource\n"
+            "resource.setrlimit(resource.RLIMIT_MEMLOCK, (256 << 10, 256 << 10))\n"
+            "from lmcache_fx import gpu\n"
+            "rd = gpu.GpuReader(device=0, slots=2, slot_bytes=1 << 20, io_engine='io_uring')\n"
+            "print('FIXED', rd.staging.fixed_buffers, rd.degraded)\n")
+    cmd = [sys.executable, "-c", code]
+    if os.geteuid() == 0:  # root has CAP_IPC_LOCK: drop it
+        if not shutil.which("setpriv"):
+            pytest.skip("root without setpriv: cannot drop CAP_IPC_LOCK")
+        cmd = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock", *cmd]
+    env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=fake_gpu_driver_so)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    line = [x for x in out.stdout.splitlines() if x.startswith("FIXED")][0]
+    if line.startswith("FIXED True"):
+        pytest.skip("io_uring registered the buffers anyway (kernel does not account them)")
+    assert "io_uring fixed-buffer registration failed" in line and "every read pins its pages again" in line
+    assert "lmcache-fx: GPU reads on a slow path" in out.stderr
+
+
+def test_primary_context_released_with_the_device_handle(drv):
+    """cuDevicePrimaryCtxRelease takes the CUdevice from cuDeviceGet, not the
+    ordinal (the stand-in's handles are 100 + ordinal)."""
+    before = drv.fake_gpu_ctx_refs()
+    g = _fxio.GpuStaging(slots=2, slot_bytes=MiB)
+    assert drv.fake_gpu_ctx_refs() == before + 1
+    g.close()
+    assert drv.fake_gpu_ctx_refs() == before
+
+
+def _hip_child(code, loaded, fresh, preload):
+    env = {k: v for k, v in os.environ.items() if k != "LMCACHE_FX_GPU_DRIVER"}
+    env["LD_LIBRARY_PATH"] = fresh
+    env["PYTHONPATH"] = ROOT
+    pre = f"import ctypes; ctypes.CDLL({os.path.join(loaded, 'libamdhip64.so.6')!r})\n" if preload else ""
+    out = subprocess.run([sys.executable, "-c", pre + code], env=env, capture_output=True, text=True, cwd=ROOT,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads([x for x in out.stdout.splitlines() if x.startswith("{")][-1])
+
+
+HIP_CHILD = r"""
+import ctypes, json, os
+from lmcache_fx import _fxio
+info = _fxio.gpu_driver()
+out = {"info": info}
+if info["api"] == "hip":
+    lib = ctypes.CDLL(info["path"])  # the loaded runtime: the same handle
+    lib.fake_gpu_stream_new.restype = ctypes.c_void_p
+    lib.fake_gpu_stream_sync.argtypes = [ctypes.c_void_p]
+    lib.fake_gpu_kernel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                    ctypes.c_size_t, ctypes.c_uint]
+    lib.fake_gpu_set_delay_us(300)
+    data = os.urandom(3 << 20)
+    p = os.path.join(os.environ["TMPDIR_T"], "h.bin")
+    open(p, "wb").write(data)
+    g = _fxio.GpuStaging(slots=2, slot_bytes=1 << 20)
+    B, C = _fxio.HostBuffer(3 << 20), _fxio.HostBuffer(3 << 20)
+    memoryview(B)[:] = b"\x33" * (3 << 20)
+    S = lib.fake_gpu_stream_new()
+    lib.fake_gpu_kernel(S, C.address, B.address, 0, 3 << 20, 100000)
+    fd = os.open(p, os.O_RDONLY)
+    out["res"] = g.read([(fd, 1, (3 << 20) - 1, B.address)], stream=S)
+    lib.fake_gpu_stream_sync(S)
+    lib.fake_gpu_reset()
+    lib.fake_gpu_fail_copy(1, 0)
+    out["bad"] = g.read([(fd, 0, 4096, C.address + 4096)])
+    out["bad_error"] = g.last_error
+    os.close(fd)
+    lib.fake_gpu_stream_sync(S)
+    out["ordered"] = bytes(C) == b"\x33" * (3 << 20)
+    out["exact"] = bytes(memoryview(B)[:(3 << 20) - 1]) == data[1:]
+    out["pinned"], out["driver"] = g.pinned, g.driver
+    g.close()
+print(json.dumps(out))
+"""
+
+
+def test_hip_binds_the_runtime_already_loaded(fake_hip_driver_dirs, tmp_path):
+    """The HIP branch, against the stand-in built as libamdhip64: with a
+    runtime already loaded (as torch would have: .so.6, 1 device), that one is
+    used even though a fresh dlopen would find others (.so and .so.7, 3
+    devices) on LD_LIBRARY_PATH; copies, stream order and error names go
+    through the hip* calls."""
+    loaded, fresh = fake_hip_driver_dirs
+    os.environ["TMPDIR_T"] = str(tmp_path)
+    try:
+        out = _hip_child(HIP_CHILD, loaded, fresh, preload=True)
+    finally:
+        del os.environ["TMPDIR_T"]
+    assert out["info"] == {"api": "hip", "path": "libamdhip64.so.6", "devices": 1, "error": None}, out
+    assert out["res"] == [(3 << 20) - 1] and out["exact"] and out["ordered"] and out["pinned"], out
+    assert out["bad"] == [-errno.EIO] and "hipMemcpyHtoDAsync failed: hipErrorInvalidValue (1)" in out["bad_error"]
+
+
+def test_hip_fresh_load_prefers_versioned_names(fake_hip_driver_dirs):
+    loaded, fresh = fake_hip_driver_dirs
+    out = _hip_child("import json; from lmcache_fx import _fxio; print(json.dumps({'info': _fxio.gpu_driver()}))",
+                     loaded, fresh, preload=False)
+    assert out["info"]["api"] == "hip" and out["info"]["path"] == "libamdhip64.so.7", out
+
+
+FORK_CHILD = r"""
+import ctypes, os, sys, threading, time
+from lmcache_fx import _fxio
+lib = ctypes.CDLL(os.environ["LMCACHE_FX_GPU_DRIVER"])
+lib.fake_gpu_set_delay_us(30000)
+path = sys.argv[1]
+g = _fxio.GpuStaging(slots=2, slot_bytes=1 << 20, io_engine=sys.argv[2])
+# MADV_DONTFORK on the staging memory: "dc" in its VmFlags
+smaps, cur, dc = open("/proc/self/smaps").read().splitlines(), None, None
+for line in smaps:
+    f = line.split()
+    if "-" in f[0] and len(f) >= 5 and ":" not in f[0]:
+        a, b = (int(x, 16) for x in f[0].split("-"))
+        cur = a <= g.address < b
+    elif f[0] == "VmFlags:" and cur:
+        dc = "dc" in f[1:]
+print("DONTFORK", dc, flush=True)
+dev = _fxio.HostBuffer(8 << 20)
+fd = os.open(path, os.O_RDONLY)
+res = {}
+t = threading.Thread(target=lambda: res.setdefault("r", g.read([(fd, 0, 8 << 20, dev.address)])))
+t.start()
+time.sleep(0.1)  # a read in progress in this thread: the pool's lock held at fork
+pid = os.fork()
+if pid == 0:
+    code = 5
+    try:
+        g.read([(fd, 0, 4096, dev.address)])
+        code = 3
+    except RuntimeError as e:
+        code = 0 if "fork" in str(e) and g.forked else 4
+    g.close()
+    del g
+    os._exit(code)
+_, st = os.waitpid(pid, 0)
+t.join()
+print("CHILD", os.waitstatus_to_exitcode(st), flush=True)
+print("PARENT", res["r"], g.read([(fd, 0, 4096, dev.address)]), g.forked, flush=True)
+g.close()
+"""
+
+
+@pytest.mark.parametrize("io_engine", ["threads", "io_uring"])
+def test_fork_child_gets_an_error_not_a_hang(fake_gpu_driver_so, datafile, io_engine):
+    if io_engine == "io_uring" and not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    path, _ = datafile
+    env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=fake_gpu_driver_so, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", FORK_CHILD, path, io_engine], env=env,
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "DONTFORK True" in out.stdout
+    assert "CHILD 0" in out.stdout, out.stdout  # a RuntimeError naming fork(), no hang
+    assert f"PARENT [{8 << 20}] [4096] False" in out.stdout  # the parent's pool unaffected
+
+
+def test_numa_node_lookup(tmp_path):
+    root = tmp_path / "sys"
+    for bus, node in (("0000:3b:00.0", "1\n"), ("0000:af:00.0", "-1\n"), ("0001:02:03.4", "3")):
+        d = root / "bus" / "pci" / "devices" / bus
+        d.mkdir(parents=True)
+        (d / "numa_node").write_text(node)
+    assert _fxio.gpu_numa_node("0000:3B:00.0", str(root)) == 1  # CUDA's upper case
+    assert _fxio.gpu_numa_node("00000000:3b:00.0", str(root)) == 1  # 8-digit domain (nvidia-smi)
+    assert _fxio.gpu_numa_node("0001:02:03.4", str(root)) == 3
+    assert _fxio.gpu_numa_node("0000:AF:00.0", str(root)) == -1  # the kernel knows no node
+    assert _fxio.gpu_numa_node("0000:01:00.0", str(root)) == -1  # no such device
+    assert _fxio.gpu_numa_node("garbage", str(root)) == -1
+
+
+def test_staging_bound_to_the_gpus_node(drv, tmp_path):
+    d = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:fa:1e.0"  # the stand-in's bus id
+    d.mkdir(parents=True)
+    (d / "numa_node").write_text("0\n")
+    g = _fxio.GpuStaging(slots=2, slot_bytes=MiB, numa_sysfs=str(tmp_path / "sys"))
+    if "mbind failed" in g.numa_info:
+        pytest.skip(g.numa_info)
+    assert g.numa_node == 0 and "node 0: staging placed there" in g.numa_info
+    best = None
+    for line in open("/proc/self/numa_maps"):
+        start = int(line.split()[0], 16)
+        if start <= g.address and (best is None or start > best[0]):
+            best = (start, line)
+    assert best and "prefer:0" in best[1], best
+    g.close()
+    g = _fxio.GpuStaging(slots=2, slot_bytes=MiB, numa_sysfs=str(tmp_path / "nothing"))
+    assert g.numa_node == -1 and "0000:FA:1E.0" in g.numa_info and "not placed" in g.numa_info
+    g.close()
+
+
+def test_device_cuda_means_the_current_device(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from lmcache_fx import gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert gpu._device_index("cuda") == 3 and gpu._device_index(torch.device("cuda")) == 3
+    assert gpu._device_index(None) == 3
+    assert gpu._device_index("cuda:1") == 1 and gpu._device_index(torch.device("cuda", 2)) == 2
+    assert gpu._device_index(0) == 0
+
+
+def test_chunk_allocator_close_drops_the_buffer_at_once(drv):
+    pytest.importorskip("lmcache")
+    import gc
+    import weakref
+
+    from lmcache_fx import gpu
+
+    a = gpu.GpuChunkAllocator(8 * MiB, device=0, slots=2, slot_bytes=MiB, memory_device="cpu")
+    ref = weakref.ref(a.allocator.tensor)
+    gc.disable()
+    try:
+        a.close()
+        assert ref() is None  # freed by close(), not left for the garbage collector
+    finally:
+        gc.enable()
+    assert a.allocate([__import__("torch").Size([4096])], [__import__("torch").uint8]) is None
+
+
+def test_freeing_a_chunk_waits_for_a_cancelled_read(drv, datafile):
+    """An awaited GPU read cancelled mid-way leaves its thread writing into the
+    chunks; LMCache then frees them: the free waits for that thread (and only
+    for a read into the freed memory)."""
+    pytest.importorskip("lmcache")
+    import torch
+
+    from lmcache_fx import gpu
+
+    path, data = datafile
+    drv.fake_gpu_set_delay_us(25000)  # 8 copies: ~200 ms
+    a = gpu.GpuChunkAllocator(16 * MiB, device=0, slots=2, slot_bytes=MiB, memory_device="cpu")
+    eng = _fxio.Engine("threads")
+    router = gpu.GpuRouter(eng, a.reader, a.owns)
+    obj = a.allocate([torch.Size([8 * MiB])], [torch.uint8])
+    other = a.allocate([torch.Size([MiB])], [torch.uint8])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        b = router.submit([(fd, 0, 8 * MiB, obj.data_ptr)])
+        time.sleep(0.03)
+        assert not b.done()
+        other.ref_count_down()  # memory the read does not touch: freed at once
+        assert not b.done()
+        obj.ref_count_down()  # what LMCache does after the cancelled await
+        assert b.done()  # the free returned only after the read's thread ended
+        assert b.wait() == [8 * MiB]
+    finally:
+        os.close(fd)
+        a.close()
+        eng.close()
+
+
+def test_gpu_check_script_on_the_stand_in(tmp_path):
+    """scripts/gpu_check.py --stand-in --json: every phase that can run on a
+    CPU host runs against the stand-in, and the report names each phase and
+    its outcome."""
+    pytest.importorskip("lmcache")
+    report = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if k != "LMCACHE_FX_GPU_DRIVER"}
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check.py"), "--stand-in", "--json",
+                          str(report), "--dir", str(tmp_path / "d")], capture_output=True, text=True, cwd=ROOT,
+                         env=env, timeout=400)
+    rep = json.loads(report.read_text())
+    assert out.returncode == 0, (out.stdout[-3000:], json.dumps(rep["phases"], default=str)[-3000:])
+    ph = rep["phases"]
+    assert list(ph) == ["environment", "driver", "correctness", "errors", "ordering", "throughput", "lmcache"]
+    assert all(p["outcome"] == "pass" for p in ph.values()), {k: (v["outcome"], v.get("why")) for k, v in ph.items()}
+    assert "fake_gpu_driver" in ph["environment"]["driver_info"]["path"]
+    assert ph["driver"]["pinned"] and ph["driver"]["context_unchanged"] and ph["driver"]["degraded"] is None
+    c = ph["correctness"]
+    assert any(k.startswith("threads/") for k in c) and all(
+        all(v is not False for v in r.values()) for k, r in c.items() if "/" in k)
+    assert all(ph["errors"][k]["ok"] for k in ("bad_fd", "past_allocation", "close_during_read", "cycles"))
+    assert ph["ordering"]["clone_holds_old_bytes"] and ph["ordering"]["sync_false_seen_by_later_work"]
+    assert ph["throughput"]["pipeline"] and ph["throughput"]["best"]["ok"]
+    lm = ph["lmcache"]
+    assert lm["direct_to_gpu"]["ok"] and lm["direct_to_gpu"]["buffer_free_after"] and lm["cpu_tier"]["ok"]
+    assert rep["failed"] == [] and not rep.get("timed_out")

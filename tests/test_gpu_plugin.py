@@ -195,9 +195,9 @@ def _threads():
 def child_refuse(store, workdir):
     import torch
 
-    from lmcache_fx.testing.cpu_engine import Geometry, config_from_dict, fx_config, lmcache_engine
-    from lmcache_fx.lmcache_plugin import FxStorageBackend
     from lmcache_fx.core.options import ConfigError
+    from lmcache_fx.lmcache_plugin import FxStorageBackend
+    from lmcache_fx.testing.cpu_engine import Geometry, config_from_dict, fx_config, lmcache_engine
 
     cfg = config_from_dict(fx_config(store, direct_to_gpu=True, verify=False), workdir)
     out = {"cuda": torch.cuda.is_available()}
@@ -221,9 +221,17 @@ def child_roundtrip(store, workdir):
 
     from lmcache_fx import _fxio
     from lmcache_fx.core.chunkfile import HEADER_SIZE
-    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
-        retrieve, store_and_wait
     from lmcache_fx.lmcache_plugin import FxStorageBackend
+    from lmcache_fx.testing.cpu_engine import (
+        KV,
+        Geometry,
+        config_from_dict,
+        fx_backend,
+        fx_config,
+        lmcache_engine,
+        retrieve,
+        store_and_wait,
+    )
 
     FxStorageBackend.gpu_memory_device = "cpu"  # the stand-in's "device pointers" are host addresses
     lib = ctypes.CDLL(os.environ["LMCACHE_FX_GPU_DRIVER"])  # the handle the pipeline uses
