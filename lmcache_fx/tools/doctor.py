@@ -15,7 +15,6 @@ Exit status: 0 the configured fast path will be used (warnings may remain);
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import resource
@@ -248,64 +247,39 @@ def check_hugepages() -> Check:
 
 
 def check_gpu() -> Check:
-    found = {}
-    for lib in ("libcuda.so.1", "libamdhip64.so"):
-        try:
-            found[lib] = ctypes.CDLL(lib)
-        except OSError:
-            pass
-    data = {"libraries": sorted(found)}
-    if not found:
-        return Check("GPU driver", "info", "no libcuda.so.1 or libamdhip64.so: no GPU driver here; LMCache runs "
-                     "on CPU only (fine for tests, not for serving)", data=data)
-    parts = []
-    count = -1
-    if "libcuda.so.1" in found:
-        cu = found["libcuda.so.1"]
-        r = cu.cuInit(0)
-        n = ctypes.c_int(0)
-        if r == 0:
-            cu.cuDeviceGetCount(ctypes.byref(n))
-            count = n.value
-        parts.append(f"libcuda.so.1 (cuInit {'ok' if r == 0 else f'error {r}'}, {n.value} devices)")
-        data["cuInit"] = r
-    if "libamdhip64.so" in found:
-        hip = found["libamdhip64.so"]
-        n = ctypes.c_int(0)
-        r = hip.hipGetDeviceCount(ctypes.byref(n))
-        parts.append(f"libamdhip64.so (hipGetDeviceCount {'ok' if r == 0 else f'error {r}'}, {n.value} devices)")
-        data["hipGetDeviceCount"] = r
-        count = max(count, n.value if r == 0 else 0)
-    data["devices"] = count
-    if count <= 0:
-        return Check("GPU driver", "warn", f"found {', '.join(parts)} but no usable device",
-                     "check the driver matches the kernel module (nvidia-smi / rocm-smi) and the device is "
-                     "visible in this container", data)
-    pinned = pinned_registration()
-    data["pinned"] = pinned
-    if pinned:
-        return Check("GPU driver", "warn", f"{', '.join(parts)}; pinned registration of host memory failed: {pinned}",
-                     "LMCache's pool is pinned memory: check the memlock limit and the driver", data)
-    return Check("GPU driver", "ok", f"{', '.join(parts)}; host memory registers as pinned", data=data)
+    """The GPU driver lmcache-fx binds (the same binding the plugin's
+    direct_to_gpu uses), and whether its pipeline would run on a slow path
+    (staging not page-locked, fixed buffers refused) and on which NUMA node."""
+    from .. import gpu
 
-
-def pinned_registration() -> str:
-    """'' when host memory registers as pinned with the GPU runtime (the
-    way LMCache's pool is pinned), else why not."""
+    info = gpu.driver_info()
+    data: dict = {"driver": info}
+    if info.get("api") is None:
+        return Check("GPU driver", "info", "no CUDA or ROCm driver here (libcuda.so.1 / libamdhip64.so): LMCache "
+                     f"runs on CPU only (fine for tests, not for serving){_why(info)}", data=data)
+    found = f"{info['api']} driver {info.get('path') or ''} with {info.get('devices', 0)} device(s)"
+    if not info.get("devices"):
+        return Check("GPU driver", "warn", f"{found}: no usable device{_why(info)}",
+                     "check the driver matches the kernel module (nvidia-smi / rocm-smi) and the device is visible "
+                     "in this container", data)
     try:
-        import torch
+        rd = gpu.GpuReader(device=0, slots=2, slot_bytes=1 << 20, warn=False)
+    except Exception as e:  # noqa: BLE001 - the answer is the error
+        return Check("GPU driver", "fail", f"{found}; the staging pipeline cannot start: {e}",
+                     "direct_to_gpu will refuse to start; check the driver and the memlock limit", data)
+    try:
+        data.update(degraded=rd.degraded, pinned=rd.pinned, io=rd.io, numa=getattr(rd, "numa_info", None))
+    finally:
+        rd.close()
+    where = f"; staging on NUMA node {data['numa']}" if data["numa"] is not None else ""
+    if data["degraded"]:
+        return Check("GPU driver", "warn", f"{found}; GPU reads would run on a slow path: {data['degraded']}",
+                     "raise the memlock limit (ulimit -l) or grant CAP_IPC_LOCK to the container", data)
+    return Check("GPU driver", "ok", f"{found}; staging page-locked, reads by {data['io']}{where}", data=data)
 
-        if not torch.cuda.is_available():
-            return "torch sees no GPU (a CPU-only torch build?)"
-        buf = _fxio.HostBuffer(8 << 20)
-        cudart = torch.cuda.cudart()
-        r = cudart.cudaHostRegister(buf.address, len(buf), 0)
-        if int(r) != 0:
-            return f"cudaHostRegister returned {r}"
-        cudart.cudaHostUnregister(buf.address)
-        return ""
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
+
+def _why(info: dict) -> str:
+    return f" ({info['error']})" if info.get("error") else ""
 
 
 # ---------------------------------------------------------------- the store path
