@@ -9,6 +9,7 @@ import os
 import pytest
 
 from lmcache_fx.tools import bench, cli
+from lmcache_fx.tools.bench import readers as bench_readers
 from lmcache_fx.tools.models import MIB, Geometry
 
 # ------------------------------------------------------------------ parsing
@@ -196,7 +197,7 @@ def test_corruption_is_detected(odirect_tmp, monkeypatch):
     """A reader that lands wrong bytes is reported as not ok: flip a byte in
     what the connector scatters and the checksum must catch it."""
     cfg = _tiny_cfg(odirect_tmp, False)
-    real = bench._connector_class
+    real = bench_readers._connector_class
 
     def corrupting():
         cls = real()
@@ -212,7 +213,7 @@ def test_corruption_is_detected(odirect_tmp, monkeypatch):
 
         return Bad
 
-    monkeypatch.setattr(bench, "_connector_class", corrupting)
+    monkeypatch.setattr(bench_readers, "_connector_class", corrupting)
     res = bench.run_bench(cfg, ["fx"], quiet=True)
     r = res["readers"]["fx"]["reps"][0]
     assert r["crc_ok"] is False and r["ok"] is False and r["tier_read_gbps"] is None
@@ -232,3 +233,54 @@ def test_cold_run_on_xfs_with_json(xfs_dir, tmp_path):
     assert [r["rep"] for r in d["readers"]["fx"]["reps"]] == [0, 1, 2]
     assert d["readers"]["fx"]["ratio_to_fio"] is not None
     assert not os.listdir(xfs_dir) or all(not n.startswith("lmcache-fx-bench-") for n in os.listdir(xfs_dir))
+
+
+# ------------------------------------------------------------------ L2 adapters, fs_native, cost per chunk
+
+
+def test_new_readers_are_registered_with_labels():
+    for name in ("fs_native", "fx-l2", "raw_block"):
+        assert name in bench.ALL_READERS and bench.READER_LABELS[name]
+    _, a = parse("--path", "/x", "--preset", "llama-3.2-1b-tp4")
+    assert bench.geometry_from_args(a).chunk_bytes == 2 * MIB
+
+
+def test_best_peer_and_ratios_leave_fx_and_fio_out():
+    from lmcache_fx.tools.bench.run import best_peer
+
+    res = _fake_results()
+    res["readers"]["fs_native"] = {"label": "fs_native", "available": True, "all_ok": True,
+                                   "median": {"tier_read_gbps": 5.0, "store_gbps": 2.0, "tier_cpu_s_per_gb": 0.01}}
+    bp = best_peer(res)
+    assert bp["tier_read_gbps"] == {"reader": "fs_native", "value": 5.0}
+    assert bp["tier_cpu_s_per_gb"]["value"] == 0.01
+
+
+def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
+    """The command end to end at tiny sizes with LMCache's fs_native and the
+    L2-level fx beside it: the JSON has verified figures for both, and the
+    cost-per-chunk table has them side by side."""
+    try:
+        import lmcache.lmcache_fs  # noqa: F401
+    except Exception as e:
+        pytest.skip(f"lmcache.lmcache_fs (LMCache's C++ fs_native client) cannot be imported: {e}")
+    out = tmp_path / "r.json"
+    rc = bench.main(["--path", str(odirect_tmp), "--layers", "2", "--kv-heads", "2", "--head-dim", "64",
+                     "--chunk", "16", "--total-gb", "0.0001", "--reps", "2", "--readers", "fx,fs_native,fx-l2",
+                     "--per-chunk", "16", "--per-chunk-readers", "fx-l2,fs_native", "--warm", "--quiet",
+                     "--json", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["git_commit"] is None or len(d["git_commit"]) >= 40
+    for name in ("fs_native", "fx-l2"):
+        e = d["readers"][name]
+        assert e["available"], e.get("skip_reason")
+        assert e["all_ok"] and all(r["crc_ok"] for r in e["reps"])
+        assert e["median"]["tier_read_gbps"] > 0 and e["median"]["tier_cpu_s_per_gb"] is not None
+        assert e["reps"][0]["tier_bytes"] == d["config"]["total_bytes"]
+    assert "workers" in d["readers"]["fs_native"]["label"]
+    assert d["best_peer"]["tier_read_gbps"]["reader"] == "fs_native"
+    assert d["readers"]["fx"]["ratio_to_best_peer"]["tier_read"] is not None
+    pc = d["per_chunk"]["readers"]
+    assert pc["fs_native"]["tier_us_per_chunk"] > 0 and pc["fx-l2"]["tier_us_per_chunk"] > 0
+    assert not os.listdir(odirect_tmp) or all(not n.startswith("lmcache-fx-bench-") for n in os.listdir(odirect_tmp))

@@ -54,6 +54,8 @@ PRESETS: dict[str, Geometry] = {
     "llama-3-70b-tp8": Geometry(layers=80, kv_heads=1, head_dim=128),  # 10 MiB / chunk / rank
     "qwen3-coder-480b-tp8": Geometry(layers=62, kv_heads=1, head_dim=128),  # 7.75 MiB / chunk / rank
     "deepseek-v3-mla": Geometry(layers=61, kv_heads=1, head_dim=576, mla=True),  # 17.2 MiB / chunk
+    # A small model's chunk: Llama-3.2-1B (16 layers, 8 KV heads of 64) at TP4, 2 MiB / chunk / rank
+    "llama-3.2-1b-tp4": Geometry(layers=16, kv_heads=2, head_dim=64),
 }
 
 

@@ -1,0 +1,225 @@
+"""`lmcache-fx bench`: one KV-cache workload through several readers, the
+same run, interleaved (A B C A B C ...), medians of the repetitions.
+
+Readers: lmcache-fx (io_uring and thread engines), LMCache's LocalDiskBackend,
+FSConnector and RustRawBlockBackend (each through a real LMCacheEngine on CPU),
+LMCache's MP-mode L2 adapters fs_native and raw_block beside lmcache-fx's
+FxL2Adapter (driven through the L2 adapter interface as MP mode drives them),
+and fio (io_uring, O_DIRECT, same request size, queue depth and total bytes)
+as the device's limit. A rep is: store, wait until the tier holds every
+chunk, drop the page cache (root), read every chunk back from the tier, and
+check that what landed equals what was stored (CRC32C).
+
+    lmcache-fx bench --mkfs-loop 8G --json out.json --png out.png
+    python -m lmcache_fx.tools.bench --path /mnt/nvme/bench --preset llama-3-70b-tp8
+
+Modules: workload (geometry, workload, statistics), readers (LMCache engine
+readers, fio), l2 (L2 adapter readers), run (orchestration), report (output).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import ExitStack
+from typing import Optional
+
+from ..models import GB, MIB, PRESETS, Geometry, parse_size
+from . import readers
+from .readers import lmcache_engine
+from .report import format_per_chunk, format_sweep, format_table, write_png
+from .run import ALL_READERS, READER_CLASSES, READER_LABELS, machine_info, run_bench, run_per_chunk, run_sweep
+from .workload import BenchConfig, Skip, Workload, geometry_from_args, median, percentile, plan_chunks, ratio, summarize
+
+PER_CHUNK_READERS = "fx,fx-l2,fs_native,raw_block"
+
+
+def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="model KV geometry per rank (default qwen2.5-32b, 64 MiB chunks; llama-3.2-1b-tp4 "
+                        "has 2 MiB chunks)")
+    g = p.add_argument_group("custom geometry (overrides the preset)")
+    g.add_argument("--layers", type=int)
+    g.add_argument("--kv-heads", type=int, dest="kv_heads")
+    g.add_argument("--head-dim", type=int, dest="head_dim")
+    g.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
+    g.add_argument("--mla", action="store_true", help="one latent per layer (kv_size 1)")
+    g.add_argument("--chunk", type=int, help="tokens per chunk (LMCache chunk_size)")
+    p.add_argument("--total-gb", type=float, default=0.25, help="bytes per rep (default 0.25 GB)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per reader (default 3)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--path", help="directory on the filesystem to measure")
+    where.add_argument("--mkfs-loop", type=parse_size, metavar="SIZE",
+                       help="build XFS on a RAM-backed loop device of SIZE (root), remove it afterwards")
+    p.add_argument("--readers", default=",".join(ALL_READERS),
+                   help=f"comma-separated subset of {','.join(ALL_READERS)}")
+    p.add_argument("--queue-depth", type=int, default=32, help="fx queue_depth and fio iodepth")
+    p.add_argument("--split-bytes", type=parse_size, default=MIB, help="fx split_bytes and fio bs")
+    p.add_argument("--fs-native-workers", type=int, default=8,
+                   help="fs_native num_workers (default 8: faster than LMCache's default 4 here, "
+                        "see docs/benchmarks.md)")
+    p.add_argument("--latency", action="store_true", help="also p50/p99 at --concurrency requests in flight")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--per-chunk", type=int, default=0, metavar="N",
+                   help="also the cost per chunk: N chunks of 4 KiB through --per-chunk-readers, µs per chunk")
+    p.add_argument("--per-chunk-readers", default=PER_CHUNK_READERS)
+    p.add_argument("--sweep", action="store_true", help="also sweep fx queue_depth and split_bytes")
+    p.add_argument("--sweep-qd", default="1,2,4,8,16,32,64")
+    p.add_argument("--sweep-split", default="128K,256K,512K,1M,2M,4M,8M")
+    p.add_argument("--warm", action="store_true", help="do not drop the page cache")
+    p.add_argument("--no-verify", action="store_true", help="skip the checksum of what landed")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--png", metavar="FILE")
+    p.add_argument("--quiet", action="store_true")
+
+
+def _reader_list(p, s: str) -> list[str]:
+    names = [r.strip() for r in s.split(",") if r.strip()]
+    bad = [r for r in names if r not in READER_CLASSES]
+    if bad:
+        p.error(f"unknown reader(s) {', '.join(bad)}; choose from {', '.join(ALL_READERS)}")
+    return names
+
+
+def check_args(p: argparse.ArgumentParser, args) -> list[str]:
+    names = _reader_list(p, args.readers)
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
+    if args.total_gb <= 0:
+        p.error("--total-gb must be > 0")
+    if args.split_bytes % 4096:
+        p.error("--split-bytes must be a multiple of 4096")
+    if getattr(args, "fs_native_workers", 4) < 1:
+        p.error("--fs-native-workers must be >= 1")
+    if getattr(args, "per_chunk", 0) < 0:
+        p.error("--per-chunk must be >= 0")
+    if args.mkfs_loop is None and args.path is None:
+        p.error("give --path DIR (a directory on the filesystem to measure) or --mkfs-loop SIZE (root)")
+    return names
+
+
+def _ints(s: str, conv=int) -> list:
+    return [conv(x) for x in s.split(",") if x.strip()]
+
+
+def _git_commit() -> Optional[str]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        r = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        sha = r.stdout.strip()
+        if r.returncode != 0 or not sha:
+            return None
+        d = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=10)
+        return sha + ("+dirty" if d.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def preallocate_loop_image(mountpoint: str) -> bool:
+    """Allocates every page of the loop device's RAM-backed image up front.
+    The image is a sparse /dev/shm file: whoever first writes a block would
+    pay for allocating its pages, which is not a cost of the medium (a real
+    device has none). False where it could not be done."""
+    try:
+        src = subprocess.run(["findmnt", "-n", "-o", "SOURCE", "--target", mountpoint], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        with open(f"/sys/block/{os.path.basename(src)}/loop/backing_file") as f:
+            img = f.read().strip()
+        fd = os.open(img, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)  # fills holes only; contents unchanged
+        finally:
+            os.close(fd)
+        return True
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
+    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")  # LMCache would post usage reports otherwise
+    # LMCache's INFO lines would bury the table; set here, not at import, so
+    # importing this module changes nothing for other code in the process.
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("LMCACHE_DISABLE_BANNER", "1")
+    import logging
+
+    parser = parser or build_parser()
+    names = check_args(parser, args)
+    per_chunk_names = _reader_list(parser, args.per_chunk_readers) if args.per_chunk else []
+    geo = geometry_from_args(args)
+    n_chunks = plan_chunks(geo, int(args.total_gb * GB))
+    with ExitStack() as stack:
+        if args.mkfs_loop:
+            from ...testing.loopfs import why_not_available, xfs_loop
+
+            why = why_not_available()
+            if why:
+                parser.error(f"--mkfs-loop: {why}")
+            base = stack.enter_context(xfs_loop(args.mkfs_loop))
+            fs = f"XFS on a {args.mkfs_loop / (1 << 30):.1f} GiB RAM-backed loop device"
+            if preallocate_loop_image(base):
+                fs += " (image preallocated)"
+        else:
+            base, fs = args.path, None
+        path = os.path.join(base, f"lmcache-fx-bench-{os.getpid()}")
+        os.makedirs(path, exist_ok=True)
+        stack.callback(shutil.rmtree, path, True)
+        if not args.quiet:
+            sys.stderr.write(f"bench: {n_chunks} chunks of {geo.chunk_bytes / MIB:.2f} MiB under {path}\n")
+        logging.getLogger("lmcache").setLevel(logging.WARNING)
+        cfg = BenchConfig(path=path, geo=geo, n_chunks=n_chunks, reps=args.reps, queue_depth=args.queue_depth,
+                          split_bytes=args.split_bytes, cold=not args.warm, verify=not args.no_verify,
+                          latency=args.latency, concurrency=tuple(_ints(args.concurrency)),
+                          fs_native_workers=args.fs_native_workers)
+        results = run_bench(cfg, names, quiet=args.quiet)
+        if fs:
+            results["machine"]["filesystem"] = fs
+        results["command"] = "lmcache-fx bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"]
+                                                            else sys.argv[1:])
+        results["git_commit"] = _git_commit()
+        if per_chunk_names:
+            results["per_chunk"] = run_per_chunk(cfg, per_chunk_names, args.per_chunk, quiet=args.quiet)
+        if args.sweep:
+            results["sweep"] = run_sweep(path, geo, n_chunks, args.reps, _ints(args.sweep_qd),
+                                         _ints(args.sweep_split, parse_size), results["cold"], args.quiet)
+    print(format_table(results))
+    if "per_chunk" in results:
+        print(format_per_chunk(results["per_chunk"]))
+    if "sweep" in results:
+        print(format_sweep(results["sweep"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.png:
+        why = write_png(results, args.png)
+        if why:
+            sys.stderr.write(f"no chart: {why}\n")
+    bad = [n for n, e in results["readers"].items() if e.get("available") and not e.get("all_ok")]
+    if bad:
+        sys.stderr.write(f"bench: readers with failed or unverified reps: {', '.join(bad)}\n")
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmcache-fx bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return p
+
+
+def main(argv=None) -> int:
+    """`python -m lmcache_fx.tools.bench` is `lmcache-fx bench`."""
+    from ..cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
+
+
+__all__ = ["add_arguments", "run", "main", "build_parser", "check_args", "run_bench", "run_sweep", "run_per_chunk",
+           "format_table", "format_sweep", "format_per_chunk", "write_png", "BenchConfig", "Workload", "Skip", "Geometry", "PRESETS",
+           "ALL_READERS", "READER_CLASSES", "READER_LABELS", "geometry_from_args", "plan_chunks", "median", "ratio",
+           "percentile", "summarize", "parse_size", "machine_info", "lmcache_engine", "readers"]

@@ -1,0 +1,295 @@
+"""LMCache MP-mode L2 adapters as readers: LMCache's C++ filesystem adapter
+`fs_native` (lmcache.lmcache_fs.LMCacheFSClient), its `raw_block` adapter on
+a preallocated file, and lmcache-fx's FxL2Adapter (`fx-l2`), each built by
+LMCache's own factory from the `--l2-adapter` JSON a user writes and driven
+the way MP mode drives it: submit_store_task / submit_lookup_and_lock_task /
+submit_load_task, completions awaited on the adapter's eventfds.
+
+The L1 arena is one huge-page (2 MiB-aligned) buffer shared by these readers,
+passed to the adapter as its L1MemoryDesc (fx registers it for fixed-buffer
+reads): the first half holds the workload's chunks (store sources), the
+second half is where loads land. One rep: store every chunk as one task,
+wait, drop the page cache, lookup-and-lock, load every chunk as one task
+(timed: tier GB/s, process CPU s/GB), unlock, CRC32C of what landed against
+the source, delete."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import select
+import shutil
+import time
+from typing import Optional
+
+from ..models import GB, MIB
+from .readers import Reader
+from .workload import Skip, cpu_seconds, crc_of, percentile
+
+BENCH_MODEL = "lmcache-fx-bench"
+
+
+def l1_arena(w) -> tuple:
+    """(HostBuffer, uint8 tensor over it) of 2 x the workload's bytes, made
+    once per workload and shared by every L2 reader; sources filled in."""
+    if getattr(w, "_l1", None) is None:
+        import torch
+
+        from ... import _fxio
+
+        buf = _fxio.HostBuffer(2 * w.nbytes, hugepages=True)
+        t = torch.frombuffer(memoryview(buf), dtype=torch.uint8)
+        t[: w.nbytes].copy_(w.src.contiguous().view(-1).view(torch.uint8))
+        w._l1 = (buf, t)
+    return w._l1
+
+
+def _wait_fd(fd: int, timeout: float) -> bool:
+    from lmcache.v1.platform import consume_fd
+
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    if p.poll(timeout * 1000):
+        consume_fd(fd)
+        return True
+    return False
+
+
+class L2Reader(Reader):
+    spec_type = ""
+
+    def adapter_spec(self) -> dict:
+        raise NotImplementedError
+
+    def check_available(self) -> None:
+        pass
+
+    def open(self, stack):
+        try:
+            from lmcache.v1.distributed.internal_api import L1MemoryDesc
+            from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+            from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
+        except Exception as e:
+            raise Skip(f"this LMCache has no MP-mode L2 adapter API ({type(e).__name__}: {e})") from None
+        self.check_available()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir, exist_ok=True)
+        buf, self.t = l1_arena(self.w)
+        self.spec = self.adapter_spec()
+        cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(self.spec)])).adapters[0]
+        desc = L1MemoryDesc(ptr=buf.address, size=2 * self.w.nbytes, align_bytes=4096)
+        self.adapter = create_l2_adapter(cfg, l1_memory_desc=desc)
+        stack.callback(self.adapter.close)
+        cb, n = self.cfg.geo.chunk_bytes, self.cfg.n_chunks
+        self.src_objs = [self._obj(i * cb, cb) for i in range(n)]
+        self.dst_objs = [self._obj((n + i) * cb, cb) for i in range(n)]
+
+    def _obj(self, off: int, nbytes: int):
+        import torch
+        from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+        meta = MemoryObjMetadata(shape=torch.Size([nbytes]), dtype=torch.uint8, address=off, phy_size=nbytes,
+                                 fmt=MemoryFormat.KV_2LTD, ref_count=1)
+        return TensorMemoryObj(raw_data=self.t[off:off + nbytes], metadata=meta, parent_allocator=None)
+
+    def keys(self, rep: int) -> list:
+        from lmcache.v1.distributed.api import ObjectKey
+
+        return [ObjectKey(chunk_hash=hashlib.blake2b(f"{self.name}:{rep}:{i}".encode(), digest_size=16).digest(),
+                          model_name=BENCH_MODEL, kv_rank=0) for i in range(self.cfg.n_chunks)]
+
+    # ------------------------------------------------------------ the three calls, awaited on eventfds
+    def store(self, keys, objs, timeout=300.0) -> bool:
+        a = self.adapter
+        tid = a.submit_store_task(keys, objs)
+        end = time.monotonic() + timeout
+        while True:
+            done = a.pop_completed_store_tasks()
+            if tid in done:
+                return bool(done[tid].is_successful())
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.name}: store task not done after {timeout:.0f} s")
+            _wait_fd(a.get_store_event_fd(), 1.0)
+
+    def lookup_lock(self, keys, timeout=120.0) -> int:
+        from lmcache.v1.distributed.api import MemoryLayoutDesc
+
+        a = self.adapter
+        tid = a.submit_lookup_and_lock_task(keys, {0: MemoryLayoutDesc(shapes=[], dtypes=[])})
+        end = time.monotonic() + timeout
+        while True:
+            bm = a.query_lookup_and_lock_result(tid)
+            if bm is not None:
+                return bm.popcount()
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.name}: lookup task not done after {timeout:.0f} s")
+            _wait_fd(a.get_lookup_and_lock_event_fd(), 1.0)
+
+    def load(self, keys, objs, timeout=300.0) -> int:
+        a = self.adapter
+        tid = a.submit_load_task(keys, objs)
+        end = time.monotonic() + timeout
+        while True:
+            bm = a.query_load_result(tid)
+            if bm is not None:
+                return bm.popcount()
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.name}: load task not done after {timeout:.0f} s")
+            _wait_fd(a.get_load_event_fd(), 1.0)
+
+    def _drop(self, keys) -> None:
+        try:
+            self.adapter.delete(keys)
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------ one rep
+    def run_rep(self, rep: int) -> dict:
+        w, cfg = self.w, self.cfg
+        n, nb = cfg.n_chunks, w.nbytes
+        keys = self.keys(rep)
+        t0 = time.perf_counter()
+        stored = self.store(keys, self.src_objs)
+        store_s = time.perf_counter() - t0
+        if cfg.cold:
+            from ...testing.loopfs import drop_caches
+
+            drop_caches()
+        self.t[nb:].zero_()
+        found = self.lookup_lock(keys)
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        loaded = self.load(keys, self.dst_objs)
+        tier_s = time.perf_counter() - t0
+        cpu = cpu_seconds() - c0
+        try:
+            self.adapter.submit_unlock(keys)
+        except Exception:
+            pass
+        out = {"rep": rep, "store_s": store_s, "store_ok": stored, "found": found, "tier_s": tier_s,
+               "tier_bytes": loaded * cfg.geo.chunk_bytes, "chunks": loaded, "tokens": loaded * cfg.geo.chunk,
+               "cpu_s": cpu}
+        if cfg.verify:
+            out["crc_ok"] = crc_of(self.t[nb:]) == w.src_crc
+        ok = stored and loaded == n and out.get("crc_ok", True)
+        out["ok"] = ok
+        gb = nb / GB
+        out["store_gbps"] = gb / store_s if stored else None
+        out["store_us_per_chunk"] = store_s / n * 1e6 if stored else None
+        out["retrieve_gbps"] = None  # no LMCacheEngine in front of an L2 adapter here
+        out["tier_read_gbps"] = gb / tier_s if ok else None
+        out["tier_us_per_chunk"] = tier_s / n * 1e6 if ok else None
+        out["cpu_s_per_gb"] = None
+        out["tier_cpu_s_per_gb"] = cpu / gb if ok else None
+        self._drop(keys)
+        return out
+
+    # ------------------------------------------------------------ latency
+    def latency(self, conc: int) -> Optional[dict]:
+        """p50/p99 of one-chunk load tasks with `conc` in flight, submitted
+        and collected by one thread as MP mode's prefetch controller does."""
+        keys = self.keys(10_000 + conc)
+        if not self.store(keys, self.src_objs):
+            raise RuntimeError(f"{self.name}: store failed")
+        if self.cfg.cold:
+            from ...testing.loopfs import drop_caches
+
+            drop_caches()
+        self.lookup_lock(keys)
+        n = len(keys)
+        n_req = max(n, 4 * conc)
+        a, fd = self.adapter, self.adapter.get_load_event_fd()
+        pending: dict = {}
+        lat: list[float] = []
+        misses = 0
+        nxt = 0
+        end = time.monotonic() + 600
+        while len(lat) < n_req:
+            while nxt < n_req and len(pending) < conc:
+                i = nxt % n
+                pending[a.submit_load_task([keys[i]], [self.dst_objs[i]])] = time.perf_counter()
+                nxt += 1
+            _wait_fd(fd, 1.0)
+            for tid in list(pending):
+                bm = a.query_load_result(tid)
+                if bm is not None:
+                    lat.append(time.perf_counter() - pending.pop(tid))
+                    misses += 1 - bm.popcount()
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.name}: latency run did not finish")
+        try:
+            a.submit_unlock(keys)
+        except Exception:
+            pass
+        self._drop(keys)
+        return {"requests": len(lat), "chunks_per_request": 1, "misses": misses,
+                "p50_ms": percentile(lat, 50) * 1e3, "p99_ms": percentile(lat, 99) * 1e3}
+
+
+class FsNativeReader(L2Reader):
+    """LMCache's C++ filesystem L2 adapter, configured as its docs advise
+    for speed: use_odirect on, num_workers (4 by default, --fs-native-workers)."""
+
+    name = "fs_native"
+    label = "LMCache fs_native (L2)"
+
+    def check_available(self):
+        try:
+            import lmcache.lmcache_fs  # noqa: F401
+        except Exception as e:
+            raise Skip(f"lmcache.lmcache_fs not importable ({type(e).__name__}: {e})") from None
+
+    def adapter_spec(self):
+        self.label = f"LMCache fs_native (L2, {self.cfg.fs_native_workers} workers)"
+        return {"type": "fs_native", "base_path": self.dir, "num_workers": self.cfg.fs_native_workers,
+                "use_odirect": True}
+
+    def run_rep(self, rep):
+        out = super().run_rep(rep)
+        for de in os.scandir(self.dir):  # delete is asynchronous there: make sure nothing accumulates
+            if de.is_file():
+                try:
+                    os.unlink(de.path)
+                except OSError:
+                    pass
+        return out
+
+
+class FxL2Reader(L2Reader):
+    """lmcache-fx's FxL2Adapter as LMCache's plugin adapter type, defaults
+    (io_uring, verify on) but for queue_depth / split_bytes from the command line."""
+
+    name = "fx-l2"
+    label = "lmcache-fx FxL2Adapter (L2)"
+
+    def adapter_spec(self):
+        return {"type": "plugin", "module_path": "lmcache_fx.l2_adapter", "class_name": "FxL2Adapter",
+                "adapter_params": {"path": self.dir, "io_engine": "io_uring", "queue_depth": self.cfg.queue_depth,
+                                   "split_bytes": self.cfg.split_bytes,
+                                   "max_capacity_gb": max(1.0, 4 * self.cfg.total_bytes / GB)}}
+
+
+class RawBlockL2Reader(L2Reader):
+    """LMCache's raw_block L2 adapter on a preallocated file on the measured
+    filesystem (its docs: a raw device or a pre-sized file), O_DIRECT,
+    io_engine io_uring, slots of one chunk plus its 4 KiB header."""
+
+    name = "raw_block"
+    label = "LMCache raw_block (L2)"
+
+    def check_available(self):
+        try:
+            import lmcache.v1.distributed.l2_adapters.raw_block_l2_adapter  # noqa: F401
+        except Exception as e:
+            raise Skip(f"raw_block L2 adapter not importable ({type(e).__name__}: {e})") from None
+
+    def adapter_spec(self):
+        slot = (self.cfg.geo.chunk_bytes + 4096 + 4095) // 4096 * 4096
+        meta = 64 * MIB
+        n_slots = 2 * self.cfg.n_chunks + (max(self.cfg.concurrency) if self.cfg.latency else 0) + 2
+        dev = os.path.join(self.dir, "raw.img")
+        size = meta + n_slots * slot + 16 * MIB
+        with open(dev, "wb") as f:
+            f.truncate(size)
+        return {"type": "raw_block", "device_path": dev, "slot_bytes": slot, "use_odirect": True,
+                "io_engine": "io_uring", "meta_total_bytes": meta, "meta_enable_periodic": False}

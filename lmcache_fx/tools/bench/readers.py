@@ -1,0 +1,452 @@
+"""The readers: lmcache-fx and LMCache's own tiers driven through a real
+LMCacheEngine on CPU (store, wait, drop the page cache, retrieve, check),
+and fio as the device's limit. The MP-mode L2 adapters (fs_native, fx-l2,
+raw_block) are in l2.py."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from contextlib import ExitStack, contextmanager
+from typing import Callable, Optional
+
+from ..models import GB, MIB, Geometry
+from .workload import BenchConfig, Skip, Workload, children_cpu_seconds, cpu_seconds, crc_of, percentile
+
+# ------------------------------------------------------------------ LMCache driving
+
+
+def _connector_class():
+    from ...integration.connector import ChunkwiseConnector
+
+    class ContiguousCPUConnector(ChunkwiseConnector):
+        """Moves chunks between LMCache's objects ([kv, layers, tokens, hidden])
+        and one contiguous CPU 'KV cache' tensor of the same layout."""
+
+        def __init__(self, geo: Geometry):
+            import torch
+
+            self.geo = geo
+            self._torch = torch
+
+        def from_gpu(self, memory_obj, start, end, **kw):
+            memory_obj.tensor[:, :, : end - start, :].copy_(kw["kvcaches"][:, :, start:end, :])
+
+        def to_gpu(self, memory_obj, start, end, **kw):
+            kw["kvcaches"][:, :, start:end, :].copy_(memory_obj.tensor[:, :, : end - start, :])
+
+        def get_shape(self, num_tokens):
+            return self._torch.Size([self.geo.kv_size, self.geo.layers, num_tokens, self.geo.hidden])
+
+    return ContiguousCPUConnector
+
+
+@contextmanager
+def lmcache_engine(cfg_dict: dict, geo: Geometry, model: str = "lmcache-fx-bench"):
+    """A real LMCacheEngine on CPU built from the YAML-shaped dict a user writes."""
+    import torch
+    from lmcache.v1.config import LMCacheEngineConfig
+
+    from ...testing.cpu_engine import engine_on_cpu
+
+    cfg = LMCacheEngineConfig.from_dict(cfg_dict)
+    cfg.validate()
+    with engine_on_cpu(cfg, _connector_class()(geo), getattr(torch, geo.dtype), geo.kv_shape(), geo.mla,
+                       geo.chunk, model, prefix="fxbench") as engine:
+        yield engine
+
+
+class TierMeter:
+    """Wraps a backend's blocking get calls: wall time and bytes returned."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.seconds = 0.0
+        self.cpu = 0.0
+        self.nbytes = 0
+        self.calls = 0
+        for name in ("batched_get_blocking", "get_blocking"):
+            orig = getattr(backend, name, None)
+            if orig is not None:
+                setattr(backend, name, self._wrap(orig, batched=name.startswith("batched")))
+
+    def _wrap(self, fn, batched):
+        def timed(*a, **k):
+            c, t = cpu_seconds(), time.perf_counter()
+            out = fn(*a, **k)
+            self.seconds += time.perf_counter() - t
+            self.cpu += cpu_seconds() - c
+            self.calls += 1
+            for o in (out if batched else [out]):
+                if o is not None:
+                    self.nbytes += o.get_size()
+            return out
+
+        return timed
+
+    def reset(self):
+        self.seconds, self.cpu, self.nbytes, self.calls = 0.0, 0.0, 0, 0
+
+
+
+class Reader:
+    name = ""
+    label = ""
+
+    def __init__(self, cfg: BenchConfig, workload: Workload):
+        self.cfg, self.w = cfg, workload
+        self.dir = os.path.join(cfg.path, self.name)
+
+    def open(self, stack: ExitStack) -> None: ...
+
+    def run_rep(self, rep: int) -> dict:
+        raise NotImplementedError
+
+    def latency(self, conc: int) -> Optional[dict]:
+        return None
+
+
+class LMCacheReader(Reader):
+    backend_match: Callable[[str, object], bool]
+
+    def lmcache_config(self) -> dict:
+        raise NotImplementedError
+
+    def open(self, stack):
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir, exist_ok=True)
+        self.engine = stack.enter_context(lmcache_engine(self.lmcache_config(), self.cfg.geo))
+        backends = self.engine.storage_manager.storage_backends
+        found = [b for n, b in backends.items() if self.is_mine(n, b)]
+        if not found:
+            raise Skip(f"LMCache started without this tier (backends: {list(backends)}); see its log above")
+        self.backend = found[0]
+        self.meter = TierMeter(self.backend)
+
+    def is_mine(self, name, backend) -> bool:
+        raise NotImplementedError
+
+    def keys(self, tokens) -> list:
+        return [k for _, _, k in self.engine.token_database.process_tokens(tokens=tokens)]
+
+    def wait_stored(self, keys, timeout=120.0) -> None:
+        end = time.monotonic() + timeout
+        if hasattr(self.backend, "flush"):
+            self.backend.flush(timeout)
+        for k in keys:
+            while self.backend.exists_in_put_tasks(k) or not self.backend.contains(k):
+                if time.monotonic() > end:
+                    raise RuntimeError(f"{self.name}: chunks not on the tier after {timeout:.0f} s")
+                time.sleep(0.002)
+
+    def cleanup(self, keys) -> None:
+        for k in keys:
+            try:
+                self.backend.remove(k)
+            except Exception:
+                pass
+
+    def run_rep(self, rep: int) -> dict:
+        w, cfg = self.w, self.cfg
+        tokens = w.tokens(rep)
+        keys = self.keys(tokens)
+        # store
+        t0 = time.perf_counter()
+        self.engine.store(tokens, kvcaches=w.src, slot_mapping=w.slot_mapping)
+        self.wait_stored(keys)
+        store_s = time.perf_counter() - t0
+        if cfg.cold:
+            from ...testing.loopfs import drop_caches
+
+            drop_caches()
+        # retrieve
+        w.dst.zero_()
+        self.meter.reset()
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        mask = self.engine.retrieve(tokens, kvcaches=w.dst, slot_mapping=w.slot_mapping)
+        ret_s = time.perf_counter() - t0
+        cpu = cpu_seconds() - c0
+        got_tokens = int(mask.sum())
+        out = {
+            "rep": rep,
+            "store_s": store_s,
+            "retrieve_s": ret_s,
+            "tier_s": self.meter.seconds,
+            "tier_bytes": self.meter.nbytes,
+            "tokens": got_tokens,
+            "cpu_s": cpu,
+        }
+        if cfg.verify:
+            out["crc_ok"] = crc_of(w.dst) == w.src_crc
+        ok = got_tokens == w.tokens_n and self.meter.nbytes == w.nbytes and out.get("crc_ok", True)
+        out["ok"] = ok
+        gb = w.nbytes / GB
+        out["store_gbps"] = gb / store_s
+        out["retrieve_gbps"] = gb / ret_s if ok else None
+        out["tier_read_gbps"] = gb / self.meter.seconds if ok and self.meter.seconds > 0 else None
+        out["cpu_s_per_gb"] = cpu / gb if ok else None
+        out["tier_cpu_s_per_gb"] = self.meter.cpu / gb if ok else None
+        out["tier_us_per_chunk"] = self.meter.seconds / w.n_chunks * 1e6 if ok else None
+        out["store_us_per_chunk"] = store_s / w.n_chunks * 1e6
+        self.cleanup(keys)
+        return out
+
+    # -------------------------------------------------------------- latency
+    def latency(self, conc: int) -> Optional[dict]:
+        """p50/p99 of one-chunk requests with `conc` in flight: `conc` threads
+        call the backend's batched_get_blocking([key]) over the stored chunks
+        (cycled, so at least 4 requests per thread; O_DIRECT tiers re-read the
+        device, others after a page-cache drop only the first time)."""
+        w = self.w
+        tokens = w.tokens(10_000 + conc)
+        keys = self.keys(tokens)
+        self.engine.store(tokens, kvcaches=w.src, slot_mapping=w.slot_mapping)
+        self.wait_stored(keys)
+        if self.cfg.cold:
+            from ...testing.loopfs import drop_caches
+
+            drop_caches()
+        n_req = max(len(keys), 4 * conc)
+        reqs = [[keys[i % len(keys)]] for i in range(n_req)]
+        lat: list[float] = []
+        lock = threading.Lock()
+        nxt = iter(reqs)
+        errors = []
+
+        def worker():
+            while True:
+                with lock:
+                    r = next(nxt, None)
+                if r is None:
+                    return
+                t = time.perf_counter()
+                objs = self.backend.batched_get_blocking(r)
+                dt = time.perf_counter() - t
+                if any(o is None for o in objs):
+                    errors.append(r)
+                for o in objs:
+                    if o is not None:
+                        o.ref_count_down()
+                with lock:
+                    lat.append(dt)
+
+        ths = [threading.Thread(target=worker) for _ in range(conc)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        self.cleanup(keys)
+        return {"requests": len(lat), "chunks_per_request": 1, "misses": len(errors),
+                "p50_ms": percentile(lat, 50) * 1e3, "p99_ms": percentile(lat, 99) * 1e3}
+
+
+def _base_config(cfg: BenchConfig) -> dict:
+    return {
+        "chunk_size": cfg.geo.chunk,
+        "local_cpu": False,  # every retrieve reads the tier
+        "max_local_cpu_size": round(cfg.pool_gb, 3),
+        "extra_config": {},
+    }
+
+
+class FxReader(LMCacheReader):
+    name = "fx"
+    label = "lmcache-fx (io_uring)"
+    io_engine = "io_uring"
+
+    def lmcache_config(self):
+        d = _base_config(self.cfg)
+        p = "storage_plugin.fx."
+        d["storage_plugins"] = ["fx"]
+        d["extra_config"] = {
+            p + "module_path": "lmcache_fx.lmcache_plugin",
+            p + "class_name": "FxStorageBackend",
+            p + "path": self.dir,
+            p + "io_engine": self.io_engine,
+            p + "queue_depth": self.cfg.queue_depth,
+            p + "split_bytes": self.cfg.split_bytes,
+            p + "max_capacity_gb": max(1.0, 4 * self.cfg.total_bytes / GB),
+        }
+        return d
+
+    def is_mine(self, name, backend):
+        return name == "fx"
+
+    def open(self, stack):
+        super().open(stack)
+        eng = self.backend.store.engine
+        if eng.kind != self.io_engine:
+            raise Skip(f"engine is {eng.kind}: {eng.fallback_reason}")
+
+
+class FxThreadsReader(FxReader):
+    name = "fx-threads"
+    label = "lmcache-fx (threads)"
+    io_engine = "threads"
+
+
+class FxNoVerifyReader(FxReader):
+    """fx without the CRC32C check on read: what the checksum costs."""
+
+    name = "fx-noverify"
+    label = "lmcache-fx (io_uring, verify off)"
+
+    def lmcache_config(self):
+        d = super().lmcache_config()
+        d["extra_config"]["storage_plugin.fx.verify"] = False
+        return d
+
+
+class LocalDiskReader(LMCacheReader):
+    name = "local_disk"
+    label = "LMCache LocalDiskBackend"
+
+    def lmcache_config(self):
+        d = _base_config(self.cfg)
+        d["local_disk"] = f"file://{self.dir}/"
+        # LMCache 0.5.6's LocalDiskBackend.remove() does not lower current_cache_size,
+        # so every store/remove round uses up capacity for good: room for all rounds.
+        rounds = self.cfg.reps + len(self.cfg.concurrency) + 2
+        d["max_local_disk_size"] = max(1.0, 2 * rounds * self.cfg.total_bytes / (1 << 30))
+        # LMCache docs: use_odirect for disks that support it; disk_io_threads left at its default (4).
+        d["extra_config"] = {"use_odirect": True}
+        return d
+
+    def is_mine(self, name, backend):
+        return type(backend).__name__ == "LocalDiskBackend"
+
+
+class FSConnectorReader(LMCacheReader):
+    name = "fs_connector"
+    label = "LMCache FSConnector"
+
+    def lmcache_config(self):
+        d = _base_config(self.cfg)
+        d["remote_storage_plugins"] = ["fs"]
+        d["remote_serde"] = "naive"
+        d["extra_config"] = {
+            "remote_storage_plugin.fs.base_path": self.dir,
+            # O_DIRECT (the connector's fastest documented mode) needs save_chunk_meta off.
+            "fs_connector_use_odirect": True,
+            "save_chunk_meta": False,
+        }
+        return d
+
+    def is_mine(self, name, backend):
+        return type(backend).__name__ == "RemoteBackend"
+
+    def cleanup(self, keys):
+        super().cleanup(keys)
+        for de in os.scandir(self.dir):
+            if de.is_file():
+                os.unlink(de.path)
+
+
+class RustRawBlockReader(LMCacheReader):
+    name = "rust_raw_block"
+    label = "LMCache RustRawBlockBackend"
+
+    def open(self, stack):
+        try:
+            import lmcache_rust_raw_block_io  # noqa: F401
+        except Exception as e:
+            raise Skip(f"lmcache-rust-raw-block-io not importable ({e}); pip install lmcache-rust-raw-block-io")
+        super().open(stack)
+
+    def lmcache_config(self):
+        d = _base_config(self.cfg)
+        dev = os.path.join(self.dir, "raw.img")
+        cap = 3 * self.cfg.total_bytes + 256 * MIB
+        with open(dev, "wb") as f:
+            f.truncate(cap)
+        p = "storage_plugin.rust_raw_block."
+        d["storage_plugins"] = ["rust_raw_block"]
+        d["extra_config"] = {
+            p + "module_path": "lmcache.v1.storage_backend.plugins.rust_raw_block_backend",
+            p + "class_name": "RustRawBlockBackend",
+            "rust_raw_block.device_path": dev,
+            "rust_raw_block.capacity_bytes": cap,
+            "rust_raw_block.use_odirect": True,
+            "rust_raw_block.io_engine": "io_uring",
+            "rust_raw_block.meta_total_bytes": 64 * MIB,
+        }
+        return d
+
+    def is_mine(self, name, backend):
+        return type(backend).__name__ == "RustRawBlockBackend"
+
+
+class FioReader(Reader):
+    """fio io_uring O_DIRECT on one file of the same total bytes, request
+    size = min(split_bytes, chunk), iodepth = queue_depth."""
+
+    name = "fio"
+    label = "fio io_uring O_DIRECT"
+
+    def open(self, stack):
+        if shutil.which("fio") is None:
+            raise Skip("fio not found (apt-get install fio)")
+        os.makedirs(self.dir, exist_ok=True)
+        self.file = os.path.join(self.dir, "fio.dat")
+        self.bs = min(self.cfg.split_bytes, self.cfg.geo.chunk_bytes)
+        self.size = self.cfg.total_bytes // self.bs * self.bs
+        stack.callback(lambda: os.path.exists(self.file) and os.unlink(self.file))
+
+    def _fio(self, rw: str, bs: int, qd: int, size: int) -> dict:
+        cmd = ["fio", "--name=fxbench", f"--filename={self.file}", f"--rw={rw}", f"--bs={bs}",
+               f"--iodepth={qd}", "--ioengine=io_uring", "--direct=1", f"--size={size}",
+               "--numjobs=1", "--output-format=json", "--invalidate=1"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"fio failed: {r.stderr.strip()[-400:]}")
+        txt = r.stdout[r.stdout.index("{"):]
+        return json.loads(txt)["jobs"][0]
+
+    def run_rep(self, rep: int) -> dict:
+        if os.path.exists(self.file):
+            os.unlink(self.file)
+        t0 = time.perf_counter()
+        wj = self._fio("write", self.bs, self.cfg.queue_depth, self.size)
+        store_s = time.perf_counter() - t0
+        if self.cfg.cold:
+            from ...testing.loopfs import drop_caches
+
+            drop_caches()
+        c0 = children_cpu_seconds()
+        rj = self._fio("read", self.bs, self.cfg.queue_depth, self.size)
+        cpu = children_cpu_seconds() - c0
+        gb = rj["read"]["io_bytes"] / GB
+        return {
+            "rep": rep,
+            "store_gbps": wj["write"]["bw_bytes"] / GB,
+            "store_wall_gbps": self.size / GB / store_s,
+            "tier_read_gbps": rj["read"]["bw_bytes"] / GB,
+            "retrieve_gbps": None,
+            # whole fio process (start-up, buffer setup included) ...
+            "cpu_s_per_gb": cpu / gb if gb else None,
+            # ... and fio's own account of its read job, the figure comparable to a tier read
+            "tier_cpu_s_per_gb": (rj["usr_cpu"] + rj["sys_cpu"]) / 100 * rj["read"]["runtime"] / 1e3 / gb
+            if gb else None,
+            "tier_bytes": rj["read"]["io_bytes"],
+            "ok": rj["read"]["io_bytes"] == self.size,
+        }
+
+    def latency(self, conc: int) -> Optional[dict]:
+        # One request = up to 4 chunks, read at request size bs: approximated by
+        # fio's completion latency of chunk-sized reads at iodepth=conc.
+        if self.cfg.cold:
+            from ...testing.loopfs import drop_caches
+
+            drop_caches()
+        if not os.path.exists(self.file):
+            self._fio("write", self.bs, self.cfg.queue_depth, self.size)
+        bs = self.cfg.geo.chunk_bytes // 4096 * 4096
+        rj = self._fio("read", bs, conc, self.size // bs * bs)
+        pct = rj["read"]["clat_ns"].get("percentile", {})
+        return {"requests": rj["read"]["total_ios"], "chunks_per_request": 1,
+                "p50_ms": pct.get("50.000000", 0) / 1e6, "p99_ms": pct.get("99.000000", 0) / 1e6}
+
+

@@ -1,0 +1,282 @@
+"""Orchestration: the reader registry, one run (every reader opened, reps
+interleaved A B C A B C ..., latency at several requests in flight,
+medians and ratios), and fx's store-level tuning sweep."""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import asdict
+
+from ..models import GB, MIB, Geometry
+from . import l2
+from . import readers as rd
+from .readers import Reader
+from .workload import BenchConfig, Skip, Workload, cpu_seconds, median, ratio, summarize
+
+READER_LIST = [rd.FxReader, rd.FxThreadsReader, rd.FxNoVerifyReader, rd.LocalDiskReader, rd.FSConnectorReader,
+               rd.RustRawBlockReader, l2.FsNativeReader, l2.FxL2Reader, l2.RawBlockL2Reader, rd.FioReader]
+READER_CLASSES = {c.name: c for c in READER_LIST}
+ALL_READERS = [c.name for c in READER_LIST]
+READER_LABELS = {c.name: c.label for c in READER_LIST}
+
+# ------------------------------------------------------------------ the run
+
+
+class Progress:
+    def __init__(self, total: int, quiet: bool = False):
+        self.total, self.done, self.quiet = total, 0, quiet
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def step(self, what: str):
+        self.done += 1
+        if self.quiet:
+            return
+        width = 24
+        k = int(width * self.done / max(1, self.total))
+        line = (f"[{'#' * k}{'.' * (width - k)}] {self.done}/{self.total} "
+                f"{time.perf_counter() - self.t0:5.0f}s  {what}")
+        sys.stderr.write(("\r" + line.ljust(100)) if self.tty else line + "\n")
+        sys.stderr.flush()
+
+    def end(self):
+        if self.tty and not self.quiet:
+            sys.stderr.write("\n")
+
+
+def machine_info(path: str) -> dict:
+    info = {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as f:
+            info["mem_gib"] = round(int(f.readline().split()[1]) / (1 << 20), 1)
+    except OSError:
+        pass
+    try:
+        r = subprocess.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE", "--target", path], capture_output=True,
+                           text=True)
+        info["filesystem"] = r.stdout.strip()
+    except OSError:
+        pass
+    try:
+        import lmcache
+        import torch
+
+        info["lmcache"] = getattr(lmcache, "__version__", "?")
+        info["torch"] = torch.__version__
+    except Exception:
+        pass
+    try:
+        from ... import _fxio
+
+        info["io_uring"] = _fxio.io_uring_status()
+    except Exception:
+        pass
+    return info
+
+
+def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict:
+    from ... import __version__
+    from ...testing.loopfs import drop_caches
+
+    asked_warm = not cfg.cold
+    if cfg.cold and not drop_caches():
+        cfg.cold = False
+    w = Workload(cfg.geo, cfg.n_chunks)
+    results: dict = {
+        "version": __version__,
+        "cold": cfg.cold,
+        "cache_note": "page cache dropped before every read (cold)" if cfg.cold else
+        "page cache not dropped (--warm): results are WARM" if asked_warm else
+        "page cache could NOT be dropped (not root): results are WARM",
+        "config_fs_native_workers": cfg.fs_native_workers,
+        "config": {
+            "path": cfg.path, "geometry": asdict(cfg.geo), "chunk_bytes": cfg.geo.chunk_bytes,
+            "bytes_per_token": cfg.geo.bytes_per_token, "n_chunks": cfg.n_chunks,
+            "total_bytes": cfg.total_bytes, "reps": cfg.reps, "queue_depth": cfg.queue_depth,
+            "split_bytes": cfg.split_bytes,
+        },
+        "machine": {**machine_info(cfg.path), "loadavg_start": list(os.getloadavg())},
+        "readers": {},
+    }
+    with ExitStack() as stack:
+        live: list[Reader] = []
+        for name in readers:
+            r = READER_CLASSES[name](cfg, w)
+            entry = results["readers"][name] = {"label": READER_LABELS[name], "reps": []}
+            if not quiet:
+                sys.stderr.write(f"starting {READER_LABELS[name]} ...\n")
+            try:
+                r.open(stack)
+                live.append(r)
+                entry["available"] = True
+                entry["label"] = r.label  # a reader may name its settings once open
+            except Skip as e:
+                entry.update(available=False, skip_reason=str(e))
+            except Exception as e:  # a peer that fails to start is reported, not fatal
+                entry.update(available=False, skip_reason=f"{type(e).__name__}: {e}")
+        lat_steps = len(live) * len(cfg.concurrency) if cfg.latency else 0
+        prog = Progress(cfg.reps * len(live) + lat_steps, quiet)
+        for rep in range(cfg.reps):
+            for r in live:  # interleaved: A B C A B C ...
+                entry = results["readers"][r.name]
+                try:
+                    res = r.run_rep(rep)
+                except Exception as e:
+                    res = {"rep": rep, "ok": False, "error": f"{type(e).__name__}: {e}"}
+                entry["reps"].append(res)
+                tr = res.get("tier_read_gbps")
+                prog.step(f"{r.name} rep {rep + 1}: " + (f"{tr:.2f} GB/s" if tr else res.get("error", "FAILED")))
+        if cfg.latency:
+            for conc in cfg.concurrency:
+                for r in live:
+                    try:
+                        lat = r.latency(conc)
+                    except Exception as e:
+                        lat = {"error": f"{type(e).__name__}: {e}"}
+                    results["readers"][r.name].setdefault("latency", {})[str(conc)] = lat
+                    prog.step(f"{r.name} latency @{conc}")
+        prog.end()
+    fio = results["readers"].get("fio", {})
+    fio_med = summarize(fio.get("reps", [])) if fio.get("available") else {}
+    for name, e in results["readers"].items():
+        if not e.get("available"):
+            continue
+        e["median"] = summarize(e["reps"])
+        e["all_ok"] = all(r.get("ok") for r in e["reps"])
+        e["ratio_to_fio"] = ratio(e["median"]["tier_read_gbps"], fio_med.get("tier_read_gbps"))
+        e["cpu_ratio_to_fio"] = ratio(e["median"]["tier_cpu_s_per_gb"], fio_med.get("tier_cpu_s_per_gb"))
+    results["machine"]["loadavg_end"] = list(os.getloadavg())  # other work on the host during the run
+    results["best_peer"] = best_peer(results)
+    bp = results["best_peer"]
+    for name, e in results["readers"].items():
+        if e.get("available") and is_fx(name):
+            m = e["median"]
+            e["ratio_to_best_peer"] = {
+                "tier_read": ratio(m["tier_read_gbps"], (bp.get("tier_read_gbps") or {}).get("value")),
+                "store": ratio(m["store_gbps"], (bp.get("store_gbps") or {}).get("value")),
+                "tier_cpu": ratio(m["tier_cpu_s_per_gb"], (bp.get("tier_cpu_s_per_gb") or {}).get("value")),
+            }
+    return results
+
+
+def is_fx(name: str) -> bool:
+    return name.startswith("fx")
+
+
+def best_peer(results: dict) -> dict:
+    """Among the readers that are neither lmcache-fx nor fio: the highest
+    median tier read and store GB/s and the lowest tier CPU s/GB, with who."""
+    out = {}
+    peers = [(n, e["median"]) for n, e in results["readers"].items()
+             if e.get("available") and e.get("all_ok") and not is_fx(n) and n != "fio"]
+    for metric, better in (("tier_read_gbps", max), ("store_gbps", max), ("tier_cpu_s_per_gb", min)):
+        vals = [(m[metric], n) for n, m in peers if m.get(metric) is not None]
+        if vals:
+            v, n = better(vals)
+            out[metric] = {"reader": n, "value": v}
+    return out
+
+
+# ------------------------------------------------------------------ tuning sweep (store level)
+
+
+def run_sweep(path: str, geo: Geometry, n_chunks: int, reps: int, qds, splits, cold: bool,
+              quiet: bool = False) -> dict:
+    """GB/s of lmcache-fx's store read path (no LMCache engine) against
+    queue_depth (at split 1 MiB) and split_bytes (at queue_depth 32), into a
+    huge-page, registered destination like the plugin's pool."""
+    from ... import _fxio
+    from ...core.chunkfile import ChunkMeta
+    from ...core.options import FxOptions
+    from ...core.store import ChunkStore
+    from ...testing.loopfs import drop_caches
+
+    d = os.path.join(path, "sweep")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    cb = geo.chunk_bytes
+    src = _fxio.HostBuffer(cb, hugepages=True)
+    memoryview(src)[:] = os.urandom(cb)
+    meta = ChunkMeta(((geo.kv_size, geo.layers, geo.chunk, geo.hidden),), (geo.dtype,), "KV_2LTD")
+    keys = [f"sweep@{i}" for i in range(n_chunks)]
+    w = ChunkStore(FxOptions(path=d, io_engine="io_uring", max_capacity_gb=1e6))
+    ok = w.write([(k, src.address, cb, meta) for k in keys])
+    assert all(ok), "sweep: writes failed"
+    w.close()
+    dst = _fxio.HostBuffer(n_chunks * cb, hugepages=True)
+    _fxio.advise_hugepages(dst.address, n_chunks * cb)
+    points = [("queue_depth", qd, qd, MIB) for qd in qds] + [("split_bytes", sb, 32, sb) for sb in splits]
+    order = [(p, rep) for rep in range(reps) for p in points]  # interleaved
+    raw: dict = {}
+    prog = Progress(len(order), quiet)
+    for (what, val, qd, sb), rep in order:
+        eng = _fxio.Engine("io_uring", qd, sb)
+        eng.register_buffer(dst.address, n_chunks * cb)
+        s = ChunkStore(FxOptions(path=d, io_engine="io_uring", queue_depth=qd, split_bytes=sb,
+                                 max_capacity_gb=1e6), engine=eng)
+        slot = iter(range(n_chunks))
+        if cold:
+            drop_caches()
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        out = s.read(keys, lambda m: (lambda i: (i, dst.address + i * cb, cb))(next(slot)), lambda h: None)
+        dt = time.perf_counter() - t0
+        cpu = cpu_seconds() - c0
+        s.close()
+        good = sum(1 for o in out if o is not None) == n_chunks
+        gb = n_chunks * cb / GB
+        raw.setdefault(f"{what}={val}", []).append({"gbps": gb / dt if good else None, "cpu_s_per_gb": cpu / gb})
+        prog.step(f"sweep {what}={val}")
+    prog.end()
+    shutil.rmtree(d, ignore_errors=True)
+
+    def curve(what, vals):
+        return [{"value": v, "gbps": median([x["gbps"] for x in raw[f"{what}={v}"]]),
+                 "cpu_s_per_gb": median([x["cpu_s_per_gb"] for x in raw[f"{what}={v}"]])} for v in vals]
+
+    return {"chunk_bytes": cb, "n_chunks": n_chunks, "reps": reps, "cold": cold,
+            "queue_depth": curve("queue_depth", qds), "split_bytes": curve("split_bytes", splits)}
+
+
+
+# ------------------------------------------------------------------ cost per chunk
+
+
+PER_CHUNK_GEOMETRY = Geometry(layers=1, kv_heads=1, head_dim=64, chunk=16)  # 4 KiB chunks
+
+
+def run_per_chunk(cfg: BenchConfig, readers: list[str], n_chunks: int, quiet: bool = False) -> dict:
+    """The fixed cost of a chunk: n_chunks chunks of 4 KiB through each
+    reader (same method as the main run), µs per chunk of the tier read and
+    of the store, medians of cfg.reps."""
+    d = os.path.join(cfg.path, "per-chunk")
+    os.makedirs(d, exist_ok=True)
+    sub = BenchConfig(path=d, geo=PER_CHUNK_GEOMETRY, n_chunks=n_chunks, reps=cfg.reps,
+                      queue_depth=cfg.queue_depth, split_bytes=cfg.split_bytes, cold=cfg.cold, verify=cfg.verify,
+                      latency=False, fs_native_workers=cfg.fs_native_workers)
+    res = run_bench(sub, readers, quiet=quiet)
+    shutil.rmtree(d, ignore_errors=True)
+    out = {"chunk_bytes": PER_CHUNK_GEOMETRY.chunk_bytes, "n_chunks": n_chunks, "reps": cfg.reps,
+           "cold": res["cold"], "readers": {}}
+    for name, e in res["readers"].items():
+        if not e.get("available"):
+            out["readers"][name] = {"label": e["label"], "available": False, "skip_reason": e.get("skip_reason")}
+            continue
+        m = e["median"]
+        out["readers"][name] = {"label": e["label"], "available": True, "all_ok": e["all_ok"],
+                                "tier_us_per_chunk": m["tier_us_per_chunk"],
+                                "store_us_per_chunk": m["store_us_per_chunk"],
+                                "tier_cpu_us_per_chunk": (m["tier_cpu_s_per_gb"] * PER_CHUNK_GEOMETRY.chunk_bytes
+                                                          / GB * 1e6) if m["tier_cpu_s_per_gb"] is not None
+                                else None,
+                                "reps": e["reps"]}
+    return out

@@ -1,0 +1,144 @@
+"""What every part of the bench shares: the geometry from the command line,
+the workload (source KV of random bytes and a destination), the run's
+configuration, CPU clocks and the statistics (medians, ratios, percentiles)."""
+from __future__ import annotations
+
+import resource
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from ..models import GB, MIB, PRESETS, Geometry
+
+DEFAULT_PRESET = "qwen2.5-32b"
+
+
+def geometry_from_args(args) -> Geometry:
+    base = PRESETS[args.preset] if args.preset else PRESETS[DEFAULT_PRESET]
+    over = {k: getattr(args, k) for k in ("layers", "kv_heads", "head_dim", "dtype", "chunk")
+            if getattr(args, k, None) is not None}
+    if getattr(args, "mla", False):
+        over["mla"] = True
+    return Geometry(**{**asdict(base), **over})
+
+
+def plan_chunks(geo: Geometry, total_bytes: int) -> int:
+    """Whole chunks that fit in total_bytes (at least 1)."""
+    return max(1, total_bytes // geo.chunk_bytes)
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def median(xs) -> Optional[float]:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def ratio(a, b) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def percentile(xs, p: float) -> Optional[float]:
+    """Nearest-rank percentile (p in 0..100)."""
+    xs = sorted(xs)
+    if not xs:
+        return None
+    k = max(0, min(len(xs) - 1, int(-(-p * len(xs) // 100)) - 1))
+    return xs[k]
+
+
+METRICS = ("tier_read_gbps", "retrieve_gbps", "store_gbps", "cpu_s_per_gb", "tier_cpu_s_per_gb",
+           "tier_us_per_chunk", "store_us_per_chunk")
+
+
+def summarize(reps: list[dict]) -> dict:
+    return {m: median([r.get(m) for r in reps]) for m in METRICS}
+
+
+# ------------------------------------------------------------------ clocks
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process, all threads (microsecond resolution)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def children_cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+# ------------------------------------------------------------------ the workload
+
+
+class Workload:
+    """Source KV [kv_size, layers, tokens, hidden] of random bytes, and a
+    destination of the same shape."""
+
+    def __init__(self, geo: Geometry, n_chunks: int, seed: int = 1234):
+        import torch
+
+        self.geo, self.n_chunks = geo, n_chunks
+        self.tokens_n = n_chunks * geo.chunk
+        self.nbytes = n_chunks * geo.chunk_bytes
+        g = torch.Generator().manual_seed(seed)
+        raw = torch.randint(0, 256, (self.nbytes,), dtype=torch.uint8, generator=g)
+        dt = getattr(torch, geo.dtype)
+        shape = (geo.kv_size, geo.layers, self.tokens_n, geo.hidden)
+        self.src = raw.view(dt).view(shape)
+        self.dst = torch.zeros_like(self.src)
+        self.slot_mapping = torch.arange(self.tokens_n, dtype=torch.long)
+        self.src_crc = crc_of(self.src)
+
+    def tokens(self, rep: int):
+        import torch
+
+        # Distinct first token per rep -> distinct keys for every chunk.
+        return (torch.arange(self.tokens_n, dtype=torch.long) * 7 + 1000 * rep + 1) % 100_000
+
+
+def crc_of(t) -> int:
+    from ... import _fxio
+
+    return _fxio.crc32c(t.contiguous().view(-1).view(__import__("torch").uint8).numpy())
+
+
+# ------------------------------------------------------------------ configuration
+
+
+class Skip(Exception):
+    """A reader that cannot run here; the message says why."""
+
+
+@dataclass
+class BenchConfig:
+    path: str
+    geo: Geometry
+    n_chunks: int
+    reps: int = 3
+    queue_depth: int = 32
+    split_bytes: int = MIB
+    cold: bool = True
+    verify: bool = True
+    latency: bool = False
+    concurrency: tuple = (1, 4, 16)
+    fs_native_workers: int = 8
+
+    @property
+    def total_bytes(self) -> int:
+        return self.n_chunks * self.geo.chunk_bytes
+
+    @property
+    def pool_gb(self) -> float:
+        # A retrieve allocates all its chunks at once; the store holds them
+        # until written. Room for all of them plus two.
+        n = max(self.n_chunks, max(self.concurrency) if self.latency else 0) + 2
+        return n * self.geo.chunk_bytes / (1 << 30) + 0.01
+
+
+__all__ = ["GB", "MIB", "BenchConfig", "Skip", "Workload", "crc_of", "cpu_seconds", "children_cpu_seconds",
+           "geometry_from_args", "plan_chunks", "median", "ratio", "percentile", "summarize", "METRICS"]
