@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "fxio.h"
@@ -115,9 +116,25 @@ int fx_piece_needs_bounce(const fx_piece *p)
                           is_aligned(p->length));
 }
 
+int fx_fd_in_memory(int fd, uint64_t dev, uint64_t *last_dev, int *last_mem)
+{
+    struct statfs sf;
+
+    if (*last_dev == dev && *last_mem >= 0)
+        return *last_mem;
+    *last_dev = dev;
+    *last_mem = fstatfs(fd, &sf) == 0 &&
+                ((unsigned long)sf.f_type == 0x01021994ul /* TMPFS_MAGIC */ ||
+                 (unsigned long)sf.f_type == 0x858458f6ul /* RAMFS_MAGIC */ ||
+                 (unsigned long)sf.f_type == 0x958458f6ul /* HUGETLBFS_MAGIC */);
+    return *last_mem;
+}
+
 int fx_batch_prepare(fx_batch *b, uint64_t split)
 {
     size_t n = 0, i, k = 0;
+    uint64_t last_dev = 0;
+    int last_mem = -1;
 
     b->pieces = NULL;
     b->npieces = 0;
@@ -129,6 +146,8 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
     for (i = 0; i < b->nops; i++) {
         uint64_t len = b->ops[i].length;
         n += len ? (len + split - 1) / split + 1 : 0;
+        if (b->hdrs && b->hdrs[i])
+            n++; /* a header-only piece when it cannot ride with the first */
     }
     b->pieces = malloc((n ? n : 1) * sizeof(*b->pieces));
     if (!b->pieces) {
@@ -139,29 +158,77 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
     for (i = 0; i < b->nops; i++) {
         const fx_op *op = &b->ops[i];
         struct stat st;
-        int direct = 0, fl;
+        int direct = 0, fl, mem;
         uint64_t pos = 0;
+
+        char *hdr = b->hdrs && !b->write ? b->hdrs[i] : NULL;
 
         b->res[i].result = 0;
         b->res[i].crc = 0;
-        if (op->length == 0)
+        if (b->hdr_res)
+            b->hdr_res[i] = hdr ? -EINPROGRESS : 0;
+        if (op->length == 0 && !hdr)
             continue;
+        if (b->fds_known) {
+            direct = (b->fds_known & FX_FDS_DIRECT) != 0;
+            mem = !direct || (b->fds_known & FX_FDS_MEM);
+            goto checked;
+        }
         fl = fcntl(op->fd, F_GETFL);
         if (fl < 0) {
             b->prog[i].err = errno; /* bad descriptor: the op fails, others go on */
+            if (hdr)
+                b->hdr_res[i] = -errno;
             continue;
         }
         /* Positioned I/O only: a pipe or socket would block io_uring forever. */
         if (fstat(op->fd, &st) < 0) {
             b->prog[i].err = errno;
+            if (hdr)
+                b->hdr_res[i] = -errno;
             continue;
         }
         if (!(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
             b->prog[i].err = S_ISDIR(st.st_mode) ? EISDIR : ESPIPE;
+            if (hdr)
+                b->hdr_res[i] = -b->prog[i].err;
             continue;
         }
         direct = (fl & O_DIRECT) != 0;
+        mem = !b->write && (!direct || fx_fd_in_memory(op->fd, (uint64_t)st.st_dev, &last_dev,
+                                                       &last_mem));
+    checked:
+        mem = mem && !b->write;
+        if (hdr && op->offset < FX_HDR_SIZE) {
+            b->prog[i].err = EINVAL;
+            b->hdr_res[i] = -EINVAL;
+            continue;
+        }
         b->prog[i].first = (uint32_t)k;
+        if (hdr) {
+            /* The header rides with the first piece in one vectored read,
+             * unless that piece must be bounced (or there is none). */
+            fx_piece probe = {.direct = direct, .offset = op->offset, .buf = op->buf};
+            uint64_t first = op->length > split ? split : op->length;
+
+            if (direct && first > FX_DIO_ALIGN && !is_aligned(first))
+                first &= ~(uint64_t)(FX_DIO_ALIGN - 1);
+            probe.length = first;
+            if (op->length == 0 || fx_piece_needs_bounce(&probe) ||
+                (direct && !is_aligned((uintptr_t)hdr))) {
+                fx_piece *p = &b->pieces[k++];
+                memset(p, 0, sizeof(*p));
+                p->op = (uint32_t)i;
+                p->direct = direct;
+                p->offset = op->offset;
+                p->buf = p->start = op->buf;
+                p->hdr = hdr;
+                p->mem = mem;
+                b->prog[i].pending++;
+                b->prog[i].count++;
+                hdr = NULL;
+            }
+        }
         while (pos < op->length) {
             uint64_t len = op->length - pos;
             fx_piece *p;
@@ -179,6 +246,9 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
             p->done = 0;
             p->crc = 0;
             p->retries = 0;
+            p->hdr = hdr;
+            p->mem = mem;
+            hdr = NULL;
             b->prog[i].pending++;
             b->prog[i].count++;
             pos += len;
@@ -197,7 +267,17 @@ void fx_batch_fail_all(fx_batch *b, int err)
         if (b->prog[i].pending) {
             b->prog[i].pending = 0;
             b->res[i].result = -err;
+            if (b->hdr_res && b->hdr_res[i] == -EINPROGRESS)
+                b->hdr_res[i] = -err;
         }
+}
+
+void fx_piece_header_done(const fx_batch *b, fx_piece *p, int64_t res)
+{
+    if (p->hdr) {
+        b->hdr_res[p->op] = res;
+        p->hdr = NULL;
+    }
 }
 
 void fx_batch_release(fx_batch *b)
@@ -219,6 +299,8 @@ int fx_piece_finish(fx_batch *b, fx_piece *p, int64_t res)
 {
     fx_progress *pr = &b->prog[p->op];
 
+    /* A header never read in: the error (abort, fork), or -EIO. */
+    fx_piece_header_done(b, p, res < 0 ? res : -EIO);
     p->done = res > 0 ? (uint64_t)res : 0;
     if (res < 0) {
         if (!pr->err)
@@ -278,8 +360,16 @@ int64_t fx_short_keep(int write, int direct, int fd, uint64_t pos, uint64_t got)
     return (int64_t)(got & ~(uint64_t)(FX_DIO_ALIGN - 1));
 }
 
-/* pread/pwrite with the fault points. */
-static ssize_t rw_once(int write, int fd, char *buf, uint64_t len, uint64_t off)
+int fx_hdr_at_eof(int fd, uint64_t pos, uint64_t got)
+{
+    uint64_t size;
+
+    return fd_size(fd, &size) == 0 && pos + got >= size;
+}
+
+/* pread/pwrite with the fault points; a header ahead (fused piece): preadv
+ * of the header then the piece's bytes. */
+static ssize_t rw_once_hdr(int write, int fd, char *hdr, char *buf, uint64_t len, uint64_t off)
 {
     ssize_t r;
     long k;
@@ -294,10 +384,20 @@ static ssize_t rw_once(int write, int fd, char *buf, uint64_t len, uint64_t off)
             return -1;
         }
     }
-    r = write ? pwrite(fd, buf, len, (off_t)off) : pread(fd, buf, len, (off_t)off);
+    if (hdr) {
+        struct iovec iov[2] = {{hdr, FX_HDR_SIZE}, {buf, len}};
+        r = preadv(fd, iov, len ? 2 : 1, (off_t)(off - FX_HDR_SIZE));
+    } else {
+        r = write ? pwrite(fd, buf, len, (off_t)off) : pread(fd, buf, len, (off_t)off);
+    }
     if (__builtin_expect(fx_fault_on, 0) && r > 0 && !write && (k = fx_fault_hit(FX_FAULT_SHORT)))
         r = (ssize_t)fx_fault_short(r, k);
     return r;
+}
+
+static ssize_t rw_once(int write, int fd, char *buf, uint64_t len, uint64_t off)
+{
+    return rw_once_hdr(write, fd, NULL, buf, len, off);
 }
 
 /* Transfers the whole range. EINTR, EAGAIN and short transfers are retried up
@@ -373,10 +473,53 @@ static int64_t run_bounced(int write, int fd, const fx_piece *p)
     return r;
 }
 
+/* A fused piece: header and the piece's bytes in one preadv, then whatever
+ * is left of the piece as a plain read. Sets the header's result. */
+static int64_t run_fused(const fx_batch *b, fx_piece *p, int fd)
+{
+    unsigned retries = 0;
+
+    for (;;) {
+        ssize_t r = rw_once_hdr(0, fd, p->hdr, p->buf, p->length, p->offset);
+        uint64_t got;
+        int64_t keep, rest;
+
+        if (r < 0) {
+            if ((errno == EINTR || errno == EAGAIN) && retries++ < FX_RETRY_MAX)
+                continue;
+            fx_piece_header_done(b, p, -errno);
+            return -errno;
+        }
+        if (r < (ssize_t)FX_HDR_SIZE) {
+            if (r == 0 || fx_hdr_at_eof(fd, p->offset - FX_HDR_SIZE, (uint64_t)r)) {
+                fx_piece_header_done(b, p, r); /* the file ends inside its header */
+                return 0;
+            }
+            if (retries++ >= FX_RETRY_MAX) {
+                fx_piece_header_done(b, p, -EIO);
+                return -EIO;
+            }
+            continue; /* read the whole again */
+        }
+        fx_piece_header_done(b, p, FX_HDR_SIZE);
+        got = (uint64_t)r - FX_HDR_SIZE;
+        if (got >= p->length)
+            return (int64_t)p->length;
+        keep = got ? fx_short_keep(0, p->direct, fd, p->offset, got) : 0;
+        if (keep < 0)
+            return (int64_t)got; /* O_DIRECT read that ended at EOF */
+        rest = rw_all(0, p->direct, fd, p->buf + keep, p->length - (uint64_t)keep,
+                      p->offset + (uint64_t)keep);
+        return rest < 0 ? rest : keep + rest;
+    }
+}
+
 int64_t fx_piece_run_sync(const fx_batch *b, fx_piece *p)
 {
     int fd = b->ops[p->op].fd;
 
+    if (p->hdr)
+        return run_fused(b, p, fd);
     if (fx_piece_needs_bounce(p))
         return run_bounced(b->write, fd, p);
     return rw_all(b->write, p->direct, fd, p->buf, p->length, p->offset);

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 /* O_DIRECT alignment used for buffers, offsets and lengths.  4 KiB covers
  * every logical block size seen on NVMe, virtio and loop devices. */
@@ -39,6 +40,15 @@ typedef struct {
     uint64_t done;   /* bytes transferred once finished */
     uint32_t crc;    /* CRC32C of those bytes, when asked for */
     uint32_t retries; /* resubmissions so far (EAGAIN, EINTR, short transfers) */
+    /* A fused piece (read_chunks): FX_HDR_SIZE bytes of the file just before
+     * offset land at hdr, then the piece's own bytes at buf, in one vectored
+     * read. Cleared once the header part is in; length may be 0. */
+    char *hdr;
+    struct iovec iov[2]; /* io_uring: the READV's vector, alive until it completes */
+    /* A read served from memory (a buffered fd: the page cache; or tmpfs,
+     * ramfs): a copy the io_uring engine hands to io-wq workers so copies
+     * run on every core instead of inline in the submitting thread. */
+    int mem;
 } fx_piece;
 
 /* A piece is resubmitted at most this many times after -EAGAIN, -EINTR or a
@@ -63,7 +73,25 @@ typedef struct fx_batch {
     size_t npieces;
     int write;
     int want_crc;
+    /* Optional (NULL: none): per op, where the FX_HDR_SIZE bytes just before
+     * its offset go (NULL: none), read together with the op's first piece;
+     * and per op the header bytes read or -errno. Reads only. */
+    char *const *hdrs;
+    int64_t *hdr_res;
+    /* 0: each op's fd is probed (fcntl, fstat); FX_FDS_BUFFERED or
+     * FX_FDS_DIRECT: the caller vouches that every fd is a regular file
+     * opened without / with O_DIRECT. */
+    int fds_known;
 } fx_batch;
+
+enum { FX_FDS_PROBE = 0, FX_FDS_BUFFERED = 1, FX_FDS_DIRECT = 2, FX_FDS_MEM = 4 /* | with DIRECT */ };
+
+/* Whether the filesystem of fd (device dev) keeps files in memory (tmpfs,
+ * ramfs, hugetlbfs); *last_dev / *last_mem cache the previous answer. */
+int fx_fd_in_memory(int fd, uint64_t dev, uint64_t *last_dev, int *last_mem);
+
+/* Bytes of a chunk file's header (the payload follows at this offset). */
+#define FX_HDR_SIZE 4096u
 
 /* Builds pieces and progress for a batch; returns 0 or -errno. */
 int fx_batch_prepare(fx_batch *b, uint64_t split_bytes);
@@ -88,6 +116,12 @@ int fx_piece_needs_bounce(const fx_piece *p);
 int64_t fx_short_keep(int write, int direct, int fd, uint64_t pos, uint64_t got);
 /* Fails every op of a batch that has not finished with -err. */
 void fx_batch_fail_all(fx_batch *b, int err);
+/* A fused piece's header read returned got bytes (0 < got < FX_HDR_SIZE) at
+ * file offset pos: 1 when that is the end of the file, else 0. */
+int fx_hdr_at_eof(int fd, uint64_t pos, uint64_t got);
+/* Records a fused piece's header result (bytes or -errno) and makes it a
+ * plain piece. */
+void fx_piece_header_done(const fx_batch *b, fx_piece *p, int64_t res);
 
 /* ---- fork safety ----
  * A child handler (pthread_atfork, installed once by fx_fork_guard_init) bumps
@@ -133,12 +167,69 @@ uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len);
 uint32_t fx_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 const char *fx_crc32c_impl(void);
 
+/* ---- chunk files: open, read header + payload, check, close ----
+ * A batch of chunk files <dirfd>/<name> (name relative, no symlink followed
+ * anywhere, no ".." escape): each opened O_RDONLY|O_NOFOLLOW|O_CLOEXEC
+ * [|O_DIRECT], fstat'ed, its 4 KiB header read to scratch + i * FX_HDR_SIZE
+ * and its payload (offset FX_HDR_SIZE, `length` bytes) to dest in one
+ * vectored read, checked, and closed. Status per chunk: 0, -errno, or one of
+ * these (the on-disk format of lmcache_fx/core/chunkfile.py): */
+enum {
+    FX_CHUNK_OK = 0,
+    FX_CHUNK_SHORT = 1,       /* header or payload came back short (see size) */
+    FX_CHUNK_BAD_MAGIC = 2,   /* not an lmcache-fx chunk */
+    FX_CHUNK_BAD_CRC = 3,     /* header CRC32C mismatch */
+    FX_CHUNK_VERSION = 4,     /* a well-formed header of another format version */
+    FX_CHUNK_BAD_HEADER = 5,  /* header size or meta length out of range */
+    FX_CHUNK_LENGTH = 6,      /* payload length differs from the destination's */
+    FX_CHUNK_META = 7,        /* the JSON body differs from the expected bytes */
+    FX_CHUNK_PAYLOAD_CRC = 8, /* payload CRC32C mismatch (verify) */
+    FX_CHUNK_NCODES
+};
+
+typedef struct {
+    int dirfd;
+    const char *name;
+    char *dest;
+    uint64_t length;
+    const char *expect; /* exact JSON body expected, or NULL: not checked */
+    uint32_t expect_len;
+} fx_chunk;
+
+typedef struct {
+    int64_t status;   /* FX_CHUNK_* or -errno */
+    int64_t nbytes;   /* payload bytes read (or -errno) */
+    uint64_t dev, ino; /* fstat of the file opened; 0 when none was */
+    int64_t size;      /* its st_size, or -1 */
+} fx_chunk_result;
+
+typedef int (*fx_run_fn)(void *ctx, fx_batch *b);
+struct fx_pool;
+/* Runs the whole list (in waves bounded by open files); no GIL. Opens run
+ * on up to open_width threads of `openers` when given (a cold open reads
+ * the inode: a wait per file), else on the calling thread. 0 or -errno
+ * (-ENOMEM, -EOWNERDEAD); per-chunk failures are in out. */
+int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int direct, int verify,
+                   uint64_t split, fx_run_fn run, void *ctx, struct fx_pool *openers,
+                   int open_width, fx_chunk_result *out);
+const char *fx_chunk_status_name(int status);
+
 /* ---- thread engine ---- */
 typedef struct fx_pool fx_pool;
 fx_pool *fx_pool_create(int nthreads);
 void fx_pool_destroy(fx_pool *pool);
 int fx_pool_run(fx_pool *pool, fx_batch *b, int queue_depth);
 int fx_pool_nthreads(const fx_pool *pool);
+/* Runs fn(ctx, i) for i in 0..n-1 on up to width of the pool's threads and
+ * waits for all; 0, or -EOWNERDEAD in a forked child (nothing run). */
+typedef void (*fx_task_fn)(void *ctx, size_t i);
+int fx_pool_parallel(fx_pool *pool, size_t n, fx_task_fn fn, void *ctx, int width);
+/* The same, started in the background: NULL when nothing was started (n is
+ * 0, a forked child, no memory: then run the tasks yourself). Every started
+ * group must be waited for with fx_tasks_wait (which frees it). */
+typedef struct fx_tasks fx_tasks;
+fx_tasks *fx_pool_spawn(fx_pool *pool, size_t n, fx_task_fn fn, void *ctx, int width);
+void fx_tasks_wait(fx_pool *pool, fx_tasks *t);
 
 /* ---- io_uring engine ---- */
 typedef struct fx_uring fx_uring;

@@ -1,25 +1,30 @@
-/* GPU staging and DMA without GDS (issue 6).
+/* GPU staging and DMA without GDS.
  *
  * A GpuStaging object owns a staging pool: anonymous memory, 2 MiB-aligned with
  * MADV_HUGEPAGE, cut into slots, registered as io_uring fixed buffers on the
  * pool's own ring (silently skipped when the kernel refuses) and page-locked
  * through the GPU driver found at run time with dlopen (libcuda.so.1, or
  * ROCm's libamdhip64.so; LMCACHE_FX_GPU_DRIVER=/path/lib.so selects another
- * library exporting the CUDA driver names, e.g. the tests' stand-in).
+ * library exporting the CUDA driver names, e.g. the tests' stand-in). Binding
+ * fills one function table (gpu_ops) for CUDA or HIP; every driver call goes
+ * through it.
  *
  * read(ops) pipelines NVMe -> GPU: each op (fd, offset, length, device_ptr) is
  * cut into pieces of at most slot_bytes; a piece is read into a free slot; when
  * the read lands, an async host-to-device copy from the slot to its place in
  * GPU memory is put on the pool's stream and an event recorded after it, while
  * later reads go on. A slot is read into again only after its event completed.
- * The first error stops new reads and copies (cancel_on_error, the default;
- * otherwise a read error ends only its op), every read in flight is reaped and
- * every copy waited for before the call returns. The GIL is released.
+ * With crc, each piece is checksummed in its slot (the copy only reads it) and
+ * the CRCs combined per op. The first error stops new reads and copies
+ * (cancel_on_error, the default; otherwise a read error ends only its op),
+ * every read in flight is reaped -- whatever the waits return -- and every copy
+ * waited for before the call returns. The GIL is released.
  *
- * Why a private ring rather than one borrowed with fx_uring_take: the engine's
- * rings usually carry LMCache's pool as their fixed buffers (the plugin
- * registers it), and a ring holds one buffer table, so the staging slots could
- * not be registered there (EBUSY) and would be re-pinned on every read.
+ * Why a private ring rather than the engine's: the engine's rings usually
+ * carry LMCache's pool as their fixed buffers (the plugin registers it), and a
+ * ring holds one buffer table, so the staging slots could not be registered
+ * there (EBUSY) and would be re-pinned on every read; and the engines offer no
+ * submit/reap API yet (docs/gpu.md, "Sharing the engine's rings").
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -55,59 +60,209 @@
 
 /* ------------------------------------------------------------- the driver */
 
-enum { API_NONE = 0, API_CUDA = 1, API_HIP = 2 };
+/* The raw entry points of the library found (CUDA driver API or HIP runtime). */
+typedef struct {
+    int (*Init)(unsigned);
+    int (*DeviceGetCount)(int *);
+    int (*DeviceGet)(int *, int);
+    int (*DevicePrimaryCtxRetain)(void **, int);
+    int (*DevicePrimaryCtxRelease)(int);
+    int (*CtxSetCurrent)(void *);
+    int (*CtxGetCurrent)(void **);
+    int (*MemHostRegister)(void *, size_t, unsigned);
+    int (*MemHostUnregister)(void *);
+    int (*MemcpyHtoDAsync)(unsigned long long, const void *, size_t, void *);
+    int (*StreamCreate)(void **, unsigned);
+    int (*StreamDestroy)(void *);
+    int (*StreamSynchronize)(void *);
+    int (*EventCreate)(void **, unsigned);
+    int (*EventRecord)(void *, void *);
+    int (*EventQuery)(void *);
+    int (*EventSynchronize)(void *);
+    int (*EventDestroy)(void *);
+    int (*StreamWaitEvent)(void *, void *, unsigned);
+    int (*GetErrorName)(int, const char **);  /* optional */
+    int (*DeviceGetPCIBusId)(char *, int, int); /* optional */
+} cuda_syms;
 
 typedef struct {
-    int api;
+    int (*Init)(unsigned);
+    int (*GetDeviceCount)(int *);
+    int (*SetDevice)(int);
+    int (*GetDevice)(int *);
+    int (*HostRegister)(void *, size_t, unsigned);
+    int (*HostUnregister)(void *);
+    int (*MemcpyHtoDAsync)(void *, void *, size_t, void *);
+    int (*StreamCreateWithFlags)(void **, unsigned);
+    int (*StreamDestroy)(void *);
+    int (*StreamSynchronize)(void *);
+    int (*EventCreateWithFlags)(void **, unsigned);
+    int (*EventRecord)(void *, void *);
+    int (*EventQuery)(void *);
+    int (*EventSynchronize)(void *);
+    int (*EventDestroy)(void *);
+    int (*StreamWaitEvent)(void *, void *, unsigned);
+    const char *(*GetErrorName)(int);           /* optional */
+    int (*DeviceGetPCIBusId)(char *, int, int); /* optional */
+} hip_syms;
+
+/* The current device of a thread, saved by ctx_enter and put back by ctx_leave. */
+typedef struct {
+    void *ctx;
+    int dev;
+} saved_ctx;
+
+/* What the pipeline needs of a GPU driver: one table per API, chosen once when
+ * the library is bound; every call goes through it. Returns are the driver's
+ * status codes (0 = success). */
+typedef struct {
+    const char *api;        /* "cuda" | "hip" */
+    const char *copy_name;  /* for messages */
+    const char *order_name;
+    int (*init)(void);
+    int (*device_count)(int *n);
+    /* ordinal -> the handle contexts and bus ids take (CUDA: CUdevice) */
+    int (*device_get)(int ordinal, int *handle);
+    /* CUDA: retain / release the primary context; HIP: nothing to do */
+    int (*ctx_retain)(int handle, void **ctx);
+    void (*ctx_release)(int handle);
+    /* makes the pool's device current on this thread */
+    int (*ctx_enter)(void *ctx, int ordinal, saved_ctx *s);
+    void (*ctx_leave)(const saved_ctx *s);
+    int (*host_register)(void *p, size_t n); /* page-lock, portable */
+    int (*host_unregister)(void *p);
+    int (*copy_htod)(unsigned long long dst, const void *src, size_t n, void *stream);
+    int (*stream_create)(void **s); /* non-blocking */
+    int (*stream_destroy)(void *s);
+    int (*stream_sync)(void *s);
+    int (*stream_wait)(void *s, void *ev);
+    int (*event_create)(void **e); /* timing disabled */
+    int (*event_record)(void *e, void *s);
+    int (*event_query)(void *e); /* 0 done, NOT_READY, or an error */
+    int (*event_sync)(void *e);
+    int (*event_destroy)(void *e);
+    const char *(*error_name)(int code); /* NULL when unknown */
+    int (*pci_bus_id)(char *buf, int len, int handle, int ordinal); /* -1: not offered */
+} gpu_ops;
+
+typedef struct {
+    const gpu_ops *ops; /* NULL until a driver is bound */
     void *lib;
     char path[512];
     char err[512];
     int ndev;
-    /* CUDA driver API */
-    int (*cuInit)(unsigned);
-    int (*cuDeviceGetCount)(int *);
-    int (*cuDeviceGet)(int *, int);
-    int (*cuDevicePrimaryCtxRetain)(void **, int);
-    int (*cuDevicePrimaryCtxRelease)(int);
-    int (*cuCtxSetCurrent)(void *);
-    int (*cuCtxGetCurrent)(void **);
-    int (*cuMemHostRegister)(void *, size_t, unsigned);
-    int (*cuMemHostUnregister)(void *);
-    int (*cuMemcpyHtoDAsync)(unsigned long long, const void *, size_t, void *);
-    int (*cuStreamCreate)(void **, unsigned);
-    int (*cuStreamDestroy)(void *);
-    int (*cuStreamSynchronize)(void *);
-    int (*cuEventCreate)(void **, unsigned);
-    int (*cuEventRecord)(void *, void *);
-    int (*cuEventQuery)(void *);
-    int (*cuEventSynchronize)(void *);
-    int (*cuEventDestroy)(void *);
-    int (*cuStreamWaitEvent)(void *, void *, unsigned);
-    int (*cuGetErrorName)(int, const char **);
-    int (*cuDeviceGetPCIBusId)(char *, int, int); /* optional */
-    /* HIP runtime */
-    int (*hipInit)(unsigned);
-    int (*hipGetDeviceCount)(int *);
-    int (*hipSetDevice)(int);
-    int (*hipGetDevice)(int *);
-    int (*hipHostRegister)(void *, size_t, unsigned);
-    int (*hipHostUnregister)(void *);
-    int (*hipMemcpyHtoDAsync)(void *, void *, size_t, void *);
-    int (*hipStreamCreateWithFlags)(void **, unsigned);
-    int (*hipStreamDestroy)(void *);
-    int (*hipStreamSynchronize)(void *);
-    int (*hipEventCreateWithFlags)(void **, unsigned);
-    int (*hipEventRecord)(void *, void *);
-    int (*hipEventQuery)(void *);
-    int (*hipEventSynchronize)(void *);
-    int (*hipEventDestroy)(void *);
-    int (*hipStreamWaitEvent)(void *, void *, unsigned);
-    const char *(*hipGetErrorName)(int);
-    int (*hipDeviceGetPCIBusId)(char *, int, int); /* optional */
 } gpu_driver;
 
 static gpu_driver drv;
+static cuda_syms cu;
+static hip_syms hip;
 static pthread_mutex_t drv_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* CUDA driver API */
+static int cu_init(void) { return cu.Init(0); }
+static int cu_device_count(int *n) { return cu.DeviceGetCount(n); }
+static int cu_device_get(int ordinal, int *handle) { return cu.DeviceGet(handle, ordinal); }
+static int cu_ctx_retain(int handle, void **ctx) { return cu.DevicePrimaryCtxRetain(ctx, handle); }
+static void cu_ctx_release(int handle) { cu.DevicePrimaryCtxRelease(handle); }
+static int cu_ctx_enter(void *ctx, int ordinal, saved_ctx *s)
+{
+    (void)ordinal;
+    s->ctx = NULL;
+    cu.CtxGetCurrent(&s->ctx);
+    return cu.CtxSetCurrent(ctx);
+}
+static void cu_ctx_leave(const saved_ctx *s) { cu.CtxSetCurrent(s->ctx); }
+static int cu_host_register(void *p, size_t n) { return cu.MemHostRegister(p, n, 1 /* PORTABLE */); }
+static int cu_host_unregister(void *p) { return cu.MemHostUnregister(p); }
+static int cu_copy(unsigned long long dst, const void *src, size_t n, void *st)
+{
+    return cu.MemcpyHtoDAsync(dst, src, n, st);
+}
+static int cu_stream_create(void **s) { return cu.StreamCreate(s, 1 /* NON_BLOCKING */); }
+static int cu_stream_destroy(void *s) { return cu.StreamDestroy(s); }
+static int cu_stream_sync(void *s) { return cu.StreamSynchronize(s); }
+static int cu_stream_wait(void *s, void *ev) { return cu.StreamWaitEvent(s, ev, 0); }
+static int cu_event_create(void **e) { return cu.EventCreate(e, 2 /* DISABLE_TIMING */); }
+static int cu_event_record(void *e, void *s) { return cu.EventRecord(e, s); }
+static int cu_event_query(void *e) { return cu.EventQuery(e); }
+static int cu_event_sync(void *e) { return cu.EventSynchronize(e); }
+static int cu_event_destroy(void *e) { return cu.EventDestroy(e); }
+static const char *cu_error_name(int code)
+{
+    const char *s = NULL;
+    if (cu.GetErrorName)
+        cu.GetErrorName(code, &s);
+    return s;
+}
+static int cu_pci_bus_id(char *buf, int len, int handle, int ordinal)
+{
+    (void)ordinal;
+    return cu.DeviceGetPCIBusId ? cu.DeviceGetPCIBusId(buf, len, handle) : -1;
+}
+
+static const gpu_ops cuda_ops = {
+    "cuda", "cuMemcpyHtoDAsync", "cuEventRecord/cuStreamWaitEvent", cu_init, cu_device_count, cu_device_get,
+    cu_ctx_retain, cu_ctx_release, cu_ctx_enter, cu_ctx_leave, cu_host_register, cu_host_unregister, cu_copy,
+    cu_stream_create, cu_stream_destroy, cu_stream_sync, cu_stream_wait, cu_event_create, cu_event_record,
+    cu_event_query, cu_event_sync, cu_event_destroy, cu_error_name, cu_pci_bus_id,
+};
+
+/* HIP runtime: devices are ordinals, the current device stands for the context */
+static int hip_init(void) { return hip.Init(0); }
+static int hip_device_count(int *n) { return hip.GetDeviceCount(n); }
+static int hip_device_get(int ordinal, int *handle)
+{
+    *handle = ordinal;
+    return 0;
+}
+static int hip_ctx_retain(int handle, void **ctx)
+{
+    (void)handle;
+    *ctx = NULL;
+    return 0;
+}
+static void hip_ctx_release(int handle) { (void)handle; }
+static int hip_ctx_enter(void *ctx, int ordinal, saved_ctx *s)
+{
+    (void)ctx;
+    s->dev = -1;
+    hip.GetDevice(&s->dev);
+    return hip.SetDevice(ordinal);
+}
+static void hip_ctx_leave(const saved_ctx *s)
+{
+    if (s->dev >= 0)
+        hip.SetDevice(s->dev);
+}
+static int hip_host_register(void *p, size_t n) { return hip.HostRegister(p, n, 1 /* hipHostRegisterPortable */); }
+static int hip_host_unregister(void *p) { return hip.HostUnregister(p); }
+static int hip_copy(unsigned long long dst, const void *src, size_t n, void *st)
+{
+    return hip.MemcpyHtoDAsync((void *)(uintptr_t)dst, (void *)(uintptr_t)src, n, st);
+}
+static int hip_stream_create(void **s) { return hip.StreamCreateWithFlags(s, 1 /* hipStreamNonBlocking */); }
+static int hip_stream_destroy(void *s) { return hip.StreamDestroy(s); }
+static int hip_stream_sync(void *s) { return hip.StreamSynchronize(s); }
+static int hip_stream_wait(void *s, void *ev) { return hip.StreamWaitEvent(s, ev, 0); }
+static int hip_event_create(void **e) { return hip.EventCreateWithFlags(e, 2 /* hipEventDisableTiming */); }
+static int hip_event_record(void *e, void *s) { return hip.EventRecord(e, s); }
+static int hip_event_query(void *e) { return hip.EventQuery(e); }
+static int hip_event_sync(void *e) { return hip.EventSynchronize(e); }
+static int hip_event_destroy(void *e) { return hip.EventDestroy(e); }
+static const char *hip_error_name(int code) { return hip.GetErrorName ? hip.GetErrorName(code) : NULL; }
+static int hip_pci_bus_id(char *buf, int len, int handle, int ordinal)
+{
+    (void)handle;
+    return hip.DeviceGetPCIBusId ? hip.DeviceGetPCIBusId(buf, len, ordinal) : -1;
+}
+
+static const gpu_ops hip_ops = {
+    "hip", "hipMemcpyHtoDAsync", "hipEventRecord/hipStreamWaitEvent", hip_init, hip_device_count,
+    hip_device_get, hip_ctx_retain, hip_ctx_release, hip_ctx_enter, hip_ctx_leave, hip_host_register,
+    hip_host_unregister, hip_copy, hip_stream_create, hip_stream_destroy, hip_stream_sync, hip_stream_wait,
+    hip_event_create, hip_event_record, hip_event_query, hip_event_sync, hip_event_destroy, hip_error_name,
+    hip_pci_bus_id,
+};
 
 static void *sym2(void *lib, const char *a, const char *b)
 {
@@ -115,82 +270,79 @@ static void *sym2(void *lib, const char *a, const char *b)
     return p || !b ? p : dlsym(lib, b);
 }
 
-#define LOAD(field, a, b)                                                                      \
+#define LOAD(tab, field, a, b)                                                                 \
     do {                                                                                       \
-        *(void **)&drv.field = sym2(lib, a, b);                                                \
-        if (!drv.field) {                                                                      \
+        *(void **)&tab.field = sym2(lib, a, b);                                                \
+        if (!tab.field) {                                                                      \
             snprintf(drv.err, sizeof(drv.err), "%s: symbol %s missing", path, a);              \
-            return -1;                                                                         \
+            return NULL;                                                                       \
         }                                                                                      \
     } while (0)
 
-static int load_cuda(void *lib, const char *path)
+static const gpu_ops *load_cuda(void *lib, const char *path)
 {
-    LOAD(cuInit, "cuInit", NULL);
-    LOAD(cuDeviceGetCount, "cuDeviceGetCount", NULL);
-    LOAD(cuDeviceGet, "cuDeviceGet", NULL);
-    LOAD(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", NULL);
-    LOAD(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease");
-    LOAD(cuCtxSetCurrent, "cuCtxSetCurrent", NULL);
-    LOAD(cuCtxGetCurrent, "cuCtxGetCurrent", NULL);
-    LOAD(cuMemHostRegister, "cuMemHostRegister_v2", "cuMemHostRegister");
-    LOAD(cuMemHostUnregister, "cuMemHostUnregister", NULL);
-    LOAD(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync");
-    LOAD(cuStreamCreate, "cuStreamCreate", NULL);
-    LOAD(cuStreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy");
-    LOAD(cuStreamSynchronize, "cuStreamSynchronize", NULL);
-    LOAD(cuEventCreate, "cuEventCreate", NULL);
-    LOAD(cuEventRecord, "cuEventRecord", NULL);
-    LOAD(cuEventQuery, "cuEventQuery", NULL);
-    LOAD(cuEventSynchronize, "cuEventSynchronize", NULL);
-    LOAD(cuEventDestroy, "cuEventDestroy_v2", "cuEventDestroy");
-    LOAD(cuStreamWaitEvent, "cuStreamWaitEvent", NULL);
-    *(void **)&drv.cuGetErrorName = dlsym(lib, "cuGetErrorName"); /* optional */
-    *(void **)&drv.cuDeviceGetPCIBusId = dlsym(lib, "cuDeviceGetPCIBusId");
-    drv.api = API_CUDA;
-    return 0;
+    LOAD(cu, Init, "cuInit", NULL);
+    LOAD(cu, DeviceGetCount, "cuDeviceGetCount", NULL);
+    LOAD(cu, DeviceGet, "cuDeviceGet", NULL);
+    LOAD(cu, DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", NULL);
+    LOAD(cu, DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease");
+    LOAD(cu, CtxSetCurrent, "cuCtxSetCurrent", NULL);
+    LOAD(cu, CtxGetCurrent, "cuCtxGetCurrent", NULL);
+    LOAD(cu, MemHostRegister, "cuMemHostRegister_v2", "cuMemHostRegister");
+    LOAD(cu, MemHostUnregister, "cuMemHostUnregister", NULL);
+    LOAD(cu, MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync");
+    LOAD(cu, StreamCreate, "cuStreamCreate", NULL);
+    LOAD(cu, StreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy");
+    LOAD(cu, StreamSynchronize, "cuStreamSynchronize", NULL);
+    LOAD(cu, EventCreate, "cuEventCreate", NULL);
+    LOAD(cu, EventRecord, "cuEventRecord", NULL);
+    LOAD(cu, EventQuery, "cuEventQuery", NULL);
+    LOAD(cu, EventSynchronize, "cuEventSynchronize", NULL);
+    LOAD(cu, EventDestroy, "cuEventDestroy_v2", "cuEventDestroy");
+    LOAD(cu, StreamWaitEvent, "cuStreamWaitEvent", NULL);
+    *(void **)&cu.GetErrorName = dlsym(lib, "cuGetErrorName");
+    *(void **)&cu.DeviceGetPCIBusId = dlsym(lib, "cuDeviceGetPCIBusId");
+    return &cuda_ops;
 }
 
-static int load_hip(void *lib, const char *path)
+static const gpu_ops *load_hip(void *lib, const char *path)
 {
-    LOAD(hipInit, "hipInit", NULL);
-    LOAD(hipGetDeviceCount, "hipGetDeviceCount", NULL);
-    LOAD(hipSetDevice, "hipSetDevice", NULL);
-    LOAD(hipGetDevice, "hipGetDevice", NULL);
-    LOAD(hipHostRegister, "hipHostRegister", NULL);
-    LOAD(hipHostUnregister, "hipHostUnregister", NULL);
-    LOAD(hipMemcpyHtoDAsync, "hipMemcpyHtoDAsync", NULL);
-    LOAD(hipStreamCreateWithFlags, "hipStreamCreateWithFlags", NULL);
-    LOAD(hipStreamDestroy, "hipStreamDestroy", NULL);
-    LOAD(hipStreamSynchronize, "hipStreamSynchronize", NULL);
-    LOAD(hipEventCreateWithFlags, "hipEventCreateWithFlags", NULL);
-    LOAD(hipEventRecord, "hipEventRecord", NULL);
-    LOAD(hipEventQuery, "hipEventQuery", NULL);
-    LOAD(hipEventSynchronize, "hipEventSynchronize", NULL);
-    LOAD(hipEventDestroy, "hipEventDestroy", NULL);
-    LOAD(hipStreamWaitEvent, "hipStreamWaitEvent", NULL);
-    *(void **)&drv.hipGetErrorName = dlsym(lib, "hipGetErrorName");
-    *(void **)&drv.hipDeviceGetPCIBusId = dlsym(lib, "hipDeviceGetPCIBusId");
-    drv.api = API_HIP;
-    return 0;
+    LOAD(hip, Init, "hipInit", NULL);
+    LOAD(hip, GetDeviceCount, "hipGetDeviceCount", NULL);
+    LOAD(hip, SetDevice, "hipSetDevice", NULL);
+    LOAD(hip, GetDevice, "hipGetDevice", NULL);
+    LOAD(hip, HostRegister, "hipHostRegister", NULL);
+    LOAD(hip, HostUnregister, "hipHostUnregister", NULL);
+    LOAD(hip, MemcpyHtoDAsync, "hipMemcpyHtoDAsync", NULL);
+    LOAD(hip, StreamCreateWithFlags, "hipStreamCreateWithFlags", NULL);
+    LOAD(hip, StreamDestroy, "hipStreamDestroy", NULL);
+    LOAD(hip, StreamSynchronize, "hipStreamSynchronize", NULL);
+    LOAD(hip, EventCreateWithFlags, "hipEventCreateWithFlags", NULL);
+    LOAD(hip, EventRecord, "hipEventRecord", NULL);
+    LOAD(hip, EventQuery, "hipEventQuery", NULL);
+    LOAD(hip, EventSynchronize, "hipEventSynchronize", NULL);
+    LOAD(hip, EventDestroy, "hipEventDestroy", NULL);
+    LOAD(hip, StreamWaitEvent, "hipStreamWaitEvent", NULL);
+    *(void **)&hip.GetErrorName = dlsym(lib, "hipGetErrorName");
+    *(void **)&hip.DeviceGetPCIBusId = dlsym(lib, "hipDeviceGetPCIBusId");
+    return &hip_ops;
 }
 
 static const char *drv_errname(int code)
 {
-    const char *s = NULL;
-    if (drv.api == API_CUDA && drv.cuGetErrorName)
-        drv.cuGetErrorName(code, &s);
-    else if (drv.api == API_HIP && drv.hipGetErrorName)
-        s = drv.hipGetErrorName(code);
+    const char *s = drv.ops ? drv.ops->error_name(code) : NULL;
     return s ? s : "unknown error";
 }
+
+enum { API_ANY = 0, API_CUDA = 1, API_HIP = 2 };
 
 /* Tries one library; noload: only if it is already loaded in the process
  * (RTLD_NOLOAD: the runtime torch already uses, never a second copy). */
 static int try_lib(const char *path, int want, int noload)
 {
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | (noload ? RTLD_NOLOAD : 0));
-    int r, n = 0;
+    const gpu_ops *ops;
+    int r = -1, n = 0;
 
     if (!lib) {
         if (noload)
@@ -199,15 +351,14 @@ static int try_lib(const char *path, int want, int noload)
         snprintf(drv.err, sizeof(drv.err), "%s", e ? e : path);
         return -1;
     }
-    memset(&drv, 0, sizeof(drv));
-    if (want == API_CUDA || (want == 0 && dlsym(lib, "cuInit")))
-        r = load_cuda(lib, path);
-    else
-        r = load_hip(lib, path);
-    if (r == 0) {
-        r = drv.api == API_CUDA ? drv.cuInit(0) : drv.hipInit(0);
+    memset(&cu, 0, sizeof(cu));
+    memset(&hip, 0, sizeof(hip));
+    ops = want == API_CUDA || (want == API_ANY && dlsym(lib, "cuInit")) ? load_cuda(lib, path) : load_hip(lib, path);
+    if (ops) {
+        drv.ops = ops; /* for drv_errname */
+        r = ops->init();
         if (r == 0)
-            r = drv.api == API_CUDA ? drv.cuDeviceGetCount(&n) : drv.hipGetDeviceCount(&n);
+            r = ops->device_count(&n);
         if (r != 0) {
             snprintf(drv.err, sizeof(drv.err), "%s: init failed: %s (%d)", path, drv_errname(r), r);
             r = -1;
@@ -217,11 +368,10 @@ static int try_lib(const char *path, int want, int noload)
         }
     }
     if (r != 0) {
-        char keep[512];
-        memcpy(keep, drv.err, sizeof(keep));
+        drv.ops = NULL;
         dlclose(lib);
-        memset(&drv, 0, sizeof(drv));
-        memcpy(drv.err, keep, sizeof(keep));
+        memset(&cu, 0, sizeof(cu));
+        memset(&hip, 0, sizeof(hip));
         return -1;
     }
     drv.lib = lib;
@@ -241,18 +391,18 @@ static const struct {
 };
 #define N_DRIVER_NAMES ((int)(sizeof(driver_names) / sizeof(driver_names[0])))
 
-/* Loads the driver once per process; 0 or -1 (drv.err says why). */
+/* Binds the driver once per process; 0 or -1 (drv.err says why). */
 static int driver_load(void)
 {
     int r;
 
     pthread_mutex_lock(&drv_mu);
-    if (!drv.api) { /* a failure is not cached: tried again next time */
+    if (!drv.ops) { /* a failure is not cached: tried again next time */
         const char *env = getenv("LMCACHE_FX_GPU_DRIVER");
         char errs[1024] = "";
 
         if (env && *env) {
-            try_lib(env, 0, 0);
+            try_lib(env, API_ANY, 0);
         } else {
             /* First a driver the process already loaded (torch's), then a fresh
              * load; versioned HIP names before the unversioned one, so a host
@@ -272,58 +422,9 @@ static int driver_load(void)
             }
         }
     }
-    r = drv.api ? 0 : -1;
+    r = drv.ops ? 0 : -1;
     pthread_mutex_unlock(&drv_mu);
     return r;
-}
-
-/* Makes the pool's device current on this thread; restores with ctx_leave. */
-typedef struct {
-    void *ctx;
-    int dev;
-} saved_ctx;
-
-static int ctx_enter(void *ctx, int device, saved_ctx *s)
-{
-    if (drv.api == API_CUDA) {
-        s->ctx = NULL;
-        drv.cuCtxGetCurrent(&s->ctx);
-        return drv.cuCtxSetCurrent(ctx);
-    }
-    s->dev = -1;
-    drv.hipGetDevice(&s->dev);
-    return drv.hipSetDevice(device);
-}
-
-static void ctx_leave(const saved_ctx *s)
-{
-    if (drv.api == API_CUDA)
-        drv.cuCtxSetCurrent(s->ctx);
-    else if (s->dev >= 0)
-        drv.hipSetDevice(s->dev);
-}
-
-static int d_copy(unsigned long long dst, const void *src, size_t n, void *stream)
-{
-    return drv.api == API_CUDA ? drv.cuMemcpyHtoDAsync(dst, src, n, stream)
-                               : drv.hipMemcpyHtoDAsync((void *)(uintptr_t)dst, (void *)src, n, stream);
-}
-static int d_record(void *ev, void *stream)
-{
-    return drv.api == API_CUDA ? drv.cuEventRecord(ev, stream) : drv.hipEventRecord(ev, stream);
-}
-static int d_query(void *ev) { return drv.api == API_CUDA ? drv.cuEventQuery(ev) : drv.hipEventQuery(ev); }
-static int d_evsync(void *ev)
-{
-    return drv.api == API_CUDA ? drv.cuEventSynchronize(ev) : drv.hipEventSynchronize(ev);
-}
-static int d_ssync(void *st)
-{
-    return drv.api == API_CUDA ? drv.cuStreamSynchronize(st) : drv.hipStreamSynchronize(st);
-}
-static int d_wait(void *st, void *ev)
-{
-    return drv.api == API_CUDA ? drv.cuStreamWaitEvent(st, ev, 0) : drv.hipStreamWaitEvent(st, ev, 0);
 }
 
 /* ------------------------------------------------------------ the trace */
@@ -365,6 +466,12 @@ typedef struct {
     uint64_t use_len; /* wanted bytes in this piece */
     uint64_t copied;  /* wanted bytes being copied */
     int64_t res;      /* thread reader: result of the read */
+    int want_crc;     /* checksum the wanted bytes that landed */
+    int crc_ready;    /* thread reader: crc / crc_len computed by the reader thread */
+    uint32_t crc;
+    uint64_t crc_len;
+    uint64_t crc_ns;  /* time the reader thread spent on it */
+    uint32_t retries; /* resubmissions (EINTR, EAGAIN, short reads), at most FX_RETRY_MAX */
 } slot_t;
 
 typedef struct {
@@ -379,6 +486,7 @@ typedef struct {
     int eof;
     uint32_t outstanding;
     uint64_t bytes;
+    uint32_t crc; /* CRC32C of the bytes copied, when asked for */
 } op_t;
 
 /* --------------------------------------------------------- the thread reader */
@@ -396,11 +504,22 @@ typedef struct {
     pthread_t *threads;
 } treader;
 
+/* Wanted bytes of a piece once got bytes landed: [use_off, use_off + n). */
+static uint64_t landed_use(const slot_t *s, uint64_t got)
+{
+    uint64_t have_end = s->rd_off + got, ue = s->use_off + s->use_len;
+    if (have_end < ue)
+        ue = have_end;
+    return ue > s->use_off ? ue - s->use_off : 0;
+}
+
 static int64_t pread_piece(slot_t *s, char *buf)
 {
     uint64_t done = 0;
+    unsigned shorts = 0;
     while (done < s->rd_len) {
         ssize_t r = pread(s->fd, buf + done, s->rd_len - done, (off_t)(s->rd_off + done));
+        int64_t keep;
         if (r < 0) {
             if (errno == EINTR || errno == EAGAIN)
                 continue;
@@ -408,9 +527,19 @@ static int64_t pread_piece(slot_t *s, char *buf)
         }
         if (r == 0)
             break;
-        done += (uint64_t)r;
-        if (s->direct)
-            break; /* short O_DIRECT read: EOF */
+        if ((uint64_t)r == s->rd_len - done) {
+            done += (uint64_t)r;
+            break;
+        }
+        /* Short: go on (O_DIRECT from the last whole block) unless at EOF. */
+        keep = fx_short_keep(0, s->direct, s->fd, s->rd_off + done, (uint64_t)r);
+        if (keep < 0) {
+            done += (uint64_t)r;
+            break;
+        }
+        if (shorts++ >= FX_RETRY_MAX)
+            return -EIO;
+        done += (uint64_t)keep;
     }
     return (int64_t)done;
 }
@@ -441,6 +570,14 @@ static void *tr_worker(void *arg)
         tr->wn--;
         pthread_mutex_unlock(&tr->mu);
         s->res = pread_piece(s, slot_addr(g, s->idx));
+        if (s->want_crc && s->res > 0) {
+            /* Here, in parallel, rather than on the pipeline's thread. */
+            uint64_t t0 = now_ns();
+            s->crc_len = landed_use(s, (uint64_t)s->res);
+            s->crc = fx_crc32c(0, slot_addr(g, s->idx) + (s->use_off - s->rd_off), s->crc_len);
+            s->crc_ready = 1;
+            s->crc_ns = now_ns() - t0;
+        }
         pthread_mutex_lock(&tr->mu);
         tr->done[(tr->dh + tr->dn) % tr->cap] = s;
         tr->dn++;
@@ -476,8 +613,8 @@ struct GpuStagingObject {
     int numa_node;         /* node the staging memory was bound to, or -1 */
     char numa_info[256];
     pid_t pid;             /* process that built the pool */
-    int forked;            /* this is a fork()ed child: the pool is unusable */
-    GpuStagingObject *reg_next, *reg_prev;
+    unsigned gen;          /* fx_fork_gen when it was built: a fork()ed child sees another */
+    int have_ctx;          /* the device context is held (CUDA: primary context retained) */
 #ifdef FX_HAVE_LIBURING
     struct io_uring ring;
 #endif
@@ -492,6 +629,7 @@ struct GpuStagingObject {
     size_t ntrace, trace_cap;
     int tracing;
     uint64_t st_wall_ns, st_bytes, st_reads, st_copies, st_overlap_copies, st_max_reads, st_copy_waits;
+    uint64_t st_crc_ns, st_crc_bytes; /* checksumming, reader threads' time included */
 };
 
 static char *slot_addr(GpuStagingObject *g, int i) { return g->mem + (size_t)i * g->slot_bytes; }
@@ -552,34 +690,36 @@ static void staging_free(GpuStagingObject *g)
         g->have_ring = 0;
     }
 #endif
-    if (drv.api && (g->ctx || drv.api == API_HIP) && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
-        entered = ctx_enter(g->ctx, g->device, &sc) == 0;
+    if (drv.ops && g->have_ctx && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
+        const gpu_ops *d = drv.ops;
+        entered = d->ctx_enter(g->ctx, g->device, &sc) == 0;
         if (g->stream)
-            d_ssync(g->stream); /* also the copies a read(sync=False) left in flight */
+            d->stream_sync(g->stream); /* also the copies a read(sync=False) left in flight */
         g->pending = 0;
         if (g->events) {
             for (unsigned i = 0; i < g->nslots; i++)
                 if (g->events[i])
-                    drv.api == API_CUDA ? drv.cuEventDestroy(g->events[i]) : drv.hipEventDestroy(g->events[i]);
+                    d->event_destroy(g->events[i]);
         }
         if (g->ev_in)
-            drv.api == API_CUDA ? drv.cuEventDestroy(g->ev_in) : drv.hipEventDestroy(g->ev_in);
+            d->event_destroy(g->ev_in);
         if (g->ev_out)
-            drv.api == API_CUDA ? drv.cuEventDestroy(g->ev_out) : drv.hipEventDestroy(g->ev_out);
+            d->event_destroy(g->ev_out);
         g->ev_in = g->ev_out = NULL;
         if (g->stream)
-            drv.api == API_CUDA ? drv.cuStreamDestroy(g->stream) : drv.hipStreamDestroy(g->stream);
+            d->stream_destroy(g->stream);
         if (g->pinned)
-            drv.api == API_CUDA ? drv.cuMemHostUnregister(g->mem) : drv.hipHostUnregister(g->mem);
+            d->host_unregister(g->mem);
         if (entered)
-            ctx_leave(&sc);
+            d->ctx_leave(&sc);
     }
     free(g->events);
     g->events = NULL;
     g->stream = NULL;
     g->pinned = 0;
-    if (g->ctx && drv.api == API_CUDA)
-        drv.cuDevicePrimaryCtxRelease(g->cudev); /* the CUdevice handle, as retained */
+    if (g->have_ctx && drv.ops)
+        drv.ops->ctx_release(g->cudev); /* the device handle, as retained */
+    g->have_ctx = 0;
     g->ctx = NULL;
     if (g->mem)
         munmap(g->mem, g->mapped);
@@ -622,10 +762,7 @@ static void numa_place(GpuStagingObject *g, const char *sysfs)
     int r = -1, node;
 
     g->numa_node = -1;
-    if (drv.api == API_CUDA && drv.cuDeviceGetPCIBusId)
-        r = drv.cuDeviceGetPCIBusId(bus, (int)sizeof(bus), g->cudev);
-    else if (drv.api == API_HIP && drv.hipDeviceGetPCIBusId)
-        r = drv.hipDeviceGetPCIBusId(bus, (int)sizeof(bus), g->device);
+    r = drv.ops->pci_bus_id(bus, (int)sizeof(bus), g->cudev, g->device);
     if (r != 0 || !bus[0]) {
         snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d: PCI bus id unknown (%s): staging not placed",
                  g->device, r == -1 ? "driver has no DeviceGetPCIBusId" : drv_errname(r));
@@ -683,9 +820,9 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
      * fx_gpu_atfork_child), and the parent's pinned pages stay its own. */
     madvise(g->mem, g->mapped, MADV_DONTFORK);
 
-    if (drv.api == API_CUDA) {
+    {
         int dev = 0;
-        if ((r = drv.cuDeviceGet(&dev, g->device)) != 0) {
+        if ((r = drv.ops->device_get(g->device, &dev)) != 0) {
             snprintf(msg, msglen, "device %d: %s (%d)", g->device, drv_errname(r), r);
             return -1;
         }
@@ -697,49 +834,45 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
         memset(g->mem, 0, g->mapped); /* fault in before pinning */
 
     /* Driver: context, page-locking, stream, one event per slot. */
-    if (drv.api == API_CUDA) {
-        if ((r = drv.cuDevicePrimaryCtxRetain(&g->ctx, g->cudev)) != 0) {
-            g->ctx = NULL;
-            snprintf(msg, msglen, "device %d: %s (%d)", g->device, drv_errname(r), r);
-            return -1;
-        }
+    if ((r = drv.ops->ctx_retain(g->cudev, &g->ctx)) != 0) {
+        g->ctx = NULL;
+        snprintf(msg, msglen, "device %d: %s (%d)", g->device, drv_errname(r), r);
+        return -1;
     }
-    if ((r = ctx_enter(g->ctx, g->device, &sc)) != 0) {
+    g->have_ctx = 1;
+    if ((r = drv.ops->ctx_enter(g->ctx, g->device, &sc)) != 0) {
         snprintf(msg, msglen, "cannot make device %d current: %s (%d)", g->device, drv_errname(r), r);
         return -1;
     }
-    r = drv.api == API_CUDA ? drv.cuMemHostRegister(g->mem, g->mapped, 1 /* PORTABLE */)
-                            : drv.hipHostRegister(g->mem, g->mapped, 1 /* hipHostRegisterPortable */);
+    r = drv.ops->host_register(g->mem, g->mapped);
     if (r == 0)
         g->pinned = 1;
     else /* copies still work, but synchronously: no overlap */
         snprintf(g->pin_error, sizeof(g->pin_error), "host register failed: %s (%d)", drv_errname(r), r);
-    r = drv.api == API_CUDA ? drv.cuStreamCreate(&g->stream, 1 /* NON_BLOCKING */)
-                            : drv.hipStreamCreateWithFlags(&g->stream, 1 /* hipStreamNonBlocking */);
+    r = drv.ops->stream_create(&g->stream);
     if (r != 0) {
         g->stream = NULL;
-        ctx_leave(&sc);
+        drv.ops->ctx_leave(&sc);
         snprintf(msg, msglen, "stream create failed: %s (%d)", drv_errname(r), r);
         return -1;
     }
     g->events = calloc(g->nslots, sizeof(*g->events));
     if (!g->events) {
-        ctx_leave(&sc);
+        drv.ops->ctx_leave(&sc);
         snprintf(msg, msglen, "out of memory");
         return -1;
     }
     for (unsigned i = 0; i < g->nslots + 2; i++) {
         void **ev = i < g->nslots ? &g->events[i] : i == g->nslots ? &g->ev_in : &g->ev_out;
-        r = drv.api == API_CUDA ? drv.cuEventCreate(ev, 2 /* DISABLE_TIMING */)
-                                : drv.hipEventCreateWithFlags(ev, 2 /* hipEventDisableTiming */);
+        r = drv.ops->event_create(ev);
         if (r != 0) {
             *ev = NULL;
-            ctx_leave(&sc);
+            drv.ops->ctx_leave(&sc);
             snprintf(msg, msglen, "event create failed: %s (%d)", drv_errname(r), r);
             return -1;
         }
     }
-    ctx_leave(&sc);
+    drv.ops->ctx_leave(&sc);
 
     /* Reads: the pool's own ring with the slots as fixed buffers, else threads. */
 #ifdef FX_HAVE_LIBURING
@@ -823,6 +956,15 @@ typedef struct {
     int *fifo; /* copying slots in issue order */
     unsigned fh, fn;
     unsigned reading, copying, queued;
+    /* CRC32C per piece (pieces are numbered in file order within an op and
+     * an op's pieces are consecutive), combined per op at the end */
+    int want_crc;
+    struct piece_crc {
+        size_t op;
+        uint64_t len;
+        uint32_t crc;
+    } *pcrc;
+    size_t pcap;
 } run_t;
 
 static int op_fail(run_t *R, size_t i, int err, int cancel_all)
@@ -886,6 +1028,20 @@ static int start_read(run_t *R, slot_t *s)
     uint64_t end = R->pos + g->slot_bytes < o->rb ? R->pos + g->slot_bytes : o->rb;
     uint64_t ue = o->off + o->len;
 
+    if (R->want_crc && (size_t)R->npieces >= R->pcap) {
+        size_t cap = R->pcap ? R->pcap * 2 : 256;
+        struct piece_crc *p = realloc(R->pcrc, cap * sizeof(*p));
+        if (!p) {
+            o->issued_all = 1;
+            op_fail(R, R->cur, ENOMEM, 1);
+            set_error(g, "op %zu: out of memory for its checksums", R->cur);
+            return -ENOMEM;
+        }
+        R->pcrc = p;
+        R->pcap = cap;
+    }
+    if (R->want_crc)
+        R->pcrc[R->npieces] = (struct piece_crc){R->cur, 0, 0};
     s->state = S_READING;
     s->op = R->cur;
     s->piece = R->npieces++;
@@ -897,6 +1053,10 @@ static int start_read(run_t *R, slot_t *s)
     s->use_off = R->pos > o->off ? R->pos : o->off;
     s->use_len = (end < ue ? end : ue) - s->use_off;
     s->copied = 0;
+    s->want_crc = R->want_crc;
+    s->crc_ready = 0;
+    s->crc_ns = 0;
+    s->retries = 0;
     o->outstanding++;
     R->pos = end;
     R->reading++;
@@ -953,7 +1113,7 @@ static void read_landed(run_t *R, slot_t *s, int64_t res)
 {
     GpuStagingObject *g = R->g;
     op_t *o = &R->ops[s->op];
-    uint64_t have_end, ue;
+    const char *src;
     int r;
 
     R->reading--;
@@ -974,33 +1134,44 @@ static void read_landed(run_t *R, slot_t *s, int64_t res)
     s->got = (uint64_t)res;
     if (s->got < s->rd_len)
         o->eof = 1;
-    have_end = s->rd_off + s->got;
-    ue = s->use_off + s->use_len;
-    if (have_end < ue)
-        ue = have_end;
-    if (ue <= s->use_off) {
+    s->copied = landed_use(s, s->got);
+    if (!s->copied) {
         slot_done(R, s); /* nothing wanted landed (EOF) */
         return;
     }
-    s->copied = ue - s->use_off;
+    src = slot_addr(g, s->idx) + (s->use_off - s->rd_off);
     /* Traced before the call: the copy may start before it returns. */
     tr_add(g, T_COPY_ISSUE, s->idx, (int64_t)s->op, s->piece, (int64_t)s->copied);
-    r = d_copy(o->dev + (s->use_off - o->off), slot_addr(g, s->idx) + (s->use_off - s->rd_off), s->copied,
-               g->stream);
+    r = drv.ops->copy_htod(o->dev + (s->use_off - o->off), src, s->copied, g->stream);
     if (r == 0) {
-        r = d_record(g->events[s->idx], g->stream);
+        r = drv.ops->event_record(g->events[s->idx], g->stream);
         if (r != 0) {
             /* The copy is queued but has no event: wait for the stream. */
-            d_ssync(g->stream);
+            drv.ops->stream_sync(g->stream);
         }
     }
     if (r != 0) {
         op_fail(R, s->op, EIO, 1);
-        set_error(g, "op %zu: %s failed: %s (%d)", s->op,
-                  drv.api == API_CUDA ? "cuMemcpyHtoDAsync" : "hipMemcpyHtoDAsync", drv_errname(r), r);
+        set_error(g, "op %zu: %s failed: %s (%d)", s->op, drv.ops->copy_name, drv_errname(r), r);
         tr_add(g, T_ERROR, s->idx, (int64_t)s->op, s->piece, -r);
         slot_done(R, s);
         return;
+    }
+    if (R->want_crc) {
+        /* The slot is ours until the copy's event completes and the copy only
+         * reads it: its CRC is the CRC of the bytes the GPU receives. Computed
+         * while the copy runs (a reader thread did it already, in parallel). */
+        struct piece_crc *pc = &R->pcrc[s->piece];
+        pc->len = s->copied;
+        if (s->crc_ready && s->crc_len == s->copied) {
+            pc->crc = s->crc;
+            g->st_crc_ns += s->crc_ns;
+        } else {
+            uint64_t t0 = now_ns();
+            pc->crc = fx_crc32c(0, src, s->copied);
+            g->st_crc_ns += now_ns() - t0;
+        }
+        g->st_crc_bytes += s->copied;
     }
     g->st_copies++;
     if (R->reading || R->queued)
@@ -1038,58 +1209,130 @@ static void reap_copies(run_t *R, int block)
 {
     while (R->fn) {
         void *ev = R->g->events[R->fifo[R->fh]];
-        int r = d_query(ev);
+        int r = drv.ops->event_query(ev);
         if (r == NOT_READY) {
             if (!block)
                 return;
             R->g->st_copy_waits++;
-            r = d_evsync(ev);
+            r = drv.ops->event_sync(ev);
             block = 0;
         }
         copy_finished(R, r);
     }
 }
 
-/* Waits for read completions; timeout_us < 0 blocks. Returns 0 or -errno of the ring. */
+#ifdef FX_HAVE_LIBURING
+/* Hands the queued reads to the kernel; 0, or -errno when the ring failed
+ * (whatever it took is in flight: R->queued counts only what it did not). */
+static int ring_submit(run_t *R)
+{
+    int r, fail;
+
+    if (!R->queued)
+        return 0;
+    fail = FX_FAULT(FX_FAULT_SUBMIT_FAIL) != 0; /* tests: submitted, then "failed" */
+    r = io_uring_submit(&R->g->ring);
+    if (r > 0)
+        R->queued -= (unsigned)r > R->queued ? R->queued : (unsigned)r;
+    if (fail)
+        return -EIO;
+    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
+        return r;
+    return 0;
+}
+
+/* One completion, whatever it takes: until every read in flight has completed
+ * the kernel may still write into the staging slots, so neither the run nor
+ * the ring may end first. EINTR (a signal), EAGAIN, EBUSY, ETIME are retried
+ * at once; any other error after a peek at the queue and 1 ms. */
+static struct io_uring_cqe *wait_cqe_all(struct io_uring *ring)
+{
+    for (;;) {
+        const struct timespec pause = {0, 1000000};
+        struct io_uring_cqe *cqe = NULL;
+        int r = FX_FAULT(FX_FAULT_WAIT_EINTR) ? -EINTR : io_uring_wait_cqe(ring, &cqe);
+
+        if (r == 0 && cqe)
+            return cqe;
+        if (r == -EINTR || r == -EAGAIN || r == -EBUSY || r == -ETIME)
+            continue;
+        if (io_uring_peek_cqe(ring, &cqe) == 0 && cqe)
+            return cqe;
+        nanosleep(&pause, NULL);
+    }
+}
+#endif
+
+/* Waits for read completions (timeout_us < 0: until one) and handles them.
+ * A wait that fails is not a failed ring -- reads are still in flight, so the
+ * loop keeps reaping; returns -errno only when submitting failed. */
 static int wait_reads(run_t *R, long timeout_us)
 {
     GpuStagingObject *g = R->g;
 #ifdef FX_HAVE_LIBURING
     if (g->io) {
-        struct io_uring_cqe *cqe;
+        struct io_uring_cqe *cqe = NULL;
         unsigned head, seen = 0;
         int r;
 
-        if (R->queued) {
-            r = io_uring_submit(&g->ring);
-            if (r > 0)
-                R->queued -= (unsigned)r > R->queued ? R->queued : (unsigned)r;
-            else if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
-                return r;
-        }
-        if (timeout_us < 0) {
+        if ((r = ring_submit(R)) < 0)
+            return r;
+        if (FX_FAULT(FX_FAULT_WAIT_EINTR)) {
+            r = -EINTR; /* tests: a signal arrived */
+        } else if (timeout_us < 0 && !R->queued) {
             r = io_uring_wait_cqe(&g->ring, &cqe);
         } else {
-            struct __kernel_timespec ts = {.tv_sec = timeout_us / 1000000, .tv_nsec = (timeout_us % 1000000) * 1000};
+            /* Reads the kernel did not take yet (EAGAIN, EBUSY) are not in
+             * flight: a blocking wait could outlast every completion. */
+            long us = timeout_us < 0 ? 1000 : timeout_us;
+            struct __kernel_timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
             r = io_uring_wait_cqe_timeout(&g->ring, &cqe, &ts);
         }
-        if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN)
-            return r;
+        if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
+            const struct timespec pause = {0, 1000000};
+            if (io_uring_peek_cqe(&g->ring, &cqe) != 0 || !cqe)
+                nanosleep(&pause, NULL); /* then the loop comes back here */
+        }
         io_uring_for_each_cqe(&g->ring, head, cqe)
         {
             slot_t *s = io_uring_cqe_get_data(cqe);
             int res = cqe->res;
             seen++;
-            if (res == -EAGAIN || res == -EINTR) {
-                resubmit_rest(R, s);
-                continue;
+#ifdef LIBURING_UDATA_TIMEOUT
+            if (cqe->user_data == LIBURING_UDATA_TIMEOUT)
+                continue; /* liburing's own timeout on kernels without EXT_ARG */
+#endif
+            if (__builtin_expect(fx_fault_on, 0) && res > 0) {
+                long k;
+                if (fx_fault_hit(FX_FAULT_EINTR))
+                    res = -EINTR; /* tests: the read is done again */
+                else if (fx_fault_hit(FX_FAULT_EAGAIN))
+                    res = -EAGAIN;
+                else if ((k = fx_fault_hit(FX_FAULT_SHORT)))
+                    res = (int)fx_fault_short(res, k);
             }
-            if (res > 0) {
-                s->got += (uint64_t)res;
-                if (s->got < s->rd_len && !s->direct) {
-                    resubmit_rest(R, s); /* short buffered read: go on */
+            if (res == -EAGAIN || res == -EINTR) {
+                if (s->retries++ < FX_RETRY_MAX) {
+                    resubmit_rest(R, s);
                     continue;
                 }
+            } else if (res > 0) {
+                uint64_t want = s->rd_len - s->got;
+                if ((uint64_t)res < want) {
+                    /* Short: go on from where it stopped (O_DIRECT: from the
+                     * last whole block), unless the file ended there. */
+                    int64_t keep = fx_short_keep(0, s->direct, s->fd, s->rd_off + s->got, (uint64_t)res);
+                    if (keep >= 0) {
+                        s->got += (uint64_t)keep;
+                        if (s->retries++ < FX_RETRY_MAX) {
+                            resubmit_rest(R, s);
+                            continue;
+                        }
+                        read_landed(R, s, -EIO);
+                        continue;
+                    }
+                }
+                s->got += (uint64_t)res;
                 res = (int)s->got;
             } else if (res == 0) {
                 res = (int)s->got; /* EOF */
@@ -1131,11 +1374,12 @@ static int wait_reads(run_t *R, long timeout_us)
     }
 }
 
-/* Runs the whole pipeline; no GIL. Fills res[] per op. */
-static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *res, int cancel_on_error,
-                         void *cstream, int sync)
+/* Runs the whole pipeline; no GIL. Fills res[] per op, and crcs[] (CRC32C of
+ * the bytes copied) when given. */
+static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *res, uint32_t *crcs,
+                         int cancel_on_error, void *cstream, int sync)
 {
-    run_t R = {.g = g, .ops = ops, .nops = nops, .cancel_on_error = cancel_on_error};
+    run_t R = {.g = g, .ops = ops, .nops = nops, .cancel_on_error = cancel_on_error, .want_crc = crcs != NULL};
     saved_ctx sc;
     uint64_t t0 = now_ns();
     int r;
@@ -1143,6 +1387,7 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
     g->last_error[0] = 0;
     g->ntrace = 0;
     g->st_bytes = g->st_reads = g->st_copies = g->st_overlap_copies = g->st_max_reads = g->st_copy_waits = 0;
+    g->st_crc_ns = g->st_crc_bytes = 0;
     R.slots = calloc(g->nslots, sizeof(*R.slots));
     R.fifo = calloc(g->nslots, sizeof(*R.fifo));
     if (!R.slots || !R.fifo) {
@@ -1152,7 +1397,7 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
     }
     for (unsigned i = 0; i < g->nslots; i++)
         R.slots[i].idx = (int)i;
-    if ((r = ctx_enter(g->ctx, g->device, &sc)) != 0) {
+    if ((r = drv.ops->ctx_enter(g->ctx, g->device, &sc)) != 0) {
         set_error(g, "cannot make device %d current: %s (%d)", g->device, drv_errname(r), r);
         for (size_t i = 0; i < nops; i++)
             res[i] = -EIO;
@@ -1160,18 +1405,17 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
     }
     if (g->pending) {
         /* The last read(sync=False) may still be copying out of the slots. */
-        d_ssync(g->stream);
+        drv.ops->stream_sync(g->stream);
         g->pending = 0;
     }
     /* Stream order: no copy may start before the work the caller queued on
      * its stream so far (kernels still using the destination). */
-    if ((r = d_record(g->ev_in, cstream)) != 0 || (r = d_wait(g->stream, g->ev_in)) != 0) {
-        set_error(g, "ordering after the caller's stream failed: %s (%s, %d)",
-                  drv.api == API_CUDA ? "cuEventRecord/cuStreamWaitEvent" : "hipEventRecord/hipStreamWaitEvent",
-                  drv_errname(r), r);
+    if ((r = drv.ops->event_record(g->ev_in, cstream)) != 0 || (r = drv.ops->stream_wait(g->stream, g->ev_in)) != 0) {
+        set_error(g, "ordering after the caller's stream failed: %s (%s, %d)", drv.ops->order_name, drv_errname(r),
+                  r);
         for (size_t i = 0; i < nops; i++)
             res[i] = -EIO;
-        ctx_leave(&sc);
+        drv.ops->ctx_leave(&sc);
         goto out;
     }
     for (;;) {
@@ -1199,7 +1443,8 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
             /* Poll copies while reads are out only when slots are wanted. */
             int more = !R.cancel && R.cur < nops;
             if ((r = wait_reads(&R, R.copying && more ? (long)g->poll_us : -1)) < 0) {
-                /* The ring itself failed: reap what the kernel holds, then stop. */
+                /* Submitting failed: reap every read the kernel holds (they
+                 * land in the slots), then stop. */
                 set_error(g, "io_uring failed: %s", strerror(-r));
                 R.cancel = 1;
                 for (size_t i = 0; i < nops; i++)
@@ -1211,11 +1456,17 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
                 R.reading -= R.queued;
                 R.queued = 0;
                 while (R.reading) {
-                    struct io_uring_cqe *cqe;
-                    if (io_uring_wait_cqe(&g->ring, &cqe) < 0)
-                        break; /* cannot happen short of a kernel bug */
-                    read_landed(&R, io_uring_cqe_get_data(cqe), cqe->res < 0 ? cqe->res : r);
+                    struct io_uring_cqe *cqe = wait_cqe_all(&g->ring);
+                    slot_t *s = io_uring_cqe_get_data(cqe);
+                    int cres = cqe->res;
+#ifdef LIBURING_UDATA_TIMEOUT
+                    if (cqe->user_data == LIBURING_UDATA_TIMEOUT) {
+                        io_uring_cqe_seen(&g->ring, cqe);
+                        continue;
+                    }
+#endif
                     io_uring_cqe_seen(&g->ring, cqe);
+                    read_landed(&R, s, cres < 0 ? cres : r);
                 }
 #endif
             }
@@ -1237,17 +1488,17 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
         }
         R.copying = 0;
         g->pending = 1;
-        if ((r = d_record(g->ev_out, g->stream)) != 0 || (r = d_wait(cstream, g->ev_out)) != 0) {
+        if ((r = drv.ops->event_record(g->ev_out, g->stream)) != 0 || (r = drv.ops->stream_wait(cstream, g->ev_out)) != 0) {
             /* Cannot order the caller's stream: wait here instead. */
             set_error(g, "ordering the caller's stream after the copies failed: %s (%d)", drv_errname(r), r);
-            d_ssync(g->stream);
+            drv.ops->stream_sync(g->stream);
             g->pending = 0;
         }
     } else {
         /* Nothing may touch the staging slots after return. */
-        d_ssync(g->stream);
+        drv.ops->stream_sync(g->stream);
     }
-    ctx_leave(&sc);
+    drv.ops->ctx_leave(&sc);
     for (size_t i = 0; i < nops; i++) {
         op_t *o = &ops[i];
         if (o->err)
@@ -1257,61 +1508,50 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
         else
             res[i] = (int64_t)o->bytes;
     }
+    if (crcs) {
+        for (int64_t p = 0; p < R.npieces; p++) {
+            const struct piece_crc *pc = &R.pcrc[p];
+            if (pc->len)
+                ops[pc->op].crc = fx_crc32c_combine(ops[pc->op].crc, pc->crc, pc->len);
+        }
+        for (size_t i = 0; i < nops; i++)
+            crcs[i] = ops[i].crc;
+    }
 out:
     g->st_wall_ns = now_ns() - t0;
     free(R.slots);
     free(R.fifo);
+    free(R.pcrc);
 }
 
 /* ------------------------------------------------------------- fork */
 
-/* Every live pool, so a fork()ed child can mark them unusable: the child has
- * no reader threads, no staging memory (MADV_DONTFORK) and no usable GPU
- * context, so touching a pool there would hang or crash; it raises instead. */
-static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static GpuStagingObject *reg_head;
+/* A fork()ed child has no reader threads, no staging memory (MADV_DONTFORK),
+ * a copy of the parent's ring and no usable GPU context: a pool made before
+ * the fork (fx_fork_gen moved on since, or another pid) refuses every call
+ * there with a RuntimeError naming fork, and close() forgets its resources
+ * instead of freeing them. Its locks are never taken in the child (a parent
+ * thread may have held one mid-read), so nothing there can hang. */
+static int is_forked(const GpuStagingObject *g)
+{
+    return g->ready && (FX_FORKED(g->gen) || (g->pid && g->pid != getpid()));
+}
+
+static int refuse_forked(const GpuStagingObject *g)
+{
+    if (!is_forked(g))
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "GpuStaging was created before fork(): it cannot be used in the child "
+                                        "(its threads, staging memory, io_uring ring and GPU context stay with "
+                                        "the parent); create a new GpuReader in the child, or start it with "
+                                        "spawn (CUDA cannot be used in a child forked after it was initialised)");
+    return -1;
+}
+
+/* The driver's lock may have been held by a parent thread at fork. */
+static void drv_atfork_child(void) { pthread_mutex_init(&drv_mu, NULL); }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-
-static void atfork_prepare(void) { pthread_mutex_lock(&reg_mu); }
-static void atfork_parent(void) { pthread_mutex_unlock(&reg_mu); }
-static void atfork_child(void)
-{
-    /* One thread now: whatever other threads held is gone with them. */
-    pthread_mutex_init(&reg_mu, NULL);
-    for (GpuStagingObject *g = reg_head; g; g = g->reg_next) {
-        g->forked = 1;
-        pthread_mutex_init(&g->run_mu, NULL); /* a parent thread may have held it mid-read */
-    }
-    pthread_mutex_init(&drv_mu, NULL);
-}
-static void atfork_install(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
-
-static void reg_add(GpuStagingObject *g)
-{
-    pthread_once(&atfork_once, atfork_install);
-    pthread_mutex_lock(&reg_mu);
-    g->reg_prev = NULL;
-    g->reg_next = reg_head;
-    if (reg_head)
-        reg_head->reg_prev = g;
-    reg_head = g;
-    pthread_mutex_unlock(&reg_mu);
-}
-
-static void reg_del(GpuStagingObject *g)
-{
-    pthread_mutex_lock(&reg_mu);
-    if (g->reg_prev)
-        g->reg_prev->reg_next = g->reg_next;
-    else if (reg_head == g)
-        reg_head = g->reg_next;
-    if (g->reg_next)
-        g->reg_next->reg_prev = g->reg_prev;
-    g->reg_next = g->reg_prev = NULL;
-    pthread_mutex_unlock(&reg_mu);
-}
-
-static int is_forked(GpuStagingObject *g) { return g->forked || (g->pid && g->pid != getpid()); }
+static void atfork_install(void) { pthread_atfork(NULL, NULL, drv_atfork_child); }
 
 /* ------------------------------------------------------------- Python side */
 
@@ -1390,8 +1630,8 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->pid = getpid();
+    self->gen = fx_fork_gen;
     self->ready = 1;
-    reg_add(self);
     return 0;
 }
 
@@ -1433,43 +1673,43 @@ static PyObject *GpuStaging_close(GpuStagingObject *self, PyObject *unused)
 
 static void GpuStaging_dealloc(GpuStagingObject *self)
 {
-    reg_del(self);
+    int forked = is_forked(self);
     staging_close(self);
-    pthread_mutex_destroy(&self->run_mu);
+    if (!forked) /* in a child it may be held by a parent thread that does not exist here */
+        pthread_mutex_destroy(&self->run_mu);
     free(self->trace);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"ops", "trace", "cancel_on_error", "stream", "sync", NULL};
+    static char *kwlist[] = {"ops", "trace", "cancel_on_error", "stream", "sync", "crc", NULL};
     PyObject *ops_obj, *seq, *out = NULL;
-    int trace = 0, cancel_on_error = 1, closed = 0, sync = 1;
+    int trace = 0, cancel_on_error = 1, closed = 0, sync = 1, want_crc = 0;
     unsigned long long stream = 0;
     Py_ssize_t n, i;
     op_t *ops;
     int64_t *res;
+    uint32_t *crcs = NULL;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ppKp", kwlist, &ops_obj, &trace, &cancel_on_error, &stream,
-                                     &sync))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ppKpp", kwlist, &ops_obj, &trace, &cancel_on_error, &stream,
+                                     &sync, &want_crc))
         return NULL;
     if (!self->ready) {
         PyErr_SetString(PyExc_ValueError, "GpuStaging is not initialised");
         return NULL;
     }
-    if (is_forked(self)) {
-        PyErr_SetString(PyExc_RuntimeError, "GpuStaging was created before fork(): it cannot be used in the child "
-                                            "(its threads, staging memory and GPU context stay with the parent); "
-                                            "create a new GpuReader in the child");
+    if (refuse_forked(self))
         return NULL;
-    }
     seq = PySequence_Fast(ops_obj, "ops must be a sequence of (fd, offset, length, device_address)");
     if (!seq)
         return NULL;
     n = PySequence_Fast_GET_SIZE(seq);
     ops = calloc(n ? (size_t)n : 1, sizeof(*ops));
     res = calloc(n ? (size_t)n : 1, sizeof(*res));
-    if (!ops || !res) {
+    if (want_crc)
+        crcs = calloc(n ? (size_t)n : 1, sizeof(*crcs));
+    if (!ops || !res || (want_crc && !crcs)) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1498,7 +1738,7 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
         closed = 1;
     } else {
         self->tracing = trace;
-        run_pipeline(self, ops, (size_t)n, res, cancel_on_error, (void *)(uintptr_t)stream, sync);
+        run_pipeline(self, ops, (size_t)n, res, crcs, cancel_on_error, (void *)(uintptr_t)stream, sync);
     }
     pthread_mutex_unlock(&self->run_mu);
     Py_END_ALLOW_THREADS
@@ -1509,7 +1749,8 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
     }
     out = PyList_New(n);
     for (i = 0; out && i < n; i++) {
-        PyObject *v = PyLong_FromLongLong(res[i]);
+        /* with crc: (bytes, CRC32C) per op, as Engine.read(ops, crc=True) */
+        PyObject *v = crcs ? Py_BuildValue("(LI)", (long long)res[i], crcs[i]) : PyLong_FromLongLong(res[i]);
         if (!v) {
             Py_CLEAR(out);
             break;
@@ -1520,6 +1761,7 @@ done:
     Py_DECREF(seq);
     free(ops);
     free(res);
+    free(crcs);
     return out;
 }
 
@@ -1527,6 +1769,8 @@ static PyObject *GpuStaging_last_trace(GpuStagingObject *self, PyObject *unused)
 {
     PyObject *out;
     (void)unused;
+    if (refuse_forked(self))
+        return NULL;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->run_mu); /* waits for a running read() */
     Py_END_ALLOW_THREADS
@@ -1548,12 +1792,15 @@ static PyObject *GpuStaging_last_trace(GpuStagingObject *self, PyObject *unused)
 static PyObject *GpuStaging_last_stats(GpuStagingObject *self, PyObject *unused)
 {
     (void)unused;
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "wall_ns", (unsigned long long)self->st_wall_ns,
+    if (refuse_forked(self))
+        return NULL;
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "wall_ns", (unsigned long long)self->st_wall_ns,
                          "bytes", (unsigned long long)self->st_bytes, "reads", (unsigned long long)self->st_reads,
                          "copies", (unsigned long long)self->st_copies, "copies_during_reads",
                          (unsigned long long)self->st_overlap_copies, "max_reads_in_flight",
                          (unsigned long long)self->st_max_reads, "copy_waits",
-                         (unsigned long long)self->st_copy_waits);
+                         (unsigned long long)self->st_copy_waits, "crc_ns",
+                         (unsigned long long)self->st_crc_ns, "crc_bytes", (unsigned long long)self->st_crc_bytes);
 }
 
 static PyObject *g_address(GpuStagingObject *g, void *c)
@@ -1684,8 +1931,8 @@ static PyGetSetDef GpuStaging_getset[] = {
 
 static PyMethodDef GpuStaging_methods[] = {
     {"read", (PyCFunction)(void (*)(void))GpuStaging_read, METH_VARARGS | METH_KEYWORDS,
-     "read(ops, trace=False, cancel_on_error=True, stream=0, sync=True) -> list: bytes copied to the GPU or "
-     "-errno per op. Copies start after the work queued on `stream` (the caller's CUstream/hipStream_t, 0: the "
+     "read(ops, trace=False, cancel_on_error=True, stream=0, sync=True, crc=False) -> list: bytes copied to the "
+     "GPU or -errno per op ((bytes, CRC32C of them) with crc, checksummed in the staging slots). Copies start after the work queued on `stream` (the caller's CUstream/hipStream_t, 0: the "
      "default stream) so far; sync=False returns once every copy is queued and makes `stream` wait for them"},
     {"last_trace", (PyCFunction)GpuStaging_last_trace, METH_NOARGS,
      "last_trace() -> [(t_ns, kind, slot, op, piece, value)] of the last read(trace=True)"},
@@ -1719,7 +1966,7 @@ static PyObject *mod_gpu_driver(PyObject *m, PyObject *unused)
     Py_END_ALLOW_THREADS
     if (r < 0)
         return Py_BuildValue("{s:O,s:O,s:i,s:s}", "api", Py_None, "path", Py_None, "devices", 0, "error", drv.err);
-    return Py_BuildValue("{s:s,s:s,s:i,s:O}", "api", drv.api == API_CUDA ? "cuda" : "hip", "path", drv.path,
+    return Py_BuildValue("{s:s,s:s,s:i,s:O}", "api", drv.ops->api, "path", drv.path,
                          "devices", drv.ndev, "error", Py_None);
 }
 
@@ -1783,6 +2030,7 @@ static PyMethodDef gpu_functions[] = {
 int fx_gpu_module_init(PyObject *module, PyTypeObject *engine_type)
 {
     (void)engine_type;
+    pthread_once(&atfork_once, atfork_install);
     if (PyType_Ready(&GpuStagingType) < 0)
         return -1;
     if (PyModule_AddObjectRef(module, "GpuStaging", (PyObject *)&GpuStagingType) < 0)

@@ -46,6 +46,7 @@ typedef struct {
     int nthreads;
     fx_uring *uring;
     fx_pool *pool;
+    fx_pool *openers; /* io_uring engine: threads that open chunk files (read_chunks) */
     PyObject *fallback_reason; /* str, or None when the asked engine runs */
     unsigned gen;              /* process generation (fork guard) */
 } EngineObject;
@@ -272,7 +273,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static void engine_shutdown(EngineObject *self)
 {
     fx_uring *u;
-    fx_pool *p;
+    fx_pool *p, *o;
 
     if (FX_FORKED(self->gen)) {
         /* A forked child's copy: its lock, users count, threads and rings
@@ -280,6 +281,7 @@ static void engine_shutdown(EngineObject *self)
         self->closed = 1;
         self->uring = NULL;
         self->pool = NULL;
+        self->openers = NULL;
         return;
     }
     pthread_mutex_lock(&self->mu);
@@ -288,11 +290,14 @@ static void engine_shutdown(EngineObject *self)
         pthread_cond_wait(&self->idle_cv, &self->mu);
     u = self->uring;
     p = self->pool;
+    o = self->openers;
     self->uring = NULL;
     self->pool = NULL;
+    self->openers = NULL;
     pthread_mutex_unlock(&self->mu);
     fx_uring_destroy(u);
     fx_pool_destroy(p);
+    fx_pool_destroy(o);
 }
 
 static PyObject *Engine_close(EngineObject *self, PyObject *unused)
@@ -396,6 +401,245 @@ static PyObject *Engine_register_buffer(EngineObject *self, PyObject *args)
     return PyLong_FromLong(r);
 }
 
+/* ------------------------------------------------------------ read_chunks */
+
+/* Parsed arguments of read_chunks / submit_chunks; names and expected bodies
+ * are copied so the call runs without the GIL or the caller's objects. */
+typedef struct {
+    fx_chunk *c;
+    fx_chunk_result *res;
+    char *arena;
+    size_t n;
+    char *scratch;
+    int verify, direct;
+} chunk_args;
+
+static void chunk_args_free(chunk_args *a)
+{
+    PyMem_Free(a->c);
+    PyMem_Free(a->res);
+    PyMem_Free(a->arena);
+    memset(a, 0, sizeof(*a));
+}
+
+/* Appends len bytes (and a NUL) to the arena; the offset, or -1. */
+static Py_ssize_t arena_put(char **arena, size_t *used, size_t *cap, const char *p, size_t len)
+{
+    size_t off = *used;
+
+    if (*used + len + 1 > *cap) {
+        size_t ncap = (*cap ? *cap * 2 : 4096);
+        char *na;
+        while (ncap < *used + len + 1)
+            ncap *= 2;
+        na = PyMem_Realloc(*arena, ncap);
+        if (!na) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *arena = na;
+        *cap = ncap;
+    }
+    memcpy(*arena + off, p, len);
+    (*arena)[off + len] = 0;
+    *used += len + 1;
+    return (Py_ssize_t)off;
+}
+
+static int parse_chunks(PyObject *seq_in, unsigned long long scratch, chunk_args *a)
+{
+    PyObject *seq = PySequence_Fast(
+        seq_in, "chunks must be a sequence of (dir_fd, name, address, length[, expect])");
+    Py_ssize_t n, i;
+    size_t used = 0, cap = 0;
+    Py_ssize_t *name_off = NULL, *exp_off = NULL;
+
+    if (!seq)
+        return -1;
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 0 && (scratch == 0 || scratch % FX_DIO_ALIGN)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "scratch must be a 4096-aligned address of len(chunks) * 4096 bytes");
+        goto fail;
+    }
+    a->n = (size_t)n;
+    a->scratch = (char *)(uintptr_t)scratch;
+    a->c = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*a->c));
+    a->res = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*a->res));
+    name_off = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*name_off));
+    exp_off = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*exp_off));
+    if (!a->c || !a->res || !name_off || !exp_off) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i), *name = NULL, *expect = Py_None;
+        PyObject *nb = NULL;
+        long long fd, len;
+        unsigned long long addr;
+        char *s;
+        Py_ssize_t slen;
+
+        if (!PyArg_ParseTuple(item, "LOKL|O;each chunk is (dir_fd, name, address, length[, expect])",
+                              &fd, &name, &addr, &len, &expect))
+            goto fail;
+        if (fd < 0 || fd > INT32_MAX || len < 0) {
+            PyErr_Format(PyExc_ValueError, "chunk %zd: dir_fd and length must be >= 0", i);
+            goto fail;
+        }
+        if (len > 0 && addr == 0) {
+            PyErr_Format(PyExc_ValueError, "chunk %zd: address is NULL", i);
+            goto fail;
+        }
+        if (!PyUnicode_FSConverter(name, &nb))
+            goto fail;
+        s = PyBytes_AS_STRING(nb);
+        slen = PyBytes_GET_SIZE(nb);
+        if (slen == 0) {
+            Py_DECREF(nb);
+            PyErr_Format(PyExc_ValueError, "chunk %zd: empty name", i);
+            goto fail;
+        }
+        name_off[i] = arena_put(&a->arena, &used, &cap, s, (size_t)slen);
+        Py_DECREF(nb);
+        if (name_off[i] < 0)
+            goto fail;
+        exp_off[i] = -1;
+        if (expect != Py_None) {
+            if (!PyBytes_Check(expect)) {
+                PyErr_Format(PyExc_TypeError, "chunk %zd: expect must be bytes or None", i);
+                goto fail;
+            }
+            if (PyBytes_GET_SIZE(expect) > (Py_ssize_t)FX_HDR_SIZE) {
+                PyErr_Format(PyExc_ValueError, "chunk %zd: expect is longer than a header", i);
+                goto fail;
+            }
+            exp_off[i] = arena_put(&a->arena, &used, &cap, PyBytes_AS_STRING(expect),
+                                   (size_t)PyBytes_GET_SIZE(expect));
+            if (exp_off[i] < 0)
+                goto fail;
+            a->c[i].expect_len = (uint32_t)PyBytes_GET_SIZE(expect);
+        }
+        a->c[i].dirfd = (int)fd;
+        a->c[i].dest = (char *)(uintptr_t)addr;
+        a->c[i].length = (uint64_t)len;
+    }
+    for (i = 0; i < n; i++) { /* the arena has stopped moving */
+        a->c[i].name = a->arena + name_off[i];
+        a->c[i].expect = exp_off[i] >= 0 ? a->arena + exp_off[i] : NULL;
+    }
+    PyMem_Free(name_off);
+    PyMem_Free(exp_off);
+    Py_DECREF(seq);
+    return 0;
+fail:
+    PyMem_Free(name_off);
+    PyMem_Free(exp_off);
+    Py_DECREF(seq);
+    chunk_args_free(a);
+    return -1;
+}
+
+static int run_engine_cb(void *ctx, fx_batch *b) { return engine_run((EngineObject *)ctx, b); }
+
+/* Threads that open chunk files: the thread engine's own; for io_uring a
+ * few of their own, started on first use. A cold open waits for its inode
+ * to be read, so opens run in parallel as the reads do. */
+#define OPENERS_MAX 8
+
+static fx_pool *chunk_openers(EngineObject *e, int *width)
+{
+    fx_pool *p;
+
+    if (e->kind == KIND_THREADS) {
+        *width = e->nthreads;
+        return e->pool;
+    }
+    *width = e->queue_depth < OPENERS_MAX ? (int)e->queue_depth : OPENERS_MAX;
+    if (*width < 2)
+        return NULL;
+    pthread_mutex_lock(&e->mu);
+    if (!e->openers && !e->closed)
+        e->openers = fx_pool_create(*width);
+    p = e->openers;
+    pthread_mutex_unlock(&e->mu);
+    if (p)
+        *width = fx_pool_nthreads(p);
+    return p; /* NULL (no threads to be had): opens on the calling thread */
+}
+
+static int chunks_run(EngineObject *e, chunk_args *a)
+{
+    int width = 1;
+    fx_pool *openers = a->n > 1 ? chunk_openers(e, &width) : NULL;
+
+    return fx_chunks_read(a->c, a->n, a->scratch, a->direct, a->verify, e->split_bytes,
+                          run_engine_cb, e, openers, width, a->res);
+}
+
+static PyObject *chunk_results_to_list(const chunk_args *a)
+{
+    PyObject *out = PyList_New((Py_ssize_t)a->n);
+
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < a->n; i++) {
+        const fx_chunk_result *r = &a->res[i];
+        PyObject *v = Py_BuildValue("(LLKKL)", (long long)r->status, (long long)r->nbytes,
+                                    (unsigned long long)r->dev, (unsigned long long)r->ino,
+                                    (long long)r->size);
+        if (!v) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, v);
+    }
+    return out;
+}
+
+/* A run's own failure (not a chunk's): raises and returns -1. */
+static int chunks_raise(int r)
+{
+    if (r == -EOWNERDEAD) {
+        PyErr_SetString(PyExc_RuntimeError, FORK_MSG("Engine"));
+        return -1;
+    }
+    if (r < 0) {
+        errno = -r;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return 0;
+}
+
+static char *chunk_kwlist[] = {"chunks", "scratch", "verify", "direct", NULL};
+
+static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    PyObject *chunks, *out = NULL;
+    unsigned long long scratch;
+    chunk_args a;
+    int r;
+
+    memset(&a, 0, sizeof(a));
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|pp", chunk_kwlist, &chunks, &scratch, &a.verify,
+                                     &a.direct))
+        return NULL;
+    if (parse_chunks(chunks, scratch, &a) < 0)
+        return NULL;
+    if (begin_use(self) < 0)
+        goto done;
+    Py_BEGIN_ALLOW_THREADS
+    r = chunks_run(self, &a);
+    Py_END_ALLOW_THREADS
+    end_use(self);
+    if (chunks_raise(r) == 0)
+        out = chunk_results_to_list(&a);
+done:
+    chunk_args_free(&a);
+    return out;
+}
+
 /* ------------------------------------------------------------------ Batch */
 
 typedef struct {
@@ -410,17 +654,24 @@ typedef struct {
     int started, joined;
     atomic_int finished;
     unsigned gen; /* process generation (fork guard) */
+    int is_chunks;   /* submit_chunks: runs chunk files, not ops */
+    chunk_args chunks;
 } BatchObject;
 
 static void *batch_thread(void *arg)
 {
     BatchObject *bo = arg;
     uint64_t one = 1;
-    int r = fx_batch_prepare(&bo->b, bo->engine->split_bytes);
+    int r;
 
-    if (r == 0)
-        r = engine_run(bo->engine, &bo->b);
-    fx_batch_release(&bo->b);
+    if (bo->is_chunks) {
+        r = chunks_run(bo->engine, &bo->chunks);
+    } else {
+        r = fx_batch_prepare(&bo->b, bo->engine->split_bytes);
+        if (r == 0)
+            r = engine_run(bo->engine, &bo->b);
+        fx_batch_release(&bo->b);
+    }
     bo->status = r;
     atomic_store(&bo->finished, 1);
     /* The engine is no longer touched: let close() proceed even if nobody
@@ -463,6 +714,8 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
     bo->status = 0;
     bo->started = bo->joined = 0;
     bo->gen = fx_fork_gen;
+    bo->is_chunks = 0;
+    memset(&bo->chunks, 0, sizeof(bo->chunks));
     atomic_init(&bo->finished, 0);
     if (!(bo->ops = parse_ops(ops_obj, &n)))
         goto fail;
@@ -495,11 +748,59 @@ fail:
     return NULL;
 }
 
+static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    PyObject *chunks;
+    unsigned long long scratch;
+    int verify = 0, direct = 0;
+    BatchObject *bo;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|pp", chunk_kwlist, &chunks, &scratch, &verify,
+                                     &direct))
+        return NULL;
+    bo = PyObject_New(BatchObject, &BatchType);
+    if (!bo)
+        return NULL;
+    bo->engine = (EngineObject *)Py_NewRef(self);
+    bo->ops = NULL;
+    bo->res = NULL;
+    bo->efd = -1;
+    bo->status = 0;
+    bo->started = bo->joined = 0;
+    bo->gen = fx_fork_gen;
+    bo->is_chunks = 1;
+    memset(&bo->b, 0, sizeof(bo->b));
+    memset(&bo->chunks, 0, sizeof(bo->chunks));
+    atomic_init(&bo->finished, 0);
+    if (parse_chunks(chunks, scratch, &bo->chunks) < 0)
+        goto fail;
+    bo->chunks.verify = verify;
+    bo->chunks.direct = direct;
+    bo->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (bo->efd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto fail;
+    }
+    if (begin_use(self) < 0)
+        goto fail;
+    if (pthread_create(&bo->thread, NULL, batch_thread, bo)) {
+        end_use(self);
+        PyErr_SetString(PyExc_OSError, "could not start a batch thread");
+        goto fail;
+    }
+    bo->started = 1;
+    return (PyObject *)bo;
+fail:
+    Py_DECREF(bo);
+    return NULL;
+}
+
 static void Batch_dealloc(BatchObject *bo)
 {
     batch_join(bo); /* the thread writes into memory this object owns */
     if (bo->efd >= 0)
         close(bo->efd);
+    chunk_args_free(&bo->chunks);
     PyMem_Free(bo->ops);
     PyMem_Free(bo->res);
     Py_XDECREF(bo->engine);
@@ -539,6 +840,11 @@ static PyObject *Batch_wait(BatchObject *bo, PyObject *args, PyObject *kw)
     if (batch_forked(bo))
         return NULL;
     batch_join(bo);
+    if (bo->is_chunks) {
+        if (chunks_raise(bo->status) < 0)
+            return NULL;
+        return chunk_results_to_list(&bo->chunks);
+    }
     if (bo->status == -ENOMEM) {
         errno = -bo->status;
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -798,6 +1104,13 @@ static PyMethodDef Engine_methods[] = {
      "write(ops, crc=False) -> list: bytes written or -errno per op"},
     {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_VARARGS | METH_KEYWORDS,
      "submit(ops, write=False, crc=False) -> Batch running in the background"},
+    {"read_chunks", (PyCFunction)(void (*)(void))Engine_read_chunks, METH_VARARGS | METH_KEYWORDS,
+     "read_chunks(chunks, scratch, verify=False, direct=False) -> list of (status, nbytes, "
+     "st_dev, st_ino, st_size) per chunk (dir_fd, name, address, length[, expect])"},
+    {"submit_chunks", (PyCFunction)(void (*)(void))Engine_submit_chunks,
+     METH_VARARGS | METH_KEYWORDS,
+     "submit_chunks(chunks, scratch, verify=False, direct=False) -> Batch whose wait() returns "
+     "read_chunks' results"},
     {"register_buffer", (PyCFunction)Engine_register_buffer, METH_VARARGS,
      "register_buffer(address, length) -> 0 or -errno; (0, 0) unregisters"},
     {"close", (PyCFunction)Engine_close, METH_NOARGS, "wait for running batches, free the engine"},
@@ -871,6 +1184,35 @@ static struct PyModuleDef fxio_module = {
     module_methods,
 };
 
+/* CHUNK_OK, CHUNK_SHORT, ... and CHUNK_STATUS_NAMES (code -> name). */
+static int add_chunk_constants(PyObject *m)
+{
+    static const char *const consts[FX_CHUNK_NCODES] = {
+        "CHUNK_OK",      "CHUNK_SHORT",      "CHUNK_BAD_MAGIC", "CHUNK_BAD_CRC",
+        "CHUNK_VERSION", "CHUNK_BAD_HEADER", "CHUNK_LENGTH",    "CHUNK_META",
+        "CHUNK_PAYLOAD_CRC",
+    };
+    PyObject *names = PyTuple_New(FX_CHUNK_NCODES);
+
+    if (!names)
+        return -1;
+    for (int k = 0; k < FX_CHUNK_NCODES; k++) {
+        PyObject *v = PyUnicode_FromString(fx_chunk_status_name(k));
+        if (!v || PyModule_AddIntConstant(m, consts[k], k) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(names);
+            return -1;
+        }
+        PyTuple_SET_ITEM(names, k, v);
+    }
+    if (PyModule_AddObjectRef(m, "CHUNK_STATUS_NAMES", names) < 0) {
+        Py_DECREF(names);
+        return -1;
+    }
+    Py_DECREF(names);
+    return PyModule_AddIntConstant(m, "CHUNK_HEADER_SIZE", FX_HDR_SIZE);
+}
+
 PyMODINIT_FUNC PyInit__fxio(void)
 {
     PyObject *m;
@@ -891,6 +1233,7 @@ PyMODINIT_FUNC PyInit__fxio(void)
         PyModule_AddIntConstant(m, "DIO_ALIGN", FX_DIO_ALIGN) < 0 ||
         PyModule_AddIntConstant(m, "HAVE_LIBURING", fx_uring_available()) < 0 ||
         PyModule_AddStringConstant(m, "CRC32C_IMPL", fx_crc32c_impl()) < 0 ||
+        add_chunk_constants(m) < 0 ||
         fx_gpu_module_init(m, &EngineType) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -7,7 +7,10 @@
 #include "fxio.h"
 
 typedef struct fx_job {
-    fx_batch *b;
+    fx_batch *b;     /* a batch of pieces, or NULL for tasks: */
+    fx_task_fn fn;   /* fn(ctx, i) for i in 0..ntasks-1 */
+    void *ctx;
+    size_t ntasks;
     size_t next;     /* next piece to hand out */
     size_t finished; /* pieces done */
     int active;      /* workers on this job, bounded by queue depth */
@@ -26,11 +29,13 @@ struct fx_pool {
     unsigned gen; /* process generation it was made in (fork guard) */
 };
 
+static size_t job_count(const fx_job *j) { return j->b ? j->b->npieces : j->ntasks; }
+
 /* First queued job that still has pieces and room for another worker. */
 static fx_job *pick(fx_pool *pool)
 {
     for (fx_job *j = pool->head; j; j = j->link)
-        if (j->next < j->b->npieces && j->active < j->max_active)
+        if (j->next < job_count(j) && j->active < j->max_active)
             return j;
     return NULL;
 }
@@ -66,6 +71,27 @@ static void *worker(void *arg)
             pthread_cond_wait(&pool->work_cv, &pool->mu);
         if (pool->stop)
             break;
+        if (!job->b) {
+            /* Tasks are small (an open): take a few at a time. */
+            size_t t = job->next, take = (job->ntasks - t) / ((size_t)job->max_active * 2);
+
+            take = take < 1 ? 1 : take > 8 ? 8 : take;
+            job->next += take;
+            job->active++;
+            if (job->next == job->ntasks)
+                unlink_job(pool, job);
+            pthread_mutex_unlock(&pool->mu);
+            for (size_t e = t + take; t < e; t++)
+                job->fn(job->ctx, t);
+            pthread_mutex_lock(&pool->mu);
+            job->active--;
+            job->finished += take;
+            if (job->finished == job->ntasks)
+                pthread_cond_signal(&job->done_cv);
+            else if (job->next < job->ntasks)
+                pthread_cond_signal(&pool->work_cv);
+            continue;
+        }
         p = &job->b->pieces[job->next++];
         job->active++;
         if (job->next == job->b->npieces)
@@ -138,6 +164,10 @@ void fx_pool_destroy(fx_pool *pool)
 
 int fx_pool_nthreads(const fx_pool *pool) { return pool->nthreads; }
 
+static void start_job(fx_pool *pool, fx_job *job);
+static void wait_job(fx_pool *pool, fx_job *job);
+static void run_job(fx_pool *pool, fx_job *job);
+
 /* Runs a prepared batch to completion; the caller must not hold the GIL. */
 int fx_pool_run(fx_pool *pool, fx_batch *b, int queue_depth)
 {
@@ -149,17 +179,74 @@ int fx_pool_run(fx_pool *pool, fx_batch *b, int queue_depth)
         fx_batch_fail_all(b, EOWNERDEAD); /* no workers here: it would wait forever */
         return -EOWNERDEAD;
     }
-    pthread_cond_init(&job.done_cv, NULL);
+    run_job(pool, &job);
+    return 0;
+}
+
+struct fx_tasks {
+    fx_job job;
+};
+
+/* Queues a job without waiting for it. */
+static void start_job(fx_pool *pool, fx_job *job)
+{
+    pthread_cond_init(&job->done_cv, NULL);
     pthread_mutex_lock(&pool->mu);
     if (pool->tail)
-        pool->tail->link = &job;
+        pool->tail->link = job;
     else
-        pool->head = &job;
-    pool->tail = &job;
+        pool->head = job;
+    pool->tail = job;
     pthread_cond_broadcast(&pool->work_cv);
-    while (job.finished < b->npieces)
-        pthread_cond_wait(&job.done_cv, &pool->mu);
     pthread_mutex_unlock(&pool->mu);
-    pthread_cond_destroy(&job.done_cv);
+}
+
+static void wait_job(fx_pool *pool, fx_job *job)
+{
+    pthread_mutex_lock(&pool->mu);
+    while (job->finished < job_count(job))
+        pthread_cond_wait(&job->done_cv, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
+    pthread_cond_destroy(&job->done_cv);
+}
+
+fx_tasks *fx_pool_spawn(fx_pool *pool, size_t n, fx_task_fn fn, void *ctx, int width)
+{
+    fx_tasks *t;
+
+    if (n == 0 || FX_FORKED(pool->gen) || !(t = calloc(1, sizeof(*t))))
+        return NULL;
+    t->job.fn = fn;
+    t->job.ctx = ctx;
+    t->job.ntasks = n;
+    t->job.max_active = width > 0 ? width : 1;
+    start_job(pool, &t->job);
+    return t;
+}
+
+void fx_tasks_wait(fx_pool *pool, fx_tasks *t)
+{
+    if (!t)
+        return;
+    wait_job(pool, &t->job);
+    free(t);
+}
+
+int fx_pool_parallel(fx_pool *pool, size_t n, fx_task_fn fn, void *ctx, int width)
+{
+    fx_job job = {.fn = fn, .ctx = ctx, .ntasks = n, .max_active = width > 0 ? width : 1};
+
+    if (n == 0)
+        return 0;
+    if (FX_FORKED(pool->gen))
+        return -EOWNERDEAD;
+    run_job(pool, &job);
     return 0;
+}
+
+/* Queues a job and waits until every piece or task of it finished. */
+static void run_job(fx_pool *pool, fx_job *job)
+{
+    start_job(pool, job);
+    wait_job(pool, job);
 }

@@ -7,6 +7,7 @@
  * runs with pread/pwrite on the calling thread instead. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,26 @@ struct fx_uring {
     unsigned gen; /* process generation it was made in (fork guard) */
 };
 
+/* Reads served from memory (fx_piece.mem) of at least this many bytes go
+ * to io-wq (IOSQE_ASYNC): completed inline they would all be copied by the
+ * submitting thread, one core for the whole batch. Smaller ones stay inline,
+ * where a hand-off would cost more than the copy. LMCACHE_FX_MEM_ASYNC
+ * overrides it (bytes; 0 = never), read when an engine is made. */
+#define MEM_ASYNC_MIN_DEFAULT (128u << 10)
+static uint64_t mem_async_min = MEM_ASYNC_MIN_DEFAULT;
+
+/* io-wq workers a ring's submitting threads may use for such copies: one
+ * per CPU this process may run on (more only adds switching). */
+static unsigned iowq_workers(void)
+{
+    cpu_set_t set;
+    int n = 0;
+
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        n = CPU_COUNT(&set);
+    return n > 0 ? (unsigned)n : 1;
+}
+
 static int ring_init(struct io_uring *ring, unsigned qd, unsigned *flags)
 {
     struct io_uring_params p;
@@ -61,6 +82,12 @@ static int ring_init(struct io_uring *ring, unsigned qd, unsigned *flags)
     }
     if (r == 0)
         (void)io_uring_ring_dontfork(ring); /* a forked child gets no copy of the rings */
+    if (r == 0 && mem_async_min) {
+        unsigned v[2] = {iowq_workers(), 0}; /* bounded (file I/O); unbounded unchanged */
+        if (v[0] > qd)
+            v[0] = qd;
+        (void)io_uring_register_iowq_max_workers(ring, v); /* 5.15+; best effort */
+    }
     return r;
 }
 
@@ -180,6 +207,20 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
     pthread_cond_init(&u->slot_cv, NULL);
     u->qd = qd;
     u->gen = fx_fork_gen;
+    {
+        const char *v = getenv("LMCACHE_FX_MEM_ASYNC");
+        char *end;
+        unsigned long long x;
+
+        if (v && *v) {
+            errno = 0;
+            x = strtoull(v, &end, 10);
+            if (!errno && !*end)
+                mem_async_min = x;
+        } else {
+            mem_async_min = MEM_ASYNC_MIN_DEFAULT;
+        }
+    }
 #ifdef IORING_SETUP_COOP_TASKRUN
     /* Completions are reaped by the submitting thread; skip the IPIs. */
     u->setup_flags = IORING_SETUP_COOP_TASKRUN;
@@ -300,9 +341,16 @@ static void prep_piece(fx_uring *u, ring_slot *s, struct io_uring_sqe *sqe, cons
                        fx_piece *p)
 {
     int fd = b->ops[p->op].fd;
-    int idx = fixed_index(u, s, p);
+    int idx = p->hdr ? -1 : fixed_index(u, s, p);
 
-    if (idx >= 0) {
+    if (p->hdr) {
+        /* Header and the piece's bytes in one vectored read. */
+        p->iov[0].iov_base = p->hdr;
+        p->iov[0].iov_len = FX_HDR_SIZE;
+        p->iov[1].iov_base = p->buf;
+        p->iov[1].iov_len = p->length;
+        io_uring_prep_readv(sqe, fd, p->iov, p->length ? 2 : 1, p->offset - FX_HDR_SIZE);
+    } else if (idx >= 0) {
         if (b->write)
             io_uring_prep_write_fixed(sqe, fd, p->buf, (unsigned)p->length, p->offset, idx);
         else
@@ -312,6 +360,8 @@ static void prep_piece(fx_uring *u, ring_slot *s, struct io_uring_sqe *sqe, cons
     } else {
         io_uring_prep_read(sqe, fd, p->buf, (unsigned)p->length, p->offset);
     }
+    if (p->mem && mem_async_min && p->length + (p->hdr ? FX_HDR_SIZE : 0) >= mem_async_min)
+        io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
     io_uring_sqe_set_data(sqe, p);
 }
 
@@ -393,8 +443,34 @@ static int on_cqe(run_state *st, fx_piece *p, int res)
         return 0;
     }
     if (res < 0) {
-        land(st, p, res);
+        land(st, p, res); /* a header with it fails the same way */
         return 0;
+    }
+    if (p->hdr) {
+        /* A fused piece: its header first. */
+        int fd = st->b->ops[p->op].fd;
+
+        if (res < (int)FX_HDR_SIZE) {
+            if (res == 0 || fx_hdr_at_eof(fd, p->offset - FX_HDR_SIZE, (uint64_t)res)) {
+                fx_piece_header_done(st->b, p, res); /* the file ends inside its header */
+                land(st, p, 0);
+                return 0;
+            }
+            if (p->retries++ >= FX_RETRY_MAX) {
+                land(st, p, -EIO);
+                return 0;
+            }
+            return 1; /* the whole again */
+        }
+        fx_piece_header_done(st->b, p, FX_HDR_SIZE);
+        res -= (int)FX_HDR_SIZE;
+        if (res == 0 && p->length) {
+            if (p->retries++ >= FX_RETRY_MAX) {
+                land(st, p, -EIO);
+                return 0;
+            }
+            return 1; /* the rest as a plain read */
+        }
     }
     if (res == 0) {
         land(st, p, write ? -EIO : st->done[pi]); /* EOF */
@@ -490,7 +566,14 @@ static int abort_run(fx_uring *u, run_state *st, ring_slot *s, unsigned inflight
         io_uring_cqe_seen(&s->ring, cqe);
         inflight--;
         pi = (size_t)(p - st->b->pieces);
-        if (res >= 0 && (uint64_t)res >= p->length)
+        if (p->hdr) {
+            if (res >= 0 && (uint64_t)res >= FX_HDR_SIZE + p->length) {
+                fx_piece_header_done(st->b, p, FX_HDR_SIZE);
+                finish(st, p, (int64_t)p->length);
+            } else {
+                finish(st, p, res < 0 ? res : err);
+            }
+        } else if (res >= 0 && (uint64_t)res >= p->length)
             finish(st, p, st->done[pi] + res);
         else
             finish(st, p, res < 0 ? res : err);

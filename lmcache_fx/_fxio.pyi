@@ -17,6 +17,21 @@ from typing import Literal, overload
 from typing_extensions import Buffer
 
 Op = tuple[int, int, int, int]
+# (dir_fd, name, address, length) or with the expected JSON body: (..., expect)
+Chunk = tuple[int, str | bytes, int, int] | tuple[int, str | bytes, int, int, bytes | None]
+ChunkResult = tuple[int, int, int, int, int]  # (status, nbytes, st_dev, st_ino, st_size)
+
+CHUNK_OK: int  # 0
+CHUNK_SHORT: int  # header or payload came back short (st_size tells a short file from a short read)
+CHUNK_BAD_MAGIC: int
+CHUNK_BAD_CRC: int  # header CRC32C
+CHUNK_VERSION: int  # a well-formed header of another format version
+CHUNK_BAD_HEADER: int  # header size or meta length out of range
+CHUNK_LENGTH: int  # payload length is not the destination's
+CHUNK_META: int  # JSON body differs from `expect`
+CHUNK_PAYLOAD_CRC: int
+CHUNK_STATUS_NAMES: tuple[str, ...]  # code -> name
+CHUNK_HEADER_SIZE: int  # 4096
 
 DIO_ALIGN: int  # 4096
 HAVE_LIBURING: int  # 1 when built with liburing (io_uring engine present)
@@ -52,6 +67,29 @@ class Engine:
     def write(self, ops: Sequence[Op], crc: Literal[True]) -> list[tuple[int, int]]: ...
     def submit(self, ops: Sequence[Op], write: bool = False, crc: bool = False) -> Batch:
         """Runs the batch on a C thread; await Batch.fileno() becoming readable."""
+    def read_chunks(
+        self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False
+    ) -> list[ChunkResult]:
+        """Reads whole chunk files (csrc/chunks.c), one call per batch, the GIL
+        released. Per chunk (dir_fd, name, address, length[, expect]): opens
+        `name` relative to dir_fd with O_RDONLY|O_NOFOLLOW|O_CLOEXEC
+        [|O_DIRECT], following no symlink anywhere in name (-ELOOP) and never
+        leaving dir_fd (-EXDEV); fstat; reads the 4096-byte header into
+        scratch + i * 4096 and `length` payload bytes from offset 4096 into
+        address in one vectored read (larger payloads go on in split_bytes
+        pieces); checks the header in C as chunkfile.decode_header does
+        (magic, header CRC32C, format version, sizes), then that its payload
+        length is `length`, that its JSON body is exactly `expect` (bytes;
+        None: not checked), and with verify the payload CRC32C; closes.
+        Opens run on a few threads (a cold open waits for its inode) while
+        the previous files are read. Returns per chunk (status, payload bytes
+        or -errno, st_dev, st_ino, st_size): status 0 (CHUNK_OK), -errno, or
+        a CHUNK_* code (CHUNK_STATUS_NAMES[code]); st_* are 0 / -1 when no
+        file was opened. scratch: 4096-aligned, len(chunks) * 4096 bytes."""
+    def submit_chunks(
+        self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False
+    ) -> Batch:
+        """read_chunks on a C thread; Batch.wait() returns its results."""
     def register_buffer(self, address: int, length: int) -> int:
         """Registers memory as io_uring fixed buffers (pieces inside it use
         READ_FIXED). 0 or -errno (-ENOMEM without CAP_IPC_LOCK, -ENOSYS on
@@ -63,7 +101,7 @@ class Batch:
     def fileno(self) -> int:
         """An eventfd that becomes readable when the batch is done."""
     def done(self) -> bool: ...
-    def wait(self) -> list[int] | list[tuple[int, int]]:
+    def wait(self) -> list[int] | list[tuple[int, int]] | list[ChunkResult]:
         """Blocks (without the GIL) until done; returns the results."""
 
 class HostBuffer(Buffer):

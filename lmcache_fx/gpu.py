@@ -20,12 +20,23 @@ returns; with sync=False it returns once every copy is queued, and the
 caller's stream waits for them (work queued on it afterwards sees the data;
 the host does not wait).
 
+Integrity: read_into(..., crc=True) returns (bytes, CRC32C) per op, as the
+engine's read(..., crc=True) does. Each piece is checksummed in its staging
+slot, which the pipeline owns from the read until the copy out of it ended,
+so the CRC is that of the bytes the GPU received; the store's verify works
+on the GPU path.
+
+Fork: a reader made before os.fork() refuses every read in the child with a
+RuntimeError naming fork (its threads, ring, staging memory and GPU context
+stay with the parent); close() there only forgets them.
+
 The driver is found at run time: a CUDA/HIP library the process already
 loaded (torch's), else libcuda.so.1, else ROCm's libamdhip64.so.7/.6/.so;
 LMCACHE_FX_GPU_DRIVER=/path/lib.so selects another library exporting the
 CUDA driver names (the tests' stand-in, tests/fake_gpu_driver.c, whose
 "device pointers" are host addresses).
 """
+
 from __future__ import annotations
 
 import errno
@@ -117,11 +128,20 @@ class GpuReader:
     slots * slot_bytes of host memory is page-locked for the reader's life.
     One read_into runs at a time per reader (others wait)."""
 
-    def __init__(self, engine=None, device: Any = None, slots: int = DEFAULT_SLOTS,
-                 slot_bytes: int = DEFAULT_SLOT_BYTES, io_engine: str = "auto", warn: bool = True):
+    def __init__(
+        self,
+        engine=None,
+        device: Any = None,
+        slots: int = DEFAULT_SLOTS,
+        slot_bytes: int = DEFAULT_SLOT_BYTES,
+        io_engine: str = "auto",
+        warn: bool = True,
+    ):
         self.device = _device_index(device)
-        self._st = _fxio.GpuStaging(slots=slots, slot_bytes=slot_bytes, device=self.device,
-                                    engine=engine, io_engine=io_engine)
+        self._pid = os.getpid()
+        self._st = _fxio.GpuStaging(
+            slots=slots, slot_bytes=slot_bytes, device=self.device, engine=engine, io_engine=io_engine
+        )
         self._inflight: set = set()  # routed reads running on threads (GpuRouter.submit)
         self._inflight_mu = threading.Lock()
         if warn and self.degraded and self.degraded not in _warned:
@@ -152,8 +172,10 @@ class GpuReader:
         the slots as fixed buffers (pages pinned again on every read)."""
         why = []
         if not self._st.pinned:
-            why.append(f"staging memory not page-locked ({self._st.pin_error}): copies to the GPU are "
-                       "synchronous, reads and copies do not overlap")
+            why.append(
+                f"staging memory not page-locked ({self._st.pin_error}): copies to the GPU are "
+                "synchronous, reads and copies do not overlap"
+            )
         if self._st.fixed_error:
             why.append(f"{self._st.fixed_error}: every read pins its pages again")
         return "; ".join(why) or None
@@ -178,18 +200,54 @@ class GpuReader:
         copy_done (when the event was seen complete), error."""
         return self._st.last_trace()
 
+    @property
+    def forked(self) -> bool:
+        """This process is a fork()ed child of the one that made the reader."""
+        return os.getpid() != self._pid or self._st.forked
+
+    def check_fork(self) -> None:
+        """Raises RuntimeError (naming fork) in a fork()ed child."""
+        if self.forked:
+            raise RuntimeError(
+                "GpuReader was created before fork(): it cannot be used in the child (its threads, "
+                "io_uring ring, staging memory and GPU context stay with the parent); create a new "
+                "one in the child, or start the child with spawn"
+            )
+
     # -- reads
-    def read_into(self, ops: Sequence[tuple[int, int, int, int]], trace: bool = False,
-                  cancel_on_error: bool = True, stream: Any = None, sync: bool = True) -> list[int]:
+    def read_into(
+        self,
+        ops: Sequence[tuple[int, int, int, int]],
+        trace: bool = False,
+        cancel_on_error: bool = True,
+        stream: Any = None,
+        sync: bool = True,
+        crc: bool = False,
+    ) -> list:
         """ops: (fd, file_offset, length, device_address). GIL released.
         stream: ordered after the work queued on it so far (default: torch's
         current stream); sync=False: return once the copies are queued, with
-        `stream` made to wait for them instead of this thread."""
-        return self._st.read(ops, trace=trace, cancel_on_error=cancel_on_error,
-                             stream=_stream_handle(stream, self.device), sync=sync)
+        `stream` made to wait for them instead of this thread. crc=True:
+        (bytes, CRC32C of those bytes) per op instead of bytes."""
+        self.check_fork()
+        return self._st.read(
+            ops,
+            trace=trace,
+            cancel_on_error=cancel_on_error,
+            stream=_stream_handle(stream, self.device),
+            sync=sync,
+            crc=crc,
+        )
 
-    def read_tensors(self, path: str, items: Iterable[tuple[int, Any]], odirect: bool = True,
-                     trace: bool = False, stream: Any = None, sync: bool = True) -> list[int]:
+    def read_tensors(
+        self,
+        path: str,
+        items: Iterable[tuple[int, Any]],
+        odirect: bool = True,
+        trace: bool = False,
+        stream: Any = None,
+        sync: bool = True,
+    ) -> list[int]:
         """Fills each contiguous tensor with the file's bytes at file_offset.
         O_DIRECT is used when asked and the filesystem allows it."""
         items = list(items)
@@ -213,7 +271,10 @@ class GpuReader:
     def wait_writes(self, lo: int = 0, hi: int = 1 << 64) -> None:
         """Waits for every routed read still writing into [lo, hi): what must
         happen before that memory is freed (e.g. after an awaited read was
-        cancelled, its thread still runs)."""
+        cancelled, its thread still runs). Nothing to wait for in a fork()ed
+        child: those threads are the parent's."""
+        if self.forked:
+            return
         with self._inflight_mu:
             batches = [b for b in self._inflight if b.overlaps(lo, hi)]
         for b in batches:
@@ -221,7 +282,7 @@ class GpuReader:
 
     def close(self) -> None:
         self.wait_writes()
-        self._st.close()
+        self._st.close()  # in a fork()ed child: forgets the parent's resources
 
     def __enter__(self) -> "GpuReader":
         return self
@@ -286,8 +347,15 @@ class GpuChunkAllocator:
     memory_device: torch device of the buffer, default cuda:<device>; 'cpu'
     only with the tests' stand-in driver (see direct_to_gpu_problem)."""
 
-    def __init__(self, size: int, device: Any = None, engine=None, slots: int = DEFAULT_SLOTS,
-                 slot_bytes: int = DEFAULT_SLOT_BYTES, memory_device: Optional[str] = None):
+    def __init__(
+        self,
+        size: int,
+        device: Any = None,
+        engine=None,
+        slots: int = DEFAULT_SLOTS,
+        slot_bytes: int = DEFAULT_SLOT_BYTES,
+        memory_device: Optional[str] = None,
+    ):
         from lmcache.v1.memory_allocators.gpu_memory_allocator import GPUMemoryAllocator
 
         idx = _device_index(device)
@@ -370,10 +438,9 @@ class GpuRouter:
     """An engine stand-in for ChunkStore's drive_blocking / drive_async:
     read ops whose address `owns` are sent to the GPU pipeline (one read_into
     per batch), the others to the engine, both at once; results come back in
-    op order. Writes go to the engine unchanged. CRCs of GPU-bound payloads
-    are not available (the data never rests in host memory the caller can
-    see), so a batch asking for them is refused: direct_to_gpu needs
-    verify: false."""
+    op order. Writes go to the engine unchanged. With crc=True every op's
+    result is (bytes, CRC32C), as from the engine: the pipeline checksums the
+    GPU-bound payloads in its staging slots, so the store's verify holds."""
 
     def __init__(self, engine, reader: GpuReader, owns):
         self.engine, self.reader, self.owns = engine, reader, owns
@@ -391,11 +458,12 @@ class GpuRouter:
         dev, host = self._split(ops)
         if not dev:
             return self.engine.read(ops, crc=crc)
-        if crc:
-            raise ValueError("CRC32C of reads into GPU memory is not available (direct_to_gpu needs verify: false)")
-        batch = self.engine.submit([ops[i] for i in host], write=False, crc=False) if host else None
+        check = getattr(self.reader, "check_fork", None)
+        if check is not None:
+            check()  # before the engine starts reading for a child that cannot finish
+        batch = self.engine.submit([ops[i] for i in host], write=False, crc=crc) if host else None
         try:
-            dres = self.reader.read_into([ops[i] for i in dev], cancel_on_error=False)
+            dres = self.reader.read_into([ops[i] for i in dev], cancel_on_error=False, crc=crc)
         finally:
             hres = batch.wait() if batch is not None else []
         out = [0] * len(ops)
@@ -412,6 +480,9 @@ class GpuRouter:
         dev = [] if write else self._split(ops)[0]
         if not dev:
             return self.engine.submit(ops, write=write, crc=crc)
+        check = getattr(self.reader, "check_fork", None)
+        if check is not None:
+            check()
         ranges = [(ops[i][3], ops[i][3] + ops[i][2]) for i in dev]
         track = getattr(self.reader, "_track", None)
         return _ThreadBatch(lambda: self.read(ops, crc), ranges, track)

@@ -106,7 +106,9 @@ class FxStorageBackend(StoragePluginInterface):
                  "" if self._gpu is None else
                  f", direct_to_gpu on GPU {self._gpu.reader.device} ({self.options.gpu_buffer_mib} MiB buffer, "
                  f"staging {self.options.gpu_staging_slots} x {self.options.gpu_slot_mib} MiB, "
-                 f"pinned {self._gpu.reader.pinned}, reads {self._gpu.reader.io})")
+                 f"pinned {self._gpu.reader.pinned}, reads {self._gpu.reader.io}, "
+                 f"payload CRC32C {'checked' if self.options.verify else 'off'}; "
+                 f"{self._gpu.reader.degraded or 'no slow path'}; {self._gpu.reader.numa_info})")
 
     def __str__(self) -> str:
         return f"FxStorageBackend({self.name})"

@@ -38,6 +38,7 @@ there is no GPU (without --stand-in).
 on a CPU host against it ("device memory" is host memory, the LMCache phase
 uses lmcache-fx's CPU test connector): how CI exercises this script.
 """
+
 import argparse
 import ctypes
 import json
@@ -66,8 +67,13 @@ def log(*a):
 class Report:
     def __init__(self, path, args):
         self.path = path
-        self.data = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "stand_in": args.stand_in,
-                     "args": vars(args), "phases": {}, "current": None}
+        self.data = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "stand_in": args.stand_in,
+            "args": vars(args),
+            "phases": {},
+            "current": None,
+        }
         self.lock = threading.Lock()
         self.write()
 
@@ -89,6 +95,7 @@ class Report:
 
 def watchdog(rep, deadline_s):
     """Ends a hung run: the phase running is marked failed, the report written."""
+
     def fire():
         cur = rep.data.get("current") or "?"
         rep.data["phases"][cur] = {"outcome": "fail", "why": f"run exceeded {deadline_s} s (hung?)"}
@@ -139,8 +146,14 @@ def fake_lib():
     lib = ctypes.CDLL(os.environ["LMCACHE_FX_GPU_DRIVER"])
     lib.fake_gpu_stream_new.restype = ctypes.c_void_p
     lib.fake_gpu_stream_sync.argtypes = [ctypes.c_void_p]
-    lib.fake_gpu_kernel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                    ctypes.c_size_t, ctypes.c_uint]
+    lib.fake_gpu_kernel.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_size_t,
+        ctypes.c_uint,
+    ]
     lib.fake_gpu_pinned_bytes.restype = ctypes.c_long
     return lib
 
@@ -183,10 +196,17 @@ def phase_environment(ctx):
     from lmcache_fx import gpu
 
     torch = ctx.dev.torch
-    out = {"host": os.uname().nodename, "kernel": os.uname().release, "python": sys.version.split()[0],
-           "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_hip": getattr(torch.version, "hip", None),
-           "driver_info": gpu.driver_info(), "memlock": resource.getrlimit(resource.RLIMIT_MEMLOCK),
-           "dir": ctx.dir}
+    out = {
+        "host": os.uname().nodename,
+        "kernel": os.uname().release,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "torch_hip": getattr(torch.version, "hip", None),
+        "driver_info": gpu.driver_info(),
+        "memlock": resource.getrlimit(resource.RLIMIT_MEMLOCK),
+        "dir": ctx.dir,
+    }
     df = subprocess.run(["df", "-T", ctx.dir], capture_output=True, text=True).stdout.splitlines()
     out["filesystem"] = df[-1] if df else "?"
     try:
@@ -201,8 +221,11 @@ def phase_environment(ctx):
         out["gpu"] = torch.cuda.get_device_name(ctx.dev.index)
         for q in ("pcie.link.gen.current", "pcie.link.width.current", "pci.bus_id", "driver_version"):
             if shutil.which("nvidia-smi"):
-                r = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader", f"-i={ctx.dev.index}"],
-                                   capture_output=True, text=True)
+                r = subprocess.run(
+                    ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader", f"-i={ctx.dev.index}"],
+                    capture_output=True,
+                    text=True,
+                )
                 out[q] = r.stdout.strip()
     info = out["driver_info"]
     fake = "fake_gpu_driver" in str(info.get("path"))
@@ -220,9 +243,16 @@ def phase_driver(ctx):
 
     dev, out = ctx.dev, {}
     with gpu.GpuReader(device=dev.index, slots=4, slot_bytes=MiB, warn=False) as rd:
-        out.update(pinned=rd.pinned, pin_error=rd.staging.pin_error, io=rd.io, fixed_buffers=rd.staging.fixed_buffers,
-                   fixed_error=rd.staging.fixed_error, degraded=rd.degraded, numa_node=rd.numa_node,
-                   numa_info=rd.numa_info)
+        out.update(
+            pinned=rd.pinned,
+            pin_error=rd.staging.pin_error,
+            io=rd.io,
+            fixed_buffers=rd.staging.fixed_buffers,
+            fixed_error=rd.staging.fixed_error,
+            degraded=rd.degraded,
+            numa_node=rd.numa_node,
+            numa_info=rd.numa_info,
+        )
         ctx.env_numa = rd.numa_info
         before = current_context(ctx)
         dst = dev.empty(4 * MiB)
@@ -234,7 +264,7 @@ def phase_driver(ctx):
         dev.sync()
         out["read"] = res
         out["context_unchanged"] = current_context(ctx) == before
-        out["bit_exact"] = bool(dev.torch.equal(dst, ctx.ref[:4 * MiB]))
+        out["bit_exact"] = bool(dev.torch.equal(dst, ctx.ref[: 4 * MiB]))
     if not ctx.stand_in:
         t = dev.torch.ones(1024, device=dev.device)
         out["torch_works"] = float(t.sum().item()) == 1024.0
@@ -260,8 +290,9 @@ def pinned_table(ctx):
     hb = _fxio.HostBuffer(n)
     cudart = torch.cuda.cudart()
     r = int(cudart.cudaHostRegister(hb.address, n, 0))
-    reg["cudaHostRegister'ed anonymous memory"] = gpu.io_uring_can_register(hb.address, n) if r == 0 else \
-        f"cudaHostRegister failed: {r}"
+    reg["cudaHostRegister'ed anonymous memory"] = (
+        gpu.io_uring_can_register(hb.address, n) if r == 0 else f"cudaHostRegister failed: {r}"
+    )
     if r == 0:
         cudart.cudaHostUnregister(hb.address)
     if odirect_ok(ctx.path):
@@ -304,13 +335,19 @@ def check_ops(ctx, rd, fd, ops_spec, dst_size, stream=None):
         got = max(0, min(n, ctx.size - off))
         sizes.append(got)
         if got:
-            want[d:d + got] = ctx.ref[off:off + got]
+            want[d : d + got] = ctx.ref[off : off + got]
     dev.sync()
     res = rd.read_into(ops) if stream is None else rd.read_into(ops, stream=stream)
     dev.sync()
     ok = res == sizes and bool(dev.torch.equal(dst, want))
-    return ok, (None if ok else {"results_wrong": [i for i, (r, s) in enumerate(zip(res, sizes)) if r != s][:10],
-                                 "last_error": rd.last_error})
+    return ok, (
+        None
+        if ok
+        else {
+            "results_wrong": [i for i, (r, s) in enumerate(zip(res, sizes)) if r != s][:10],
+            "last_error": rd.last_error,
+        }
+    )
 
 
 def random_ops(ctx, n, max_len, seed):
@@ -336,20 +373,24 @@ def phase_correctness(ctx):
     out["odirect_supported"] = od
     whole = min(ctx.size, ctx.whole_bytes)
     for io in engines:
-        for direct in ([True, False] if od else [False]):
+        for direct in [True, False] if od else [False]:
             key = f"{io}/{'odirect' if direct else 'buffered'}"
             r = {}
             with gpu.GpuReader(device=ctx.dev.index, io_engine=io, slots=8, slot_bytes=4 * MiB, warn=False) as rd:
                 fd = open_file(ctx.path, direct)
                 try:
                     r["whole_file"], _ = check_ops(ctx, rd, fd, [(0, whole, 0)], whole)
-                    spec, size = random_ops(ctx, ctx.nops, ctx.max_op, seed=hash(key) & 0xffff)
+                    spec, size = random_ops(ctx, ctx.nops, ctx.max_op, seed=hash(key) & 0xFFFF)
                     r["random_unaligned_ops"], r["random_detail"] = check_ops(ctx, rd, fd, spec, size)
                     r["past_eof_and_empty"], _ = check_ops(
-                        ctx, rd, fd, [(ctx.size - 5000, 9000, 0), (ctx.size + 4096, 100, 16384), (77, 0, 20000)], 32768)
+                        ctx, rd, fd, [(ctx.size - 5000, 9000, 0), (ctx.size + 4096, 100, 16384), (77, 0, 20000)], 32768
+                    )
                     box = {}
-                    th = threading.Thread(target=lambda box=box, rd=rd, fd=fd, spec=spec: box.setdefault(
-                        "r", check_ops(ctx, rd, fd, spec[:20], spec[19][2] + spec[19][1] + 1)))
+                    th = threading.Thread(
+                        target=lambda box=box, rd=rd, fd=fd, spec=spec: box.setdefault(
+                            "r", check_ops(ctx, rd, fd, spec[:20], spec[19][2] + spec[19][1] + 1)
+                        )
+                    )
                     th.start()
                     th.join()
                     r["fresh_thread"] = box.get("r", (False,))[0]
@@ -428,6 +469,7 @@ def child_main(name, path, size, index, stand_in):
             r["after_close"] = str(e)
         r["ok"] = not t.is_alive() and r["read"] == [n] and "closed" in r["after_close"]
     elif name == "cycles":
+
         def gpu_used():
             if stand_in:
                 return fake_lib().fake_gpu_pinned_bytes()
@@ -449,9 +491,18 @@ def phase_errors(ctx):
     out, bad = {}, []
 
     def start(name):
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-path", ctx.path,
-               "--child-size", str(ctx.size), "--device", str(ctx.dev.index)] + \
-            (["--stand-in-child"] if ctx.stand_in else [])
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            name,
+            "--child-path",
+            ctx.path,
+            "--child-size",
+            str(ctx.size),
+            "--device",
+            str(ctx.dev.index),
+        ] + (["--stand-in-child"] if ctx.stand_in else [])
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
 
     def finish(name, p):
@@ -515,7 +566,7 @@ def phase_ordering(ctx):
                 res2 = rd.read_into([(fd, n, n, B2.data_ptr())], sync=False)
                 D = B2.clone()
                 torch.cuda.synchronize()
-            out["sync_false_seen_by_later_work"] = res2 == [n] and bool(torch.equal(D, ctx.ref[n:2 * n]))
+            out["sync_false_seen_by_later_work"] = res2 == [n] and bool(torch.equal(D, ctx.ref[n : 2 * n]))
     finally:
         os.close(fd)
     bad = [k for k, v in out.items() if v is False]
@@ -526,13 +577,24 @@ def phase_ordering(ctx):
 def run_fio(path, size):
     if not shutil.which("fio"):
         return None, "fio not installed"
-    cmd = ["fio", "--name=fxcheck", f"--filename={path}", "--rw=read", "--bs=4M", "--iodepth=16",
-           "--ioengine=io_uring", "--direct=1", f"--size={size}", "--output-format=json", "--numjobs=1"]
+    cmd = [
+        "fio",
+        "--name=fxcheck",
+        f"--filename={path}",
+        "--rw=read",
+        "--bs=4M",
+        "--iodepth=16",
+        "--ioengine=io_uring",
+        "--direct=1",
+        f"--size={size}",
+        "--output-format=json",
+        "--numjobs=1",
+    ]
     drop_cache(path)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         return None, r.stderr.strip()[-300:]
-    j = json.loads(r.stdout[r.stdout.index("{"):])
+    j = json.loads(r.stdout[r.stdout.index("{") :])
     return j["jobs"][0]["read"]["bw_bytes"] / 1e9, " ".join(cmd)
 
 
@@ -602,7 +664,7 @@ def phase_throughput(ctx):
                 evs[i % 2].synchronize()
             n = min(chunk, size - off)
             eng.read([(fd, off, n, b.data_ptr())])
-            dst[off:off + n].copy_(b[:n], non_blocking=True)
+            dst[off : off + n].copy_(b[:n], non_blocking=True)
             if not ctx.stand_in:
                 evs[i % 2] = torch.cuda.Event()
                 evs[i % 2].record()
@@ -625,15 +687,42 @@ def phase_throughput(ctx):
                 os.close(fd)
                 runs.append((el, res == [size], rd.stats()))
             el = statistics.median(e for e, _, _ in runs)
-            c = {"slots": slots, "slot_MiB": mib, "GBps": size / el / 1e9, "ok": all(o for _, o, _ in runs),
-                 "overlap": (t_read + t_copy - el) / t_copy, "copies_during_reads": runs[-1][2]["copies_during_reads"]}
+            c = {
+                "slots": slots,
+                "slot_MiB": mib,
+                "GBps": size / el / 1e9,
+                "ok": all(o for _, o, _ in runs),
+                "overlap": (t_read + t_copy - el) / t_copy,
+                "copies_during_reads": runs[-1][2]["copies_during_reads"],
+            }
             out["pipeline"].append(c)
     best = max(out["pipeline"], key=lambda c: c["GBps"])
     ceiling = min(x for x in (out["fio_GBps"], out["h2d_pinned_GBps"]) if x)
     out["best"] = best
     out["efficiency"] = best["GBps"] / ceiling
     out["overlap"] = best["overlap"]
+    # The best configuration again with CRC32C of every piece in its staging slot (what verify costs).
+    with gpu.GpuReader(device=dev.index, slots=best["slots"], slot_bytes=best["slot_MiB"] * MiB, warn=False) as rd:
+        runs = []
+        for _ in range(3):
+            drop_cache(ctx.path)
+            fd = open_file(ctx.path, od)
+            t0 = time.perf_counter()
+            res = rd.read_into([(fd, 0, size, dst.data_ptr())], crc=True)
+            el = time.perf_counter() - t0
+            os.close(fd)
+            runs.append((el, res[0][0] == size))
+        el = statistics.median(e for e, _ in runs)
+        out["pipeline_crc"] = {
+            "slots": best["slots"],
+            "slot_MiB": best["slot_MiB"],
+            "GBps": size / el / 1e9,
+            "ok": all(o for _, o in runs),
+            "cost": 1 - size / el / 1e9 / best["GBps"],
+        }
     bad = [f"pipeline {c['slots']}x{c['slot_MiB']}MiB returned short" for c in out["pipeline"] if not c["ok"]]
+    if not out["pipeline_crc"]["ok"]:
+        bad.append("pipeline with crc=True returned short")
     if bad:
         return dict(out, outcome="fail", why="; ".join(bad))
     if ctx.stand_in:
@@ -672,7 +761,7 @@ def lmcache_run(ctx, direct, layers):
     geo = Geometry(layers=layers, kv_heads=8, head_dim=128, dtype=torch.bfloat16)
     nchunks = ctx.lm_chunks
     ntok = nchunks * 256
-    opts = dict(direct_to_gpu=direct, verify=not direct, cpu_gb=0.25 if ctx.stand_in else 2)
+    opts = dict(direct_to_gpu=direct, verify=True, cpu_gb=0.25 if ctx.stand_in else 2)
     if direct:
         opts["gpu_buffer_mib"] = 1024 if not ctx.stand_in else 128
     with tempfile.TemporaryDirectory() as tmp:
@@ -690,8 +779,9 @@ def lmcache_run(ctx, direct, layers):
         else:
             from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemGPUConnectorV2
 
-            conn = VLLMPagedMemGPUConnectorV2(hidden_dim_size=geo.kv_heads * geo.head_dim, num_layers=geo.layers,
-                                              use_gpu=False)
+            conn = VLLMPagedMemGPUConnectorV2(
+                hidden_dim_size=geo.kv_heads * geo.head_dim, num_layers=geo.layers, use_gpu=False
+            )
             cm = engine_on_cpu(cfg, conn, geo.dtype, geo.kv_shape(), geo.mla, geo.chunk, "fx-gpu-check")
             out["connector"] = "VLLMPagedMemGPUConnectorV2"
         with cm as eng:
@@ -706,8 +796,11 @@ def lmcache_run(ctx, direct, layers):
                     for k in keys:
                         drop_cache(be.store.path_for(chunk_digest(k.to_string())))
                     t0 = time.perf_counter()
-                    objs = be.batched_get_blocking(keys) if mode == "blocking" else \
-                        asyncio.run(be.batched_get_non_blocking("gpu-check", keys))
+                    objs = (
+                        be.batched_get_blocking(keys)
+                        if mode == "blocking"
+                        else asyncio.run(be.batched_get_non_blocking("gpu-check", keys))
+                    )
                     lat.append(time.perf_counter() - t0)
                     nbytes = sum(o.get_size() for o in objs if o is not None)
                     ok = 0
@@ -717,7 +810,7 @@ def lmcache_run(ctx, direct, layers):
                         with open(be.store.path_for(chunk_digest(k.to_string())), "rb") as f:
                             f.seek(HEADER_SIZE)
                             want = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
-                        have = o.raw_data.view(torch.uint8).reshape(-1)[:o.get_size()]
+                        have = o.raw_data.view(torch.uint8).reshape(-1)[: o.get_size()]
                         where_ok = (not direct) or have.device.type == ctx.dev.device.type
                         ok += where_ok and torch.equal(have.cpu(), want)
                         o.ref_count_down()
@@ -725,9 +818,16 @@ def lmcache_run(ctx, direct, layers):
             lat.sort()
             got = kv.empty_like()
             n = retrieve(eng, tokens, got)
-            out.update(chunks=len(keys), bit_exact=exact, retrieve_tokens=n, ntok=ntok,
-                       retrieve_equal=kv.tokens_equal(got, n), GBps_cold=nbytes / statistics.median(lat) / 1e9,
-                       p50_ms=1e3 * lat[len(lat) // 2], p99_ms=1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))])
+            out.update(
+                chunks=len(keys),
+                bit_exact=exact,
+                retrieve_tokens=n,
+                ntok=ntok,
+                retrieve_equal=kv.tokens_equal(got, n),
+                GBps_cold=nbytes / statistics.median(lat) / 1e9,
+                p50_ms=1e3 * lat[len(lat) // 2],
+                p99_ms=1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+            )
             if direct:
                 g = be._gpu
                 whole = g.allocate([torch.Size([g.size])], [torch.uint8])
@@ -735,8 +835,13 @@ def lmcache_run(ctx, direct, layers):
                 if whole is not None:
                     whole.ref_count_down()
                 out["pinned"], out["io"] = g.reader.pinned, g.reader.io
-            out["ok"] = (exact["blocking"] == len(keys) and exact["async"] == len(keys) and n == ntok
-                         and out["retrieve_equal"] and out.get("buffer_free_after", True))
+            out["ok"] = (
+                exact["blocking"] == len(keys)
+                and exact["async"] == len(keys)
+                and n == ntok
+                and out["retrieve_equal"]
+                and out.get("buffer_free_after", True)
+            )
     finally:
         shutil.rmtree(store, ignore_errors=True)
     return out
@@ -791,15 +896,23 @@ def main():
             ap.error("--dir (a directory on the NVMe to test) is needed on a GPU host")
         a.dir = tmpdir = tempfile.mkdtemp(prefix="fx-gpu-check-")
     os.makedirs(a.dir, exist_ok=True)
-    a.json = a.json or os.path.join(os.getcwd(), f"gpu_check-{os.uname().nodename}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    a.json = a.json or os.path.join(
+        os.getcwd(), f"gpu_check-{os.uname().nodename}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    )
     rep = Report(a.json, a)
     wd = watchdog(rep, a.deadline_s)
 
     import torch
 
     if not a.stand_in and not torch.cuda.is_available():
-        rep.phase("environment", {"outcome": "fail", "why": "torch sees no GPU (torch.cuda.is_available() is False)",
-                                  "torch": torch.__version__})
+        rep.phase(
+            "environment",
+            {
+                "outcome": "fail",
+                "why": "torch sees no GPU (torch.cuda.is_available() is False)",
+                "torch": torch.__version__,
+            },
+        )
         log("gpu_check: torch sees no GPU")
         return 2
     ctx = Ctx()
@@ -819,19 +932,30 @@ def main():
     # Test data: random, kept on the device as the reference.
     t0 = time.time()
     g = torch.Generator().manual_seed(17)
-    ref = torch.randint(0, 256, (ctx.size,), dtype=torch.uint8, generator=g) if a.stand_in else \
-        torch.randint(0, 256, (ctx.size,), dtype=torch.uint8, device=ctx.dev.device)
+    ref = (
+        torch.randint(0, 256, (ctx.size,), dtype=torch.uint8, generator=g)
+        if a.stand_in
+        else torch.randint(0, 256, (ctx.size,), dtype=torch.uint8, device=ctx.dev.device)
+    )
     with open(ctx.path, "wb") as f:
         for o in range(0, ctx.size, 256 * MiB):
-            f.write(ref[o:o + 256 * MiB].cpu().numpy().tobytes())
+            f.write(ref[o : o + 256 * MiB].cpu().numpy().tobytes())
         f.flush()
         os.fsync(f.fileno())
     ctx.ref = ref
-    log(f"gpu_check: {'stand-in' if a.stand_in else 'GPU'} run, test file {ctx.size / MiB:.0f} MiB "
-        f"written in {time.time() - t0:.1f} s; report {a.json}")
-    funcs = {"environment": phase_environment, "driver": phase_driver, "correctness": phase_correctness,
-             "errors": phase_errors, "ordering": phase_ordering, "throughput": phase_throughput,
-             "lmcache": phase_lmcache}
+    log(
+        f"gpu_check: {'stand-in' if a.stand_in else 'GPU'} run, test file {ctx.size / MiB:.0f} MiB "
+        f"written in {time.time() - t0:.1f} s; report {a.json}"
+    )
+    funcs = {
+        "environment": phase_environment,
+        "driver": phase_driver,
+        "correctness": phase_correctness,
+        "errors": phase_errors,
+        "ordering": phase_ordering,
+        "throughput": phase_throughput,
+        "lmcache": phase_lmcache,
+    }
     wanted = [p for p in a.phases.split(",") if p]
     try:
         for name in PHASES:

@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/reliability.py [extra pytest args]
 
-Each case in tests/test_reliability.py records its figure (fault, trials, what
+Each case in tests/test_reliability.py and tests/test_store_security.py records its figure (fault, trials, what
 was checked, the numbers); this script runs them all with pytest, takes each
 case's outcome from pytest's JUnit XML, and writes the table. Exit status is
 pytest's. Root is needed for the XFS loop, EIO and ownership cases (they are
@@ -23,6 +23,27 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "reliability.md")
 COMMAND = ".venv/bin/python scripts/reliability.py"
+
+
+TRUST_MODEL = """
+## What holds, in which configuration
+
+| configuration | a torn or damaged file (power loss, crash, bad device, bit flips) | a file planted by someone who can write the store directory |
+|---|---|---|
+| `verify: true` (default) | a miss, never wrong data: the header CRC32C, the key in the header, the file length and the payload CRC32C are all checked | **served** if it is a well-formed chunk: CRC32C is no secret, anyone can compute it |
+| `verify: false` | a miss when the header is bad or the file is shorter than its header says; a full-length payload with bad bytes (blocks never written before a power cut) **is served** | served |
+| `auth_key` set (either `verify`) | a miss: the MAC covers the header and the payload | a miss, and removed, unless its writer holds the key |
+
+A short read of a file that is long enough is a read error (a miss, counted in `read_errors`, the file kept), not corruption; a chunk is removed only after checking that the name still points at the file that was read (inode), so a good chunk renamed into place meanwhile by another process is never deleted.
+
+## Trust model
+
+- **Who can read.** Anyone who can read the chunk files reads the KV cache, i.e. a function of the prompts. Default modes are 0600 files / 0700 directories (this user only). With `shared_group: true` files are 0660 and directories 02770 (setgid) in the group of the store's root directory: every member of that group reads every tenant's KV. There is no encryption; `auth_key` authenticates, it does not hide.
+- **Who can plant.** Anyone who can write the store directory (the owner; with `shared_group`, every member of the group; root) can create, replace or delete chunk files. Without `auth_key` a planted chunk with valid checksums under another key's name is served to every process that asks for that key: CRC32C detects accidents, not adversaries. Deleting or filling the store (denial of service) cannot be prevented by any option.
+- **What `auth_key` guarantees.** Every chunk carries a keyed BLAKE2b-256 MAC over its header (key, shapes, dtypes, format, payload length and CRC, time) and payload, checked after the payload has landed. A reader with the key serves only chunks written by a holder of the same key, byte for byte; anything else is a miss and is removed so a key holder can write it again. All processes sharing a store must use the same key (a process without it writes chunks that keyed readers refuse; keyed chunks stay readable by readers without a key). Keep the key out of the YAML: `env:VARNAME` or `file:/path` (mode 0400). Cost: one keyed BLAKE2b pass over each chunk on write and on read, on the calling thread (hashlib releases the GIL); see the `auth_key` row above for GB/s measured here. `direct_to_gpu` cannot be combined with it (the payload never rests in host memory).
+- **What the store never does**, whatever is planted: follow a symlink (fan-out directories and files are opened with O_NOFOLLOW relative to directory descriptors, the O_DIRECT probe uses O_TMPFILE or O_EXCL|O_NOFOLLOW), write through an existing file (temporaries are new files, O_EXCL, renamed into place), remove anything outside the store (stale temporaries and damaged chunks are removed relative to the descriptor of the directory listed), or wait without bound on the store lock: every lock wait polls up to `LOCK_TIMEOUT` (5 s, `lmcache_fx/core/ledger.py`); then the store is skipped (write returns False), the ledger update deferred to the next scan (an overcount: eviction starts early, the cap holds) and one warning is logged per burst.
+- **The root directory is trusted**: the store refuses one owned by another user (without `shared_group`) or writable by everyone.
+"""
 
 
 def outcomes(junit: str) -> dict:
@@ -55,7 +76,7 @@ def main() -> int:
     junit = rows_path + ".xml"
     env = dict(os.environ, FX_RELIABILITY_OUT=rows_path, LMCACHE_TRACK_USAGE="false", PYTHONHASHSEED="0")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:logging", "-p", "no:cacheprovider",
-           "tests/test_reliability.py", f"--junitxml={junit}", "-rs", *sys.argv[1:]]
+           "tests/test_reliability.py", "tests/test_store_security.py", f"--junitxml={junit}", "-rs", *sys.argv[1:]]
     print("+", " ".join(cmd), flush=True)
     rc = subprocess.call(cmd, cwd=ROOT, env=env)
     try:
@@ -70,7 +91,8 @@ def main() -> int:
     lines = [
         "# Reliability and security",
         "",
-        f"Regenerated by `{COMMAND}` (runs `tests/test_reliability.py`, marker `reliability`). "
+        f"Regenerated by `{COMMAND}` (runs `tests/test_reliability.py` and `tests/test_store_security.py`, "
+        "marker `reliability`). "
         "Every trial is real: real processes killed with SIGKILL, real files on XFS loop filesystems "
         "(O_DIRECT), real io_uring, a real seccomp filter, real device errors.",
         "",
@@ -89,6 +111,7 @@ def main() -> int:
         if state != "passed" and why:
             result += f" — {cell(why)}"
         lines.append(f"| {cell(r['fault'])} | {cell(r['trials'])} | {cell(r['checked'])} | {result} |")
+    lines += ["", *TRUST_MODEL.strip("\n").splitlines()]
     lines += [
         "",
         "How the faults are made: `tests/faults/fxfault.py` (child processes, seccomp BPF filter via prctl, "

@@ -7,6 +7,7 @@ logs each read's submission and completion, on the same clock. From the two
 logs: order, overlap, slot reuse only after the copy completed, error
 propagation and bit-exact results.
 """
+
 import ctypes
 import errno
 import json
@@ -84,8 +85,13 @@ def test_bit_exact_and_order(drv, datafile, io_engine):
     fd = os.open(path, os.O_RDONLY)
     try:
         # unaligned offsets and lengths, an empty op, one past EOF (short)
-        spec = [(0, 5 * MiB + 7), (5 * MiB + 7, 3), (5 * MiB + 10, 0), (5 * MiB + 10, 11 * MiB + 4093),
-                (16 * MiB + 4103, 64 * MiB)]
+        spec = [
+            (0, 5 * MiB + 7),
+            (5 * MiB + 7, 3),
+            (5 * MiB + 10, 0),
+            (5 * MiB + 10, 11 * MiB + 4093),
+            (16 * MiB + 4103, 64 * MiB),
+        ]
         where, ops, pos = [], [], 0
         for off, n in spec:
             where.append(pos)
@@ -98,8 +104,8 @@ def test_bit_exact_and_order(drv, datafile, io_engine):
     assert res == want, g.last_error
     assert g.last_error is None
     for (off, _n), w, got in zip(spec, where, want):
-        assert bytes(mv[w:w + got]) == data[off:off + got]
-        assert bytes(mv[w + got:w + got + 4096]) == b"\xee" * 4096  # nothing written past the op
+        assert bytes(mv[w : w + got]) == data[off : off + got]
+        assert bytes(mv[w + got : w + got + 4096]) == b"\xee" * 4096  # nothing written past the op
     assert drv.fake_gpu_unpinned_copies() == 0  # every copy came from page-locked staging
 
     tr = g.last_trace()
@@ -117,9 +123,13 @@ def test_bit_exact_and_order(drv, datafile, io_engine):
     for slot in range(g.slots):
         kinds = [e[1] for e in tr if e[2] == slot and e[1] != "error"]
         for a, b in zip(kinds, kinds[1:]):
-            assert (a, b) in {("read_submit", "read_done"), ("read_done", "copy_issue"),
-                              ("copy_issue", "copy_done"), ("copy_done", "read_submit"),
-                              ("read_done", "read_submit")}, kinds
+            assert (a, b) in {
+                ("read_submit", "read_done"),
+                ("read_done", "copy_issue"),
+                ("copy_issue", "copy_done"),
+                ("copy_done", "read_submit"),
+                ("read_done", "read_submit"),
+            }, kinds
     g.close()
 
 
@@ -134,7 +144,7 @@ def test_overlap_and_slot_reuse(drv, datafile):
     finally:
         os.close(fd)
     assert res == [16 * MiB]
-    assert bytes(memoryview(dev)[:16 * MiB]) == data[:16 * MiB]
+    assert bytes(memoryview(dev)[: 16 * MiB]) == data[: 16 * MiB]
     tr = g.last_trace()
     log = fake_log(drv)
     starts, ends = copies_from_log(log)
@@ -181,8 +191,11 @@ def test_read_error(drv, datafile, tmp_path, cancel):
     wfd = os.open(tmp_path / "w.bin", os.O_WRONLY | os.O_CREAT)  # reads fail with EBADF
     os.pwrite(wfd, b"x" * MiB, 0)
     try:
-        ops = [(fd, 0, 4 * MiB, dev.address), (wfd, 0, MiB, dev.address + 5 * MiB),
-               (fd, 4 * MiB, 8 * MiB, dev.address + 7 * MiB)]
+        ops = [
+            (fd, 0, 4 * MiB, dev.address),
+            (wfd, 0, MiB, dev.address + 5 * MiB),
+            (fd, 4 * MiB, 8 * MiB, dev.address + 7 * MiB),
+        ]
         res = g.read(ops, trace=True, cancel_on_error=cancel)
     finally:
         os.close(fd)
@@ -195,9 +208,9 @@ def test_read_error(drv, datafile, tmp_path, cancel):
     else:
         assert res[0] == 4 * MiB and res[2] == 8 * MiB
         m = memoryview(dev)
-        assert bytes(m[7 * MiB:15 * MiB]) == data[4 * MiB:12 * MiB]
+        assert bytes(m[7 * MiB : 15 * MiB]) == data[4 * MiB : 12 * MiB]
     if res[0] == 4 * MiB:
-        assert bytes(memoryview(dev)[:4 * MiB]) == data[:4 * MiB]
+        assert bytes(memoryview(dev)[: 4 * MiB]) == data[: 4 * MiB]
     _check_drained(g, drv)
     g.close()
 
@@ -222,13 +235,13 @@ def test_copy_error(drv, datafile, mode):
             assert "cuMemcpyHtoDAsync" in g.last_error
         for i, r in enumerate(res):
             if r == 2 * MiB:
-                assert bytes(memoryview(dev)[i * 2 * MiB:(i + 1) * 2 * MiB]) == data[i * 2 * MiB:(i + 1) * 2 * MiB]
+                assert bytes(memoryview(dev)[i * 2 * MiB : (i + 1) * 2 * MiB]) == data[i * 2 * MiB : (i + 1) * 2 * MiB]
         _check_drained(g, drv)
         # the pool is usable again once the driver is (sticky error cleared)
         drv.fake_gpu_reset()
         res = g.read(ops)
         assert res == [2 * MiB] * 8 and g.last_error is None
-        assert bytes(memoryview(dev)[:16 * MiB]) == data[:16 * MiB]
+        assert bytes(memoryview(dev)[: 16 * MiB]) == data[: 16 * MiB]
     finally:
         os.close(fd)
         g.close()
@@ -269,8 +282,8 @@ def test_odirect_unaligned(drv, odirect_tmp):
         os.close(fd)
     assert res == [3 * MiB, len(data) - 3 * MiB - 1], g.last_error
     m = memoryview(dev)
-    assert bytes(m[5:5 + 3 * MiB]) == data[1:3 * MiB + 1]
-    assert bytes(m[3 * MiB + 8:3 * MiB + 8 + res[1]]) == data[3 * MiB + 1:]
+    assert bytes(m[5 : 5 + 3 * MiB]) == data[1 : 3 * MiB + 1]
+    assert bytes(m[3 * MiB + 8 : 3 * MiB + 8 + res[1]]) == data[3 * MiB + 1 :]
     g.close()
 
 
@@ -306,9 +319,11 @@ def test_gil_released_and_engine_choice(drv, datafile):
 
 
 def test_no_driver_reports():
-    code = ("from lmcache_fx import _fxio\n"
-            "i = _fxio.gpu_driver(); assert i['api'] is None and 'nonexistent' in i['error'], i\n"
-            "try:\n  _fxio.GpuStaging()\nexcept OSError as e:\n  print('OSError', e)\n")
+    code = (
+        "from lmcache_fx import _fxio\n"
+        "i = _fxio.gpu_driver(); assert i['api'] is None and 'nonexistent' in i['error'], i\n"
+        "try:\n  _fxio.GpuStaging()\nexcept OSError as e:\n  print('OSError', e)\n"
+    )
     env = dict(os.environ, LMCACHE_FX_GPU_DRIVER="/nonexistent/libcuda.so.1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -352,9 +367,20 @@ def test_python_api_and_example(drv, tmp_path):
     assert torch.equal(a, a2) and torch.equal(b, b2)
     # the example, end to end, on the stand-in
     st = tmp_path / "m.safetensors"
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "safetensors_to_gpu.py"),
-                          "--make-demo", str(st), "--device", "cpu"],
-                         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ))
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "safetensors_to_gpu.py"),
+            "--make-demo",
+            str(st),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
     assert out.returncode == 0, out.stderr + out.stdout
     assert "bit-exact: yes" in out.stdout
 
@@ -363,8 +389,14 @@ def test_python_api_and_example(drv, tmp_path):
 def _kernels(lib):
     lib.fake_gpu_stream_new.restype = ctypes.c_void_p
     lib.fake_gpu_stream_sync.argtypes = [ctypes.c_void_p]
-    lib.fake_gpu_kernel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                    ctypes.c_size_t, ctypes.c_uint]
+    lib.fake_gpu_kernel.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_size_t,
+        ctypes.c_uint,
+    ]
     return lib
 
 
@@ -393,8 +425,8 @@ def test_copies_wait_for_the_callers_stream(drv, datafile, io_engine):
     assert res == [n, n], g.last_error
     lib.fake_gpu_stream_sync(S)
     assert bytes(memoryview(C)[:n]) == b"\x11" * n  # the clone holds B's old bytes
-    assert bytes(memoryview(B)[:n]) == data[7:7 + n]
-    assert bytes(memoryview(W)[:n]) == data[7 + n:7 + 2 * n]  # the read came after the kernel's write
+    assert bytes(memoryview(B)[:n]) == data[7 : 7 + n]
+    assert bytes(memoryview(W)[:n]) == data[7 + n : 7 + 2 * n]  # the read came after the kernel's write
     log = fake_log(drv)
     kernel_end = max(e[1] for e in log if e[0] == 5)
     assert min(e[1] for e in log if e[0] == 1) > kernel_end  # no copy started before the caller's work ended
@@ -424,7 +456,7 @@ def test_sync_false_makes_the_callers_stream_wait(drv, datafile):
         assert len(ends) == 8 and max(ends) > t_ret  # it returned before the last copies ended
         # the next read (sync) reuses the slots only after those copies ended
         res = g.read([(fd, n, n, D.address)], stream=S)
-        assert res == [n] and bytes(memoryview(D)[:n]) == data[n:2 * n]
+        assert res == [n] and bytes(memoryview(D)[:n]) == data[n : 2 * n]
         assert bytes(memoryview(B)[:n]) == data[:n]
     finally:
         os.close(fd)
@@ -481,7 +513,7 @@ def test_unpinned_staging_warns_once_with_the_reason(drv, datafile, caplog):
         assert rd.read_into([(fd, 0, 2 * MiB, dev.address)]) == [2 * MiB]
     finally:
         os.close(fd)
-    assert bytes(memoryview(dev)) == data[:2 * MiB]
+    assert bytes(memoryview(dev)) == data[: 2 * MiB]
     rd.close()
     rd2.close()
     drv.fake_gpu_fail_register(0)
@@ -496,11 +528,13 @@ def test_fixed_buffer_refusal_is_reported(fake_gpu_driver_so, tmp_path):
 
     if not _fxio.io_uring_status()[0]:
         pytest.skip("io_uring unavailable")
-    code = ("import resource\n"
-            "resource.setrlimit(resource.RLIMIT_MEMLOCK, (256 << 10, 256 << 10))\n"
-            "from lmcache_fx import gpu\n"
-            "rd = gpu.GpuReader(device=0, slots=2, slot_bytes=1 << 20, io_engine='io_uring')\n"
-            "print('FIXED', rd.staging.fixed_buffers, rd.degraded)\n")
+    code = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_MEMLOCK, (256 << 10, 256 << 10))\n"
+        "from lmcache_fx import gpu\n"
+        "rd = gpu.GpuReader(device=0, slots=2, slot_bytes=1 << 20, io_engine='io_uring')\n"
+        "print('FIXED', rd.staging.fixed_buffers, rd.degraded)\n"
+    )
     cmd = [sys.executable, "-c", code]
     if os.geteuid() == 0:  # root has CAP_IPC_LOCK: drop it
         if not shutil.which("setpriv"):
@@ -531,8 +565,9 @@ def _hip_child(code, loaded, fresh, preload):
     env["LD_LIBRARY_PATH"] = fresh
     env["PYTHONPATH"] = ROOT
     pre = f"import ctypes; ctypes.CDLL({os.path.join(loaded, 'libamdhip64.so.6')!r})\n" if preload else ""
-    out = subprocess.run([sys.executable, "-c", pre + code], env=env, capture_output=True, text=True, cwd=ROOT,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", pre + code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     return json.loads([x for x in out.stdout.splitlines() if x.startswith("{")][-1])
 
@@ -593,8 +628,12 @@ def test_hip_binds_the_runtime_already_loaded(fake_hip_driver_dirs, tmp_path):
 
 def test_hip_fresh_load_prefers_versioned_names(fake_hip_driver_dirs):
     loaded, fresh = fake_hip_driver_dirs
-    out = _hip_child("import json; from lmcache_fx import _fxio; print(json.dumps({'info': _fxio.gpu_driver()}))",
-                     loaded, fresh, preload=False)
+    out = _hip_child(
+        "import json; from lmcache_fx import _fxio; print(json.dumps({'info': _fxio.gpu_driver()}))",
+        loaded,
+        fresh,
+        preload=False,
+    )
     assert out["info"]["api"] == "hip" and out["info"]["path"] == "libamdhip64.so.7", out
 
 
@@ -646,8 +685,14 @@ def test_fork_child_gets_an_error_not_a_hang(fake_gpu_driver_so, datafile, io_en
         pytest.skip("io_uring unavailable")
     path, _ = datafile
     env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=fake_gpu_driver_so, PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", FORK_CHILD, path, io_engine], env=env,
-                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", FORK_CHILD, path, io_engine],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "DONTFORK True" in out.stdout
     assert "CHILD 0" in out.stdout, out.stdout  # a RuntimeError naming fork(), no hang
@@ -750,6 +795,267 @@ def test_freeing_a_chunk_waits_for_a_cancelled_read(drv, datafile):
         eng.close()
 
 
+# ------------------------------------------------------------------ CRC32C in the staging slots
+@pytest.mark.parametrize("io_engine", ["io_uring", "threads"])
+def test_crc_per_op_computed_in_staging(drv, datafile, io_engine):
+    """read(..., crc=True) gives (bytes, CRC32C) per op as Engine.read does:
+    pieces checksummed in their slots, combined in file order (ops of many
+    pieces, unaligned, empty, past EOF); crc=False keeps plain ints."""
+    if io_engine == "io_uring" and not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    path, data = datafile
+    drv.fake_gpu_set_delay_us(100)
+    g = _fxio.GpuStaging(slots=3, slot_bytes=MiB, io_engine=io_engine)
+    dev = _fxio.HostBuffer(len(data) + 4 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        spec = [(0, 7 * MiB + 5), (7 * MiB + 5, 1), (3, 0), (9 * MiB + 4097, 5 * MiB + 123), (len(data) - 1000, 5000)]
+        ops, pos = [], 0
+        for off, n in spec:
+            ops.append((fd, off, n, dev.address + pos))
+            pos += n if off + n <= len(data) else len(data) - off
+            pos += 4096
+        res = g.read(ops, crc=True)
+        plain = g.read(ops)
+        bad = g.read([(fd, 0, 4096, dev.address), (999999, 0, 4096, dev.address)], crc=True, cancel_on_error=False)
+    finally:
+        os.close(fd)
+    want = [(len(data[off : off + n]), _fxio.crc32c(data[off : off + n])) for off, n in spec]
+    assert res == want, g.last_error
+    assert plain == [w[0] for w in want]
+    assert bad[0] == (4096, _fxio.crc32c(data[:4096])) and bad[1][0] == -errno.EBADF
+    g.close()
+
+
+def test_crc_on_odirect_unaligned(drv, odirect_tmp):
+    data = os.urandom(6 * MiB + 777)
+    p = odirect_tmp / "d.bin"
+    p.write_bytes(data)
+    g = _fxio.GpuStaging(slots=2, slot_bytes=MiB)
+    dev = _fxio.HostBuffer(len(data) + 8192)
+    fd = os.open(p, os.O_RDONLY | os.O_DIRECT)
+    try:
+        res = g.read(
+            [(fd, 11, 4 * MiB + 3, dev.address + 1), (fd, 4 * MiB + 14, 4 * MiB, dev.address + 5 * MiB)], crc=True
+        )
+    finally:
+        os.close(fd)
+    assert res == [
+        (4 * MiB + 3, _fxio.crc32c(data[11 : 4 * MiB + 14])),
+        (len(data) - 4 * MiB - 14, _fxio.crc32c(data[4 * MiB + 14 :])),
+    ], g.last_error
+    g.close()
+
+
+def test_reader_returns_crcs_and_catches_damage_between_read_and_copy(drv, datafile):
+    """GpuReader.read_into(crc=True): the CRC is of the bytes the GPU got; a
+    file damaged between two reads gives another CRC for the same length
+    (what makes the store's verify turn it into a miss)."""
+    from lmcache_fx.gpu import GpuReader
+
+    path, data = datafile
+    rd = GpuReader(device=0, slots=2, slot_bytes=MiB, io_engine="threads", warn=False)
+    dev = _fxio.HostBuffer(4 * MiB)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        good = rd.read_into([(fd, 4096, 3 * MiB, dev.address)], crc=True)
+        os.pwrite(fd, bytes([data[2 * MiB] ^ 1]), 2 * MiB)
+        damaged = rd.read_into([(fd, 4096, 3 * MiB, dev.address)], crc=True)
+    finally:
+        os.close(fd)
+    assert good == [(3 * MiB, _fxio.crc32c(data[4096 : 4096 + 3 * MiB]))]
+    assert damaged[0][0] == 3 * MiB and damaged[0][1] != good[0][1]
+    assert damaged[0][1] == _fxio.crc32c(bytes(memoryview(dev)[: 3 * MiB]))
+    rd.close()
+
+
+# ------------------------------------------------------------------ signals and io_uring faults
+SIGNAL_STORM = r"""
+import ctypes, os, signal, sys, threading, time
+from lmcache_fx import _fxio
+path, io_engine = sys.argv[1], sys.argv[2]
+lib = ctypes.CDLL(os.environ["LMCACHE_FX_GPU_DRIVER"])
+lib.fake_gpu_set_delay_us(300)
+data = open(path, "rb").read()
+want = [(len(data), _fxio.crc32c(data))]
+handled = [0]
+signal.signal(signal.SIGUSR1, lambda *a: handled.__setitem__(0, handled[0] + 1))
+main, stop, sent = threading.main_thread().ident, threading.Event(), [0]
+def storm():
+    while not stop.is_set():
+        signal.pthread_kill(main, signal.SIGUSR1)
+        sent[0] += 1
+        time.sleep(0.0001)
+g = _fxio.GpuStaging(slots=4, slot_bytes=1 << 20, io_engine=io_engine)
+dev = _fxio.HostBuffer(len(data) + 4096)
+fd = os.open(path, os.O_RDONLY)
+t = threading.Thread(target=storm, daemon=True)
+t.start()
+rounds = bad = 0
+t0 = time.monotonic()
+while rounds < 6 or time.monotonic() - t0 < 2:
+    ctypes.memset(dev.address, 0, len(data))
+    res = g.read([(fd, 0, len(data) + 4096, dev.address)], crc=True)
+    rounds += 1
+    bad += res != want or bytes(memoryview(dev)[:len(data)]) != data
+stop.set()
+t.join()
+g.close()
+print("STORM", rounds, bad, sent[0], handled[0], flush=True)
+"""
+
+
+@pytest.mark.parametrize("io_engine", ["io_uring", "threads"])
+def test_signal_storm_during_large_reads(fake_gpu_driver_so, datafile, io_engine):
+    """A thread sends SIGUSR1 (a Python handler, so no SA_RESTART) to the
+    thread inside read() every ~0.1 ms: interrupted waits are retried, every
+    read is whole and bit-exact with the right CRC, nothing hangs."""
+    if io_engine == "io_uring" and not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    path, _ = datafile
+    env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=fake_gpu_driver_so, PYTHONPATH=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", SIGNAL_STORM, path, io_engine],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("STORM")][0].split()
+    rounds, bad, sent, handled = map(int, line[1:])
+    assert rounds >= 6 and bad == 0, line
+    assert sent > 1000 and handled > 0, line
+
+
+FAULTS = r"""
+import json, os, sys
+from lmcache_fx import _fxio
+path, spec = sys.argv[1], sys.argv[2]
+os.environ["LMCACHE_FX_FAULT"] = spec
+eng = _fxio.Engine(io_engine="io_uring", queue_depth=8)  # arms the fault points
+data = open(path, "rb").read()
+g = _fxio.GpuStaging(slots=4, slot_bytes=1 << 20, engine=eng)
+dev = _fxio.HostBuffer(len(data))
+fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if sys.argv[3] == "direct" else 0))
+out = {"io": g.io}
+res = g.read([(fd, 0, 9 << 20, dev.address), (fd, 9 << 20, len(data), dev.address + (9 << 20))], crc=True,
+             trace=True)
+tr = g.last_trace()
+out["first"] = {"res": res, "error": g.last_error, "submitted": sum(e[1] == "read_submit" for e in tr),
+                "landed": sum(e[1] == "read_done" for e in tr),
+                "exact": [r[0] > 0 and r[1] == _fxio.crc32c(data[o:o + r[0]]) for r, o in zip(res, (0, 9 << 20))]}
+out["fired"] = _fxio._fault_counts()
+res = g.read([(fd, 0, len(data), dev.address)], crc=True)
+out["second"] = {"ok": res == [(len(data), _fxio.crc32c(data))] and bytes(dev) == data, "error": g.last_error}
+g.close()
+eng.close()
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def _faults(so, path, spec, mode="buffered"):
+    env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=so, PYTHONPATH=ROOT)
+    env.pop("LMCACHE_FX_FAULT", None)
+    out = subprocess.run(
+        [sys.executable, "-c", FAULTS, path, spec, mode], env=env, capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+    assert out.returncode == 0 and line, out.stderr[-3000:]
+    return json.loads(line[0][7:])
+
+
+@pytest.mark.parametrize("mode", ["buffered", "direct"])
+def test_interrupted_waits_and_reads_are_retried(fake_gpu_driver_so, datafile, request, mode):
+    """The engine's fault points reach the pipeline's ring: waits that return
+    EINTR, reads that complete with EINTR / EAGAIN, and short reads (O_DIRECT:
+    ending off the block grid, not at EOF) are retried; the data and its CRC
+    are exact."""
+    if not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    path = datafile[0]
+    if mode == "direct":
+        path = str(request.getfixturevalue("odirect_tmp") / "d.bin")
+        with open(path, "wb") as f:
+            f.write(datafile[1])
+    out = _faults(fake_gpu_driver_so, path, "wait_eintr:300,eintr:7,eagain:7,short:9", mode)
+    assert out["io"] == "io_uring"
+    fired = out["fired"]
+    assert fired["wait_eintr"] > 10 and (fired["eintr"], fired["eagain"], fired["short"]) == (7, 7, 9), out
+    assert out["first"]["exact"] == [True, True] and out["first"]["error"] is None, out
+    assert out["second"]["ok"], out
+
+
+def test_failed_submission_reaps_every_read_in_flight(fake_gpu_driver_so, datafile):
+    """The ring fails after the kernel took the reads (submit_fail), and the
+    waits that reap them are interrupted (wait_eintr): every read submitted
+    is reaped before read() returns -- none still lands in a slot the next
+    read or close() reuses -- the ops fail with -EIO, and the pool stays
+    usable (nothing was left unsubmitted in the ring)."""
+    if not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    out = _faults(fake_gpu_driver_so, datafile[0], "submit_fail:1,wait_eintr:200")
+    f = out["first"]
+    assert out["fired"]["submit_fail"] == 1 and out["fired"]["wait_eintr"] > 0, out
+    assert [r[0] for r in f["res"]] == [-errno.EIO, -errno.EIO] and "io_uring failed" in f["error"], out
+    assert f["submitted"] == f["landed"] > 0, out  # every read in flight was reaped
+    assert out["second"]["ok"] and out["second"]["error"] is None, out
+
+
+FORK_API = r"""
+import os, sys
+from lmcache_fx import _fxio
+from lmcache_fx.gpu import GpuReader, GpuRouter
+path = sys.argv[1]
+rd = GpuReader(device=0, slots=2, slot_bytes=1 << 20, io_engine=sys.argv[2], warn=False)
+eng = _fxio.Engine(io_engine="threads")
+dev = _fxio.HostBuffer(1 << 20)
+router = GpuRouter(eng, rd, lambda a: dev.address <= a < dev.address + len(dev))
+fd = os.open(path, os.O_RDONLY)
+op = [(fd, 0, 4096, dev.address)]
+assert rd.read_into(op) == [4096]
+pid = os.fork()
+if pid == 0:
+    calls = {"read_into": lambda: rd.read_into(op), "staging.read": lambda: rd.staging.read(op),
+             "last_stats": rd.staging.last_stats, "last_trace": rd.staging.last_trace,
+             "trace": rd.trace, "router.read": lambda: router.read(op, crc=True),
+             "router.submit": lambda: router.submit(op)}
+    bad = []
+    for name, fn in calls.items():
+        try:
+            fn()
+            bad.append(name + ": no error")
+        except RuntimeError as e:
+            if "fork" not in str(e):
+                bad.append(name + ": " + str(e))
+    rd.close()  # forgets the parent's resources: no hang, no error
+    print("CHILD", bad, rd.forked, flush=True)
+    os._exit(0 if not bad else 3)
+_, st = os.waitpid(pid, 0)
+print("EXIT", os.waitstatus_to_exitcode(st), rd.read_into(op, crc=True)[0][0], rd.forked, flush=True)
+rd.close()
+"""
+
+
+@pytest.mark.parametrize("io_engine", ["threads", "io_uring"])
+def test_every_call_in_a_forked_child_names_fork(fake_gpu_driver_so, datafile, io_engine):
+    if io_engine == "io_uring" and not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=fake_gpu_driver_so, PYTHONPATH=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", FORK_API, datafile[0], io_engine],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "CHILD [] True" in out.stdout, out.stdout
+    assert "EXIT 0 4096 False" in out.stdout, out.stdout  # the parent's reader unaffected
+
+
 def test_gpu_check_script_on_the_stand_in(tmp_path):
     """scripts/gpu_check.py --stand-in --json: every phase that can run on a
     CPU host runs against the stand-in, and the report names each phase and
@@ -757,9 +1063,22 @@ def test_gpu_check_script_on_the_stand_in(tmp_path):
     pytest.importorskip("lmcache")
     report = tmp_path / "r.json"
     env = {k: v for k, v in os.environ.items() if k != "LMCACHE_FX_GPU_DRIVER"}
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check.py"), "--stand-in", "--json",
-                          str(report), "--dir", str(tmp_path / "d")], capture_output=True, text=True, cwd=ROOT,
-                         env=env, timeout=400)
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "gpu_check.py"),
+            "--stand-in",
+            "--json",
+            str(report),
+            "--dir",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=400,
+    )
     rep = json.loads(report.read_text())
     assert out.returncode == 0, (out.stdout[-3000:], json.dumps(rep["phases"], default=str)[-3000:])
     ph = rep["phases"]
@@ -769,7 +1088,8 @@ def test_gpu_check_script_on_the_stand_in(tmp_path):
     assert ph["driver"]["pinned"] and ph["driver"]["context_unchanged"] and ph["driver"]["degraded"] is None
     c = ph["correctness"]
     assert any(k.startswith("threads/") for k in c) and all(
-        all(v is not False for v in r.values()) for k, r in c.items() if "/" in k)
+        all(v is not False for v in r.values()) for k, r in c.items() if "/" in k
+    )
     assert all(ph["errors"][k]["ok"] for k in ("bad_fd", "past_allocation", "close_during_read", "cycles"))
     assert ph["ordering"]["clone_holds_old_bytes"] and ph["ordering"]["sync_false_seen_by_later_work"]
     assert ph["throughput"]["pipeline"] and ph["throughput"]["best"]["ok"]

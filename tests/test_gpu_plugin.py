@@ -10,6 +10,7 @@ the CPU for it (FxStorageBackend.gpu_memory_device = "cpu"), and everything
 else -- the allocator, the router, the pipeline, LMCache's retrieve -- is
 the real path.
 """
+
 import asyncio
 import json
 import os
@@ -30,21 +31,35 @@ def test_options_defaults_and_parsing():
 
     o = FxOptions()
     assert (o.direct_to_gpu, o.gpu_buffer_mib, o.gpu_staging_slots, o.gpu_slot_mib) == (False, 2048, 8, 4)
-    o = FxOptions.from_mapping({"direct_to_gpu": "true", "verify": "false", "gpu_buffer_mib": "512",
-                                "gpu_staging_slots": 4, "gpu_slot_mib": 2})
-    assert (o.direct_to_gpu, o.verify, o.gpu_buffer_mib, o.gpu_staging_slots, o.gpu_slot_mib) == \
-        (True, False, 512, 4, 2)
+    o = FxOptions.from_mapping(
+        {"direct_to_gpu": "true", "verify": "false", "gpu_buffer_mib": "512", "gpu_staging_slots": 4, "gpu_slot_mib": 2}
+    )
+    assert (o.direct_to_gpu, o.verify, o.gpu_buffer_mib, o.gpu_staging_slots, o.gpu_slot_mib) == (
+        True,
+        False,
+        512,
+        4,
+        2,
+    )
+    # verify (the default) works on the GPU path: the pipeline checksums the staging slots
+    assert FxOptions.from_mapping({"direct_to_gpu": True}).verify is True
 
 
-@pytest.mark.parametrize("values,message", [
-    ({"direct_to_gpu": True}, r"x\.direct_to_gpu: needs x\.verify: false"),
-    ({"direct_to_gpu": "maybe"}, r"x\.direct_to_gpu: expected true or false"),
-    ({"gpu_buffer_mib": 0}, r"x\.gpu_buffer_mib: 0 is out of range"),
-    ({"gpu_buffer_mib": "2G"}, r"x\.gpu_buffer_mib: expected an integer"),
-    ({"gpu_staging_slots": 1}, r"x\.gpu_staging_slots: 1 is out of range \[2, 256\]"),
-    ({"gpu_slot_mib": 4096}, r"x\.gpu_slot_mib: 4096 is out of range \[1, 1024\]"),
-    ({"gpu_slots": 4}, r"unknown option 'x\.gpu_slots': did you mean 'x\.gpu_slot_mib'\?"),
-])
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        (
+            {"direct_to_gpu": True, "auth_key": "0123456789abcdef"},
+            r"x\.direct_to_gpu: cannot be combined with x\.auth_key",
+        ),
+        ({"direct_to_gpu": "maybe"}, r"x\.direct_to_gpu: expected true or false"),
+        ({"gpu_buffer_mib": 0}, r"x\.gpu_buffer_mib: 0 is out of range"),
+        ({"gpu_buffer_mib": "2G"}, r"x\.gpu_buffer_mib: expected an integer"),
+        ({"gpu_staging_slots": 1}, r"x\.gpu_staging_slots: 1 is out of range \[2, 256\]"),
+        ({"gpu_slot_mib": 4096}, r"x\.gpu_slot_mib: 4096 is out of range \[1, 1024\]"),
+        ({"gpu_slots": 4}, r"unknown option 'x\.gpu_slots': did you mean 'x\.gpu_slot_mib'\?"),
+    ],
+)
 def test_options_refused_with_their_name(values, message):
     from lmcache_fx.core.options import ConfigError, FxOptions
 
@@ -54,8 +69,12 @@ def test_options_refused_with_their_name(values, message):
 
 def test_readme_rows_and_paragraph():
     text = open(os.path.join(ROOT, "README.md")).read()
-    for row in ("| `direct_to_gpu` | `false` |", "| `gpu_buffer_mib` | `2048` |", "| `gpu_staging_slots` | `8` |",
-                "| `gpu_slot_mib` | `4` |"):
+    for row in (
+        "| `direct_to_gpu` | `false` |",
+        "| `gpu_buffer_mib` | `2048` |",
+        "| `gpu_staging_slots` | `8` |",
+        "| `gpu_slot_mib` | `4` |",
+    ):
         assert row in text
     assert "**`direct_to_gpu: true`**" in text
 
@@ -67,15 +86,17 @@ class _StubReader:
     def __init__(self):
         self.calls = []
 
-    def read_into(self, ops, cancel_on_error=True):
+    def read_into(self, ops, cancel_on_error=True, crc=False):
         import ctypes
+
+        from lmcache_fx import _fxio
 
         self.calls.append(list(ops))
         out = []
         for fd, off, n, addr in ops:
             data = os.pread(fd, n, off)
             ctypes.memmove(addr, data, len(data))
-            out.append(len(data))
+            out.append((len(data), _fxio.crc32c(data)) if crc else len(data))
         return out
 
 
@@ -92,16 +113,26 @@ def test_router_splits_and_merges_in_op_order(tmp_path):
     r = GpuRouter(eng, rd, lambda a: dev.address <= a < dev.address + len(dev))
     fd = os.open(p, os.O_RDONLY)
     try:
-        ops = [(fd, 0, 4096, host.address), (fd, 4096, 10000, dev.address), (fd, 20000, 4096, host.address + 4096),
-               (fd, 30000, 20000, dev.address + 12288), (fd, 60000, 8192, host.address + 8192)]
+        ops = [
+            (fd, 0, 4096, host.address),
+            (fd, 4096, 10000, dev.address),
+            (fd, 20000, 4096, host.address + 4096),
+            (fd, 30000, 20000, dev.address + 12288),
+            (fd, 60000, 8192, host.address + 8192),
+        ]
         assert r.read(ops) == [4096, 10000, 4096, 20000, 5536]  # the last one short at EOF
         assert [len(c) for c in rd.calls] == [2]  # one pipeline call for the device ops, in order
         assert bytes(dev)[:10000] == data[4096:14096] and bytes(dev)[12288:32288] == data[30000:50000]
         assert bytes(host)[:4096] == data[:4096] and bytes(host)[4096:8192] == data[20000:24096]
-        assert bytes(host)[8192:8192 + 5536] == data[60000:]
-        with pytest.raises(ValueError, match="verify: false"):
-            r.read(ops, crc=True)
-        assert r.read(ops[:1], crc=True)[0][0] == 4096  # host-only batches keep their CRCs
+        assert bytes(host)[8192 : 8192 + 5536] == data[60000:]
+        # crc=True: (bytes, CRC32C) for every op, device and host alike, as the engine gives them
+        want = [
+            (n, _fxio.crc32c(data[off : off + n]))
+            for off, n in ((0, 4096), (4096, 10000), (20000, 4096), (30000, 20000), (60000, 5536))
+        ]
+        assert r.read(ops, crc=True) == want
+        assert rd.calls[-1] == [ops[1], ops[3]]
+        assert r.read(ops[:1], crc=True) == want[:1]  # host-only batches: the engine's own
 
         async def via_submit():  # the awaited path: an eventfd batch from a thread
             b = r.submit(ops)
@@ -116,6 +147,14 @@ def test_router_splits_and_merges_in_op_order(tmp_path):
             return b.wait()
 
         assert asyncio.run(via_submit()) == [4096, 10000, 4096, 20000, 5536]
+
+        async def via_submit_crc():
+            b = r.submit(ops, crc=True)
+            while not b.done():
+                await asyncio.sleep(0.001)
+            return b.wait()
+
+        assert asyncio.run(via_submit_crc()) == want
         assert r.kind == eng.kind  # everything else is the engine's
     finally:
         os.close(fd)
@@ -129,10 +168,21 @@ def fake_so(fake_gpu_driver_so):
 
 
 def _child(scenario, driver, *args, timeout=120):
-    env = dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", LMCACHE_FX_GPU_DRIVER=driver,
-               PYTHONPATH=os.pathsep.join([ROOT, HERE]))
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), scenario, *map(str, args)],
-                       capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    env = dict(
+        os.environ,
+        PYTHONHASHSEED="0",
+        LMCACHE_TRACK_USAGE="false",
+        LMCACHE_FX_GPU_DRIVER=driver,
+        PYTHONPATH=os.pathsep.join([ROOT, HERE]),
+    )
+    r = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), scenario, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert r.returncode == 0 and line, (r.stdout[-3000:], r.stderr[-5000:])
     return json.loads(line[-1][7:])
@@ -143,8 +193,10 @@ def test_refused_without_a_gpu_driver(tmp_path):
     started (no store directory, no writer thread, no staging), and LMCache
     starts without the tier."""
     out = _child("refuse", "/nonexistent/libcuda.so.1", tmp_path / "store", tmp_path)
-    assert "storage_plugin.fx.direct_to_gpu: cannot serve chunks in GPU memory here: no CUDA/ROCm driver found" \
-        in out["error"], out
+    assert (
+        "storage_plugin.fx.direct_to_gpu: cannot serve chunks in GPU memory here: no CUDA/ROCm driver found"
+        in out["error"]
+    ), out
     assert "nonexistent" in out["error"] and "direct_to_gpu: false" in out["error"]
     assert out["store_created"] is False and out["threads"] == []
     assert out["lmcache_backends"] == ["LocalCPUBackend"]
@@ -156,15 +208,16 @@ def test_refused_when_torch_sees_no_gpu(fake_so, tmp_path):
     out = _child("refuse", fake_so, tmp_path / "store", tmp_path)
     if out.get("cuda"):
         pytest.skip("torch sees a GPU here")
-    assert "direct_to_gpu: cannot serve chunks in GPU memory here: torch sees no CUDA/ROCm device" \
-        in out["error"], out
+    assert "direct_to_gpu: cannot serve chunks in GPU memory here: torch sees no CUDA/ROCm device" in out["error"], out
     assert out["store_created"] is False and out["threads"] == []
 
 
 def test_chunks_through_the_gpu_reader_bit_exact(fake_so, tmp_path):
-    """A batch of chunks through the plugin's read path: payload ops go to the
-    pipeline, header ops to the engine, and the data is bit-exact; with
-    O_DIRECT where tmp_path allows it (the pipeline aligns its pieces)."""
+    """A batch of chunks through the plugin's read path with verify on: payload
+    ops go to the pipeline (which returns their CRC32C, computed in the
+    staging slots), header ops to the engine, and the data is bit-exact; a
+    damaged payload is a miss; with O_DIRECT where tmp_path allows it (the
+    pipeline aligns its pieces)."""
     out = _child("roundtrip", fake_so, tmp_path / "store", tmp_path)
     assert out["driver"] == fake_so
     # LMCache retrieves through the fx tier, from chunks in the plugin's buffer.
@@ -179,6 +232,10 @@ def test_chunks_through_the_gpu_reader_bit_exact(fake_so, tmp_path):
     assert out["engine_ops"] > 0 and out["engine_ops_into_buffer"] == 0
     assert out["copies"] > out["pipeline_ops"] and out["copies_outside_buffer"] == 0  # chunks > one slot
     assert out["staging_pinned"] is True
+    # verify on: every pipeline call asked for CRCs (checked in the staging slots) and good chunks are hits.
+    assert out["pipeline_crc_calls"] >= 2
+    d = out["damaged"]
+    assert d["missing"] == [2, 4] and d["file_removed"] and d["others"]["bit_exact"] == out["nchunks"] - 2, d
     t = out["truncated"]
     assert t["missing"] == [2] and t["file_removed"] and t["others"]["bit_exact"] == out["nchunks"] - 1, t
     # Everything released (failed reads included): the whole buffer can be allocated again.
@@ -199,7 +256,7 @@ def child_refuse(store, workdir):
     from lmcache_fx.lmcache_plugin import FxStorageBackend
     from lmcache_fx.testing.cpu_engine import Geometry, config_from_dict, fx_config, lmcache_engine
 
-    cfg = config_from_dict(fx_config(store, direct_to_gpu=True, verify=False), workdir)
+    cfg = config_from_dict(fx_config(store, direct_to_gpu=True), workdir)
     out = {"cuda": torch.cuda.is_available()}
     try:
         FxStorageBackend(config=cfg, dst_device="cpu", local_cpu_backend=object())
@@ -208,8 +265,9 @@ def child_refuse(store, workdir):
         out["error"] = str(e)
     out["store_created"] = os.path.exists(store)
     out["threads"] = _threads()
-    with lmcache_engine(config_from_dict(fx_config(store, direct_to_gpu=True, verify=False), workdir),
-                        Geometry()) as eng:  # LMCache logs the refusal and runs without the tier
+    with lmcache_engine(
+        config_from_dict(fx_config(store, direct_to_gpu=True), workdir), Geometry()
+    ) as eng:  # LMCache logs the refusal and runs without the tier
         out["lmcache_backends"] = list(eng.storage_manager.storage_backends)
     return out
 
@@ -240,8 +298,9 @@ def child_roundtrip(store, workdir):
     geo = Geometry(layers=6, kv_heads=3, head_dim=40, dtype=torch.float32)  # 1.4 MiB chunks: 2 pieces of 1 MiB
     ntok = 5 * 256 + 77  # a partial last chunk
     out["ntok"], out["nchunks"] = ntok, 6
-    opts = dict(direct_to_gpu=True, verify=False, gpu_buffer_mib=16, gpu_staging_slots=3, gpu_slot_mib=1,
-                split_bytes="64K")
+    opts = dict(
+        direct_to_gpu=True, verify=True, gpu_buffer_mib=16, gpu_staging_slots=3, gpu_slot_mib=1, split_bytes="64K"
+    )
     cfg = config_from_dict({**fx_config(store, **opts), "save_unfull_chunk": True}, workdir)
     tokens = torch.randint(0, 30000, (ntok,), generator=torch.Generator().manual_seed(5))
     kv = KV(geo, ntok, seed=9)
@@ -272,6 +331,7 @@ def child_roundtrip(store, workdir):
 
             def read_into(self, ops, **kw):
                 self.ops += ops
+                self.crc_asked = getattr(self, "crc_asked", 0) + bool(kw.get("crc"))
                 return self.reader.read_into(ops, **kw)
 
         router.engine = Recorder(router.engine)
@@ -326,14 +386,36 @@ def child_roundtrip(store, workdir):
                 copies += 1
                 outside += not (lo <= buf[3] and buf[3] + buf[5] <= hi)
         out["copies"], out["copies_outside_buffer"] = copies, outside
+        out["pipeline_crc_calls"] = getattr(router.reader, "crc_asked", 0)
         # A truncated chunk file: its GPU read comes back short; a miss, the file removed, the others intact.
         os.truncate(files[2], os.path.getsize(files[2]) - 4096)
         objs = be.batched_get_blocking(keys)
-        out["truncated"] = {"missing": [i for i, o in enumerate(objs) if o is None],
-                            "file_removed": not os.path.exists(files[2]),
-                            "others": check([o for i, o in enumerate(objs) if i != 2],
-                                            [f for i, f in enumerate(files) if i != 2])}
+        out["truncated"] = {
+            "missing": [i for i, o in enumerate(objs) if o is None],
+            "file_removed": not os.path.exists(files[2]),
+            "others": check([o for i, o in enumerate(objs) if i != 2], [f for i, f in enumerate(files) if i != 2]),
+        }
         for o in objs[2:3]:
+            if o is not None:
+                o.ref_count_down()
+        # A damaged payload (one byte flipped in its second piece, same length): verify makes it a miss,
+        # the file removed, the others intact and bit-exact
+        # (chunk 2, truncated above, stays a miss).
+        with open(files[4], "r+b") as fh:
+            pos = HEADER_SIZE + (1 << 20) + 12345
+            fh.seek(pos)
+            b = fh.read(1)
+            fh.seek(pos)
+            fh.write(bytes([b[0] ^ 0x40]))
+        objs = be.batched_get_blocking(keys)
+        out["damaged"] = {
+            "missing": [i for i, o in enumerate(objs) if o is None],
+            "file_removed": not os.path.exists(files[4]),
+            "others": check(
+                [o for i, o in enumerate(objs) if i not in (2, 4)], [f for i, f in enumerate(files) if i not in (2, 4)]
+            ),
+        }
+        for o in objs[4:5]:
             if o is not None:
                 o.ref_count_down()
         whole = gpu.allocate([torch.Size([gpu.size])], [torch.uint8])

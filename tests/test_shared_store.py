@@ -21,9 +21,10 @@ for p in (HERE, ROOT):
         sys.path.insert(0, p)
 
 from faults import fxfault as F  # noqa: E402
-from lmcache_fx.testing import loopfs  # noqa: E402
+
 from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
 from lmcache_fx.core.store import LOCK_NAME  # noqa: E402
+from lmcache_fx.testing import loopfs  # noqa: E402
 
 CHUNK = 256 * 1024  # payload bytes; files are HEADER_SIZE more
 
@@ -276,6 +277,50 @@ def _mount_source(mnt: str) -> str:
     raise AssertionError(f"{mnt} not mounted")
 
 
+def test_two_real_users_share_a_store():
+    """shared_group with two real users in one group, each with another
+    primary group, under umask 022, on a store directory the operator made
+    (root:fxshare, 0770, no setgid): each reads the other's chunks and evicts
+    them under the shared cap; directories the store makes are 02770 in the
+    store's group, files 0660 in it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create two users (useradd) and run a child as each")
+    import tempfile
+
+    gid, ((u1, g1), (u2, g2)) = _two_users()
+    top = tempfile.mkdtemp(prefix="fx-users-")  # under /tmp: reachable by the two users
+    try:
+        os.chmod(top, 0o755)
+        path = os.path.join(top, "store")
+        os.mkdir(path)
+        os.chown(path, 0, gid)
+        os.chmod(path, 0o770)
+        cap = 6 * (CHUNK + HEADER_SIZE)
+        k1 = [f"model@2@0@{h:016x}@bfloat16" for h in range(4)]
+        k2 = [f"model@2@1@{h:016x}@bfloat16" for h in range(4)]
+        r1 = _run_as(u1, g1, [gid], {"path": path, "cap": cap, "read": [], "read_rank": 0,
+                                                      "write": k1, "rank": 0})
+        r2 = _run_as(u2, g2, [gid], {"path": path, "cap": cap, "read": k1, "read_rank": 0,
+                                                      "write": k2, "rank": 1})
+        r3 = _run_as(u1, g1, [gid], {"path": path, "cap": cap, "read": k2, "read_rank": 1,
+                                                      "write": [], "rank": 0})
+        dirs = [os.path.join(path, d) for d in os.listdir(path)]
+        dmodes = {(oct(os.stat(d).st_mode & 0o7777), os.stat(d).st_gid == gid) for d in dirs}
+        files = [os.path.join(dp, f) for dp, _, fs in os.walk(path) for f in fs]
+        fmodes = {(oct(os.stat(f).st_mode & 0o777), os.stat(f).st_gid == gid) for f in files}
+        owners = {os.stat(f).st_uid for f in F.chunk_files(path)}
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    figure("two-real-users", user1_wrote=r1["wrote"], user2_read_user1=r2["hits"], user2_wrote=r2["wrote"],
+           user2_evicted=r2["evictions"], user1_read_user2=r3["hits"], wrong=len(r2["bad"]) + len(r3["bad"]),
+           dir_modes=sorted(dmodes), file_modes=sorted(fmodes))
+    assert r1["wrote"] == 4 and r2["hits"] == 4 and r2["wrote"] == 4 and r3["hits"] == 4
+    assert r2["evictions"] >= 2 and not r2["bad"] and not r3["bad"]
+    assert dmodes == {("0o2770", True)}, dmodes
+    assert fmodes == {("0o660", True)}, fmodes
+    assert owners == {u2} or owners == {u1, u2}
+
+
 def test_two_mount_namespaces(xfs_dir, tmp_path):
     """A process in another mount namespace mounts the same XFS elsewhere and
     shares the store: it reads the parent's chunks, the parent reads its
@@ -318,7 +363,75 @@ def test_two_mount_namespaces(xfs_dir, tmp_path):
     assert not os.path.ismount(other)  # the mount lived only in the child's namespace
 
 
-ROLES = {"writer": child_writer, "reader": child_reader, "ns": child_ns}
+def child_user(a):
+    """As one of two real users sharing a store: read what the other wrote,
+    write own chunks (evicting the other's under the shared cap)."""
+    s = F.open_store(a["path"], shared_group=True, max_capacity_gb=a["cap"] / (1 << 30))
+    h, m, bad = F.read_check(s, a["read"], a["read_rank"])
+    src = F.Chunks()
+    ok = s.write([src.item(k, CHUNK, 0, a["rank"]) for k in a["write"]])
+    st = s.stats.snapshot()
+    s.close()
+    print("RESULT " + json.dumps({"hits": h, "misses": m, "bad": bad, "wrote": sum(ok), "evictions": st["evictions"],
+                                  "uid": os.getuid()}), flush=True)
+
+
+SHARE_GROUP, SHARE_USERS = "fxshare", ("fxuser1", "fxuser2")
+
+
+def _two_users():
+    """(gid of the shared group, [(uid, primary gid)] of two users in it, each with a primary group of their own)."""
+    import grp
+    import pwd
+
+    if subprocess.run(["getent", "group", SHARE_GROUP], capture_output=True).returncode != 0:
+        subprocess.run(["groupadd", SHARE_GROUP], check=True)
+    users = []
+    for u in SHARE_USERS:
+        if subprocess.run(["id", u], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "-M", "-U", "-G", SHARE_GROUP, "-s", "/usr/sbin/nologin", u], check=True)
+        pw = pwd.getpwnam(u)
+        users.append((pw.pw_uid, pw.pw_gid))
+    return grp.getgrnam(SHARE_GROUP).gr_gid, users
+
+
+def _run_as(uid, gid, groups, args) -> dict:
+    """child_user(args) in a forked child with the user's ids (fork, not a new
+    interpreter: this one may live where other users cannot reach, e.g. /root)."""
+    import io
+    import mmap  # noqa: F401  the child cannot import from where the interpreter lives: load what it needs now
+    import traceback
+    from contextlib import redirect_stdout
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            os.umask(0o022)
+            buf = io.StringIO()
+            with redirect_stdout(buf):
+                child_user(args)
+            os.write(w, buf.getvalue().encode())
+            code = 0
+        except BaseException:
+            os.write(w, traceback.format_exc().encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        text = f.read()
+    _, status = os.waitpid(pid, 0)
+    line = [x for x in text.splitlines() if x.startswith("RESULT ")]
+    assert status == 0 and line, text[-3000:]
+    return json.loads(line[-1][7:])
+
+
+ROLES = {"writer": child_writer, "reader": child_reader, "ns": child_ns, "user": child_user}
 
 if __name__ == "__main__":
     ROLES[sys.argv[1]](json.loads(sys.argv[2]))

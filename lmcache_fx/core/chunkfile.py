@@ -8,18 +8,28 @@ length and CRC32C, and a CRC32C of the header itself.
     offset size  field
     0      8     magic b"LMCFXKV\\0"
     8      2     format version
-    10     2     flags (0)
+    10     2     flags: bit 0 = a MAC is present (auth_key)
     12     4     header size (4096)
     16     8     payload length
     24     4     payload CRC32C
     28     4     meta length
     32     8     creation time, ns since the epoch
     40     n     meta: UTF-8 JSON {"key", "shapes", "dtypes", "fmt"}
+    4060   32    with flag bit 0: keyed BLAKE2b-256 of bytes 0..4059 and the payload
     4092   4     CRC32C of bytes 0..4091
+
+The MAC needs no new format version: format 1 writers always wrote flags 0
+and zeros after the meta, and format 1 readers ignore both (the header CRC
+covers them either way). So files written with auth_key are read by every
+version, with or without a key; a reader with auth_key treats a file with no
+MAC, or one that does not verify, as a miss. A keyed header leaves 32 bytes
+less room for the meta.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import hmac
 import json
 import struct
 from dataclasses import dataclass
@@ -32,6 +42,11 @@ HEADER_SIZE = 4096
 SUFFIX = ".fxkv"
 _FIXED = struct.Struct("<8sHHIQIIQ")  # up to and including the creation time
 _MAX_META = HEADER_SIZE - _FIXED.size - 4
+FLAG_MAC = 1
+MAC_SIZE = 32
+MAC_OFF = HEADER_SIZE - 4 - MAC_SIZE  # the MAC covers bytes 0..MAC_OFF-1 of the header, then the payload
+_MAX_META_MAC = MAC_OFF - _FIXED.size
+_MAC_PERSON = b"lmcache-fx-mac1"
 
 
 class BadHeader(ValueError):
@@ -73,6 +88,7 @@ class Header:
     payload_len: int
     payload_crc: int
     created_ns: int
+    mac: bytes = b""  # empty when the file carries none
 
 
 def chunk_digest(key: str) -> str:
@@ -80,16 +96,49 @@ def chunk_digest(key: str) -> str:
     return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def encode_header(buf, key: str, meta: ChunkMeta, payload_len: int, payload_crc: int, created_ns: int) -> None:
-    """Writes a header into the first 4096 bytes of a writable buffer."""
+def encode_header(buf, key: str, meta: ChunkMeta, payload_len: int, payload_crc: int, created_ns: int,
+                  mac_key: bytes | None = None, payload=None) -> None:
+    """Writes a header into the first 4096 bytes of a writable buffer; with
+    `mac_key`, a MAC of the header and `payload` (a buffer) too."""
     body = json.dumps({"key": key, **meta.to_json()}, separators=(",", ":")).encode()
-    if len(body) > _MAX_META:
-        raise ValueError(f"chunk key and meta take {len(body)} bytes, more than the header's {_MAX_META}")
+    limit = _MAX_META if mac_key is None else _MAX_META_MAC
+    if len(body) > limit:
+        raise ValueError(f"chunk key and meta take {len(body)} bytes, more than the header's {limit}")
     mv = memoryview(buf)[:HEADER_SIZE]
     mv[:] = bytes(HEADER_SIZE)
-    _FIXED.pack_into(mv, 0, MAGIC, FORMAT_VERSION, 0, HEADER_SIZE, payload_len, payload_crc, len(body), created_ns)
+    flags = 0 if mac_key is None else FLAG_MAC
+    _FIXED.pack_into(mv, 0, MAGIC, FORMAT_VERSION, flags, HEADER_SIZE, payload_len, payload_crc, len(body),
+                     created_ns)
     mv[_FIXED.size:_FIXED.size + len(body)] = body
+    if mac_key is not None:
+        mv[MAC_OFF:MAC_OFF + MAC_SIZE] = chunk_mac(mac_key, mv[:MAC_OFF], payload)
     struct.pack_into("<I", mv, HEADER_SIZE - 4, _fxio.crc32c(mv[:HEADER_SIZE - 4]))
+
+
+def chunk_mac(mac_key: bytes, header_prefix, payload) -> bytes:
+    """Keyed BLAKE2b-256 of a header's bytes 0..MAC_OFF-1 (every field, the
+    key and the meta) and the payload. hashlib releases the GIL over large
+    buffers."""
+    h = hashlib.blake2b(key=mac_key, digest_size=MAC_SIZE, person=_MAC_PERSON)
+    h.update(header_prefix)
+    h.update(payload)
+    return h.digest()
+
+
+def mac_ok(mac_key: bytes, header, h: "Header", payload) -> bool:
+    """Whether the header (its 4096 bytes) and the payload carry a MAC made
+    with this key. A file without one (written without auth_key) is not."""
+    if not h.mac:
+        return False
+    return hmac.compare_digest(chunk_mac(mac_key, memoryview(header)[:MAC_OFF], payload), h.mac)
+
+
+def memory_at(address: int, nbytes: int) -> memoryview:
+    """A read-only view of `nbytes` of host memory at `address` (a buffer the
+    caller owns and keeps alive while the view is used)."""
+    if nbytes <= 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B").toreadonly()
 
 
 def decode_header(buf) -> Header:
@@ -98,7 +147,7 @@ def decode_header(buf) -> Header:
     if len(mv) < HEADER_SIZE:
         raise BadHeader(f"header is {len(mv)} bytes, expected {HEADER_SIZE}")
     mv = mv[:HEADER_SIZE]
-    magic, version, _flags, hsize, plen, pcrc, mlen, created = _FIXED.unpack_from(mv, 0)
+    magic, version, flags, hsize, plen, pcrc, mlen, created = _FIXED.unpack_from(mv, 0)
     if magic != MAGIC:
         raise BadHeader("not an lmcache-fx chunk (bad magic)")
     (hcrc,) = struct.unpack_from("<I", mv, HEADER_SIZE - 4)
@@ -106,7 +155,7 @@ def decode_header(buf) -> Header:
         raise BadHeader("header checksum mismatch")
     if version != FORMAT_VERSION:
         raise FormatVersionMismatch(f"format version {version}, this lmcache-fx reads {FORMAT_VERSION}")
-    if hsize != HEADER_SIZE or mlen > _MAX_META:
+    if hsize != HEADER_SIZE or mlen > (_MAX_META_MAC if flags & FLAG_MAC else _MAX_META):
         raise BadHeader("bad header or meta size")
     try:
         d = json.loads(bytes(mv[_FIXED.size:_FIXED.size + mlen]))
@@ -121,7 +170,8 @@ def decode_header(buf) -> Header:
         # A planted file with valid CRCs but shapes that do not add up would
         # make the reader allocate the wrong (possibly huge) destination.
         raise BadHeader(f"shapes and dtypes make {expect} bytes, payload length is {plen}")
-    return Header(key, meta, plen, pcrc, created)
+    mac = bytes(mv[MAC_OFF:MAC_OFF + MAC_SIZE]) if flags & FLAG_MAC else b""
+    return Header(key, meta, plen, pcrc, created, mac)
 
 
 _ITEMSIZE = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "uint8": 1,

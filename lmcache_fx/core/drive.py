@@ -17,7 +17,11 @@ async def await_batch(batch, loop: asyncio.AbstractEventLoop) -> list:
     if not batch.done():
         fut = loop.create_future()
         fd = batch.fileno()
-        loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+        def ready() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        loop.add_reader(fd, ready)
         try:
             await fut
         finally:
@@ -26,40 +30,97 @@ async def await_batch(batch, loop: asyncio.AbstractEventLoop) -> list:
 
 
 def drive_blocking(engine, gen, release) -> list:
-    """Runs a read_steps generator with blocking engine batches."""
+    """Runs a read_steps generator with blocking engine batches. An engine
+    error is thrown into the generator, which makes the batch misses."""
     try:
         ops, crc = next(gen)
         while True:
-            ops, crc = gen.send(engine.read(ops, crc=crc))
+            try:
+                res = engine.read(ops, crc=crc)
+            except Exception as e:  # a ring not taken, the engine closed, ...
+                ops, crc = gen.throw(e)
+                continue
+            ops, crc = gen.send(res)
     except StopIteration as stop:
         out, failed = stop.value
     for h in failed:
         release(h)
     return out
+
+
+class ReadCancelled(Exception):
+    """Thrown into a read_steps generator when the awaiting task was
+    cancelled, once its batch in flight has finished: the read ends as misses."""
+
+
+async def _finish_batch(batch, loop: asyncio.AbstractEventLoop) -> None:
+    """After a cancellation: the C batch cannot be aborted mid-flight, so
+    wait (in a thread; the loop keeps running) until nothing of it is in
+    flight. Further cancellations only make this wait on."""
+    if batch.done():
+        fut = None
+    else:
+        fut = loop.run_in_executor(None, batch.wait)
+    while fut is not None:
+        try:
+            await asyncio.shield(fut)
+            return
+        except asyncio.CancelledError:
+            if fut.done():
+                return
+        except Exception:
+            return  # the batch ended with an error: nothing in flight either
+    try:
+        batch.wait()  # done: collects it without blocking
+    except Exception:
+        pass
 
 
 async def drive_async(engine, gen, release) -> list:
     """Runs a read_steps generator, awaiting each batch through its eventfd
-    so the event loop keeps running while the engine reads."""
+    so the event loop keeps running while the engine reads. An engine error
+    is thrown into the generator (the batch becomes misses). Cancelled, it
+    waits for the batch in flight to finish before the generator closes its
+    files and the handles are released (no read lands after this returns),
+    releases every handle, hits included, and re-raises CancelledError."""
     loop = asyncio.get_running_loop()
+    cancelled = None
     try:
         ops, crc = next(gen)
         while True:
-            ops, crc = gen.send(await await_batch(engine.submit(ops, write=False, crc=crc), loop))
+            batch = None
+            try:
+                batch = engine.submit(ops, write=False, crc=crc)
+                res = await await_batch(batch, loop)
+            except asyncio.CancelledError as c:
+                cancelled = c
+                if batch is not None:
+                    await _finish_batch(batch, loop)
+                ops, crc = gen.throw(ReadCancelled("the read was cancelled"))
+                continue
+            except Exception as e:
+                ops, crc = gen.throw(e)
+                continue
+            ops, crc = gen.send(res)
     except StopIteration as stop:
         out, failed = stop.value
     for h in failed:
         release(h)
+    if cancelled is not None:
+        for h in out:
+            if h is not None:
+                release(h)
+        raise cancelled
     return out
 
 
-_engine_warned = set()
+_engine_warned: set[str] = set()
 
 
 def make_engine(options: FxOptions):
     """Builds the C engine; warns once per reason when io_uring is not used."""
     try:
-        eng = _fxio.Engine(options.io_engine, options.queue_depth, options.split_bytes)
+        eng = _fxio.Engine(options.io_engine, options.queue_depth, options.split_bytes)  # type: ignore[arg-type]
     except OSError as e:
         raise ConfigError(f"io_engine: {e}; use io_engine: auto to fall back to the thread engine") from None
     if eng.fallback_reason and eng.fallback_reason not in _engine_warned:

@@ -50,9 +50,6 @@ def _host_tag() -> str:
 HOST_TAG = _host_tag()
 
 
-HOST_TAG = _host_tag()
-
-
 def path_for(roots: list[str], digest: str) -> str:
     """Where the store keeps the chunk of this digest."""
     root = roots[int(digest[:8], 16) % len(roots)]
@@ -89,21 +86,31 @@ def classify(name: str, fanout: str) -> tuple[str, str, str]:
     return "other", "", "not an lmcache-fx file"
 
 
-def scan_fanout(root: str, sub: str) -> Iterator[StoreFile]:
+def scan_fanout(root: str, sub: str, dfd: Optional[int] = None) -> Iterator[StoreFile]:
     """Every entry of one fan-out directory; a non-regular file is `other`
-    (a planted symlink or device is never a chunk). Raises OSError when the
-    directory cannot be listed; entries that vanish meanwhile are skipped."""
+    (a planted symlink or device is never a chunk). The directory is listed
+    through a descriptor opened without following links (`dfd`, or one opened
+    here), so a fan-out directory swapped for a symlink is never listed.
+    Raises OSError when the directory cannot be listed; entries that vanish
+    meanwhile are skipped."""
     fanout = os.path.basename(sub)
-    with os.scandir(sub) as it:
-        for de in it:
-            kind, digest, why = classify(de.name, fanout)
-            try:
-                st = de.stat(follow_symlinks=False)
-            except OSError:
-                continue  # vanished
-            if not stat.S_ISREG(st.st_mode):
-                kind, digest, why = "other", "", "not a regular file (the store ignores it)"
-            yield StoreFile(de.path, root, st.st_size, st.st_mtime, st.st_mtime_ns, st.st_ino, kind, digest, why)
+    own = dfd is None
+    fd = open_dir(sub) if dfd is None else dfd
+    try:
+        with os.scandir(fd) as it:  # lists a duplicate of dfd; dfd stays open
+            for de in it:
+                kind, digest, why = classify(de.name, fanout)
+                try:
+                    st = os.stat(de.name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue  # vanished
+                if not stat.S_ISREG(st.st_mode):
+                    kind, digest, why = "other", "", "not a regular file (the store ignores it)"
+                yield StoreFile(os.path.join(sub, de.name), root, st.st_size, st.st_mtime, st.st_mtime_ns, st.st_ino,
+                                kind, digest, why)
+    finally:
+        if own:
+            os.close(fd)
 
 
 def fanout_dirs(root: str) -> list[str]:
@@ -185,11 +192,64 @@ def stat_in(path: str) -> Optional[os.stat_result]:
 
 
 def unlink_quiet(path: str) -> bool:
+    """Removes <root>/<ab>/<name> relative to its directory opened without
+    following links: a fan-out directory swapped for a symlink redirects
+    nothing."""
     try:
-        os.unlink(path)
+        dfd = open_dir(os.path.dirname(path))
+    except OSError:
+        return False
+    try:
+        os.unlink(os.path.basename(path), dir_fd=dfd)
         return True
     except OSError:
         return False
+    finally:
+        os.close(dfd)
+
+
+def unlink_if_same(path: str, ident: Optional[tuple[int, int]] = None,
+                   mtime_ns: Optional[int] = None) -> Optional[os.stat_result]:
+    """Removes <root>/<ab>/<name> only if it is still the file that was
+    looked at: the same (st_dev, st_ino) when `ident` is given, not newer than
+    `mtime_ns` when that is. lstat and unlink go through one directory
+    descriptor opened without following links. Returns the stat of what was
+    removed, or None (absent, not a regular file, replaced meanwhile, or
+    cannot be removed)."""
+    try:
+        dfd = open_dir(os.path.dirname(path))
+    except OSError:
+        return None
+    try:
+        name = os.path.basename(path)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if ident is not None and (st.st_dev, st.st_ino) != tuple(ident):
+            return None  # another file was renamed into place: not the one that was judged
+        if mtime_ns is not None and st.st_mtime_ns > mtime_ns:
+            return None
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except OSError:
+            return None
+        return st
+    finally:
+        os.close(dfd)
+
+
+def rename_in(tmp: str, final: str) -> None:
+    """rename(2) of a temporary onto its final name in the same fan-out
+    directory, both relative to one directory descriptor opened without
+    following links. Raises OSError."""
+    dfd = open_dir(os.path.dirname(final))
+    try:
+        os.rename(os.path.basename(tmp), os.path.basename(final), src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def probe_odirect(directory: str) -> tuple[bool, str]:

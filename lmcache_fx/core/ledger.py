@@ -8,12 +8,14 @@ a commit or removal corrects them. See docs/shared-stores.md.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
 import stat
 import struct
 import threading
+import time
 import zlib
 from contextlib import contextmanager
 from typing import Optional
@@ -22,6 +24,29 @@ from .layout import LOCK_DIR, LOCK_NAME, open_dir
 from .options import ConfigError
 
 log = logging.getLogger("lmcache_fx")
+
+LOCK_TIMEOUT = 5.0  # seconds a thread waits for the store lock before giving up (a stalled peer holds it)
+_WARN_EVERY = 5.0  # one warning per burst of lock timeouts
+
+
+class LockTimeout(OSError):
+    """The store lock was not free within LOCK_TIMEOUT: another process holds
+    it (stopped, stuck in D state on a network filesystem, or hostile). The
+    caller skips what needed it: a store, a ledger update, a removal."""
+
+
+def _share(fd: int, gid: Optional[int], mode: int) -> None:
+    """shared_group: the store root's group and `mode` (setgid for a
+    directory), past the umask; quietly not where this process may not."""
+    try:
+        if gid is not None and os.fstat(fd).st_gid != gid:
+            os.fchown(fd, -1, gid)
+    except OSError:
+        pass
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        pass
 
 
 class Ledger:
@@ -40,6 +65,12 @@ class Ledger:
         self.mutex = threading.RLock()
         self.depth = 0  # nesting of hold() by the thread owning mutex
         self.refs = 0
+        self.key: tuple = (0, 0)  # (st_dev, st_ino) of the lock file: its entry in _registry
+        self.timeouts = 0  # lock waits that gave up (read by tests and metrics)
+        self._warn_lock = threading.Lock()
+        self._warn_until = 0.0
+        self._quiet = 0
+        self._stalled_until = 0.0
 
     @classmethod
     def open(cls, root: str, mode: int, dir_mode: int, shared_group: bool) -> "Ledger":
@@ -50,12 +81,11 @@ class Ledger:
             except FileExistsError:
                 pass
             dfd = open_dir(os.path.join(root, LOCK_DIR))  # refuses a planted symlink
+            gid = None
             try:
                 if shared_group:
-                    try:
-                        os.fchmod(dfd, dir_mode)  # past the umask
-                    except OSError:
-                        pass
+                    gid = os.stat(root).st_gid  # the store's group, whoever made .fx
+                    _share(dfd, gid, dir_mode)
                 fd = os.open(os.path.basename(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                              mode, dir_fd=dfd)
             finally:
@@ -67,10 +97,7 @@ class Ledger:
             os.close(fd)
             raise ConfigError(f"path: {path!r} is not a regular file; remove it")
         if shared_group:
-            try:
-                os.fchmod(fd, mode)
-            except OSError:
-                pass
+            _share(fd, gid, mode)
         with cls._reg_lock:
             led = cls._registry.get((st.st_dev, st.st_ino))
             if led is None:
@@ -89,13 +116,20 @@ class Ledger:
                 os.close(self.fd)
 
     @contextmanager
-    def hold(self):
-        with self.mutex:
+    def hold(self, timeout: Optional[float] = None):
+        """The store lock, for this thread: waits at most `timeout` seconds
+        (LOCK_TIMEOUT by default) for other threads and processes, polling
+        flock with LOCK_NB, then raises LockTimeout (one warning per burst).
+        No thread ever blocks without bound on another process."""
+        wait = LOCK_TIMEOUT if timeout is None else timeout
+        if time.monotonic() < self._stalled_until:
+            wait = 0.0  # a wait just timed out: one try only for a while, so a burst waits once, not per call
+        deadline = time.monotonic() + wait
+        if not self.mutex.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self._timed_out("another thread of this process holds it")
+        try:
             if self.depth == 0:
-                try:
-                    fcntl.flock(self.fd, fcntl.LOCK_EX)
-                except OSError as e:  # a filesystem without locks: this process still serialises
-                    log.warning("lmcache-fx: flock on the store lock file failed (%s)", e.strerror)
+                self._flock(deadline)
             self.depth += 1
             try:
                 yield self
@@ -106,6 +140,47 @@ class Ledger:
                         fcntl.flock(self.fd, fcntl.LOCK_UN)
                     except OSError:
                         pass
+        finally:
+            self.mutex.release()
+
+    def _flock(self, deadline: float) -> None:
+        pause = 0.0005
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+                    pass
+                else:  # a filesystem without locks: this process still serialises
+                    log.warning("lmcache-fx: flock on the store lock file failed (%s)", e.strerror)
+                    return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._timed_out("another process holds it")
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+
+    def _timed_out(self, who: str):
+        now = time.monotonic()
+        with self._warn_lock:
+            self.timeouts += 1
+            self._stalled_until = now + LOCK_TIMEOUT
+            quiet = 0
+            if now >= self._warn_until:
+                quiet, self._quiet = self._quiet, 0
+                self._warn_until = now + _WARN_EVERY
+                warn = True
+            else:
+                self._quiet += 1
+                warn = False
+        if warn:
+            log.warning("lmcache-fx: the store lock was not free within %.1f s (%s); skipping what needed it "
+                        "(stores, ledger updates, removals) until it is%s", LOCK_TIMEOUT, who,
+                        f" ({quiet} more timeouts in the last {_WARN_EVERY:.0f} s not logged)" if quiet else "")
+        raise LockTimeout(errno.ETIMEDOUT, "the store lock is held by another process")
 
     def get(self) -> Optional[tuple[int, float]]:
         """(usage, last scan time), or None when the record is missing or bad. Hold the lock."""

@@ -38,9 +38,12 @@ def _parse_bool(name: str, v) -> bool:
 
 
 def _parse_choice(name: str, v, choices) -> str:
-    s = str(v).strip().lower() if isinstance(v, (str, bool)) else None
     if isinstance(v, bool):
         s = "true" if v else "false"
+    elif isinstance(v, str):
+        s = v.strip().lower()
+    else:
+        s = ""
     if s not in choices:
         raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {v!r}")
     return s
@@ -81,10 +84,11 @@ def parse_size(text) -> int:
 
 
 def _parse_size(name: str, v, lo, hi) -> int:
-    try:
-        v = parse_size(v)
-    except ValueError as e:
-        raise ConfigError(f"{name}: {e}") from None
+    if isinstance(v, str):  # a number stays a number: 4096.5 is refused below, not truncated
+        try:
+            v = parse_size(v)
+        except ValueError as e:
+            raise ConfigError(f"{name}: {e}") from None
     return _parse_number(name, v, int, lo, hi)
 
 
@@ -135,6 +139,42 @@ def _address(full: str, v) -> str:
         raise ConfigError(f"{full}: expected an IP address such as 127.0.0.1 or 0.0.0.0, got {v!r}") from None
 
 
+def auth_key_bytes(spec: str, full: str = "auth_key") -> bytes:
+    """The MAC key an auth_key value names: the string itself, `env:VARNAME`
+    (read from the environment) or `file:/path` (the file's bytes, a trailing
+    newline dropped); at least 16 bytes. Returned hashed to 32 bytes, so
+    keys of any length fit BLAKE2b's key. ConfigError when unusable."""
+    import hashlib
+
+    if spec.startswith("env:"):
+        var = spec[4:].strip()
+        raw = os.environ.get(var)
+        if not raw:
+            raise ConfigError(f"{full}: environment variable {var!r} is not set or empty")
+        raw_b = raw.encode()
+    elif spec.startswith("file:"):
+        fn = spec[5:].strip()
+        try:
+            with open(fn, "rb") as f:
+                raw_b = f.read(1 << 16).rstrip(b"\r\n")
+        except OSError as e:
+            raise ConfigError(f"{full}: cannot read the key file {fn!r}: {e.strerror}") from None
+    else:
+        raw_b = spec.encode("utf-8", "surrogatepass")
+    if len(raw_b) < 16:
+        raise ConfigError(f"{full}: a key of {len(raw_b)} bytes is too short; use at least 16 (e.g. the output of "
+                          "`openssl rand -hex 32` in a file: file:/path)")
+    return hashlib.blake2b(raw_b, digest_size=32, person=b"lmcache-fx-key1").digest()
+
+
+def _auth_key(full: str, v) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{full}: expected a key, env:VARNAME or file:/path, got {v!r}")
+    if v:
+        auth_key_bytes(v, full)  # refuse a key that cannot be read now, not at the first store
+    return v
+
+
 @dataclass
 class FxOptions:
     """Every runtime option with its default; defaults chosen by measurement
@@ -154,15 +194,17 @@ class FxOptions:
                         "filesystem allows", _choice("auto", "true", "false"))
     verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss",
                         _boolean)
-    shared_group: bool = _opt(False, "true | false", "files 0660 and directories 0770 instead of 0600/0700, for "
-                              "a group of users", _boolean)
+    auth_key: str = _opt("", "key (16+ bytes) | env:VARNAME | file:/path", "chunks carry a keyed BLAKE2b MAC of "
+                         "header and payload; a chunk without a valid one is a miss (empty = off)", _auth_key)
+    shared_group: bool = _opt(False, "true | false", "files 0660 and directories 02770 (setgid, in the group of "
+                              "the store's root) instead of 0600/0700, for a group of users", _boolean)
     metrics_port: int = _opt(0, "0..65535", "Prometheus metrics on http://<metrics_addr>:<port + local worker "
                              "id>/metrics; 0 = off (they are in LMCache's /metrics either way)", _int(0, 65535))
     metrics_addr: str = _opt("127.0.0.1", "IP address", "address the metrics server listens on; 0.0.0.0 for "
                              "every interface (the page names store paths)", _address)
     direct_to_gpu: bool = _opt(False, "true | false", "return chunks in GPU memory of the plugin's own (like "
-                               "LMCache's GdsBackend), read NVMe -> pinned staging -> GPU by the pipeline; needs "
-                               "a GPU driver and verify: false", _boolean)
+                               "LMCache's GdsBackend), read NVMe -> pinned staging -> GPU by the pipeline, payload "
+                               "CRC32C checked in staging (verify); needs a GPU driver, not with auth_key", _boolean)
     gpu_buffer_mib: int = _opt(2048, "1..1048576", "direct_to_gpu: GPU memory holding retrieved chunks until "
                                "LMCache releases them", _int(1, 1 << 20))
     gpu_staging_slots: int = _opt(8, "2..256", "direct_to_gpu: page-locked staging slots (reads and GPU copies "
@@ -201,10 +243,12 @@ class FxOptions:
             setattr(o, name, table[name].metadata["parse"](full, v))
         if not o.paths:
             raise ConfigError(f"{where}path: no directory given; set it to a directory on the NVMe filesystem")
-        if o.direct_to_gpu and o.verify:
+        if o.direct_to_gpu and o.auth_key:
+            # verify works on the GPU path (the pipeline checksums each piece in its staging slot); the MAC
+            # is computed over the payload in host memory, where a GPU-resident chunk never is.
             raise ConfigError(
-                f"{where}direct_to_gpu: needs {where}verify: false; payloads copied straight to the GPU "
-                "cannot be checked against their CRC32C yet (a corrupt chunk would not be detected)"
+                f"{where}direct_to_gpu: cannot be combined with {where}auth_key; the MAC of a payload copied "
+                "straight to the GPU cannot be checked (its CRC32C is: verify works with direct_to_gpu)"
             )
         return o
 

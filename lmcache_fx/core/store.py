@@ -24,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Generator, Optional, Sequence
+from typing import Any, Callable, Generator, Optional, Sequence
 
 from .. import _fxio
 from .chunkfile import (
@@ -35,8 +35,10 @@ from .chunkfile import (
     chunk_digest,
     decode_header,
     encode_header,
+    mac_ok,
+    memory_at,
 )
-from .drive import drive_async, drive_blocking, make_engine
+from .drive import ReadCancelled, drive_async, drive_blocking, make_engine
 from .layout import (
     HOST_TAG,
     LOCK_DIR,
@@ -48,16 +50,18 @@ from .layout import (
     open_in,
     path_for,
     probe_odirect,
+    rename_in,
     root_problem,
     round_up,
     scan_fanout,
     stat_in,
     tmp_is_stale,
+    unlink_if_same,
     unlink_quiet,
 )
-from .ledger import Ledger
+from .ledger import Ledger, LockTimeout
 from .metrics import READ_LATENCY_BUCKETS, latency_bucket
-from .options import ConfigError, FxOptions
+from .options import ConfigError, FxOptions, auth_key_bytes
 
 log = logging.getLogger("lmcache_fx")
 
@@ -68,6 +72,17 @@ TOUCH_SECONDS = 10.0  # a hit refreshes its chunk's mtime (the shared LRU clock)
 RESCAN_SECONDS = 300.0  # the ledger is recomputed from the files at least this often (by any process)
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
+
+
+def _identity(fd: int) -> tuple[Optional[tuple[int, int]], Optional[int]]:
+    """((st_dev, st_ino), st_size) of an open file, or (None, None)."""
+    if fd < 0:
+        return None, None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None, None
+    return (st.st_dev, st.st_ino), st.st_size
 
 
 @dataclass
@@ -123,12 +138,15 @@ class ChunkStore:
         self.options = options
         self.roots = [os.path.abspath(p) for p in options.paths]
         self.file_mode = 0o660 if options.shared_group else 0o600
-        self.dir_mode = 0o770 if options.shared_group else 0o700
+        # setgid: files and directories made below take the store's group, whoever makes them
+        self.dir_mode = 0o2770 if options.shared_group else 0o700
+        self._root_gid: dict[str, int] = {}
+        self._rescan_soon = False  # a ledger update was skipped (lock timeout): the next write rescans
         self._lock = threading.RLock()  # never held while taking the ledger
         self._index: "OrderedDict[str, Entry]" = OrderedDict()  # digest -> entry, LRU first (this process)
         self._index_limit = 65536
         self._pins: dict[str, int] = {}
-        self._ledger: Optional[Ledger] = None
+        self._ledger: Ledger = None  # type: ignore[assignment]  # opened below; None once closed
         self._last_usage = 0  # the shared usage as last read from the ledger
         self._victims: list = []  # (mtime_ns, digest, path, size) oldest last; from this process's last scan
         self._victims_at = -1e9
@@ -140,7 +158,11 @@ class ChunkStore:
         self._hdr_pool: list = []
         self._last_mtime_ns = 0
         self.stats = Stats()
-        self.engine = None
+        self.engine: Any = None
+        if options.auth_key and options.direct_to_gpu:
+            raise ConfigError("auth_key: payloads read straight to the GPU cannot be authenticated; "
+                              "set direct_to_gpu: false or remove auth_key")
+        self._mac_key = auth_key_bytes(options.auth_key, "auth_key") if options.auth_key else None
         created: list[str] = []
         lock_made = False
         try:  # nothing half-starts: on any error, undo what was made here
@@ -156,7 +178,7 @@ class ChunkStore:
                 self.engine.close()
             if self._ledger is not None:
                 self._ledger.release()
-                self._ledger = None
+                self._ledger = None  # type: ignore[assignment]
             if lock_made:
                 unlink_quiet(os.path.join(self.roots[0], LOCK_NAME))
                 try:
@@ -174,23 +196,37 @@ class ChunkStore:
     def _prepare_root(self, root: str, created: list) -> None:
         missing = []  # directories this call creates, deepest first
         p = root
-        while not os.path.lexists(p) and p != os.path.dirname(p):
-            missing.append(p)
-            p = os.path.dirname(p)
-        if not os.path.isdir(p):
+        while True:  # only ENOENT means missing: any other error (EIO, EACCES) is reported as it is
+            try:
+                pst = os.stat(p)
+                break
+            except FileNotFoundError:
+                if p == os.path.dirname(p):
+                    raise ConfigError(f"path: cannot create or open the store directory {root!r}") from None
+                missing.append(p)
+                p = os.path.dirname(p)
+            except NotADirectoryError:
+                raise ConfigError(f"path: a part of {root!r} is not a directory; pick a directory") from None
+            except OSError as e:
+                raise ConfigError(f"path: cannot open {p!r}: {e.strerror}") from None
+        if not stat.S_ISDIR(pst.st_mode):
             raise ConfigError(f"path: {p!r} exists and is not a directory; pick a directory")
         try:
-            os.makedirs(root, mode=self.dir_mode, exist_ok=True)
+            for d in reversed(missing):
+                try:
+                    os.mkdir(d, self.dir_mode & 0o777)
+                except FileExistsError:
+                    continue  # made meanwhile by another process
+                created.append(d)
             if missing and self.options.shared_group:
                 os.chmod(root, self.dir_mode)  # the umask may have removed group bits
             st = os.stat(root)
         except OSError as e:
             raise ConfigError(f"path: cannot create or open the store directory {root!r}: {e.strerror}") from None
-        finally:
-            created.extend(d for d in reversed(missing) if os.path.isdir(d))
         why = root_problem(root, st, self.options.shared_group)
         if why:
             raise ConfigError(f"path: {why}")
+        self._root_gid[root] = st.st_gid
 
     def _decide_odirect(self) -> bool:
         mode = self.options.odirect
@@ -199,36 +235,46 @@ class ChunkStore:
         try:
             ok, why = probe_odirect(self.roots[0])
         except OSError as e:
-            ok, why = False, e.strerror
+            ok, why = False, e.strerror or str(e)
         if not ok and mode == "true":
             raise ConfigError(f"odirect: true, but {self.roots[0]!r} does not allow O_DIRECT ({why}); use auto")
         if not ok:
             log.info("lmcache-fx: O_DIRECT not supported on %s (%s); using buffered I/O", self.roots[0], why)
         return ok
 
-    def _walk(self) -> tuple[list, int]:
+    def _walk(self, remove_stale: bool = True) -> tuple[list, int]:
         """Lists every root: chunk files as (mtime_ns, digest, path, size),
         newest first, and the bytes the store holds (chunks plus temporaries
         of live writers, which are reserved in the ledger). Removes stale
-        temporaries. The lock file sits in no fan-out directory: never seen."""
+        temporaries, relative to the descriptor of the directory listed (a
+        fan-out directory swapped meanwhile redirects nothing). The lock file
+        sits in no fan-out directory: never seen."""
         found = []
         usage = 0
         now = time.time()
         for root in self.roots:
             for sub in fanout_dirs(root):
                 try:
-                    files = list(scan_fanout(root, sub))
-                except FileNotFoundError:
-                    continue
-                for f in files:
-                    if f.kind == "tmp":
-                        if tmp_is_stale(os.path.basename(f.path), f.mtime, now):
-                            unlink_quiet(f.path)
-                        else:
+                    dfd = open_dir(sub)
+                except OSError as e:
+                    if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                        continue  # removed, or swapped for a link, since the listing
+                    raise
+                try:
+                    for f in list(scan_fanout(root, sub, dfd)):
+                        if f.kind == "tmp":
+                            if remove_stale and tmp_is_stale(os.path.basename(f.path), f.mtime, now):
+                                try:
+                                    os.unlink(os.path.basename(f.path), dir_fd=dfd)
+                                except OSError:
+                                    pass
+                            else:
+                                usage += f.size
+                        elif f.kind == "chunk":
+                            found.append((f.mtime_ns, f.digest, f.path, f.size))
                             usage += f.size
-                    elif f.kind == "chunk":
-                        found.append((f.mtime_ns, f.digest, f.path, f.size))
-                        usage += f.size
+                finally:
+                    os.close(dfd)
         found.sort(reverse=True)
         return found, usage
 
@@ -244,6 +290,7 @@ class ChunkStore:
             return None
         self._ledger.put(usage, time.time())
         self._last_usage = usage
+        self._rescan_soon = False
         self._victims = found
         self._victims_at = time.monotonic()
         present = {f[1] for f in found}
@@ -256,22 +303,33 @@ class ChunkStore:
 
     def _scan(self) -> None:
         """At start: rebuilds the index from names and sizes, recomputes the
-        shared usage, removes stale temporaries, evicts down to the cap."""
-        with self._ledger.hold():
-            found, usage = self._walk()
-            now_ns, mono = time.time_ns(), time.monotonic()
-            with self._lock:
-                for mt, digest, path, size in reversed(found):  # oldest first = least recently used
-                    self._index[digest] = Entry(path, size, touched=mono - max(0, now_ns - mt) / 1e9)
-                self._index_limit = max(65536, 2 * len(found))
-            self._ledger.put(usage, time.time())
+        shared usage, removes stale temporaries, evicts down to the cap. When
+        another process holds the lock past LOCK_TIMEOUT, the index is built
+        from a listing without the lock and the rest waits for the next write."""
+        try:
+            with self._ledger.hold():
+                found, usage = self._walk()
+                self._index_found(found)
+                self._ledger.put(usage, time.time())
+                self._last_usage = usage
+                self._victims, self._victims_at = found, time.monotonic()
+                self.stats.add(scans=1)
+                if found:
+                    log.info("lmcache-fx: found %d chunks (%.2f GB in the store) under %s", len(found),
+                             usage / 1e9, ",".join(self.roots))
+                self._evict_locked(self.options.max_capacity_bytes, usage)
+        except LockTimeout:
+            found, usage = self._walk(remove_stale=False)
+            self._index_found(found)
             self._last_usage = usage
-            self._victims, self._victims_at = found, time.monotonic()
-            self.stats.add(scans=1)
-            if found:
-                log.info("lmcache-fx: found %d chunks (%.2f GB in the store) under %s", len(found), usage / 1e9,
-                         ",".join(self.roots))
-            self._evict_locked(self.options.max_capacity_bytes, usage)
+            self._rescan_soon = True
+
+    def _index_found(self, found: list) -> None:
+        now_ns, mono = time.time_ns(), time.monotonic()
+        with self._lock:
+            for mt, digest, path, size in reversed(found):  # oldest first = least recently used
+                self._index[digest] = Entry(path, size, touched=mono - max(0, now_ns - mt) / 1e9)
+            self._index_limit = max(65536, 2 * len(found))
 
     # ------------------------------------------------------------ lookups
     def path_for(self, digest: str) -> str:
@@ -369,18 +427,28 @@ class ChunkStore:
     def remove(self, key: str) -> bool:
         return self._drop(chunk_digest(key), unlink=True)
 
-    def _drop(self, digest: str, unlink: bool, expect_path: Optional[str] = None) -> bool:
+    def _drop(self, digest: str, unlink: bool, expect_path: Optional[str] = None,
+              ident: Optional[tuple[int, int]] = None) -> bool:
+        """Forgets a chunk and, with `unlink`, removes its file: only the file
+        `ident` (st_dev, st_ino) names when given, so a valid chunk another
+        process renamed into place meanwhile is never deleted. When the lock
+        is not free within LOCK_TIMEOUT the file is removed without it and
+        the ledger keeps counting it until the next scan (an overcount:
+        eviction starts early, the cap holds)."""
         with self._lock:
             e = self._index.pop(digest, None)
         path = e.path if e else (expect_path or self.path_for(digest))
         if not unlink:
             return e is not None
-        with self._ledger.hold():
-            st = stat_in(path)
-            gone = unlink_quiet(path)
-            if gone and st is not None:
-                self._ledger_add_locked(-st.st_size)
-        return gone or e is not None
+        try:
+            with self._ledger.hold():
+                st = unlink_if_same(path, ident)
+                if st is not None:
+                    self._ledger_add_locked(-st.st_size)
+        except LockTimeout:
+            st = unlink_if_same(path, ident)
+            self._rescan_soon = True
+        return st is not None or e is not None
 
     def _ledger_add_locked(self, delta: int) -> Optional[int]:
         """Adds to the shared usage (ledger held); a bad record is rebuilt by a scan."""
@@ -394,14 +462,18 @@ class ChunkStore:
 
     @property
     def usage_bytes(self) -> int:
-        """Bytes in the store, counted over every process writing to it."""
-        with self._ledger.hold():
-            rec = self._ledger.get()
-            if rec is None:
-                u = self._rescan_locked()
-                return self._last_usage if u is None else u
-            self._last_usage = rec[0]
-            return rec[0]
+        """Bytes in the store, counted over every process writing to it (the
+        last known count while another process holds the lock too long)."""
+        try:
+            with self._ledger.hold():
+                rec = self._ledger.get()
+                if rec is None:
+                    u = self._rescan_locked()
+                    return self._last_usage if u is None else u
+                self._last_usage = rec[0]
+                return rec[0]
+        except LockTimeout:
+            return self._last_usage
 
     def __len__(self) -> int:
         with self._lock:
@@ -411,12 +483,15 @@ class ChunkStore:
     def _evict_to(self, limit: int) -> bool:
         """Evicts least recently used (oldest mtime), unpinned chunks of any
         process until the shared usage <= limit."""
-        with self._ledger.hold():
-            rec = self._ledger.get()
-            usage = rec[0] if rec else self._rescan_locked()
-            if usage is None:
-                return False
-            return self._evict_locked(limit, usage) <= limit
+        try:
+            with self._ledger.hold():
+                rec = self._ledger.get()
+                usage = rec[0] if rec else self._rescan_locked()
+                if usage is None:
+                    return False
+                return self._evict_locked(limit, usage) <= limit
+        except LockTimeout:
+            return False
 
     def _evict_locked(self, limit: int, usage: int) -> int:
         """The evictor (ledger held): removes the oldest chunks from this
@@ -441,13 +516,9 @@ class ChunkStore:
                 if pinned:
                     kept.append(v)
                     continue
-                st = stat_in(path)
-                if st is None or not stat.S_ISREG(st.st_mode):
-                    continue  # evicted or removed by another process
-                if st.st_mtime_ns > mt:
-                    continue  # used (or rewritten) since the scan: no longer old
-                if not unlink_quiet(path):
-                    continue
+                st = unlink_if_same(path, mtime_ns=mt)
+                if st is None:
+                    continue  # evicted or removed by another process, or used (rewritten) since the scan
                 usage = max(0, usage - st.st_size)
                 n += 1
                 with self._lock:
@@ -492,10 +563,15 @@ class ChunkStore:
         scan sees a temporary at the size it is counted at). Returns those
         that got room; f[8] is set to the bytes reserved."""
         cap = self.options.max_capacity_bytes
-        ok = []
-        with self._ledger.hold():
+        ok: list = []
+        try:
+            hold = self._ledger.hold()
+            hold.__enter__()
+        except LockTimeout:
+            return ok  # a peer holds the lock too long: these stores are skipped (write -> False)
+        try:
             rec = self._ledger.get()
-            if rec is None or time.time() - rec[1] > RESCAN_SECONDS:
+            if rec is None or time.time() - rec[1] > RESCAN_SECONDS or self._rescan_soon:
                 usage = self._rescan_locked()
             else:
                 usage = rec[0]
@@ -515,7 +591,7 @@ class ChunkStore:
                     # extending O_DIRECT writes are serialised by the filesystem.
                     os.ftruncate(f[4], rsize)
                 except OSError as e:
-                    self._write_failed(None, -e.errno)
+                    self._write_failed(None, -(e.errno or errno.EIO))
                     continue
                 usage += rsize
                 f[8] = rsize
@@ -524,6 +600,8 @@ class ChunkStore:
                 rec2 = self._ledger.get()
                 self._ledger.put(usage, rec2[1] if rec2 else time.time())
                 self._last_usage = usage
+        finally:
+            hold.__exit__(None, None, None)
         return ok
 
     def _write_files(self, todo, out: list[bool]) -> list[bool]:
@@ -551,7 +629,8 @@ class ChunkStore:
                     self._write_failed(None, n)
                     continue
                 off = HEADER_SIZE * j
-                encode_header(memoryview(hdrs)[off:off + HEADER_SIZE], f[1], f[7], f[6], crc, now)
+                encode_header(memoryview(hdrs)[off:off + HEADER_SIZE], f[1], f[7], f[6], crc, now, self._mac_key,
+                              memory_at(f[5], f[6]) if self._mac_key else None)
                 hdr_ops.append((f[4], 0, HEADER_SIZE, hdrs.address + off))
                 good2.append(f)
             hres = self.engine.write(hdr_ops) if hdr_ops else []
@@ -568,36 +647,18 @@ class ChunkStore:
         """Renames finished files into place and removes the rest, correcting
         the shared usage in the same locked step (a scan never sees a state
         the ledger does not count)."""
-        done = []
+        done: list = []
         try:
             reserved = [f for f in files if f[8]]
             if reserved:
-                with self._ledger.hold():
-                    delta = 0
-                    ready_ids = {id(f) for f in ready}
-                    for f in reserved:
-                        i, key, d, tmp, fd, addr, nbytes, meta, rsize = f
-                        if id(f) in ready_ids:
-                            size = HEADER_SIZE + nbytes
-                            final = self.path_for(d)
-                            try:
-                                if nbytes % 4096:
-                                    os.ftruncate(fd, size)  # trim the block padding
-                                t = self._next_mtime_ns()
-                                os.utime(fd, ns=(t, t))  # the LRU clock, exact within a batch
-                                old = stat_in(final)
-                                os.rename(tmp, final)
-                            except OSError as e:
-                                self._write_failed(None, -e.errno)
-                            else:
-                                delta += size - rsize - (old.st_size if old is not None and
-                                                         stat.S_ISREG(old.st_mode) else 0)
-                                out[i] = True
-                                done.append(f)
-                                continue
-                        unlink_quiet(tmp)
-                        delta -= rsize
-                    self._ledger_add_locked(delta)
+                try:
+                    with self._ledger.hold():
+                        self._ledger_add_locked(self._put_in_place(reserved, ready, out, done))
+                except LockTimeout:
+                    # The bytes are reserved already: put the chunks in place without the lock; the
+                    # ledger overcounts (eviction starts early, the cap holds) until the next write rescans.
+                    self._put_in_place(reserved, ready, out, done)
+                    self._rescan_soon = True
         finally:
             for f in files:
                 os.close(f[4])
@@ -614,6 +675,36 @@ class ChunkStore:
         for f in done:
             self.stats.add(chunks_written=1, bytes_written=HEADER_SIZE + f[6])
 
+    def _put_in_place(self, reserved: list, ready: list, out: list[bool], done: list) -> int:
+        """Renames the finished files of `reserved` into place (relative to
+        their fan-out directory opened without following links) and removes
+        the others. Returns the correction of the shared usage."""
+        delta = 0
+        ready_ids = {id(f) for f in ready}
+        for f in reserved:
+            i, key, d, tmp, fd, addr, nbytes, meta, rsize = f
+            if id(f) in ready_ids:
+                size = HEADER_SIZE + nbytes
+                final = self.path_for(d)
+                try:
+                    if nbytes % 4096:
+                        os.ftruncate(fd, size)  # trim the block padding
+                    t = self._next_mtime_ns()
+                    os.utime(fd, ns=(t, t))  # the LRU clock, exact within a batch
+                    old = stat_in(final)
+                    rename_in(tmp, final)
+                except OSError as e:
+                    self._write_failed(None, -(e.errno or errno.EIO))
+                else:
+                    delta += size - rsize - (old.st_size if old is not None and
+                                             stat.S_ISREG(old.st_mode) else 0)
+                    out[i] = True
+                    done.append(f)
+                    continue
+            unlink_quiet(tmp)
+            delta -= rsize
+        return delta
+
     def _create_tmp(self, digest: str) -> tuple[str, int]:
         final = self.path_for(digest)
         sub = os.path.dirname(final)
@@ -623,14 +714,14 @@ class ChunkStore:
             except FileExistsError:
                 pass
             except OSError as e:
-                self._write_failed(None, -e.errno)
+                self._write_failed(None, -(e.errno or errno.EIO))
                 return "", -1
             else:
-                if self.options.shared_group:  # past the umask
+                if self.options.shared_group:  # the store's group, setgid, past the umask
                     try:
                         dfd = open_dir(sub)
                         try:
-                            os.fchmod(dfd, self.dir_mode)
+                            self._share(dfd, os.path.dirname(sub), self.dir_mode)
                         finally:
                             os.close(dfd)
                     except OSError:
@@ -647,14 +738,26 @@ class ChunkStore:
                 self.stats.add(write_errors=1)
                 self._io_warning("lmcache-fx: %s is not a directory (a planted symlink?); not storing there", sub)
             else:
-                self._write_failed(None, -e.errno)
+                self._write_failed(None, -(e.errno or errno.EIO))
             return "", -1
         if self.options.shared_group:
-            try:
-                os.fchmod(fd, self.file_mode)  # past the umask
-            except OSError:
-                pass
+            self._share(fd, os.path.dirname(sub), self.file_mode)
         return tmp, fd
+
+    def _share(self, fd: int, root: str, mode: int) -> None:
+        """shared_group: gives a file or directory this process made the
+        store root's group (its creator's primary group may be one the other
+        users are not in) and `mode` (setgid for directories) past the umask."""
+        gid = self._root_gid.get(root)
+        try:
+            if gid is not None and os.fstat(fd).st_gid != gid:
+                os.fchown(fd, -1, gid)  # allowed: this process is in the root's group
+        except OSError:
+            pass
+        try:
+            os.fchmod(fd, mode)
+        except OSError:
+            pass
 
     def _write_failed(self, tmp: Optional[str], res: int) -> None:
         if tmp:
@@ -698,100 +801,128 @@ class ChunkStore:
         """Reads chunks as a generator that yields engine batches (ops, crc)
         and receives their results, so the same logic runs blocking or
         awaited. `allocate(meta)` returns (handle, address, nbytes) or None.
-        Returns (one handle or None per key, handles of failed chunks)."""
+        Returns (one handle or None per key, handles of failed chunks).
+
+        An engine error thrown in at a step (the driver's `gen.throw`), or any
+        other failure inside, makes the whole batch misses: every handle
+        allocated so far comes back among the failed ones. The driver must
+        not close the generator while a batch it yielded is in flight (its
+        file descriptors are closed on the way out)."""
         n = len(keys)
-        entries = [self._entry(k) for k in keys]
-        t0 = time.perf_counter()
+        allocs: list[Optional[tuple]] = [None] * n
         fds: list[int] = []
         try:
-            # Phase 1: headers of chunks this process has not seen yet.
-            need = [i for i, e in enumerate(entries) if e is not None and e.meta is None]
-            if need:
-                hbuf = _fxio.HostBuffer(HEADER_SIZE * len(need), hugepages=False)
-                ops, opened = [], []
-                for j, i in enumerate(need):
-                    fd = self._open_read(entries[i].path)
-                    if fd < 0:
-                        entries[i] = None
-                        continue
-                    fds.append(fd)
-                    ops.append((fd, 0, HEADER_SIZE, hbuf.address + HEADER_SIZE * j))
-                    opened.append((j, i))
-                res = yield ops, False
-                for (j, i), r in zip(opened, res):
-                    e = entries[i]
-                    mv = memoryview(hbuf)[HEADER_SIZE * j:HEADER_SIZE * (j + 1)]
-                    h = self._check_header(keys[i], e, mv, r)
-                    if h is None:
-                        entries[i] = None
-                    else:
-                        e.meta = h.meta
-                for fd in fds:
-                    os.close(fd)
-                fds.clear()
-            # Phase 2: header again (the file may have been replaced) and payload.
-            out: list[Optional[object]] = [None] * n
-            allocs: list[Optional[tuple]] = [None] * n
-            for i, e in enumerate(entries):
-                if e is None:
-                    continue
-                a = allocate(e.meta)
-                if a is None:
-                    break  # the pool is full: later chunks would be useless anyway
-                allocs[i] = a
-            hbuf = _fxio.HostBuffer(HEADER_SIZE * max(n, 1), hugepages=False)
-            ops, slots = [], []
-            for i, a in enumerate(allocs):
-                if a is None:
-                    continue
+            return (yield from self._read_steps(keys, allocate, allocs, fds))
+        except Exception as ex:
+            if not isinstance(ex, ReadCancelled):
+                self._io_warning("lmcache-fx: reading %d chunks failed (%s: %s); treating them as misses", n,
+                                 type(ex).__name__, ex)
+                self.stats.add(read_errors=1)
+            self.stats.add(misses=n)
+            return [None] * n, [a[0] for a in allocs if a is not None]
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _read_steps(self, keys, allocate, allocs: list, fds: list[int]):
+        n = len(keys)
+        entries: list[Any] = [self._entry(k) for k in keys]
+        t0 = time.perf_counter()
+        # Phase 1: headers of chunks this process has not seen yet.
+        need = [i for i, e in enumerate(entries) if e is not None and e.meta is None]
+        if need:
+            hbuf = _fxio.HostBuffer(HEADER_SIZE * len(need), hugepages=False)
+            ops, opened = [], []
+            for j, i in enumerate(need):
                 fd = self._open_read(entries[i].path)
                 if fd < 0:
                     entries[i] = None
                     continue
                 fds.append(fd)
-                ops.append((fd, 0, HEADER_SIZE, hbuf.address + HEADER_SIZE * i))
-                ops.append((fd, HEADER_SIZE, a[2], a[1]))
-                slots.append(i)
-            res = yield ops, self.options.verify
-            nbytes = 0
-            for k, i in enumerate(slots):
-                hr, pr = res[2 * k], res[2 * k + 1]
-                prn, pcrc = pr if isinstance(pr, tuple) else (pr, None)
+                ops.append((fd, 0, HEADER_SIZE, hbuf.address + HEADER_SIZE * j))
+                opened.append((j, i))
+            res = yield ops, False
+            for k, ((j, i), r) in enumerate(zip(opened, res)):
                 e = entries[i]
-                mv = memoryview(hbuf)[HEADER_SIZE * i:HEADER_SIZE * (i + 1)]
-                h = self._check_header(keys[i], e, mv, hr[0] if isinstance(hr, tuple) else hr)
+                mv = memoryview(hbuf)[HEADER_SIZE * j:HEADER_SIZE * (j + 1)]
+                h = self._check_header(keys[i], e, mv, r, fds[k])
                 if h is None:
-                    continue
-                if h.meta != e.meta or h.payload_len != allocs[i][2]:
-                    # Replaced by a chunk of another geometry: learn it, miss now.
+                    entries[i] = None
+                else:
                     e.meta = h.meta
-                    continue
-                if prn != h.payload_len:
-                    self._corrupt(keys[i], e, f"payload is {prn} bytes, header says {h.payload_len}"
-                                  if prn >= 0 else f"read failed: {os.strerror(-prn)}", remove=prn >= 0)
-                    continue
-                if pcrc is not None and pcrc != h.payload_crc:
-                    self._corrupt(keys[i], e, "payload checksum mismatch")
-                    continue
-                out[i] = allocs[i][0]
-                nbytes += prn
-            hits = sum(1 for o in out if o is not None)
-            for k, i in enumerate(slots):  # the shared LRU clock: this chunk was used
-                if out[i] is not None:
-                    self._touch(entries[i], fds[k])
-            with self._lock:
-                for i, o in enumerate(out):
-                    d = chunk_digest(keys[i])
-                    if o is not None and d in self._index:  # evicted meanwhile by another thread: still a hit
-                        self._index.move_to_end(d, last=True)
-            self.stats.observe_read(time.perf_counter() - t0, chunks_read=hits, bytes_read=nbytes, hits=hits,
-                                    misses=n - hits)
-            # Handles allocated for chunks that failed go back to the caller to free.
-            failed = [allocs[i][0] for i in range(n) if allocs[i] is not None and out[i] is None]
-            return out, failed
-        finally:
-            for fd in fds:
-                os.close(fd)
+            while fds:
+                os.close(fds.pop())
+        # Phase 2: header again (the file may have been replaced) and payload.
+        out: list[Optional[object]] = [None] * n
+        for i, e in enumerate(entries):
+            if e is None:
+                continue
+            a = allocate(e.meta)
+            if a is None:
+                break  # the pool is full: later chunks would be useless anyway
+            allocs[i] = a
+        hbuf = _fxio.HostBuffer(HEADER_SIZE * max(n, 1), hugepages=False)
+        ops, slots = [], []
+        for i, a in enumerate(allocs):
+            if a is None:
+                continue
+            fd = self._open_read(entries[i].path)
+            if fd < 0:
+                entries[i] = None
+                continue
+            fds.append(fd)
+            ops.append((fd, 0, HEADER_SIZE, hbuf.address + HEADER_SIZE * i))
+            ops.append((fd, HEADER_SIZE, a[2], a[1]))
+            slots.append(i)
+        res = yield ops, self.options.verify
+        nbytes = 0
+        for k, i in enumerate(slots):
+            hr, pr = res[2 * k], res[2 * k + 1]
+            prn, pcrc = pr if isinstance(pr, tuple) else (pr, None)
+            e = entries[i]
+            fd = fds[k]
+            mv = memoryview(hbuf)[HEADER_SIZE * i:HEADER_SIZE * (i + 1)]
+            h = self._check_header(keys[i], e, mv, hr[0] if isinstance(hr, tuple) else hr, fd)
+            if h is None:
+                continue
+            if h.meta != e.meta or h.payload_len != allocs[i][2]:
+                # Replaced by a chunk of another geometry: learn it, miss now.
+                e.meta = h.meta
+                continue
+            if prn != h.payload_len:
+                ident, size = _identity(fd)
+                if prn < 0:
+                    self._corrupt(keys[i], e, f"read failed: {os.strerror(-prn)}", remove=False)
+                elif size is not None and size < HEADER_SIZE + h.payload_len:
+                    self._corrupt(keys[i], e, f"file is {size} bytes, its header says {HEADER_SIZE + h.payload_len}",
+                                  ident=ident)
+                else:  # the file is long enough: the read came back short, the data may well be good
+                    self._corrupt(keys[i], e, f"short read: {prn} of {h.payload_len} payload bytes",
+                                  remove=False)
+                continue
+            if pcrc is not None and pcrc != h.payload_crc:
+                self._corrupt(keys[i], e, "payload checksum mismatch", ident=_identity(fd)[0])
+                continue
+            if self._mac_key is not None and not mac_ok(self._mac_key, mv, h, memory_at(allocs[i][1], prn)):
+                self._corrupt(keys[i], e, "MAC does not verify with auth_key" if h.mac else
+                              "no MAC (written without auth_key)", ident=_identity(fd)[0])
+                continue
+            out[i] = allocs[i][0]
+            nbytes += prn
+        hits = sum(1 for o in out if o is not None)
+        for k, i in enumerate(slots):  # the shared LRU clock: this chunk was used
+            if out[i] is not None:
+                self._touch(entries[i], fds[k])
+        with self._lock:
+            for i, o in enumerate(out):
+                d = chunk_digest(keys[i])
+                if o is not None and d in self._index:  # evicted meanwhile by another thread: still a hit
+                    self._index.move_to_end(d, last=True)
+        self.stats.observe_read(time.perf_counter() - t0, chunks_read=hits, bytes_read=nbytes, hits=hits,
+                                misses=n - hits)
+        # Handles allocated for chunks that failed go back to the caller to free.
+        failed = [allocs[i][0] for i in range(n) if allocs[i] is not None and out[i] is None]
+        return out, failed
 
     def _open_read(self, path: str) -> int:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -806,10 +937,13 @@ class ChunkStore:
             self._drop(chunk_digest_of_path(path), unlink=False)
             return -1
 
-    def _check_header(self, key: str, e: Entry, mv, res: int):
+    def _check_header(self, key: str, e: Entry, mv, res: int, fd: int = -1):
         if res != HEADER_SIZE:
+            ident, size = _identity(fd)
+            short_file = res >= 0 and size is not None and size < HEADER_SIZE
+            # a short read of a file long enough (fstat) is a read error: the file is kept
             self._corrupt(key, e, f"header read returned {res} bytes" if res >= 0
-                          else f"header read failed: {os.strerror(-res)}", remove=res >= 0)
+                          else f"header read failed: {os.strerror(-res)}", remove=short_file, ident=ident)
             return None
         try:
             h = decode_header(mv)
@@ -817,36 +951,51 @@ class ChunkStore:
             log.warning("lmcache-fx: %s has %s; treating it as a miss", e.path, ex)
             return None
         except BadHeader as ex:
-            self._corrupt(key, e, str(ex))
+            self._corrupt(key, e, str(ex), ident=_identity(fd)[0])
             return None
         if h.key != key:
-            self._corrupt(key, e, f"holds key {h.key!r}, not the one asked for")
+            self._corrupt(key, e, f"holds key {h.key!r}, not the one asked for", ident=_identity(fd)[0])
             return None
         return h
 
-    def _corrupt(self, key: str, e: Entry, why: str, remove: bool = True) -> None:
+    def _corrupt(self, key: str, e: Entry, why: str, remove: bool = True,
+                 ident: Optional[tuple[int, int]] = None) -> None:
         if remove:
             log.warning("lmcache-fx: chunk file %s is bad (%s); treating it as a miss and removing it", e.path, why)
             self.stats.add(corrupt=1)
         else:  # a read error, not bad data: the file is kept, and a failing device warns once per burst
             self._io_warning("lmcache-fx: reading chunk file %s failed (%s); treating it as a miss", e.path, why)
             self.stats.add(read_errors=1)
-        self._drop(chunk_digest(key), unlink=remove, expect_path=e.path)
+        if remove and ident is None:
+            remove = False  # which file was read is unknown: never remove by name alone
+        self._drop(chunk_digest(key), unlink=remove, expect_path=e.path, ident=ident)
 
     def read(self, keys: Sequence[str], allocate, release: Callable[[object], None],
              engine=None) -> list[Optional[object]]:
         """Blocking read: drives read_steps with the engine (or another
-        object with the engine's read/submit, e.g. the GPU router)."""
-        return drive_blocking(engine or self.engine, self.read_steps(keys, allocate), release)
+        object with the engine's read/submit, e.g. the GPU router). Never
+        raises: an engine error makes the batch misses, every handle
+        allocated for it released."""
+        try:
+            return drive_blocking(engine or self.engine, self.read_steps(keys, allocate), release)
+        except Exception as ex:  # read_steps already turns engine errors into misses: a last guard
+            self._io_warning("lmcache-fx: read failed (%s); treating %d chunks as misses", ex, len(keys))
+            return [None] * len(keys)
 
     async def read_async(self, keys: Sequence[str], allocate, release, engine=None) -> list[Optional[object]]:
-        """The same read, awaited on an event loop."""
-        return await drive_async(engine or self.engine, self.read_steps(keys, allocate), release)
+        """The same read, awaited on an event loop. Cancelled, it waits for
+        the batch in flight to finish, releases every handle and re-raises
+        CancelledError."""
+        try:
+            return await drive_async(engine or self.engine, self.read_steps(keys, allocate), release)
+        except Exception as ex:
+            self._io_warning("lmcache-fx: read failed (%s); treating %d chunks as misses", ex, len(keys))
+            return [None] * len(keys)
 
     def close(self) -> None:
         self.engine.close()
         if self._ledger is not None:
             self._ledger.release()
-            self._ledger = None
+            self._ledger = None  # type: ignore[assignment]
 
 

@@ -36,6 +36,18 @@ from lmcache_fx.core.store import TMP_MARK, ChunkStore  # noqa: E402
 STAMP = struct.Struct("<16sII8x")  # key digest, rank, version
 
 
+def figure(fault: str, trials, checked: str, **figures) -> None:
+    """Prints one row of docs/reliability.md and records it for
+    scripts/reliability.py (appended to $FX_RELIABILITY_OUT)."""
+    row = {"fault": fault, "trials": trials, "checked": checked, "figures": figures,
+           "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]}
+    print(f"\nRELIABILITY {json.dumps(row)}", flush=True)
+    dest = os.environ.get("FX_RELIABILITY_OUT")
+    if dest:
+        with open(dest, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def key_digest(key: str) -> bytes:
     return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
@@ -286,6 +298,8 @@ def child_writer(a):
     completed store."""
     store = open_store(a["path"], **a.get("opts", {}))
     rng = random.Random(a["seed"])
+    if a.get("pause_at") is not None:
+        pause_in_commit(store, lambda n: n == a["pause_at"])
     out("READY")
     i = 0
     while i < a["n"]:
@@ -302,6 +316,25 @@ def child_writer(a):
             if good:
                 out(f"DONE {j}")
     out("FINISHED")
+
+
+def pause_in_commit(store, when) -> None:
+    """Test-only fault hook, on this store object only: the `when(n)`-th
+    batch stops between writing its temporaries and renaming them into place
+    (prints MIDWRITE and sleeps until killed), so a SIGKILL lands mid-write
+    whatever the machine's speed."""
+    real = store._commit
+    count = [0]
+
+    def commit(files, ready, out_):
+        count[0] += 1
+        if ready and when(count[0]):
+            out("MIDWRITE")
+            while True:
+                time.sleep(3600)
+        return real(files, ready, out_)
+
+    store._commit = commit
 
 
 def child_conc(a):
@@ -394,8 +427,16 @@ def plugin_round_trip(store_path, workdir):
     """A real LMCacheEngine storing and retrieving 1024 tokens through fx."""
     import torch
 
-    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
-        retrieve, store_and_wait
+    from lmcache_fx.testing.cpu_engine import (
+        KV,
+        Geometry,
+        config_from_dict,
+        fx_backend,
+        fx_config,
+        lmcache_engine,
+        retrieve,
+        store_and_wait,
+    )
 
     geo = Geometry(layers=2, kv_heads=2, head_dim=64)
     cfg = config_from_dict(fx_config(store_path, cpu_gb=0.05), workdir)
@@ -414,16 +455,28 @@ def child_plugin_writer(a):
     """Stores prompts through a real LMCacheEngine with fx until killed."""
     import torch
 
-    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, \
-        retrieve, store_and_wait
+    from lmcache_fx.testing.cpu_engine import (
+        KV,
+        Geometry,
+        config_from_dict,
+        fx_backend,
+        fx_config,
+        lmcache_engine,
+        retrieve,
+        store_and_wait,
+    )
 
     geo = Geometry(layers=2, kv_heads=2, head_dim=64)
     cfg = config_from_dict(fx_config(a["path"], cpu_gb=0.05), a["workdir"])
     with lmcache_engine(cfg, geo) as eng:
         be = fx_backend(eng)
         if a["role"] == "store":
+            armed = [False]
+            if a.get("pause_after") is not None:  # the next store after that many prompts stops mid-write
+                pause_in_commit(be.store, lambda n: armed[0])
             out("READY")
-            for i in range(a.get("base", 0), a["n"]):
+            for j, i in enumerate(range(a.get("base", 0), a["n"])):
+                armed[0] = a.get("pause_after") is not None and j >= a["pause_after"]
                 store_and_wait(eng, torch.arange(512) + 10000 * i, KV(geo, 512, seed=i), be)
                 out(f"DONE {i}")
             out("FINISHED")
