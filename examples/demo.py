@@ -7,6 +7,7 @@ then retrieve it cold in a fresh process, and print what came back.
 Each phase runs in its own process, like a server before and after a
 restart; between them the page cache is dropped when running as root.
 """
+
 import argparse
 import json
 import os
@@ -26,14 +27,24 @@ def phase(role, args):
 
     import torch
 
-    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve
+    from lmcache_fx.testing.cpu_engine import (
+        KV,
+        Geometry,
+        config_from_dict,
+        fx_backend,
+        fx_config,
+        lmcache_engine,
+        retrieve,
+    )
 
     logging.getLogger("lmcache").setLevel(logging.WARNING)
     geo = Geometry(**GEOMETRY)
     os.makedirs(args.store, exist_ok=True)
     chunk_gb = geo.bytes_per_token * args.tokens / 1e9
     cfg = config_from_dict(
-        fx_config(args.store, cpu_gb=max(0.25, chunk_gb * 1.2), io_engine=args.engine, max_capacity_gb=args.capacity_gb),
+        fx_config(
+            args.store, cpu_gb=max(0.25, chunk_gb * 1.2), io_engine=args.engine, max_capacity_gb=args.capacity_gb
+        ),
         os.path.dirname(os.path.abspath(args.store)),
     )
     tokens = torch.arange(args.tokens) % 32000
@@ -52,8 +63,13 @@ def phase(role, args):
         dt = time.perf_counter() - t0
         st = be.store.stats.snapshot()
         out = {
-            "role": role, "tokens": n, "seconds": dt, "engine": be.store.engine.kind,
-            "odirect": be.store.odirect, "verify": be.options.verify, "chunks_in_store": len(be.store),
+            "role": role,
+            "tokens": n,
+            "seconds": dt,
+            "engine": be.store.engine.kind,
+            "odirect": be.store.odirect,
+            "verify": be.options.verify,
+            "chunks_in_store": len(be.store),
             "bytes": st["bytes_written"] if role == "store" else st["bytes_read"],
             "tier_read_seconds": st["read_seconds"],
         }
@@ -63,8 +79,20 @@ def phase(role, args):
 
 
 def run_phase(role, args):
-    cmd = [sys.executable, os.path.abspath(__file__), "--phase", role, "--store", args.store, "--tokens",
-           str(args.tokens), "--engine", args.engine, "--capacity-gb", str(args.capacity_gb)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--phase",
+        role,
+        "--store",
+        args.store,
+        "--tokens",
+        str(args.tokens),
+        "--engine",
+        args.engine,
+        "--capacity-gb",
+        str(args.capacity_gb),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
@@ -86,8 +114,10 @@ def main():
 
     from lmcache_fx.testing.loopfs import drop_caches
 
-    print(f"lmcache-fx demo: {args.tokens} tokens of KV ({GEOMETRY['layers']} layers, {GEOMETRY['kv_heads']} kv "
-          f"heads x {GEOMETRY['head_dim']}, bf16) into {args.store}")
+    print(
+        f"lmcache-fx demo: {args.tokens} tokens of KV ({GEOMETRY['layers']} layers, {GEOMETRY['kv_heads']} kv "
+        f"heads x {GEOMETRY['head_dim']}, bf16) into {args.store}"
+    )
     s = run_phase("store", args)
     if s["bytes"]:
         print(f"  stored by process 1: {s['bytes'] / 1e6:.0f} MB in {s['seconds']:.2f} s")
@@ -100,9 +130,16 @@ def main():
         ("tokens retrieved", f"{r['tokens']} / {args.tokens}"),
         ("bit-exact", "yes" if r["bit_exact"] else "NO"),
         ("bytes read by fx", f"{r['bytes'] / 1e6:.0f} MB"),
-        ("fx tier read", f"{r['tier_read_seconds'] * 1e3:.0f} ms, {gbps:.2f} GB/s" + ("" if cold else " (warm: page cache not dropped, not root)")),
+        (
+            "fx tier read",
+            f"{r['tier_read_seconds'] * 1e3:.0f} ms, {gbps:.2f} GB/s"
+            + ("" if cold else " (warm: page cache not dropped, not root)"),
+        ),
         ("LMCache retrieve", f"{r['seconds'] * 1e3:.0f} ms"),
-        ("engine", f"{r['engine']}, O_DIRECT {'on' if r['odirect'] else 'off'}, CRC32C verify {'on' if r['verify'] else 'off'}"),
+        (
+            "engine",
+            f"{r['engine']}, O_DIRECT {'on' if r['odirect'] else 'off'}, CRC32C verify {'on' if r['verify'] else 'off'}",
+        ),
         ("chunks in store", str(r["chunks_in_store"])),
     ]
     print("\nRetrieved cold in a fresh process:")

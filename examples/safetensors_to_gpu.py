@@ -10,6 +10,7 @@ neither the safetensors package nor a CPU copy of the weights is needed. With
 --device cpu it runs on a machine without a GPU: the stand-in driver
 (tests/fake_gpu_driver.c, built with gcc on the fly) "copies" into CPU tensors.
 """
+
 import argparse
 import json
 import os
@@ -23,9 +24,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-    "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
 }
 
 
@@ -92,8 +102,11 @@ def make_demo(path):
     hdr, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
     for name, t in tensors.items():
         raw = t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        hdr[name] = {"dtype": rev[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
-                     "data_offsets": [off, off + len(raw)]}
+        hdr[name] = {
+            "dtype": rev[str(t.dtype).removeprefix("torch.")],
+            "shape": list(t.shape),
+            "data_offsets": [off, off + len(raw)],
+        }
         blobs.append(raw)
         off += len(raw)
     h = json.dumps(hdr).encode()
@@ -133,9 +146,11 @@ def main():
 
     tensors, el, stats = load(path, a.device, a.slots, a.slot_mib << 20)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
-    print(f"{len(tensors)} tensors, {total / 1e6:.1f} MB to {a.device} in {el * 1e3:.1f} ms "
-          f"({total / el / 1e9:.2f} GB/s); {stats['reads']} reads, {stats['copies']} copies, "
-          f"{stats['copies_during_reads']} copies issued while reads were in flight")
+    print(
+        f"{len(tensors)} tensors, {total / 1e6:.1f} MB to {a.device} in {el * 1e3:.1f} ms "
+        f"({total / el / 1e9:.2f} GB/s); {stats['reads']} reads, {stats['copies']} copies, "
+        f"{stats['copies_during_reads']} copies issued while reads were in flight"
+    )
     if not a.no_verify:
         hdr, start, _ = read_header(path)
         ok = True

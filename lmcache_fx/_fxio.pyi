@@ -11,6 +11,7 @@ O_DIRECT descriptors are detected per op; a piece whose buffer, offset or
 length is not 4 KiB-aligned goes through an aligned bounce buffer. O_DIRECT
 writes of an unaligned length pad the file with zeros to the block.
 """
+
 from collections.abc import Sequence
 from typing import Literal, overload
 
@@ -36,6 +37,7 @@ CHUNK_HEADER_SIZE: int  # 4096
 DIO_ALIGN: int  # 4096
 HAVE_LIBURING: int  # 1 when built with liburing (io_uring engine present)
 CRC32C_IMPL: str  # best first: "vpclmulqdq+crc32q", "pclmulqdq+crc32q", "sse4.2", "armv8-pmull", "armv8-crc", "table"
+
 def _fault_counts() -> dict[str, int]: ...  # tests: times each LMCACHE_FX_FAULT point fired
 
 class Engine:
@@ -86,9 +88,7 @@ class Engine:
         or -errno, st_dev, st_ino, st_size): status 0 (CHUNK_OK), -errno, or
         a CHUNK_* code (CHUNK_STATUS_NAMES[code]); st_* are 0 / -1 when no
         file was opened. scratch: 4096-aligned, len(chunks) * 4096 bytes."""
-    def submit_chunks(
-        self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False
-    ) -> Batch:
+    def submit_chunks(self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False) -> Batch:
         """read_chunks on a C thread; Batch.wait() returns its results."""
     def register_buffer(self, address: int, length: int) -> int:
         """Registers memory as io_uring fixed buffers (pieces inside it use
@@ -107,6 +107,7 @@ class Batch:
 class HostBuffer(Buffer):
     """Anonymous memory, 4 KiB-aligned; 2 MiB-aligned with MADV_HUGEPAGE
     when hugepages (default for size >= 2 MiB)."""
+
     address: int
     def __init__(self, size: int, hugepages: bool = ...) -> None: ...
     def __len__(self) -> int: ...
@@ -116,6 +117,7 @@ def crc32c(data: Buffer, value: int = 0) -> int: ...
 def crc32c_at(address: int, length: int, value: int = 0) -> int: ...
 def io_uring_status() -> tuple[bool, str]:
     """(usable, reason): sets up a small ring to find out."""
+
 def advise_hugepages(address: int, length: int) -> int:
     """MADV_HUGEPAGE (+ MADV_COLLAPSE) on the 2 MiB-aligned interior of an
     existing mapping; bytes advised or -errno."""
@@ -129,6 +131,7 @@ class GpuStaging:
     lands in a slot, an async host-to-device copy of it starts on a stream and
     an event is recorded; the slot is refilled only after that event completed.
     """
+
     address: int
     size: int
     slot_bytes: int
@@ -159,5 +162,6 @@ class GpuStaging:
 
 def gpu_driver() -> dict:
     """Which GPU driver library was found, or why none."""
+
 def uring_register_probe(address: int, length: int) -> int:
     """Registers memory with a throwaway ring: 0 or -errno (e.g. -EFAULT)."""

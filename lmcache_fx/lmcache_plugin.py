@@ -17,6 +17,7 @@ through the pipelined NVMe -> pinned staging -> GPU reader: the store's read
 batches are driven through a gpu.GpuRouter, which sends ops into that buffer
 to the pipeline and the header reads to the engine.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,7 +34,15 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 from .core.chunkfile import ChunkMeta
 from .core.options import ConfigError
 from .core.store import ChunkStore
-from .integration.common import allocate_from, gpu_index, hit_prefix, meta_of, options_from_extra, plugin_name, register_pool
+from .integration.common import (
+    allocate_from,
+    gpu_index,
+    hit_prefix,
+    meta_of,
+    options_from_extra,
+    plugin_name,
+    register_pool,
+)
 
 log = logging.getLogger("lmcache_fx")
 
@@ -44,8 +53,9 @@ class FxStorageBackend(StoragePluginInterface):
     gpu_memory_device: Optional[str] = None
 
     def __init__(self, config=None, dst_device: str = "cpu", metadata=None, local_cpu_backend=None, loop=None):
-        super().__init__(dst_device="cpu", config=config, metadata=metadata,
-                         local_cpu_backend=local_cpu_backend, loop=loop)
+        super().__init__(
+            dst_device="cpu", config=config, metadata=metadata, local_cpu_backend=local_cpu_backend, loop=loop
+        )
         if local_cpu_backend is None:
             raise ConfigError("lmcache-fx needs LMCache's LocalCPUBackend as its allocator")
         self.name = plugin_name(config, type(self))
@@ -59,27 +69,37 @@ class FxStorageBackend(StoragePluginInterface):
             gpu_device = gpu_index(dst_device)
             why = gpu.direct_to_gpu_problem(gpu_device, self.gpu_memory_device)
             if why:
-                raise ConfigError(f"{prefix}direct_to_gpu: cannot serve chunks in GPU memory here: {why}; "
-                                  f"set {prefix}direct_to_gpu: false on hosts without a GPU")
+                raise ConfigError(
+                    f"{prefix}direct_to_gpu: cannot serve chunks in GPU memory here: {why}; "
+                    f"set {prefix}direct_to_gpu: false on hosts without a GPU"
+                )
         self.store = ChunkStore(self.options)
         if self.options.direct_to_gpu:
             try:
                 self._gpu = gpu.GpuChunkAllocator(
-                    self.options.gpu_buffer_mib << 20, device=gpu_device, engine=self.store.engine,
-                    slots=self.options.gpu_staging_slots, slot_bytes=self.options.gpu_slot_mib << 20,
+                    self.options.gpu_buffer_mib << 20,
+                    device=gpu_device,
+                    engine=self.store.engine,
+                    slots=self.options.gpu_staging_slots,
+                    slot_bytes=self.options.gpu_slot_mib << 20,
                     memory_device=self.gpu_memory_device,
                 )
             except Exception as e:
                 self.store.close()
-                raise ConfigError(f"{prefix}direct_to_gpu: the GPU chunk buffer ({prefix}gpu_buffer_mib="
-                                  f"{self.options.gpu_buffer_mib}) or staging ({prefix}gpu_staging_slots="
-                                  f"{self.options.gpu_staging_slots} x {prefix}gpu_slot_mib="
-                                  f"{self.options.gpu_slot_mib}) could not be set up: {e}") from None
+                raise ConfigError(
+                    f"{prefix}direct_to_gpu: the GPU chunk buffer ({prefix}gpu_buffer_mib="
+                    f"{self.options.gpu_buffer_mib}) or staging ({prefix}gpu_staging_slots="
+                    f"{self.options.gpu_staging_slots} x {prefix}gpu_slot_mib="
+                    f"{self.options.gpu_slot_mib}) could not be set up: {e}"
+                ) from None
             self._reads = gpu.GpuRouter(self.store.engine, self._gpu.reader, self._gpu.owns)
             if getattr(config, "local_cpu", False):
-                log.warning("lmcache-fx: direct_to_gpu with LMCache's local_cpu: true: LMCache keeps retrieved "
-                            "chunks in its CPU tier's index, holding them in the %d MiB GPU buffer until it "
-                            "evicts them; local_cpu: false is advised", self.options.gpu_buffer_mib)
+                log.warning(
+                    "lmcache-fx: direct_to_gpu with LMCache's local_cpu: true: LMCache keeps retrieved "
+                    "chunks in its CPU tier's index, holding them in the %d MiB GPU buffer until it "
+                    "evicts them; local_cpu: false is advised",
+                    self.options.gpu_buffer_mib,
+                )
         else:
             self._reads = self.store.engine
         register_pool(self.store.engine, local_cpu_backend)
@@ -92,8 +112,10 @@ class FxStorageBackend(StoragePluginInterface):
                 if self._gpu is not None:
                     self._gpu.close()
                 self.store.close()
-                raise ConfigError(f"{prefix}metrics_port: {self.options.metrics_port} + local worker id "
-                                  f"{port - self.options.metrics_port} = {port} is above 65535; pick a lower port")
+                raise ConfigError(
+                    f"{prefix}metrics_port: {self.options.metrics_port} + local worker id "
+                    f"{port - self.options.metrics_port} = {port} is above 65535; pick a lower port"
+                )
         self._metrics = metrics.start_metrics(self.store, name=self.name, port=port, addr=self.options.metrics_addr)
         self._put_lock = threading.Lock()
         self._put_keys: set[CacheEngineKey] = set()
@@ -101,14 +123,21 @@ class FxStorageBackend(StoragePluginInterface):
         self._writes: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name=f"lmcache-fx-writer-{self.name}", daemon=True)
         self._writer.start()
-        log.info("lmcache-fx: plugin '%s' on %s, engine %s, O_DIRECT %s, %d chunks present%s",
-                 self.name, ",".join(self.store.roots), self.store.engine.kind, self.store.odirect, len(self.store),
-                 "" if self._gpu is None else
-                 f", direct_to_gpu on GPU {self._gpu.reader.device} ({self.options.gpu_buffer_mib} MiB buffer, "
-                 f"staging {self.options.gpu_staging_slots} x {self.options.gpu_slot_mib} MiB, "
-                 f"pinned {self._gpu.reader.pinned}, reads {self._gpu.reader.io}, "
-                 f"payload CRC32C {'checked' if self.options.verify else 'off'}; "
-                 f"{self._gpu.reader.degraded or 'no slow path'}; {self._gpu.reader.numa_info})")
+        log.info(
+            "lmcache-fx: plugin '%s' on %s, engine %s, O_DIRECT %s, %d chunks present%s",
+            self.name,
+            ",".join(self.store.roots),
+            self.store.engine.kind,
+            self.store.odirect,
+            len(self.store),
+            ""
+            if self._gpu is None
+            else f", direct_to_gpu on GPU {self._gpu.reader.device} ({self.options.gpu_buffer_mib} MiB buffer, "
+            f"staging {self.options.gpu_staging_slots} x {self.options.gpu_slot_mib} MiB, "
+            f"pinned {self._gpu.reader.pinned}, reads {self._gpu.reader.io}, "
+            f"payload CRC32C {'checked' if self.options.verify else 'off'}; "
+            f"{self._gpu.reader.degraded or 'no slow path'}; {self._gpu.reader.numa_info})",
+        )
 
     def __str__(self) -> str:
         return f"FxStorageBackend({self.name})"
@@ -179,12 +208,16 @@ class FxStorageBackend(StoragePluginInterface):
             fut.set_exception(e)
         return fut
 
-    async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey],
-                                       transfer_spec: Any = None) -> list[MemoryObj]:
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: list[CacheEngineKey], transfer_spec: Any = None
+    ) -> list[MemoryObj]:
         try:
-            objs = await self.store.read_async([k.to_string() for k in keys],
-                                               lambda m: self._allocate(m, busy_loop=False), self._release,
-                                               engine=self._reads)
+            objs = await self.store.read_async(
+                [k.to_string() for k in keys],
+                lambda m: self._allocate(m, busy_loop=False),
+                self._release,
+                engine=self._reads,
+            )
         finally:
             for k in self._lookup_pins.pop(lookup_id, []):
                 self.store.unpin(k.to_string())
@@ -238,7 +271,7 @@ class FxStorageBackend(StoragePluginInterface):
             for k, o in batch:
                 addr = o.data_ptr
                 if self._gpu is not None and self._gpu.owns(addr):  # one of our GPU chunks: via host memory
-                    host = o.raw_data.view(torch.uint8).reshape(-1)[:o.get_size()].to("cpu", copy=True)
+                    host = o.raw_data.view(torch.uint8).reshape(-1)[: o.get_size()].to("cpu", copy=True)
                     keep.append(host)
                     addr = host.data_ptr()
                 items.append((k.to_string(), addr, o.get_size(), meta_of(o)))
@@ -281,4 +314,3 @@ class FxStorageBackend(StoragePluginInterface):
         if self._gpu is not None:
             self._gpu.close()
         self.store.close()
-

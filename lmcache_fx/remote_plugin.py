@@ -22,6 +22,7 @@ and remote_backend.py):
   `blocking_timeout_secs` (a timeout is a miss); `batched_contains` runs on
   the caller's thread; pin/unpin never reach a connector.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,9 +36,9 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .core.chunkfile import ChunkMeta
-from .integration.common import allocate_from, hit_prefix, meta_of, options_from_extra, plugin_name, register_pool
 from .core.options import ConfigError, refuse_direct_to_gpu
 from .core.store import ChunkStore
+from .integration.common import allocate_from, hit_prefix, meta_of, options_from_extra, plugin_name, register_pool
 
 log = logging.getLogger("lmcache_fx")
 
@@ -68,8 +69,14 @@ class FxRemoteConnector(RemoteConnector):
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"lmcache-fx-remote-writer-{self.name}")
         self._pending_lock = threading.Lock()
         self._pending_puts = 0  # batched_put coroutines running (RemoteBackend does not track batched puts)
-        log.info("lmcache-fx: remote plugin '%s' on %s, engine %s, O_DIRECT %s, %d chunks present",
-                 self.name, ",".join(self.store.roots), self.store.engine.kind, self.store.odirect, len(self.store))
+        log.info(
+            "lmcache-fx: remote plugin '%s' on %s, engine %s, O_DIRECT %s, %d chunks present",
+            self.name,
+            ",".join(self.store.roots),
+            self.store.engine.kind,
+            self.store.odirect,
+            len(self.store),
+        )
 
     def __repr__(self) -> str:
         return f"FxRemoteConnector({self.name})"

@@ -21,6 +21,7 @@ worker writes the lmcache-fx tier's counters (chunks/bytes read, hits,
 corrupt, read seconds) there as JSON whenever they change, and logs them
 ("lmcache-fx stats: {...}"), so a client of the server can see what fx served.
 """
+
 from __future__ import annotations
 
 import importlib.abc
@@ -98,11 +99,18 @@ def _patch(mod) -> None:
         if _cpu_vllm(engine):
             for flag in ("use_layerwise", "enable_blending", "use_gpu_connector_v3"):
                 if getattr(config, flag, False):
-                    raise ValueError(f"lmcache-fx CPU connector: {flag}: true is not supported on CPU; "
-                                     f"set {flag}: false in the LMCache config")
+                    raise ValueError(
+                        f"lmcache-fx CPU connector: {flag}: true is not supported on CPU; "
+                        f"set {flag}: false in the LMCache config"
+                    )
             conn = connector_class().from_metadata(metadata)
-            log.info("lmcache-fx: vLLM on CPU: using the lmcache-fx CPU KV connector (%d layers, %d kv heads "
-                     "x %d, %s)", conn.num_layers, conn.kv_heads, conn.head_dim, metadata.kv_dtype)
+            log.info(
+                "lmcache-fx: vLLM on CPU: using the lmcache-fx CPU KV connector (%d layers, %d kv heads x %d, %s)",
+                conn.num_layers,
+                conn.kv_heads,
+                conn.head_dim,
+                metadata.kv_dtype,
+            )
             _start_stats_reporter()
             return conn
         return orig(config, metadata, engine, layout_hints, *args, **kwargs)
@@ -218,8 +226,9 @@ def _make_connector_class():
                     t[blk, :, off] = v.view(n, 2, H, D).to(t.dtype)
 
                 return get, put
-            raise ValueError(f"lmcache-fx CPU connector: unknown KV cache layout {tuple(t.shape)} "
-                             f"for {H} kv heads x {D}")
+            raise ValueError(
+                f"lmcache-fx CPU connector: unknown KV cache layout {tuple(t.shape)} for {H} kv heads x {D}"
+            )
 
         def _caches(self, kwargs):
             if "kvcaches" in kwargs and kwargs["kvcaches"] is not None:
@@ -245,8 +254,8 @@ def _make_connector_class():
             skip = min(end - start, max(0, int(kwargs.get("vllm_cached_tokens", 0) or 0) - start))
             if skip >= end - start:
                 return
-            slots = slot_mapping[start + skip:end].to("cpu", torch.long)
-            src = memory_obj.tensor[:, :, skip:end - start, :]  # [2, L, n, H*D]
+            slots = slot_mapping[start + skip : end].to("cpu", torch.long)
+            src = memory_obj.tensor[:, :, skip : end - start, :]  # [2, L, n, H*D]
             for layer in range(self.num_layers):
                 _, put = self._split(caches[layer], slots)
                 put(src[:, layer].transpose(0, 1))

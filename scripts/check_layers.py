@@ -12,6 +12,7 @@
 Usage: check_layers.py [PACKAGE_DIR]   (default: lmcache_fx next to this script)
 Prints one line per violation; exit status 1 when there is any.
 """
+
 from __future__ import annotations
 
 import ast
@@ -91,8 +92,10 @@ def check(pkg_dir: str) -> list[str]:
                 elif internal and not (imp.startswith(f"{pkg}.core") or imp == f"{pkg}._fxio" or imp == pkg):
                     problems.append(f"{rel}:{line}: core imports {imp} (core depends only on core and _fxio)")
             if layer == "tools" and top and root in HEAVY:
-                problems.append(f"{rel}:{line}: tools import {imp} at module level (commands must start without "
-                                "torch or LMCache: import it inside the function that needs it)")
+                problems.append(
+                    f"{rel}:{line}: tools import {imp} at module level (commands must start without "
+                    "torch or LMCache: import it inside the function that needs it)"
+                )
             if root == "tests" or root == "conftest":
                 problems.append(f"{rel}:{line}: shipped code imports the tests ({imp})")
     problems += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]

@@ -13,6 +13,7 @@ builds csrc/crc32c.c as of git revision REV and as in the working tree into
 two small shared libraries (the extension's compiler flags) and times both
 the same way through ctypes, for a like-for-like before/after.
 """
+
 import argparse
 import ctypes
 import os
@@ -63,8 +64,10 @@ def table(rows, fns, addr):
         for name, n in SIZES:
             w, c = measure(fn, addr, n)
             nw, nc = max(w - w0, 1e-12), max(c - c0, 1e-12)
-            print(f"{label:{width}} {name:>7} {n / w / 1e9:7.2f} {c / n * 1e9:9.4f} "
-                  f"{n / nw / 1e9:9.2f} {nc / n * 1e9:9.4f}")
+            print(
+                f"{label:{width}} {name:>7} {n / w / 1e9:7.2f} {c / n * 1e9:9.4f} "
+                f"{n / nw / 1e9:9.2f} {nc / n * 1e9:9.4f}"
+            )
             label = ""
 
 
@@ -91,7 +94,7 @@ def main():
     mv = memoryview(buf)
     pattern = os.urandom(1 << 20)
     for off in range(0, size, len(pattern)):
-        mv[off:off + len(pattern)] = pattern
+        mv[off : off + len(pattern)] = pattern
     addr = buf.address
 
     print(f"CRC32C implementation: {fx.CRC32C_IMPL}")
@@ -100,14 +103,17 @@ def main():
     table([f"extension ({fx.CRC32C_IMPL})"], [lambda a, n: at(a, n)], addr)
 
     if args.compare:
-        old = subprocess.run(["git", "-C", ROOT, "show", f"{args.compare}:csrc/crc32c.c"], check=True,
-                             capture_output=True, text=True).stdout
+        old = subprocess.run(
+            ["git", "-C", ROOT, "show", f"{args.compare}:csrc/crc32c.c"], check=True, capture_output=True, text=True
+        ).stdout
         with open(os.path.join(ROOT, "csrc", "crc32c.c")) as f:
             new = f.read()
         with tempfile.TemporaryDirectory() as d:
             libs = [build_so(old, d, "crc_old"), build_so(new, d, "crc_new")]
-            labels = [f"{args.compare} ({libs[0].fx_crc32c_impl().decode()})",
-                      f"worktree ({libs[1].fx_crc32c_impl().decode()})"]
+            labels = [
+                f"{args.compare} ({libs[0].fx_crc32c_impl().decode()})",
+                f"worktree ({libs[1].fx_crc32c_impl().decode()})",
+            ]
             print(f"\nctypes, csrc/crc32c.c at {args.compare} vs the working tree:")
             table(labels, [lambda a, n, f=lib.fx_crc32c: f(0, a, n) for lib in libs], addr)
     mv.release()

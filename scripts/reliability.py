@@ -9,6 +9,7 @@ case's outcome from pytest's JUnit XML, and writes the table. Exit status is
 pytest's. Root is needed for the XFS loop, EIO and ownership cases (they are
 skipped, and the table says so, otherwise).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -75,8 +76,21 @@ def main() -> int:
     os.close(fd)
     junit = rows_path + ".xml"
     env = dict(os.environ, FX_RELIABILITY_OUT=rows_path, LMCACHE_TRACK_USAGE="false", PYTHONHASHSEED="0")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:logging", "-p", "no:cacheprovider",
-           "tests/test_reliability.py", "tests/test_store_security.py", f"--junitxml={junit}", "-rs", *sys.argv[1:]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:logging",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_reliability.py",
+        "tests/test_store_security.py",
+        f"--junitxml={junit}",
+        "-rs",
+        *sys.argv[1:],
+    ]
     print("+", " ".join(cmd), flush=True)
     rc = subprocess.call(cmd, cwd=ROOT, env=env)
     try:

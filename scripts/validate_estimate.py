@@ -25,6 +25,7 @@ server (HTTP, chat template and tokenization, scheduling, one engine step,
 LMCache's lookup), with R re-derived at the calibration length as
 C / (TTFT - t0); step = t0 + load + miss/R. See docs/estimate.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,10 @@ QUESTION = "What is this document about?"
 
 
 def messages(doc: str, session: str) -> list[dict]:
-    return [{"role": "system", "content": f"Session {session}. Answer questions about the document."},
-            {"role": "user", "content": doc + "\n\n" + QUESTION}]
+    return [
+        {"role": "system", "content": f"Session {session}. Answer questions about the document."},
+        {"role": "user", "content": doc + "\n\n" + QUESTION},
+    ]
 
 
 def burst(server: Server, prompts: list[list[dict]], tag: str, skip_save: bool = False) -> list[dict]:
@@ -84,17 +87,28 @@ def geometry(model_dir: str) -> Geometry:
     with open(os.path.join(model_dir, "config.json")) as f:
         c = json.load(f)
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[c.get("dtype") or
-                                                                                  c.get("torch_dtype")]
-    return Geometry(layers=c["num_hidden_layers"], kv_heads=c["num_key_value_heads"], head_dim=head_dim,
-                    dtype=dtype, chunk=256)
+    dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[c.get("dtype") or c.get("torch_dtype")]
+    return Geometry(
+        layers=c["num_hidden_layers"], kv_heads=c["num_key_value_heads"], head_dim=head_dim, dtype=dtype, chunk=256
+    )
 
 
 def predict(geo, context, n, R, W, overhead=0.0) -> tuple[float, float]:
     """(recompute p50, store p50) from estimate.estimate (hit rate 1, no PCIe:
     CPU); overhead: estimate's --overhead-ms, a fixed time per request."""
-    r = est.estimate(est.Inputs(geo=geo, context=context, hit_rate=1.0, concurrency=n, storage_gbps=W,
-                                pcie_gbps=0, prefill_tok_s=R, overhead_s=overhead, model="tiny"))
+    r = est.estimate(
+        est.Inputs(
+            geo=geo,
+            context=context,
+            hit_rate=1.0,
+            concurrency=n,
+            storage_gbps=W,
+            pcie_gbps=0,
+            prefill_tok_s=R,
+            overhead_s=overhead,
+            model="tiny",
+        )
+    )
     return r["ttft"]["recompute"]["p50_s"], r["ttft"]["with_store"]["p50_s"]
 
 
@@ -124,13 +138,20 @@ def main() -> int:
     store = os.path.join(args.work, f"store-{uuid.uuid4().hex[:8]}")  # empty at the start
     docs = {L: make_document(model, L - 40)[0] for L in lengths}  # chat template + question ~ 40 tokens
     # the prompts that will come back from fx: per length, `reps` single ones and `reps` bursts
-    stored = {L: {"c1": [messages(docs[L], uuid.uuid4().hex[:12]) for _ in range(args.reps)],
-                  "cN": [[messages(docs[L], uuid.uuid4().hex[:12]) for _ in range(args.burst)]
-                         for _ in range(args.reps)]} for L in lengths}
-    print(f"validate estimate: model {model}\n  geometry {geo.layers} layers x {geo.kv_heads} KV heads x "
-          f"{geo.head_dim} head dim, {geo.dtype}: {geo.bytes_per_token} B/token, chunk {geo.chunk} tokens\n"
-          f"  lengths {lengths}, concurrency 1 and {args.burst}, {args.reps} reps; store {store}; "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    stored = {
+        L: {
+            "c1": [messages(docs[L], uuid.uuid4().hex[:12]) for _ in range(args.reps)],
+            "cN": [[messages(docs[L], uuid.uuid4().hex[:12]) for _ in range(args.burst)] for _ in range(args.reps)],
+        }
+        for L in lengths
+    }
+    print(
+        f"validate estimate: model {model}\n  geometry {geo.layers} layers x {geo.kv_heads} KV heads x "
+        f"{geo.head_dim} head dim, {geo.dtype}: {geo.bytes_per_token} B/token, chunk {geo.chunk} tokens\n"
+        f"  lengths {lengths}, concurrency 1 and {args.burst}, {args.reps} reps; store {store}; "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
 
     def server(tag):
         return Server(model, work=os.path.join(args.work, tag), store=store, python=args.python, cpu_gb=0.5)
@@ -172,14 +193,20 @@ def main() -> int:
                 time.sleep(PAUSE)
                 out.append(ask(s2, messages("Hi.", uuid.uuid4().hex[:12]), 1, "short", extra=nosave)["ttft"])
             return out
+
         shorts = short_ttft()
         stats0 = settled_stats(s2)
         for L in lengths:
             m = meas[L] = {"rec1": [], "fx1": [], "recN": [], "fxN": [], "tokens": None, "hit": None}
             settled_stats(s2)
             for k in range(args.reps):
-                r = ask(s2, messages(docs[L], uuid.uuid4().hex[:12]), 1, f"rec1-{L}",
-                        extra={"kv_transfer_params": {"lmcache.skip_save": True}})
+                r = ask(
+                    s2,
+                    messages(docs[L], uuid.uuid4().hex[:12]),
+                    1,
+                    f"rec1-{L}",
+                    extra={"kv_transfer_params": {"lmcache.skip_save": True}},
+                )
                 m["rec1"].append(r["ttft"])
                 m["tokens"] = r["prompt_tokens"]
                 before = settled_stats(s2)  # >= 0.6 s idle before every timed request, as before the others
@@ -187,20 +214,30 @@ def main() -> int:
                 m["fx1"].append(r["ttft"])
                 m["hit"] = (settled_stats(s2).get("chunks_read", 0) - before.get("chunks_read", 0)) * geo.chunk
             for k in range(args.reps):
-                rs = burst(s2, [messages(docs[L], uuid.uuid4().hex[:12]) for _ in range(args.burst)], f"recN-{L}",
-                           skip_save=True)
+                rs = burst(
+                    s2,
+                    [messages(docs[L], uuid.uuid4().hex[:12]) for _ in range(args.burst)],
+                    f"recN-{L}",
+                    skip_save=True,
+                )
                 m["recN"].append(statistics.median(r["ttft"] for r in rs))
                 rs = burst(s2, stored[L]["cN"][k], f"fxN-{L}")
                 m["fxN"].append(statistics.median(r["ttft"] for r in rs))
             med = {k: statistics.median(v) for k, v in m.items() if isinstance(v, list)}
-            print(f"  {m['tokens']} tokens (hit {m['hit']}): c=1 recompute {med['rec1'] * 1e3:.0f} ms, fx "
-                  f"{med['fx1'] * 1e3:.0f} ms; c={args.burst} p50 recompute {med['recN'] * 1e3:.0f} ms, fx "
-                  f"{med['fxN'] * 1e3:.0f} ms", flush=True)
+            print(
+                f"  {m['tokens']} tokens (hit {m['hit']}): c=1 recompute {med['rec1'] * 1e3:.0f} ms, fx "
+                f"{med['fx1'] * 1e3:.0f} ms; c={args.burst} p50 recompute {med['recN'] * 1e3:.0f} ms, fx "
+                f"{med['fxN'] * 1e3:.0f} ms",
+                flush=True,
+            )
         stats1 = settled_stats(s2)
         shorts += short_ttft()
         t0 = statistics.median(shorts)
-        print(f"  fixed per-request time t0: {t0 * 1e3:.0f} ms (median c=1 TTFT of a ~50-token prompt, 5 before "
-              f"and 5 after the points: {', '.join(f'{x * 1e3:.0f}' for x in shorts)} ms)", flush=True)
+        print(
+            f"  fixed per-request time t0: {t0 * 1e3:.0f} ms (median c=1 TTFT of a ~50-token prompt, 5 before "
+            f"and 5 after the points: {', '.join(f'{x * 1e3:.0f}' for x in shorts)} ms)",
+            flush=True,
+        )
     finally:
         s2.stop()
 
@@ -222,12 +259,13 @@ def main() -> int:
     R = meas[args.calibrate]["tokens"] / med[args.calibrate]["rec1"]
     Rt = meas[args.calibrate]["tokens"] / (med[args.calibrate]["rec1"] - t0)
     fit = (Rt, t0)
-    print(f"\ninputs: {geo.bytes_per_token} B/token (config.json); R = {R:,.0f} tok/s (c=1 recompute at "
-          f"{meas[args.calibrate]['tokens']} tokens); W = {W:.2f} GB/s (fx counters in server 2: "
-          f"{fx_bytes / 1e6:.0f} MB in {fx_s * 1e3:.0f} ms)"
-          + (f"; --measure on the store path {W_meas:.2f} GB/s" if W_meas else ""))
-    print(f"with t0: t0 = {t0 * 1e3:.0f} ms per request, R = {Rt:,.0f} tok/s (= C / (TTFT - t0) at the same "
-          "length)")
+    print(
+        f"\ninputs: {geo.bytes_per_token} B/token (config.json); R = {R:,.0f} tok/s (c=1 recompute at "
+        f"{meas[args.calibrate]['tokens']} tokens); W = {W:.2f} GB/s (fx counters in server 2: "
+        f"{fx_bytes / 1e6:.0f} MB in {fx_s * 1e3:.0f} ms)"
+        + (f"; --measure on the store path {W_meas:.2f} GB/s" if W_meas else "")
+    )
+    print(f"with t0: t0 = {t0 * 1e3:.0f} ms per request, R = {Rt:,.0f} tok/s (= C / (TTFT - t0) at the same length)")
     rows = [("context", "c", "path", "predicted", "measured", "error") + (("with t0", "error") if fit else ())]
     out = []
     for L in lengths:
@@ -238,10 +276,22 @@ def main() -> int:
             for path, p, f, mk in (("recompute", pr, fr, kr), ("fx store", ps, fs, kf)):
                 mv = med[L][mk]
                 cal = " (R)" if (L == args.calibrate and n == 1 and path == "recompute") else ""
-                rows.append((str(C), str(n), path + cal, f"{p * 1e3:.0f} ms", f"{mv * 1e3:.0f} ms", pct(p, mv))
-                            + ((f"{f * 1e3:.0f} ms", pct(f, mv)) if fit else ()))
-                out.append({"context": C, "concurrency": n, "path": path, "predicted_s": p, "measured_s": mv,
-                            "all_measured_s": meas[L][mk], "predicted_with_t0_s": f, "hit": meas[L]["hit"]})
+                rows.append(
+                    (str(C), str(n), path + cal, f"{p * 1e3:.0f} ms", f"{mv * 1e3:.0f} ms", pct(p, mv))
+                    + ((f"{f * 1e3:.0f} ms", pct(f, mv)) if fit else ())
+                )
+                out.append(
+                    {
+                        "context": C,
+                        "concurrency": n,
+                        "path": path,
+                        "predicted_s": p,
+                        "measured_s": mv,
+                        "all_measured_s": meas[L][mk],
+                        "predicted_with_t0_s": f,
+                        "hit": meas[L]["hit"],
+                    }
+                )
     wd = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
     print("p50 TTFT, predicted by `estimate` vs measured (median of reps):")
     for k, r in enumerate(rows):
@@ -253,17 +303,33 @@ def main() -> int:
         C, hit = meas[L]["tokens"], meas[L]["hit"]
         B = hit * geo.bytes_per_token
         implied = med[L]["fx1"] - t0 - (C - hit) / Rt
-        print(f"  {C} tokens: {B / 1e6:.1f} MB, B/W {B / W / 1e9 * 1e3:.0f} ms, implied {implied * 1e3:.0f} ms"
-              + (f" = {B / implied / 1e9:.2f} GB/s end to end" if implied > 0 else ""))
-    print(f"\ncommand equivalent for one point: lmcache-fx estimate --layers {geo.layers} --kv-heads {geo.kv_heads} "
-          f"--head-dim {geo.head_dim} --kv-dtype fp32 --pcie-gbps 0 --hit-rate 1 --context {meas[lengths[-1]]['tokens']} "
-          f"--concurrency {args.burst} --storage-gbps {W:.2f} --prefill-tok-s {R:.0f}  [with t0: --prefill-tok-s "
-          f"{Rt:.0f} --overhead-ms {t0 * 1e3:.0f}]")
+        print(
+            f"  {C} tokens: {B / 1e6:.1f} MB, B/W {B / W / 1e9 * 1e3:.0f} ms, implied {implied * 1e3:.0f} ms"
+            + (f" = {B / implied / 1e9:.2f} GB/s end to end" if implied > 0 else "")
+        )
+    print(
+        f"\ncommand equivalent for one point: lmcache-fx estimate --layers {geo.layers} --kv-heads {geo.kv_heads} "
+        f"--head-dim {geo.head_dim} --kv-dtype fp32 --pcie-gbps 0 --hit-rate 1 --context {meas[lengths[-1]]['tokens']} "
+        f"--concurrency {args.burst} --storage-gbps {W:.2f} --prefill-tok-s {R:.0f}  [with t0: --prefill-tok-s "
+        f"{Rt:.0f} --overhead-ms {t0 * 1e3:.0f}]"
+    )
     print(f"total {time.monotonic() - t_all:.0f} s; load average now {os.getloadavg()[0]:.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"R": R, "W": W, "W_measure": W_meas, "t0": t0, "R_with_t0": Rt, "bytes_per_token": geo.bytes_per_token,
-                       "points": out, "raw": meas}, f, indent=1)
+            json.dump(
+                {
+                    "R": R,
+                    "W": W,
+                    "W_measure": W_meas,
+                    "t0": t0,
+                    "R_with_t0": Rt,
+                    "bytes_per_token": geo.bytes_per_token,
+                    "points": out,
+                    "raw": meas,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -46,8 +46,20 @@ def fake_gpu_driver_so(tmp_path_factory):
 def _build_fake_gpu_driver(out, *defines, soname=None):
     import subprocess
 
-    cmd = ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread", *defines, "-o", out,
-           os.path.join(os.path.dirname(__file__), "fake_gpu_driver.c")]
+    cmd = [
+        "gcc",
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-shared",
+        "-fPIC",
+        "-pthread",
+        *defines,
+        "-o",
+        out,
+        os.path.join(os.path.dirname(__file__), "fake_gpu_driver.c"),
+    ]
     if soname:
         cmd.insert(1, f"-Wl,-soname,{soname}")
     subprocess.run(cmd, check=True)

@@ -1,5 +1,6 @@
 """Operator tools (doctor, ls, stat, fsck, gc, metrics) against a real store
 written by the plugin through a real LMCacheEngine, then damaged on purpose."""
+
 import json
 import os
 import platform
@@ -17,10 +18,19 @@ import torch
 from lmcache_fx import _fxio
 from lmcache_fx.core import metrics
 from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
-from lmcache_fx.tools.cli import main
-from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
 from lmcache_fx.core.options import GIB, FxOptions
 from lmcache_fx.core.store import ChunkStore
+from lmcache_fx.testing.cpu_engine import (
+    KV,
+    Geometry,
+    config_from_dict,
+    fx_backend,
+    fx_config,
+    lmcache_engine,
+    retrieve,
+    store_and_wait,
+)
+from lmcache_fx.tools.cli import main
 
 MODELS = {
     "org/model-a": (Geometry(layers=4, kv_heads=2, head_dim=64), 1024, 0),  # 4 chunks of 512 KiB + header
@@ -123,8 +133,9 @@ def test_ls_lists_every_chunk_with_model_and_geometry(capsys, store_copy):
     # Least recently written first: the order the store evicts in.
     assert [c["path"] for c in chunks] == files["org/model-a"] + files["org/mla-b"]
     a = [c for c in chunks if c["model"] == "org/model-a"]
-    assert len(a) == 4 and all(c["shapes"] == [[2, 4, 256, 128]] and c["dtypes"] == ["bfloat16"]
-                               and c["fmt"] == "KV_2LTD" for c in a)
+    assert len(a) == 4 and all(
+        c["shapes"] == [[2, 4, 256, 128]] and c["dtypes"] == ["bfloat16"] and c["fmt"] == "KV_2LTD" for c in a
+    )
     b = [c for c in chunks if c["model"] == "org/mla-b"]
     assert len(b) == 2 and all(c["fmt"] == "KV_MLA_FMT" and c["world_size"] == 1 for c in b)
     assert all(c["size"] == HEADER_SIZE + c["payload_len"] for c in chunks)
@@ -359,8 +370,13 @@ def test_doctor_explains_io_uring_blocked_by_seccomp(tmp_path):
     env.pop("LMCACHE_CONFIG_FILE", None)
 
     def doctor(*args):
-        r = subprocess.run([sys.executable, "-c", SECCOMP_DOCTOR, "doctor", "--path", str(tmp_path), "--json", *args],
-                           capture_output=True, text=True, env=env, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-c", SECCOMP_DOCTOR, "doctor", "--path", str(tmp_path), "--json", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         return r.returncode, json.loads(r.stdout)
 
     rc, obj = doctor()
@@ -374,8 +390,13 @@ def test_doctor_explains_io_uring_blocked_by_seccomp(tmp_path):
 
     y = tmp_path / "threads.yaml"
     y.write_text(yaml.safe_dump(fx_config(tmp_path / "s", io_engine="threads")))
-    r = subprocess.run([sys.executable, "-c", SECCOMP_DOCTOR, "doctor", "--config", str(y), "--json"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", SECCOMP_DOCTOR, "doctor", "--config", str(y), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     obj = json.loads(r.stdout)
     checks = {c["name"]: c for c in obj["checks"]}
     assert checks["io_uring"]["status"] == "info" and checks["[fx] engine"]["status"] == "info"
@@ -438,8 +459,14 @@ def test_metrics_histogram_and_bandwidth_from_a_snapshot():
     counts = [0] * (len(metrics.READ_LATENCY_BUCKETS) + 1)
     for s in (0.0004, 0.003, 0.003, 20.0):
         counts[metrics.latency_bucket(s)] += 1
-    snap = {"bytes_read": 4 << 30, "read_seconds": 2.0, "read_batches": 4, "read_latency_counts": counts,
-            "engine": "io_uring", "path": "/p"}
+    snap = {
+        "bytes_read": 4 << 30,
+        "read_seconds": 2.0,
+        "read_batches": 4,
+        "read_latency_counts": counts,
+        "engine": "io_uring",
+        "path": "/p",
+    }
     text = metrics.render(lambda: snap, name="x")
     assert 'lmcache_fx_read_batch_seconds_bucket{le="0.0005",path="/p",store="x"} 1.0' in text
     assert 'lmcache_fx_read_batch_seconds_bucket{le="0.005",path="/p",store="x"} 3.0' in text
@@ -455,8 +482,10 @@ def test_metrics_histogram_and_bandwidth_from_a_snapshot():
         h.close()
 
 
-@pytest.mark.skipif("metrics_port" not in FxOptions.names(),
-                    reason="the plugin does not start metrics yet (metrics_port option not wired in)")
+@pytest.mark.skipif(
+    "metrics_port" not in FxOptions.names(),
+    reason="the plugin does not start metrics yet (metrics_port option not wired in)",
+)
 def test_plugin_exports_metrics_on_its_port(tmp_path):
     geo, n, _ = MODELS["org/model-a"]
     port = _free_port()
@@ -471,7 +500,7 @@ def test_plugin_exports_metrics_on_its_port(tmp_path):
         lab = f'path="{tmp_path / "store"}",store="fx"'
         assert f"lmcache_fx_read_chunks_total{{{lab}}} 4.0" in body
         assert f"lmcache_fx_written_chunks_total{{{lab}}} 4.0" in body
-        assert f'lmcache_fx_read_batch_seconds_count{{{lab}}} 1.0' in body
+        assert f"lmcache_fx_read_batch_seconds_count{{{lab}}} 1.0" in body
         assert 'lmcache_fx_engine_info{engine="' in body
     with pytest.raises(OSError):  # closed with the engine
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

@@ -2,6 +2,7 @@
 output, and that every reader really read the bytes it claims (CRC32C of
 what landed in the destination KV cache against what was stored). No
 timing assertions."""
+
 import argparse
 import json
 import os
@@ -63,12 +64,15 @@ def test_reader_subset_keeps_order():
 # ------------------------------------------------------------------ geometry
 
 
-@pytest.mark.parametrize("preset,chunk_mib", [
-    ("qwen2.5-32b", 64.0),
-    ("llama-3-70b-tp8", 10.0),
-    ("qwen3-coder-480b-tp8", 7.75),
-    ("deepseek-v3-mla", 17.15625),
-])
+@pytest.mark.parametrize(
+    "preset,chunk_mib",
+    [
+        ("qwen2.5-32b", 64.0),
+        ("llama-3-70b-tp8", 10.0),
+        ("qwen3-coder-480b-tp8", 7.75),
+        ("deepseek-v3-mla", 17.15625),
+    ],
+)
 def test_preset_chunk_bytes_match_the_notes(preset, chunk_mib):
     g = bench.PRESETS[preset]
     assert g.chunk_bytes == int(chunk_mib * MIB)
@@ -77,8 +81,20 @@ def test_preset_chunk_bytes_match_the_notes(preset, chunk_mib):
 
 
 def test_custom_geometry_overrides_preset():
-    _, a = parse("--path", "/x", "--preset", "llama-3-70b-tp8", "--layers", "2", "--head-dim", "64",
-                 "--chunk", "16", "--dtype", "float32")
+    _, a = parse(
+        "--path",
+        "/x",
+        "--preset",
+        "llama-3-70b-tp8",
+        "--layers",
+        "2",
+        "--head-dim",
+        "64",
+        "--chunk",
+        "16",
+        "--dtype",
+        "float32",
+    )
     g = bench.geometry_from_args(a)
     assert (g.layers, g.kv_heads, g.head_dim, g.chunk, g.dtype) == (2, 1, 64, 16, "float32")
     assert g.bytes_per_token == 2 * 2 * 1 * 64 * 4
@@ -109,8 +125,10 @@ def test_median_ratio_percentile():
 
 
 def test_summary_medians_and_ratio_to_fio():
-    reps = [{"tier_read_gbps": x, "retrieve_gbps": x / 2, "store_gbps": 1.0, "cpu_s_per_gb": 0.1,
-             "tier_cpu_s_per_gb": 0.05} for x in (1.0, 3.0, 2.0)]
+    reps = [
+        {"tier_read_gbps": x, "retrieve_gbps": x / 2, "store_gbps": 1.0, "cpu_s_per_gb": 0.1, "tier_cpu_s_per_gb": 0.05}
+        for x in (1.0, 3.0, 2.0)
+    ]
     m = bench.summarize(reps)
     assert m["tier_read_gbps"] == 2.0 and m["retrieve_gbps"] == 1.0 and m["cpu_s_per_gb"] == 0.1
     fio = bench.summarize([{"tier_read_gbps": 4.0}])
@@ -119,20 +137,43 @@ def test_summary_medians_and_ratio_to_fio():
 
 def _fake_results(cold=True):
     def entry(label, tr, ok=True):
-        return {"label": label, "available": True, "all_ok": ok, "ratio_to_fio": tr / 4.0,
-                "median": {"tier_read_gbps": tr, "retrieve_gbps": tr / 2, "store_gbps": 1.0,
-                           "cpu_s_per_gb": 0.2, "tier_cpu_s_per_gb": 0.1},
-                "latency": {"1": {"p50_ms": 1.0, "p99_ms": 2.0}}}
+        return {
+            "label": label,
+            "available": True,
+            "all_ok": ok,
+            "ratio_to_fio": tr / 4.0,
+            "median": {
+                "tier_read_gbps": tr,
+                "retrieve_gbps": tr / 2,
+                "store_gbps": 1.0,
+                "cpu_s_per_gb": 0.2,
+                "tier_cpu_s_per_gb": 0.1,
+            },
+            "latency": {"1": {"p50_ms": 1.0, "p99_ms": 2.0}},
+        }
 
     return {
-        "cold": cold, "cache_note": "note",
-        "config": {"n_chunks": 2, "chunk_bytes": MIB, "total_bytes": 2 * MIB, "reps": 3, "queue_depth": 32,
-                   "split_bytes": MIB},
+        "cold": cold,
+        "cache_note": "note",
+        "config": {
+            "n_chunks": 2,
+            "chunk_bytes": MIB,
+            "total_bytes": 2 * MIB,
+            "reps": 3,
+            "queue_depth": 32,
+            "split_bytes": MIB,
+        },
         "machine": {"filesystem": "test"},
-        "readers": {"fx": entry("lmcache-fx (io_uring)", 3.0),
-                    "rust_raw_block": {"label": "LMCache RustRawBlockBackend", "available": False,
-                                       "skip_reason": "not installed", "reps": []},
-                    "fio": entry("fio io_uring O_DIRECT", 4.0)},
+        "readers": {
+            "fx": entry("lmcache-fx (io_uring)", 3.0),
+            "rust_raw_block": {
+                "label": "LMCache RustRawBlockBackend",
+                "available": False,
+                "skip_reason": "not installed",
+                "reps": [],
+            },
+            "fio": entry("fio io_uring O_DIRECT", 4.0),
+        },
     }
 
 
@@ -224,9 +265,29 @@ def test_corruption_is_detected(odirect_tmp, monkeypatch):
 def test_cold_run_on_xfs_with_json(xfs_dir, tmp_path):
     """The command end to end on XFS (root): cold, JSON written, exit 0."""
     out = tmp_path / "r.json"
-    rc = bench.main(["--path", xfs_dir, "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "16",
-                     "--total-gb", "0.0001", "--reps", "3", "--readers", "fx,local_disk,fio", "--quiet",
-                     "--json", str(out)])
+    rc = bench.main(
+        [
+            "--path",
+            xfs_dir,
+            "--layers",
+            "2",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "64",
+            "--chunk",
+            "16",
+            "--total-gb",
+            "0.0001",
+            "--reps",
+            "3",
+            "--readers",
+            "fx,local_disk,fio",
+            "--quiet",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     d = json.loads(out.read_text())
     assert d["cold"] is True
@@ -249,8 +310,12 @@ def test_best_peer_and_ratios_leave_fx_and_fio_out():
     from lmcache_fx.tools.bench.run import best_peer
 
     res = _fake_results()
-    res["readers"]["fs_native"] = {"label": "fs_native", "available": True, "all_ok": True,
-                                   "median": {"tier_read_gbps": 5.0, "store_gbps": 2.0, "tier_cpu_s_per_gb": 0.01}}
+    res["readers"]["fs_native"] = {
+        "label": "fs_native",
+        "available": True,
+        "all_ok": True,
+        "median": {"tier_read_gbps": 5.0, "store_gbps": 2.0, "tier_cpu_s_per_gb": 0.01},
+    }
     bp = best_peer(res)
     assert bp["tier_read_gbps"] == {"reader": "fs_native", "value": 5.0}
     assert bp["tier_cpu_s_per_gb"]["value"] == 0.01
@@ -265,10 +330,34 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     except Exception as e:
         pytest.skip(f"lmcache.lmcache_fs (LMCache's C++ fs_native client) cannot be imported: {e}")
     out = tmp_path / "r.json"
-    rc = bench.main(["--path", str(odirect_tmp), "--layers", "2", "--kv-heads", "2", "--head-dim", "64",
-                     "--chunk", "16", "--total-gb", "0.0001", "--reps", "2", "--readers", "fx,fs_native,fx-l2",
-                     "--per-chunk", "16", "--per-chunk-readers", "fx-l2,fs_native", "--warm", "--quiet",
-                     "--json", str(out)])
+    rc = bench.main(
+        [
+            "--path",
+            str(odirect_tmp),
+            "--layers",
+            "2",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "64",
+            "--chunk",
+            "16",
+            "--total-gb",
+            "0.0001",
+            "--reps",
+            "2",
+            "--readers",
+            "fx,fs_native,fx-l2",
+            "--per-chunk",
+            "16",
+            "--per-chunk-readers",
+            "fx-l2,fs_native",
+            "--warm",
+            "--quiet",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     d = json.loads(out.read_text())
     assert d["git_commit"] is None or len(d["git_commit"]) >= 40

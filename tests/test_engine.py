@@ -5,6 +5,7 @@ io_uring_status() gives, where the kernel or the build lacks it) and
 'threads'. Files live in pytest's tmp_path; the O_DIRECT tests are skipped
 where that filesystem refuses O_DIRECT (tmpfs, for one).
 """
+
 import asyncio
 import ctypes
 import errno
@@ -269,9 +270,7 @@ def test_many_files_one_batch(make_engine, tmp_path, fds):
     paths = [tmp_path / f"f{i:03d}" for i in range(len(lengths))]
     wfds = [fds(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) for p in paths]
 
-    wres = eng.write(
-        [(fd, 0, n, addr_of(src, o) if n else 0) for fd, n, o in zip(wfds, lengths, offs)], crc=True
-    )
+    wres = eng.write([(fd, 0, n, addr_of(src, o) if n else 0) for fd, n, o in zip(wfds, lengths, offs)], crc=True)
     assert wres == [(n, fx.crc32c(d) if n else 0) for n, d in zip(lengths, datas)]
     for p, d in zip(paths, datas):
         assert read_file(p) == d
@@ -493,9 +492,7 @@ def test_odirect_writes(make_engine, direct_ok, payload, fds):
     fd1 = fds(p1, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT)
     src = bytearray(64 * KiB + 1)
     src[1:] = data[: 64 * KiB]
-    assert eng.write([(fd1, 0, 64 * KiB, addr_of(src, 1))], crc=True) == [
-        (64 * KiB, fx.crc32c(data[: 64 * KiB]))
-    ]
+    assert eng.write([(fd1, 0, 64 * KiB, addr_of(src, 1))], crc=True) == [(64 * KiB, fx.crc32c(data[: 64 * KiB]))]
     assert read_file(p1) == data[: 64 * KiB]
 
     # aligned buffer, unaligned length: the tail is padded with zeros to 4 KiB
@@ -519,9 +516,7 @@ def test_odirect_writes(make_engine, direct_ok, payload, fds):
     # an unaligned offset fails with EINVAL; the other ops of the batch work
     p4 = direct_ok / "w4.bin"
     fd4 = fds(p4, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_DIRECT)
-    res = eng.write(
-        [(fd4, 0, 8192, hb.address), (fd4, 8192 + 7, 4096, hb.address), (fd4, 16_384, 4096, hb.address)]
-    )
+    res = eng.write([(fd4, 0, 8192, hb.address), (fd4, 8192 + 7, 4096, hb.address), (fd4, 16_384, 4096, hb.address)])
     assert res == [8192, -errno.EINVAL, 4096]
     got = read_file(p4)
     assert got[:8192] == data[:8192] and got[16_384:20_480] == data[:4096]
@@ -631,11 +626,9 @@ def test_single_worker_many_ops(make_engine, kind, payload, tmp_path, fds):
         pytest.skip("threads= only applies to the thread engine")
     eng = make_engine(queue_depth=64, threads=1, split_bytes=4096)
     assert eng.threads == 1
-    fd = fds(write_file(tmp_path / "s.bin", payload[: MiB]))
+    fd = fds(write_file(tmp_path / "s.bin", payload[:MiB]))
     dst = bytearray(MiB)
-    assert eng.read([(fd, i * 64 * KiB, 64 * KiB, addr_of(dst, i * 64 * KiB)) for i in range(16)]) == [
-        64 * KiB
-    ] * 16
+    assert eng.read([(fd, i * 64 * KiB, 64 * KiB, addr_of(dst, i * 64 * KiB)) for i in range(16)]) == [64 * KiB] * 16
     assert dst == payload[:MiB]
 
 
@@ -759,7 +752,7 @@ def test_read_releases_the_gil(make_engine, tmp_path, fds):
 
 def test_many_submits_in_flight(make_engine, payload, tmp_path, fds):
     eng = make_engine(queue_depth=4, split_bytes=16 * KiB)
-    data = payload[: MiB]
+    data = payload[:MiB]
     fd = fds(write_file(tmp_path / "sub.bin", data))
     bufs = [bytearray(64 * KiB) for _ in range(16)]
     batches = [eng.submit([(fd, i * 64 * KiB, 64 * KiB, addr_of(b))], crc=True) for i, b in enumerate(bufs)]
@@ -804,7 +797,7 @@ def test_submit_write(make_engine, payload, tmp_path, fds):
     eng = make_engine(queue_depth=4, split_bytes=64 * KiB)
     path = tmp_path / "sw.bin"
     fd = fds(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-    src = bytearray(payload[: 300_000])
+    src = bytearray(payload[:300_000])
     batch = eng.submit([(fd, 0, len(src), addr_of(src))], write=True, crc=True)
     assert batch.wait() == [(len(src), fx.crc32c(src))]
     assert read_file(path) == src
@@ -849,7 +842,7 @@ def test_batch_cannot_be_built_directly():
 def test_dropped_batch_then_close(make_engine, payload, tmp_path, fds):
     """A batch dropped without wait() is joined by its destructor; close() then returns."""
     eng = make_engine()
-    fd = fds(write_file(tmp_path / "d.bin", payload[: MiB]))
+    fd = fds(write_file(tmp_path / "d.bin", payload[:MiB]))
     dst = bytearray(MiB)
     batch = eng.submit([(fd, 0, MiB, addr_of(dst))])
     del batch
@@ -1134,7 +1127,7 @@ def test_host_buffer_default_hugepages_for_large():
 def test_host_buffers_are_distinct():
     bufs = [fx.HostBuffer(10_000) for _ in range(8)]
     spans = sorted((b.address, b.address + len(b)) for b in bufs)
-    for (a0, a1), (b0, _) in zip(spans, spans[1:]):
+    for (_a0, a1), (b0, _) in zip(spans, spans[1:]):
         assert a1 <= b0
     for i, b in enumerate(bufs):
         memoryview(b)[:] = bytes([i]) * 10_000

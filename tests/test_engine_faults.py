@@ -12,6 +12,7 @@ hold everywhere: per op, the bytes are exact or the result is a -errno; no
 exception for per-op failures; the engine works after; descriptors and threads
 (io_uring's own iou-* workers aside) are back to where they were.
 """
+
 import errno
 import json
 import os
@@ -103,13 +104,14 @@ def run_child(body, args, tmp_path, env=None, timeout=60):
     root = os.path.dirname(os.path.dirname(os.path.abspath(fx.__file__)))
     e["PYTHONPATH"] = root + os.pathsep + e.get("PYTHONPATH", "")
     try:
-        p = subprocess.run([sys.executable, str(script), json.dumps(args)], env=e,
-                           capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(
+            [sys.executable, str(script), json.dumps(args)], env=e, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"child hung (killed after {timeout} s); stdout: {exc.stdout!r}")
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, f"child rc={p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.fixture(scope="module")
@@ -562,8 +564,7 @@ def test_fork_child_gets_a_clear_error(kind, data_file, tmp_path):
     )
     assert "HUNG" not in r["reports"], r["reports"]
     for rep in r["reports"]:
-        for name in ("read", "write", "submit", "register", "batch_wait", "batch_done",
-                     "hb_address", "hb_view"):
+        for name in ("read", "write", "submit", "register", "batch_wait", "batch_done", "hb_address", "hb_view"):
             assert rep[name][0] == "RuntimeError", (name, rep[name])
             assert "another process (fork)" in rep[name][1], (name, rep[name])
         assert "create a new Engine in the child" in rep["read"][1]

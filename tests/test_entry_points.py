@@ -7,6 +7,7 @@ command and a real `lmcache server` process.
 Run as a script, this file is the other process of the cross-process test:
     python tests/test_entry_points.py <entry> <store_path> <workdir>
 """
+
 import json
 import os
 import signal
@@ -95,7 +96,9 @@ class MPSide:
         from lmcache.v1.distributed.storage_manager import StorageManager
 
         spec = json.dumps({**L2_JSON, "adapter_params": {"path": str(path), **params}})
-        self.sm = StorageManager(parse_args(["--l1-size-gb", str(l1_gb), "--eviction-policy", "LRU", "--l2-adapter", spec]))
+        self.sm = StorageManager(
+            parse_args(["--l1-size-gb", str(l1_gb), "--eviction-policy", "LRU", "--l2-adapter", spec])
+        )
         self.adapter = self.sm.l2_adapters()[0][1]
 
     @staticmethod
@@ -106,8 +109,10 @@ class MPSide:
         layout = MemoryLayoutDesc(shapes=[shape], dtypes=[GEO.dtype])
         g = torch.Generator().manual_seed(seed)
         rank = ObjectKey.ComputeKVRank(1, 0, 1, 0)
-        keys = [ObjectKey(chunk_hash=(seed * 1000 + i).to_bytes(32, "big"), model_name="org/fx-test-model",
-                          kv_rank=rank) for i in range(n)]
+        keys = [
+            ObjectKey(chunk_hash=(seed * 1000 + i).to_bytes(32, "big"), model_name="org/fx-test-model", kv_rank=rank)
+            for i in range(n)
+        ]
         return keys, [torch.randn(shape, generator=g).to(GEO.dtype) for _ in keys], layout
 
     def store(self, keys, data, layout, timeout=60):
@@ -126,8 +131,9 @@ class MPSide:
         load, unlock); returns (L2 hits, bit-exact)."""
         from lmcache.v1.distributed.api import GroupedObjectKeys, PrefetchTaskSpec
 
-        h = self.sm.submit_prefetch_task(PrefetchTaskSpec(key_groups=[
-            GroupedObjectKeys(keys=keys, object_group_id=0, layout_desc=layout)]))
+        h = self.sm.submit_prefetch_task(
+            PrefetchTaskSpec(key_groups=[GroupedObjectKeys(keys=keys, object_group_id=0, layout_desc=layout)])
+        )
         assert self.sm.wait_prefetch_status(h, 60)
         r = self.sm.query_prefetch_status(h)
         hits = r.l2_hit_cells[0].popcount()
@@ -181,13 +187,21 @@ def do_retrieve(entry, path, workdir) -> dict:
     with lmcache_engine(engine_config(entry, path, workdir), GEO) as eng:
         got = kv.empty_like()
         n = retrieve(eng, tokens, got)
-        return {"chunks": n // GEO.chunk, "equal": kv.tokens_equal(got, n),
-                "chunks_read": fx_store_of(backend_of(eng, entry)).stats.chunks_read}
+        return {
+            "chunks": n // GEO.chunk,
+            "equal": kv.tokens_equal(got, n),
+            "chunks_read": fx_store_of(backend_of(eng, entry)).stats.chunks_read,
+        }
 
 
 def _env():
-    return dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", LMCACHE_DISABLE_BANNER="1",
-                PYTHONPATH=os.pathsep.join([ROOT, os.path.dirname(__file__)]))
+    return dict(
+        os.environ,
+        PYTHONHASHSEED="0",
+        LMCACHE_TRACK_USAGE="false",
+        LMCACHE_DISABLE_BANNER="1",
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.dirname(__file__)]),
+    )
 
 
 # ---------------------------------------------------------------- tests
@@ -221,8 +235,13 @@ def test_round_trip_bit_exact(tmp_path, entry):
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_store_in_one_process_retrieve_in_another(tmp_path, entry):
     store = tmp_path / "store"
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), entry, str(store), str(tmp_path)],
-                       capture_output=True, text=True, env=_env(), timeout=300)
+    r = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), entry, str(store), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert r.returncode == 0 and line, r.stderr[-3000:]
     assert json.loads(line[-1][7:]) == {"chunks": 4}
@@ -283,9 +302,14 @@ def test_l2_capacity_and_eviction_reported(tmp_path):
         deleted = []
 
         class Listener:  # LMCache's L2AdapterListener callbacks
-            def on_l2_keys_stored(self, keys, sizes): pass
-            def on_l2_keys_accessed(self, keys): pass
-            def on_l2_keys_deleted(self, keys): deleted.extend(keys)
+            def on_l2_keys_stored(self, keys, sizes):
+                pass
+
+            def on_l2_keys_accessed(self, keys):
+                pass
+
+            def on_l2_keys_deleted(self, keys):
+                deleted.extend(keys)
 
         ad.register_listener(Listener())
         k1, d1, layout = MPSide.keys_and_data(n=4, seed=1)
@@ -304,8 +328,13 @@ def test_l2_capacity_and_eviction_reported(tmp_path):
         side.close()
 
 
-@pytest.mark.parametrize("params,needle", [({"queue_dept": 8}, "did you mean 'adapter_params.queue_depth'"),
-                                           ({"split_bytes": 5000}, "adapter_params.split_bytes")])
+@pytest.mark.parametrize(
+    "params,needle",
+    [
+        ({"queue_dept": 8}, "did you mean 'adapter_params.queue_depth'"),
+        ({"split_bytes": 5000}, "adapter_params.split_bytes"),
+    ],
+)
 def test_l2_bad_option_is_refused_with_its_name(tmp_path, params, needle):
     with pytest.raises(ValueError, match=needle):  # ConfigError, raised while the server builds its adapters
         MPSide(tmp_path / "s", **params)
@@ -319,9 +348,30 @@ def test_lmcache_bench_l2_verifies(tmp_path):
     """LMCache's own L2 benchmark drives store / lookup / load and checks the
     data (--no-skip-verify)."""
     spec = json.dumps({**L2_JSON, "adapter_params": {"path": str(tmp_path / "b")}})
-    r = subprocess.run([_lmcache_cli(), "bench", "l2", "--l2-adapter", spec, "--num-keys", "16", "--rounds", "1",
-                        "--data-size-kb", "128", "--l1-align-bytes", "4096", "--lookup-max-hit-rate", "1.0",
-                        "--no-skip-verify"], capture_output=True, text=True, env=_env(), timeout=300)
+    r = subprocess.run(
+        [
+            _lmcache_cli(),
+            "bench",
+            "l2",
+            "--l2-adapter",
+            spec,
+            "--num-keys",
+            "16",
+            "--rounds",
+            "1",
+            "--data-size-kb",
+            "128",
+            "--l1-align-bytes",
+            "4096",
+            "--lookup-max-hit-rate",
+            "1.0",
+            "--no-skip-verify",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "All 16 keys data verified OK" in out, out[-3000:]
@@ -340,9 +390,26 @@ def test_real_lmcache_server_loads_the_adapter(tmp_path):
         ports.append(s.getsockname()[1])
         s.close()
     spec = json.dumps({**L2_JSON, "adapter_params": {"path": str(tmp_path / "srv")}})
-    p = subprocess.Popen([_lmcache_cli(), "server", "--l1-size-gb", "0.05", "--eviction-policy", "LRU",
-                          "--port", str(ports[0]), "--http-port", str(ports[1]), "--l2-adapter", spec],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    p = subprocess.Popen(
+        [
+            _lmcache_cli(),
+            "server",
+            "--l1-size-gb",
+            "0.05",
+            "--eviction-policy",
+            "LRU",
+            "--port",
+            str(ports[0]),
+            "--http-port",
+            str(ports[1]),
+            "--l2-adapter",
+            spec,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+    )
     try:
         status, end = None, time.monotonic() + 120
         while status is None and time.monotonic() < end and p.poll() is None:
@@ -362,7 +429,8 @@ def test_real_lmcache_server_loads_the_adapter(tmp_path):
             p.kill()
             out, _ = p.communicate()
     assert p.returncode is not None and "FxL2Adapter" not in "".join(
-        l for l in out.splitlines() if "Traceback" in l or "Error" in l), out[-3000:]
+        line for line in out.splitlines() if "Traceback" in line or "Error" in line
+    ), out[-3000:]
 
 
 if __name__ == "__main__":
@@ -370,8 +438,8 @@ if __name__ == "__main__":
 
 
 def test_direct_to_gpu_is_refused_outside_the_in_process_plugin():
-    from lmcache_fx.l2_adapter import FxL2AdapterConfig
     from lmcache_fx.core.options import ConfigError
+    from lmcache_fx.l2_adapter import FxL2AdapterConfig
 
     with pytest.raises(ConfigError, match="direct_to_gpu: only the in-process storage plugin"):
         FxL2AdapterConfig.from_dict({"path": "/tmp/x", "direct_to_gpu": True, "verify": False})

@@ -1,5 +1,6 @@
 """`lmcache-fx estimate`: the arithmetic (units, presets against the public
 model configs, MLA, FP8 KV, TP replication, queueing) and the command."""
+
 import argparse
 import json
 import os
@@ -19,8 +20,12 @@ PUBLIC = {
     "deepseek-v3": dict(layers=61, kv_heads=1, head_dim=512 + 64, mla=True),
 }
 # peers.md: KV per 256-token chunk, bf16 (whole model, and per rank at TP8)
-PEERS_CHUNK_MIB = {"qwen2.5-32b": (64, None), "llama-3-70b": (80, 10), "qwen3-coder-480b": (62, 7.75),
-                   "deepseek-v3": (17.2, 17.2)}
+PEERS_CHUNK_MIB = {
+    "qwen2.5-32b": (64, None),
+    "llama-3-70b": (80, 10),
+    "qwen3-coder-480b": (62, 7.75),
+    "deepseek-v3": (17.2, 17.2),
+}
 
 
 def run_json(capsys, *argv):
@@ -50,8 +55,19 @@ def test_preset_names_also_accepted_and_set_tp():
     assert est.inputs_from_args(args).tp == 8
 
 
-@pytest.mark.parametrize("text,tokens", [("32k", 32768), ("32K", 32768), ("1.5k", 1536), ("8000", 8000),
-                                         ("128k", 131072), ("1m", 1 << 20), ("4_096", 4096), (300, 300)])
+@pytest.mark.parametrize(
+    "text,tokens",
+    [
+        ("32k", 32768),
+        ("32K", 32768),
+        ("1.5k", 1536),
+        ("8000", 8000),
+        ("128k", 131072),
+        ("1m", 1 << 20),
+        ("4_096", 4096),
+        (300, 300),
+    ],
+)
 def test_context_suffixes(text, tokens):
     assert est.parse_tokens(text) == tokens
 
@@ -138,8 +154,9 @@ def test_break_even_is_bytes_per_token_times_prefill_rate():
     R = 4000.0
     be = 262144 * R / 1e9  # 1.048576 GB/s
     for gbps, pays in ((be * 0.9, False), (be * 1.1, True)):
-        r = est.estimate(est.Inputs(geo=g, context=16384, hit_rate=0.9, storage_gbps=gbps, pcie_gbps=0,
-                                    prefill_tok_s=R))
+        r = est.estimate(
+            est.Inputs(geo=g, context=16384, hit_rate=0.9, storage_gbps=gbps, pcie_gbps=0, prefill_tok_s=R)
+        )
         assert r["break_even"]["storage_gbps"] == pytest.approx(be)
         assert r["break_even"]["pays_off"] is pays
         # the store wins on TTFT exactly when it beats the break-even bandwidth (serial model)
@@ -165,8 +182,7 @@ def test_fixed_overhead_per_request():
     """--overhead-ms: the same fixed time in every step, with or without the store; default 0 changes nothing;
     the break-even bandwidth does not depend on it (it cancels in load < recompute)."""
     g = est.models()["qwen2.5-32b"].geo
-    kw = dict(geo=g, context=8192, hit_rate=1.0, storage_gbps=2.0, pcie_gbps=0, prefill_tok_s=4096,
-              concurrency=4)
+    kw = dict(geo=g, context=8192, hit_rate=1.0, storage_gbps=2.0, pcie_gbps=0, prefill_tok_s=4096, concurrency=4)
     a = est.estimate(est.Inputs(**kw))
     b = est.estimate(est.Inputs(**kw, overhead_s=0.05))
     load, miss = b["load"]["load_s"], b["request"]["miss_tokens"] / 4096
@@ -182,9 +198,29 @@ def test_fixed_overhead_per_request():
 
 
 def test_overhead_through_the_cli(capsys):
-    d = run_json(capsys, "--layers", "4", "--kv-heads", "2", "--head-dim", "64", "--kv-dtype", "fp32",
-                 "--context", "4096", "--hit-rate", "1", "--storage-gbps", "1.5", "--pcie-gbps", "0",
-                 "--prefill-tok-s", "16000", "--overhead-ms", "40")
+    d = run_json(
+        capsys,
+        "--layers",
+        "4",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "64",
+        "--kv-dtype",
+        "fp32",
+        "--context",
+        "4096",
+        "--hit-rate",
+        "1",
+        "--storage-gbps",
+        "1.5",
+        "--pcie-gbps",
+        "0",
+        "--prefill-tok-s",
+        "16000",
+        "--overhead-ms",
+        "40",
+    )
     assert d["inputs"]["overhead_s"] == pytest.approx(0.04)
     assert d["ttft"]["recompute"]["alone_s"] == pytest.approx(0.04 + 4096 / 16000)
     assert est.main(["--context", "4k", "--prefill-tok-s", "1000", "--overhead-ms", "25"]) == 0
@@ -194,19 +230,44 @@ def test_overhead_through_the_cli(capsys):
 def test_speedup_bounded_by_the_miss_fraction():
     """Even infinitely fast storage cannot beat context / miss tokens (Amdahl)."""
     g = est.models()["qwen2.5-32b"].geo
-    r = est.estimate(est.Inputs(geo=g, context=32768, hit_rate=0.8, storage_gbps=1e9, pcie_gbps=0,
-                                prefill_tok_s=5000, concurrency=16))
+    r = est.estimate(
+        est.Inputs(
+            geo=g, context=32768, hit_rate=0.8, storage_gbps=1e9, pcie_gbps=0, prefill_tok_s=5000, concurrency=16
+        )
+    )
     bound = 32768 / r["request"]["miss_tokens"]
     assert r["ttft"]["speedup_p50"] == pytest.approx(bound, rel=1e-6)
 
 
 def test_issue_command_text_and_json(capsys):
-    argv = ["--model", "qwen3-coder-480b", "--tp", "8", "--context", "32k", "--concurrency", "16", "--hit-rate",
-            "0.8", "--storage-gbps", "5.2", "--link-gbit", "100", "--prefill-tok-s", "10000"]
+    argv = [
+        "--model",
+        "qwen3-coder-480b",
+        "--tp",
+        "8",
+        "--context",
+        "32k",
+        "--concurrency",
+        "16",
+        "--hit-rate",
+        "0.8",
+        "--storage-gbps",
+        "5.2",
+        "--link-gbit",
+        "100",
+        "--prefill-tok-s",
+        "10000",
+    ]
     assert est.main(argv) == 0
     out = capsys.readouterr().out
-    for s in ("253,952 B model", "7.75 MiB per rank", "break-even read  2.54 GB/s", "binds            disk",
-              "p50", "with store"):
+    for s in (
+        "253,952 B model",
+        "7.75 MiB per rank",
+        "break-even read  2.54 GB/s",
+        "binds            disk",
+        "p50",
+        "with store",
+    ):
         assert s in out, s
     d = run_json(capsys, *argv)
     assert d["break_even"]["storage_gbps"] == pytest.approx(2.5395, rel=1e-3)
@@ -222,9 +283,17 @@ def test_through_the_cli_and_partial_inputs(capsys):
     assert "10.00 MiB per rank" in out and "give --storage-gbps" in out and "give --prefill-tok-s" in out
 
 
-@pytest.mark.parametrize("argv", [["--model", "nope"], ["--model", "qwen2.5-32b", "--tp", "3"],
-                                  ["--hit-rate", "1.5"], ["--concurrency", "0"],
-                                  ["--storage-gbps", "1", "--measure", "/tmp"], ["--overhead-ms", "-1"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "nope"],
+        ["--model", "qwen2.5-32b", "--tp", "3"],
+        ["--hit-rate", "1.5"],
+        ["--concurrency", "0"],
+        ["--storage-gbps", "1", "--measure", "/tmp"],
+        ["--overhead-ms", "-1"],
+    ],
+)
 def test_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as e:
         est.main(argv)
@@ -232,18 +301,54 @@ def test_bad_arguments(argv, capsys):
 
 
 def test_custom_geometry(capsys):
-    d = run_json(capsys, "--layers", "2", "--kv-heads", "4", "--head-dim", "64", "--kv-dtype", "fp16",
-                 "--chunk", "16", "--tp", "2", "--context", "100", "--hit-rate", "0.5")
+    d = run_json(
+        capsys,
+        "--layers",
+        "2",
+        "--kv-heads",
+        "4",
+        "--head-dim",
+        "64",
+        "--kv-dtype",
+        "fp16",
+        "--chunk",
+        "16",
+        "--tp",
+        "2",
+        "--context",
+        "100",
+        "--hit-rate",
+        "0.5",
+    )
     assert d["model"] == "custom"
-    assert d["kv_bytes_per_token"] == {"model": 2 * 2 * 4 * 64 * 2, "per_rank": 2 * 2 * 2 * 64 * 2,
-                                       "stored": 2 * 2 * 4 * 64 * 2}
+    assert d["kv_bytes_per_token"] == {
+        "model": 2 * 2 * 4 * 64 * 2,
+        "per_rank": 2 * 2 * 2 * 64 * 2,
+        "stored": 2 * 2 * 4 * 64 * 2,
+    }
     assert d["request"]["hit_chunks"] == 3 and d["geometry"]["chunk_tokens"] == 16
 
 
 def test_measure_reads_cold_and_cleans_up(odirect_tmp, capsys):
-    d = run_json(capsys, "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "256",
-                 "--context", "4k", "--measure", str(odirect_tmp), "--measure-size", "4M",
-                 "--prefill-tok-s", "1000")
+    d = run_json(
+        capsys,
+        "--layers",
+        "2",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "64",
+        "--chunk",
+        "256",
+        "--context",
+        "4k",
+        "--measure",
+        str(odirect_tmp),
+        "--measure-size",
+        "4M",
+        "--prefill-tok-s",
+        "1000",
+    )
     m = d["measured"]
     assert m["gbps"] > 0 and len(m["reps_gbps"]) == 3 and m["o_direct"] is True
     assert m["file_bytes"] == 2 * 2 * 2 * 64 * 2 * 256 and m["files"] == 4 * MIB // m["file_bytes"]
@@ -255,8 +360,11 @@ def test_measure_reads_cold_and_cleans_up(odirect_tmp, capsys):
 @pytest.mark.parametrize("h,gbps", [(0.5, 2.0), (0.95, 2.0), (0.95, 20.0), (1.0, 3.0)])
 def test_speedup_bounded_by_bandwidth_over_break_even(h, gbps):
     g = est.models()["qwen3-coder-480b"].geo
-    r = est.estimate(est.Inputs(geo=g, tp=8, context=65536, hit_rate=h, storage_gbps=gbps, pcie_gbps=0,
-                                prefill_tok_s=4000, concurrency=16))
+    r = est.estimate(
+        est.Inputs(
+            geo=g, tp=8, context=65536, hit_rate=h, storage_gbps=gbps, pcie_gbps=0, prefill_tok_s=4000, concurrency=16
+        )
+    )
     be = r["break_even"]["storage_gbps"]
     sp = r["ttft"]["speedup_p50"]
     assert sp <= gbps / be * (1 + 1e-9) and sp <= 65536 / r["request"]["miss_tokens"] * (1 + 1e-9)

@@ -1,5 +1,6 @@
 """The metrics server listens on loopback unless metrics_addr says otherwise
 (its page names store paths), and metrics_addr is checked by name."""
+
 import socket
 
 import pytest

@@ -1,5 +1,6 @@
 """The option table: every option documented in README.md with its default,
 and values parsed or refused with the option's name."""
+
 import os
 import re
 

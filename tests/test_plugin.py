@@ -1,6 +1,7 @@
 """The LMCache plugin driven by a real LMCacheEngine on CPU, configured from
 YAML exactly as a user writes it, with local_cpu: false so every retrieve
 reads the fx tier."""
+
 import asyncio
 import glob
 import json
@@ -11,9 +12,18 @@ import sys
 import pytest
 import torch
 
-from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
 from lmcache_fx.core.chunkfile import HEADER_SIZE
 from lmcache_fx.core.options import ConfigError
+from lmcache_fx.testing.cpu_engine import (
+    KV,
+    Geometry,
+    config_from_dict,
+    fx_backend,
+    fx_config,
+    lmcache_engine,
+    retrieve,
+    store_and_wait,
+)
 
 GEOMETRIES = {
     "bf16-gqa": Geometry(layers=4, kv_heads=2, head_dim=64, dtype=torch.bfloat16),
@@ -33,8 +43,7 @@ def test_round_trip_bit_exact(tmp_path, geo_name, engine_kind):
     store = tmp_path / "store"
     ntok = 3 * 256 + 100  # a partial last chunk, stored because save_unfull_chunk is on
     cfg = config_from_dict(
-        {**fx_config(store, io_engine="auto" if engine_kind == "io_uring" else "threads"),
-         "save_unfull_chunk": True},
+        {**fx_config(store, io_engine="auto" if engine_kind == "io_uring" else "threads"), "save_unfull_chunk": True},
         tmp_path,
     )
     tokens = torch.randint(0, 30000, (ntok,))
@@ -77,10 +86,26 @@ def test_files_have_header_then_payload(tmp_path):
 
 
 def _xproc(role, store, workdir, ntok):
-    env = dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), os.path.dirname(__file__)]))
-    r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "xproc.py"), role, str(store),
-                        str(workdir), str(ntok)], capture_output=True, text=True, env=env, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONHASHSEED="0",
+        LMCACHE_TRACK_USAGE="false",
+        PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), os.path.dirname(__file__)]),
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(os.path.dirname(__file__), "xproc.py"),
+            role,
+            str(store),
+            str(workdir),
+            str(ntok),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert r.returncode == 0 and line, r.stderr[-3000:]
     return json.loads(line[-1][7:])
@@ -116,7 +141,9 @@ def test_damaged_chunk_is_a_miss_and_removed(tmp_path, damage):
         assert len(files) == 3
         # Damage the file of the second chunk.
         key1 = [k for k in eng.token_database.process_tokens(tokens=tokens)][1][2]
-        victim = be.store.path_for(__import__("lmcache_fx.core.chunkfile", fromlist=["x"]).chunk_digest(key1.to_string()))
+        victim = be.store.path_for(
+            __import__("lmcache_fx.core.chunkfile", fromlist=["x"]).chunk_digest(key1.to_string())
+        )
         assert victim in files
         size = os.path.getsize(victim)
         if damage == "payload-bit":
@@ -137,8 +164,9 @@ def test_damaged_chunk_is_a_miss_and_removed(tmp_path, damage):
         assert not os.path.exists(victim)
         # Nothing wrong was written into the destination past the hit prefix.
         s = kv.slot_mapping[256:512]
-        assert all(torch.count_nonzero(c.view(c.shape[0], -1, c.shape[-2] * c.shape[-1])[:, s]) == 0
-                   for c in got.caches)
+        assert all(
+            torch.count_nonzero(c.view(c.shape[0], -1, c.shape[-2] * c.shape[-1])[:, s]) == 0 for c in got.caches
+        )
 
 
 def test_async_load_path_releases_pins(tmp_path):
@@ -225,12 +253,14 @@ def test_two_instances_read_their_own_options(tmp_path):
     geo = GEOMETRIES["bf16-gqa"]
     d = fx_config(tmp_path / "a", name="fxa", io_engine="threads")
     d["storage_plugins"].append("fxb")
-    d["extra_config"].update({
-        "storage_plugin.fxb.module_path": "lmcache_fx.lmcache_plugin",
-        "storage_plugin.fxb.class_name": "FxStorageBackend",
-        "storage_plugin.fxb.path": str(tmp_path / "b"),
-        "storage_plugin.fxb.queue_depth": 7,
-    })
+    d["extra_config"].update(
+        {
+            "storage_plugin.fxb.module_path": "lmcache_fx.lmcache_plugin",
+            "storage_plugin.fxb.class_name": "FxStorageBackend",
+            "storage_plugin.fxb.path": str(tmp_path / "b"),
+            "storage_plugin.fxb.queue_depth": 7,
+        }
+    )
     cfg = config_from_dict(d, tmp_path)
     with lmcache_engine(cfg, geo) as eng:
         a, b = fx_backend(eng, "fxa"), fx_backend(eng, "fxb")

@@ -5,6 +5,7 @@ io_uring, real processes killed with SIGKILL) and reports its figure through
 `figure()`: printed, and appended to $FX_RELIABILITY_OUT for
 scripts/reliability.py, which regenerates docs/reliability.md.
 """
+
 from __future__ import annotations
 
 import errno
@@ -113,12 +114,21 @@ def test_sigkill_during_stores(store_dir):
                     s.remove(f"crash/{t - 2}/{i}")
         finally:
             s.close()
-    figure("SIGKILL of a writer process at a random moment (store API), then restart", CRASH_TRIALS,
-           "zero wrong chunks; every completed store found; temporaries removed at start; usage == bytes of files",
-           fs=fs_of(store_dir), killed_mid_run=killed_mid, killed_between_write_and_rename=mid_write,
-           completed_stores=done_total, found_after_restart=done_total - lost,
-           extra_whole_chunks=found_beyond, wrong_chunks=wrong, temporaries_left_by_kills=tmp_seen,
-           temporaries_after_restart=tmp_left, accounting_mismatches=acct_bad)
+    figure(
+        "SIGKILL of a writer process at a random moment (store API), then restart",
+        CRASH_TRIALS,
+        "zero wrong chunks; every completed store found; temporaries removed at start; usage == bytes of files",
+        fs=fs_of(store_dir),
+        killed_mid_run=killed_mid,
+        killed_between_write_and_rename=mid_write,
+        completed_stores=done_total,
+        found_after_restart=done_total - lost,
+        extra_whole_chunks=found_beyond,
+        wrong_chunks=wrong,
+        temporaries_left_by_kills=tmp_seen,
+        temporaries_after_restart=tmp_left,
+        accounting_mismatches=acct_bad,
+    )
     assert killed_mid == CRASH_TRIALS and mid_write == CRASH_TRIALS // 2 and tmp_seen >= mid_write
     assert wrong == 0 and lost == 0 and tmp_left == 0 and acct_bad == 0
 
@@ -133,8 +143,17 @@ def test_sigkill_through_plugin(tmp_path):
     for trial, after in enumerate((1, 3)):
         base = 100 * trial  # new prompts each trial, on the same directory
         # the store after `after` prompts stops between its temporaries and the rename (test-only hook)
-        p = F.spawn("plugin", {"role": "store", "path": store, "workdir": str(tmp_path), "n": base + 40,
-                               "base": base, "pause_after": after})
+        p = F.spawn(
+            "plugin",
+            {
+                "role": "store",
+                "path": store,
+                "workdir": str(tmp_path),
+                "n": base + 40,
+                "base": base,
+                "pause_after": after,
+            },
+        )
         assert p.stdout.readline().strip() == "READY", p.stderr.read()[-3000:]
         done = 0
         while True:
@@ -148,16 +167,26 @@ def test_sigkill_through_plugin(tmp_path):
         so, _ = p.communicate(timeout=30)
         n_done = done + sum(1 for x in so.splitlines() if x.startswith("DONE "))
         tmp_before += len(F.tmp_files(store))
-        r = F.result_of(F.spawn("plugin", {"role": "retrieve", "path": store, "workdir": str(tmp_path),
-                                           "n": base + 40, "base": base}), 300)
+        r = F.result_of(
+            F.spawn(
+                "plugin", {"role": "retrieve", "path": store, "workdir": str(tmp_path), "n": base + 40, "base": base}
+            ),
+            300,
+        )
         tmp_after += len(F.tmp_files(store))
         completed += n_done
         whole += sum(1 for n in r["got"][:n_done] if n == 512)
         wrong += r["wrong"]
-    figure("SIGKILL of an LMCacheEngine storing through the plugin, then a fresh engine on the same store", 2,
-           "completed prompts retrieved whole and bit-exact; no wrong tokens; temporaries removed",
-           prompts_completed=completed, retrieved_whole=whole, wrong=wrong,
-           temporaries_left_by_kills=tmp_before, temporaries_after_restart=tmp_after)
+    figure(
+        "SIGKILL of an LMCacheEngine storing through the plugin, then a fresh engine on the same store",
+        2,
+        "completed prompts retrieved whole and bit-exact; no wrong tokens; temporaries removed",
+        prompts_completed=completed,
+        retrieved_whole=whole,
+        wrong=wrong,
+        temporaries_left_by_kills=tmp_before,
+        temporaries_after_restart=tmp_after,
+    )
     assert wrong == 0 and whole == completed and tmp_after == 0
     assert completed == 4 and tmp_before >= 2  # each kill landed mid-write: its temporaries were left
 
@@ -189,15 +218,22 @@ def test_concurrent_processes_and_tp_ranks(store_dir):
     torn = sum(len(r["bad"]) for r in readers)
     r1 = [r for r in res1 if r["role"] == "reader"]
     r2 = [r for r in res2 if r["role"] == "reader"]
-    figure("Concurrent processes on one path: 3 writers (2 TP ranks) + 2 readers for 6 s, then 2 writers "
-           "replacing chunks with new versions + a deleter + 2 readers for 5 s (1 MiB chunks, 64 KiB pieces)", 10,
-           "no torn or foreign-rank reads; no completed chunk lost; no crash when files vanish under readers",
-           processes=10, phase1_reads=f"{sum(r['hits'] for r in r1)} hits / {sum(r['misses'] for r in r1)} misses",
-           phase2_reads=f"{sum(r['hits'] for r in r2)} hits / {sum(r['misses'] for r in r2)} misses",
-           torn_or_foreign=torn,
-           completed_by_writers=sum(len(r["done"]) for r in res1 if r["role"] == "writer"), lost=lost,
-           wrong_after=wrong, replaced=sum(r["writes"] for r in res2 if r["role"] == "churn"),
-           deleted_under_readers=sum(r["removed"] for r in res2), crashes=0)
+    figure(
+        "Concurrent processes on one path: 3 writers (2 TP ranks) + 2 readers for 6 s, then 2 writers "
+        "replacing chunks with new versions + a deleter + 2 readers for 5 s (1 MiB chunks, 64 KiB pieces)",
+        10,
+        "no torn or foreign-rank reads; no completed chunk lost; no crash when files vanish under readers",
+        processes=10,
+        phase1_reads=f"{sum(r['hits'] for r in r1)} hits / {sum(r['misses'] for r in r1)} misses",
+        phase2_reads=f"{sum(r['hits'] for r in r2)} hits / {sum(r['misses'] for r in r2)} misses",
+        torn_or_foreign=torn,
+        completed_by_writers=sum(len(r["done"]) for r in res1 if r["role"] == "writer"),
+        lost=lost,
+        wrong_after=wrong,
+        replaced=sum(r["writes"] for r in res2 if r["role"] == "churn"),
+        deleted_under_readers=sum(r["removed"] for r in res2),
+        crashes=0,
+    )
     assert torn == 0 and lost == 0 and wrong == 0
     assert sum(r["hits"] for r in r1) > 0 and sum(r["hits"] for r in r2) > 0
 
@@ -243,11 +279,18 @@ def test_full_disk(tmp_path):
         resumed = s.write([src.item(f"full/resume/{i}", chunk) for i in range(1)])
         h2, m2, bad2 = F.read_check(s, ["full/resume/0"])
         s.close()
-    figure("Full disk: 320 MB XFS loop filled to ENOSPC (ballast + 1 MiB chunks, cap far above the disk)",
-           f"{n} chunk stores", "one logged error per burst; no raise; reads keep working; stores resume "
-           "after eviction frees space", stored_before_full=len(stored), failing_batches_in_burst=30,
-           errors_logged=errors_in_burst, per_chunk_warnings=other_warnings, raised=raised,
-           reads_while_full=f"{hits}/{len(present)} hit, {len(bad)} wrong", resumed=bool(resumed[0] and h2 == 1))
+    figure(
+        "Full disk: 320 MB XFS loop filled to ENOSPC (ballast + 1 MiB chunks, cap far above the disk)",
+        f"{n} chunk stores",
+        "one logged error per burst; no raise; reads keep working; stores resume after eviction frees space",
+        stored_before_full=len(stored),
+        failing_batches_in_burst=30,
+        errors_logged=errors_in_burst,
+        per_chunk_warnings=other_warnings,
+        raised=raised,
+        reads_while_full=f"{hits}/{len(present)} hit, {len(bad)} wrong",
+        resumed=bool(resumed[0] and h2 == 1),
+    )
     assert raised == 0 and errors_in_burst == 1 and other_warnings == 0
     assert hits == len(present) and not bad
     assert resumed == [True] and h2 == 1 and not bad2
@@ -299,12 +342,22 @@ def test_injected_eio(tmp_path):
         read_warnings = [r.getMessage() for r in logs.records if r.levelno >= logging.WARNING]
     print("\n".join(read_warnings))
     hits, misses, bad = out.get("read", (None, None, None))
-    figure("Injected EIO: the loop device under the store's XFS fails every I/O (its backing filesystem is "
-           "shut down)", f"{len(keys)} reads + 4 stores + a restart",
-           "misses and warnings; no exception; no hang", hits_before=h0, hits_after=hits, misses_after=misses,
-           misses_after_drop_caches=(out.get("read2") or (0, 0))[1],
-           wrong=len(bad or []), stores_ok=sum(out.get("write", [])), warnings=warnings, raised=out.get("raised"),
-           restart=out.get("restart"), seconds=round(took, 2), hung=hung)
+    figure(
+        "Injected EIO: the loop device under the store's XFS fails every I/O (its backing filesystem is shut down)",
+        f"{len(keys)} reads + 4 stores + a restart",
+        "misses and warnings; no exception; no hang",
+        hits_before=h0,
+        hits_after=hits,
+        misses_after=misses,
+        misses_after_drop_caches=(out.get("read2") or (0, 0))[1],
+        wrong=len(bad or []),
+        stores_ok=sum(out.get("write", [])),
+        warnings=warnings,
+        raised=out.get("raised"),
+        restart=out.get("restart"),
+        seconds=round(took, 2),
+        hung=hung,
+    )
     assert not hung and "raised" not in out
     assert hits == 0 and misses == len(keys) and not bad and out["read2"][:2] == (0, len(keys))
     assert not any(out["write"]) and warnings >= 1
@@ -321,16 +374,24 @@ def _have(tool):
 def test_no_io_uring_under_seccomp(tmp_path):
     base = str(tmp_path / "s")
     plain = F.result_of(F.spawn("noring", {"path": base + "-plain"}))
-    eperm = F.result_of(F.spawn("noring", {"path": base + "-eperm", "deny": errno.EPERM, "plugin": True,
-                                           "workdir": str(tmp_path)}), 300)
+    eperm = F.result_of(
+        F.spawn("noring", {"path": base + "-eperm", "deny": errno.EPERM, "plugin": True, "workdir": str(tmp_path)}), 300
+    )
     enosys = F.result_of(F.spawn("noring", {"path": base + "-enosys", "deny": errno.ENOSYS}))
-    figure("No io_uring: backend started under a seccomp filter denying io_uring_setup (EPERM as Docker, and "
-           "ENOSYS)", 3, "thread engine, exactly one warning for two stores, same bytes as with io_uring; "
-           "io_engine: io_uring refused naming the option; a real LMCacheEngine round trip",
-           engine_without_filter=plain["kinds"][0], engine_eperm=eperm["kinds"], engine_enosys=enosys["kinds"],
-           warnings=[eperm["warnings"], enosys["warnings"]], reason=eperm["fallback_reason"],
-           same_bytes=eperm["digest"] == plain["digest"] == enosys["digest"],
-           strict=eperm["strict"][:90], plugin=eperm["plugin"])
+    figure(
+        "No io_uring: backend started under a seccomp filter denying io_uring_setup (EPERM as Docker, and ENOSYS)",
+        3,
+        "thread engine, exactly one warning for two stores, same bytes as with io_uring; "
+        "io_engine: io_uring refused naming the option; a real LMCacheEngine round trip",
+        engine_without_filter=plain["kinds"][0],
+        engine_eperm=eperm["kinds"],
+        engine_enosys=enosys["kinds"],
+        warnings=[eperm["warnings"], enosys["warnings"]],
+        reason=eperm["fallback_reason"],
+        same_bytes=eperm["digest"] == plain["digest"] == enosys["digest"],
+        strict=eperm["strict"][:90],
+        plugin=eperm["plugin"],
+    )
     if plain["kinds"][0] != "io_uring":
         pytest.skip(f"io_uring unavailable even without the filter: {plain['why']}")
     for r in (eperm, enosys):
@@ -368,13 +429,19 @@ def test_random_corruption_is_always_a_miss(store_dir):
                 kind = "flip-after-cached-header" if cached else "flip"
                 for _ in range(rng.choice([1, 1, 1, 2, 8])):
                     # header, payload, or the edges of both
-                    off = rng.choice([rng.randrange(len(data)), rng.randrange(HEADER_SIZE),
-                                      rng.choice([0, 8, 16, 24, 28, HEADER_SIZE - 4, HEADER_SIZE, len(data) - 1])])
+                    off = rng.choice(
+                        [
+                            rng.randrange(len(data)),
+                            rng.randrange(HEADER_SIZE),
+                            rng.choice([0, 8, 16, 24, 28, HEADER_SIZE - 4, HEADER_SIZE, len(data) - 1]),
+                        ]
+                    )
                     data[off] ^= rng.randrange(1, 256)
             else:
                 kind = "truncate"
-                data = data[:rng.choice([0, rng.randrange(HEADER_SIZE), HEADER_SIZE, rng.randrange(len(data)),
-                                         len(data) - 1])]
+                data = data[
+                    : rng.choice([0, rng.randrange(HEADER_SIZE), HEADER_SIZE, rng.randrange(len(data)), len(data) - 1])
+                ]
             kinds[kind] += 1
             if cached:  # this process has read the header before: phase 2 checks it again
                 _put(path, pristine[k])
@@ -387,10 +454,18 @@ def test_random_corruption_is_always_a_miss(store_dir):
             removed += not os.path.exists(path)
             s.remove(k)
     s.close()
-    figure("Corruption: random bytes flipped (1-8, header and payload) and files truncated",
-           CORRUPT_TRIALS, "every damaged file is a miss, removed, with a warning", fs=fs_of(store_dir),
-           odirect=s.odirect, **kinds, detected=detected,
-           removed=removed, wrong_chunks_served=wrong, warnings=logs.count(logging.WARNING, "is bad"))
+    figure(
+        "Corruption: random bytes flipped (1-8, header and payload) and files truncated",
+        CORRUPT_TRIALS,
+        "every damaged file is a miss, removed, with a warning",
+        fs=fs_of(store_dir),
+        odirect=s.odirect,
+        **kinds,
+        detected=detected,
+        removed=removed,
+        wrong_chunks_served=wrong,
+        warnings=logs.count(logging.WARNING, "is bad"),
+    )
     assert detected == CORRUPT_TRIALS and removed == CORRUPT_TRIALS and wrong == 0
 
 
@@ -410,8 +485,17 @@ def test_damaged_files_fuzzed_through_the_store(store_dir):
     sizes = [4096, 65536 + 123, 300000, 8192 * 3, 1 << 20, 777]
     keys = [f"fuzz/{i}" for i in range(len(sizes))]
     configs = [{}, {"auth_key": key_mac, "verify": False}]  # the two configurations that promise exact bytes
-    counts = {"batches": 0, "damaged_files": 0, "reads": 0, "hits_exact": 0, "misses": 0, "wrong": 0,
-              "undamaged_missed": 0, "clean_batch_missed": 0, "exceptions": 0}
+    counts = {
+        "batches": 0,
+        "damaged_files": 0,
+        "reads": 0,
+        "hits_exact": 0,
+        "misses": 0,
+        "wrong": 0,
+        "undamaged_missed": 0,
+        "clean_batch_missed": 0,
+        "exceptions": 0,
+    }
     kinds: dict = {}
     for cfg in configs:
         w = F.open_store(store_dir, **cfg)
@@ -440,12 +524,12 @@ def test_damaged_files_fuzzed_through_the_store(store_dir):
                     elif kind == "flip_header":
                         data[rng.randrange(HEADER_SIZE)] ^= rng.randrange(1, 256)
                     elif kind == "truncate":
-                        data = data[:rng.randrange(len(data))]
+                        data = data[: rng.randrange(len(data))]
                     elif kind == "grow":
                         data += rng.randbytes(rng.randint(1, 9000))
                     elif kind == "zero":
                         a = rng.randrange(len(data))
-                        data[a:a + rng.randint(1, 8192)] = bytes(len(data[a:a + rng.randint(1, 8192)]))
+                        data[a : a + rng.randint(1, 8192)] = bytes(len(data[a : a + rng.randint(1, 8192)]))
                     elif kind == "foreign":
                         data = bytearray(pristine[rng.choice([x for x in keys if x != k])])
                     else:  # a header field or meta byte changed and the header CRC made valid again
@@ -478,11 +562,16 @@ def test_damaged_files_fuzzed_through_the_store(store_dir):
             for k in pick:  # put every file back for the next trial
                 _put(s.path_for(chunk_digest(k)), pristine[k])
         s.close()
-    figure("Damaged chunk files fuzzed through the store: read_steps + the C engine (blocking and awaited, cached "
-           "and fresh headers), verify on, and verify off with auth_key", counts["batches"],
-           "every read is a miss or exactly the bytes stored; no exception (undamaged chunks behind a damaged one in a "
-           "batch may miss: a read stops at the first chunk it cannot place)",
-           fs=fs_of(store_dir), **counts, damage_kinds=kinds)
+    figure(
+        "Damaged chunk files fuzzed through the store: read_steps + the C engine (blocking and awaited, cached "
+        "and fresh headers), verify on, and verify off with auth_key",
+        counts["batches"],
+        "every read is a miss or exactly the bytes stored; no exception (undamaged chunks behind a damaged one in a "
+        "batch may miss: a read stops at the first chunk it cannot place)",
+        fs=fs_of(store_dir),
+        **counts,
+        damage_kinds=kinds,
+    )
     # An undamaged chunk misses once when a damaged header (re-sealed with another geometry) taught this
     # process a wrong meta: the next read relearns it ("replaced by a chunk of another geometry").
     assert counts["wrong"] == 0 and counts["exceptions"] == 0
@@ -508,7 +597,7 @@ def _valid_header(key="model@1@0@abc@bfloat16", meta=None, plen=262144, pcrc=7):
 
 
 def _reseal(buf):
-    struct.pack_into("<I", buf, HEADER_SIZE - 4, _fxio.crc32c(bytes(buf[:HEADER_SIZE - 4])))
+    struct.pack_into("<I", buf, HEADER_SIZE - 4, _fxio.crc32c(bytes(buf[: HEADER_SIZE - 4])))
     return buf
 
 
@@ -526,11 +615,21 @@ def test_header_fuzz():
     rng = random.Random(5)
     base = _valid_header()
     body_end = 40 + struct.unpack_from("<I", base, 28)[0]
-    metas = [b'{"key":"k","shapes":[[Infinity]],"dtypes":["x"],"fmt":"f"}', b"[" * 3000 + b"]" * 3000,
-             b'{"key":"k","shapes":[[1e999]],"dtypes":["x"],"fmt":"f"}', b'{"key":"k","shapes":{"a":1},"dtypes":1}',
-             b'{"key":1}', b'"x"', b"null", b'{"key":"\\ud800","shapes":[[-1]],"dtypes":["a"],"fmt":"f"}',
-             b'{"key":"k","shapes":[[NaN]],"dtypes":["x"],"fmt":"f"}', b'{"key":"k","shapes":[],"dtypes":[],"fmt":1}',
-             b'{"key":"k","shapes":[[1]],"dtypes":["x"],"fmt":"f"}', b"\xff\xfe", b"{" * 2000]
+    metas = [
+        b'{"key":"k","shapes":[[Infinity]],"dtypes":["x"],"fmt":"f"}',
+        b"[" * 3000 + b"]" * 3000,
+        b'{"key":"k","shapes":[[1e999]],"dtypes":["x"],"fmt":"f"}',
+        b'{"key":"k","shapes":{"a":1},"dtypes":1}',
+        b'{"key":1}',
+        b'"x"',
+        b"null",
+        b'{"key":"\\ud800","shapes":[[-1]],"dtypes":["a"],"fmt":"f"}',
+        b'{"key":"k","shapes":[[NaN]],"dtypes":["x"],"fmt":"f"}',
+        b'{"key":"k","shapes":[],"dtypes":[],"fmt":1}',
+        b'{"key":"k","shapes":[[1]],"dtypes":["x"],"fmt":"f"}',
+        b"\xff\xfe",
+        b"{" * 2000,
+    ]
     outcome = {"ok": 0, "bad": 0}
     crashes = []
     t0 = time.perf_counter()
@@ -550,14 +649,14 @@ def test_header_fuzz():
                         m[rng.randrange(len(m))] = rng.choice(b'[]{}",:0123456789eE-+.aINfn\\u ')
                 m = bytes(m)
             m = m[:4000]
-            buf[40:40 + len(m)] = m
+            buf[40 : 40 + len(m)] = m
             struct.pack_into("<I", buf, 28, rng.choice([len(m), rng.randrange(4100), 4052, 0xFFFFFFFF]))
             _reseal(buf)
         elif r < 0.8:  # unsealed random damage
             for _ in range(rng.randint(1, 4)):
                 buf[rng.randrange(HEADER_SIZE)] ^= rng.randrange(1, 256)
         elif r < 0.9:  # short buffers
-            buf = buf[:rng.randrange(HEADER_SIZE)]
+            buf = buf[: rng.randrange(HEADER_SIZE)]
         else:  # random bytes with the magic
             buf = bytearray(b"LMCFXKV\0" + rng.randbytes(HEADER_SIZE - 8))
             if rng.random() < 0.5:
@@ -568,12 +667,20 @@ def test_header_fuzz():
             crashes.append(f"{type(e).__name__}: {str(e)[:80]}")
     direct_s = time.perf_counter() - t0
     hyp = _hypothesis_fuzz()
-    figure("Header parsing fuzzed: mutated and re-sealed headers, planted metas (direct decode_header calls) "
-           "+ hypothesis-built fields", FUZZ_DIRECT + hyp["examples"],
-           "decode_header only ever returns a header or raises BadHeader (no other exception)",
-           direct_inputs=FUZZ_DIRECT, accepted=outcome["ok"], rejected=outcome["bad"],
-           other_exceptions=len(crashes), first=sorted(set(crashes))[:3], seconds=round(direct_s, 1),
-           hypothesis_examples=hyp["examples"], hypothesis_result=hyp["result"])
+    figure(
+        "Header parsing fuzzed: mutated and re-sealed headers, planted metas (direct decode_header calls) "
+        "+ hypothesis-built fields",
+        FUZZ_DIRECT + hyp["examples"],
+        "decode_header only ever returns a header or raises BadHeader (no other exception)",
+        direct_inputs=FUZZ_DIRECT,
+        accepted=outcome["ok"],
+        rejected=outcome["bad"],
+        other_exceptions=len(crashes),
+        first=sorted(set(crashes))[:3],
+        seconds=round(direct_s, 1),
+        hypothesis_examples=hyp["examples"],
+        hypothesis_result=hyp["result"],
+    )
     assert not crashes
     assert hyp["result"] in ("passed", "skipped: hypothesis not installed"), hyp
 
@@ -587,23 +694,49 @@ def _hypothesis_fuzz() -> dict:
     n = [0]
     json_vals = st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-        lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["key", "shapes", "dtypes", "fmt", "x"]),
-                                                            c, max_size=5), max_leaves=12)
+        lambda c: (
+            st.lists(c, max_size=4)
+            | st.dictionaries(st.sampled_from(["key", "shapes", "dtypes", "fmt", "x"]), c, max_size=5)
+        ),
+        max_leaves=12,
+    )
 
-    @settings(max_examples=FUZZ_HYPOTHESIS, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
-    @given(version=st.integers(0, 0xFFFF), hsize=st.sampled_from([4096, 0, 4095, 0xFFFFFFFF]),
-           plen=st.integers(0, 2**64 - 1), mlen_delta=st.integers(-8, 8), meta=json_vals,
-           raw=st.binary(max_size=64), use_raw=st.booleans())
+    @settings(
+        max_examples=FUZZ_HYPOTHESIS,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        version=st.integers(0, 0xFFFF),
+        hsize=st.sampled_from([4096, 0, 4095, 0xFFFFFFFF]),
+        plen=st.integers(0, 2**64 - 1),
+        mlen_delta=st.integers(-8, 8),
+        meta=json_vals,
+        raw=st.binary(max_size=64),
+        use_raw=st.booleans(),
+    )
     def run(version, hsize, plen, mlen_delta, meta, raw, use_raw):
         n[0] += 1
         import json as _j
 
         body = raw if use_raw else _j.dumps(meta).encode()[:4000]
         buf = bytearray(HEADER_SIZE)
-        struct.pack_into("<8sHHIQIIQ", buf, 0, b"LMCFXKV\0", version, 0, hsize, plen, 0,
-                         max(0, min(len(body) + mlen_delta, 0xFFFFFFFF)), 0)
-        buf[40:40 + len(body)] = body
+        struct.pack_into(
+            "<8sHHIQIIQ",
+            buf,
+            0,
+            b"LMCFXKV\0",
+            version,
+            0,
+            hsize,
+            plen,
+            0,
+            max(0, min(len(body) + mlen_delta, 0xFFFFFFFF)),
+            0,
+        )
+        buf[40 : 40 + len(body)] = body
         _reseal(buf)
         _decode_only_badheader(buf)
 
@@ -632,8 +765,9 @@ def test_hostile_store_directory(tmp_path):
     assert all(ok) and h == len(evil) and not bad and not escaped
     # 2. Private permissions by default.
     modes = {oct(os.stat(p).st_mode & 0o777) for p in F.chunk_files(str(root))}
-    dmodes = {oct(os.stat(os.path.join(root, d)).st_mode & 0o777) for d in os.listdir(root)} | \
-        {oct(os.stat(root).st_mode & 0o777)}
+    dmodes = {oct(os.stat(os.path.join(root, d)).st_mode & 0o777) for d in os.listdir(root)} | {
+        oct(os.stat(root).st_mode & 0o777)
+    }
     checks["private_modes"] = f"files {sorted(modes)}, dirs {sorted(dmodes)}"
     assert modes == {"0o600"} and dmodes == {"0o700"}
     # 3. A planted symlink in place of a chunk file is never followed.
@@ -654,14 +788,19 @@ def test_hostile_store_directory(tmp_path):
     s3 = F.open_store(str(root))
     secret_after = secret.read_bytes() == b"secret" * 1000 and os.path.islink(vpath)
     h_secret, _, _ = F.read_check(s3, [victim])
-    checks["symlinked_file"] = (f"contains={link_hit}, reads={h_link + h_secret}, write replaced the link "
-                                f"itself={not follow_write}, target untouched={secret_after}")
+    checks["symlinked_file"] = (
+        f"contains={link_hit}, reads={h_link + h_secret}, write replaced the link "
+        f"itself={not follow_write}, target untouched={secret_after}"
+    )
     assert not link_hit and h_link == 0 and h_secret == 0 and wrote == [True] and not follow_write and secret_after
     # 4. A planted symlink in place of a fan-out directory is never followed.
     evil_dir = outside / "d"
     evil_dir.mkdir()
-    key2 = next(f"dirlink/{i}" for i in range(10000)
-                if not os.path.exists(os.path.dirname(s.path_for(chunk_digest(f"dirlink/{i}")))))
+    key2 = next(
+        f"dirlink/{i}"
+        for i in range(10000)
+        if not os.path.exists(os.path.dirname(s.path_for(chunk_digest(f"dirlink/{i}"))))
+    )
     sub = os.path.dirname(s.path_for(chunk_digest(key2)))
     os.symlink(str(evil_dir), sub)
     s4 = F.open_store(str(root))
@@ -670,7 +809,9 @@ def test_hostile_store_directory(tmp_path):
     # a valid chunk planted behind the directory link is not served either
     other = F.open_store(str(tmp_path / "other"))
     other.write([src.item(key2, 4096)])
-    os.rename(other.path_for(chunk_digest(key2)), os.path.join(evil_dir, os.path.basename(s4.path_for(chunk_digest(key2)))))
+    os.rename(
+        other.path_for(chunk_digest(key2)), os.path.join(evil_dir, os.path.basename(s4.path_for(chunk_digest(key2))))
+    )
     s5 = F.open_store(str(root))
     h_dir, _, _ = F.read_check(s5, [key2])
     checks["symlinked_dir"] = f"store refused={w == [False]}, files written outside={len(files_outside)}, reads={h_dir}"
@@ -682,8 +823,9 @@ def test_hostile_store_directory(tmp_path):
         g = F.open_store(str(tmp_path / "shared"), shared_group=True)
         g.write([src.item("shared/0", 4096)])
         gf = {oct(os.stat(p).st_mode & 0o777) for p in F.chunk_files(str(tmp_path / "shared"))}
-        gd = {oct(os.stat(os.path.join(tmp_path, "shared", d)).st_mode & 0o777)
-              for d in os.listdir(tmp_path / "shared")}
+        gd = {
+            oct(os.stat(os.path.join(tmp_path, "shared", d)).st_mode & 0o777) for d in os.listdir(tmp_path / "shared")
+        }
     finally:
         os.umask(old)
     checks["shared_group_umask_022"] = f"files {sorted(gf)}, dirs {sorted(gd)}"
@@ -730,10 +872,14 @@ def test_hostile_store_directory(tmp_path):
         checks["world_writable"] = str(e)
     for s_ in (s, s2, s3, s4, s5, other, g):
         s_.close()
-    figure("Hostile store directory: path-like keys, planted symlinks (file and fan-out dir), permissions, a "
-           "directory owned by another user or writable by all", sum(len(x) if isinstance(x, dict) else 1 for x in checks.values()),
-           "keys never escape; symlinks never followed (read or write); 0600/0700 by default, 0660/0770 with "
-           "shared_group under umask 022; foreign owner or world-writable directory refused with a clear error", **checks)
+    figure(
+        "Hostile store directory: path-like keys, planted symlinks (file and fan-out dir), permissions, a "
+        "directory owned by another user or writable by all",
+        sum(len(x) if isinstance(x, dict) else 1 for x in checks.values()),
+        "keys never escape; symlinks never followed (read or write); 0600/0700 by default, 0660/0770 with "
+        "shared_group under umask 022; foreign owner or world-writable directory refused with a clear error",
+        **checks,
+    )
     assert refused and all("belongs to uid" in v for v in refused.values()), refused
     assert "writable by every user" in checks["world_writable"]
 
@@ -766,21 +912,65 @@ def _as_user(uid, fn) -> str:
 
 # ------------------------------------------------------------------ bad configuration
 BAD_OPTIONS = [
-    ("path", 123), ("path", None), ("path", ""), ("path", " , "), ("path", ["a"]),
-    ("max_capacity_gb", "lots"), ("max_capacity_gb", -1), ("max_capacity_gb", 0), ("max_capacity_gb", 1e12),
-    ("max_capacity_gb", float("nan")), ("max_capacity_gb", float("inf")), ("max_capacity_gb", True),
-    ("max_capacity_gb", None), ("max_capacity_gb", "100G"), ("max_capacity_gb", [1]),
-    ("io_engine", "spdk"), ("io_engine", 1), ("io_engine", None), ("io_engine", True), ("io_engine", ""),
-    ("queue_depth", 0), ("queue_depth", -1), ("queue_depth", 10**9), ("queue_depth", 2.5), ("queue_depth", "many"),
-    ("queue_depth", True), ("queue_depth", None), ("queue_depth", float("inf")), ("queue_depth", "1e3x"),
-    ("split_bytes", 0), ("split_bytes", 5000), ("split_bytes", -4096), ("split_bytes", "1T"), ("split_bytes", 2**40),
-    ("split_bytes", "1X"), ("split_bytes", True), ("split_bytes", 4096.5), ("split_bytes", "nan"),
-    ("split_bytes", "inf"), ("split_bytes", "1e400"), ("split_bytes", None), ("split_bytes", [4096]),
-    ("odirect", "maybe"), ("odirect", 2), ("odirect", None),
-    ("verify", "perhaps"), ("verify", 2), ("verify", None), ("verify", [True]),
-    ("shared_group", "group"), ("shared_group", -1), ("shared_group", None),
-    ("metrics_port", -1), ("metrics_port", 65536), ("metrics_port", "http"), ("metrics_port", 1.5),
-    ("queue_dept", 8), ("bogus", 1), ("PATH", "/tmp"),
+    ("path", 123),
+    ("path", None),
+    ("path", ""),
+    ("path", " , "),
+    ("path", ["a"]),
+    ("max_capacity_gb", "lots"),
+    ("max_capacity_gb", -1),
+    ("max_capacity_gb", 0),
+    ("max_capacity_gb", 1e12),
+    ("max_capacity_gb", float("nan")),
+    ("max_capacity_gb", float("inf")),
+    ("max_capacity_gb", True),
+    ("max_capacity_gb", None),
+    ("max_capacity_gb", "100G"),
+    ("max_capacity_gb", [1]),
+    ("io_engine", "spdk"),
+    ("io_engine", 1),
+    ("io_engine", None),
+    ("io_engine", True),
+    ("io_engine", ""),
+    ("queue_depth", 0),
+    ("queue_depth", -1),
+    ("queue_depth", 10**9),
+    ("queue_depth", 2.5),
+    ("queue_depth", "many"),
+    ("queue_depth", True),
+    ("queue_depth", None),
+    ("queue_depth", float("inf")),
+    ("queue_depth", "1e3x"),
+    ("split_bytes", 0),
+    ("split_bytes", 5000),
+    ("split_bytes", -4096),
+    ("split_bytes", "1T"),
+    ("split_bytes", 2**40),
+    ("split_bytes", "1X"),
+    ("split_bytes", True),
+    ("split_bytes", 4096.5),
+    ("split_bytes", "nan"),
+    ("split_bytes", "inf"),
+    ("split_bytes", "1e400"),
+    ("split_bytes", None),
+    ("split_bytes", [4096]),
+    ("odirect", "maybe"),
+    ("odirect", 2),
+    ("odirect", None),
+    ("verify", "perhaps"),
+    ("verify", 2),
+    ("verify", None),
+    ("verify", [True]),
+    ("shared_group", "group"),
+    ("shared_group", -1),
+    ("shared_group", None),
+    ("metrics_port", -1),
+    ("metrics_port", 65536),
+    ("metrics_port", "http"),
+    ("metrics_port", 1.5),
+    ("queue_dept", 8),
+    ("bogus", 1),
+    ("PATH", "/tmp"),
 ]
 GENERIC_BAD = ["\x00absurd", -1, None, [1], {"a": 1}]  # for options added after this table
 
@@ -828,11 +1018,17 @@ def test_bad_configuration(tmp_path):
     # Unusable paths, tried on the store itself (all options otherwise good).
     ro = tmp_path / "ro"
     ro.mkdir()
-    paths = [("/proc/lmcache-fx", "cannot create"), (str(tmp_path / "afile"), "not a directory"),
-             (str(tmp_path / "afile" / "sub"), "not a directory")]
+    paths = [
+        ("/proc/lmcache-fx", "cannot create"),
+        (str(tmp_path / "afile"), "not a directory"),
+        (str(tmp_path / "afile" / "sub"), "not a directory"),
+    ]
     (tmp_path / "afile").write_text("x")
     mounted = False
-    if os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1M,mode=0755", "tmpfs", str(ro)]).returncode == 0:
+    if (
+        os.geteuid() == 0
+        and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1M,mode=0755", "tmpfs", str(ro)]).returncode == 0
+    ):
         mounted = True
         paths += [(str(ro), "not writable"), (str(ro / "sub"), "cannot create")]
     paths.append((f"{tmp_path}/good-first,/proc/lmcache-fx", "cannot create"))
@@ -874,11 +1070,16 @@ def test_bad_configuration(tmp_path):
         if shm:
             subprocess.run(["umount", shm], check=False)
     ntrials = len(cases) + len(paths) + (1 if shm else 0)
-    figure("Bad configuration: every option wrong-typed, negative, absurd (nan/inf/huge), unknown names, "
-           "unusable paths (missing parent, a file, read-only fs, one bad of two), odirect: true on ramfs", ntrials,
-           "ConfigError naming the option (and a fix); no directory created, no fd or thread left behind",
-           options=len(FxOptions.names()), refused_correctly=ntrials - len(failures), failures=failures[:6],
-           options_tried_with_generic_values_only=untabled)
+    figure(
+        "Bad configuration: every option wrong-typed, negative, absurd (nan/inf/huge), unknown names, "
+        "unusable paths (missing parent, a file, read-only fs, one bad of two), odirect: true on ramfs",
+        ntrials,
+        "ConfigError naming the option (and a fix); no directory created, no fd or thread left behind",
+        options=len(FxOptions.names()),
+        refused_correctly=ntrials - len(failures),
+        failures=failures[:6],
+        options_tried_with_generic_values_only=untabled,
+    )
     assert not failures, failures
 
 
@@ -889,20 +1090,36 @@ SOAK_SECONDS = 20
 def test_soak_16_concurrent(store_dir):
     """Mixed stores and retrieves at 16 concurrent requests; memory, fds and
     threads measured at rest after a 3 s warm-up and again after the soak."""
-    r = F.result_of(F.spawn("soak", {"path": store_dir, "seconds": SOAK_SECONDS, "conc": 16, "nkeys": 400,
-                                     "cap_gb": 48 / 1024, "warmup": 3}), SOAK_SECONDS + 120)
+    r = F.result_of(
+        F.spawn(
+            "soak",
+            {"path": store_dir, "seconds": SOAK_SECONDS, "conc": 16, "nkeys": 400, "cap_gb": 48 / 1024, "warmup": 3},
+        ),
+        SOAK_SECONDS + 120,
+    )
     rss0, fds0, thr0, rings0 = r["start"]
     rss1, fds1, thr1, rings1 = r["end"]
     peak = max(s[1] for s in r["samples"])
-    figure(f"Load: mixed stores/retrieves at 16 concurrent requests (4 async) for {SOAK_SECONDS} s after a 3 s "
-           "warm-up, 400 keys, 48 MiB cap (eviction on)", f"{r['stores'] + r['retrieves']} requests",
-           "no wrong chunk, no exception; RSS, open fds and threads at rest equal before and after the soak; "
-           "usage within cap and equal to files",
-           stores=r["stores"], retrieves=r["retrieves"], hits=r["hits"], misses=r["misses"], wrong=r["wrong"],
-           exceptions=r["errors"], evictions=r["stats"]["evictions"],
-           rss_mib=f"{rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} (peak {peak / 2**20:.1f})",
-           fds=f"{fds0} -> {fds1}", pooled_io_uring_rings=f"{rings0} -> {rings1}", threads=f"{thr0} -> {thr1}",
-           usage=r["usage"], files_bytes=r["files_bytes"])
+    figure(
+        f"Load: mixed stores/retrieves at 16 concurrent requests (4 async) for {SOAK_SECONDS} s after a 3 s "
+        "warm-up, 400 keys, 48 MiB cap (eviction on)",
+        f"{r['stores'] + r['retrieves']} requests",
+        "no wrong chunk, no exception; RSS, open fds and threads at rest equal before and after the soak; "
+        "usage within cap and equal to files",
+        stores=r["stores"],
+        retrieves=r["retrieves"],
+        hits=r["hits"],
+        misses=r["misses"],
+        wrong=r["wrong"],
+        exceptions=r["errors"],
+        evictions=r["stats"]["evictions"],
+        rss_mib=f"{rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} (peak {peak / 2**20:.1f})",
+        fds=f"{fds0} -> {fds1}",
+        pooled_io_uring_rings=f"{rings0} -> {rings1}",
+        threads=f"{thr0} -> {thr1}",
+        usage=r["usage"],
+        files_bytes=r["files_bytes"],
+    )
     assert r["wrong"] == 0 and r["errors"] == 0 and r["alive"] == 0, r["error_samples"]
     assert r["retrieves"] > 100 and r["hits"] > 0
     # The engine keeps one ring per concurrent batch it has seen (at most 16 here): fds other than

@@ -4,6 +4,7 @@ in docs/shared-stores.md comes from them.
 
 Run as a child: `python tests/test_shared_store.py <role> <json-args>`.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,13 @@ def child_writer(a):
             F.read_check(s, rng.sample(done, min(2, len(done))), a["rank"])
     st = s.stats.snapshot()
     s.close()
-    print("RESULT " + json.dumps({"done": done, "evictions": st["evictions"], "scans": st["scans"],
-                                  "scan_seconds": st["scan_seconds"]}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {"done": done, "evictions": st["evictions"], "scans": st["scans"], "scan_seconds": st["scan_seconds"]}
+        ),
+        flush=True,
+    )
 
 
 def child_reader(a):
@@ -99,14 +105,31 @@ def child_ns(a):
     ok = s.write([src.item(k, CHUNK, 0, 1) for k in a["write"]])
     usage = s.usage_bytes
     s.close()
-    print("RESULT " + json.dumps({"hits": h, "misses": m, "bad": bad, "wrote": sum(ok), "usage": usage,
-                                  "mountinfo_id": os.readlink("/proc/self/ns/mnt")}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "hits": h,
+                "misses": m,
+                "bad": bad,
+                "wrote": sum(ok),
+                "usage": usage,
+                "mountinfo_id": os.readlink("/proc/self/ns/mnt"),
+            }
+        ),
+        flush=True,
+    )
 
 
 def spawn(role, args, prefix=()):
     env = dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", PYTHONPATH=ROOT)
-    return subprocess.Popen([*prefix, sys.executable, os.path.abspath(__file__), role, json.dumps(args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [*prefix, sys.executable, os.path.abspath(__file__), role, json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 # ------------------------------------------------------------------ tests
@@ -132,8 +155,10 @@ def _run_writers(path, writers, cap, n, readers=0, seconds=0.0):
     """Starts writer (and reader) processes, samples the directory's bytes
     every 2 ms, returns (peak bytes, writer results, reader results)."""
     procs = [spawn("writer", {"path": path, "rank": r, "n": n, "cap": cap, "reread": True}) for r in range(writers)]
-    rprocs = [spawn("reader", {"path": path, "cap": cap, "ranks": writers, "n": n, "seconds": seconds})
-              for _ in range(readers)]
+    rprocs = [
+        spawn("reader", {"path": path, "cap": cap, "ranks": writers, "n": n, "seconds": seconds})
+        for _ in range(readers)
+    ]
     for p in procs + rprocs:
         line = p.stdout.readline().strip()
         assert line == "READY", p.stderr.read()[-3000:]
@@ -171,13 +196,23 @@ def test_one_capacity_for_many_writers(xfs_dir):
         wrong += sum(len(x["bad"]) for x in rres)
         s.close()
         over = max(0, peak - cap)
-        row = dict(writers=writers, readers=readers, cap_bytes=cap, chunk_file_bytes=file_size,
-                   written=sum(len(x["done"]) for x in res), evictions=sum(x["evictions"] for x in res),
-                   scans=sum(x["scans"] for x in res),
-                   scan_ms_max=round(1000 * max(x["scan_seconds"] / max(x["scans"], 1) for x in res), 2),
-                   peak_bytes=peak, overshoot_bytes=over, overshoot_chunks=round(over / file_size, 2),
-                   end_files_bytes=on_disk, ledger_after_restart=usage, wrong=wrong,
-                   reader_hits=sum(x["hits"] for x in rres))
+        row = dict(
+            writers=writers,
+            readers=readers,
+            cap_bytes=cap,
+            chunk_file_bytes=file_size,
+            written=sum(len(x["done"]) for x in res),
+            evictions=sum(x["evictions"] for x in res),
+            scans=sum(x["scans"] for x in res),
+            scan_ms_max=round(1000 * max(x["scan_seconds"] / max(x["scans"], 1) for x in res), 2),
+            peak_bytes=peak,
+            overshoot_bytes=over,
+            overshoot_chunks=round(over / file_size, 2),
+            end_files_bytes=on_disk,
+            ledger_after_restart=usage,
+            wrong=wrong,
+            reader_hits=sum(x["hits"] for x in rres),
+        )
         figure("capacity", **row)
         rows.append(row)
         assert wrong == 0
@@ -239,8 +274,12 @@ def test_other_model_dtype_world_size_never_match(tmp_path):
     k = "llama@1@0@00000000cafef00d@bfloat16"
     src = F.Chunks()
     assert s.write([src.item(k, 8192)]) == [True]
-    others = ["qwen@1@0@00000000cafef00d@bfloat16", "llama@1@0@00000000cafef00d@float16",
-              "llama@2@0@00000000cafef00d@bfloat16", "llama@1@0@00000000cafef00e@bfloat16"]
+    others = [
+        "qwen@1@0@00000000cafef00d@bfloat16",
+        "llama@1@0@00000000cafef00d@float16",
+        "llama@2@0@00000000cafef00d@bfloat16",
+        "llama@1@0@00000000cafef00e@bfloat16",
+    ]
     assert not any(s.contains(o) for o in others)
     planted = s.path_for(chunk_digest(others[0]))
     os.makedirs(os.path.dirname(planted), exist_ok=True)
@@ -257,13 +296,23 @@ def test_instance_b_retrieves_what_instance_a_stored(tmp_path):
     env = dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", PYTHONPATH=ROOT)
     outs = []
     for role in ("store", "retrieve"):
-        p = subprocess.run([sys.executable, os.path.join(HERE, "xproc.py"), role, store, str(tmp_path), "1024"],
-                           capture_output=True, text=True, env=env, timeout=300)
+        p = subprocess.run(
+            [sys.executable, os.path.join(HERE, "xproc.py"), role, store, str(tmp_path), "1024"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         assert line, p.stderr[-3000:]
         outs.append(json.loads(line[-1][7:]))
-    figure("instances", stored_chunks=outs[0]["chunks"], retrieved_tokens=outs[1]["tokens"],
-           equal=outs[1]["equal"], chunks_read=outs[1]["chunks_read"])
+    figure(
+        "instances",
+        stored_chunks=outs[0]["chunks"],
+        retrieved_tokens=outs[1]["tokens"],
+        equal=outs[1]["equal"],
+        chunks_read=outs[1]["chunks_read"],
+    )
     assert outs[0]["chunks"] == 4 and outs[1]["tokens"] == 1024 and outs[1]["equal"]
     assert outs[1]["chunks_read"] == 4
 
@@ -298,12 +347,9 @@ def test_two_real_users_share_a_store():
         cap = 6 * (CHUNK + HEADER_SIZE)
         k1 = [f"model@2@0@{h:016x}@bfloat16" for h in range(4)]
         k2 = [f"model@2@1@{h:016x}@bfloat16" for h in range(4)]
-        r1 = _run_as(u1, g1, [gid], {"path": path, "cap": cap, "read": [], "read_rank": 0,
-                                                      "write": k1, "rank": 0})
-        r2 = _run_as(u2, g2, [gid], {"path": path, "cap": cap, "read": k1, "read_rank": 0,
-                                                      "write": k2, "rank": 1})
-        r3 = _run_as(u1, g1, [gid], {"path": path, "cap": cap, "read": k2, "read_rank": 1,
-                                                      "write": [], "rank": 0})
+        r1 = _run_as(u1, g1, [gid], {"path": path, "cap": cap, "read": [], "read_rank": 0, "write": k1, "rank": 0})
+        r2 = _run_as(u2, g2, [gid], {"path": path, "cap": cap, "read": k1, "read_rank": 0, "write": k2, "rank": 1})
+        r3 = _run_as(u1, g1, [gid], {"path": path, "cap": cap, "read": k2, "read_rank": 1, "write": [], "rank": 0})
         dirs = [os.path.join(path, d) for d in os.listdir(path)]
         dmodes = {(oct(os.stat(d).st_mode & 0o7777), os.stat(d).st_gid == gid) for d in dirs}
         files = [os.path.join(dp, f) for dp, _, fs in os.walk(path) for f in fs]
@@ -311,9 +357,17 @@ def test_two_real_users_share_a_store():
         owners = {os.stat(f).st_uid for f in F.chunk_files(path)}
     finally:
         shutil.rmtree(top, ignore_errors=True)
-    figure("two-real-users", user1_wrote=r1["wrote"], user2_read_user1=r2["hits"], user2_wrote=r2["wrote"],
-           user2_evicted=r2["evictions"], user1_read_user2=r3["hits"], wrong=len(r2["bad"]) + len(r3["bad"]),
-           dir_modes=sorted(dmodes), file_modes=sorted(fmodes))
+    figure(
+        "two-real-users",
+        user1_wrote=r1["wrote"],
+        user2_read_user1=r2["hits"],
+        user2_wrote=r2["wrote"],
+        user2_evicted=r2["evictions"],
+        user1_read_user2=r3["hits"],
+        wrong=len(r2["bad"]) + len(r3["bad"]),
+        dir_modes=sorted(dmodes),
+        file_modes=sorted(fmodes),
+    )
     assert r1["wrote"] == 4 and r2["hits"] == 4 and r2["wrote"] == 4 and r3["hits"] == 4
     assert r2["evictions"] >= 2 and not r2["bad"] and not r3["bad"]
     assert dmodes == {("0o2770", True)}, dmodes
@@ -340,10 +394,15 @@ def test_two_mount_namespaces(xfs_dir, tmp_path):
     os.makedirs(other)
     theirs = [f"m@2@1@{i:016x}@bfloat16" for i in range(4)]
     args = {"path": os.path.join(other, "ns-store"), "cap": cap, "read": mine, "write": theirs}
-    cmd = (f"mount {dev} {other} && exec {sys.executable} {os.path.abspath(__file__)} ns '{json.dumps(args)}'")
+    cmd = f"mount {dev} {other} && exec {sys.executable} {os.path.abspath(__file__)} ns '{json.dumps(args)}'"
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH=ROOT)
-    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd], capture_output=True,
-                       text=True, env=env, timeout=120)
+    p = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if not line and "mount" in p.stderr:
         pytest.skip(f"cannot mount in a new namespace: {p.stderr[-300:]}")
@@ -354,9 +413,17 @@ def test_two_mount_namespaces(xfs_dir, tmp_path):
     usage = s.usage_bytes
     files = F.chunk_files(path)
     s.close()
-    figure("mount-namespaces", child_hits=r["hits"], child_wrote=r["wrote"], parent_hits=h, wrong=len(bad) + len(r["bad"]),
-           usage=usage, files_bytes=sum(os.path.getsize(x) for x in files), cap=cap,
-           other_ns=r["mountinfo_id"] != os.readlink("/proc/self/ns/mnt"))
+    figure(
+        "mount-namespaces",
+        child_hits=r["hits"],
+        child_wrote=r["wrote"],
+        parent_hits=h,
+        wrong=len(bad) + len(r["bad"]),
+        usage=usage,
+        files_bytes=sum(os.path.getsize(x) for x in files),
+        cap=cap,
+        other_ns=r["mountinfo_id"] != os.readlink("/proc/self/ns/mnt"),
+    )
     assert r["hits"] == 4 and r["wrote"] == 4 and not r["bad"]
     assert h + m == len(got) and not bad and h >= 2  # the cap holds 6: two of the parent's were evicted
     assert usage == sum(os.path.getsize(x) for x in files) <= cap
@@ -372,8 +439,13 @@ def child_user(a):
     ok = s.write([src.item(k, CHUNK, 0, a["rank"]) for k in a["write"]])
     st = s.stats.snapshot()
     s.close()
-    print("RESULT " + json.dumps({"hits": h, "misses": m, "bad": bad, "wrote": sum(ok), "evictions": st["evictions"],
-                                  "uid": os.getuid()}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {"hits": h, "misses": m, "bad": bad, "wrote": sum(ok), "evictions": st["evictions"], "uid": os.getuid()}
+        ),
+        flush=True,
+    )
 
 
 SHARE_GROUP, SHARE_USERS = "fxshare", ("fxuser1", "fxuser2")

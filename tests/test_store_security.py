@@ -6,6 +6,7 @@ misleading start-up errors, auth_key, simulated power loss.
 Cases with a figure for docs/reliability.md report it through F.figure
 (scripts/reliability.py runs this file too).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -84,11 +85,13 @@ def _in_thread(fn, timeout):
 # ------------------------------------------------------------------ 1. a stalled lock holder
 def _stalled_holder(root: str) -> subprocess.Popen:
     """A process that takes the store lock and stops itself (SIGSTOP)."""
-    code = ("import fcntl, os, signal, sys\n"
-            f"fd = os.open({os.path.join(root, LOCK_NAME)!r}, os.O_RDWR)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "print('LOCKED', flush=True)\n"
-            "os.kill(os.getpid(), signal.SIGSTOP)\n")
+    code = (
+        "import fcntl, os, signal, sys\n"
+        f"fd = os.open({os.path.join(root, LOCK_NAME)!r}, os.O_RDWR)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('LOCKED', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGSTOP)\n"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "LOCKED"
     for _ in range(200):  # until it is really stopped
@@ -116,6 +119,7 @@ def test_stalled_lock_holder(store_dir, monkeypatch):
     out = {}
     try:
         with F.LogCount() as logs:
+
             def work():
                 t = time.monotonic()
                 out["stores"] = s.write([src.item(f"stall/new/{i}", 65536) for i in range(8)])
@@ -142,15 +146,22 @@ def test_stalled_lock_holder(store_dir, monkeypatch):
     # once the peer is gone, stores work again
     ok_after = s.write([src.item("stall/after", 65536)])
     s.close()
-    F.figure("A peer holding the store lock, stopped with SIGSTOP (lock wait bound lowered to 0.5 s)",
-             "8 stores + 4 damaged-chunk reads + 4 reads + usage + a new store",
-             "every call returns within the bound; stores skipped (False); damaged chunks a miss; good chunks "
-             "still hit; one warning per burst; stores work again once the peer is gone",
-             seconds_total=round(took, 2), store_batch_returned_after_s=round(out["store_s"], 2),
-             damaged_read_returned_after_s=round(out["bad_s"], 2), start_returned_after_s=round(out["start_s"], 2),
-             stores_ok=sum(out["stores"]), damaged_hits=out["bad_reads"][0], good_hits=out["good_reads"][0],
-             wrong=len(out["bad_reads"][2]) + len(out["good_reads"][2]), warnings=warnings,
-             stores_after_peer_gone=ok_after)
+    F.figure(
+        "A peer holding the store lock, stopped with SIGSTOP (lock wait bound lowered to 0.5 s)",
+        "8 stores + 4 damaged-chunk reads + 4 reads + usage + a new store",
+        "every call returns within the bound; stores skipped (False); damaged chunks a miss; good chunks "
+        "still hit; one warning per burst; stores work again once the peer is gone",
+        seconds_total=round(took, 2),
+        store_batch_returned_after_s=round(out["store_s"], 2),
+        damaged_read_returned_after_s=round(out["bad_s"], 2),
+        start_returned_after_s=round(out["start_s"], 2),
+        stores_ok=sum(out["stores"]),
+        damaged_hits=out["bad_reads"][0],
+        good_hits=out["good_reads"][0],
+        wrong=len(out["bad_reads"][2]) + len(out["good_reads"][2]),
+        warnings=warnings,
+        stores_after_peer_gone=ok_after,
+    )
     assert not any(out["stores"]) and out["bad_reads"][:2] == (0, 4) and out["good_reads"][:2] == (4, 0)
     assert out["s2_reads"][:2] == (4, 0) and not out["bad_reads"][2] and not out["good_reads"][2]
     assert took < 30 and warnings == 1
@@ -255,7 +266,9 @@ def test_swap_attacks(tmp_path, monkeypatch):
     s.engine = SwapOnHeaders()
     w = s.write([src.item(key_c, 8192)])
     s.engine = real_engine
-    checks["write_through_swapped_dir"] = f"stored={w[0]}, files outside={sorted(os.listdir(outside)) == sorted(before and [os.path.basename(p) for p in before])}"
+    checks["write_through_swapped_dir"] = (
+        f"stored={w[0]}, files outside={sorted(os.listdir(outside)) == sorted(before and [os.path.basename(p) for p in before])}"
+    )
     assert w == [False] and _tree(outside) == before
     os.unlink(sub_c)
     os.rename(str(tmp_path / "moved-c"), sub_c)
@@ -269,8 +282,10 @@ def test_swap_attacks(tmp_path, monkeypatch):
     h, m, bad = F.read_check(s3, [key_d])
     w_d = s3.write([src.item(key_d, 8192)])
     got, _, bad2 = F.read_check(s3, [key_d])
-    checks["hardlink"] = (f"served={h}, outside bytes unchanged={victim.read_bytes() == b'precious' * 512}, "
-                          f"store wrote its own file={w_d[0] and got == 1}")
+    checks["hardlink"] = (
+        f"served={h}, outside bytes unchanged={victim.read_bytes() == b'precious' * 512}, "
+        f"store wrote its own file={w_d[0] and got == 1}"
+    )
     assert h == 0 and not bad and victim.read_bytes() == b"precious" * 512 and w_d == [True] and got == 1 and not bad2
     # (e) a chunk file replaced by a symlink to a file outside: never read, never written through
     key_e = "swap/e"
@@ -286,10 +301,14 @@ def test_swap_attacks(tmp_path, monkeypatch):
     assert _tree(outside) == before
     for x in (s, s2, s3, s4):
         x.close()
-    F.figure("Swap attacks: fan-out directory swapped for a symlink after listing (stale-temporary sweep), "
-             "removal/eviction and a write through a swapped directory, hardlinks to an outside file as a chunk "
-             "and a temporary, a chunk replaced by a symlink", 5,
-             "nothing outside the store is created, changed or removed; nothing planted is served", **checks)
+    F.figure(
+        "Swap attacks: fan-out directory swapped for a symlink after listing (stale-temporary sweep), "
+        "removal/eviction and a write through a swapped directory, hardlinks to an outside file as a chunk "
+        "and a temporary, a chunk replaced by a symlink",
+        5,
+        "nothing outside the store is created, changed or removed; nothing planted is served",
+        **checks,
+    )
 
 
 # ------------------------------------------------------------------ 3. engine errors
@@ -332,8 +351,11 @@ def test_engine_errors_become_misses(store_dir):
                 got = s2.read(keys, t.allocate, t.release, engine=eng)
             else:
                 got = asyncio.run(s2.read_async(keys, t.allocate, t.release, engine=eng))
-            results[f"{mode} fails at step {sorted(fail_at)}"] = (sum(g is not None for g in got), t.allocated,
-                                                                  t.released)
+            results[f"{mode} fails at step {sorted(fail_at)}"] = (
+                sum(g is not None for g in got),
+                t.allocated,
+                t.released,
+            )
             assert got == [None] * len(keys)
             assert t.allocated == t.released
             assert all(os.path.exists(s.path_for(chunk_digest(k))) for k in keys)  # an engine error damages nothing
@@ -376,7 +398,7 @@ def test_cancel_mid_batch(store_dir):
     src = F.Chunks()
     keys = [f"cancel/{i}" for i in range(n)]
     for i in range(0, n, 4):
-        assert all(s.write([src.item(k, size) for k in keys[i:i + 4]]))
+        assert all(s.write([src.item(k, size) for k in keys[i : i + 4]]))
         src = F.Chunks()
     # a slow reader: 4 KiB pieces one at a time
     slow = F.open_store(store_dir, queue_depth=1, split_bytes=4096)
@@ -424,11 +446,17 @@ def test_cancel_mid_batch(store_dir):
     landed = sum(1 for hb in allocated if bytes(memoryview(hb)).count(b"\xab") != len(hb))
     slow.close()
     s.close()
-    F.figure("Cancellation of an awaited read mid-batch (24 x 4 MiB, 4 KiB pieces at queue depth 1)", 1,
-             "the call returns once nothing is in flight; every buffer released; no read lands after it returned",
-             in_flight_when_cancelled=out["in_flight_at_cancel"], raised=out["raised"],
-             batches_done_at_return=out["done_at_return"], allocated=out["alloc"], released=out["released"],
-             buffers_written_after_return=landed)
+    F.figure(
+        "Cancellation of an awaited read mid-batch (24 x 4 MiB, 4 KiB pieces at queue depth 1)",
+        1,
+        "the call returns once nothing is in flight; every buffer released; no read lands after it returned",
+        in_flight_when_cancelled=out["in_flight_at_cancel"],
+        raised=out["raised"],
+        batches_done_at_return=out["done_at_return"],
+        allocated=out["alloc"],
+        released=out["released"],
+        buffers_written_after_return=landed,
+    )
     assert out["raised"] == "CancelledError" and out["done_at_return"]
     assert out["alloc"] == out["released"] and out["alloc"] > 0
     assert landed == 0
@@ -518,6 +546,7 @@ def test_start_reports_the_real_error(tmp_path, monkeypatch):
             if os.fspath(p) == root:
                 raise OSError(errno.EIO, os.strerror(errno.EIO), root)
             return fn(p, *a, **kw)
+
         return f
 
     def mkdir(p, *a, **kw):
@@ -597,13 +626,22 @@ def test_auth_key(store_dir, tmp_path, monkeypatch):
         hashlib.blake2b(buf, key=b"x" * 32, digest_size=32).digest()
         secs.append(time.perf_counter() - t)
     gbps = len(buf) / min(secs) / 1e9
-    F.figure("auth_key: chunks planted by a group member without the key (valid CRCs, right name and header "
-             "key), with another key, and a keyed chunk's payload changed under verify: false",
-             len(k2) + len(k3) + 1, "planted chunks are misses and are removed; a key holder's rewrite hits; "
-             "keyed files read by readers without a key; env:/file: keys; bad keys refused naming the option",
-             planted_no_key_served=h2, planted_other_key_served=h3, tampered_served=h4, planted_removed=removed,
-             rewritten_by_key_holder_hits=h5, wrong_chunks_served=h2 + h3 + h4 + len(bad5), **checks,
-             bad_keys_refused=f"{sum(refused)}/4", mac_gb_per_s_64MiB=round(gbps, 2))
+    F.figure(
+        "auth_key: chunks planted by a group member without the key (valid CRCs, right name and header "
+        "key), with another key, and a keyed chunk's payload changed under verify: false",
+        len(k2) + len(k3) + 1,
+        "planted chunks are misses and are removed; a key holder's rewrite hits; "
+        "keyed files read by readers without a key; env:/file: keys; bad keys refused naming the option",
+        planted_no_key_served=h2,
+        planted_other_key_served=h3,
+        tampered_served=h4,
+        planted_removed=removed,
+        rewritten_by_key_holder_hits=h5,
+        wrong_chunks_served=h2 + h3 + h4 + len(bad5),
+        **checks,
+        bad_keys_refused=f"{sum(refused)}/4",
+        mac_gb_per_s_64MiB=round(gbps, 2),
+    )
     assert checks["keyed_read_by_keyed"] == 4 and checks["keyed_read_without_key"] == 4
     assert h2 == h3 == h4 == 0 and m2 == m3 == 4 and removed == 8
     assert h5 == 4 and not bad5 and checks["env_and_file_keys_read"] == (4, 4) and refused == [True] * 4
@@ -625,15 +663,18 @@ def test_power_loss_valid_header_over_bad_payload(store_dir):
             if i % 3 == 0:
                 d[HEADER_SIZE:] = bytes(len(d) - HEADER_SIZE)  # zeroed payload
             elif i % 3 == 1:
-                d = d[:HEADER_SIZE + (len(d) - HEADER_SIZE) // 2]  # partial payload
+                d = d[: HEADER_SIZE + (len(d) - HEADER_SIZE) // 2]  # partial payload
             else:
-                d[HEADER_SIZE + 4096:HEADER_SIZE + 8192] = bytes(4096)  # one block never written
+                d[HEADER_SIZE + 4096 : HEADER_SIZE + 8192] = bytes(4096)  # one block never written
             with open(s.path_for(chunk_digest(k)), "wb") as f:
                 f.write(d)
 
     res = {}
-    for name, opts in (("verify_on", {}), ("verify_off", {"verify": False}),
-                       ("verify_off_auth_key", {"verify": False, "auth_key": KEY})):
+    for name, opts in (
+        ("verify_on", {}),
+        ("verify_off", {"verify": False}),
+        ("verify_off_auth_key", {"verify": False, "auth_key": KEY}),
+    ):
         if name == "verify_off_auth_key":  # the chunks must have been written with the key
             w = F.open_store(store_dir, auth_key=KEY)
             for k in keys:
@@ -650,9 +691,13 @@ def test_power_loss_valid_header_over_bad_payload(store_dir):
             with open(s.path_for(chunk_digest(k)), "wb") as f:
                 f.write(pristine[k])
     s.close()
-    F.figure("Simulated power loss: a valid header over a zeroed, partial or partly unwritten payload", len(keys) * 3,
-             "verify on: always a miss; verify off: a short file is a miss, a full-length bad payload is served "
-             "(what verify is for); verify off + auth_key: a miss", **res)
+    F.figure(
+        "Simulated power loss: a valid header over a zeroed, partial or partly unwritten payload",
+        len(keys) * 3,
+        "verify on: always a miss; verify off: a short file is a miss, a full-length bad payload is served "
+        "(what verify is for); verify off + auth_key: a miss",
+        **res,
+    )
     assert res["verify_on"] == {"hits": 0, "misses": 12, "wrong": 0}
     assert res["verify_off_auth_key"] == {"hits": 0, "misses": 12, "wrong": 0}
     assert res["verify_off"]["misses"] >= 4  # the partial payloads

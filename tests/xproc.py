@@ -1,11 +1,21 @@
 """Run as a separate process: store or retrieve one context through LMCache
 with the fx plugin, so tests can cross a process boundary."""
+
 import json
 import sys
 
 import torch
 
-from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, retrieve, store_and_wait
+from lmcache_fx.testing.cpu_engine import (
+    KV,
+    Geometry,
+    config_from_dict,
+    fx_backend,
+    fx_config,
+    lmcache_engine,
+    retrieve,
+    store_and_wait,
+)
 
 
 def main():

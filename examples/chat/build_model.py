@@ -9,6 +9,7 @@ and the end-to-end test exercise.
 
     python examples/chat/build_model.py DIR [--force]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,8 @@ def training_text() -> list[str]:
     """Local text only: this repository's LICENSE (Apache-2.0, fixed) and a
     few standard-library modules, so a fresh machine trains the same BPE."""
     import argparse as a
-    import textwrap as t
     import json.decoder as j
+    import textwrap as t
 
     out = []
     for p in (os.path.join(REPO, "LICENSE"), a.__file__, t.__file__, j.__file__):
@@ -70,20 +71,33 @@ def build(d: str, force: bool = False, seed: int = 0) -> str:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(training_text(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
-                                   pad_token="<|pad|>", model_max_length=8192)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>", model_max_length=8192
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(tmp)
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=len(fast), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
-        tie_word_embeddings=False, torch_dtype="float32",
+        vocab_size=len(fast),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
     )
     model = LlamaForCausalLM(cfg).to(torch.float32)
     # Larger than default init so the logits are spread out: greedy tokens are

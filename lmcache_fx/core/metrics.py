@@ -32,6 +32,7 @@ Metric names (all labelled store=<plugin name>, path=<store paths>):
 GB/s over a window is best taken in PromQL:
     rate(lmcache_fx_read_bytes_total[1m]) / rate(lmcache_fx_read_seconds_total[1m])
 """
+
 from __future__ import annotations
 
 import bisect
@@ -103,7 +104,9 @@ def build_metrics(snapshots: dict) -> list:
         "capacity_bytes": "max_capacity_gb in bytes",
         "chunks": "Chunk files in this process's index",
     }
-    per_field = [(CounterMetricFamily, field, name, doc) for field, (name, doc) in COUNTERS.items()]
+    per_field: list[tuple[type, str, str, str]] = [
+        (CounterMetricFamily, field, name, doc) for field, (name, doc) in COUNTERS.items()
+    ]
     per_field += [(GaugeMetricFamily, field, field, doc) for field, doc in gauges.items()]
     for family, field, name, doc in per_field:
         fam = family(PREFIX + name, doc, labels=labels)
@@ -112,19 +115,33 @@ def build_metrics(snapshots: dict) -> list:
                 fam.add_metric([sname, s.get("path", "")], float(s[field]))
         if fam.samples:
             out.append(fam)
-    bw = GaugeMetricFamily(PREFIX + "read_bandwidth_bytes_per_second",
-                           "Payload bytes read per second inside read batches, since start", labels=labels)
+    bw = GaugeMetricFamily(
+        PREFIX + "read_bandwidth_bytes_per_second",
+        "Payload bytes read per second inside read batches, since start",
+        labels=labels,
+    )
     for sname, s in snapshots.items():
         if s.get("read_seconds"):
             bw.add_metric([sname, s.get("path", "")], s.get("bytes_read", 0) / s["read_seconds"])
     if bw.samples:
         out.append(bw)
-    info = GaugeMetricFamily(PREFIX + "engine_info", "The I/O engine in use (value is always 1)",
-                             labels=labels + ["engine", "odirect", "fixed_buffers"])
+    info = GaugeMetricFamily(
+        PREFIX + "engine_info",
+        "The I/O engine in use (value is always 1)",
+        labels=labels + ["engine", "odirect", "fixed_buffers"],
+    )
     for sname, s in snapshots.items():
         if "engine" in s:
-            info.add_metric([sname, s.get("path", ""), str(s["engine"]), str(bool(s.get("odirect"))).lower(),
-                             str(bool(s.get("fixed_buffers"))).lower()], 1.0)
+            info.add_metric(
+                [
+                    sname,
+                    s.get("path", ""),
+                    str(s["engine"]),
+                    str(bool(s.get("odirect"))).lower(),
+                    str(bool(s.get("fixed_buffers"))).lower(),
+                ],
+                1.0,
+            )
     if info.samples:
         out.append(info)
     hist = HistogramMetricFamily(PREFIX + "read_batch_seconds", "Latency of read batches", labels=labels)
@@ -246,9 +263,15 @@ def start_metrics(source: Source, name: str = "fx", port: int = 0, addr: str = "
             try:
                 server, thread = start_http_server(port, addr=addr, registry=reg)
             except OSError as e:
-                log.error("lmcache-fx: metrics_port %d: cannot listen on %s:%d (%s); Prometheus metrics are "
-                          "off for '%s' (they are still in LMCache's /metrics)", port, addr, port, e.strerror or e,
-                          name)
+                log.error(
+                    "lmcache-fx: metrics_port %d: cannot listen on %s:%d (%s); Prometheus metrics are "
+                    "off for '%s' (they are still in LMCache's /metrics)",
+                    port,
+                    addr,
+                    port,
+                    e.strerror or e,
+                    name,
+                )
                 return h
             _servers[port] = (server, thread, coll, 1)
             h.port = port

@@ -3,6 +3,7 @@
 The same names are read from LMCache's `extra_config` as
 `storage_plugin.<name>.<option>`; README.md prints this table.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -21,8 +22,10 @@ def refuse_direct_to_gpu(options, where: str) -> None:
     """Entry points other than the in-process plugin cannot hand LMCache
     GPU-resident chunks: say so instead of silently ignoring the option."""
     if options.direct_to_gpu:
-        raise ConfigError(f"{where}direct_to_gpu: only the in-process storage plugin (lmcache_fx.lmcache_plugin) "
-                          "serves chunks in GPU memory; remove it here or use storage_plugins")
+        raise ConfigError(
+            f"{where}direct_to_gpu: only the in-process storage plugin (lmcache_fx.lmcache_plugin) "
+            "serves chunks in GPU memory; remove it here or use storage_plugins"
+        )
 
 
 def _parse_bool(name: str, v) -> bool:
@@ -162,8 +165,10 @@ def auth_key_bytes(spec: str, full: str = "auth_key") -> bytes:
     else:
         raw_b = spec.encode("utf-8", "surrogatepass")
     if len(raw_b) < 16:
-        raise ConfigError(f"{full}: a key of {len(raw_b)} bytes is too short; use at least 16 (e.g. the output of "
-                          "`openssl rand -hex 32` in a file: file:/path)")
+        raise ConfigError(
+            f"{full}: a key of {len(raw_b)} bytes is too short; use at least 16 (e.g. the output of "
+            "`openssl rand -hex 32` in a file: file:/path)"
+        )
     return hashlib.blake2b(raw_b, digest_size=32, person=b"lmcache-fx-key1").digest()
 
 
@@ -180,37 +185,80 @@ class FxOptions:
     """Every runtime option with its default; defaults chosen by measurement
     (docs/benchmarks.md)."""
 
-    path: str = _opt(os.path.join(os.path.expanduser("~"), ".cache", "lmcache-fx"), "path[,path...]",
-                     "store directory; several comma-separated paths stripe chunks over them", _path)
-    max_capacity_gb: float = _opt(100.0, "> 0", "bytes of chunk files kept under the paths, evicting least "
-                                  "recently used", _capacity)
-    io_engine: str = _opt("auto", "auto | io_uring | threads", "io_uring, or C threads doing pread/pwrite; auto "
-                          "falls back to threads with a warning", _choice("auto", "io_uring", "threads"))
-    queue_depth: int = _opt(32, "1..32768", "sub-reads in flight per batch (thread engine: threads, at most 16 "
-                            "by default)", _int(1, 32768))
-    split_bytes: int = _opt(1 << 20, "4K..1G, multiple of 4096 (bytes or K/M/G)", "size of the sub-reads a chunk is cut into",
-                            _split)
-    odirect: str = _opt("auto", "auto | true | false", "O_DIRECT (page cache bypassed); auto uses it where the "
-                        "filesystem allows", _choice("auto", "true", "false"))
-    verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss",
-                        _boolean)
-    auth_key: str = _opt("", "key (16+ bytes) | env:VARNAME | file:/path", "chunks carry a keyed BLAKE2b MAC of "
-                         "header and payload; a chunk without a valid one is a miss (empty = off)", _auth_key)
-    shared_group: bool = _opt(False, "true | false", "files 0660 and directories 02770 (setgid, in the group of "
-                              "the store's root) instead of 0600/0700, for a group of users", _boolean)
-    metrics_port: int = _opt(0, "0..65535", "Prometheus metrics on http://<metrics_addr>:<port + local worker "
-                             "id>/metrics; 0 = off (they are in LMCache's /metrics either way)", _int(0, 65535))
-    metrics_addr: str = _opt("127.0.0.1", "IP address", "address the metrics server listens on; 0.0.0.0 for "
-                             "every interface (the page names store paths)", _address)
-    direct_to_gpu: bool = _opt(False, "true | false", "return chunks in GPU memory of the plugin's own (like "
-                               "LMCache's GdsBackend), read NVMe -> pinned staging -> GPU by the pipeline, payload "
-                               "CRC32C checked in staging (verify); needs a GPU driver, not with auth_key", _boolean)
-    gpu_buffer_mib: int = _opt(2048, "1..1048576", "direct_to_gpu: GPU memory holding retrieved chunks until "
-                               "LMCache releases them", _int(1, 1 << 20))
-    gpu_staging_slots: int = _opt(8, "2..256", "direct_to_gpu: page-locked staging slots (reads and GPU copies "
-                                  "in flight)", _int(2, 256))
-    gpu_slot_mib: int = _opt(4, "1..1024", "direct_to_gpu: size of one staging slot (the largest read/copy "
-                             "piece)", _int(1, 1024))
+    path: str = _opt(
+        os.path.join(os.path.expanduser("~"), ".cache", "lmcache-fx"),
+        "path[,path...]",
+        "store directory; several comma-separated paths stripe chunks over them",
+        _path,
+    )
+    max_capacity_gb: float = _opt(
+        100.0, "> 0", "bytes of chunk files kept under the paths, evicting least recently used", _capacity
+    )
+    io_engine: str = _opt(
+        "auto",
+        "auto | io_uring | threads",
+        "io_uring, or C threads doing pread/pwrite; auto falls back to threads with a warning",
+        _choice("auto", "io_uring", "threads"),
+    )
+    queue_depth: int = _opt(
+        32, "1..32768", "sub-reads in flight per batch (thread engine: threads, at most 16 by default)", _int(1, 32768)
+    )
+    split_bytes: int = _opt(
+        1 << 20, "4K..1G, multiple of 4096 (bytes or K/M/G)", "size of the sub-reads a chunk is cut into", _split
+    )
+    odirect: str = _opt(
+        "auto",
+        "auto | true | false",
+        "O_DIRECT (page cache bypassed); auto uses it where the filesystem allows",
+        _choice("auto", "true", "false"),
+    )
+    verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss", _boolean)
+    auth_key: str = _opt(
+        "",
+        "key (16+ bytes) | env:VARNAME | file:/path",
+        "chunks carry a keyed BLAKE2b MAC of header and payload; a chunk without a valid one is a miss (empty = off)",
+        _auth_key,
+    )
+    shared_group: bool = _opt(
+        False,
+        "true | false",
+        "files 0660 and directories 02770 (setgid, in the group of "
+        "the store's root) instead of 0600/0700, for a group of users",
+        _boolean,
+    )
+    metrics_port: int = _opt(
+        0,
+        "0..65535",
+        "Prometheus metrics on http://<metrics_addr>:<port + local worker "
+        "id>/metrics; 0 = off (they are in LMCache's /metrics either way)",
+        _int(0, 65535),
+    )
+    metrics_addr: str = _opt(
+        "127.0.0.1",
+        "IP address",
+        "address the metrics server listens on; 0.0.0.0 for every interface (the page names store paths)",
+        _address,
+    )
+    direct_to_gpu: bool = _opt(
+        False,
+        "true | false",
+        "return chunks in GPU memory of the plugin's own (like "
+        "LMCache's GdsBackend), read NVMe -> pinned staging -> GPU by the pipeline, payload "
+        "CRC32C checked in staging (verify); needs a GPU driver, not with auth_key",
+        _boolean,
+    )
+    gpu_buffer_mib: int = _opt(
+        2048,
+        "1..1048576",
+        "direct_to_gpu: GPU memory holding retrieved chunks until LMCache releases them",
+        _int(1, 1 << 20),
+    )
+    gpu_staging_slots: int = _opt(
+        8, "2..256", "direct_to_gpu: page-locked staging slots (reads and GPU copies in flight)", _int(2, 256)
+    )
+    gpu_slot_mib: int = _opt(
+        4, "1..1024", "direct_to_gpu: size of one staging slot (the largest read/copy piece)", _int(1, 1024)
+    )
 
     @property
     def paths(self) -> list[str]:
@@ -259,7 +307,7 @@ _PLUGIN_KEYS = ("module_path", "class_name")  # LMCache's own keys under a plugi
 def options_from_extra(extra: dict, prefix: str) -> FxOptions:
     """Options under `prefix` of LMCache's extra_config (e.g.
     'storage_plugin.fx.'), checked by name."""
-    values = {k[len(prefix):]: v for k, v in (extra or {}).items() if k.startswith(prefix)}
+    values = {k[len(prefix) :]: v for k, v in (extra or {}).items() if k.startswith(prefix)}
     for k in _PLUGIN_KEYS:
         values.pop(k, None)
     return FxOptions.from_mapping(values, where=prefix)

@@ -1,6 +1,7 @@
 """What the LMCache adapters share: which plugin entry an instance is, its
 options, chunk metadata of a MemoryObj, allocation from LMCache's pool, the
 hit prefix of a read, and registering LMCache's pool with the engine."""
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,16 @@ from ..core.options import ConfigError, options_from_extra
 
 log = logging.getLogger("lmcache_fx")
 
-__all__ = ["plugin_name", "options_from_extra", "meta_of", "hit_prefix", "allocate_from", "register_memory",
-           "register_pool", "gpu_index"]
+__all__ = [
+    "plugin_name",
+    "options_from_extra",
+    "meta_of",
+    "hit_prefix",
+    "allocate_from",
+    "register_memory",
+    "register_pool",
+    "gpu_index",
+]
 
 _claimed: dict[tuple, set] = {}  # (id(config), prefix) -> plugin names already built in this process
 _claim_lock = threading.Lock()
@@ -78,7 +87,7 @@ def hit_prefix(objs: list) -> list:
         if o is None:
             break
         out.append(o)
-    for o in objs[len(out):]:
+    for o in objs[len(out) :]:
         if o is not None:
             o.ref_count_down()
     return out

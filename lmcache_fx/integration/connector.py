@@ -1,6 +1,7 @@
 """The base of lmcache-fx's CPU KV connectors (the vLLM-CPU one, and the
 tests' and bench's): LMCache's batched connector calls as a loop over the
 per-chunk ones, which each connector supplies."""
+
 from __future__ import annotations
 
 from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface

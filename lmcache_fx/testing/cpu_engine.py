@@ -5,6 +5,7 @@ connector that really gathers and scatters a paged KV cache (per layer
 [kv_size, num_blocks, block_size, kv_heads, head_dim]) through a slot
 mapping into LMCache's chunk objects ([kv_size, layers, tokens, heads*dim]).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,19 @@ from lmcache.v1.metadata import LMCacheMetadata
 
 from ..integration.connector import ChunkwiseConnector
 
-__all__ = ["ChunkwiseConnector", "PagedCPUConnector", "Geometry", "KV", "fx_config", "config_from_dict",
-           "engine_on_cpu", "lmcache_engine", "fx_backend", "store_and_wait", "retrieve"]
+__all__ = [
+    "ChunkwiseConnector",
+    "PagedCPUConnector",
+    "Geometry",
+    "KV",
+    "fx_config",
+    "config_from_dict",
+    "engine_on_cpu",
+    "lmcache_engine",
+    "fx_backend",
+    "store_and_wait",
+    "retrieve",
+]
 
 
 class PagedCPUConnector(ChunkwiseConnector):
@@ -60,7 +72,13 @@ class Geometry:
 
     @property
     def bytes_per_token(self):
-        return self.kv_size * self.layers * self.kv_heads * self.head_dim * torch.tensor([], dtype=self.dtype).element_size()
+        return (
+            self.kv_size
+            * self.layers
+            * self.kv_heads
+            * self.head_dim
+            * torch.tensor([], dtype=self.dtype).element_size()
+        )
 
     def kv_shape(self):
         return (self.layers, self.kv_size, self.chunk, self.kv_heads, self.head_dim)
@@ -113,8 +131,10 @@ class KV:
     def tokens_equal(self, other, n) -> bool:
         s = self.slot_mapping[:n]
         return all(
-            torch.equal(a.view(a.shape[0], -1, a.shape[-2] * a.shape[-1])[:, s],
-                        b.view(b.shape[0], -1, b.shape[-2] * b.shape[-1])[:, s])
+            torch.equal(
+                a.view(a.shape[0], -1, a.shape[-2] * a.shape[-1])[:, s],
+                b.view(b.shape[0], -1, b.shape[-2] * b.shape[-1])[:, s],
+            )
             for a, b in zip(self.caches, other.caches)
         )
 
@@ -126,12 +146,19 @@ def engine_on_cpu(cfg: LMCacheEngineConfig, connector, kv_dtype, kv_shape, use_m
     LMCache's usage reporting is turned off unless the caller chose."""
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
     md = LMCacheMetadata(
-        model_name=model, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
-        kv_dtype=kv_dtype, kv_shape=kv_shape, use_mla=use_mla, role="worker", chunk_size=chunk_size,
+        model_name=model,
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=kv_dtype,
+        kv_shape=kv_shape,
+        use_mla=use_mla,
+        role="worker",
+        chunk_size=chunk_size,
     )
     iid = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    engine = LMCacheEngineBuilder.get_or_create(iid, cfg, md, connector, lambda *a, **k: None,
-                                                lambda *a, **k: None)
+    engine = LMCacheEngineBuilder.get_or_create(iid, cfg, md, connector, lambda *a, **k: None, lambda *a, **k: None)
     try:
         engine.post_init()
         yield engine

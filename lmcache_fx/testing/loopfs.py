@@ -3,6 +3,7 @@ supports O_DIRECT (tmpfs does not). Root only; used by tests and the bench.
 
     with xfs_loop("4G") as mnt: ...
 """
+
 from __future__ import annotations
 
 import os

@@ -8,6 +8,7 @@ as the data lands). They are safe beside a running server: a chunk that
 vanishes or is replaced while they look is skipped, and nothing is removed
 unless asked (fsck --repair, gc).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,9 +107,11 @@ def check_root(root: str) -> str:
     except FileNotFoundError:
         parent = os.path.dirname(p)
         hint = "" if os.path.isdir(parent) else f" (nor does {parent})"
-        raise AdminError(f"{p}: no such directory{hint}; give the store's path, as in storage_plugin.<name>.path")
+        raise AdminError(
+            f"{p}: no such directory{hint}; give the store's path, as in storage_plugin.<name>.path"
+        ) from None
     except PermissionError:
-        raise AdminError(f"{p}: permission denied; run as the store's owner or root")
+        raise AdminError(f"{p}: permission denied; run as the store's owner or root") from None
     if not stat_mod.S_ISDIR(st.st_mode):
         raise AdminError(f"{p}: not a directory; give the store directory, not a chunk file")
     if not os.access(p, os.R_OK | os.X_OK):
@@ -134,7 +137,7 @@ def scan(roots: list[str]) -> Scan:
             with os.scandir(root) as top:
                 entries = list(top)
         except OSError as e:
-            raise AdminError(f"{root}: cannot list it: {e.strerror}")
+            raise AdminError(f"{root}: cannot list it: {e.strerror}") from None
         for de in entries:
             name = de.name
             if is_fanout_name(name) and de.is_dir(follow_symlinks=False):
@@ -189,8 +192,13 @@ def geometry(h: Header) -> str:
     return f"{shapes} {h.meta.fmt}"
 
 
-AGE_BUCKETS = [("< 1 hour", 3600), ("1 hour - 1 day", 86400), ("1 - 7 days", 7 * 86400),
-               ("7 - 30 days", 30 * 86400), ("> 30 days", float("inf"))]
+AGE_BUCKETS = [
+    ("< 1 hour", 3600),
+    ("1 hour - 1 day", 86400),
+    ("1 - 7 days", 7 * 86400),
+    ("7 - 30 days", 30 * 86400),
+    ("> 30 days", float("inf")),
+]
 
 
 # ---------------------------------------------------------------- arguments
@@ -198,28 +206,45 @@ AGE_BUCKETS = [("< 1 hour", 3600), ("1 hour - 1 day", 86400), ("1 - 7 days", 7 *
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.epilog = EXAMPLES[command]
-    p.add_argument("path", nargs="*", metavar="PATH",
-                   help="store directory; several (or comma-separated) for a striped store")
+    p.add_argument(
+        "path", nargs="*", metavar="PATH", help="store directory; several (or comma-separated) for a striped store"
+    )
     p.add_argument("--config", metavar="YAML", help="take the path (and capacity) from an LMCache config file")
     p.add_argument("--plugin", metavar="NAME", help="which storage_plugins entry of --config (default: the only one)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
     if command == "ls":
         p.add_argument("--model", help="only chunks of this model")
-        p.add_argument("--sort", choices=["age", "size", "key", "model"], default="age",
-                       help="order (default age: least recently written first, the eviction order)")
+        p.add_argument(
+            "--sort",
+            choices=["age", "size", "key", "model"],
+            default="age",
+            help="order (default age: least recently written first, the eviction order)",
+        )
         p.add_argument("--limit", type=int, default=0, metavar="N", help="print at most N chunks")
     if command == "stat":
         p.add_argument("--capacity-gb", type=float, metavar="N", help="max_capacity_gb to compare usage with")
     if command == "fsck":
         p.add_argument("--repair", action="store_true", help="remove bad chunks and stale temporaries")
-        p.add_argument("--buffer-mb", type=int, default=16, metavar="MB",
-                       help="memory per batch (two batches in flight; default 16)")
+        p.add_argument(
+            "--buffer-mb",
+            type=int,
+            default=16,
+            metavar="MB",
+            help="memory per batch (two batches in flight; default 16)",
+        )
         p.add_argument("--io-engine", choices=["auto", "io_uring", "threads"], default="auto")
-        p.add_argument("--queue-depth", type=int, default=32, metavar="N", help="reads in flight per batch (default 32)")
+        p.add_argument(
+            "--queue-depth", type=int, default=32, metavar="N", help="reads in flight per batch (default 32)"
+        )
         p.add_argument("--no-odirect", action="store_true", help="read through the page cache")
     if command == "gc":
-        p.add_argument("--to-gb", type=float, required=True, metavar="N",
-                       help="keep at most N GiB of chunk files (the unit of max_capacity_gb)")
+        p.add_argument(
+            "--to-gb",
+            type=float,
+            required=True,
+            metavar="N",
+            help="keep at most N GiB of chunk files (the unit of max_capacity_gb)",
+        )
         p.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
 
 
@@ -230,15 +255,19 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
     if args.config:
         plugins = load_plugin_configs(args.config)
         if not plugins:
-            raise AdminError(f"{args.config}: storage_plugins has no lmcache-fx entry "
-                             "(storage_plugin.<name>.module_path: lmcache_fx.lmcache_plugin)")
+            raise AdminError(
+                f"{args.config}: storage_plugins has no lmcache-fx entry "
+                "(storage_plugin.<name>.module_path: lmcache_fx.lmcache_plugin)"
+            )
         if args.plugin:
             plugins = [p for p in plugins if p.name == args.plugin]
             if not plugins:
                 raise AdminError(f"{args.config}: no lmcache-fx plugin named {args.plugin!r}")
         elif len(plugins) > 1:
-            raise AdminError(f"{args.config}: several lmcache-fx plugins ({', '.join(p.name for p in plugins)}); "
-                             "pick one with --plugin")
+            raise AdminError(
+                f"{args.config}: several lmcache-fx plugins ({', '.join(p.name for p in plugins)}); "
+                "pick one with --plugin"
+            )
         pc = plugins[0]
         if pc.error:
             raise AdminError(f"{args.config}: {pc.error}")
@@ -275,16 +304,26 @@ def _emit(args, obj: dict, text: str) -> None:
 
 
 def _warn_not_store(sc: Scan) -> list[str]:
-    return [f"{r} does not look like an lmcache-fx store (no <2 hex digits>/ directories)"
-            for r, ok in sc.looks_like_store.items() if not ok]
+    return [
+        f"{r} does not look like an lmcache-fx store (no <2 hex digits>/ directories)"
+        for r, ok in sc.looks_like_store.items()
+        if not ok
+    ]
 
 
 def _chunk_record(f: StoreFile, h: Optional[Header], err: str, now: float) -> dict:
     rec = {"path": f.path, "digest": f.digest, "size": f.size, "mtime": f.mtime, "age_s": round(now - f.mtime, 3)}
     if h is not None:
-        rec.update(key=h.key, **key_fields(h.key), shapes=[list(s) for s in h.meta.shapes],
-                   dtypes=list(h.meta.dtypes), fmt=h.meta.fmt, payload_len=h.payload_len,
-                   created_ns=h.created_ns, geometry=geometry(h))
+        rec.update(
+            key=h.key,
+            **key_fields(h.key),
+            shapes=[list(s) for s in h.meta.shapes],
+            dtypes=list(h.meta.dtypes),
+            fmt=h.meta.fmt,
+            payload_len=h.payload_len,
+            created_ns=h.created_ns,
+            geometry=geometry(h),
+        )
     else:
         rec["error"] = err
     return rec
@@ -314,12 +353,16 @@ def cmd_ls(args) -> int:
         recs.sort(key=lambda r: r.get("key", ""))
     elif args.sort == "model":
         recs.sort(key=lambda r: (r.get("model", ""), r["mtime"]))
-    shown = recs[:args.limit] if args.limit > 0 else recs
+    shown = recs[: args.limit] if args.limit > 0 else recs
     warnings = _warn_not_store(sc)
-    obj = {"paths": roots, "chunks": shown, "total_chunks": len(recs),
-           "temporaries": [f.path for f in sc.temps], "other_files": [{"path": f.path, "why": f.why}
-                                                                    for f in sc.others],
-           "warnings": warnings}
+    obj = {
+        "paths": roots,
+        "chunks": shown,
+        "total_chunks": len(recs),
+        "temporaries": [f.path for f in sc.temps],
+        "other_files": [{"path": f.path, "why": f.why} for f in sc.others],
+        "warnings": warnings,
+    }
     lines = []
     if shown:
         lines.append(f"{'AGE':>6}  {'SIZE':>10}  {'MODEL':<24} {'GEOMETRY':<36} KEY")
@@ -327,13 +370,17 @@ def cmd_ls(args) -> int:
         if "error" in r:
             lines.append(f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  BAD: {r['error']}  ({r['path']})")
         else:
-            lines.append(f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  {r['model']:<24} "
-                         f"{r['geometry']:<36} {r['key']}")
+            lines.append(
+                f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  {r['model']:<24} "
+                f"{r['geometry']:<36} {r['key']}"
+            )
     total = sum(r["size"] for r in recs)
     more = f" (showing {len(shown)})" if len(shown) < len(recs) else ""
-    lines.append(f"{len(recs)} chunks, {human_bytes(total)}{more}"
-                 + (f"; {len(sc.temps)} temporaries" if sc.temps else "")
-                 + (f"; {len(sc.others)} other files (see fsck)" if sc.others else ""))
+    lines.append(
+        f"{len(recs)} chunks, {human_bytes(total)}{more}"
+        + (f"; {len(sc.temps)} temporaries" if sc.temps else "")
+        + (f"; {len(sc.others)} other files (see fsck)" if sc.others else "")
+    )
     lines += [f"warning: {w}" for w in warnings]
     _emit(args, obj, "\n".join(lines))
     return 0
@@ -384,11 +431,20 @@ def cmd_stat(args) -> int:
         "newest_age_s": round(now - sc.chunks[-1].mtime, 3) if sc.chunks else None,
         "capacity_bytes": int(cap_gb * GIB) if cap_gb is not None else None,
         "usage_fraction": (total / (cap_gb * GIB)) if cap_gb else None,
-        "models": [{"model": k, "chunks": v["chunks"], "bytes": v["bytes"],
-                    "world_sizes": sorted(x for x in v["world_sizes"] if x is not None),
-                    "workers": sorted(x for x in v["workers"] if x is not None)} for k, v in models.items()],
-        "geometries": [{"geometry": k, "chunks": v["chunks"], "bytes": v["bytes"],
-                        "payload_bytes": sorted(v["payload_len"])} for k, v in geos.items()],
+        "models": [
+            {
+                "model": k,
+                "chunks": v["chunks"],
+                "bytes": v["bytes"],
+                "world_sizes": sorted(x for x in v["world_sizes"] if x is not None),
+                "workers": sorted(x for x in v["workers"] if x is not None),
+            }
+            for k, v in models.items()
+        ],
+        "geometries": [
+            {"geometry": k, "chunks": v["chunks"], "bytes": v["bytes"], "payload_bytes": sorted(v["payload_len"])}
+            for k, v in geos.items()
+        ],
         "ages": [{"age": k, **v} for k, v in ages.items()],
         "filesystems": fss,
         "warnings": _warn_not_store(sc),
@@ -397,29 +453,41 @@ def cmd_stat(args) -> int:
     for r, fi in fss.items():
         free = human_bytes(fi["free_bytes"]) if fi["free_bytes"] is not None else "?"
         tot = human_bytes(fi["total_bytes"]) if fi["total_bytes"] is not None else "?"
-        L.append(f"filesystem:   {fi['fstype']} on {fi['device']} at {fi['mountpoint']}, {free} free of {tot}"
-                 + (f"  ({r})" if len(roots) > 1 else ""))
-    L.append(f"chunks:       {len(sc.chunks)}, {human_bytes(total)}"
-             + (f"  ({bad} with a bad header: run fsck)" if bad else ""))
+        L.append(
+            f"filesystem:   {fi['fstype']} on {fi['device']} at {fi['mountpoint']}, {free} free of {tot}"
+            + (f"  ({r})" if len(roots) > 1 else "")
+        )
+    L.append(
+        f"chunks:       {len(sc.chunks)}, {human_bytes(total)}"
+        + (f"  ({bad} with a bad header: run fsck)" if bad else "")
+    )
     if cap_gb is not None:
         src = "--capacity-gb" if args.capacity_gb is not None else "max_capacity_gb"
         L.append(f"capacity:     {human_bytes(cap_gb * GIB)} ({src}), {100 * total / (cap_gb * GIB):.1f}% used")
         free_all = sum(fi["free_bytes"] or 0 for fi in fss.values())
         if cap_gb * GIB > total + free_all:
-            L.append(f"              warning: the filesystem has room for only {human_bytes(total + free_all)}; "
-                     "writes will hit ENOSPC before the capacity is reached")
+            L.append(
+                f"              warning: the filesystem has room for only {human_bytes(total + free_all)}; "
+                "writes will hit ENOSPC before the capacity is reached"
+            )
     else:
         L.append("capacity:     unknown (pass --capacity-gb N or --config YAML)")
-    L.append(f"temporaries:  {len(sc.temps)} ({stale} stale)" + ("  -> fsck --repair removes stale ones" if stale else ""))
+    L.append(
+        f"temporaries:  {len(sc.temps)} ({stale} stale)" + ("  -> fsck --repair removes stale ones" if stale else "")
+    )
     if sc.others:
         L.append(f"other files:  {len(sc.others)} (see fsck)")
     if sc.chunks:
-        L.append(f"written:      newest {human_age(obj['newest_age_s'])} ago, oldest {human_age(obj['oldest_age_s'])} ago")
+        L.append(
+            f"written:      newest {human_age(obj['newest_age_s'])} ago, oldest {human_age(obj['oldest_age_s'])} ago"
+        )
     if models:
         L.append("models:")
         for m in obj["models"]:
-            L.append(f"  {m['model']:<32} {m['chunks']:>8} chunks {human_bytes(m['bytes']):>11}   world size "
-                     f"{','.join(map(str, m['world_sizes']))}, workers {','.join(map(str, m['workers']))}")
+            L.append(
+                f"  {m['model']:<32} {m['chunks']:>8} chunks {human_bytes(m['bytes']):>11}   world size "
+                f"{','.join(map(str, m['world_sizes']))}, workers {','.join(map(str, m['workers']))}"
+            )
     if geos:
         L.append("geometries:")
         for g in obj["geometries"]:
@@ -451,8 +519,14 @@ def cmd_fsck(args) -> int:
             if v.status == "ok":
                 nbytes += v.file.size
                 if len(roots) > 1 and expected_path(roots, v.file.digest) != v.file.path:
-                    problems.append(_problem(v.file, "misplaced", "striped to another path with this path list: "
-                                             "unreachable unless the paths are given as when it was written"))
+                    problems.append(
+                        _problem(
+                            v.file,
+                            "misplaced",
+                            "striped to another path with this path list: "
+                            "unreachable unless the paths are given as when it was written",
+                        )
+                    )
                 continue
             if v.status == "gone":
                 continue
@@ -479,25 +553,45 @@ def cmd_fsck(args) -> int:
     left = [p for p in found if not p.get("removed")]
     code = 0 if not found else (1 if not left else 4)
     live_tmp = len(sc.temps) - sum(1 for p in problems if p["kind"] == "stale-tmp")
-    obj = {"paths": roots, "checked": len(sc.chunks), "ok": counts["ok"], "bad": counts["bad"],
-           "other_version": counts["version"], "vanished": counts["gone"], "bytes_verified": nbytes,
-           "seconds": round(secs, 3), "gb_per_s": round(nbytes / secs / 1e9, 3) if secs > 0 else None,
-           "engine": engine_kind, "odirect": direct, "live_temporaries": live_tmp, "problems": problems,
-           "repair": args.repair, "exit_status": code, "warnings": _warn_not_store(sc)}
+    obj = {
+        "paths": roots,
+        "checked": len(sc.chunks),
+        "ok": counts["ok"],
+        "bad": counts["bad"],
+        "other_version": counts["version"],
+        "vanished": counts["gone"],
+        "bytes_verified": nbytes,
+        "seconds": round(secs, 3),
+        "gb_per_s": round(nbytes / secs / 1e9, 3) if secs > 0 else None,
+        "engine": engine_kind,
+        "odirect": direct,
+        "live_temporaries": live_tmp,
+        "problems": problems,
+        "repair": args.repair,
+        "exit_status": code,
+        "warnings": _warn_not_store(sc),
+    }
     L = []
     for p in problems:
-        tag = {"bad": "BAD", "stale-tmp": "STALE", "foreign": "FOREIGN", "version": "VERSION",
-               "misplaced": "MISPLACED"}[p["kind"]]
+        tag = {
+            "bad": "BAD",
+            "stale-tmp": "STALE",
+            "foreign": "FOREIGN",
+            "version": "VERSION",
+            "misplaced": "MISPLACED",
+        }[p["kind"]]
         act = ""
         if args.repair and p["kind"] in ("bad", "stale-tmp"):
             act = "  -> removed" if p["removed"] else f"  -> not removed: {p['note']}"
         L.append(f"{tag:<9} {p['path']}: {p['problem']}{act}")
-    L.append(f"checked {len(sc.chunks)} chunks ({human_bytes(nbytes)} verified) in {secs:.2f} s"
-             + (f", {nbytes / secs / 1e9:.2f} GB/s" if secs > 0 and nbytes else "")
-             + f" with {engine_kind}{' + O_DIRECT' if direct else ''}: "
-             f"{counts['ok']} ok, {counts['bad']} bad"
-             + (f", {counts['version']} of another format version" if counts["version"] else "")
-             + (f", {counts['gone']} removed meanwhile" if counts["gone"] else ""))
+    L.append(
+        f"checked {len(sc.chunks)} chunks ({human_bytes(nbytes)} verified) in {secs:.2f} s"
+        + (f", {nbytes / secs / 1e9:.2f} GB/s" if secs > 0 and nbytes else "")
+        + f" with {engine_kind}{' + O_DIRECT' if direct else ''}: "
+        f"{counts['ok']} ok, {counts['bad']} bad"
+        + (f", {counts['version']} of another format version" if counts["version"] else "")
+        + (f", {counts['gone']} removed meanwhile" if counts["gone"] else "")
+    )
     if live_tmp:
         L.append(f"{live_tmp} temporaries of running writers (left alone)")
     if found and not args.repair:
@@ -552,16 +646,28 @@ def cmd_gc(args) -> int:
                 continue
         removed.append({"path": f.path, "size": f.size, "age_s": round(time.time() - f.mtime, 3)})
         usage -= f.size
-    obj = {"paths": roots, "target_bytes": target, "before_bytes": before, "after_bytes": usage,
-           "chunks_before": len(sc.chunks), "removed_chunks": len(removed),
-           "freed_bytes": before - usage, "dry_run": args.dry_run, "removed": removed, "failed": failed,
-           "warnings": _warn_not_store(sc)}
+    obj = {
+        "paths": roots,
+        "target_bytes": target,
+        "before_bytes": before,
+        "after_bytes": usage,
+        "chunks_before": len(sc.chunks),
+        "removed_chunks": len(removed),
+        "freed_bytes": before - usage,
+        "dry_run": args.dry_run,
+        "removed": removed,
+        "failed": failed,
+        "warnings": _warn_not_store(sc),
+    }
     verb = "would remove" if args.dry_run else "removed"
-    L = [f"{verb} {len(removed)} of {len(sc.chunks)} chunks ({human_bytes(before - usage)}): "
-         f"{human_bytes(before)} -> {human_bytes(usage)} (target {human_bytes(target)})"]
+    L = [
+        f"{verb} {len(removed)} of {len(sc.chunks)} chunks ({human_bytes(before - usage)}): "
+        f"{human_bytes(before)} -> {human_bytes(usage)} (target {human_bytes(target)})"
+    ]
     if removed:
-        L.append(f"oldest removed written {human_age(removed[0]['age_s'])} ago, newest "
-                 f"{human_age(removed[-1]['age_s'])} ago")
+        L.append(
+            f"oldest removed written {human_age(removed[0]['age_s'])} ago, newest {human_age(removed[-1]['age_s'])} ago"
+        )
     L += [f"could not remove {x['path']}: {x['error']}" for x in failed]
     L += [f"warning: {w}" for w in obj["warnings"]]
     _emit(args, obj, "\n".join(L))

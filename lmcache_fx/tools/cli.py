@@ -1,5 +1,6 @@
 """`lmcache-fx` command line: a thin dispatcher; each subcommand lives in
 its own module and supplies add_arguments(parser) and run(args, parser)."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
         if importlib.util.find_spec(mod) is None:
             continue  # not part of this build
         m = importlib.import_module(mod)
-        sp = sub.add_parser(name, help=helptext, description=helptext,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp = sub.add_parser(
+            name, help=helptext, description=helptext, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         m.add_arguments(sp, name)
         sp.set_defaults(_module=mod, _parser=sp)
     return p
@@ -36,8 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def command_parser(command: str, add_arguments, doc: str) -> argparse.ArgumentParser:
     """A parser for one subcommand on its own (`python -m lmcache_fx.tools.<module>`, tests)."""
-    p = argparse.ArgumentParser(prog=f"lmcache-fx {command}", description=(doc or "").split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=f"lmcache-fx {command}",
+        description=(doc or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p, command)
     return p
 

@@ -1,5 +1,6 @@
 """Helpers every operator command shares: the error a user can fix, sizes and
 ages for people, what filesystem a path is on, quiet exit on a closed pipe."""
+
 from __future__ import annotations
 
 import os

@@ -12,6 +12,7 @@ loads it. Nothing is created except a 4 KiB probe file, removed at once.
 Exit status: 0 the configured fast path will be used (warnings may remain);
 1 it will not (a FAIL line says why and how to fix it); 2 usage error.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .. import _fxio
-from ..core.options import GIB, ConfigError, FxOptions
 from ..core.layout import probe_odirect, root_problem
+from ..core.options import GIB, ConfigError, FxOptions
 from .common import fs_info, human_bytes, quiet_broken_pipe
 from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
 
@@ -98,16 +99,30 @@ def check_io_uring(io_engine: str) -> Check:
     group = _read("/proc/sys/kernel/io_uring_group")
     seccomp = st.get("Seccomp", "?")
     filters = st.get("Seccomp_filters", "?")
-    data = {"kernel": rel, "io_uring_disabled": disabled, "io_uring_group": group, "seccomp": seccomp,
-            "seccomp_filters": filters, "built_with_liburing": bool(_fxio.HAVE_LIBURING), "io_engine": io_engine}
+    data = {
+        "kernel": rel,
+        "io_uring_disabled": disabled,
+        "io_uring_group": group,
+        "seccomp": seccomp,
+        "seccomp_filters": filters,
+        "built_with_liburing": bool(_fxio.HAVE_LIBURING),
+        "io_engine": io_engine,
+    }
     usable, reason = _fxio.io_uring_status()
     data["usable"], data["reason"] = usable, reason
-    facts = (f"kernel {rel}, kernel.io_uring_disabled={disabled if disabled is not None else 'absent'}, "
-             f"seccomp {'off' if seccomp == '0' else {'1': 'strict', '2': f'filter ({filters} filters)'}.get(seccomp, seccomp)}")
+    facts = (
+        f"kernel {rel}, kernel.io_uring_disabled={disabled if disabled is not None else 'absent'}, "
+        f"seccomp {'off' if seccomp == '0' else {'1': 'strict', '2': f'filter ({filters} filters)'}.get(seccomp, seccomp)}"
+    )
     if usable:
         if (maj, mnr) < (5, 15):
-            return Check("io_uring", "warn", f"usable ({facts}); kernels before 5.15 have slower, less tested io_uring",
-                         "upgrade the kernel to 5.15 or later", data)
+            return Check(
+                "io_uring",
+                "warn",
+                f"usable ({facts}); kernels before 5.15 have slower, less tested io_uring",
+                "upgrade the kernel to 5.15 or later",
+                data,
+            )
         return Check("io_uring", "ok", f"usable ({facts})", data=data)
     # Why not, most specific first.
     if not _fxio.HAVE_LIBURING:
@@ -120,13 +135,17 @@ def check_io_uring(io_engine: str) -> Check:
         why = "kernel.io_uring_disabled=2: io_uring is off for everyone"
         fix = "sysctl -w kernel.io_uring_disabled=0 (and in /etc/sysctl.d to keep it)"
     elif disabled == "1":
-        why = (f"kernel.io_uring_disabled=1: only CAP_SYS_ADMIN or members of group "
-               f"{group} (kernel.io_uring_group) may use io_uring")
+        why = (
+            f"kernel.io_uring_disabled=1: only CAP_SYS_ADMIN or members of group "
+            f"{group} (kernel.io_uring_group) may use io_uring"
+        )
         fix = "add the server's user to that group, or sysctl -w kernel.io_uring_disabled=0"
     elif seccomp == "2":
         why = f"a seccomp filter blocks io_uring_setup ({filters} filter(s); Docker's default profile does this)"
-        fix = ("run the container with a seccomp profile that allows io_uring_setup, io_uring_enter and "
-               "io_uring_register (docker run --security-opt seccomp=PROFILE.json)")
+        fix = (
+            "run the container with a seccomp profile that allows io_uring_setup, io_uring_enter and "
+            "io_uring_register (docker run --security-opt seccomp=PROFILE.json)"
+        )
     else:
         why = reason
         fix = "see the reason above"
@@ -150,8 +169,12 @@ def check_versions() -> list[Check]:
     except metadata.PackageNotFoundError:
         fxv = "not installed (running from a source tree)"
     crc = _fxio.CRC32C_IMPL
-    c = Check("lmcache-fx", "ok", f"{fxv}, C engine with {'io_uring and ' if _fxio.HAVE_LIBURING else ''}threads, "
-              f"CRC32C {crc}", data={"version": fxv, "crc32c": crc, "liburing": bool(_fxio.HAVE_LIBURING)})
+    c = Check(
+        "lmcache-fx",
+        "ok",
+        f"{fxv}, C engine with {'io_uring and ' if _fxio.HAVE_LIBURING else ''}threads, CRC32C {crc}",
+        data={"version": fxv, "crc32c": crc, "liburing": bool(_fxio.HAVE_LIBURING)},
+    )
     if crc == "table":
         c.status, c.fix = "warn", "this CPU lacks SSE4.2/ARMv8 CRC: verify: true costs noticeable CPU per GB"
     out.append(c)
@@ -168,8 +191,15 @@ def check_versions() -> list[Check]:
     if t and lo <= t < hi:
         out.append(Check("LMCache", "ok", f"{v} (supported: >=0.5.6,<0.6)", data={"version": v}))
     else:
-        out.append(Check("LMCache", "warn", f"{v} is outside the tested range >=0.5.6,<0.6",
-                         "install lmcache 0.5.x (>=0.5.6), or expect interface changes", {"version": v}))
+        out.append(
+            Check(
+                "LMCache",
+                "warn",
+                f"{v} is outside the tested range >=0.5.6,<0.6",
+                "install lmcache 0.5.x (>=0.5.6), or expect interface changes",
+                {"version": v},
+            )
+        )
     return out
 
 
@@ -181,11 +211,20 @@ def check_memlock(pool_bytes: Optional[int]) -> list[Check]:
     def fmt(x):
         return "unlimited" if x == resource.RLIM_INFINITY else f"{x / (1 << 20):.0f} MiB"
 
-    data = {"memlock_soft": None if soft == resource.RLIM_INFINITY else soft,
-            "memlock_hard": None if hard == resource.RLIM_INFINITY else hard, "cap_ipc_lock": cap,
-            "pool_bytes": pool_bytes}
-    out = [Check("memlock", "ok" if cap or soft == resource.RLIM_INFINITY else "info",
-                 f"RLIMIT_MEMLOCK {fmt(soft)} (hard {fmt(hard)}), CAP_IPC_LOCK {'yes' if cap else 'no'}", data=data)]
+    data = {
+        "memlock_soft": None if soft == resource.RLIM_INFINITY else soft,
+        "memlock_hard": None if hard == resource.RLIM_INFINITY else hard,
+        "cap_ipc_lock": cap,
+        "pool_bytes": pool_bytes,
+    }
+    out = [
+        Check(
+            "memlock",
+            "ok" if cap or soft == resource.RLIM_INFINITY else "info",
+            f"RLIMIT_MEMLOCK {fmt(soft)} (hard {fmt(hard)}), CAP_IPC_LOCK {'yes' if cap else 'no'}",
+            data=data,
+        )
+    ]
     # Does a fixed buffer register? Try with real memory on a real ring.
     try:
         eng = _fxio.Engine("io_uring", 4, 1 << 20)
@@ -201,21 +240,32 @@ def check_memlock(pool_bytes: Optional[int]) -> list[Check]:
         eng.close()
     data = {"probe_bytes": size, "result": r}
     if r < 0:
-        return out + [Check("fixed buffers", "warn",
-                            f"a {size >> 20} MiB buffer does not register ({os.strerror(-r)}): reads work, "
-                            "but pin pages per I/O (more CPU per GB)",
-                            "raise the memlock limit (ulimit -l unlimited; docker run --ulimit memlock=-1) or "
-                            "grant CAP_IPC_LOCK", data)]
+        return out + [
+            Check(
+                "fixed buffers",
+                "warn",
+                f"a {size >> 20} MiB buffer does not register ({os.strerror(-r)}): reads work, "
+                "but pin pages per I/O (more CPU per GB)",
+                "raise the memlock limit (ulimit -l unlimited; docker run --ulimit memlock=-1) or grant CAP_IPC_LOCK",
+                data,
+            )
+        ]
     limited = not cap and soft != resource.RLIM_INFINITY
     if pool_bytes and limited and pool_bytes > soft:
-        return out + [Check("fixed buffers", "warn",
-                            f"a {size >> 20} MiB buffer registers, but LMCache's pool of {pool_bytes / GIB:.1f} GiB "
-                            f"exceeds the memlock limit ({fmt(soft)}) without CAP_IPC_LOCK: it will not register",
-                            "raise the memlock limit above the pool size (ulimit -l unlimited) or grant "
-                            "CAP_IPC_LOCK", data)]
+        return out + [
+            Check(
+                "fixed buffers",
+                "warn",
+                f"a {size >> 20} MiB buffer registers, but LMCache's pool of {pool_bytes / GIB:.1f} GiB "
+                f"exceeds the memlock limit ({fmt(soft)}) without CAP_IPC_LOCK: it will not register",
+                "raise the memlock limit above the pool size (ulimit -l unlimited) or grant CAP_IPC_LOCK",
+                data,
+            )
+        ]
     note = "" if pool_bytes is None else f"; LMCache's pool ({pool_bytes / GIB:.1f} GiB) fits the limit"
-    return out + [Check("fixed buffers", "ok", f"io_uring fixed buffers register ({size >> 20} MiB tried){note}",
-                        data=data)]
+    return out + [
+        Check("fixed buffers", "ok", f"io_uring fixed buffers register ({size >> 20} MiB tried){note}", data=data)
+    ]
 
 
 def check_hugepages() -> Check:
@@ -238,12 +288,20 @@ def check_hugepages() -> Check:
     if mode is None:
         return Check("huge pages", "info", "no transparent huge pages on this kernel", data=data)
     if mode == "never" or adv < 0:
-        return Check("huge pages", "warn",
-                     f"transparent huge pages are '{mode}': LMCache's pool stays on 4 KiB pages, so large reads "
-                     "are split into smaller requests (up to 7-10x more CPU per GB measured on virtio)",
-                     "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled", data)
-    return Check("huge pages", "ok", f"transparent huge pages '{mode}', defrag '{defrag}': the plugin advises "
-                 "LMCache's pool onto 2 MiB pages", data=data)
+        return Check(
+            "huge pages",
+            "warn",
+            f"transparent huge pages are '{mode}': LMCache's pool stays on 4 KiB pages, so large reads "
+            "are split into smaller requests (up to 7-10x more CPU per GB measured on virtio)",
+            "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled",
+            data,
+        )
+    return Check(
+        "huge pages",
+        "ok",
+        f"transparent huge pages '{mode}', defrag '{defrag}': the plugin advises LMCache's pool onto 2 MiB pages",
+        data=data,
+    )
 
 
 def check_gpu() -> Check:
@@ -255,26 +313,46 @@ def check_gpu() -> Check:
     info = gpu.driver_info()
     data: dict = {"driver": info}
     if info.get("api") is None:
-        return Check("GPU driver", "info", "no CUDA or ROCm driver here (libcuda.so.1 / libamdhip64.so): LMCache "
-                     f"runs on CPU only (fine for tests, not for serving){_why(info)}", data=data)
+        return Check(
+            "GPU driver",
+            "info",
+            "no CUDA or ROCm driver here (libcuda.so.1 / libamdhip64.so): LMCache "
+            f"runs on CPU only (fine for tests, not for serving){_why(info)}",
+            data=data,
+        )
     found = f"{info['api']} driver {info.get('path') or ''} with {info.get('devices', 0)} device(s)"
     if not info.get("devices"):
-        return Check("GPU driver", "warn", f"{found}: no usable device{_why(info)}",
-                     "check the driver matches the kernel module (nvidia-smi / rocm-smi) and the device is visible "
-                     "in this container", data)
+        return Check(
+            "GPU driver",
+            "warn",
+            f"{found}: no usable device{_why(info)}",
+            "check the driver matches the kernel module (nvidia-smi / rocm-smi) and the device is visible "
+            "in this container",
+            data,
+        )
     try:
         rd = gpu.GpuReader(device=0, slots=2, slot_bytes=1 << 20, warn=False)
     except Exception as e:  # noqa: BLE001 - the answer is the error
-        return Check("GPU driver", "fail", f"{found}; the staging pipeline cannot start: {e}",
-                     "direct_to_gpu will refuse to start; check the driver and the memlock limit", data)
+        return Check(
+            "GPU driver",
+            "fail",
+            f"{found}; the staging pipeline cannot start: {e}",
+            "direct_to_gpu will refuse to start; check the driver and the memlock limit",
+            data,
+        )
     try:
         data.update(degraded=rd.degraded, pinned=rd.pinned, io=rd.io, numa=getattr(rd, "numa_info", None))
     finally:
         rd.close()
     where = f"; staging on NUMA node {data['numa']}" if data["numa"] is not None else ""
     if data["degraded"]:
-        return Check("GPU driver", "warn", f"{found}; GPU reads would run on a slow path: {data['degraded']}",
-                     "raise the memlock limit (ulimit -l) or grant CAP_IPC_LOCK to the container", data)
+        return Check(
+            "GPU driver",
+            "warn",
+            f"{found}; GPU reads would run on a slow path: {data['degraded']}",
+            "raise the memlock limit (ulimit -l) or grant CAP_IPC_LOCK to the container",
+            data,
+        )
     return Check("GPU driver", "ok", f"{found}; staging page-locked, reads by {data['io']}{where}", data=data)
 
 
@@ -304,21 +382,49 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
     data = {"path": root, **fi}
     if os.path.exists(root):
         if not os.path.isdir(root):
-            return [Check(f"{tag}path", "fail", f"{root} exists and is not a directory: the plugin will not start",
-                          "point path at a directory", data)]
+            return [
+                Check(
+                    f"{tag}path",
+                    "fail",
+                    f"{root} exists and is not a directory: the plugin will not start",
+                    "point path at a directory",
+                    data,
+                )
+            ]
         why = root_problem(root, os.stat(root), opts.shared_group)
         if why:
-            out.append(Check(f"{tag}path", "fail", f"{why}: the plugin will not start",
-                             "use a directory of your own (chmod 700), or shared_group: true for a group store", data))
+            out.append(
+                Check(
+                    f"{tag}path",
+                    "fail",
+                    f"{why}: the plugin will not start",
+                    "use a directory of your own (chmod 700), or shared_group: true for a group store",
+                    data,
+                )
+            )
         else:
-            out.append(Check(f"{tag}path", "ok", f"{root} on {fi['fstype']} ({fi['device']} at {fi['mountpoint']})",
-                             data=data))
+            out.append(
+                Check(f"{tag}path", "ok", f"{root} on {fi['fstype']} ({fi['device']} at {fi['mountpoint']})", data=data)
+            )
     elif not os.access(where, os.W_OK | os.X_OK):
-        return [Check(f"{tag}path", "fail", f"{root} does not exist and {where} is not writable: the plugin cannot "
-                      "create it", f"mkdir -p {root} and give it to the server's user", data)]
+        return [
+            Check(
+                f"{tag}path",
+                "fail",
+                f"{root} does not exist and {where} is not writable: the plugin cannot create it",
+                f"mkdir -p {root} and give it to the server's user",
+                data,
+            )
+        ]
     else:
-        out.append(Check(f"{tag}path", "ok", f"{root} does not exist yet; the plugin will create it under {where} "
-                         f"({fi['fstype']})", data=data))
+        out.append(
+            Check(
+                f"{tag}path",
+                "ok",
+                f"{root} does not exist yet; the plugin will create it under {where} ({fi['fstype']})",
+                data=data,
+            )
+        )
     # O_DIRECT: a real aligned write and read through the engine.
     if opts.odirect == "false":
         out.append(Check(f"{tag}O_DIRECT", "info", "odirect: false is configured: reads go through the page cache"))
@@ -327,12 +433,21 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
         if ok:
             out.append(Check(f"{tag}O_DIRECT", "ok", f"works on {fi['fstype']} (4 KiB written and read back)"))
         else:
-            out.append(Check(f"{tag}O_DIRECT", "fail",
-                             f"not usable on {fi['fstype']} at {where}: {why}; "
-                             + ("odirect: true will refuse to start the plugin" if opts.odirect == "true"
-                                else "odirect: auto will use buffered I/O (page cache, more CPU, no fast path)"),
-                             "put the store on a block filesystem (XFS or ext4 on NVMe), or set odirect: false "
-                             "to accept buffered I/O", {"error": why}))
+            out.append(
+                Check(
+                    f"{tag}O_DIRECT",
+                    "fail",
+                    f"not usable on {fi['fstype']} at {where}: {why}; "
+                    + (
+                        "odirect: true will refuse to start the plugin"
+                        if opts.odirect == "true"
+                        else "odirect: auto will use buffered I/O (page cache, more CPU, no fast path)"
+                    ),
+                    "put the store on a block filesystem (XFS or ext4 on NVMe), or set odirect: false "
+                    "to accept buffered I/O",
+                    {"error": why},
+                )
+            )
     # Free space against capacity.
     if fi["free_bytes"] is not None:
         used = 0
@@ -347,15 +462,28 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
         nroots = len(opts.paths)
         share = cap / nroots  # striping spreads the capacity over the paths
         if share > room:
-            out.append(Check(f"{tag}space", "warn",
-                             f"{human_bytes(fi['free_bytes'])} free + {human_bytes(used)} in the store < "
-                             f"max_capacity_gb {opts.max_capacity_gb:g}"
-                             + (f" / {nroots} paths" if nroots > 1 else "")
-                             + ": writes will fail with ENOSPC before eviction starts",
-                             f"set max_capacity_gb below {room * nroots / GIB * 0.95:.0f}", d))
+            out.append(
+                Check(
+                    f"{tag}space",
+                    "warn",
+                    f"{human_bytes(fi['free_bytes'])} free + {human_bytes(used)} in the store < "
+                    f"max_capacity_gb {opts.max_capacity_gb:g}"
+                    + (f" / {nroots} paths" if nroots > 1 else "")
+                    + ": writes will fail with ENOSPC before eviction starts",
+                    f"set max_capacity_gb below {room * nroots / GIB * 0.95:.0f}",
+                    d,
+                )
+            )
         else:
-            out.append(Check(f"{tag}space", "ok", f"{human_bytes(fi['free_bytes'])} free, {human_bytes(used)} in the "
-                             f"store, max_capacity_gb {opts.max_capacity_gb:g}", data=d))
+            out.append(
+                Check(
+                    f"{tag}space",
+                    "ok",
+                    f"{human_bytes(fi['free_bytes'])} free, {human_bytes(used)} in the "
+                    f"store, max_capacity_gb {opts.max_capacity_gb:g}",
+                    data=d,
+                )
+            )
     return out
 
 
@@ -366,8 +494,9 @@ def check_engine(opts: FxOptions, tag: str) -> Check:
     try:
         eng = make_engine(opts)
     except ConfigError as e:
-        return Check(f"{tag}engine", "fail", f"the plugin will not start: {e}",
-                     "fix io_uring (see above) or set io_engine: auto")
+        return Check(
+            f"{tag}engine", "fail", f"the plugin will not start: {e}", "fix io_uring (see above) or set io_engine: auto"
+        )
     try:
         kind, why = eng.kind, eng.fallback_reason
         qd, split = eng.queue_depth, eng.split_bytes
@@ -377,10 +506,10 @@ def check_engine(opts: FxOptions, tag: str) -> Check:
     if kind == "io_uring":
         return Check(f"{tag}engine", "ok", f"io_uring, queue_depth {qd}, split_bytes {split >> 10} KiB", data=data)
     if opts.io_engine == "threads":
-        return Check(f"{tag}engine", "info", f"threads (io_engine: threads is configured), queue_depth {qd}",
-                     data=data)
-    return Check(f"{tag}engine", "fail", f"the thread engine will run instead of io_uring: {why}",
-                 "see the io_uring line", data)
+        return Check(f"{tag}engine", "info", f"threads (io_engine: threads is configured), queue_depth {qd}", data=data)
+    return Check(
+        f"{tag}engine", "fail", f"the thread engine will run instead of io_uring: {why}", "see the io_uring line", data
+    )
 
 
 # ---------------------------------------------------------------- the command
@@ -388,10 +517,17 @@ def check_engine(opts: FxOptions, tag: str) -> Check:
 
 def add_arguments(p: argparse.ArgumentParser, command: str = "doctor") -> None:
     p.epilog = EXAMPLES
-    p.add_argument("--path", metavar="P", help="store directory (comma-separated for a striped store); "
-                   "default: the path of each lmcache-fx plugin in --config, else the option's default")
-    p.add_argument("--config", metavar="YAML", help="LMCache config file to check the plugin against "
-                   "(default: $LMCACHE_CONFIG_FILE when set)")
+    p.add_argument(
+        "--path",
+        metavar="P",
+        help="store directory (comma-separated for a striped store); "
+        "default: the path of each lmcache-fx plugin in --config, else the option's default",
+    )
+    p.add_argument(
+        "--config",
+        metavar="YAML",
+        help="LMCache config file to check the plugin against (default: $LMCACHE_CONFIG_FILE when set)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
     p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
 
@@ -415,16 +551,27 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
             except (TypeError, ValueError):
                 pool_bytes = None
             if not entries:
-                checks.append(Check("config", "fail", f"{config}: storage_plugins lists no lmcache-fx plugin",
-                                    "add: storage_plugins: [fx] and extra_config: storage_plugin.fx.module_path: "
-                                    f"{PLUGIN_MODULE}, storage_plugin.fx.class_name: {PLUGIN_CLASS}"))
+                checks.append(
+                    Check(
+                        "config",
+                        "fail",
+                        f"{config}: storage_plugins lists no lmcache-fx plugin",
+                        "add: storage_plugins: [fx] and extra_config: storage_plugin.fx.module_path: "
+                        f"{PLUGIN_MODULE}, storage_plugin.fx.class_name: {PLUGIN_CLASS}",
+                    )
+                )
             for pc in entries:
                 check_plugin(pc, cfg)
                 if pc.error:
-                    checks.append(Check(f"[{pc.name}] plugin", "fail",
-                                        f"will not load (LMCache would log 'Failed to create backend {pc.name}' "
-                                        f"and run without the tier): {pc.error}",
-                                        "correct the setting named above in the YAML"))
+                    checks.append(
+                        Check(
+                            f"[{pc.name}] plugin",
+                            "fail",
+                            f"will not load (LMCache would log 'Failed to create backend {pc.name}' "
+                            f"and run without the tier): {pc.error}",
+                            "correct the setting named above in the YAML",
+                        )
+                    )
                     # Still check its path, so one run shows every problem.
                     raw = (cfg.extra_config or {}).get(f"storage_plugin.{pc.name}.path")
                     try:
@@ -432,8 +579,14 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
                     except ConfigError:
                         pass
                 else:
-                    checks.append(Check(f"[{pc.name}] plugin", "ok",
-                                        f"loads; options: {_opts_summary(pc.options)}", data=asdict(pc.options)))
+                    checks.append(
+                        Check(
+                            f"[{pc.name}] plugin",
+                            "ok",
+                            f"loads; options: {_opts_summary(pc.options)}",
+                            data=asdict(pc.options),
+                        )
+                    )
                     plugins.append((pc.name, pc.options))
     io_engine = plugins[0][1].io_engine if plugins else "auto"
     checks.append(check_io_uring(io_engine))
@@ -442,12 +595,18 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
         try:
             o = FxOptions.from_mapping({**_nondefault(base), "path": path})
         except ConfigError as e:
-            raise ValueError(f"--path: {e}")
+            raise ValueError(f"--path: {e}") from None
         plugins = [("", o)]
     elif not plugins and not config:
         plugins = [("", FxOptions())]
-        checks.append(Check("config", "info", "no --config: checking the default options on the default path "
-                            f"{FxOptions().path} (give --path or --config)"))
+        checks.append(
+            Check(
+                "config",
+                "info",
+                "no --config: checking the default options on the default path "
+                f"{FxOptions().path} (give --path or --config)",
+            )
+        )
     for name, o in plugins:
         tag = f"[{name}] " if name else ""
         checks.append(check_engine(o, tag))
@@ -459,11 +618,12 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
     fails = [c for c in checks if c.status == "fail"]
     warns = [c for c in checks if c.status == "warn"]
     if fails:
-        verdict = "the fast path will NOT be used; see the FAIL lines: " + ", ".join(c["name"] if isinstance(c, dict)
-                                                                                      else c.name for c in fails)
+        verdict = "the fast path will NOT be used; see the FAIL lines: " + ", ".join(
+            c["name"] if isinstance(c, dict) else c.name for c in fails
+        )
     else:
         used = []
-        for name, o in plugins:
+        for _name, o in plugins:
             parts = ["io_uring" if o.io_engine != "threads" else "threads"]
             if o.odirect != "false":
                 parts.append("O_DIRECT")
@@ -471,14 +631,15 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
         verdict = "the configured fast path will be used: " + "; ".join(used)
         if warns:
             verdict += f" ({len(warns)} warning{'s' if len(warns) > 1 else ''})"
-    return {"checks": [asdict(c) for c in checks], "fast_path": not fails, "warnings": len(warns),
-            "verdict": verdict}
+    return {"checks": [asdict(c) for c in checks], "fast_path": not fails, "warnings": len(warns), "verdict": verdict}
 
 
 def _opts_summary(o: FxOptions) -> str:
-    return (f"path {o.path}, max_capacity_gb {o.max_capacity_gb:g}, io_engine {o.io_engine}, queue_depth "
-            f"{o.queue_depth}, split_bytes {o.split_bytes >> 10} KiB, odirect {o.odirect}, verify "
-            f"{str(o.verify).lower()}")
+    return (
+        f"path {o.path}, max_capacity_gb {o.max_capacity_gb:g}, io_engine {o.io_engine}, queue_depth "
+        f"{o.queue_depth}, split_bytes {o.split_bytes >> 10} KiB, odirect {o.odirect}, verify "
+        f"{str(o.verify).lower()}"
+    )
 
 
 def _nondefault(o: FxOptions) -> dict:
@@ -502,7 +663,6 @@ def run(args, parser=None) -> int:
     try:
         _print(res, args.json)
     except BrokenPipeError:
-
         quiet_broken_pipe()
     return code
 

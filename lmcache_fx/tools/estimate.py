@@ -12,6 +12,7 @@ which resource binds (disk, network link, PCIe, prefill compute).
 
 Every formula and assumption is written down in docs/estimate.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,15 @@ KIB = 1 << 10
 
 # --kv-dtype spelling -> Geometry.dtype (bench.Geometry knows the byte sizes)
 KV_DTYPES = {
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "float16": "float16",
-    "fp32": "float32", "float32": "float32",
-    "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "float8_e4m3fn": "float8_e4m3fn",
     "fp8_e5m2": "uint8",  # one byte like e4m3; Geometry has no e5m2 name
 }
 
@@ -149,8 +155,15 @@ def fifo_ttft(n: int, load: float, compute: float, overlap: bool) -> dict:
     else:
         step = first = load + compute
     done = [first + k * step for k in range(n)]
-    return {"p50_s": statistics.median(done), "mean_s": sum(done) / n, "worst_s": done[-1], "alone_s": done[0],
-            "closed_loop_s": max(n * step, first), "step_s": step, "requests_per_s": (1.0 / step) if step > 0 else None}
+    return {
+        "p50_s": statistics.median(done),
+        "mean_s": sum(done) / n,
+        "worst_s": done[-1],
+        "alone_s": done[0],
+        "closed_loop_s": max(n * step, first),
+        "step_s": step,
+        "requests_per_s": (1.0 / step) if step > 0 else None,
+    }
 
 
 def estimate(inp: Inputs) -> dict:
@@ -177,20 +190,37 @@ def estimate(inp: Inputs) -> dict:
     res: dict = {
         "model": inp.model,
         "inputs": {k: v for k, v in asdict(inp).items() if k != "geo"},
-        "geometry": {"layers": geo.layers, "kv_heads": geo.kv_heads, "head_dim": geo.head_dim, "dtype": geo.dtype,
-                     "dtype_bytes": geo.dtype_bytes, "mla": geo.mla, "chunk_tokens": ch,
-                     "kv_heads_per_rank": rank.kv_heads, "stored_copies": copies},
+        "geometry": {
+            "layers": geo.layers,
+            "kv_heads": geo.kv_heads,
+            "head_dim": geo.head_dim,
+            "dtype": geo.dtype,
+            "dtype_bytes": geo.dtype_bytes,
+            "mla": geo.mla,
+            "chunk_tokens": ch,
+            "kv_heads_per_rank": rank.kv_heads,
+            "stored_copies": copies,
+        },
         "kv_bytes_per_token": {"model": bpt_model, "per_rank": bpt_rank, "stored": bpt_stored},
         "kv_bytes_per_chunk": {"model": bpt_model * ch, "per_rank": bpt_rank * ch, "stored": bpt_stored * ch},
-        "request": {"context_tokens": inp.context, "hit_tokens": hit, "hit_chunks": chunks,
-                    "miss_tokens": miss, "storage_bytes": storage_bytes, "per_rank_bytes": pcie_bytes},
+        "request": {
+            "context_tokens": inp.context,
+            "hit_tokens": hit,
+            "hit_chunks": chunks,
+            "miss_tokens": miss,
+            "storage_bytes": storage_bytes,
+            "per_rank_bytes": pcie_bytes,
+        },
     }
 
     # load: the stages stream chunk by chunk, so the slowest one sets the time
     stages = {}
     if inp.storage_gbps:
-        stages["disk"] = {"gbps": inp.storage_gbps, "bytes": storage_bytes,
-                          "s": storage_bytes / (inp.storage_gbps * GB)}
+        stages["disk"] = {
+            "gbps": inp.storage_gbps,
+            "bytes": storage_bytes,
+            "s": storage_bytes / (inp.storage_gbps * GB),
+        }
     if inp.link_gbit:
         lg = inp.link_gbit / 8
         stages["link"] = {"gbps": lg, "bytes": storage_bytes, "s": storage_bytes / (lg * GB)}
@@ -202,14 +232,22 @@ def estimate(inp: Inputs) -> dict:
     # binding above this bandwidth
     caps = [stages[k]["s"] for k in ("link", "pcie") if k in stages]
     disk_ceiling = storage_bytes / (max(caps) * GB) if caps and hit and max(caps) > 0 else None
-    res["load"] = {"stages": stages, "load_s": load_s, "binds": load_bind,
-                   "effective_gbps": (storage_bytes / load_s / GB) if load_s else None,
-                   "disk_stops_binding_above_gbps": disk_ceiling}
+    res["load"] = {
+        "stages": stages,
+        "load_s": load_s,
+        "binds": load_bind,
+        "effective_gbps": (storage_bytes / load_s / GB) if load_s else None,
+        "disk_stops_binding_above_gbps": disk_ceiling,
+    }
 
     R = inp.prefill_tok_s
     if R:
-        res["compute"] = {"prefill_tok_s": R, "recompute_prefix_s": hit / R, "prefill_miss_s": miss / R,
-                          "prefill_whole_s": inp.context / R}
+        res["compute"] = {
+            "prefill_tok_s": R,
+            "recompute_prefix_s": hit / R,
+            "prefill_miss_s": miss / R,
+            "prefill_whole_s": inp.context / R,
+        }
         be = bpt_stored * R / GB
         # link or PCIe alone may already be slower than recomputing
         blocked_by = [k for k in ("link", "pcie") if k in stages and hit and stages[k]["s"] >= hit / R]
@@ -224,12 +262,16 @@ def estimate(inp: Inputs) -> dict:
         # serial model: TTFT speedup over recompute <= min(effective read
         # bandwidth / break-even, context / miss tokens)
         eff = res["load"]["effective_gbps"]
-        res["break_even"]["speedup_bound"] = min(x for x in (eff / be if eff else math.inf,
-                                                             inp.context / miss) if x is not None)
+        res["break_even"]["speedup_bound"] = min(
+            x for x in (eff / be if eff else math.inf, inp.context / miss) if x is not None
+        )
         t0 = inp.overhead_s  # a fixed cost per request, with or without the store
         base = fifo_ttft(inp.concurrency, 0.0, t0 + inp.context / R, False)
-        res["ttft"] = {"concurrency": inp.concurrency, "queueing": "async" if inp.async_loading else "serial",
-                       "recompute": base}
+        res["ttft"] = {
+            "concurrency": inp.concurrency,
+            "queueing": "async" if inp.async_loading else "serial",
+            "recompute": base,
+        }
         if load_s is not None:
             st = fifo_ttft(inp.concurrency, load_s, t0 + miss / R, inp.async_loading)
             res["ttft"]["with_store"] = st
@@ -240,21 +282,30 @@ def estimate(inp: Inputs) -> dict:
                 parts["fixed overhead"] = t0
             if load_bind:
                 parts[{"disk": "disk", "link": "network link", "pcie": "PCIe"}[load_bind]] = load_s
-            tot = (sum(parts.values()) if not inp.async_loading else
-                   max(load_s if load_bind else 0.0, miss / R + t0))
+            tot = sum(parts.values()) if not inp.async_loading else max(load_s if load_bind else 0.0, miss / R + t0)
             res["binds"] = max(parts, key=parts.get)
             res["shares"] = {k: (v / tot if tot else 0.0) for k, v in parts.items()}
     if "binds" not in res:
-        res["binds"] = ("prefill compute" if R and not hit else
-                        {"disk": "disk", "link": "network link", "pcie": "PCIe"}.get(load_bind or "", None))
+        res["binds"] = (
+            "prefill compute"
+            if R and not hit
+            else {"disk": "disk", "link": "network link", "pcie": "PCIe"}.get(load_bind or "", None)
+        )
     return res
 
 
 # ------------------------------------------------------------------ measurement
 
 
-def measure_read(path: str, chunk_bytes: int, total_bytes: int = 512 * MIB, reps: int = 3,
-                 io_engine: str = "auto", queue_depth: int = 32, split_bytes: int = MIB) -> dict:
+def measure_read(
+    path: str,
+    chunk_bytes: int,
+    total_bytes: int = 512 * MIB,
+    reps: int = 3,
+    io_engine: str = "auto",
+    queue_depth: int = 32,
+    split_bytes: int = MIB,
+) -> dict:
     """Cold read GB/s of PATH with the fx engine: files of one chunk each,
     written and read with O_DIRECT (buffered where the filesystem refuses it),
     page cache dropped before each read when root; files removed after."""
@@ -272,7 +323,7 @@ def measure_read(path: str, chunk_bytes: int, total_bytes: int = 512 * MIB, reps
         seed = os.urandom(min(size, MIB))
         mv = memoryview(src)
         for off in range(0, size, len(seed)):
-            mv[off:off + len(seed)] = seed[:size - off]
+            mv[off : off + len(seed)] = seed[: size - off]
         for i in range(n):
             p = os.path.join(d, f"c{i:05d}")
             try:
@@ -298,9 +349,19 @@ def measure_read(path: str, chunk_bytes: int, total_bytes: int = 512 * MIB, reps
             if any(x != size for x in r):
                 raise OSError(f"measure: short or failed reads under {path}: {sorted(set(r))[:3]}")
             gbps.append(n * size / dt / GB)
-        return {"path": path, "gbps": statistics.median(gbps), "reps_gbps": gbps, "cold": cold, "o_direct": direct,
-                "engine": eng.kind, "queue_depth": queue_depth, "split_bytes": split_bytes,
-                "file_bytes": size, "files": n, "total_bytes": n * size}
+        return {
+            "path": path,
+            "gbps": statistics.median(gbps),
+            "reps_gbps": gbps,
+            "cold": cold,
+            "o_direct": direct,
+            "engine": eng.kind,
+            "queue_depth": queue_depth,
+            "split_bytes": split_bytes,
+            "file_bytes": size,
+            "files": n,
+            "total_bytes": n * size,
+        }
     finally:
         for fd in fds:
             os.close(fd)
@@ -332,73 +393,112 @@ def _b(n: float) -> str:
 def format_text(r: dict) -> str:
     g, i, rq = r["geometry"], r["inputs"], r["request"]
     bpt, bpc = r["kv_bytes_per_token"], r["kv_bytes_per_chunk"]
-    kind = (f"MLA latent {g['head_dim']}" if g["mla"] else
-            f"{g['kv_heads']} KV heads x {g['head_dim']} head dim, K and V")
-    out = [f"estimate: {r['model']}, TP {i['tp']}, context {i['context']:,} tokens, hit rate {i['hit_rate']:.2f}, "
-           f"concurrency {i['concurrency']}",
-           f"  KV geometry      {g['layers']} layers x {kind}, {g['dtype']} ({g['dtype_bytes']} B), "
-           f"chunk {g['chunk_tokens']} tokens"]
-    rank_note = ("the whole latent on every rank; stored and read once (rank 0), broadcast to the others"
-                 if g["mla"] else f"{g['kv_heads_per_rank']} KV head(s) per rank"
-                 + (f", replicated: {g['stored_copies']} copies stored" if g["stored_copies"] * g["kv_heads_per_rank"]
-                    > g["kv_heads"] else ""))
-    out.append(f"  KV per token     {bpt['model']:,} B model, {bpt['per_rank']:,} B per rank, "
-               f"{bpt['stored']:,} B through storage ({rank_note})")
-    out.append(f"  KV per chunk     {_b(bpc['model'])} model, {_b(bpc['per_rank'])} per rank, "
-               f"{_b(bpc['stored'])} through storage")
-    out.append(f"  per request      {rq['hit_tokens']:,} tokens hit ({rq['hit_chunks']} chunks): "
-               f"{_b(rq['storage_bytes'])} to read, {_b(rq['per_rank_bytes'])} per rank; "
-               f"{rq['miss_tokens']:,} tokens to prefill")
+    kind = (
+        f"MLA latent {g['head_dim']}" if g["mla"] else f"{g['kv_heads']} KV heads x {g['head_dim']} head dim, K and V"
+    )
+    out = [
+        f"estimate: {r['model']}, TP {i['tp']}, context {i['context']:,} tokens, hit rate {i['hit_rate']:.2f}, "
+        f"concurrency {i['concurrency']}",
+        f"  KV geometry      {g['layers']} layers x {kind}, {g['dtype']} ({g['dtype_bytes']} B), "
+        f"chunk {g['chunk_tokens']} tokens",
+    ]
+    rank_note = (
+        "the whole latent on every rank; stored and read once (rank 0), broadcast to the others"
+        if g["mla"]
+        else f"{g['kv_heads_per_rank']} KV head(s) per rank"
+        + (
+            f", replicated: {g['stored_copies']} copies stored"
+            if g["stored_copies"] * g["kv_heads_per_rank"] > g["kv_heads"]
+            else ""
+        )
+    )
+    out.append(
+        f"  KV per token     {bpt['model']:,} B model, {bpt['per_rank']:,} B per rank, "
+        f"{bpt['stored']:,} B through storage ({rank_note})"
+    )
+    out.append(
+        f"  KV per chunk     {_b(bpc['model'])} model, {_b(bpc['per_rank'])} per rank, "
+        f"{_b(bpc['stored'])} through storage"
+    )
+    out.append(
+        f"  per request      {rq['hit_tokens']:,} tokens hit ({rq['hit_chunks']} chunks): "
+        f"{_b(rq['storage_bytes'])} to read, {_b(rq['per_rank_bytes'])} per rank; "
+        f"{rq['miss_tokens']:,} tokens to prefill"
+    )
     ld = r["load"]
     if ld["load_s"] is None:
         out.append("  load             - (give --storage-gbps or --measure PATH)")
     else:
         names = {"disk": "disk", "link": "link", "pcie": "PCIe/rank"}
         st = ", ".join(f"{names[k]} {_t(v['s'])} @ {v['gbps']:.2f} GB/s" for k, v in ld["stages"].items())
-        out.append(f"  load prefix      {_t(ld['load_s'])}  ({st}; slowest binds"
-                   + (f": {ld['binds']})" if ld["binds"] else ")"))
+        out.append(
+            f"  load prefix      {_t(ld['load_s'])}  ({st}; slowest binds"
+            + (f": {ld['binds']})" if ld["binds"] else ")")
+        )
         if ld["disk_stops_binding_above_gbps"]:
-            out.append(f"                   storage faster than {ld['disk_stops_binding_above_gbps']:.2f} GB/s "
-                       "buys nothing more (link/PCIe bind)")
+            out.append(
+                f"                   storage faster than {ld['disk_stops_binding_above_gbps']:.2f} GB/s "
+                "buys nothing more (link/PCIe bind)"
+            )
     c = r.get("compute")
     if not c:
         out.append("  recompute        - (give --prefill-tok-s)")
         return "\n".join(out)
-    out.append(f"  recompute prefix {_t(c['recompute_prefix_s'])} at {c['prefill_tok_s']:,.0f} tok/s "
-               f"(whole prompt {_t(c['prefill_whole_s'])}, the miss {_t(c['prefill_miss_s'])})"
-               + (f"; plus {_t(i['overhead_s'])} fixed per request" if i.get("overhead_s") else ""))
+    out.append(
+        f"  recompute prefix {_t(c['recompute_prefix_s'])} at {c['prefill_tok_s']:,.0f} tok/s "
+        f"(whole prompt {_t(c['prefill_whole_s'])}, the miss {_t(c['prefill_miss_s'])})"
+        + (f"; plus {_t(i['overhead_s'])} fixed per request" if i.get("overhead_s") else "")
+    )
     be = r["break_even"]
-    line = (f"  break-even read  {be['storage_gbps']:.2f} GB/s (= {bpt['stored']:,} B/token x "
-            f"{c['prefill_tok_s']:,.0f} tok/s)")
+    line = (
+        f"  break-even read  {be['storage_gbps']:.2f} GB/s (= {bpt['stored']:,} B/token x "
+        f"{c['prefill_tok_s']:,.0f} tok/s)"
+    )
     if be["pays_off"] is not None:
-        line += (f"; at {i['storage_gbps']:.2f} GB/s loading is {be['margin']:.1f}x faster than recomputing"
-                 if be["pays_off"] else f"; at {i['storage_gbps']:.2f} GB/s the store LOSES "
-                 f"({1 / be['margin']:.1f}x slower than recomputing)")
+        line += (
+            f"; at {i['storage_gbps']:.2f} GB/s loading is {be['margin']:.1f}x faster than recomputing"
+            if be["pays_off"]
+            else f"; at {i['storage_gbps']:.2f} GB/s the store LOSES ({1 / be['margin']:.1f}x slower than recomputing)"
+        )
     out.append(line)
     if be.get("speedup_bound") and math.isfinite(be["speedup_bound"]):
-        out.append(f"                   TTFT speedup at most {be['speedup_bound']:.2f}x "
-                   "(= min(read bandwidth / break-even, context / tokens to prefill))")
+        out.append(
+            f"                   TTFT speedup at most {be['speedup_bound']:.2f}x "
+            "(= min(read bandwidth / break-even, context / tokens to prefill))"
+        )
     if be["unreachable_because"]:
-        out.append(f"                   unreachable at any disk speed: {', '.join(be['unreachable_because'])} "
-                   "alone is slower than recomputing")
+        out.append(
+            f"                   unreachable at any disk speed: {', '.join(be['unreachable_because'])} "
+            "alone is slower than recomputing"
+        )
     t = r["ttft"]
-    q = ("loads overlap other requests' prefill (async loading)" if t["queueing"] == "async"
-         else "each load blocks the engine step (LMCache's default, synchronous loading)")
+    q = (
+        "loads overlap other requests' prefill (async loading)"
+        if t["queueing"] == "async"
+        else "each load blocks the engine step (LMCache's default, synchronous loading)"
+    )
     out.append(f"  TTFT             {t['concurrency']} requests arrive together, served first come first served; {q}")
     out.append(f"                   {'':12}{'p50':>10}{'worst':>10}{'alone':>10}{'loop':>10}{'req/s max':>11}")
     rows = [("recompute", t["recompute"])] + ([("with store", t["with_store"])] if "with_store" in t else [])
     for name, v in rows:
         rps = f"{v['requests_per_s']:.2f}" if v["requests_per_s"] else "-"
-        out.append(f"                   {name:12}{_t(v['p50_s']):>10}{_t(v['worst_s']):>10}{_t(v['alone_s']):>10}"
-                   f"{_t(v['closed_loop_s']):>10}{rps:>11}")
-    out.append(f"                   (loop: {t['concurrency']} clients in a closed loop, steady state, decode time "
-               "not subtracted)")
+        out.append(
+            f"                   {name:12}{_t(v['p50_s']):>10}{_t(v['worst_s']):>10}{_t(v['alone_s']):>10}"
+            f"{_t(v['closed_loop_s']):>10}{rps:>11}"
+        )
+    out.append(
+        f"                   (loop: {t['concurrency']} clients in a closed loop, steady state, decode time "
+        "not subtracted)"
+    )
     if t.get("speedup_p50"):
-        out.append(f"                   p50 {t['speedup_p50']:.2f}x "
-                   + ("faster" if t["speedup_p50"] >= 1 else "SLOWER") + " with the store")
+        out.append(
+            f"                   p50 {t['speedup_p50']:.2f}x "
+            + ("faster" if t["speedup_p50"] >= 1 else "SLOWER")
+            + " with the store"
+        )
     if r.get("shares"):
         sh = ", ".join(f"{k} {v:.0%}" for k, v in sorted(r["shares"].items(), key=lambda kv: -kv[1]))
-        how = ("busy, pipelined" if r["ttft"]["queueing"] == "async" else "of the time per request")
+        how = "busy, pipelined" if r["ttft"]["queueing"] == "async" else "of the time per request"
         out.append(f"  binds            {r['binds']} ({sh} {how})")
     elif r.get("binds"):
         out.append(f"  binds            {r['binds']}")
@@ -410,10 +510,17 @@ def format_text(r: dict) -> str:
 
 def add_arguments(p: argparse.ArgumentParser, command: str = "estimate") -> None:
     ms = models()
-    p.epilog = ("models: " + ", ".join(sorted(k for k, m in ms.items() if k == m.name)) +
-                " (or the bench preset names, which also set --tp)\nformulas and assumptions: docs/estimate.md")
-    p.add_argument("--model", default=None, metavar="NAME",
-                   help="model preset shared with the bench (default qwen2.5-32b); see below")
+    p.epilog = (
+        "models: "
+        + ", ".join(sorted(k for k, m in ms.items() if k == m.name))
+        + " (or the bench preset names, which also set --tp)\nformulas and assumptions: docs/estimate.md"
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME",
+        help="model preset shared with the bench (default qwen2.5-32b); see below",
+    )
     g = p.add_argument_group("custom geometry (whole model; overrides the preset)")
     g.add_argument("--layers", type=int)
     g.add_argument("--kv-heads", type=int, dest="kv_heads", help="KV heads of the whole model (not per rank)")
@@ -423,8 +530,12 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "estimate") -> None
     g.add_argument("--chunk", type=int, help="tokens per chunk (LMCache chunk_size, default 256)")
     w = p.add_argument_group("workload")
     w.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default 1, or the preset's)")
-    w.add_argument("--context", type=parse_tokens, default=parse_tokens("32k"),
-                   help="prompt tokens per request: 32k (= 32768), 8000, 1.5k (default 32k)")
+    w.add_argument(
+        "--context",
+        type=parse_tokens,
+        default=parse_tokens("32k"),
+        help="prompt tokens per request: 32k (= 32768), 8000, 1.5k (default 32k)",
+    )
     w.add_argument("--hit-rate", type=float, default=0.8, help="fraction of the prompt found in the store")
     w.add_argument("--concurrency", type=int, default=1, help="requests arriving together")
     s = p.add_argument_group("system")
@@ -432,15 +543,31 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "estimate") -> None
     s.add_argument("--measure", metavar="PATH", help="measure --storage-gbps with a cold fx read on PATH")
     s.add_argument("--measure-size", type=parse_size, default=512 * MIB, help="bytes to read (default 512M)")
     s.add_argument("--link-gbit", type=float, help="network line rate to remote storage, Gbit/s (100 = 100GbE)")
-    s.add_argument("--pcie-gbps", type=float, default=25.0,
-                   help="host-to-GPU GB/s per GPU (default 25, Gen4 x16; Gen5 ~50; 0 to ignore)")
-    s.add_argument("--prefill-tok-s", type=float, dest="prefill_tok_s",
-                   help="prompt tokens/s of the whole instance at this context length")
-    s.add_argument("--overhead-ms", type=float, default=0.0, dest="overhead_ms",
-                   help="fixed time per request added to every step, with or without the store (HTTP, "
-                        "tokenization, scheduling, lookup; default 0): the TTFT of a very short prompt")
-    s.add_argument("--async-loading", action="store_true",
-                   help="loads overlap other requests' prefill (LMCache enable_async_loading)")
+    s.add_argument(
+        "--pcie-gbps",
+        type=float,
+        default=25.0,
+        help="host-to-GPU GB/s per GPU (default 25, Gen4 x16; Gen5 ~50; 0 to ignore)",
+    )
+    s.add_argument(
+        "--prefill-tok-s",
+        type=float,
+        dest="prefill_tok_s",
+        help="prompt tokens/s of the whole instance at this context length",
+    )
+    s.add_argument(
+        "--overhead-ms",
+        type=float,
+        default=0.0,
+        dest="overhead_ms",
+        help="fixed time per request added to every step, with or without the store (HTTP, "
+        "tokenization, scheduling, lookup; default 0): the TTFT of a very short prompt",
+    )
+    s.add_argument(
+        "--async-loading",
+        action="store_true",
+        help="loads overlap other requests' prefill (LMCache enable_async_loading)",
+    )
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="JSON to FILE (or stdout)")
 
 
@@ -458,10 +585,20 @@ def inputs_from_args(args) -> Inputs:
     geo = replace(m.geo, **over)
     custom = bool(over.keys() - {"dtype", "chunk"})
     label = "custom" if custom else (m.name + (f", {args.kv_dtype} KV" if getattr(args, "kv_dtype", None) else ""))
-    return Inputs(geo=geo, tp=args.tp or m.preset_tp, context=args.context, hit_rate=args.hit_rate,
-                  concurrency=args.concurrency, storage_gbps=args.storage_gbps, link_gbit=args.link_gbit,
-                  pcie_gbps=args.pcie_gbps, prefill_tok_s=args.prefill_tok_s, async_loading=args.async_loading,
-                  overhead_s=(getattr(args, "overhead_ms", 0.0) or 0.0) / 1e3, model=label)
+    return Inputs(
+        geo=geo,
+        tp=args.tp or m.preset_tp,
+        context=args.context,
+        hit_rate=args.hit_rate,
+        concurrency=args.concurrency,
+        storage_gbps=args.storage_gbps,
+        link_gbit=args.link_gbit,
+        pcie_gbps=args.pcie_gbps,
+        prefill_tok_s=args.prefill_tok_s,
+        async_loading=args.async_loading,
+        overhead_s=(getattr(args, "overhead_ms", 0.0) or 0.0) / 1e3,
+        model=label,
+    )
 
 
 def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
@@ -500,11 +637,13 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             f.write(text + "\n")
     out = format_text(res)
     if meas:
-        out += (f"\n  measured         {meas['gbps']:.2f} GB/s on {meas['path']} ({meas['files']} x "
-                f"{_b(meas['file_bytes'])} files, {meas['engine']} QD {meas['queue_depth']}, "
-                f"{'O_DIRECT' if meas['o_direct'] else 'BUFFERED'}, {'cold' if meas['cold'] else 'WARM (not root)'}; "
-                f"reps {', '.join(f'{x:.2f}' for x in meas['reps_gbps'])}); one process: "
-                "TP ranks reading at once may get more")
+        out += (
+            f"\n  measured         {meas['gbps']:.2f} GB/s on {meas['path']} ({meas['files']} x "
+            f"{_b(meas['file_bytes'])} files, {meas['engine']} QD {meas['queue_depth']}, "
+            f"{'O_DIRECT' if meas['o_direct'] else 'BUFFERED'}, {'cold' if meas['cold'] else 'WARM (not root)'}; "
+            f"reps {', '.join(f'{x:.2f}' for x in meas['reps_gbps'])}); one process: "
+            "TP ranks reading at once may get more"
+        )
     print(out)
     return 0
 

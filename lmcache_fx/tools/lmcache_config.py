@@ -1,9 +1,9 @@
 """The lmcache-fx entries of an LMCache YAML and their options, as LMCache
 itself would read them (LMCache is imported only to parse the file)."""
+
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,12 +34,12 @@ def load_lmcache_config(path: str):
     try:
         from lmcache.v1.config import LMCacheEngineConfig
     except Exception as e:  # noqa: BLE001 - any import failure is the answer
-        raise ValueError(f"cannot import LMCache to read {path}: {e}")
+        raise ValueError(f"cannot import LMCache to read {path}: {e}") from None
     try:
         cfg = LMCacheEngineConfig.from_file(path)
         cfg.update_config_from_env()
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{path}: LMCache cannot read it: {type(e).__name__}: {e}")
+        raise ValueError(f"{path}: LMCache cannot read it: {type(e).__name__}: {e}") from None
     return cfg
 
 
@@ -57,8 +57,10 @@ def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
     named = {k.split(".")[1] for k in extra if k.startswith("storage_plugin.") and k.count(".") >= 2}
     for n in sorted(named - set(listed)):
         if str(extra.get(f"storage_plugin.{n}.module_path", "")).startswith("lmcache_fx"):
-            warns.append(f"extra_config has storage_plugin.{n}.* but storage_plugins does not list '{n}': "
-                         f"LMCache will not load it (add it: storage_plugins: [{n!r}])")
+            warns.append(
+                f"extra_config has storage_plugin.{n}.* but storage_plugins does not list '{n}': "
+                f"LMCache will not load it (add it: storage_plugins: [{n!r}])"
+            )
     return out, warns
 
 
@@ -66,8 +68,10 @@ def check_plugin(pc: PluginConf, cfg) -> None:
     """What LMCache does before the constructor, then the plugin's own option
     parsing: fills pc.options or pc.error."""
     if not pc.module_path or not pc.class_name:
-        pc.error = (f"storage_plugin.{pc.name}.module_path and .class_name must both be set "
-                    f"({PLUGIN_MODULE} / {PLUGIN_CLASS}); LMCache skips the plugin otherwise")
+        pc.error = (
+            f"storage_plugin.{pc.name}.module_path and .class_name must both be set "
+            f"({PLUGIN_MODULE} / {PLUGIN_CLASS}); LMCache skips the plugin otherwise"
+        )
         return
     import importlib
 
@@ -75,8 +79,10 @@ def check_plugin(pc: PluginConf, cfg) -> None:
         mod = importlib.import_module(pc.module_path)
         getattr(mod, pc.class_name)
     except Exception as e:  # noqa: BLE001
-        pc.error = (f"LMCache cannot load {pc.module_path}.{pc.class_name}: {type(e).__name__}: {e} "
-                    f"(expected {PLUGIN_MODULE} / {PLUGIN_CLASS})")
+        pc.error = (
+            f"LMCache cannot load {pc.module_path}.{pc.class_name}: {type(e).__name__}: {e} "
+            f"(expected {PLUGIN_MODULE} / {PLUGIN_CLASS})"
+        )
         return
     try:
         pc.options = options_from_extra(cfg.extra_config, f"storage_plugin.{pc.name}.")
@@ -90,7 +96,7 @@ def load_plugin_configs(path: str) -> list[PluginConf]:
     try:
         cfg = load_lmcache_config(path)
     except ValueError as e:
-        raise AdminError(str(e))
+        raise AdminError(str(e)) from None
     plugins, _ = plugin_entries(cfg)
     for pc in plugins:
         check_plugin(pc, cfg)

@@ -1,5 +1,6 @@
 """Model KV geometries the tools share (bench, estimate): bytes per token and
 per chunk of one rank, and presets of common models."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ from ..core.options import parse_size as _parse_bytes
 
 GB = 1e9
 MIB = 1 << 20
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -57,7 +59,6 @@ PRESETS: dict[str, Geometry] = {
     # A small model's chunk: Llama-3.2-1B (16 layers, 8 KV heads of 64) at TP4, 2 MiB / chunk / rank
     "llama-3.2-1b-tp4": Geometry(layers=16, kv_heads=2, head_dim=64),
 }
-
 
 
 def parse_size(s) -> int:

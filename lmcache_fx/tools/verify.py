@@ -2,6 +2,7 @@
 headers of many files at once, and whole chunks verified (header checksum,
 format version, key against the file name, payload length and CRC32C), two
 batches in flight."""
+
 from __future__ import annotations
 
 import collections
@@ -34,12 +35,13 @@ class ChunkVerifier:
     """Opens chunk files (O_DIRECT where the filesystem allows) and reads them
     in batches through the C engine."""
 
-    def __init__(self, io_engine: str = "auto", queue_depth: int = 64, split_bytes: int = 1 << 20,
-                 odirect: bool = True):
+    def __init__(
+        self, io_engine: str = "auto", queue_depth: int = 64, split_bytes: int = 1 << 20, odirect: bool = True
+    ):
         try:
             self.engine = _fxio.Engine(io_engine, queue_depth, split_bytes)
         except OSError as e:
-            raise AdminError(f"--io-engine {io_engine}: {e}")
+            raise AdminError(f"--io-engine {io_engine}: {e}") from None
         self.odirect = odirect
         self._no_direct: set[str] = set()  # roots where O_DIRECT was refused
         self.used_direct = False
@@ -68,7 +70,7 @@ class ChunkVerifier:
     # -- headers only (ls, stat)
     def headers(self, files: list[StoreFile]) -> Iterator[tuple[StoreFile, Optional[Header], str]]:
         for i in range(0, len(files), self.max_files):
-            part = files[i:i + self.max_files]
+            part = files[i : i + self.max_files]
             buf = _fxio.HostBuffer(HEADER_SIZE * len(part), hugepages=False)
             ops, opened, fds = [], [], []
             try:
@@ -89,7 +91,7 @@ class ChunkVerifier:
                     yield f, None, _short_why(n, f.size)
                     continue
                 try:
-                    yield f, decode_header(memoryview(buf)[HEADER_SIZE * j:HEADER_SIZE * (j + 1)]), ""
+                    yield f, decode_header(memoryview(buf)[HEADER_SIZE * j : HEADER_SIZE * (j + 1)]), ""
                 except BadHeader as e:
                     yield f, None, f"bad header: {e}"
 
@@ -114,8 +116,11 @@ class ChunkVerifier:
             off = 0
             for f in batch:
                 if f.size < HEADER_SIZE:
-                    early.append(Verdict(f, "bad", f"file is {f.size} bytes, shorter than the "
-                                                   f"{HEADER_SIZE}-byte header (truncated)"))
+                    early.append(
+                        Verdict(
+                            f, "bad", f"file is {f.size} bytes, shorter than the {HEADER_SIZE}-byte header (truncated)"
+                        )
+                    )
                     continue
                 fd, why = self.open(f)
                 if fd < 0:
@@ -154,7 +159,7 @@ class ChunkVerifier:
         for f, off, first, plen in items:
             hn, _ = res[first]
             pn, pcrc = res[first + 1] if plen else (0, 0)
-            yield _judge(f, memoryview(buf)[off:off + HEADER_SIZE], hn, pn, pcrc, plen)
+            yield _judge(f, memoryview(buf)[off : off + HEADER_SIZE], hn, pn, pcrc, plen)
         pool.append(buf)
 
 
@@ -212,10 +217,12 @@ def _judge(f: StoreFile, hmv, hn: int, pn: int, pcrc: int, plen: int) -> Verdict
         how = "truncated" if plen < h.payload_len else "too long"
         return Verdict(f, "bad", f"payload is {plen} bytes, header says {h.payload_len} ({how})", h)
     if pn != plen:
-        return Verdict(f, "bad", f"payload read failed: {os.strerror(-pn)}" if pn < 0
-                       else f"payload read returned {pn} of {plen} bytes", h)
+        return Verdict(
+            f,
+            "bad",
+            f"payload read failed: {os.strerror(-pn)}" if pn < 0 else f"payload read returned {pn} of {plen} bytes",
+            h,
+        )
     if plen and pcrc != h.payload_crc:
         return Verdict(f, "bad", f"payload checksum mismatch (CRC32C {pcrc:08x}, header says {h.payload_crc:08x})", h)
     return Verdict(f, "ok", "", h)
-
-

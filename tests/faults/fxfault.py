@@ -8,6 +8,7 @@ Payloads are deterministic: bytes 0..31 are a stamp (key digest, rank,
 version), the rest comes from a PRNG seeded by the stamp, so any buffer can be
 checked whole against what its stamp claims: a torn or foreign chunk is caught.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -39,8 +40,13 @@ STAMP = struct.Struct("<16sII8x")  # key digest, rank, version
 def figure(fault: str, trials, checked: str, **figures) -> None:
     """Prints one row of docs/reliability.md and records it for
     scripts/reliability.py (appended to $FX_RELIABILITY_OUT)."""
-    row = {"fault": fault, "trials": trials, "checked": checked, "figures": figures,
-           "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]}
+    row = {
+        "fault": fault,
+        "trials": trials,
+        "checked": checked,
+        "figures": figures,
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+    }
     print(f"\nRELIABILITY {json.dumps(row)}", flush=True)
     dest = os.environ.get("FX_RELIABILITY_OUT")
     if dest:
@@ -67,7 +73,11 @@ def check(key: str, data, rank: int | None = None) -> str:
     data = bytes(data)
     if len(data) < STAMP.size:
         return "short"
-    kd, r, v, = STAMP.unpack_from(data, 0)
+    (
+        kd,
+        r,
+        v,
+    ) = STAMP.unpack_from(data, 0)
     if kd != key_digest(key):
         return "foreign-key"
     if rank is not None and r != rank:
@@ -345,8 +355,17 @@ def child_conc(a):
     store = open_store(path, split_bytes="64K", queue_depth=8)
     keys = [f"model@2@{rank}@{h:016x}@bfloat16" for h in range(nkeys)]
     end = time.monotonic() + a["seconds"]
-    st = {"role": role, "rank": rank, "writes": 0, "reads": 0, "hits": 0, "misses": 0, "bad": [], "done": [],
-          "removed": 0}
+    st = {
+        "role": role,
+        "rank": rank,
+        "writes": 0,
+        "reads": 0,
+        "hits": 0,
+        "misses": 0,
+        "bad": [],
+        "done": [],
+        "removed": 0,
+    }
     out("READY")
     if role == "reader":
         time.sleep(a.get("delay", 0))
@@ -447,8 +466,12 @@ def plugin_round_trip(store_path, workdir):
         store_and_wait(eng, tokens, kv, be)
         got = kv.empty_like()
         n = retrieve(eng, tokens, got)
-        return {"engine": be.store.engine.kind, "tokens": n, "equal": kv.tokens_equal(got, n),
-                "chunks_read": be.store.stats.chunks_read}
+        return {
+            "engine": be.store.engine.kind,
+            "tokens": n,
+            "equal": kv.tokens_equal(got, n),
+            "chunks_read": be.store.stats.chunks_read,
+        }
 
 
 def child_plugin_writer(a):
@@ -570,24 +593,47 @@ def child_soak(a):
     samples = []
     alive += phase(a["seconds"], samples)
     end = (rss_bytes(), open_fds(), os_threads(), rings())
-    fd_kinds = sorted(os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd")
-                      if os.path.exists(f"/proc/self/fd/{f}"))
+    fd_kinds = sorted(
+        os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{f}")
+    )
     files = chunk_files(a["path"])
-    res = dict(tot, error_samples=errs, fd_kinds=fd_kinds, start=start, end=end, samples=samples, usage=store.usage_bytes,
-               files_bytes=sum(os.path.getsize(f) for f in files), cap=store.options.max_capacity_bytes,
-               stats=store.stats.snapshot(), alive=alive, cold=cold)
+    res = dict(
+        tot,
+        error_samples=errs,
+        fd_kinds=fd_kinds,
+        start=start,
+        end=end,
+        samples=samples,
+        usage=store.usage_bytes,
+        files_bytes=sum(os.path.getsize(f) for f in files),
+        cap=store.options.max_capacity_bytes,
+        stats=store.stats.snapshot(),
+        alive=alive,
+        cold=cold,
+    )
     store.close()
     out("RESULT " + json.dumps(res))
 
 
-ROLES = {"writer": child_writer, "conc": child_conc, "noring": child_noring, "plugin": child_plugin_writer,
-         "soak": child_soak}
+ROLES = {
+    "writer": child_writer,
+    "conc": child_conc,
+    "noring": child_noring,
+    "plugin": child_plugin_writer,
+    "soak": child_soak,
+}
 
 
 def spawn(role: str, args: dict, **kw) -> subprocess.Popen:
     env = dict(os.environ, PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false", PYTHONPATH=ROOT)
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), role, json.dumps(args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
+    return subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), role, json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        **kw,
+    )
 
 
 def result_of(p: subprocess.Popen, timeout: float = 120) -> dict:

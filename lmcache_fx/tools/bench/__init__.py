@@ -16,6 +16,7 @@ check that what landed equals what was stored (CRC32C).
 Modules: workload (geometry, workload, statistics), readers (LMCache engine
 readers, fio), l2 (L2 adapter readers), run (orchestration), report (output).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,12 @@ PER_CHUNK_READERS = "fx,fx-l2,fs_native,raw_block"
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="model KV geometry per rank (default qwen2.5-32b, 64 MiB chunks; llama-3.2-1b-tp4 "
-                        "has 2 MiB chunks)")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="model KV geometry per rank (default qwen2.5-32b, 64 MiB chunks; llama-3.2-1b-tp4 has 2 MiB chunks)",
+    )
     g = p.add_argument_group("custom geometry (overrides the preset)")
     g.add_argument("--layers", type=int)
     g.add_argument("--kv-heads", type=int, dest="kv_heads")
@@ -52,19 +56,32 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
     p.add_argument("--reps", type=int, default=3, help="repetitions per reader (default 3)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--path", help="directory on the filesystem to measure")
-    where.add_argument("--mkfs-loop", type=parse_size, metavar="SIZE",
-                       help="build XFS on a RAM-backed loop device of SIZE (root), remove it afterwards")
-    p.add_argument("--readers", default=",".join(ALL_READERS),
-                   help=f"comma-separated subset of {','.join(ALL_READERS)}")
+    where.add_argument(
+        "--mkfs-loop",
+        type=parse_size,
+        metavar="SIZE",
+        help="build XFS on a RAM-backed loop device of SIZE (root), remove it afterwards",
+    )
+    p.add_argument(
+        "--readers", default=",".join(ALL_READERS), help=f"comma-separated subset of {','.join(ALL_READERS)}"
+    )
     p.add_argument("--queue-depth", type=int, default=32, help="fx queue_depth and fio iodepth")
     p.add_argument("--split-bytes", type=parse_size, default=MIB, help="fx split_bytes and fio bs")
-    p.add_argument("--fs-native-workers", type=int, default=8,
-                   help="fs_native num_workers (default 8: faster than LMCache's default 4 here, "
-                        "see docs/benchmarks.md)")
+    p.add_argument(
+        "--fs-native-workers",
+        type=int,
+        default=8,
+        help="fs_native num_workers (default 8: faster than LMCache's default 4 here, see docs/benchmarks.md)",
+    )
     p.add_argument("--latency", action="store_true", help="also p50/p99 at --concurrency requests in flight")
     p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--per-chunk", type=int, default=0, metavar="N",
-                   help="also the cost per chunk: N chunks of 4 KiB through --per-chunk-readers, µs per chunk")
+    p.add_argument(
+        "--per-chunk",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also the cost per chunk: N chunks of 4 KiB through --per-chunk-readers, µs per chunk",
+    )
     p.add_argument("--per-chunk-readers", default=PER_CHUNK_READERS)
     p.add_argument("--sweep", action="store_true", help="also sweep fx queue_depth and split_bytes")
     p.add_argument("--sweep-qd", default="1,2,4,8,16,32,64")
@@ -112,8 +129,12 @@ def _git_commit() -> Optional[str]:
         sha = r.stdout.strip()
         if r.returncode != 0 or not sha:
             return None
-        d = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=10)
+        d = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return sha + ("+dirty" if d.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -125,8 +146,9 @@ def preallocate_loop_image(mountpoint: str) -> bool:
     pay for allocating its pages, which is not a cost of the medium (a real
     device has none). False where it could not be done."""
     try:
-        src = subprocess.run(["findmnt", "-n", "-o", "SOURCE", "--target", mountpoint], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
+        src = subprocess.run(
+            ["findmnt", "-n", "-o", "SOURCE", "--target", mountpoint], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         with open(f"/sys/block/{os.path.basename(src)}/loop/backing_file") as f:
             img = f.read().strip()
         fd = os.open(img, os.O_RDWR)
@@ -171,21 +193,39 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
         if not args.quiet:
             sys.stderr.write(f"bench: {n_chunks} chunks of {geo.chunk_bytes / MIB:.2f} MiB under {path}\n")
         logging.getLogger("lmcache").setLevel(logging.WARNING)
-        cfg = BenchConfig(path=path, geo=geo, n_chunks=n_chunks, reps=args.reps, queue_depth=args.queue_depth,
-                          split_bytes=args.split_bytes, cold=not args.warm, verify=not args.no_verify,
-                          latency=args.latency, concurrency=tuple(_ints(args.concurrency)),
-                          fs_native_workers=args.fs_native_workers)
+        cfg = BenchConfig(
+            path=path,
+            geo=geo,
+            n_chunks=n_chunks,
+            reps=args.reps,
+            queue_depth=args.queue_depth,
+            split_bytes=args.split_bytes,
+            cold=not args.warm,
+            verify=not args.no_verify,
+            latency=args.latency,
+            concurrency=tuple(_ints(args.concurrency)),
+            fs_native_workers=args.fs_native_workers,
+        )
         results = run_bench(cfg, names, quiet=args.quiet)
         if fs:
             results["machine"]["filesystem"] = fs
-        results["command"] = "lmcache-fx bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"]
-                                                            else sys.argv[1:])
+        results["command"] = "lmcache-fx bench " + " ".join(
+            sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]
+        )
         results["git_commit"] = _git_commit()
         if per_chunk_names:
             results["per_chunk"] = run_per_chunk(cfg, per_chunk_names, args.per_chunk, quiet=args.quiet)
         if args.sweep:
-            results["sweep"] = run_sweep(path, geo, n_chunks, args.reps, _ints(args.sweep_qd),
-                                         _ints(args.sweep_split, parse_size), results["cold"], args.quiet)
+            results["sweep"] = run_sweep(
+                path,
+                geo,
+                n_chunks,
+                args.reps,
+                _ints(args.sweep_qd),
+                _ints(args.sweep_split, parse_size),
+                results["cold"],
+                args.quiet,
+            )
     print(format_table(results))
     if "per_chunk" in results:
         print(format_per_chunk(results["per_chunk"]))
@@ -206,8 +246,11 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmcache-fx bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="lmcache-fx bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
     return p
 
@@ -219,7 +262,35 @@ def main(argv=None) -> int:
     return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
-__all__ = ["add_arguments", "run", "main", "build_parser", "check_args", "run_bench", "run_sweep", "run_per_chunk",
-           "format_table", "format_sweep", "format_per_chunk", "write_png", "BenchConfig", "Workload", "Skip", "Geometry", "PRESETS",
-           "ALL_READERS", "READER_CLASSES", "READER_LABELS", "geometry_from_args", "plan_chunks", "median", "ratio",
-           "percentile", "summarize", "parse_size", "machine_info", "lmcache_engine", "readers"]
+__all__ = [
+    "add_arguments",
+    "run",
+    "main",
+    "build_parser",
+    "check_args",
+    "run_bench",
+    "run_sweep",
+    "run_per_chunk",
+    "format_table",
+    "format_sweep",
+    "format_per_chunk",
+    "write_png",
+    "BenchConfig",
+    "Workload",
+    "Skip",
+    "Geometry",
+    "PRESETS",
+    "ALL_READERS",
+    "READER_CLASSES",
+    "READER_LABELS",
+    "geometry_from_args",
+    "plan_chunks",
+    "median",
+    "ratio",
+    "percentile",
+    "summarize",
+    "parse_size",
+    "machine_info",
+    "lmcache_engine",
+    "readers",
+]

@@ -12,6 +12,7 @@ second half is where loads land. One rep: store every chunk as one task,
 wait, drop the page cache, lookup-and-lock, load every chunk as one task
 (timed: tier GB/s, process CPU s/GB), unlock, CRC32C of what landed against
 the source, delete."""
+
 from __future__ import annotations
 
 import argparse
@@ -89,15 +90,27 @@ class L2Reader(Reader):
         import torch
         from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
 
-        meta = MemoryObjMetadata(shape=torch.Size([nbytes]), dtype=torch.uint8, address=off, phy_size=nbytes,
-                                 fmt=MemoryFormat.KV_2LTD, ref_count=1)
-        return TensorMemoryObj(raw_data=self.t[off:off + nbytes], metadata=meta, parent_allocator=None)
+        meta = MemoryObjMetadata(
+            shape=torch.Size([nbytes]),
+            dtype=torch.uint8,
+            address=off,
+            phy_size=nbytes,
+            fmt=MemoryFormat.KV_2LTD,
+            ref_count=1,
+        )
+        return TensorMemoryObj(raw_data=self.t[off : off + nbytes], metadata=meta, parent_allocator=None)
 
     def keys(self, rep: int) -> list:
         from lmcache.v1.distributed.api import ObjectKey
 
-        return [ObjectKey(chunk_hash=hashlib.blake2b(f"{self.name}:{rep}:{i}".encode(), digest_size=16).digest(),
-                          model_name=BENCH_MODEL, kv_rank=0) for i in range(self.cfg.n_chunks)]
+        return [
+            ObjectKey(
+                chunk_hash=hashlib.blake2b(f"{self.name}:{rep}:{i}".encode(), digest_size=16).digest(),
+                model_name=BENCH_MODEL,
+                kv_rank=0,
+            )
+            for i in range(self.cfg.n_chunks)
+        ]
 
     # ------------------------------------------------------------ the three calls, awaited on eventfds
     def store(self, keys, objs, timeout=300.0) -> bool:
@@ -166,9 +179,17 @@ class L2Reader(Reader):
             self.adapter.submit_unlock(keys)
         except Exception:
             pass
-        out = {"rep": rep, "store_s": store_s, "store_ok": stored, "found": found, "tier_s": tier_s,
-               "tier_bytes": loaded * cfg.geo.chunk_bytes, "chunks": loaded, "tokens": loaded * cfg.geo.chunk,
-               "cpu_s": cpu}
+        out = {
+            "rep": rep,
+            "store_s": store_s,
+            "store_ok": stored,
+            "found": found,
+            "tier_s": tier_s,
+            "tier_bytes": loaded * cfg.geo.chunk_bytes,
+            "chunks": loaded,
+            "tokens": loaded * cfg.geo.chunk,
+            "cpu_s": cpu,
+        }
         if cfg.verify:
             out["crc_ok"] = crc_of(self.t[nb:]) == w.src_crc
         ok = stored and loaded == n and out.get("crc_ok", True)
@@ -222,8 +243,13 @@ class L2Reader(Reader):
         except Exception:
             pass
         self._drop(keys)
-        return {"requests": len(lat), "chunks_per_request": 1, "misses": misses,
-                "p50_ms": percentile(lat, 50) * 1e3, "p99_ms": percentile(lat, 99) * 1e3}
+        return {
+            "requests": len(lat),
+            "chunks_per_request": 1,
+            "misses": misses,
+            "p50_ms": percentile(lat, 50) * 1e3,
+            "p99_ms": percentile(lat, 99) * 1e3,
+        }
 
 
 class FsNativeReader(L2Reader):
@@ -241,8 +267,12 @@ class FsNativeReader(L2Reader):
 
     def adapter_spec(self):
         self.label = f"LMCache fs_native (L2, {self.cfg.fs_native_workers} workers)"
-        return {"type": "fs_native", "base_path": self.dir, "num_workers": self.cfg.fs_native_workers,
-                "use_odirect": True}
+        return {
+            "type": "fs_native",
+            "base_path": self.dir,
+            "num_workers": self.cfg.fs_native_workers,
+            "use_odirect": True,
+        }
 
     def run_rep(self, rep):
         out = super().run_rep(rep)
@@ -263,10 +293,18 @@ class FxL2Reader(L2Reader):
     label = "lmcache-fx FxL2Adapter (L2)"
 
     def adapter_spec(self):
-        return {"type": "plugin", "module_path": "lmcache_fx.l2_adapter", "class_name": "FxL2Adapter",
-                "adapter_params": {"path": self.dir, "io_engine": "io_uring", "queue_depth": self.cfg.queue_depth,
-                                   "split_bytes": self.cfg.split_bytes,
-                                   "max_capacity_gb": max(1.0, 4 * self.cfg.total_bytes / GB)}}
+        return {
+            "type": "plugin",
+            "module_path": "lmcache_fx.l2_adapter",
+            "class_name": "FxL2Adapter",
+            "adapter_params": {
+                "path": self.dir,
+                "io_engine": "io_uring",
+                "queue_depth": self.cfg.queue_depth,
+                "split_bytes": self.cfg.split_bytes,
+                "max_capacity_gb": max(1.0, 4 * self.cfg.total_bytes / GB),
+            },
+        }
 
 
 class RawBlockL2Reader(L2Reader):
@@ -291,5 +329,12 @@ class RawBlockL2Reader(L2Reader):
         size = meta + n_slots * slot + 16 * MIB
         with open(dev, "wb") as f:
             f.truncate(size)
-        return {"type": "raw_block", "device_path": dev, "slot_bytes": slot, "use_odirect": True,
-                "io_engine": "io_uring", "meta_total_bytes": meta, "meta_enable_periodic": False}
+        return {
+            "type": "raw_block",
+            "device_path": dev,
+            "slot_bytes": slot,
+            "use_odirect": True,
+            "io_engine": "io_uring",
+            "meta_total_bytes": meta,
+            "meta_enable_periodic": False,
+        }

@@ -2,6 +2,7 @@
 LMCacheEngine on CPU (store, wait, drop the page cache, retrieve, check),
 and fio as the device's limit. The MP-mode L2 adapters (fs_native, fx-l2,
 raw_block) are in l2.py."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,16 @@ def lmcache_engine(cfg_dict: dict, geo: Geometry, model: str = "lmcache-fx-bench
 
     cfg = LMCacheEngineConfig.from_dict(cfg_dict)
     cfg.validate()
-    with engine_on_cpu(cfg, _connector_class()(geo), getattr(torch, geo.dtype), geo.kv_shape(), geo.mla,
-                       geo.chunk, model, prefix="fxbench") as engine:
+    with engine_on_cpu(
+        cfg,
+        _connector_class()(geo),
+        getattr(torch, geo.dtype),
+        geo.kv_shape(),
+        geo.mla,
+        geo.chunk,
+        model,
+        prefix="fxbench",
+    ) as engine:
         yield engine
 
 
@@ -80,7 +89,7 @@ class TierMeter:
             self.seconds += time.perf_counter() - t
             self.cpu += cpu_seconds() - c
             self.calls += 1
-            for o in (out if batched else [out]):
+            for o in out if batched else [out]:
                 if o is not None:
                     self.nbytes += o.get_size()
             return out
@@ -89,7 +98,6 @@ class TierMeter:
 
     def reset(self):
         self.seconds, self.cpu, self.nbytes, self.calls = 0.0, 0.0, 0, 0
-
 
 
 class Reader:
@@ -239,8 +247,13 @@ class LMCacheReader(Reader):
         for t in ths:
             t.join()
         self.cleanup(keys)
-        return {"requests": len(lat), "chunks_per_request": 1, "misses": len(errors),
-                "p50_ms": percentile(lat, 50) * 1e3, "p99_ms": percentile(lat, 99) * 1e3}
+        return {
+            "requests": len(lat),
+            "chunks_per_request": 1,
+            "misses": len(errors),
+            "p50_ms": percentile(lat, 50) * 1e3,
+            "p99_ms": percentile(lat, 99) * 1e3,
+        }
 
 
 def _base_config(cfg: BenchConfig) -> dict:
@@ -353,7 +366,9 @@ class RustRawBlockReader(LMCacheReader):
         try:
             import lmcache_rust_raw_block_io  # noqa: F401
         except Exception as e:
-            raise Skip(f"lmcache-rust-raw-block-io not importable ({e}); pip install lmcache-rust-raw-block-io")
+            raise Skip(
+                f"lmcache-rust-raw-block-io not importable ({e}); pip install lmcache-rust-raw-block-io"
+            ) from None
         super().open(stack)
 
     def lmcache_config(self):
@@ -396,13 +411,24 @@ class FioReader(Reader):
         stack.callback(lambda: os.path.exists(self.file) and os.unlink(self.file))
 
     def _fio(self, rw: str, bs: int, qd: int, size: int) -> dict:
-        cmd = ["fio", "--name=fxbench", f"--filename={self.file}", f"--rw={rw}", f"--bs={bs}",
-               f"--iodepth={qd}", "--ioengine=io_uring", "--direct=1", f"--size={size}",
-               "--numjobs=1", "--output-format=json", "--invalidate=1"]
+        cmd = [
+            "fio",
+            "--name=fxbench",
+            f"--filename={self.file}",
+            f"--rw={rw}",
+            f"--bs={bs}",
+            f"--iodepth={qd}",
+            "--ioengine=io_uring",
+            "--direct=1",
+            f"--size={size}",
+            "--numjobs=1",
+            "--output-format=json",
+            "--invalidate=1",
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"fio failed: {r.stderr.strip()[-400:]}")
-        txt = r.stdout[r.stdout.index("{"):]
+        txt = r.stdout[r.stdout.index("{") :]
         return json.loads(txt)["jobs"][0]
 
     def run_rep(self, rep: int) -> dict:
@@ -429,7 +455,8 @@ class FioReader(Reader):
             "cpu_s_per_gb": cpu / gb if gb else None,
             # ... and fio's own account of its read job, the figure comparable to a tier read
             "tier_cpu_s_per_gb": (rj["usr_cpu"] + rj["sys_cpu"]) / 100 * rj["read"]["runtime"] / 1e3 / gb
-            if gb else None,
+            if gb
+            else None,
             "tier_bytes": rj["read"]["io_bytes"],
             "ok": rj["read"]["io_bytes"] == self.size,
         }
@@ -446,7 +473,9 @@ class FioReader(Reader):
         bs = self.cfg.geo.chunk_bytes // 4096 * 4096
         rj = self._fio("read", bs, conc, self.size // bs * bs)
         pct = rj["read"]["clat_ns"].get("percentile", {})
-        return {"requests": rj["read"]["total_ios"], "chunks_per_request": 1,
-                "p50_ms": pct.get("50.000000", 0) / 1e6, "p99_ms": pct.get("99.000000", 0) / 1e6}
-
-
+        return {
+            "requests": rj["read"]["total_ios"],
+            "chunks_per_request": 1,
+            "p50_ms": pct.get("50.000000", 0) / 1e6,
+            "p99_ms": pct.get("99.000000", 0) / 1e6,
+        }

@@ -1,5 +1,6 @@
 """Output: the text table (medians, ratios), the latency table, the sweep
 line, and the PNG chart."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -14,17 +15,26 @@ def _f(x, fmt="{:.2f}"):
 
 
 def format_table(results: dict) -> str:
-    rows = [("reader", "tier GB/s", "retrieve GB/s", "store GB/s", "tier CPU s/GB", "retrieve CPU s/GB",
-             "vs fio", "ok")]
-    for name, e in results["readers"].items():
+    rows = [
+        ("reader", "tier GB/s", "retrieve GB/s", "store GB/s", "tier CPU s/GB", "retrieve CPU s/GB", "vs fio", "ok")
+    ]
+    for _name, e in results["readers"].items():
         if not e.get("available"):
             rows.append((e["label"], "skipped: " + e.get("skip_reason", "")[:70], "", "", "", "", "", ""))
             continue
         m = e["median"]
-        rows.append((e["label"], _f(m["tier_read_gbps"]), _f(m["retrieve_gbps"]), _f(m["store_gbps"]),
-                     _f(m["tier_cpu_s_per_gb"], "{:.3f}"), _f(m["cpu_s_per_gb"], "{:.3f}"),
-                     _f(e.get("ratio_to_fio"), "{:.2f}x"),
-                     "yes" if e.get("all_ok") else "NO"))
+        rows.append(
+            (
+                e["label"],
+                _f(m["tier_read_gbps"]),
+                _f(m["retrieve_gbps"]),
+                _f(m["store_gbps"]),
+                _f(m["tier_cpu_s_per_gb"], "{:.3f}"),
+                _f(m["cpu_s_per_gb"], "{:.3f}"),
+                _f(e.get("ratio_to_fio"), "{:.2f}x"),
+                "yes" if e.get("all_ok") else "NO",
+            )
+        )
     widths = [max(len(r[i]) for r in rows if not r[1].startswith("skipped") or i == 0) for i in range(len(rows[0]))]
     lines = []
     for r in rows:
@@ -34,23 +44,31 @@ def format_table(results: dict) -> str:
             lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
     lines.insert(1, "-" * len(lines[0]))
     c = results["config"]
-    head = (f"{'COLD' if results['cold'] else 'WARM'}: {results['cache_note']}\n"
-            f"{c['n_chunks']} chunks x {c['chunk_bytes'] / MIB:.2f} MiB = {c['total_bytes'] / GB:.2f} GB, "
-            f"medians of {c['reps']} reps, queue_depth {c['queue_depth']}, split {c['split_bytes'] // 1024} KiB")
+    head = (
+        f"{'COLD' if results['cold'] else 'WARM'}: {results['cache_note']}\n"
+        f"{c['n_chunks']} chunks x {c['chunk_bytes'] / MIB:.2f} MiB = {c['total_bytes'] / GB:.2f} GB, "
+        f"medians of {c['reps']} reps, queue_depth {c['queue_depth']}, split {c['split_bytes'] // 1024} KiB"
+    )
     out = head + "\n" + "\n".join(lines)
     bp = results.get("best_peer") or {}
     fxs = [(e["label"], e["ratio_to_best_peer"]) for e in results["readers"].values() if e.get("ratio_to_best_peer")]
     if fxs and bp:
+
         def who(m):
             b = bp.get(m)
             return f"{results['readers'][b['reader']]['label']} {b['value']:.3g}" if b else "-"
 
-        out += (f"\n\nfx / best peer (tier read: {who('tier_read_gbps')} GB/s; store: {who('store_gbps')} GB/s; "
-                f"tier CPU: {who('tier_cpu_s_per_gb')} s/GB)\n")
+        out += (
+            f"\n\nfx / best peer (tier read: {who('tier_read_gbps')} GB/s; store: {who('store_gbps')} GB/s; "
+            f"tier CPU: {who('tier_cpu_s_per_gb')} s/GB)\n"
+        )
         out += "reader".ljust(36) + f"{'tier read':>12}{'store':>12}{'tier CPU':>12}\n"
         for label, r in fxs:
-            out += label.ljust(36) + "".join(_f(r.get(k), "{:.2f}x").rjust(12) for k in ("tier_read", "store",
-                                                                                         "tier_cpu")) + "\n"
+            out += (
+                label.ljust(36)
+                + "".join(_f(r.get(k), "{:.2f}x").rjust(12) for k in ("tier_read", "store", "tier_cpu"))
+                + "\n"
+            )
     lat = [(e["label"], e["latency"]) for e in results["readers"].values() if e.get("latency")]
     if lat:
         concs = sorted({int(k) for _, L in lat for k in L})
@@ -77,8 +95,11 @@ def write_png(results: dict, path: str) -> Optional[str]:
         return f"matplotlib not available ({e}); pip install matplotlib"
     names = [n for n, e in results["readers"].items() if e.get("available") and n != "fio"]
     labels = [results["readers"][n]["label"].replace("LMCache ", "LMCache\n").replace(" (", "\n(") for n in names]
-    series = [("tier_read_gbps", "cold tier read" if results["cold"] else "warm tier read"),
-              ("retrieve_gbps", "engine retrieve"), ("store_gbps", "store")]
+    series = [
+        ("tier_read_gbps", "cold tier read" if results["cold"] else "warm tier read"),
+        ("retrieve_gbps", "engine retrieve"),
+        ("store_gbps", "store"),
+    ]
     fig, ax = plt.subplots(figsize=(max(10, 1.3 * len(names)), 5))
     width = 0.26
     for i, (m, lab) in enumerate(series):
@@ -93,9 +114,11 @@ def write_png(results: dict, path: str) -> Optional[str]:
     ax.set_xticks(range(len(names)), labels, fontsize=8)
     ax.set_ylabel("GB/s (median)")
     c = results["config"]
-    ax.set_title(f"{'cold' if results['cold'] else 'WARM (page cache not dropped)'}: "
-                 f"{c['n_chunks']} x {c['chunk_bytes'] / MIB:.2f} MiB chunks, {results['machine'].get('filesystem', '')}",
-                 fontsize=9)
+    ax.set_title(
+        f"{'cold' if results['cold'] else 'WARM (page cache not dropped)'}: "
+        f"{c['n_chunks']} x {c['chunk_bytes'] / MIB:.2f} MiB chunks, {results['machine'].get('filesystem', '')}",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -103,27 +126,41 @@ def write_png(results: dict, path: str) -> Optional[str]:
     return None
 
 
-
 def format_sweep(s: dict) -> str:
-    out = [f"\nfx tuning (store level, {s['n_chunks']} x {s['chunk_bytes'] / MIB:.2f} MiB, "
-           f"{'cold' if s['cold'] else 'warm'})"]
-    out.append("queue_depth (split 1 MiB): " + ", ".join(
-        f"{p['value']}: {_f(p['gbps'])} GB/s {_f(p['cpu_s_per_gb'], '{:.3f}')} CPU-s/GB" for p in s["queue_depth"]))
-    out.append("split_bytes (queue_depth 32): " + ", ".join(
-        f"{p['value'] // 1024}K: {_f(p['gbps'])} GB/s {_f(p['cpu_s_per_gb'], '{:.3f}')} CPU-s/GB"
-        for p in s["split_bytes"]))
+    out = [
+        f"\nfx tuning (store level, {s['n_chunks']} x {s['chunk_bytes'] / MIB:.2f} MiB, "
+        f"{'cold' if s['cold'] else 'warm'})"
+    ]
+    out.append(
+        "queue_depth (split 1 MiB): "
+        + ", ".join(
+            f"{p['value']}: {_f(p['gbps'])} GB/s {_f(p['cpu_s_per_gb'], '{:.3f}')} CPU-s/GB" for p in s["queue_depth"]
+        )
+    )
+    out.append(
+        "split_bytes (queue_depth 32): "
+        + ", ".join(
+            f"{p['value'] // 1024}K: {_f(p['gbps'])} GB/s {_f(p['cpu_s_per_gb'], '{:.3f}')} CPU-s/GB"
+            for p in s["split_bytes"]
+        )
+    )
     return "\n".join(out)
 
 
-
 def format_per_chunk(pc: dict) -> str:
-    out = [f"\ncost per chunk: {pc['n_chunks']} chunks of {pc['chunk_bytes'] // 1024} KiB, "
-           f"{'cold' if pc['cold'] else 'warm'}, medians of {pc['reps']}",
-           "reader".ljust(36) + f"{'read us/chunk':>15}{'read CPU us/chunk':>19}{'store us/chunk':>16}"]
+    out = [
+        f"\ncost per chunk: {pc['n_chunks']} chunks of {pc['chunk_bytes'] // 1024} KiB, "
+        f"{'cold' if pc['cold'] else 'warm'}, medians of {pc['reps']}",
+        "reader".ljust(36) + f"{'read us/chunk':>15}{'read CPU us/chunk':>19}{'store us/chunk':>16}",
+    ]
     for e in pc["readers"].values():
         if not e.get("available"):
             out.append(e["label"].ljust(36) + "skipped: " + str(e.get("skip_reason"))[:70])
             continue
-        out.append(e["label"].ljust(36) + _f(e["tier_us_per_chunk"], "{:.1f}").rjust(15)
-                   + _f(e["tier_cpu_us_per_chunk"], "{:.1f}").rjust(19) + _f(e["store_us_per_chunk"], "{:.1f}").rjust(16))
+        out.append(
+            e["label"].ljust(36)
+            + _f(e["tier_us_per_chunk"], "{:.1f}").rjust(15)
+            + _f(e["tier_cpu_us_per_chunk"], "{:.1f}").rjust(19)
+            + _f(e["store_us_per_chunk"], "{:.1f}").rjust(16)
+        )
     return "\n".join(out)

@@ -1,6 +1,7 @@
 """Orchestration: the reader registry, one run (every reader opened, reps
 interleaved A B C A B C ..., latency at several requests in flight,
 medians and ratios), and fx's store-level tuning sweep."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,18 @@ from . import readers as rd
 from .readers import Reader
 from .workload import BenchConfig, Skip, Workload, cpu_seconds, median, ratio, summarize
 
-READER_LIST = [rd.FxReader, rd.FxThreadsReader, rd.FxNoVerifyReader, rd.LocalDiskReader, rd.FSConnectorReader,
-               rd.RustRawBlockReader, l2.FsNativeReader, l2.FxL2Reader, l2.RawBlockL2Reader, rd.FioReader]
+READER_LIST = [
+    rd.FxReader,
+    rd.FxThreadsReader,
+    rd.FxNoVerifyReader,
+    rd.LocalDiskReader,
+    rd.FSConnectorReader,
+    rd.RustRawBlockReader,
+    l2.FsNativeReader,
+    l2.FxL2Reader,
+    l2.RawBlockL2Reader,
+    rd.FioReader,
+]
 READER_CLASSES = {c.name: c for c in READER_LIST}
 ALL_READERS = [c.name for c in READER_LIST]
 READER_LABELS = {c.name: c.label for c in READER_LIST}
@@ -39,8 +50,7 @@ class Progress:
             return
         width = 24
         k = int(width * self.done / max(1, self.total))
-        line = (f"[{'#' * k}{'.' * (width - k)}] {self.done}/{self.total} "
-                f"{time.perf_counter() - self.t0:5.0f}s  {what}")
+        line = f"[{'#' * k}{'.' * (width - k)}] {self.done}/{self.total} {time.perf_counter() - self.t0:5.0f}s  {what}"
         sys.stderr.write(("\r" + line.ljust(100)) if self.tty else line + "\n")
         sys.stderr.flush()
 
@@ -62,8 +72,7 @@ def machine_info(path: str) -> dict:
     except OSError:
         pass
     try:
-        r = subprocess.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE", "--target", path], capture_output=True,
-                           text=True)
+        r = subprocess.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE", "--target", path], capture_output=True, text=True)
         info["filesystem"] = r.stdout.strip()
     except OSError:
         pass
@@ -95,14 +104,21 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
     results: dict = {
         "version": __version__,
         "cold": cfg.cold,
-        "cache_note": "page cache dropped before every read (cold)" if cfg.cold else
-        "page cache not dropped (--warm): results are WARM" if asked_warm else
-        "page cache could NOT be dropped (not root): results are WARM",
+        "cache_note": "page cache dropped before every read (cold)"
+        if cfg.cold
+        else "page cache not dropped (--warm): results are WARM"
+        if asked_warm
+        else "page cache could NOT be dropped (not root): results are WARM",
         "config_fs_native_workers": cfg.fs_native_workers,
         "config": {
-            "path": cfg.path, "geometry": asdict(cfg.geo), "chunk_bytes": cfg.geo.chunk_bytes,
-            "bytes_per_token": cfg.geo.bytes_per_token, "n_chunks": cfg.n_chunks,
-            "total_bytes": cfg.total_bytes, "reps": cfg.reps, "queue_depth": cfg.queue_depth,
+            "path": cfg.path,
+            "geometry": asdict(cfg.geo),
+            "chunk_bytes": cfg.geo.chunk_bytes,
+            "bytes_per_token": cfg.geo.bytes_per_token,
+            "n_chunks": cfg.n_chunks,
+            "total_bytes": cfg.total_bytes,
+            "reps": cfg.reps,
+            "queue_depth": cfg.queue_depth,
             "split_bytes": cfg.split_bytes,
         },
         "machine": {**machine_info(cfg.path), "loadavg_start": list(os.getloadavg())},
@@ -148,7 +164,7 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
         prog.end()
     fio = results["readers"].get("fio", {})
     fio_med = summarize(fio.get("reps", [])) if fio.get("available") else {}
-    for name, e in results["readers"].items():
+    for _name, e in results["readers"].items():
         if not e.get("available"):
             continue
         e["median"] = summarize(e["reps"])
@@ -177,8 +193,11 @@ def best_peer(results: dict) -> dict:
     """Among the readers that are neither lmcache-fx nor fio: the highest
     median tier read and store GB/s and the lowest tier CPU s/GB, with who."""
     out = {}
-    peers = [(n, e["median"]) for n, e in results["readers"].items()
-             if e.get("available") and e.get("all_ok") and not is_fx(n) and n != "fio"]
+    peers = [
+        (n, e["median"])
+        for n, e in results["readers"].items()
+        if e.get("available") and e.get("all_ok") and not is_fx(n) and n != "fio"
+    ]
     for metric, better in (("tier_read_gbps", max), ("store_gbps", max), ("tier_cpu_s_per_gb", min)):
         vals = [(m[metric], n) for n, m in peers if m.get(metric) is not None]
         if vals:
@@ -190,8 +209,7 @@ def best_peer(results: dict) -> dict:
 # ------------------------------------------------------------------ tuning sweep (store level)
 
 
-def run_sweep(path: str, geo: Geometry, n_chunks: int, reps: int, qds, splits, cold: bool,
-              quiet: bool = False) -> dict:
+def run_sweep(path: str, geo: Geometry, n_chunks: int, reps: int, qds, splits, cold: bool, quiet: bool = False) -> dict:
     """GB/s of lmcache-fx's store read path (no LMCache engine) against
     queue_depth (at split 1 MiB) and split_bytes (at queue_depth 32), into a
     huge-page, registered destination like the plugin's pool."""
@@ -219,16 +237,17 @@ def run_sweep(path: str, geo: Geometry, n_chunks: int, reps: int, qds, splits, c
     order = [(p, rep) for rep in range(reps) for p in points]  # interleaved
     raw: dict = {}
     prog = Progress(len(order), quiet)
-    for (what, val, qd, sb), rep in order:
+    for (what, val, qd, sb), _rep in order:
         eng = _fxio.Engine("io_uring", qd, sb)
         eng.register_buffer(dst.address, n_chunks * cb)
-        s = ChunkStore(FxOptions(path=d, io_engine="io_uring", queue_depth=qd, split_bytes=sb,
-                                 max_capacity_gb=1e6), engine=eng)
+        s = ChunkStore(
+            FxOptions(path=d, io_engine="io_uring", queue_depth=qd, split_bytes=sb, max_capacity_gb=1e6), engine=eng
+        )
         slot = iter(range(n_chunks))
         if cold:
             drop_caches()
         c0, t0 = cpu_seconds(), time.perf_counter()
-        out = s.read(keys, lambda m: (lambda i: (i, dst.address + i * cb, cb))(next(slot)), lambda h: None)
+        out = s.read(keys, lambda m, slot=slot: (lambda i: (i, dst.address + i * cb, cb))(next(slot)), lambda h: None)
         dt = time.perf_counter() - t0
         cpu = cpu_seconds() - c0
         s.close()
@@ -240,12 +259,23 @@ def run_sweep(path: str, geo: Geometry, n_chunks: int, reps: int, qds, splits, c
     shutil.rmtree(d, ignore_errors=True)
 
     def curve(what, vals):
-        return [{"value": v, "gbps": median([x["gbps"] for x in raw[f"{what}={v}"]]),
-                 "cpu_s_per_gb": median([x["cpu_s_per_gb"] for x in raw[f"{what}={v}"]])} for v in vals]
+        return [
+            {
+                "value": v,
+                "gbps": median([x["gbps"] for x in raw[f"{what}={v}"]]),
+                "cpu_s_per_gb": median([x["cpu_s_per_gb"] for x in raw[f"{what}={v}"]]),
+            }
+            for v in vals
+        ]
 
-    return {"chunk_bytes": cb, "n_chunks": n_chunks, "reps": reps, "cold": cold,
-            "queue_depth": curve("queue_depth", qds), "split_bytes": curve("split_bytes", splits)}
-
+    return {
+        "chunk_bytes": cb,
+        "n_chunks": n_chunks,
+        "reps": reps,
+        "cold": cold,
+        "queue_depth": curve("queue_depth", qds),
+        "split_bytes": curve("split_bytes", splits),
+    }
 
 
 # ------------------------------------------------------------------ cost per chunk
@@ -260,23 +290,41 @@ def run_per_chunk(cfg: BenchConfig, readers: list[str], n_chunks: int, quiet: bo
     of the store, medians of cfg.reps."""
     d = os.path.join(cfg.path, "per-chunk")
     os.makedirs(d, exist_ok=True)
-    sub = BenchConfig(path=d, geo=PER_CHUNK_GEOMETRY, n_chunks=n_chunks, reps=cfg.reps,
-                      queue_depth=cfg.queue_depth, split_bytes=cfg.split_bytes, cold=cfg.cold, verify=cfg.verify,
-                      latency=False, fs_native_workers=cfg.fs_native_workers)
+    sub = BenchConfig(
+        path=d,
+        geo=PER_CHUNK_GEOMETRY,
+        n_chunks=n_chunks,
+        reps=cfg.reps,
+        queue_depth=cfg.queue_depth,
+        split_bytes=cfg.split_bytes,
+        cold=cfg.cold,
+        verify=cfg.verify,
+        latency=False,
+        fs_native_workers=cfg.fs_native_workers,
+    )
     res = run_bench(sub, readers, quiet=quiet)
     shutil.rmtree(d, ignore_errors=True)
-    out = {"chunk_bytes": PER_CHUNK_GEOMETRY.chunk_bytes, "n_chunks": n_chunks, "reps": cfg.reps,
-           "cold": res["cold"], "readers": {}}
+    out = {
+        "chunk_bytes": PER_CHUNK_GEOMETRY.chunk_bytes,
+        "n_chunks": n_chunks,
+        "reps": cfg.reps,
+        "cold": res["cold"],
+        "readers": {},
+    }
     for name, e in res["readers"].items():
         if not e.get("available"):
             out["readers"][name] = {"label": e["label"], "available": False, "skip_reason": e.get("skip_reason")}
             continue
         m = e["median"]
-        out["readers"][name] = {"label": e["label"], "available": True, "all_ok": e["all_ok"],
-                                "tier_us_per_chunk": m["tier_us_per_chunk"],
-                                "store_us_per_chunk": m["store_us_per_chunk"],
-                                "tier_cpu_us_per_chunk": (m["tier_cpu_s_per_gb"] * PER_CHUNK_GEOMETRY.chunk_bytes
-                                                          / GB * 1e6) if m["tier_cpu_s_per_gb"] is not None
-                                else None,
-                                "reps": e["reps"]}
+        out["readers"][name] = {
+            "label": e["label"],
+            "available": True,
+            "all_ok": e["all_ok"],
+            "tier_us_per_chunk": m["tier_us_per_chunk"],
+            "store_us_per_chunk": m["store_us_per_chunk"],
+            "tier_cpu_us_per_chunk": (m["tier_cpu_s_per_gb"] * PER_CHUNK_GEOMETRY.chunk_bytes / GB * 1e6)
+            if m["tier_cpu_s_per_gb"] is not None
+            else None,
+            "reps": e["reps"],
+        }
     return out

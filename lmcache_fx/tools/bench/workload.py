@@ -1,6 +1,7 @@
 """What every part of the bench shares: the geometry from the command line,
 the workload (source KV of random bytes and a destination), the run's
 configuration, CPU clocks and the statistics (medians, ratios, percentiles)."""
+
 from __future__ import annotations
 
 import resource
@@ -15,8 +16,11 @@ DEFAULT_PRESET = "qwen2.5-32b"
 
 def geometry_from_args(args) -> Geometry:
     base = PRESETS[args.preset] if args.preset else PRESETS[DEFAULT_PRESET]
-    over = {k: getattr(args, k) for k in ("layers", "kv_heads", "head_dim", "dtype", "chunk")
-            if getattr(args, k, None) is not None}
+    over = {
+        k: getattr(args, k)
+        for k in ("layers", "kv_heads", "head_dim", "dtype", "chunk")
+        if getattr(args, k, None) is not None
+    }
     if getattr(args, "mla", False):
         over["mla"] = True
     return Geometry(**{**asdict(base), **over})
@@ -50,8 +54,15 @@ def percentile(xs, p: float) -> Optional[float]:
     return xs[k]
 
 
-METRICS = ("tier_read_gbps", "retrieve_gbps", "store_gbps", "cpu_s_per_gb", "tier_cpu_s_per_gb",
-           "tier_us_per_chunk", "store_us_per_chunk")
+METRICS = (
+    "tier_read_gbps",
+    "retrieve_gbps",
+    "store_gbps",
+    "cpu_s_per_gb",
+    "tier_cpu_s_per_gb",
+    "tier_us_per_chunk",
+    "store_us_per_chunk",
+)
 
 
 def summarize(reps: list[dict]) -> dict:
@@ -140,5 +151,20 @@ class BenchConfig:
         return n * self.geo.chunk_bytes / (1 << 30) + 0.01
 
 
-__all__ = ["GB", "MIB", "BenchConfig", "Skip", "Workload", "crc_of", "cpu_seconds", "children_cpu_seconds",
-           "geometry_from_args", "plan_chunks", "median", "ratio", "percentile", "summarize", "METRICS"]
+__all__ = [
+    "GB",
+    "MIB",
+    "BenchConfig",
+    "Skip",
+    "Workload",
+    "crc_of",
+    "cpu_seconds",
+    "children_cpu_seconds",
+    "geometry_from_args",
+    "plan_chunks",
+    "median",
+    "ratio",
+    "percentile",
+    "summarize",
+    "METRICS",
+]
