@@ -694,17 +694,11 @@ static void batch_join(BatchObject *bo)
     }
 }
 
-static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
+/* A Batch object of this engine, nothing allocated or started yet. */
+static BatchObject *batch_new(EngineObject *self, int is_chunks)
 {
-    static char *kwlist[] = {"ops", "write", "crc", NULL};
-    PyObject *ops_obj;
-    int write = 0, want_crc = 0;
-    BatchObject *bo;
-    size_t n = 0;
+    BatchObject *bo = PyObject_New(BatchObject, &BatchType);
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp", kwlist, &ops_obj, &write, &want_crc))
-        return NULL;
-    bo = PyObject_New(BatchObject, &BatchType);
     if (!bo)
         return NULL;
     bo->engine = (EngineObject *)Py_NewRef(self);
@@ -714,21 +708,17 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
     bo->status = 0;
     bo->started = bo->joined = 0;
     bo->gen = fx_fork_gen;
-    bo->is_chunks = 0;
+    bo->is_chunks = is_chunks;
+    memset(&bo->b, 0, sizeof(bo->b));
     memset(&bo->chunks, 0, sizeof(bo->chunks));
     atomic_init(&bo->finished, 0);
-    if (!(bo->ops = parse_ops(ops_obj, &n)))
-        goto fail;
-    if (!(bo->res = PyMem_Calloc(n ? n : 1, sizeof(*bo->res)))) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    memset(&bo->b, 0, sizeof(bo->b));
-    bo->b.ops = bo->ops;
-    bo->b.nops = n;
-    bo->b.res = bo->res;
-    bo->b.write = write;
-    bo->b.want_crc = want_crc;
+    return bo;
+}
+
+/* Starts a prepared batch on its own thread, signalled through an eventfd
+ * when done; consumes the reference to bo on failure. */
+static PyObject *batch_start(EngineObject *self, BatchObject *bo)
+{
     bo->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (bo->efd < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
@@ -748,6 +738,36 @@ fail:
     return NULL;
 }
 
+static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"ops", "write", "crc", NULL};
+    PyObject *ops_obj;
+    int write = 0, want_crc = 0;
+    BatchObject *bo;
+    size_t n = 0;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp", kwlist, &ops_obj, &write, &want_crc))
+        return NULL;
+    if (!(bo = batch_new(self, 0)))
+        return NULL;
+    if (!(bo->ops = parse_ops(ops_obj, &n)))
+        goto fail;
+    if (!(bo->res = PyMem_Calloc(n ? n : 1, sizeof(*bo->res)))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    memset(&bo->b, 0, sizeof(bo->b));
+    bo->b.ops = bo->ops;
+    bo->b.nops = n;
+    bo->b.res = bo->res;
+    bo->b.write = write;
+    bo->b.want_crc = want_crc;
+    return batch_start(self, bo);
+fail:
+    Py_DECREF(bo);
+    return NULL;
+}
+
 static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObject *kw)
 {
     PyObject *chunks;
@@ -758,38 +778,13 @@ static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObje
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|pp", chunk_kwlist, &chunks, &scratch, &verify,
                                      &direct))
         return NULL;
-    bo = PyObject_New(BatchObject, &BatchType);
-    if (!bo)
+    if (!(bo = batch_new(self, 1)))
         return NULL;
-    bo->engine = (EngineObject *)Py_NewRef(self);
-    bo->ops = NULL;
-    bo->res = NULL;
-    bo->efd = -1;
-    bo->status = 0;
-    bo->started = bo->joined = 0;
-    bo->gen = fx_fork_gen;
-    bo->is_chunks = 1;
-    memset(&bo->b, 0, sizeof(bo->b));
-    memset(&bo->chunks, 0, sizeof(bo->chunks));
-    atomic_init(&bo->finished, 0);
     if (parse_chunks(chunks, scratch, &bo->chunks) < 0)
         goto fail;
     bo->chunks.verify = verify;
     bo->chunks.direct = direct;
-    bo->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (bo->efd < 0) {
-        PyErr_SetFromErrno(PyExc_OSError);
-        goto fail;
-    }
-    if (begin_use(self) < 0)
-        goto fail;
-    if (pthread_create(&bo->thread, NULL, batch_thread, bo)) {
-        end_use(self);
-        PyErr_SetString(PyExc_OSError, "could not start a batch thread");
-        goto fail;
-    }
-    bo->started = 1;
-    return (PyObject *)bo;
+    return batch_start(self, bo);
 fail:
     Py_DECREF(bo);
     return NULL;
