@@ -220,6 +220,7 @@ def main():
     ap.add_argument("--turns", type=int, default=3, choices=range(1, len(QUESTIONS) + 1))
     ap.add_argument("--doc-tokens", type=int, default=5000, help="document length in tokens (default 5000)")
     ap.add_argument("--reply-tokens", type=int, default=24)
+    ap.add_argument("--json", metavar="FILE", help="also write the turns' figures, the command and git commit here")
     ap.add_argument(
         "--session",
         help="session id put first in the chat (default: random, so the first "
@@ -308,8 +309,44 @@ def main():
         f"({b['hit']} of {b['prompt_tokens']} prompt tokens from the store); total {time.monotonic() - t_all:.0f} s"
     )
     ok = all(x["tokens"] == y["tokens"] for x, y in zip(first, again)) and all((y["hit"] or 0) > 0 for y in again)
+    if args.json:
+        write_json(args.json, first, again, ok)
     if not ok:
         raise SystemExit("chat demo: after the restart the KV did not come back from fx, or the replies differ")
+
+
+def write_json(path: str, first: list, again: list, ok: bool) -> None:
+    import platform
+    import subprocess
+
+    keep = ("prompt_tokens", "ttft", "recompute_ttft", "hit", "fx_bytes", "fx_chunks", "fx_seconds", "fx_gbps")
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    doc = {
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "git_commit": commit,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()},
+        "ok": ok,
+        "turns": [
+            {
+                "server1": {k: a.get(k) for k in keep},
+                "after_restart": {k: b.get(k) for k in keep},
+                "same_reply": a["tokens"] == b["tokens"],
+            }
+            for a, b in zip(first, again)
+        ],
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"  figures written to {path}")
 
 
 if __name__ == "__main__":
