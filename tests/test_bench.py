@@ -373,3 +373,63 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     pc = d["per_chunk"]["readers"]
     assert pc["fs_native"]["tier_us_per_chunk"] > 0 and pc["fx-l2"]["tier_us_per_chunk"] > 0
     assert not os.listdir(odirect_tmp) or all(not n.startswith("lmcache-fx-bench-") for n in os.listdir(odirect_tmp))
+
+
+# ------------------------------------------------------------------ --devices N
+
+
+def _loop_devices_unavailable():
+    from lmcache_fx.testing.loopfs import why_not_available
+
+    why = why_not_available()
+    if why:
+        return why
+    if not os.path.exists("/dev/loop-control"):
+        return "no /dev/loop-control: this kernel or container has no loop devices"
+    return None
+
+
+def test_devices_plan_and_memory_refusal():
+    """Sizes come from the workload (the first device also holds the
+    single-path peers); a run that would not fit in memory is refused."""
+    from lmcache_fx.tools.bench.run import check_memory, plan_devices
+
+    geo = Geometry(layers=2, kv_heads=2, head_dim=64, chunk=256)
+    cfg = bench.BenchConfig(path="", geo=geo, n_chunks=400)
+    sizes = plan_devices(cfg, ["fx", "local_disk", "raw_block", "fio"], 4)
+    assert len(sizes) == 4 and sizes[0] > sizes[1] == sizes[3] >= 512 * MIB
+    assert check_memory(cfg, ["fx", "fio"], sizes) is None
+    huge = bench.BenchConfig(path="", geo=geo, n_chunks=1 << 30)
+    msg = check_memory(huge, ["fx", "fio"], plan_devices(huge, ["fx", "fio"], 2))
+    assert msg and "available" in msg
+
+
+@pytest.mark.slow
+def test_devices_two_stripes_fx_and_labels_single_device_peers(tmp_path):
+    """--devices 2 end to end (root, loop devices): fx's chunk files land on
+    both devices, the JSON labels the single-path peers as on one device and
+    fio as one job per device, and every loop device made is gone afterwards."""
+    why = _loop_devices_unavailable()
+    if why:
+        pytest.skip(f"--devices needs root and loop devices: {why}")
+    out = tmp_path / "d.json"
+    rc = bench.main(
+        ["--devices", "2", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "64"]
+        + ["--total-gb", "0.002", "--reps", "1", "--readers", "fx,local_disk,fs_native,fio", "--quiet"]
+        + ["--json", str(out)]
+    )
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert len(d["config"]["devices"]) == 2
+    fx = d["readers"]["fx"]
+    assert fx["devices"] == 2 and "striped over 2 devices" in fx["label"]
+    spread = fx["reps"][0]["files_per_device"]
+    assert len(spread) == 2 and all(n > 0 for n in spread), spread
+    for peer in ("local_disk", "fs_native"):
+        e = d["readers"][peer]
+        if e.get("available"):
+            assert e["devices"] == 1 and e["label"].endswith("(1 of 2 devices)")
+    assert d["readers"]["fio"]["label"].endswith("(1 job on each of 2 devices)")
+    assert d["readers"]["fio"]["reps"][0]["jobs"] == 2
+    for dev_dir in d["config"]["devices"]:  # ours unmounted, mount points and bench dirs gone
+        assert not os.path.exists(os.path.dirname(dev_dir))

@@ -25,7 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Optional
 
 from ..models import GB, MIB, PRESETS, Geometry, parse_size
@@ -61,6 +61,13 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
         type=parse_size,
         metavar="SIZE",
         help="build XFS on a RAM-backed loop device of SIZE (root), remove it afterwards",
+    )
+    where.add_argument(
+        "--devices",
+        type=int,
+        metavar="N",
+        help="build N RAM-backed loop XFS filesystems sized from the workload (root), stripe fx over them, "
+        "fio one job per device, single-path peers on the first device; removed afterwards",
     )
     p.add_argument(
         "--readers", default=",".join(ALL_READERS), help=f"comma-separated subset of {','.join(ALL_READERS)}"
@@ -113,8 +120,11 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
         p.error("--fs-native-workers must be >= 1")
     if getattr(args, "per_chunk", 0) < 0:
         p.error("--per-chunk must be >= 0")
-    if args.mkfs_loop is None and args.path is None:
-        p.error("give --path DIR (a directory on the filesystem to measure) or --mkfs-loop SIZE (root)")
+    devices = getattr(args, "devices", None)
+    if devices is not None and not 1 <= devices <= 64:
+        p.error("--devices must be 1..64")
+    if args.mkfs_loop is None and args.path is None and devices is None:
+        p.error("give --path DIR (a directory on the filesystem to measure), --mkfs-loop SIZE or --devices N (root)")
     return names
 
 
@@ -161,6 +171,71 @@ def preallocate_loop_image(mountpoint: str) -> bool:
         return False
 
 
+@contextmanager
+def _signals_as_exit():
+    """While the devices exist, Ctrl-C raises KeyboardInterrupt and SIGTERM /
+    SIGHUP SystemExit, so the ExitStack's cleanup (unmount, detach, remove
+    the images) runs whichever way the run ends."""
+    import signal
+
+    def bye(signum, _frame):
+        if signum == signal.SIGINT:  # also when started with SIGINT ignored (a background job)
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            old[sig] = signal.signal(sig, bye)
+        except (ValueError, OSError):  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def build_devices(parser, args, stack: ExitStack, geo, n_chunks: int, names: list, per_chunk_names: list):
+    """--devices N: N RAM-backed loop XFS filesystems sized from the
+    workload, refused when the host's memory would not hold the run; each is
+    unmounted, detached and its image removed when `stack` closes (error and
+    Ctrl-C included). Returns (first mount, description, all mounts)."""
+    from ...testing.loopfs import why_not_available, xfs_loop
+    from .run import check_memory, plan_devices
+
+    n = args.devices
+    why = why_not_available()
+    if why:
+        parser.error(f"--devices: {why}")
+    probe = BenchConfig(
+        path="",
+        geo=geo,
+        n_chunks=n_chunks,
+        reps=args.reps,
+        latency=args.latency,
+        concurrency=tuple(_ints(args.concurrency)),
+    )
+    readers_all = list(dict.fromkeys(names + per_chunk_names))
+    sizes = plan_devices(probe, readers_all, n)
+    too_big = check_memory(probe, readers_all, sizes)
+    if too_big:
+        parser.error(f"--devices {n}: {too_big}")
+    stack.enter_context(_signals_as_exit())
+    mounts = []
+    for i, size in enumerate(sizes):
+        if not args.quiet:
+            sys.stderr.write(f"bench: device {i + 1}/{n}: XFS on a {size / (1 << 30):.2f} GiB RAM-backed loop device\n")
+        m = stack.enter_context(xfs_loop(size))
+        preallocate_loop_image(m)
+        mounts.append(m)
+    fs = (
+        f"{n} x XFS on RAM-backed loop devices ({', '.join(f'{s / (1 << 30):.2f}' for s in sizes)} GiB, "
+        "images preallocated); fx striped over all, single-path peers on the first"
+    )
+    return mounts[0], fs, tuple(mounts)
+
+
 def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")  # LMCache would post usage reports otherwise
     # LMCache's INFO lines would bury the table; set here, not at import, so
@@ -174,8 +249,12 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
     per_chunk_names = _reader_list(parser, args.per_chunk_readers) if args.per_chunk else []
     geo = geometry_from_args(args)
     n_chunks = plan_chunks(geo, int(args.total_gb * GB))
+    devices = getattr(args, "devices", None)
     with ExitStack() as stack:
-        if args.mkfs_loop:
+        stripe: tuple = ()
+        if devices:
+            base, fs, stripe = build_devices(parser, args, stack, geo, n_chunks, names, per_chunk_names)
+        elif args.mkfs_loop:
             from ...testing.loopfs import why_not_available, xfs_loop
 
             why = why_not_available()
@@ -190,6 +269,11 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
         path = os.path.join(base, f"lmcache-fx-bench-{os.getpid()}")
         os.makedirs(path, exist_ok=True)
         stack.callback(shutil.rmtree, path, True)
+        if stripe:
+            stripe = tuple(os.path.join(m, f"lmcache-fx-bench-{os.getpid()}") for m in stripe)
+            for d in stripe[1:]:
+                os.makedirs(d, exist_ok=True)
+                stack.callback(shutil.rmtree, d, True)
         if not args.quiet:
             sys.stderr.write(f"bench: {n_chunks} chunks of {geo.chunk_bytes / MIB:.2f} MiB under {path}\n")
         logging.getLogger("lmcache").setLevel(logging.WARNING)
@@ -205,8 +289,15 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             latency=args.latency,
             concurrency=tuple(_ints(args.concurrency)),
             fs_native_workers=args.fs_native_workers,
+            stripe=stripe,
         )
         results = run_bench(cfg, names, quiet=args.quiet)
+        if stripe:
+            results["devices_note"] = (
+                f"{len(stripe)} devices: fx readers stripe over all of them (their path list), fio runs one job "
+                "per device (aggregate), single-path peers run on the first device only, as they would be "
+                "deployed (fs_native's base_path is one directory: a comma list is taken as one literal path)"
+            )
         if fs:
             results["machine"]["filesystem"] = fs
         results["command"] = "lmcache-fx bench " + " ".join(

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import select
-import shutil
 import time
 from typing import Optional
 
@@ -74,8 +73,7 @@ class L2Reader(Reader):
         except Exception as e:
             raise Skip(f"this LMCache has no MP-mode L2 adapter API ({type(e).__name__}: {e})") from None
         self.check_available()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.dir, exist_ok=True)
+        self.make_dirs()
         buf, self.t = l1_arena(self.w)
         self.spec = self.adapter_spec()
         cfg = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(self.spec)])).adapters[0]
@@ -165,6 +163,7 @@ class L2Reader(Reader):
         t0 = time.perf_counter()
         stored = self.store(keys, self.src_objs)
         store_s = time.perf_counter() - t0
+        spread = self.files_per_device() if len(self.dirs) > 1 else None
         if cfg.cold:
             from ...testing.loopfs import drop_caches
 
@@ -190,6 +189,8 @@ class L2Reader(Reader):
             "tokens": loaded * cfg.geo.chunk,
             "cpu_s": cpu,
         }
+        if spread is not None:
+            out["files_per_device"] = spread
         if cfg.verify:
             out["crc_ok"] = crc_of(self.t[nb:]) == w.src_crc
         ok = stored and loaded == n and out.get("crc_ok", True)
@@ -291,6 +292,7 @@ class FxL2Reader(L2Reader):
 
     name = "fx-l2"
     label = "lmcache-fx FxL2Adapter (L2)"
+    stripes = True
 
     def adapter_spec(self):
         return {
@@ -298,7 +300,7 @@ class FxL2Reader(L2Reader):
             "module_path": "lmcache_fx.l2_adapter",
             "class_name": "FxL2Adapter",
             "adapter_params": {
-                "path": self.dir,
+                "path": ",".join(self.dirs),  # several: chunks striped over them by digest
                 "io_engine": "io_uring",
                 "queue_depth": self.cfg.queue_depth,
                 "split_bytes": self.cfg.split_bytes,

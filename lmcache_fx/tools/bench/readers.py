@@ -103,10 +103,32 @@ class TierMeter:
 class Reader:
     name = ""
     label = ""
+    # True: the reader spreads its data over every device of --devices N
+    # (fx's path list, fio's one job per device); False: it takes one path
+    # and runs on the first device, as it would be deployed.
+    stripes = False
+    spread_words = "striped over"  # how the label says it is spread over N devices
 
     def __init__(self, cfg: BenchConfig, workload: Workload):
         self.cfg, self.w = cfg, workload
         self.dir = os.path.join(cfg.path, self.name)
+        # one directory per device when this reader stripes, else [self.dir]
+        self.dirs = [os.path.join(p, self.name) for p in cfg.stripe] if self.stripes and cfg.stripe else [self.dir]
+
+    def make_dirs(self) -> None:
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d, exist_ok=True)
+
+    def files_per_device(self) -> list[int]:
+        """Regular files under each of self.dirs: where the chunks went."""
+        out = []
+        for d in self.dirs:
+            n = 0
+            for _root, _dirs, files in os.walk(d):
+                n += len(files)
+            out.append(n)
+        return out
 
     def open(self, stack: ExitStack) -> None: ...
 
@@ -166,6 +188,7 @@ class LMCacheReader(Reader):
         self.engine.store(tokens, kvcaches=w.src, slot_mapping=w.slot_mapping)
         self.wait_stored(keys)
         store_s = time.perf_counter() - t0
+        spread = self.files_per_device() if len(self.dirs) > 1 else None
         if cfg.cold:
             from ...testing.loopfs import drop_caches
 
@@ -187,6 +210,8 @@ class LMCacheReader(Reader):
             "tokens": got_tokens,
             "cpu_s": cpu,
         }
+        if spread is not None:
+            out["files_per_device"] = spread
         if cfg.verify:
             out["crc_ok"] = crc_of(w.dst) == w.src_crc
         ok = got_tokens == w.tokens_n and self.meter.nbytes == w.nbytes and out.get("crc_ok", True)
@@ -269,6 +294,7 @@ class FxReader(LMCacheReader):
     name = "fx"
     label = "lmcache-fx (io_uring)"
     io_engine = "io_uring"
+    stripes = True
 
     def lmcache_config(self):
         d = _base_config(self.cfg)
@@ -277,7 +303,7 @@ class FxReader(LMCacheReader):
         d["extra_config"] = {
             p + "module_path": "lmcache_fx.lmcache_plugin",
             p + "class_name": "FxStorageBackend",
-            p + "path": self.dir,
+            p + "path": ",".join(self.dirs),  # several: chunks striped over them by digest
             p + "io_engine": self.io_engine,
             p + "queue_depth": self.cfg.queue_depth,
             p + "split_bytes": self.cfg.split_bytes,
@@ -289,6 +315,7 @@ class FxReader(LMCacheReader):
         return name == "fx"
 
     def open(self, stack):
+        self.make_dirs()
         super().open(stack)
         eng = self.backend.store.engine
         if eng.kind != self.io_engine:
@@ -396,25 +423,35 @@ class RustRawBlockReader(LMCacheReader):
 
 class FioReader(Reader):
     """fio io_uring O_DIRECT on one file of the same total bytes, request
-    size = min(split_bytes, chunk), iodepth = queue_depth."""
+    size = min(split_bytes, chunk), iodepth = queue_depth. With --devices N:
+    one job per device, each on its own device's file of total/N bytes, the
+    group's aggregate bandwidth (the limit of the N devices together)."""
 
     name = "fio"
     label = "fio io_uring O_DIRECT"
+    stripes = True
+    spread_words = "1 job on each of"
 
     def open(self, stack):
         if shutil.which("fio") is None:
             raise Skip("fio not found (apt-get install fio)")
-        os.makedirs(self.dir, exist_ok=True)
-        self.file = os.path.join(self.dir, "fio.dat")
+        for d in self.dirs:
+            os.makedirs(d, exist_ok=True)
+        self.files = [os.path.join(d, "fio.dat") for d in self.dirs]
+        self.file = self.files[0]
         self.bs = min(self.cfg.split_bytes, self.cfg.geo.chunk_bytes)
-        self.size = self.cfg.total_bytes // self.bs * self.bs
-        stack.callback(lambda: os.path.exists(self.file) and os.unlink(self.file))
+        per = self.cfg.total_bytes // len(self.files)
+        self.size = max(self.bs, per // self.bs * self.bs)  # per job
+        stack.callback(self._remove_files)
+
+    def _remove_files(self):
+        for f in self.files:
+            if os.path.exists(f):
+                os.unlink(f)
 
     def _fio(self, rw: str, bs: int, qd: int, size: int) -> dict:
         cmd = [
             "fio",
-            "--name=fxbench",
-            f"--filename={self.file}",
             f"--rw={rw}",
             f"--bs={bs}",
             f"--iodepth={qd}",
@@ -424,7 +461,10 @@ class FioReader(Reader):
             "--numjobs=1",
             "--output-format=json",
             "--invalidate=1",
+            "--group_reporting",  # one aggregate over the jobs (one per device)
         ]
+        for i, f in enumerate(self.files):
+            cmd += [f"--name=fxbench{i}", f"--filename={f}"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"fio failed: {r.stderr.strip()[-400:]}")
@@ -432,8 +472,8 @@ class FioReader(Reader):
         return json.loads(txt)["jobs"][0]
 
     def run_rep(self, rep: int) -> dict:
-        if os.path.exists(self.file):
-            os.unlink(self.file)
+        self._remove_files()
+        total = self.size * len(self.files)
         t0 = time.perf_counter()
         wj = self._fio("write", self.bs, self.cfg.queue_depth, self.size)
         store_s = time.perf_counter() - t0
@@ -445,21 +485,25 @@ class FioReader(Reader):
         rj = self._fio("read", self.bs, self.cfg.queue_depth, self.size)
         cpu = children_cpu_seconds() - c0
         gb = rj["read"]["io_bytes"] / GB
-        return {
+        out = {
             "rep": rep,
             "store_gbps": wj["write"]["bw_bytes"] / GB,
-            "store_wall_gbps": self.size / GB / store_s,
+            "store_wall_gbps": total / GB / store_s,
             "tier_read_gbps": rj["read"]["bw_bytes"] / GB,
             "retrieve_gbps": None,
             # whole fio process (start-up, buffer setup included) ...
             "cpu_s_per_gb": cpu / gb if gb else None,
-            # ... and fio's own account of its read job, the figure comparable to a tier read
+            # ... and fio's own account of its read job(s), the figure comparable to a tier read
+            # (with group_reporting, usr/sys_cpu are the jobs' summed CPU over the group's runtime)
             "tier_cpu_s_per_gb": (rj["usr_cpu"] + rj["sys_cpu"]) / 100 * rj["read"]["runtime"] / 1e3 / gb
             if gb
             else None,
             "tier_bytes": rj["read"]["io_bytes"],
-            "ok": rj["read"]["io_bytes"] == self.size,
+            "ok": rj["read"]["io_bytes"] == total,
         }
+        if len(self.files) > 1:
+            out["jobs"] = len(self.files)
+        return out
 
     def latency(self, conc: int) -> Optional[dict]:
         # One request = up to 4 chunks, read at request size bs: approximated by
@@ -468,7 +512,7 @@ class FioReader(Reader):
             from ...testing.loopfs import drop_caches
 
             drop_caches()
-        if not os.path.exists(self.file):
+        if not all(os.path.exists(f) for f in self.files):
             self._fio("write", self.bs, self.cfg.queue_depth, self.size)
         bs = self.cfg.geo.chunk_bytes // 4096 * 4096
         rj = self._fio("read", bs, conc, self.size // bs * bs)

@@ -62,13 +62,21 @@ def format_table(results: dict) -> str:
             f"\n\nfx / best peer (tier read: {who('tier_read_gbps')} GB/s; store: {who('store_gbps')} GB/s; "
             f"tier CPU: {who('tier_cpu_s_per_gb')} s/GB)\n"
         )
-        out += "reader".ljust(36) + f"{'tier read':>12}{'store':>12}{'tier CPU':>12}\n"
+        lw = max([36] + [len(label) + 2 for label, _ in fxs])
+        out += "reader".ljust(lw) + f"{'tier read':>12}{'store':>12}{'tier CPU':>12}\n"
         for label, r in fxs:
             out += (
-                label.ljust(36)
+                label.ljust(lw)
                 + "".join(_f(r.get(k), "{:.2f}x").rjust(12) for k in ("tier_read", "store", "tier_cpu"))
                 + "\n"
             )
+    nd = len(c.get("devices") or [])
+    if nd > 1:
+        fio = results["readers"].get("fio", {})
+        out += f"\n\n{results.get('devices_note', f'{nd} devices')}\n"
+        for e in results["readers"].values():
+            if e.get("available") and e.get("devices", 1) > 1 and e is not fio:
+                out += f"{e['label']} / fio aggregate, tier read: {_f(e.get('ratio_to_fio'), '{:.2f}x')}\n"
     lat = [(e["label"], e["latency"]) for e in results["readers"].values() if e.get("latency")]
     if lat:
         concs = sorted({int(k) for _, L in lat for k in L})

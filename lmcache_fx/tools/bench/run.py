@@ -12,6 +12,7 @@ import sys
 import time
 from contextlib import ExitStack
 from dataclasses import asdict
+from typing import Optional
 
 from ..models import GB, MIB, Geometry
 from . import l2
@@ -34,6 +35,78 @@ READER_LIST = [
 READER_CLASSES = {c.name: c for c in READER_LIST}
 ALL_READERS = [c.name for c in READER_LIST]
 READER_LABELS = {c.name: c.label for c in READER_LIST}
+
+# ------------------------------------------------------------------ --devices N: sizes and memory
+
+SINGLE_PATH_TRANSIENT = {"local_disk", "fs_connector", "fs_native"}  # hold one rep's chunks, removed after it
+LMCACHE_ENGINE_READERS = {"fx", "fx-threads", "fx-noverify", "local_disk", "fs_connector", "rust_raw_block"}
+L2_READERS = {"fs_native", "fx-l2", "raw_block"}
+
+
+def plan_devices(cfg: BenchConfig, readers: list[str], n: int) -> list[int]:
+    """Bytes of each of the N loop filesystems for this workload: every
+    device holds its share of a striped reader's chunks (digest striping is
+    uneven at few chunks: 1.5 x the even share + 2 chunks, at most all of
+    them) and its fio job's file; the first device also holds the
+    single-path peers (one rep's chunks at a time, and the raw-block images
+    that keep what was written). Plus XFS's own room; XFS's minimum is 300 MiB."""
+    cb = cfg.geo.chunk_bytes
+    per_chunk = cb + 8192  # header and alignment
+    total = cfg.n_chunks * per_chunk
+    share = min(cfg.n_chunks, -(-cfg.n_chunks * 3 // (2 * n)) + 2) * per_chunk
+    fio = cfg.total_bytes // n + MIB
+    concurrency = max(cfg.concurrency) if cfg.latency else 0
+    persistent = 0
+    if "rust_raw_block" in readers:
+        persistent += 3 * cfg.total_bytes + 256 * MIB  # RustRawBlockReader's image
+    if "raw_block" in readers:
+        slot = (cb + 4096 + 4095) // 4096 * 4096
+        persistent += 64 * MIB + (2 * cfg.n_chunks + concurrency + 2) * slot + 16 * MIB  # RawBlockL2Reader's
+    transient = total if SINGLE_PATH_TRANSIENT & set(readers) else 0
+
+    def fs(nbytes: int) -> int:
+        b = int(nbytes * 1.1) + 128 * MIB
+        return max(512 * MIB, -(-b // MIB) * MIB)
+
+    first = fs(fio + max(share, transient) + persistent)
+    return [first] + [fs(fio + share)] * (n - 1)
+
+
+def mem_available() -> Optional[int]:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_needed(cfg: BenchConfig, readers: list[str], sizes: list[int]) -> int:
+    """RAM a --devices run takes: the RAM-backed images (preallocated), the
+    workload's source and destination, the L2 readers' L1 arena, and each
+    LMCache engine's CPU pool (touched by every retrieve)."""
+    need = sum(sizes) + 2 * cfg.total_bytes
+    if L2_READERS & set(readers):
+        need += 2 * cfg.total_bytes
+    need += len(LMCACHE_ENGINE_READERS & set(readers)) * int(cfg.pool_gb * (1 << 30))
+    return need
+
+
+def check_memory(cfg: BenchConfig, readers: list[str], sizes: list[int]) -> Optional[str]:
+    """None when the run fits in this host's available memory, else why not."""
+    need, avail = memory_needed(cfg, readers, sizes), mem_available()
+    if avail is None:
+        return None
+    if need > 0.9 * avail:
+        return (
+            f"{len(sizes)} RAM-backed loop filesystems of {', '.join(f'{s / (1 << 30):.2f}' for s in sizes)} GiB "
+            f"plus the workload and the readers' buffers need about {need / (1 << 30):.1f} GiB, but only "
+            f"{avail / (1 << 30):.1f} GiB is available (90% may be used): lower --total-gb, --devices or --readers"
+        )
+    return None
+
 
 # ------------------------------------------------------------------ the run
 
@@ -120,6 +193,7 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
             "reps": cfg.reps,
             "queue_depth": cfg.queue_depth,
             "split_bytes": cfg.split_bytes,
+            "devices": list(cfg.stripe) or [cfg.path],
         },
         "machine": {**machine_info(cfg.path), "loadavg_start": list(os.getloadavg())},
         "readers": {},
@@ -136,6 +210,13 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
                 live.append(r)
                 entry["available"] = True
                 entry["label"] = r.label  # a reader may name its settings once open
+                entry["devices"] = len(r.dirs)
+                if cfg.n_devices > 1:  # say how each reader was deployed over the N devices
+                    entry["label"] += (
+                        f" ({r.spread_words} {cfg.n_devices} devices)"
+                        if len(r.dirs) > 1
+                        else f" (1 of {cfg.n_devices} devices)"
+                    )
             except Skip as e:
                 entry.update(available=False, skip_reason=str(e))
             except Exception as e:  # a peer that fails to start is reported, not fatal

@@ -138,6 +138,14 @@ class BenchConfig:
     latency: bool = False
     concurrency: tuple = (1, 4, 16)
     fs_native_workers: int = 8
+    # --devices N: one bench directory per device, cfg.path being the first.
+    # Readers that take a path list (fx) stripe over all of them, fio runs one
+    # job per device, the single-path peers use cfg.path (one device).
+    stripe: tuple = ()
+
+    @property
+    def n_devices(self) -> int:
+        return max(1, len(self.stripe))
 
     @property
     def total_bytes(self) -> int:
