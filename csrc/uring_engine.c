@@ -39,11 +39,17 @@ struct fx_uring {
     int reg_ok;
     ring_slot *donor; /* holds the registration; new rings clone it */
     /* Pieces in flight over all rings, bounded by qd, so concurrent batches
-     * share the device fairly instead of each adding qd more. */
+     * share the device instead of each adding qd more. Fairly: a batch that
+     * still has pieces to queue ("wanting") holds at most its share,
+     * qd / wanting (rounded up), so a batch that started first cannot keep
+     * nearly all the slots while later ones trickle on one each; a batch
+     * holding none waits for a slot in arrival order (tickets). */
     pthread_mutex_t slot_mu;
     pthread_cond_t slot_cv;
     unsigned slots_used;
     unsigned slot_waiters;
+    unsigned wanting;
+    unsigned long ticket_next, ticket_serve;
     unsigned gen; /* process generation it was made in (fork guard) */
 };
 
@@ -373,25 +379,34 @@ typedef struct {
     int64_t *landed_res;
     unsigned nlanded;
     unsigned held; /* engine-wide slots this batch holds (queued or in flight) */
+    int wanting;   /* counted in the engine's wanting: pieces left to queue */
 } run_state;
 
-/* One engine-wide slot for a new piece. A batch with pieces in flight yields
- * to batches that have none (they wait here), so every request progresses;
- * a batch with none waits for a slot. Returns 0 when the caller should reap
- * its own completions first. */
+/* One engine-wide slot for a new piece. A batch holding none waits for one,
+ * in arrival order; a batch holding some takes another only below its share
+ * and while no batch waits (it reaps its own completions meanwhile), so
+ * every request progresses at about the same rate. Returns 0 when the
+ * caller should reap its own completions first. */
 static int take_slot(fx_uring *u, run_state *st)
 {
     int ok = 0;
 
     pthread_mutex_lock(&u->slot_mu);
     if (st->held == 0) {
+        unsigned long t = u->ticket_next++;
+
         u->slot_waiters++;
-        while (u->slots_used >= u->qd)
+        while (u->slots_used >= u->qd || t != u->ticket_serve)
             pthread_cond_wait(&u->slot_cv, &u->slot_mu);
         u->slot_waiters--;
+        u->ticket_serve++;
+        if (u->slot_waiters)
+            pthread_cond_broadcast(&u->slot_cv); /* the next ticket may go */
         ok = 1;
     } else if (u->slots_used < u->qd && !u->slot_waiters) {
-        ok = 1;
+        unsigned w = u->wanting ? u->wanting : 1;
+
+        ok = st->held < (u->qd + w - 1) / w;
     }
     if (ok) {
         u->slots_used++;
@@ -399,6 +414,21 @@ static int take_slot(fx_uring *u, run_state *st)
     }
     pthread_mutex_unlock(&u->slot_mu);
     return ok;
+}
+
+/* Enters (1) or leaves (0) the set of batches with pieces left to queue. */
+static void set_wanting(fx_uring *u, run_state *st, int on)
+{
+    if (st->wanting == on)
+        return;
+    pthread_mutex_lock(&u->slot_mu);
+    if (on)
+        u->wanting++;
+    else
+        u->wanting--;
+    st->wanting = on;
+    pthread_cond_broadcast(&u->slot_cv);
+    pthread_mutex_unlock(&u->slot_mu);
 }
 
 static void give_slots(fx_uring *u, run_state *st, unsigned n)
@@ -579,6 +609,7 @@ static int abort_run(fx_uring *u, run_state *st, ring_slot *s, unsigned inflight
             finish(st, p, res < 0 ? res : err);
     }
     give_slots(u, st, st->held);
+    set_wanting(u, st, 0);
     io_uring_queue_exit(&s->ring);
     free(s);
     for (size_t i = 0; i < st->b->npieces; i++)
@@ -614,6 +645,8 @@ static void fill(fx_uring *u, ring_slot *s, run_state *st, size_t *next, unsigne
         (*next)++;
         (*queued)++;
     }
+    if (*next == b->npieces)
+        set_wanting(u, st, 0);
 }
 
 /* Accounts for what the kernel took from the submission queue. */
@@ -683,6 +716,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
         ret = -ENOMEM;
         goto out;
     }
+    set_wanting(u, &st, 1);
     while (next < b->npieces || inflight || queued) {
         struct io_uring_cqe *cqe;
         unsigned head, seen = 0, ended = 0;
@@ -728,6 +762,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
             finish_landed(&st);
         }
     }
+    set_wanting(u, &st, 0);
     give_ring(u, s);
 out:
     free(st.done);
