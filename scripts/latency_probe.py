@@ -29,6 +29,7 @@ from lmcache_fx import _fxio  # noqa: E402
 from lmcache_fx.testing import loopfs  # noqa: E402
 
 MIB = 1 << 20
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -100,14 +101,14 @@ def main() -> int:
     nfiles = max(inflight)
     size = f"{(nfiles * a.chunk_mib + 256) // 1024 + 1}G"
     head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=os.path.dirname(__file__)
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
     dirty = bool(
         subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "csrc"],
             capture_output=True,
             text=True,
-            cwd=os.path.dirname(__file__),
+            cwd=ROOT,
         ).stdout.strip()
     )
     raw: dict[str, dict[int, list[dict]]] = {e: {n: [] for n in inflight} for e in engines}
