@@ -233,6 +233,68 @@ void fx_tasks_wait(fx_pool *pool, fx_tasks *t);
 
 /* ---- io_uring engine ---- */
 typedef struct fx_uring fx_uring;
+/* ---- rings: submit / reap (csrc/ring.c; fio's queue / commit / getevents) ----
+ * One ring-setup path with one fallback ladder for unsupported flags. A ring
+ * is either an engine's (fx_uring_take_ring / fx_uring_give_ring) or one of
+ * its own (fx_ring_new / fx_ring_free); both are driven the same way:
+ * fx_ring_queue what to do, fx_ring_commit, fx_ring_getevents. Every read the
+ * kernel took must be reaped before its memory or the ring goes: give back
+ * and free are refused (-EBUSY) while any is in flight. */
+typedef struct fx_ring fx_ring;
+typedef struct {
+    int fd;
+    int write;
+    char *buf;
+    uint64_t len;
+    uint64_t off;
+    int fixed;               /* registered buffer index, or -1: a plain read/write */
+    const struct iovec *iov; /* non-NULL: a vectored read of niov entries (buf, len unused) */
+    unsigned niov;
+    int async;               /* hand to io-wq (IOSQE_ASYNC) */
+    void *tag;               /* comes back in its event */
+} fx_io;
+typedef struct {
+    void *tag;
+    int res; /* bytes or -errno, as the kernel gave it */
+} fx_event;
+/* A ring of `entries` (rounded up by the kernel); iowq_max > 0 bounds its
+ * io-wq workers for file I/O. NULL with -errno in *err. */
+fx_ring *fx_ring_new(unsigned entries, unsigned iowq_max, int *err);
+/* 0, or -EBUSY (nothing freed) while reads are queued or in flight. */
+int fx_ring_free(fx_ring *r);
+/* After a failed commit: reaps nothing, frees the ring (its unsubmitted
+ * entries die with it). Only when nothing is in flight. */
+void fx_ring_discard(fx_ring *r);
+/* After a failed commit: forgets the entries the kernel never took (the ring
+ * must then be discarded once what is in flight was reaped); how many. */
+unsigned fx_ring_unqueue(fx_ring *r);
+/* Registers n fixed buffers; 0 or -errno. */
+int fx_ring_register_buffers(fx_ring *r, const struct iovec *iov, unsigned n);
+unsigned fx_ring_inflight(const fx_ring *r);
+unsigned fx_ring_queued(const fx_ring *r);
+/* Prepares one I/O; 0, or -EBUSY when the submission queue is full. */
+int fx_ring_queue(fx_ring *r, const fx_io *io);
+/* Hands what is queued to the kernel; 0, or -errno when the ring failed
+ * (whatever it took is in flight and must still be reaped). Transient
+ * refusals (EINTR, EAGAIN, EBUSY) leave the rest queued and return 0. */
+int fx_ring_commit(fx_ring *r);
+/* Commits, then reaps up to max completions. timeout_us < 0: waits until at
+ * least one (unless nothing is in flight), retrying EINTR / EAGAIN / EBUSY /
+ * ETIME at once and any other wait error after a peek and 1 ms; never blocks
+ * without a timeout on entries the kernel has not taken. timeout_us >= 0:
+ * waits at most that long. Returns the number reaped (0: none yet), or
+ * -errno from the commit. */
+int fx_ring_getevents(fx_ring *r, fx_event *ev, unsigned max, long timeout_us);
+/* Takes a ring of the engine's (its registration in place), or NULL (none to
+ * be had: out of descriptors, or a forked child). */
+fx_ring *fx_uring_take_ring(fx_uring *u);
+/* Gives it back; -EBUSY (kept by the caller) while reads are in flight. */
+int fx_uring_give_ring(fx_uring *u, fx_ring *r);
+/* One I/O with pread/pwrite on the calling thread, no batch needed: the
+ * O_DIRECT bounce for unaligned buffers, offsets or lengths, and the retry
+ * ladder for EINTR / EAGAIN / short transfers. Bytes or -errno. */
+int64_t fx_io_sync(int fd, int write, int direct, char *buf, uint64_t len, uint64_t off);
+
 /* Returns NULL and a reason in *why when io_uring cannot be used. */
 fx_uring *fx_uring_create(unsigned queue_depth, char *why, size_t whylen);
 void fx_uring_destroy(fx_uring *u);

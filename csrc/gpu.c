@@ -615,10 +615,7 @@ struct GpuStagingObject {
     pid_t pid;             /* process that built the pool */
     unsigned gen;          /* fx_fork_gen when it was built: a fork()ed child sees another */
     int have_ctx;          /* the device context is held (CUDA: primary context retained) */
-#ifdef FX_HAVE_LIBURING
-    struct io_uring ring;
-#endif
-    int have_ring;
+    fx_ring *ring; /* the pool's own ring (its slots as fixed buffers), or NULL */
     int broken; /* the ring failed with reads still queued: unusable */
     treader tr;
     tr_arg tra;
@@ -684,12 +681,8 @@ static void staging_free(GpuStagingObject *g)
     free(g->tr.work);
     free(g->tr.done);
     g->tr.work = g->tr.done = NULL;
-#ifdef FX_HAVE_LIBURING
-    if (g->have_ring) {
-        io_uring_queue_exit(&g->ring); /* drops the fixed buffers too */
-        g->have_ring = 0;
-    }
-#endif
+    fx_ring_discard(g->ring); /* drops the fixed buffers too; every read was reaped */
+    g->ring = NULL;
     if (drv.ops && g->have_ctx && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
         const gpu_ops *d = drv.ops;
         entered = d->ctx_enter(g->ctx, g->device, &sc) == 0;
@@ -877,19 +870,9 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
     /* Reads: the pool's own ring with the slots as fixed buffers, else threads. */
 #ifdef FX_HAVE_LIBURING
     if (want_uring) {
-        struct io_uring_params prm;
-        memset(&prm, 0, sizeof(prm));
-#ifdef IORING_SETUP_COOP_TASKRUN
-        prm.flags = IORING_SETUP_COOP_TASKRUN;
-#endif
-        r = io_uring_queue_init_params(g->nslots + 2, &g->ring, &prm);
-        if (r == -EINVAL && prm.flags) {
-            memset(&prm, 0, sizeof(prm));
-            r = io_uring_queue_init_params(g->nslots + 2, &g->ring, &prm);
-        }
-        if (r == 0) {
+        g->ring = fx_ring_new(g->nslots + 2, 0, &r);
+        if (g->ring) {
             struct iovec *iov = calloc(g->nslots, sizeof(*iov));
-            g->have_ring = 1;
             g->io = 1;
             if (iov) {
                 for (unsigned i = 0; i < g->nslots; i++) {
@@ -897,7 +880,7 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
                     iov[i].iov_len = g->slot_bytes;
                 }
                 /* Refused without CAP_IPC_LOCK above RLIMIT_MEMLOCK: plain reads then. */
-                r = io_uring_register_buffers(&g->ring, iov, g->nslots);
+                r = fx_ring_register_buffers(g->ring, iov, g->nslots);
                 g->fixed = r == 0;
                 if (r < 0)
                     snprintf(g->fixed_error, sizeof(g->fixed_error),
@@ -955,7 +938,7 @@ typedef struct {
     slot_t *slots;
     int *fifo; /* copying slots in issue order */
     unsigned fh, fn;
-    unsigned reading, copying, queued;
+    unsigned reading, copying;
     /* CRC32C per piece (pieces are numbered in file order within an op and
      * an op's pieces are consecutive), combined per op at the end */
     int want_crc;
@@ -1066,16 +1049,9 @@ static int start_read(run_t *R, slot_t *s)
     tr_add(g, T_READ_SUBMIT, s->idx, (int64_t)s->op, s->piece, (int64_t)s->rd_len);
 #ifdef FX_HAVE_LIBURING
     if (g->io) {
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&g->ring);
-        if (!sqe)
-            return -EBUSY; /* cannot happen: ring holds nslots + 2 */
-        if (g->fixed)
-            io_uring_prep_read_fixed(sqe, s->fd, slot_addr(g, s->idx), (unsigned)s->rd_len, s->rd_off, s->idx);
-        else
-            io_uring_prep_read(sqe, s->fd, slot_addr(g, s->idx), (unsigned)s->rd_len, s->rd_off);
-        io_uring_sqe_set_data(sqe, s);
-        R->queued++;
-        return 0;
+        fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx), .len = s->rd_len, .off = s->rd_off,
+                    .fixed = g->fixed ? s->idx : -1, .tag = s};
+        return fx_ring_queue(g->ring, &io); /* room: the ring holds nslots + 2 */
     }
 #endif
     pthread_mutex_lock(&g->tr.mu);
@@ -1090,14 +1066,9 @@ static int start_read(run_t *R, slot_t *s)
 static void resubmit_rest(run_t *R, slot_t *s)
 {
     GpuStagingObject *g = R->g;
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&g->ring);
-    char *buf = slot_addr(g, s->idx) + s->got;
-    if (g->fixed)
-        io_uring_prep_read_fixed(sqe, s->fd, buf, (unsigned)(s->rd_len - s->got), s->rd_off + s->got, s->idx);
-    else
-        io_uring_prep_read(sqe, s->fd, buf, (unsigned)(s->rd_len - s->got), s->rd_off + s->got);
-    io_uring_sqe_set_data(sqe, s);
-    R->queued++;
+    fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx) + s->got, .len = s->rd_len - s->got,
+                .off = s->rd_off + s->got, .fixed = g->fixed ? s->idx : -1, .tag = s};
+    (void)fx_ring_queue(g->ring, &io); /* the slot's own entry came back: there is room */
 }
 #endif
 
@@ -1174,7 +1145,7 @@ static void read_landed(run_t *R, slot_t *s, int64_t res)
         g->st_crc_bytes += s->copied;
     }
     g->st_copies++;
-    if (R->reading || R->queued)
+    if (R->reading)
         g->st_overlap_copies++;
     s->state = S_COPYING;
     R->fifo[(R->fh + R->fn) % g->nslots] = s->idx;
@@ -1221,48 +1192,6 @@ static void reap_copies(run_t *R, int block)
     }
 }
 
-#ifdef FX_HAVE_LIBURING
-/* Hands the queued reads to the kernel; 0, or -errno when the ring failed
- * (whatever it took is in flight: R->queued counts only what it did not). */
-static int ring_submit(run_t *R)
-{
-    int r, fail;
-
-    if (!R->queued)
-        return 0;
-    fail = FX_FAULT(FX_FAULT_SUBMIT_FAIL) != 0; /* tests: submitted, then "failed" */
-    r = io_uring_submit(&R->g->ring);
-    if (r > 0)
-        R->queued -= (unsigned)r > R->queued ? R->queued : (unsigned)r;
-    if (fail)
-        return -EIO;
-    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
-        return r;
-    return 0;
-}
-
-/* One completion, whatever it takes: until every read in flight has completed
- * the kernel may still write into the staging slots, so neither the run nor
- * the ring may end first. EINTR (a signal), EAGAIN, EBUSY, ETIME are retried
- * at once; any other error after a peek at the queue and 1 ms. */
-static struct io_uring_cqe *wait_cqe_all(struct io_uring *ring)
-{
-    for (;;) {
-        const struct timespec pause = {0, 1000000};
-        struct io_uring_cqe *cqe = NULL;
-        int r = FX_FAULT(FX_FAULT_WAIT_EINTR) ? -EINTR : io_uring_wait_cqe(ring, &cqe);
-
-        if (r == 0 && cqe)
-            return cqe;
-        if (r == -EINTR || r == -EAGAIN || r == -EBUSY || r == -ETIME)
-            continue;
-        if (io_uring_peek_cqe(ring, &cqe) == 0 && cqe)
-            return cqe;
-        nanosleep(&pause, NULL);
-    }
-}
-#endif
-
 /* Waits for read completions (timeout_us < 0: until one) and handles them.
  * A wait that fails is not a failed ring -- reads are still in flight, so the
  * loop keeps reaping; returns -errno only when submitting failed. */
@@ -1271,37 +1200,14 @@ static int wait_reads(run_t *R, long timeout_us)
     GpuStagingObject *g = R->g;
 #ifdef FX_HAVE_LIBURING
     if (g->io) {
-        struct io_uring_cqe *cqe = NULL;
-        unsigned head, seen = 0;
-        int r;
+        fx_event ev[64];
+        int n = fx_ring_getevents(g->ring, ev, 64, timeout_us); /* commits; the retry ladder inside */
 
-        if ((r = ring_submit(R)) < 0)
-            return r;
-        if (FX_FAULT(FX_FAULT_WAIT_EINTR)) {
-            r = -EINTR; /* tests: a signal arrived */
-        } else if (timeout_us < 0 && !R->queued) {
-            r = io_uring_wait_cqe(&g->ring, &cqe);
-        } else {
-            /* Reads the kernel did not take yet (EAGAIN, EBUSY) are not in
-             * flight: a blocking wait could outlast every completion. */
-            long us = timeout_us < 0 ? 1000 : timeout_us;
-            struct __kernel_timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
-            r = io_uring_wait_cqe_timeout(&g->ring, &cqe, &ts);
-        }
-        if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
-            const struct timespec pause = {0, 1000000};
-            if (io_uring_peek_cqe(&g->ring, &cqe) != 0 || !cqe)
-                nanosleep(&pause, NULL); /* then the loop comes back here */
-        }
-        io_uring_for_each_cqe(&g->ring, head, cqe)
-        {
-            slot_t *s = io_uring_cqe_get_data(cqe);
-            int res = cqe->res;
-            seen++;
-#ifdef LIBURING_UDATA_TIMEOUT
-            if (cqe->user_data == LIBURING_UDATA_TIMEOUT)
-                continue; /* liburing's own timeout on kernels without EXT_ARG */
-#endif
+        if (n < 0)
+            return n; /* submitting failed */
+        for (int i = 0; i < n; i++) {
+            slot_t *s = ev[i].tag;
+            int res = ev[i].res;
             if (__builtin_expect(fx_fault_on, 0) && res > 0) {
                 long k;
                 if (fx_fault_hit(FX_FAULT_EINTR))
@@ -1339,7 +1245,6 @@ static int wait_reads(run_t *R, long timeout_us)
             }
             read_landed(R, s, res);
         }
-        io_uring_cq_advance(&g->ring, seen);
         return 0;
     }
 #endif
@@ -1451,22 +1356,16 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
                     if (!ops[i].issued_all || ops[i].outstanding)
                         op_fail(&R, i, -r, 1);
 #ifdef FX_HAVE_LIBURING
-                if (R.queued)
-                    g->broken = 1; /* unsubmitted SQEs stay in the ring */
-                R.reading -= R.queued;
-                R.queued = 0;
-                while (R.reading) {
-                    struct io_uring_cqe *cqe = wait_cqe_all(&g->ring);
-                    slot_t *s = io_uring_cqe_get_data(cqe);
-                    int cres = cqe->res;
-#ifdef LIBURING_UDATA_TIMEOUT
-                    if (cqe->user_data == LIBURING_UDATA_TIMEOUT) {
-                        io_uring_cqe_seen(&g->ring, cqe);
-                        continue;
+                if (g->io) {
+                    unsigned q = fx_ring_unqueue(g->ring);
+                    if (q)
+                        g->broken = 1; /* unsubmitted SQEs stay in the ring */
+                    R.reading -= q;
+                    while (R.reading) {
+                        fx_event ev;
+                        if (fx_ring_getevents(g->ring, &ev, 1, -1) > 0)
+                            read_landed(&R, ev.tag, ev.res < 0 ? ev.res : r);
                     }
-#endif
-                    io_uring_cqe_seen(&g->ring, cqe);
-                    read_landed(&R, s, cres < 0 ? cres : r);
                 }
 #endif
             }
@@ -1982,9 +1881,8 @@ static PyObject *mod_uring_register_probe(PyObject *m, PyObject *args)
 #ifdef FX_HAVE_LIBURING
     Py_BEGIN_ALLOW_THREADS
     {
-        struct io_uring ring;
-        r = io_uring_queue_init(2, &ring, 0);
-        if (r == 0) {
+        fx_ring *ring = fx_ring_new(2, 0, &r);
+        if (ring) {
             size_t n = (size_t)((len + (1ull << 30) - 1) >> 30), i;
             struct iovec *iov = calloc(n ? n : 1, sizeof(*iov));
             if (!iov) {
@@ -1994,10 +1892,10 @@ static PyObject *mod_uring_register_probe(PyObject *m, PyObject *args)
                     iov[i].iov_base = (char *)(uintptr_t)addr + (i << 30);
                     iov[i].iov_len = len - (i << 30) < (1ull << 30) ? len - (i << 30) : (1ull << 30);
                 }
-                r = io_uring_register_buffers(&ring, iov, (unsigned)n);
+                r = fx_ring_register_buffers(ring, iov, (unsigned)n);
                 free(iov);
             }
-            io_uring_queue_exit(&ring);
+            fx_ring_discard(ring);
         }
     }
     Py_END_ALLOW_THREADS
