@@ -123,6 +123,21 @@ int fx_hdr_at_eof(int fd, uint64_t pos, uint64_t got);
  * plain piece. */
 void fx_piece_header_done(const fx_batch *b, fx_piece *p, int64_t res);
 
+/* ---- memory: one aligned (huge-page) allocator (csrc/mem.c) ---- */
+#define FX_HUGE_2M ((size_t)2 << 20)
+typedef struct {
+    char *addr;
+    size_t mapped;  /* bytes mapped: size rounded up to 4 KiB, or 2 MiB when huge */
+    int huge;       /* 2 MiB-aligned, MADV_HUGEPAGE */
+    int numa_node;  /* node it was bound to, or -1 */
+    int numa_err;   /* errno of a refused mbind, else 0 */
+} fx_mem;
+/* Anonymous memory, MADV_DONTFORK; huge: 2 MiB-aligned with MADV_HUGEPAGE;
+ * numa_node >= 0: bound there (preferred) before any page is touched;
+ * prefault: every page faulted in. 0 or -errno. */
+int fx_mem_alloc(fx_mem *m, size_t size, int huge, int numa_node, int prefault);
+void fx_mem_free(fx_mem *m);
+
 /* ---- fork safety ----
  * A child handler (pthread_atfork, installed once by fx_fork_guard_init) bumps
  * the process generation: an engine, pool, ring or buffer remembers the

@@ -35,7 +35,6 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -48,14 +47,6 @@
 #include <liburing.h>
 #endif
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-#ifndef MADV_DONTFORK
-#define MADV_DONTFORK 10
-#endif
-#define FX_MPOL_PREFERRED 1
-#define HUGE_2M (2ull << 20)
 #define NOT_READY 600 /* CUDA_ERROR_NOT_READY == hipErrorNotReady */
 
 /* ------------------------------------------------------------- the driver */
@@ -714,8 +705,10 @@ static void staging_free(GpuStagingObject *g)
         drv.ops->ctx_release(g->cudev); /* the device handle, as retained */
     g->have_ctx = 0;
     g->ctx = NULL;
-    if (g->mem)
-        munmap(g->mem, g->mapped);
+    if (g->mem) {
+        fx_mem m = {.addr = g->mem, .mapped = g->mapped};
+        fx_mem_free(&m);
+    }
     g->mem = NULL;
 }
 
@@ -747,41 +740,25 @@ static int numa_node_of(const char *bus_id, const char *sysfs)
     return node >= 0 && node < 1024 ? node : -1;
 }
 
-/* Binds the (not yet faulted) staging memory to the GPU's node, preferred:
- * pages come from elsewhere rather than failing when the node is full. */
-static void numa_place(GpuStagingObject *g, const char *sysfs)
+/* The GPU's NUMA node, or -1 (numa_info says why); the staging memory is
+ * bound there, preferred (pages come from elsewhere rather than failing when
+ * the node is full), before its pages are faulted in. */
+static int numa_pick(GpuStagingObject *g, const char *sysfs, char *bus, size_t buslen)
 {
-    char bus[64] = "";
-    int r = -1, node;
+    int r, node;
 
-    g->numa_node = -1;
-    r = drv.ops->pci_bus_id(bus, (int)sizeof(bus), g->cudev, g->device);
+    r = drv.ops->pci_bus_id(bus, (int)buslen, g->cudev, g->device);
     if (r != 0 || !bus[0]) {
         snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d: PCI bus id unknown (%s): staging not placed",
                  g->device, r == -1 ? "driver has no DeviceGetPCIBusId" : drv_errname(r));
-        return;
+        return -1;
     }
-    bus[sizeof(bus) - 1] = 0;
+    bus[buslen - 1] = 0;
     node = numa_node_of(bus, sysfs);
-    if (node < 0) {
+    if (node < 0)
         snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s): no NUMA node in %s: staging not placed",
                  g->device, bus, sysfs);
-        return;
-    }
-    {
-        unsigned long mask[1024 / (8 * sizeof(unsigned long))];
-        memset(mask, 0, sizeof(mask));
-        mask[node / (8 * sizeof(unsigned long))] = 1ul << (node % (8 * sizeof(unsigned long)));
-        if (syscall(SYS_mbind, g->mem, g->mapped, FX_MPOL_PREFERRED, mask, (unsigned long)(8 * sizeof(mask) + 1),
-                    0ul) != 0) {
-            snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s) is on node %d; mbind failed: %s",
-                     g->device, bus, node, strerror(errno));
-            return;
-        }
-    }
-    g->numa_node = node;
-    snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s) is on node %d: staging placed there", g->device, bus,
-             node);
+    return node;
 }
 
 /* Builds the pool without the GIL; 0 or -1 with msg. */
@@ -789,30 +766,9 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
 {
     size_t total = (size_t)g->nslots * g->slot_bytes;
     saved_ctx sc;
-    void *p;
     int r;
 
-    /* Staging memory: 2 MiB-aligned anonymous, huge pages asked for. */
-    g->mapped = (total + HUGE_2M - 1) & ~(size_t)(HUGE_2M - 1);
-    p = mmap(NULL, g->mapped + HUGE_2M, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        snprintf(msg, msglen, "mmap of %zu bytes failed: %s", g->mapped, strerror(errno));
-        return -1;
-    }
-    {
-        uintptr_t a = ((uintptr_t)p + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1);
-        size_t head = a - (uintptr_t)p, tail = HUGE_2M - head;
-        if (head)
-            munmap(p, head);
-        if (tail)
-            munmap((char *)a + g->mapped, tail);
-        g->mem = (char *)a;
-    }
-    madvise(g->mem, g->mapped, MADV_HUGEPAGE);
-    /* A fork()ed child gets no copy: the pool is unusable there anyway (see
-     * fx_gpu_atfork_child), and the parent's pinned pages stay its own. */
-    madvise(g->mem, g->mapped, MADV_DONTFORK);
-
+    g->numa_node = -1;
     {
         int dev = 0;
         if ((r = drv.ops->device_get(g->device, &dev)) != 0) {
@@ -821,10 +777,29 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
         }
         g->cudev = dev;
     }
-    /* On the GPU's NUMA node, bound before the pages are faulted in. */
-    numa_place(g, sysfs);
-    if (madvise(g->mem, g->mapped, MADV_POPULATE_WRITE) < 0)
-        memset(g->mem, 0, g->mapped); /* fault in before pinning */
+    /* Staging memory: 2 MiB-aligned anonymous, huge pages asked for, on the
+     * GPU's NUMA node, faulted in before pinning; MADV_DONTFORK: a fork()ed
+     * child gets no copy (the pool is unusable there anyway, see
+     * fx_gpu_atfork_child) and the parent's pinned pages stay its own. */
+    {
+        char bus[64] = "";
+        int node = numa_pick(g, sysfs, bus, sizeof(bus));
+        fx_mem m;
+
+        if ((r = fx_mem_alloc(&m, total, 1, node, 1)) < 0) {
+            snprintf(msg, msglen, "mmap of %zu bytes failed: %s", total, strerror(-r));
+            return -1;
+        }
+        g->mem = m.addr;
+        g->mapped = m.mapped;
+        g->numa_node = m.numa_node;
+        if (node >= 0 && m.numa_node < 0)
+            snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s) is on node %d; mbind failed: %s", g->device,
+                     bus, node, strerror(m.numa_err));
+        else if (node >= 0)
+            snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s) is on node %d: staging placed there",
+                     g->device, bus, node);
+    }
 
     /* Driver: context, page-locking, stream, one event per slot. */
     if ((r = drv.ops->ctx_retain(g->cudev, &g->ctx)) != 0) {
