@@ -229,6 +229,29 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int direct, int v
                    int open_width, fx_chunk_result *out);
 const char *fx_chunk_status_name(int status);
 
+/* ---- one I/O, for the submit / reap APIs (fx_ring, fx_tq) ---- */
+typedef struct {
+    int fd;
+    int write;
+    char *buf;
+    uint64_t len;
+    uint64_t off;
+    int fixed;               /* registered buffer index, or -1: a plain read/write */
+    const struct iovec *iov; /* non-NULL: a vectored read of niov entries (buf, len unused) */
+    unsigned niov;
+    int async;               /* ring: hand to io-wq (IOSQE_ASYNC) */
+    int direct;              /* thread pool: fd has O_DIRECT (short reads resume block-aligned) */
+    void *tag;               /* comes back in its event */
+} fx_io;
+typedef struct {
+    void *tag;
+    int res; /* bytes or -errno, as the kernel gave it */
+} fx_event;
+/* One I/O with pread/pwrite on the calling thread, no batch needed: the
+ * O_DIRECT bounce for unaligned buffers, offsets or lengths, and the retry
+ * ladder for EINTR / EAGAIN / short transfers. Bytes or -errno. */
+int64_t fx_io_sync(int fd, int write, int direct, char *buf, uint64_t len, uint64_t off);
+
 /* ---- thread engine ---- */
 typedef struct fx_pool fx_pool;
 fx_pool *fx_pool_create(int nthreads);
@@ -246,6 +269,22 @@ typedef struct fx_tasks fx_tasks;
 fx_tasks *fx_pool_spawn(fx_pool *pool, size_t n, fx_task_fn fn, void *ctx, int width);
 void fx_tasks_wait(fx_pool *pool, fx_tasks *t);
 
+/* Submit / reap on a pool's threads, as fx_ring does on a ring: I/O queued
+ * with fx_tq_queue runs (fx_io_sync) on up to `width` of the pool's threads,
+ * then after(actx, tag, result) on that thread when given (work to do in
+ * parallel, a CRC say); fx_tq_getevents reaps (timeout_us < 0: waits for one
+ * unless none is outstanding; 0: none; else at most that long). At most cap
+ * outstanding (queued, running or not reaped): -EBUSY beyond. Vectored I/O
+ * is not supported here (-EINVAL). fx_tq_free is refused (-EBUSY) while any
+ * is outstanding. */
+typedef struct fx_tq fx_tq;
+typedef void (*fx_tq_after)(void *actx, void *tag, int64_t res);
+fx_tq *fx_tq_new(fx_pool *pool, unsigned cap, int width);
+int fx_tq_free(fx_tq *q);
+int fx_tq_queue(fx_tq *q, const fx_io *io, fx_tq_after after, void *actx);
+int fx_tq_getevents(fx_tq *q, fx_event *ev, unsigned max, long timeout_us);
+unsigned fx_tq_outstanding(const fx_tq *q);
+
 /* ---- io_uring engine ---- */
 typedef struct fx_uring fx_uring;
 /* ---- rings: submit / reap (csrc/ring.c; fio's queue / commit / getevents) ----
@@ -256,22 +295,6 @@ typedef struct fx_uring fx_uring;
  * kernel took must be reaped before its memory or the ring goes: give back
  * and free are refused (-EBUSY) while any is in flight. */
 typedef struct fx_ring fx_ring;
-typedef struct {
-    int fd;
-    int write;
-    char *buf;
-    uint64_t len;
-    uint64_t off;
-    int fixed;               /* registered buffer index, or -1: a plain read/write */
-    const struct iovec *iov; /* non-NULL: a vectored read of niov entries (buf, len unused) */
-    unsigned niov;
-    int async;               /* hand to io-wq (IOSQE_ASYNC) */
-    void *tag;               /* comes back in its event */
-} fx_io;
-typedef struct {
-    void *tag;
-    int res; /* bytes or -errno, as the kernel gave it */
-} fx_event;
 /* A ring of `entries` (rounded up by the kernel); iowq_max > 0 bounds its
  * io-wq workers for file I/O. NULL with -errno in *err. */
 fx_ring *fx_ring_new(unsigned entries, unsigned iowq_max, int *err);
@@ -305,10 +328,6 @@ int fx_ring_getevents(fx_ring *r, fx_event *ev, unsigned max, long timeout_us);
 fx_ring *fx_uring_take_ring(fx_uring *u);
 /* Gives it back; -EBUSY (kept by the caller) while reads are in flight. */
 int fx_uring_give_ring(fx_uring *u, fx_ring *r);
-/* One I/O with pread/pwrite on the calling thread, no batch needed: the
- * O_DIRECT bounce for unaligned buffers, offsets or lengths, and the retry
- * ladder for EINTR / EAGAIN / short transfers. Bytes or -errno. */
-int64_t fx_io_sync(int fd, int write, int direct, char *buf, uint64_t len, uint64_t off);
 
 /* Returns NULL and a reason in *why when io_uring cannot be used. */
 fx_uring *fx_uring_create(unsigned queue_depth, char *why, size_t whylen);

@@ -456,7 +456,6 @@ typedef struct {
     uint64_t use_off; /* file offset of the first wanted byte in this piece */
     uint64_t use_len; /* wanted bytes in this piece */
     uint64_t copied;  /* wanted bytes being copied */
-    int64_t res;      /* thread reader: result of the read */
     int want_crc;     /* checksum the wanted bytes that landed */
     int crc_ready;    /* thread reader: crc / crc_len computed by the reader thread */
     uint32_t crc;
@@ -482,19 +481,6 @@ typedef struct {
 
 /* --------------------------------------------------------- the thread reader */
 
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv, done_cv;
-    slot_t **work; /* FIFO of slots to read, capacity nslots */
-    unsigned wh, wn;
-    slot_t **done; /* FIFO of finished slots */
-    unsigned dh, dn;
-    unsigned cap;
-    int stop;
-    int nthreads;
-    pthread_t *threads;
-} treader;
-
 /* Wanted bytes of a piece once got bytes landed: [use_off, use_off + n). */
 static uint64_t landed_use(const slot_t *s, uint64_t got)
 {
@@ -504,78 +490,23 @@ static uint64_t landed_use(const slot_t *s, uint64_t got)
     return ue > s->use_off ? ue - s->use_off : 0;
 }
 
-static int64_t pread_piece(slot_t *s, char *buf)
-{
-    uint64_t done = 0;
-    unsigned shorts = 0;
-    while (done < s->rd_len) {
-        ssize_t r = pread(s->fd, buf + done, s->rd_len - done, (off_t)(s->rd_off + done));
-        int64_t keep;
-        if (r < 0) {
-            if (errno == EINTR || errno == EAGAIN)
-                continue;
-            return -errno;
-        }
-        if (r == 0)
-            break;
-        if ((uint64_t)r == s->rd_len - done) {
-            done += (uint64_t)r;
-            break;
-        }
-        /* Short: go on (O_DIRECT from the last whole block) unless at EOF. */
-        keep = fx_short_keep(0, s->direct, s->fd, s->rd_off + done, (uint64_t)r);
-        if (keep < 0) {
-            done += (uint64_t)r;
-            break;
-        }
-        if (shorts++ >= FX_RETRY_MAX)
-            return -EIO;
-        done += (uint64_t)keep;
-    }
-    return (int64_t)done;
-}
-
 typedef struct GpuStagingObject GpuStagingObject;
 static char *slot_addr(GpuStagingObject *g, int i);
 
-typedef struct {
-    treader *tr;
-    GpuStagingObject *g;
-} tr_arg;
-
-static void *tr_worker(void *arg)
+/* Thread reader: after a piece's pread, on the pool thread that did it, its
+ * CRC -- in parallel, rather than on the pipeline's thread. */
+static void tq_crc(void *actx, void *tag, int64_t res)
 {
-    tr_arg *a = arg;
-    treader *tr = a->tr;
-    GpuStagingObject *g = a->g;
+    GpuStagingObject *g = actx;
+    slot_t *s = tag;
 
-    pthread_mutex_lock(&tr->mu);
-    for (;;) {
-        slot_t *s;
-        while (!tr->stop && !tr->wn)
-            pthread_cond_wait(&tr->work_cv, &tr->mu);
-        if (tr->stop)
-            break;
-        s = tr->work[tr->wh];
-        tr->wh = (tr->wh + 1) % tr->cap;
-        tr->wn--;
-        pthread_mutex_unlock(&tr->mu);
-        s->res = pread_piece(s, slot_addr(g, s->idx));
-        if (s->want_crc && s->res > 0) {
-            /* Here, in parallel, rather than on the pipeline's thread. */
-            uint64_t t0 = now_ns();
-            s->crc_len = landed_use(s, (uint64_t)s->res);
-            s->crc = fx_crc32c(0, slot_addr(g, s->idx) + (s->use_off - s->rd_off), s->crc_len);
-            s->crc_ready = 1;
-            s->crc_ns = now_ns() - t0;
-        }
-        pthread_mutex_lock(&tr->mu);
-        tr->done[(tr->dh + tr->dn) % tr->cap] = s;
-        tr->dn++;
-        pthread_cond_signal(&tr->done_cv);
+    if (res > 0) {
+        uint64_t t0 = now_ns();
+        s->crc_len = landed_use(s, (uint64_t)res);
+        s->crc = fx_crc32c(0, slot_addr(g, s->idx) + (s->use_off - s->rd_off), s->crc_len);
+        s->crc_ready = 1;
+        s->crc_ns = now_ns() - t0;
     }
-    pthread_mutex_unlock(&tr->mu);
-    return NULL;
 }
 
 /* ------------------------------------------------------------ the object */
@@ -608,8 +539,8 @@ struct GpuStagingObject {
     int have_ctx;          /* the device context is held (CUDA: primary context retained) */
     fx_ring *ring; /* the pool's own ring (its slots as fixed buffers), or NULL */
     int broken; /* the ring failed with reads still queued: unusable */
-    treader tr;
-    tr_arg tra;
+    fx_pool *pool; /* thread reader: the engine's thread pool code, threads of its own */
+    fx_tq *tq;     /* submit / reap on it */
     unsigned poll_us;
     /* last run */
     char last_error[512];
@@ -656,22 +587,10 @@ static void staging_free(GpuStagingObject *g)
     saved_ctx sc;
     int entered = 0;
 
-    if (g->tr.threads) {
-        pthread_mutex_lock(&g->tr.mu);
-        g->tr.stop = 1;
-        pthread_cond_broadcast(&g->tr.work_cv);
-        pthread_mutex_unlock(&g->tr.mu);
-        for (int i = 0; i < g->tr.nthreads; i++)
-            pthread_join(g->tr.threads[i], NULL);
-        free(g->tr.threads);
-        g->tr.threads = NULL;
-        pthread_cond_destroy(&g->tr.work_cv);
-        pthread_cond_destroy(&g->tr.done_cv);
-        pthread_mutex_destroy(&g->tr.mu);
-    }
-    free(g->tr.work);
-    free(g->tr.done);
-    g->tr.work = g->tr.done = NULL;
+    if (fx_tq_free(g->tq) == 0) /* every read was reaped by then */
+        g->tq = NULL;
+    fx_pool_destroy(g->pool);
+    g->pool = NULL;
     fx_ring_discard(g->ring); /* drops the fixed buffers too; every read was reaped */
     g->ring = NULL;
     if (drv.ops && g->have_ctx && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
@@ -870,28 +789,9 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
     (void)want_uring;
 #endif
     if (!g->io) {
-        treader *tr = &g->tr;
         int n = g->nslots < 8 ? (int)g->nslots : 8;
-        tr->cap = g->nslots;
-        tr->work = calloc(tr->cap, sizeof(*tr->work));
-        tr->done = calloc(tr->cap, sizeof(*tr->done));
-        tr->threads = calloc((size_t)n, sizeof(pthread_t));
-        if (!tr->work || !tr->done || !tr->threads) {
-            free(tr->threads);
-            tr->threads = NULL;
-            snprintf(msg, msglen, "out of memory");
-            return -1;
-        }
-        pthread_mutex_init(&tr->mu, NULL);
-        pthread_cond_init(&tr->work_cv, NULL);
-        pthread_cond_init(&tr->done_cv, NULL);
-        g->tra.tr = tr;
-        g->tra.g = g;
-        for (tr->nthreads = 0; tr->nthreads < n; tr->nthreads++)
-            if (pthread_create(&tr->threads[tr->nthreads], NULL, tr_worker, &g->tra))
-                break;
-        if (tr->nthreads == 0) {
-            snprintf(msg, msglen, "could not start reader threads");
+        if (!(g->pool = fx_pool_create(n)) || !(g->tq = fx_tq_new(g->pool, g->nslots, n))) {
+            snprintf(msg, msglen, g->pool ? "out of memory" : "could not start reader threads");
             return -1;
         }
     }
@@ -1029,12 +929,11 @@ static int start_read(run_t *R, slot_t *s)
         return fx_ring_queue(g->ring, &io); /* room: the ring holds nslots + 2 */
     }
 #endif
-    pthread_mutex_lock(&g->tr.mu);
-    g->tr.work[(g->tr.wh + g->tr.wn) % g->tr.cap] = s;
-    g->tr.wn++;
-    pthread_cond_signal(&g->tr.work_cv);
-    pthread_mutex_unlock(&g->tr.mu);
-    return 0;
+    {
+        fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx), .len = s->rd_len, .off = s->rd_off,
+                    .fixed = -1, .direct = s->direct, .tag = s};
+        return fx_tq_queue(g->tq, &io, s->want_crc ? tq_crc : NULL, g);
+    }
 }
 
 #ifdef FX_HAVE_LIBURING
@@ -1224,32 +1123,11 @@ static int wait_reads(run_t *R, long timeout_us)
     }
 #endif
     {
-        treader *tr = &g->tr;
-        slot_t *batch[64];
-        unsigned n = 0;
+        fx_event ev[64];
+        int n = fx_tq_getevents(g->tq, ev, 64, timeout_us);
 
-        pthread_mutex_lock(&tr->mu);
-        if (!tr->dn) {
-            if (timeout_us < 0) {
-                while (!tr->dn)
-                    pthread_cond_wait(&tr->done_cv, &tr->mu);
-            } else {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += timeout_us * 1000;
-                ts.tv_sec += ts.tv_nsec / 1000000000;
-                ts.tv_nsec %= 1000000000;
-                pthread_cond_timedwait(&tr->done_cv, &tr->mu, &ts);
-            }
-        }
-        while (tr->dn && n < 64) {
-            batch[n++] = tr->done[tr->dh];
-            tr->dh = (tr->dh + 1) % tr->cap;
-            tr->dn--;
-        }
-        pthread_mutex_unlock(&tr->mu);
-        for (unsigned i = 0; i < n; i++)
-            read_landed(R, batch[i], batch[i]->res);
+        for (int i = 0; i < n; i++)
+            read_landed(R, ev[i].tag, ev[i].res);
         return 0;
     }
 }
