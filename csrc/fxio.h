@@ -333,9 +333,20 @@ int fx_uring_give_ring(fx_uring *u, fx_ring *r);
 fx_uring *fx_uring_create(unsigned queue_depth, char *why, size_t whylen);
 void fx_uring_destroy(fx_uring *u);
 int fx_uring_run(fx_uring *u, fx_batch *b);
-/* Registers [addr, addr+len) as a fixed buffer on every ring; 0 or -errno. */
+/* Registers [addr, addr+len) as a fixed buffer on every ring; 0 or -errno.
+ * (Region 0 of the table; NULL removes it.) */
 int fx_uring_register(fx_uring *u, void *addr, size_t len);
 int fx_uring_registered(const fx_uring *u);
+/* Room for more than one registration per ring: regions 1.. of the same
+ * table (a GPU staging pool beside LMCache's pool). A handle > 0, or -errno
+ * (-ENOSPC: none free; a refusal leaves the other regions registered).
+ * Rings pick the new table up when next taken. */
+#define FX_URING_REGIONS 4
+int fx_uring_register_extra(fx_uring *u, void *addr, size_t len);
+void fx_uring_unregister_extra(fx_uring *u, int handle);
+/* The fixed-buffer index on ring r (taken from u) holding [addr, addr+len),
+ * or -1 (not registered there: use a plain read). */
+int fx_ring_fixed_index(const fx_uring *u, const fx_ring *r, const void *addr, uint64_t len);
 int fx_uring_available(void);
 
 #endif

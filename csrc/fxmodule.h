@@ -9,6 +9,9 @@
  * it is closed or not an Engine. Pair with fx_engine_end. */
 int fx_engine_begin(PyObject *engine);
 void fx_engine_end(PyObject *engine);
+/* fx_engine_begin without the GIL or an exception: 0, or -1 (closed, not
+ * initialised, a forked child). Pair with fx_engine_end. */
+int fx_engine_hold(PyObject *engine);
 /* The engine's io_uring, or NULL for the thread engine. */
 fx_uring *fx_engine_uring(PyObject *engine);
 uint64_t fx_engine_split_bytes(PyObject *engine);

@@ -537,7 +537,10 @@ struct GpuStagingObject {
     pid_t pid;             /* process that built the pool */
     unsigned gen;          /* fx_fork_gen when it was built: a fork()ed child sees another */
     int have_ctx;          /* the device context is held (CUDA: primary context retained) */
-    fx_ring *ring; /* the pool's own ring (its slots as fixed buffers), or NULL */
+    fx_ring *ring; /* the ring reads go to: the pool's own, or an engine's while a read runs */
+    PyObject *engine; /* io_uring Engine whose rings the reads use (a reference), or NULL */
+    fx_uring *eu;     /* its io_uring */
+    int reg_handle;   /* the slots' region in the engine's fixed-buffer table, or 0 */
     int broken; /* the ring failed with reads still queued: unusable */
     fx_pool *pool; /* thread reader: the engine's thread pool code, threads of its own */
     fx_tq *tq;     /* submit / reap on it */
@@ -593,6 +596,11 @@ static void staging_free(GpuStagingObject *g)
     g->pool = NULL;
     fx_ring_discard(g->ring); /* drops the fixed buffers too; every read was reaped */
     g->ring = NULL;
+    if (g->reg_handle && g->engine && fx_engine_hold(g->engine) == 0) {
+        fx_uring_unregister_extra(g->eu, g->reg_handle); /* else the engine is closed: nothing left */
+        fx_engine_end(g->engine);
+    }
+    g->reg_handle = 0;
     if (drv.ops && g->have_ctx && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
         const gpu_ops *d = drv.ops;
         entered = d->ctx_enter(g->ctx, g->device, &sc) == 0;
@@ -763,7 +771,20 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
 
     /* Reads: the pool's own ring with the slots as fixed buffers, else threads. */
 #ifdef FX_HAVE_LIBURING
-    if (want_uring) {
+    if (want_uring && g->eu) {
+        /* The engine's rings, taken per read; the slots as another region of
+         * their fixed-buffer table, else plain reads. */
+        g->io = 1;
+        r = fx_uring_register_extra(g->eu, g->mem, g->mapped);
+        g->fixed = r > 0;
+        g->reg_handle = r > 0 ? r : 0;
+        if (r < 0)
+            snprintf(g->fixed_error, sizeof(g->fixed_error), "io_uring fixed-buffer registration failed: %s%s",
+                     strerror(-r),
+                     r == -ENOSPC                 ? " (every registration slot of the engine's rings is taken)"
+                     : r == -ENOMEM || r == -EPERM ? " (RLIMIT_MEMLOCK too low without CAP_IPC_LOCK?)"
+                                                   : "");
+    } else if (want_uring) {
         g->ring = fx_ring_new(g->nslots + 2, 0, &r);
         if (g->ring) {
             struct iovec *iov = calloc(g->nslots, sizeof(*iov));
@@ -879,6 +900,16 @@ static int next_piece(run_t *R)
     return 0;
 }
 
+/* The fixed-buffer index a read into buf uses, or -1 for a plain read. */
+static int slot_fixed(GpuStagingObject *g, const slot_t *s, const char *buf, uint64_t len)
+{
+    if (!g->fixed)
+        return -1;
+    if (g->eu)
+        return fx_ring_fixed_index(g->eu, g->ring, buf, len);
+    return s->idx;
+}
+
 static int start_read(run_t *R, slot_t *s)
 {
     GpuStagingObject *g = R->g;
@@ -924,9 +955,9 @@ static int start_read(run_t *R, slot_t *s)
     tr_add(g, T_READ_SUBMIT, s->idx, (int64_t)s->op, s->piece, (int64_t)s->rd_len);
 #ifdef FX_HAVE_LIBURING
     if (g->io) {
-        fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx), .len = s->rd_len, .off = s->rd_off,
-                    .fixed = g->fixed ? s->idx : -1, .tag = s};
-        return fx_ring_queue(g->ring, &io); /* room: the ring holds nslots + 2 */
+        fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx), .len = s->rd_len, .off = s->rd_off, .tag = s};
+        io.fixed = slot_fixed(g, s, io.buf, io.len);
+        return fx_ring_queue(g->ring, &io); /* room: the ring holds at least nslots */
     }
 #endif
     {
@@ -941,7 +972,8 @@ static void resubmit_rest(run_t *R, slot_t *s)
 {
     GpuStagingObject *g = R->g;
     fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx) + s->got, .len = s->rd_len - s->got,
-                .off = s->rd_off + s->got, .fixed = g->fixed ? s->idx : -1, .tag = s};
+                .off = s->rd_off + s->got, .tag = s};
+    io.fixed = slot_fixed(g, s, io.buf, io.len);
     (void)fx_ring_queue(g->ring, &io); /* the slot's own entry came back: there is room */
 }
 #endif
@@ -1339,26 +1371,42 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
     }
     want_uring = strcmp(io_engine, "threads") != 0 && fx_uring_available();
     if (engine != Py_None) {
-        /* Follow the engine: its choice (or fallback) of io_uring. */
+        /* Follow the engine: its choice (or fallback) of io_uring; reads use
+         * its rings when they hold a read per slot. */
         if (fx_engine_begin(engine) < 0)
             return -1;
         if (!fx_engine_uring(engine))
             want_uring = 0;
-        fx_engine_end(engine);
+        else if (want_uring && fx_engine_queue_depth(engine) >= (unsigned)slots) {
+            self->eu = fx_engine_uring(engine);
+            Py_INCREF(engine);
+            self->engine = engine; /* held (begun) until the pool is built */
+        }
+        if (!self->engine)
+            fx_engine_end(engine);
     }
     if (device < 0) {
+        if (self->engine) {
+            fx_engine_end(self->engine);
+            self->eu = NULL;
+            Py_CLEAR(self->engine);
+        }
         PyErr_Format(PyExc_ValueError, "device must be >= 0, not %d", device);
         return -1;
     }
     Py_BEGIN_ALLOW_THREADS
     r = driver_load();
     Py_END_ALLOW_THREADS
-    if (r < 0) {
-        PyErr_Format(PyExc_OSError, "GPU driver unavailable: %s", drv.err);
-        return -1;
-    }
-    if (device >= drv.ndev) {
-        PyErr_Format(PyExc_ValueError, "device %d: the driver reports %d device(s)", device, drv.ndev);
+    if (r < 0 || device >= drv.ndev) {
+        if (self->engine) {
+            fx_engine_end(self->engine);
+            self->eu = NULL;
+            Py_CLEAR(self->engine);
+        }
+        if (r < 0)
+            PyErr_Format(PyExc_OSError, "GPU driver unavailable: %s", drv.err);
+        else
+            PyErr_Format(PyExc_ValueError, "device %d: the driver reports %d device(s)", device, drv.ndev);
         return -1;
     }
     self->device = device;
@@ -1370,6 +1418,12 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
     if (r < 0)
         staging_free(self);
     Py_END_ALLOW_THREADS
+    if (self->engine)
+        fx_engine_end(self->engine);
+    if (r < 0) {
+        self->eu = NULL;
+        Py_CLEAR(self->engine);
+    }
     if (r < 0) {
         PyErr_Format(PyExc_OSError, "GpuStaging: %s", msg);
         return -1;
@@ -1430,7 +1484,33 @@ static void GpuStaging_dealloc(GpuStagingObject *self)
     if (!forked) /* in a child it may be held by a parent thread that does not exist here */
         pthread_mutex_destroy(&self->run_mu);
     free(self->trace);
+    if (!forked)
+        Py_CLEAR(self->engine);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A read on an engine's rings: holds the engine (its close waits) and takes
+ * one of its rings for the run; 0, or -1 (closed, or no ring to be had). */
+static int take_engine_ring(GpuStagingObject *g)
+{
+    if (fx_engine_hold(g->engine) < 0)
+        return -1;
+    if (!(g->ring = fx_uring_take_ring(g->eu))) {
+        fx_engine_end(g->engine);
+        return -1;
+    }
+    return 0;
+}
+
+/* Every read of the run was reaped: the ring goes back (one left with
+ * entries the kernel never took is thrown away instead). */
+static void give_engine_ring(GpuStagingObject *g)
+{
+    if (g->broken || fx_uring_give_ring(g->eu, g->ring) < 0)
+        fx_ring_discard(g->ring);
+    g->broken = 0; /* that ring is gone; the next read takes another */
+    g->ring = NULL;
+    fx_engine_end(g->engine);
 }
 
 static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObject *kw)
@@ -1488,15 +1568,21 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
     pthread_mutex_lock(&self->run_mu);
     if (self->closed || self->broken) {
         closed = 1;
+    } else if (self->eu && take_engine_ring(self) < 0) {
+        closed = 2;
     } else {
         self->tracing = trace;
         run_pipeline(self, ops, (size_t)n, res, crcs, cancel_on_error, (void *)(uintptr_t)stream, sync);
+        if (self->eu)
+            give_engine_ring(self);
     }
     pthread_mutex_unlock(&self->run_mu);
     Py_END_ALLOW_THREADS
     if (closed) {
-        PyErr_SetString(PyExc_ValueError, self->broken ? "GpuStaging is unusable after an io_uring failure"
-                                                       : "GpuStaging is closed");
+        PyErr_SetString(closed == 2 ? PyExc_OSError : PyExc_ValueError,
+                        closed == 2       ? "GpuStaging: its engine is closed or has no io_uring ring to lend"
+                        : self->broken ? "GpuStaging is unusable after an io_uring failure"
+                                       : "GpuStaging is closed");
         goto done;
     }
     out = PyList_New(n);

@@ -97,6 +97,21 @@ int fx_engine_begin(PyObject *engine)
 
 void fx_engine_end(PyObject *engine) { end_use((EngineObject *)engine); }
 
+int fx_engine_hold(PyObject *engine)
+{
+    EngineObject *e = (EngineObject *)engine;
+    int ok;
+
+    if (FX_FORKED(e->gen) || e->kind < 0)
+        return -1;
+    pthread_mutex_lock(&e->mu);
+    ok = !e->closed;
+    if (ok)
+        e->users++;
+    pthread_mutex_unlock(&e->mu);
+    return ok ? 0 : -1;
+}
+
 fx_uring *fx_engine_uring(PyObject *engine)
 {
     EngineObject *e = (EngineObject *)engine;

@@ -26,8 +26,15 @@ struct fx_uring {
     fx_ring *free_list[MAX_FREE_RINGS];
     int nfree;
     unsigned qd;
-    char *reg_base; /* registered region, or NULL */
-    size_t reg_len;
+    /* Fixed buffers: one table per ring holding every region, region 0 the
+     * one fx_uring_register sets (LMCache's pool), the others added by
+     * fx_uring_register_extra (a GPU staging pool); each region is cut into
+     * iovecs of at most FIXED_IOV_MAX, region i's from first[i] on. */
+    struct {
+        char *base; /* NULL: unused */
+        size_t len;
+        unsigned first;
+    } reg[FX_URING_REGIONS];
     int reg_gen;
     int reg_ok;
     fx_ring *donor; /* holds the registration; new rings clone it */
@@ -69,22 +76,44 @@ static unsigned iowq_workers(void)
 /* io-wq workers for an engine ring (0: leave the kernel's default). */
 static unsigned engine_iowq(void) { return mem_async_min ? iowq_workers() : 0; }
 
+/* Registers every region as one table on ring (setting their first
+ * indices); 0 when there is none, or -errno. */
+#define REG_RESERVED ((char *)-1) /* an extra region being set up */
+#define REG_LIVE(u, i) ((u)->reg[i].base && (u)->reg[i].base != REG_RESERVED)
+
 static int register_region(fx_uring *u, fx_ring *ring)
 {
-    size_t n = (u->reg_len + FIXED_IOV_MAX - 1) / FIXED_IOV_MAX, i;
-    struct iovec *iov = calloc(n, sizeof(*iov));
+    size_t n = 0, k = 0;
+    struct iovec *iov;
     int r;
 
-    if (!iov)
+    for (int i = 0; i < FX_URING_REGIONS; i++)
+        if (REG_LIVE(u, i))
+            n += (u->reg[i].len + FIXED_IOV_MAX - 1) / FIXED_IOV_MAX;
+    if (!n)
+        return 0;
+    if (!(iov = calloc(n, sizeof(*iov))))
         return -ENOMEM;
-    for (i = 0; i < n; i++) {
-        size_t off = i * FIXED_IOV_MAX;
-        iov[i].iov_base = u->reg_base + off;
-        iov[i].iov_len = u->reg_len - off < FIXED_IOV_MAX ? u->reg_len - off : FIXED_IOV_MAX;
+    for (int i = 0; i < FX_URING_REGIONS; i++) {
+        if (!REG_LIVE(u, i))
+            continue;
+        u->reg[i].first = (unsigned)k;
+        for (size_t off = 0; off < u->reg[i].len; off += FIXED_IOV_MAX, k++) {
+            iov[k].iov_base = u->reg[i].base + off;
+            iov[k].iov_len = u->reg[i].len - off < FIXED_IOV_MAX ? u->reg[i].len - off : FIXED_IOV_MAX;
+        }
     }
     r = fx_ring_register_buffers(ring, iov, (unsigned)n);
     free(iov);
     return r;
+}
+
+static int any_region(const fx_uring *u)
+{
+    for (int i = 0; i < FX_URING_REGIONS; i++)
+        if (REG_LIVE(u, i))
+            return 1;
+    return 0;
 }
 
 /* IORING_REGISTER_CLONE_BUFFERS (Linux 6.12+; liburing 2.3 predates it):
@@ -114,7 +143,7 @@ static void sync_registration(fx_uring *u, fx_ring *s)
     if (s->reg_gen)
         io_uring_unregister_buffers(&s->ring);
     s->reg_gen = 0;
-    if (u->reg_base && u->reg_ok &&
+    if (any_region(u) && u->reg_ok &&
         (clone_registration(u, s) == 0 || register_region(u, s) == 0))
         s->reg_gen = u->reg_gen;
 }
@@ -237,52 +266,104 @@ void fx_uring_destroy(fx_uring *u)
     free(u);
 }
 
-int fx_uring_register(fx_uring *u, void *addr, size_t len)
+/* Sets region i to [addr, addr + len) (addr NULL: removes it) and registers
+ * the new table on a small ring of its own (so a refusal, ENOMEM without
+ * CAP_IPC_LOCK, is reported here); pool rings clone it when next taken. If
+ * the table is refused, region i is left out (the others stay registered)
+ * and the refusal returned. */
+static int set_region(fx_uring *u, int i, void *addr, size_t len)
 {
     fx_ring *d = NULL;
-    int r = 0;
+    int r = 0, r2;
 
-    /* A small ring of its own holds the registration (so a refusal, ENOMEM
-     * without CAP_IPC_LOCK, is reported here); pool rings clone it when they
-     * are next taken. */
-    if (addr) {
-        if (!(d = fx_ring_new(1, 0, &r)))
-            return r;
+    if (!(d = fx_ring_new(1, 0, &r)) && addr) {
+        if (i) {
+            pthread_mutex_lock(&u->mu);
+            u->reg[i].base = NULL; /* the reservation */
+            pthread_mutex_unlock(&u->mu);
+        }
+        return r;
     }
     pthread_mutex_lock(&u->mu);
     drop_donor(u);
-    u->reg_base = addr;
-    u->reg_len = len;
+    u->reg[i].base = addr;
+    u->reg[i].len = addr ? len : 0;
     u->reg_gen++;
     u->reg_ok = 0;
-    if (d) {
-        r = register_region(u, d);
-        if (r == 0) {
-            d->reg_gen = u->reg_gen;
-            u->donor = d;
-            u->reg_ok = 1;
-        } else {
-            fx_ring_discard(d);
-        }
+    r = d ? register_region(u, d) : 0;
+    if (r < 0 && addr) {
+        u->reg[i].base = NULL; /* without it, then */
+        u->reg[i].len = 0;
+        fx_ring_discard(d);
+        d = fx_ring_new(1, 0, &r2);
+        r2 = d ? register_region(u, d) : r2;
+    } else {
+        r2 = r;
+    }
+    if (d && r2 == 0 && any_region(u)) {
+        d->reg_gen = u->reg_gen;
+        u->donor = d;
+        u->reg_ok = 1;
+    } else {
+        fx_ring_discard(d);
     }
     pthread_mutex_unlock(&u->mu);
     return r;
 }
 
-int fx_uring_registered(const fx_uring *u) { return u->reg_base && u->reg_ok; }
+int fx_uring_register(fx_uring *u, void *addr, size_t len) { return set_region(u, 0, addr, len); }
+
+int fx_uring_register_extra(fx_uring *u, void *addr, size_t len)
+{
+    int i, r;
+
+    if (FX_FORKED(u->gen))
+        return -EOWNERDEAD;
+    pthread_mutex_lock(&u->mu);
+    for (i = 1; i < FX_URING_REGIONS && u->reg[i].base; i++)
+        ;
+    if (i < FX_URING_REGIONS)
+        u->reg[i].base = REG_RESERVED;
+    pthread_mutex_unlock(&u->mu);
+    if (i == FX_URING_REGIONS)
+        return -ENOSPC;
+    r = set_region(u, i, addr, len);
+    return r < 0 ? r : i;
+}
+
+void fx_uring_unregister_extra(fx_uring *u, int handle)
+{
+    if (handle > 0 && handle < FX_URING_REGIONS && !FX_FORKED(u->gen))
+        (void)set_region(u, handle, NULL, 0);
+}
+
+int fx_uring_registered(const fx_uring *u) { return u->reg[0].base && u->reg_ok; }
+
+int fx_ring_fixed_index(const fx_uring *u, const fx_ring *s, const void *addr, uint64_t len)
+{
+    uintptr_t a = (uintptr_t)addr;
+
+    /* A ring registered before the table last changed holds other indices. */
+    if (!s->reg_gen || s->reg_gen != u->reg_gen || !len)
+        return -1;
+    for (int i = 0; i < FX_URING_REGIONS; i++) {
+        uintptr_t b = (uintptr_t)u->reg[i].base;
+        size_t idx;
+
+        if (!REG_LIVE(u, i) || a < b || a + len > b + u->reg[i].len)
+            continue;
+        idx = (a - b) / FIXED_IOV_MAX;
+        if ((a + len - 1 - b) / FIXED_IOV_MAX != idx)
+            return -1;
+        return (int)(u->reg[i].first + idx);
+    }
+    return -1;
+}
 
 /* Index of the registered iovec holding the whole piece, or -1. */
 static int fixed_index(const fx_uring *u, const fx_ring *s, const fx_piece *p)
 {
-    uintptr_t b = (uintptr_t)u->reg_base, a = (uintptr_t)p->buf;
-    size_t idx;
-
-    if (!s->reg_gen || a < b || a + p->length > b + u->reg_len)
-        return -1;
-    idx = (a - b) / FIXED_IOV_MAX;
-    if ((a + p->length - 1 - b) / FIXED_IOV_MAX != idx)
-        return -1;
-    return (int)idx;
+    return fx_ring_fixed_index(u, s, p->buf, p->length);
 }
 
 /* Queues a piece on the ring: 0, or -EBUSY when the queue is full. */
@@ -678,6 +759,26 @@ fx_ring *fx_uring_take_ring(fx_uring *u)
 {
     (void)u;
     return NULL;
+}
+int fx_uring_register_extra(fx_uring *u, void *addr, size_t len)
+{
+    (void)u;
+    (void)addr;
+    (void)len;
+    return -ENOSYS;
+}
+void fx_uring_unregister_extra(fx_uring *u, int handle)
+{
+    (void)u;
+    (void)handle;
+}
+int fx_ring_fixed_index(const fx_uring *u, const fx_ring *s, const void *addr, uint64_t len)
+{
+    (void)u;
+    (void)s;
+    (void)addr;
+    (void)len;
+    return -1;
 }
 int fx_uring_give_ring(fx_uring *u, fx_ring *r)
 {

@@ -100,9 +100,7 @@ def main() -> int:
     chunk = a.chunk_mib * MIB
     nfiles = max(inflight)
     size = f"{(nfiles * a.chunk_mib + 256) // 1024 + 1}G"
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     dirty = bool(
         subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "csrc"],
