@@ -14,6 +14,8 @@ void fx_engine_end(PyObject *engine);
 int fx_engine_hold(PyObject *engine);
 /* The engine's io_uring, or NULL for the thread engine. */
 fx_uring *fx_engine_uring(PyObject *engine);
+/* The thread engine's pool, or NULL for the io_uring engine. */
+fx_pool *fx_engine_pool(PyObject *engine);
 uint64_t fx_engine_split_bytes(PyObject *engine);
 unsigned fx_engine_queue_depth(PyObject *engine);
 

@@ -542,7 +542,8 @@ struct GpuStagingObject {
     fx_uring *eu;     /* its io_uring */
     int reg_handle;   /* the slots' region in the engine's fixed-buffer table, or 0 */
     int broken; /* the ring failed with reads still queued: unusable */
-    fx_pool *pool; /* thread reader: the engine's thread pool code, threads of its own */
+    fx_pool *pool; /* thread reader: a thread engine's pool (borrowed), or one of its own */
+    int own_pool;
     fx_tq *tq;     /* submit / reap on it */
     unsigned poll_us;
     /* last run */
@@ -592,8 +593,10 @@ static void staging_free(GpuStagingObject *g)
 
     if (fx_tq_free(g->tq) == 0) /* every read was reaped by then */
         g->tq = NULL;
-    fx_pool_destroy(g->pool);
+    if (g->own_pool)
+        fx_pool_destroy(g->pool);
     g->pool = NULL;
+    g->own_pool = 0;
     fx_ring_discard(g->ring); /* drops the fixed buffers too; every read was reaped */
     g->ring = NULL;
     if (g->reg_handle && g->engine && fx_engine_hold(g->engine) == 0) {
@@ -811,7 +814,9 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
 #endif
     if (!g->io) {
         int n = g->nslots < 8 ? (int)g->nslots : 8;
-        if (!(g->pool = fx_pool_create(n)) || !(g->tq = fx_tq_new(g->pool, g->nslots, n))) {
+        if (!g->pool) /* no thread engine to borrow from */
+            g->own_pool = (g->pool = fx_pool_create(n)) != NULL;
+        if (!g->pool || !(g->tq = fx_tq_new(g->pool, g->nslots, n))) {
             snprintf(msg, msglen, g->pool ? "out of memory" : "could not start reader threads");
             return -1;
         }
@@ -1375,9 +1380,13 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
          * its rings when they hold a read per slot. */
         if (fx_engine_begin(engine) < 0)
             return -1;
-        if (!fx_engine_uring(engine))
+        if (!fx_engine_uring(engine)) {
+            /* Reads on the thread engine's pool, beside its batches. */
             want_uring = 0;
-        else if (want_uring && fx_engine_queue_depth(engine) >= (unsigned)slots) {
+            self->pool = fx_engine_pool(engine);
+            Py_INCREF(engine);
+            self->engine = engine;
+        } else if (want_uring && fx_engine_queue_depth(engine) >= (unsigned)slots) {
             self->eu = fx_engine_uring(engine);
             Py_INCREF(engine);
             self->engine = engine; /* held (begun) until the pool is built */
@@ -1389,6 +1398,7 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
         if (self->engine) {
             fx_engine_end(self->engine);
             self->eu = NULL;
+            self->pool = NULL;
             Py_CLEAR(self->engine);
         }
         PyErr_Format(PyExc_ValueError, "device must be >= 0, not %d", device);
@@ -1401,6 +1411,7 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
         if (self->engine) {
             fx_engine_end(self->engine);
             self->eu = NULL;
+            self->pool = NULL;
             Py_CLEAR(self->engine);
         }
         if (r < 0)
@@ -1422,6 +1433,7 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
         fx_engine_end(self->engine);
     if (r < 0) {
         self->eu = NULL;
+        self->pool = NULL;
         Py_CLEAR(self->engine);
     }
     if (r < 0) {
@@ -1568,19 +1580,21 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
     pthread_mutex_lock(&self->run_mu);
     if (self->closed || self->broken) {
         closed = 1;
-    } else if (self->eu && take_engine_ring(self) < 0) {
+    } else if (self->eu ? take_engine_ring(self) < 0 : self->engine && fx_engine_hold(self->engine) < 0) {
         closed = 2;
     } else {
         self->tracing = trace;
         run_pipeline(self, ops, (size_t)n, res, crcs, cancel_on_error, (void *)(uintptr_t)stream, sync);
         if (self->eu)
             give_engine_ring(self);
+        else if (self->engine)
+            fx_engine_end(self->engine);
     }
     pthread_mutex_unlock(&self->run_mu);
     Py_END_ALLOW_THREADS
     if (closed) {
         PyErr_SetString(closed == 2 ? PyExc_OSError : PyExc_ValueError,
-                        closed == 2       ? "GpuStaging: its engine is closed or has no io_uring ring to lend"
+                        closed == 2       ? "GpuStaging: its engine is closed (or has no io_uring ring to lend)"
                         : self->broken ? "GpuStaging is unusable after an io_uring failure"
                                        : "GpuStaging is closed");
         goto done;

@@ -118,6 +118,12 @@ fx_uring *fx_engine_uring(PyObject *engine)
     return e->kind == KIND_URING ? e->uring : NULL;
 }
 
+fx_pool *fx_engine_pool(PyObject *engine)
+{
+    EngineObject *e = (EngineObject *)engine;
+    return e->kind == KIND_URING ? NULL : e->pool;
+}
+
 uint64_t fx_engine_split_bytes(PyObject *engine) { return ((EngineObject *)engine)->split_bytes; }
 unsigned fx_engine_queue_depth(PyObject *engine) { return ((EngineObject *)engine)->queue_depth; }
 

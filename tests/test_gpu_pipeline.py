@@ -1134,3 +1134,40 @@ def test_reads_on_the_engines_rings_beside_its_registration(drv, datafile):
         g2.close()
     finally:
         os.close(fd)
+
+
+def test_thread_reader_on_the_thread_engines_pool(drv, datafile):
+    """Given a thread Engine, the pipeline's reads run on the engine's pool
+    (submit/reap beside its batches, which run at the same time), bit-exact;
+    after the engine closed the pool refuses to read."""
+    path, data = datafile
+    eng = _fxio.Engine("threads", queue_depth=8, split_bytes=MiB)
+    g = _fxio.GpuStaging(slots=4, slot_bytes=MiB, engine=eng)
+    assert g.io == "threads"
+    dev = _fxio.HostBuffer(len(data))
+    host = _fxio.HostBuffer(8 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    errors = []
+
+    def batches():
+        for _ in range(10):
+            if eng.read([(fd, 4096, 8 * MiB, host.address)]) != [8 * MiB]:
+                errors.append("batch")
+
+    try:
+        t = threading.Thread(target=batches)
+        t.start()
+        for _ in range(3):
+            memoryview(dev)[:] = b"\0" * len(dev)
+            assert g.read([(fd, 0, len(data), dev.address)], crc=True) == [(len(data), _fxio.crc32c(data))], (
+                g.last_error
+            )
+            assert bytes(memoryview(dev)) == data
+        t.join(60)
+        assert not errors and bytes(memoryview(host)) == data[4096 : 4096 + 8 * MiB]
+        eng.close()
+        with pytest.raises(OSError, match="engine is closed"):
+            g.read([(fd, 0, MiB, dev.address)])
+        g.close()
+    finally:
+        os.close(fd)
