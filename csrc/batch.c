@@ -524,3 +524,17 @@ int64_t fx_piece_run_sync(const fx_batch *b, fx_piece *p)
         return run_bounced(b->write, fd, p);
     return rw_all(b->write, p->direct, fd, p->buf, p->length, p->offset);
 }
+
+int64_t fx_io_sync(int fd, int write, int direct, char *buf, uint64_t len, uint64_t off)
+{
+    fx_piece p;
+
+    memset(&p, 0, sizeof(p));
+    p.direct = direct;
+    p.offset = off;
+    p.length = len;
+    p.buf = p.start = buf;
+    if (fx_piece_needs_bounce(&p))
+        return run_bounced(write, fd, &p);
+    return rw_all(write, direct, fd, buf, len, off);
+}

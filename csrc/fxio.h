@@ -123,6 +123,21 @@ int fx_hdr_at_eof(int fd, uint64_t pos, uint64_t got);
  * plain piece. */
 void fx_piece_header_done(const fx_batch *b, fx_piece *p, int64_t res);
 
+/* ---- memory: one aligned (huge-page) allocator (csrc/mem.c) ---- */
+#define FX_HUGE_2M ((size_t)2 << 20)
+typedef struct {
+    char *addr;
+    size_t mapped;  /* bytes mapped: size rounded up to 4 KiB, or 2 MiB when huge */
+    int huge;       /* 2 MiB-aligned, MADV_HUGEPAGE */
+    int numa_node;  /* node it was bound to, or -1 */
+    int numa_err;   /* errno of a refused mbind, else 0 */
+} fx_mem;
+/* Anonymous memory, MADV_DONTFORK; huge: 2 MiB-aligned with MADV_HUGEPAGE;
+ * numa_node >= 0: bound there (preferred) before any page is touched;
+ * prefault: every page faulted in. 0 or -errno. */
+int fx_mem_alloc(fx_mem *m, size_t size, int huge, int numa_node, int prefault);
+void fx_mem_free(fx_mem *m);
+
 /* ---- fork safety ----
  * A child handler (pthread_atfork, installed once by fx_fork_guard_init) bumps
  * the process generation: an engine, pool, ring or buffer remembers the
@@ -214,6 +229,29 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int direct, int v
                    int open_width, fx_chunk_result *out);
 const char *fx_chunk_status_name(int status);
 
+/* ---- one I/O, for the submit / reap APIs (fx_ring, fx_tq) ---- */
+typedef struct {
+    int fd;
+    int write;
+    char *buf;
+    uint64_t len;
+    uint64_t off;
+    int fixed;               /* registered buffer index, or -1: a plain read/write */
+    const struct iovec *iov; /* non-NULL: a vectored read of niov entries (buf, len unused) */
+    unsigned niov;
+    int async;               /* ring: hand to io-wq (IOSQE_ASYNC) */
+    int direct;              /* thread pool: fd has O_DIRECT (short reads resume block-aligned) */
+    void *tag;               /* comes back in its event */
+} fx_io;
+typedef struct {
+    void *tag;
+    int res; /* bytes or -errno, as the kernel gave it */
+} fx_event;
+/* One I/O with pread/pwrite on the calling thread, no batch needed: the
+ * O_DIRECT bounce for unaligned buffers, offsets or lengths, and the retry
+ * ladder for EINTR / EAGAIN / short transfers. Bytes or -errno. */
+int64_t fx_io_sync(int fd, int write, int direct, char *buf, uint64_t len, uint64_t off);
+
 /* ---- thread engine ---- */
 typedef struct fx_pool fx_pool;
 fx_pool *fx_pool_create(int nthreads);
@@ -231,15 +269,84 @@ typedef struct fx_tasks fx_tasks;
 fx_tasks *fx_pool_spawn(fx_pool *pool, size_t n, fx_task_fn fn, void *ctx, int width);
 void fx_tasks_wait(fx_pool *pool, fx_tasks *t);
 
+/* Submit / reap on a pool's threads, as fx_ring does on a ring: I/O queued
+ * with fx_tq_queue runs (fx_io_sync) on up to `width` of the pool's threads,
+ * then after(actx, tag, result) on that thread when given (work to do in
+ * parallel, a CRC say); fx_tq_getevents reaps (timeout_us < 0: waits for one
+ * unless none is outstanding; 0: none; else at most that long). At most cap
+ * outstanding (queued, running or not reaped): -EBUSY beyond. Vectored I/O
+ * is not supported here (-EINVAL). fx_tq_free is refused (-EBUSY) while any
+ * is outstanding. */
+typedef struct fx_tq fx_tq;
+typedef void (*fx_tq_after)(void *actx, void *tag, int64_t res);
+fx_tq *fx_tq_new(fx_pool *pool, unsigned cap, int width);
+int fx_tq_free(fx_tq *q);
+int fx_tq_queue(fx_tq *q, const fx_io *io, fx_tq_after after, void *actx);
+int fx_tq_getevents(fx_tq *q, fx_event *ev, unsigned max, long timeout_us);
+unsigned fx_tq_outstanding(const fx_tq *q);
+
 /* ---- io_uring engine ---- */
 typedef struct fx_uring fx_uring;
+/* ---- rings: submit / reap (csrc/ring.c; fio's queue / commit / getevents) ----
+ * One ring-setup path with one fallback ladder for unsupported flags. A ring
+ * is either an engine's (fx_uring_take_ring / fx_uring_give_ring) or one of
+ * its own (fx_ring_new / fx_ring_free); both are driven the same way:
+ * fx_ring_queue what to do, fx_ring_commit, fx_ring_getevents. Every read the
+ * kernel took must be reaped before its memory or the ring goes: give back
+ * and free are refused (-EBUSY) while any is in flight. */
+typedef struct fx_ring fx_ring;
+/* A ring of `entries` (rounded up by the kernel); iowq_max > 0 bounds its
+ * io-wq workers for file I/O. NULL with -errno in *err. */
+fx_ring *fx_ring_new(unsigned entries, unsigned iowq_max, int *err);
+/* 0, or -EBUSY (nothing freed) while reads are queued or in flight. */
+int fx_ring_free(fx_ring *r);
+/* After a failed commit: reaps nothing, frees the ring (its unsubmitted
+ * entries die with it). Only when nothing is in flight. */
+void fx_ring_discard(fx_ring *r);
+/* After a failed commit: forgets the entries the kernel never took (the ring
+ * must then be discarded once what is in flight was reaped); how many. */
+unsigned fx_ring_unqueue(fx_ring *r);
+/* Registers n fixed buffers; 0 or -errno. */
+int fx_ring_register_buffers(fx_ring *r, const struct iovec *iov, unsigned n);
+unsigned fx_ring_inflight(const fx_ring *r);
+unsigned fx_ring_queued(const fx_ring *r);
+/* Prepares one I/O; 0, or -EBUSY when the submission queue is full. */
+int fx_ring_queue(fx_ring *r, const fx_io *io);
+/* Hands what is queued to the kernel; 0, or -errno when the ring failed
+ * (whatever it took is in flight and must still be reaped). Transient
+ * refusals (EINTR, EAGAIN, EBUSY) leave the rest queued and return 0. */
+int fx_ring_commit(fx_ring *r);
+/* Commits, then reaps up to max completions. timeout_us < 0: waits until at
+ * least one (unless nothing is in flight), retrying EINTR / EAGAIN / EBUSY /
+ * ETIME at once and any other wait error after a peek and 1 ms; never blocks
+ * without a timeout on entries the kernel has not taken. timeout_us >= 0:
+ * waits at most that long. Returns the number reaped (0: none yet), or
+ * -errno from the commit. */
+int fx_ring_getevents(fx_ring *r, fx_event *ev, unsigned max, long timeout_us);
+/* Takes a ring of the engine's (its registration in place), or NULL (none to
+ * be had: out of descriptors, or a forked child). */
+fx_ring *fx_uring_take_ring(fx_uring *u);
+/* Gives it back; -EBUSY (kept by the caller) while reads are in flight. */
+int fx_uring_give_ring(fx_uring *u, fx_ring *r);
+
 /* Returns NULL and a reason in *why when io_uring cannot be used. */
 fx_uring *fx_uring_create(unsigned queue_depth, char *why, size_t whylen);
 void fx_uring_destroy(fx_uring *u);
 int fx_uring_run(fx_uring *u, fx_batch *b);
-/* Registers [addr, addr+len) as a fixed buffer on every ring; 0 or -errno. */
+/* Registers [addr, addr+len) as a fixed buffer on every ring; 0 or -errno.
+ * (Region 0 of the table; NULL removes it.) */
 int fx_uring_register(fx_uring *u, void *addr, size_t len);
 int fx_uring_registered(const fx_uring *u);
+/* Room for more than one registration per ring: regions 1.. of the same
+ * table (a GPU staging pool beside LMCache's pool). A handle > 0, or -errno
+ * (-ENOSPC: none free; a refusal leaves the other regions registered).
+ * Rings pick the new table up when next taken. */
+#define FX_URING_REGIONS 4
+int fx_uring_register_extra(fx_uring *u, void *addr, size_t len);
+void fx_uring_unregister_extra(fx_uring *u, int handle);
+/* The fixed-buffer index on ring r (taken from u) holding [addr, addr+len),
+ * or -1 (not registered there: use a plain read). */
+int fx_ring_fixed_index(const fx_uring *u, const fx_ring *r, const void *addr, uint64_t len);
 int fx_uring_available(void);
 
 #endif

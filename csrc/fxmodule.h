@@ -9,8 +9,13 @@
  * it is closed or not an Engine. Pair with fx_engine_end. */
 int fx_engine_begin(PyObject *engine);
 void fx_engine_end(PyObject *engine);
+/* fx_engine_begin without the GIL or an exception: 0, or -1 (closed, not
+ * initialised, a forked child). Pair with fx_engine_end. */
+int fx_engine_hold(PyObject *engine);
 /* The engine's io_uring, or NULL for the thread engine. */
 fx_uring *fx_engine_uring(PyObject *engine);
+/* The thread engine's pool, or NULL for the io_uring engine. */
+fx_pool *fx_engine_pool(PyObject *engine);
 uint64_t fx_engine_split_bytes(PyObject *engine);
 unsigned fx_engine_queue_depth(PyObject *engine);
 

@@ -35,7 +35,6 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -48,14 +47,6 @@
 #include <liburing.h>
 #endif
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-#ifndef MADV_DONTFORK
-#define MADV_DONTFORK 10
-#endif
-#define FX_MPOL_PREFERRED 1
-#define HUGE_2M (2ull << 20)
 #define NOT_READY 600 /* CUDA_ERROR_NOT_READY == hipErrorNotReady */
 
 /* ------------------------------------------------------------- the driver */
@@ -465,7 +456,6 @@ typedef struct {
     uint64_t use_off; /* file offset of the first wanted byte in this piece */
     uint64_t use_len; /* wanted bytes in this piece */
     uint64_t copied;  /* wanted bytes being copied */
-    int64_t res;      /* thread reader: result of the read */
     int want_crc;     /* checksum the wanted bytes that landed */
     int crc_ready;    /* thread reader: crc / crc_len computed by the reader thread */
     uint32_t crc;
@@ -491,19 +481,6 @@ typedef struct {
 
 /* --------------------------------------------------------- the thread reader */
 
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t work_cv, done_cv;
-    slot_t **work; /* FIFO of slots to read, capacity nslots */
-    unsigned wh, wn;
-    slot_t **done; /* FIFO of finished slots */
-    unsigned dh, dn;
-    unsigned cap;
-    int stop;
-    int nthreads;
-    pthread_t *threads;
-} treader;
-
 /* Wanted bytes of a piece once got bytes landed: [use_off, use_off + n). */
 static uint64_t landed_use(const slot_t *s, uint64_t got)
 {
@@ -513,78 +490,23 @@ static uint64_t landed_use(const slot_t *s, uint64_t got)
     return ue > s->use_off ? ue - s->use_off : 0;
 }
 
-static int64_t pread_piece(slot_t *s, char *buf)
-{
-    uint64_t done = 0;
-    unsigned shorts = 0;
-    while (done < s->rd_len) {
-        ssize_t r = pread(s->fd, buf + done, s->rd_len - done, (off_t)(s->rd_off + done));
-        int64_t keep;
-        if (r < 0) {
-            if (errno == EINTR || errno == EAGAIN)
-                continue;
-            return -errno;
-        }
-        if (r == 0)
-            break;
-        if ((uint64_t)r == s->rd_len - done) {
-            done += (uint64_t)r;
-            break;
-        }
-        /* Short: go on (O_DIRECT from the last whole block) unless at EOF. */
-        keep = fx_short_keep(0, s->direct, s->fd, s->rd_off + done, (uint64_t)r);
-        if (keep < 0) {
-            done += (uint64_t)r;
-            break;
-        }
-        if (shorts++ >= FX_RETRY_MAX)
-            return -EIO;
-        done += (uint64_t)keep;
-    }
-    return (int64_t)done;
-}
-
 typedef struct GpuStagingObject GpuStagingObject;
 static char *slot_addr(GpuStagingObject *g, int i);
 
-typedef struct {
-    treader *tr;
-    GpuStagingObject *g;
-} tr_arg;
-
-static void *tr_worker(void *arg)
+/* Thread reader: after a piece's pread, on the pool thread that did it, its
+ * CRC -- in parallel, rather than on the pipeline's thread. */
+static void tq_crc(void *actx, void *tag, int64_t res)
 {
-    tr_arg *a = arg;
-    treader *tr = a->tr;
-    GpuStagingObject *g = a->g;
+    GpuStagingObject *g = actx;
+    slot_t *s = tag;
 
-    pthread_mutex_lock(&tr->mu);
-    for (;;) {
-        slot_t *s;
-        while (!tr->stop && !tr->wn)
-            pthread_cond_wait(&tr->work_cv, &tr->mu);
-        if (tr->stop)
-            break;
-        s = tr->work[tr->wh];
-        tr->wh = (tr->wh + 1) % tr->cap;
-        tr->wn--;
-        pthread_mutex_unlock(&tr->mu);
-        s->res = pread_piece(s, slot_addr(g, s->idx));
-        if (s->want_crc && s->res > 0) {
-            /* Here, in parallel, rather than on the pipeline's thread. */
-            uint64_t t0 = now_ns();
-            s->crc_len = landed_use(s, (uint64_t)s->res);
-            s->crc = fx_crc32c(0, slot_addr(g, s->idx) + (s->use_off - s->rd_off), s->crc_len);
-            s->crc_ready = 1;
-            s->crc_ns = now_ns() - t0;
-        }
-        pthread_mutex_lock(&tr->mu);
-        tr->done[(tr->dh + tr->dn) % tr->cap] = s;
-        tr->dn++;
-        pthread_cond_signal(&tr->done_cv);
+    if (res > 0) {
+        uint64_t t0 = now_ns();
+        s->crc_len = landed_use(s, (uint64_t)res);
+        s->crc = fx_crc32c(0, slot_addr(g, s->idx) + (s->use_off - s->rd_off), s->crc_len);
+        s->crc_ready = 1;
+        s->crc_ns = now_ns() - t0;
     }
-    pthread_mutex_unlock(&tr->mu);
-    return NULL;
 }
 
 /* ------------------------------------------------------------ the object */
@@ -615,13 +537,14 @@ struct GpuStagingObject {
     pid_t pid;             /* process that built the pool */
     unsigned gen;          /* fx_fork_gen when it was built: a fork()ed child sees another */
     int have_ctx;          /* the device context is held (CUDA: primary context retained) */
-#ifdef FX_HAVE_LIBURING
-    struct io_uring ring;
-#endif
-    int have_ring;
+    fx_ring *ring; /* the ring reads go to: the pool's own, or an engine's while a read runs */
+    PyObject *engine; /* io_uring Engine whose rings the reads use (a reference), or NULL */
+    fx_uring *eu;     /* its io_uring */
+    int reg_handle;   /* the slots' region in the engine's fixed-buffer table, or 0 */
     int broken; /* the ring failed with reads still queued: unusable */
-    treader tr;
-    tr_arg tra;
+    fx_pool *pool; /* thread reader: a thread engine's pool (borrowed), or one of its own */
+    int own_pool;
+    fx_tq *tq;     /* submit / reap on it */
     unsigned poll_us;
     /* last run */
     char last_error[512];
@@ -668,28 +591,19 @@ static void staging_free(GpuStagingObject *g)
     saved_ctx sc;
     int entered = 0;
 
-    if (g->tr.threads) {
-        pthread_mutex_lock(&g->tr.mu);
-        g->tr.stop = 1;
-        pthread_cond_broadcast(&g->tr.work_cv);
-        pthread_mutex_unlock(&g->tr.mu);
-        for (int i = 0; i < g->tr.nthreads; i++)
-            pthread_join(g->tr.threads[i], NULL);
-        free(g->tr.threads);
-        g->tr.threads = NULL;
-        pthread_cond_destroy(&g->tr.work_cv);
-        pthread_cond_destroy(&g->tr.done_cv);
-        pthread_mutex_destroy(&g->tr.mu);
+    if (fx_tq_free(g->tq) == 0) /* every read was reaped by then */
+        g->tq = NULL;
+    if (g->own_pool)
+        fx_pool_destroy(g->pool);
+    g->pool = NULL;
+    g->own_pool = 0;
+    fx_ring_discard(g->ring); /* drops the fixed buffers too; every read was reaped */
+    g->ring = NULL;
+    if (g->reg_handle && g->engine && fx_engine_hold(g->engine) == 0) {
+        fx_uring_unregister_extra(g->eu, g->reg_handle); /* else the engine is closed: nothing left */
+        fx_engine_end(g->engine);
     }
-    free(g->tr.work);
-    free(g->tr.done);
-    g->tr.work = g->tr.done = NULL;
-#ifdef FX_HAVE_LIBURING
-    if (g->have_ring) {
-        io_uring_queue_exit(&g->ring); /* drops the fixed buffers too */
-        g->have_ring = 0;
-    }
-#endif
+    g->reg_handle = 0;
     if (drv.ops && g->have_ctx && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
         const gpu_ops *d = drv.ops;
         entered = d->ctx_enter(g->ctx, g->device, &sc) == 0;
@@ -721,8 +635,10 @@ static void staging_free(GpuStagingObject *g)
         drv.ops->ctx_release(g->cudev); /* the device handle, as retained */
     g->have_ctx = 0;
     g->ctx = NULL;
-    if (g->mem)
-        munmap(g->mem, g->mapped);
+    if (g->mem) {
+        fx_mem m = {.addr = g->mem, .mapped = g->mapped};
+        fx_mem_free(&m);
+    }
     g->mem = NULL;
 }
 
@@ -754,41 +670,25 @@ static int numa_node_of(const char *bus_id, const char *sysfs)
     return node >= 0 && node < 1024 ? node : -1;
 }
 
-/* Binds the (not yet faulted) staging memory to the GPU's node, preferred:
- * pages come from elsewhere rather than failing when the node is full. */
-static void numa_place(GpuStagingObject *g, const char *sysfs)
+/* The GPU's NUMA node, or -1 (numa_info says why); the staging memory is
+ * bound there, preferred (pages come from elsewhere rather than failing when
+ * the node is full), before its pages are faulted in. */
+static int numa_pick(GpuStagingObject *g, const char *sysfs, char *bus, size_t buslen)
 {
-    char bus[64] = "";
-    int r = -1, node;
+    int r, node;
 
-    g->numa_node = -1;
-    r = drv.ops->pci_bus_id(bus, (int)sizeof(bus), g->cudev, g->device);
+    r = drv.ops->pci_bus_id(bus, (int)buslen, g->cudev, g->device);
     if (r != 0 || !bus[0]) {
         snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d: PCI bus id unknown (%s): staging not placed",
                  g->device, r == -1 ? "driver has no DeviceGetPCIBusId" : drv_errname(r));
-        return;
+        return -1;
     }
-    bus[sizeof(bus) - 1] = 0;
+    bus[buslen - 1] = 0;
     node = numa_node_of(bus, sysfs);
-    if (node < 0) {
+    if (node < 0)
         snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s): no NUMA node in %s: staging not placed",
                  g->device, bus, sysfs);
-        return;
-    }
-    {
-        unsigned long mask[1024 / (8 * sizeof(unsigned long))];
-        memset(mask, 0, sizeof(mask));
-        mask[node / (8 * sizeof(unsigned long))] = 1ul << (node % (8 * sizeof(unsigned long)));
-        if (syscall(SYS_mbind, g->mem, g->mapped, FX_MPOL_PREFERRED, mask, (unsigned long)(8 * sizeof(mask) + 1),
-                    0ul) != 0) {
-            snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s) is on node %d; mbind failed: %s",
-                     g->device, bus, node, strerror(errno));
-            return;
-        }
-    }
-    g->numa_node = node;
-    snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s) is on node %d: staging placed there", g->device, bus,
-             node);
+    return node;
 }
 
 /* Builds the pool without the GIL; 0 or -1 with msg. */
@@ -796,30 +696,9 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
 {
     size_t total = (size_t)g->nslots * g->slot_bytes;
     saved_ctx sc;
-    void *p;
     int r;
 
-    /* Staging memory: 2 MiB-aligned anonymous, huge pages asked for. */
-    g->mapped = (total + HUGE_2M - 1) & ~(size_t)(HUGE_2M - 1);
-    p = mmap(NULL, g->mapped + HUGE_2M, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        snprintf(msg, msglen, "mmap of %zu bytes failed: %s", g->mapped, strerror(errno));
-        return -1;
-    }
-    {
-        uintptr_t a = ((uintptr_t)p + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1);
-        size_t head = a - (uintptr_t)p, tail = HUGE_2M - head;
-        if (head)
-            munmap(p, head);
-        if (tail)
-            munmap((char *)a + g->mapped, tail);
-        g->mem = (char *)a;
-    }
-    madvise(g->mem, g->mapped, MADV_HUGEPAGE);
-    /* A fork()ed child gets no copy: the pool is unusable there anyway (see
-     * fx_gpu_atfork_child), and the parent's pinned pages stay its own. */
-    madvise(g->mem, g->mapped, MADV_DONTFORK);
-
+    g->numa_node = -1;
     {
         int dev = 0;
         if ((r = drv.ops->device_get(g->device, &dev)) != 0) {
@@ -828,10 +707,29 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
         }
         g->cudev = dev;
     }
-    /* On the GPU's NUMA node, bound before the pages are faulted in. */
-    numa_place(g, sysfs);
-    if (madvise(g->mem, g->mapped, MADV_POPULATE_WRITE) < 0)
-        memset(g->mem, 0, g->mapped); /* fault in before pinning */
+    /* Staging memory: 2 MiB-aligned anonymous, huge pages asked for, on the
+     * GPU's NUMA node, faulted in before pinning; MADV_DONTFORK: a fork()ed
+     * child gets no copy (the pool is unusable there anyway, see
+     * fx_gpu_atfork_child) and the parent's pinned pages stay its own. */
+    {
+        char bus[64] = "";
+        int node = numa_pick(g, sysfs, bus, sizeof(bus));
+        fx_mem m;
+
+        if ((r = fx_mem_alloc(&m, total, 1, node, 1)) < 0) {
+            snprintf(msg, msglen, "mmap of %zu bytes failed: %s", total, strerror(-r));
+            return -1;
+        }
+        g->mem = m.addr;
+        g->mapped = m.mapped;
+        g->numa_node = m.numa_node;
+        if (node >= 0 && m.numa_node < 0)
+            snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s) is on node %d; mbind failed: %s", g->device,
+                     bus, node, strerror(m.numa_err));
+        else if (node >= 0)
+            snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d (%s) is on node %d: staging placed there",
+                     g->device, bus, node);
+    }
 
     /* Driver: context, page-locking, stream, one event per slot. */
     if ((r = drv.ops->ctx_retain(g->cudev, &g->ctx)) != 0) {
@@ -876,20 +774,23 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
 
     /* Reads: the pool's own ring with the slots as fixed buffers, else threads. */
 #ifdef FX_HAVE_LIBURING
-    if (want_uring) {
-        struct io_uring_params prm;
-        memset(&prm, 0, sizeof(prm));
-#ifdef IORING_SETUP_COOP_TASKRUN
-        prm.flags = IORING_SETUP_COOP_TASKRUN;
-#endif
-        r = io_uring_queue_init_params(g->nslots + 2, &g->ring, &prm);
-        if (r == -EINVAL && prm.flags) {
-            memset(&prm, 0, sizeof(prm));
-            r = io_uring_queue_init_params(g->nslots + 2, &g->ring, &prm);
-        }
-        if (r == 0) {
+    if (want_uring && g->eu) {
+        /* The engine's rings, taken per read; the slots as another region of
+         * their fixed-buffer table, else plain reads. */
+        g->io = 1;
+        r = fx_uring_register_extra(g->eu, g->mem, g->mapped);
+        g->fixed = r > 0;
+        g->reg_handle = r > 0 ? r : 0;
+        if (r < 0)
+            snprintf(g->fixed_error, sizeof(g->fixed_error), "io_uring fixed-buffer registration failed: %s%s",
+                     strerror(-r),
+                     r == -ENOSPC                 ? " (every registration slot of the engine's rings is taken)"
+                     : r == -ENOMEM || r == -EPERM ? " (RLIMIT_MEMLOCK too low without CAP_IPC_LOCK?)"
+                                                   : "");
+    } else if (want_uring) {
+        g->ring = fx_ring_new(g->nslots + 2, 0, &r);
+        if (g->ring) {
             struct iovec *iov = calloc(g->nslots, sizeof(*iov));
-            g->have_ring = 1;
             g->io = 1;
             if (iov) {
                 for (unsigned i = 0; i < g->nslots; i++) {
@@ -897,7 +798,7 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
                     iov[i].iov_len = g->slot_bytes;
                 }
                 /* Refused without CAP_IPC_LOCK above RLIMIT_MEMLOCK: plain reads then. */
-                r = io_uring_register_buffers(&g->ring, iov, g->nslots);
+                r = fx_ring_register_buffers(g->ring, iov, g->nslots);
                 g->fixed = r == 0;
                 if (r < 0)
                     snprintf(g->fixed_error, sizeof(g->fixed_error),
@@ -912,28 +813,11 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
     (void)want_uring;
 #endif
     if (!g->io) {
-        treader *tr = &g->tr;
         int n = g->nslots < 8 ? (int)g->nslots : 8;
-        tr->cap = g->nslots;
-        tr->work = calloc(tr->cap, sizeof(*tr->work));
-        tr->done = calloc(tr->cap, sizeof(*tr->done));
-        tr->threads = calloc((size_t)n, sizeof(pthread_t));
-        if (!tr->work || !tr->done || !tr->threads) {
-            free(tr->threads);
-            tr->threads = NULL;
-            snprintf(msg, msglen, "out of memory");
-            return -1;
-        }
-        pthread_mutex_init(&tr->mu, NULL);
-        pthread_cond_init(&tr->work_cv, NULL);
-        pthread_cond_init(&tr->done_cv, NULL);
-        g->tra.tr = tr;
-        g->tra.g = g;
-        for (tr->nthreads = 0; tr->nthreads < n; tr->nthreads++)
-            if (pthread_create(&tr->threads[tr->nthreads], NULL, tr_worker, &g->tra))
-                break;
-        if (tr->nthreads == 0) {
-            snprintf(msg, msglen, "could not start reader threads");
+        if (!g->pool) /* no thread engine to borrow from */
+            g->own_pool = (g->pool = fx_pool_create(n)) != NULL;
+        if (!g->pool || !(g->tq = fx_tq_new(g->pool, g->nslots, n))) {
+            snprintf(msg, msglen, g->pool ? "out of memory" : "could not start reader threads");
             return -1;
         }
     }
@@ -955,7 +839,7 @@ typedef struct {
     slot_t *slots;
     int *fifo; /* copying slots in issue order */
     unsigned fh, fn;
-    unsigned reading, copying, queued;
+    unsigned reading, copying;
     /* CRC32C per piece (pieces are numbered in file order within an op and
      * an op's pieces are consecutive), combined per op at the end */
     int want_crc;
@@ -1021,6 +905,16 @@ static int next_piece(run_t *R)
     return 0;
 }
 
+/* The fixed-buffer index a read into buf uses, or -1 for a plain read. */
+static int slot_fixed(GpuStagingObject *g, const slot_t *s, const char *buf, uint64_t len)
+{
+    if (!g->fixed)
+        return -1;
+    if (g->eu)
+        return fx_ring_fixed_index(g->eu, g->ring, buf, len);
+    return s->idx;
+}
+
 static int start_read(run_t *R, slot_t *s)
 {
     GpuStagingObject *g = R->g;
@@ -1066,38 +960,26 @@ static int start_read(run_t *R, slot_t *s)
     tr_add(g, T_READ_SUBMIT, s->idx, (int64_t)s->op, s->piece, (int64_t)s->rd_len);
 #ifdef FX_HAVE_LIBURING
     if (g->io) {
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&g->ring);
-        if (!sqe)
-            return -EBUSY; /* cannot happen: ring holds nslots + 2 */
-        if (g->fixed)
-            io_uring_prep_read_fixed(sqe, s->fd, slot_addr(g, s->idx), (unsigned)s->rd_len, s->rd_off, s->idx);
-        else
-            io_uring_prep_read(sqe, s->fd, slot_addr(g, s->idx), (unsigned)s->rd_len, s->rd_off);
-        io_uring_sqe_set_data(sqe, s);
-        R->queued++;
-        return 0;
+        fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx), .len = s->rd_len, .off = s->rd_off, .tag = s};
+        io.fixed = slot_fixed(g, s, io.buf, io.len);
+        return fx_ring_queue(g->ring, &io); /* room: the ring holds at least nslots */
     }
 #endif
-    pthread_mutex_lock(&g->tr.mu);
-    g->tr.work[(g->tr.wh + g->tr.wn) % g->tr.cap] = s;
-    g->tr.wn++;
-    pthread_cond_signal(&g->tr.work_cv);
-    pthread_mutex_unlock(&g->tr.mu);
-    return 0;
+    {
+        fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx), .len = s->rd_len, .off = s->rd_off,
+                    .fixed = -1, .direct = s->direct, .tag = s};
+        return fx_tq_queue(g->tq, &io, s->want_crc ? tq_crc : NULL, g);
+    }
 }
 
 #ifdef FX_HAVE_LIBURING
 static void resubmit_rest(run_t *R, slot_t *s)
 {
     GpuStagingObject *g = R->g;
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&g->ring);
-    char *buf = slot_addr(g, s->idx) + s->got;
-    if (g->fixed)
-        io_uring_prep_read_fixed(sqe, s->fd, buf, (unsigned)(s->rd_len - s->got), s->rd_off + s->got, s->idx);
-    else
-        io_uring_prep_read(sqe, s->fd, buf, (unsigned)(s->rd_len - s->got), s->rd_off + s->got);
-    io_uring_sqe_set_data(sqe, s);
-    R->queued++;
+    fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx) + s->got, .len = s->rd_len - s->got,
+                .off = s->rd_off + s->got, .tag = s};
+    io.fixed = slot_fixed(g, s, io.buf, io.len);
+    (void)fx_ring_queue(g->ring, &io); /* the slot's own entry came back: there is room */
 }
 #endif
 
@@ -1174,7 +1056,7 @@ static void read_landed(run_t *R, slot_t *s, int64_t res)
         g->st_crc_bytes += s->copied;
     }
     g->st_copies++;
-    if (R->reading || R->queued)
+    if (R->reading)
         g->st_overlap_copies++;
     s->state = S_COPYING;
     R->fifo[(R->fh + R->fn) % g->nslots] = s->idx;
@@ -1221,48 +1103,6 @@ static void reap_copies(run_t *R, int block)
     }
 }
 
-#ifdef FX_HAVE_LIBURING
-/* Hands the queued reads to the kernel; 0, or -errno when the ring failed
- * (whatever it took is in flight: R->queued counts only what it did not). */
-static int ring_submit(run_t *R)
-{
-    int r, fail;
-
-    if (!R->queued)
-        return 0;
-    fail = FX_FAULT(FX_FAULT_SUBMIT_FAIL) != 0; /* tests: submitted, then "failed" */
-    r = io_uring_submit(&R->g->ring);
-    if (r > 0)
-        R->queued -= (unsigned)r > R->queued ? R->queued : (unsigned)r;
-    if (fail)
-        return -EIO;
-    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)
-        return r;
-    return 0;
-}
-
-/* One completion, whatever it takes: until every read in flight has completed
- * the kernel may still write into the staging slots, so neither the run nor
- * the ring may end first. EINTR (a signal), EAGAIN, EBUSY, ETIME are retried
- * at once; any other error after a peek at the queue and 1 ms. */
-static struct io_uring_cqe *wait_cqe_all(struct io_uring *ring)
-{
-    for (;;) {
-        const struct timespec pause = {0, 1000000};
-        struct io_uring_cqe *cqe = NULL;
-        int r = FX_FAULT(FX_FAULT_WAIT_EINTR) ? -EINTR : io_uring_wait_cqe(ring, &cqe);
-
-        if (r == 0 && cqe)
-            return cqe;
-        if (r == -EINTR || r == -EAGAIN || r == -EBUSY || r == -ETIME)
-            continue;
-        if (io_uring_peek_cqe(ring, &cqe) == 0 && cqe)
-            return cqe;
-        nanosleep(&pause, NULL);
-    }
-}
-#endif
-
 /* Waits for read completions (timeout_us < 0: until one) and handles them.
  * A wait that fails is not a failed ring -- reads are still in flight, so the
  * loop keeps reaping; returns -errno only when submitting failed. */
@@ -1271,37 +1111,14 @@ static int wait_reads(run_t *R, long timeout_us)
     GpuStagingObject *g = R->g;
 #ifdef FX_HAVE_LIBURING
     if (g->io) {
-        struct io_uring_cqe *cqe = NULL;
-        unsigned head, seen = 0;
-        int r;
+        fx_event ev[64];
+        int n = fx_ring_getevents(g->ring, ev, 64, timeout_us); /* commits; the retry ladder inside */
 
-        if ((r = ring_submit(R)) < 0)
-            return r;
-        if (FX_FAULT(FX_FAULT_WAIT_EINTR)) {
-            r = -EINTR; /* tests: a signal arrived */
-        } else if (timeout_us < 0 && !R->queued) {
-            r = io_uring_wait_cqe(&g->ring, &cqe);
-        } else {
-            /* Reads the kernel did not take yet (EAGAIN, EBUSY) are not in
-             * flight: a blocking wait could outlast every completion. */
-            long us = timeout_us < 0 ? 1000 : timeout_us;
-            struct __kernel_timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
-            r = io_uring_wait_cqe_timeout(&g->ring, &cqe, &ts);
-        }
-        if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
-            const struct timespec pause = {0, 1000000};
-            if (io_uring_peek_cqe(&g->ring, &cqe) != 0 || !cqe)
-                nanosleep(&pause, NULL); /* then the loop comes back here */
-        }
-        io_uring_for_each_cqe(&g->ring, head, cqe)
-        {
-            slot_t *s = io_uring_cqe_get_data(cqe);
-            int res = cqe->res;
-            seen++;
-#ifdef LIBURING_UDATA_TIMEOUT
-            if (cqe->user_data == LIBURING_UDATA_TIMEOUT)
-                continue; /* liburing's own timeout on kernels without EXT_ARG */
-#endif
+        if (n < 0)
+            return n; /* submitting failed */
+        for (int i = 0; i < n; i++) {
+            slot_t *s = ev[i].tag;
+            int res = ev[i].res;
             if (__builtin_expect(fx_fault_on, 0) && res > 0) {
                 long k;
                 if (fx_fault_hit(FX_FAULT_EINTR))
@@ -1339,37 +1156,15 @@ static int wait_reads(run_t *R, long timeout_us)
             }
             read_landed(R, s, res);
         }
-        io_uring_cq_advance(&g->ring, seen);
         return 0;
     }
 #endif
     {
-        treader *tr = &g->tr;
-        slot_t *batch[64];
-        unsigned n = 0;
+        fx_event ev[64];
+        int n = fx_tq_getevents(g->tq, ev, 64, timeout_us);
 
-        pthread_mutex_lock(&tr->mu);
-        if (!tr->dn) {
-            if (timeout_us < 0) {
-                while (!tr->dn)
-                    pthread_cond_wait(&tr->done_cv, &tr->mu);
-            } else {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += timeout_us * 1000;
-                ts.tv_sec += ts.tv_nsec / 1000000000;
-                ts.tv_nsec %= 1000000000;
-                pthread_cond_timedwait(&tr->done_cv, &tr->mu, &ts);
-            }
-        }
-        while (tr->dn && n < 64) {
-            batch[n++] = tr->done[tr->dh];
-            tr->dh = (tr->dh + 1) % tr->cap;
-            tr->dn--;
-        }
-        pthread_mutex_unlock(&tr->mu);
-        for (unsigned i = 0; i < n; i++)
-            read_landed(R, batch[i], batch[i]->res);
+        for (int i = 0; i < n; i++)
+            read_landed(R, ev[i].tag, ev[i].res);
         return 0;
     }
 }
@@ -1451,22 +1246,16 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
                     if (!ops[i].issued_all || ops[i].outstanding)
                         op_fail(&R, i, -r, 1);
 #ifdef FX_HAVE_LIBURING
-                if (R.queued)
-                    g->broken = 1; /* unsubmitted SQEs stay in the ring */
-                R.reading -= R.queued;
-                R.queued = 0;
-                while (R.reading) {
-                    struct io_uring_cqe *cqe = wait_cqe_all(&g->ring);
-                    slot_t *s = io_uring_cqe_get_data(cqe);
-                    int cres = cqe->res;
-#ifdef LIBURING_UDATA_TIMEOUT
-                    if (cqe->user_data == LIBURING_UDATA_TIMEOUT) {
-                        io_uring_cqe_seen(&g->ring, cqe);
-                        continue;
+                if (g->io) {
+                    unsigned q = fx_ring_unqueue(g->ring);
+                    if (q)
+                        g->broken = 1; /* unsubmitted SQEs stay in the ring */
+                    R.reading -= q;
+                    while (R.reading) {
+                        fx_event ev;
+                        if (fx_ring_getevents(g->ring, &ev, 1, -1) > 0)
+                            read_landed(&R, ev.tag, ev.res < 0 ? ev.res : r);
                     }
-#endif
-                    io_uring_cqe_seen(&g->ring, cqe);
-                    read_landed(&R, s, cres < 0 ? cres : r);
                 }
 #endif
             }
@@ -1587,26 +1376,48 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
     }
     want_uring = strcmp(io_engine, "threads") != 0 && fx_uring_available();
     if (engine != Py_None) {
-        /* Follow the engine: its choice (or fallback) of io_uring. */
+        /* Follow the engine: its choice (or fallback) of io_uring; reads use
+         * its rings when they hold a read per slot. */
         if (fx_engine_begin(engine) < 0)
             return -1;
-        if (!fx_engine_uring(engine))
+        if (!fx_engine_uring(engine)) {
+            /* Reads on the thread engine's pool, beside its batches. */
             want_uring = 0;
-        fx_engine_end(engine);
+            self->pool = fx_engine_pool(engine);
+            Py_INCREF(engine);
+            self->engine = engine;
+        } else if (want_uring && fx_engine_queue_depth(engine) >= (unsigned)slots) {
+            self->eu = fx_engine_uring(engine);
+            Py_INCREF(engine);
+            self->engine = engine; /* held (begun) until the pool is built */
+        }
+        if (!self->engine)
+            fx_engine_end(engine);
     }
     if (device < 0) {
+        if (self->engine) {
+            fx_engine_end(self->engine);
+            self->eu = NULL;
+            self->pool = NULL;
+            Py_CLEAR(self->engine);
+        }
         PyErr_Format(PyExc_ValueError, "device must be >= 0, not %d", device);
         return -1;
     }
     Py_BEGIN_ALLOW_THREADS
     r = driver_load();
     Py_END_ALLOW_THREADS
-    if (r < 0) {
-        PyErr_Format(PyExc_OSError, "GPU driver unavailable: %s", drv.err);
-        return -1;
-    }
-    if (device >= drv.ndev) {
-        PyErr_Format(PyExc_ValueError, "device %d: the driver reports %d device(s)", device, drv.ndev);
+    if (r < 0 || device >= drv.ndev) {
+        if (self->engine) {
+            fx_engine_end(self->engine);
+            self->eu = NULL;
+            self->pool = NULL;
+            Py_CLEAR(self->engine);
+        }
+        if (r < 0)
+            PyErr_Format(PyExc_OSError, "GPU driver unavailable: %s", drv.err);
+        else
+            PyErr_Format(PyExc_ValueError, "device %d: the driver reports %d device(s)", device, drv.ndev);
         return -1;
     }
     self->device = device;
@@ -1618,6 +1429,13 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
     if (r < 0)
         staging_free(self);
     Py_END_ALLOW_THREADS
+    if (self->engine)
+        fx_engine_end(self->engine);
+    if (r < 0) {
+        self->eu = NULL;
+        self->pool = NULL;
+        Py_CLEAR(self->engine);
+    }
     if (r < 0) {
         PyErr_Format(PyExc_OSError, "GpuStaging: %s", msg);
         return -1;
@@ -1678,7 +1496,33 @@ static void GpuStaging_dealloc(GpuStagingObject *self)
     if (!forked) /* in a child it may be held by a parent thread that does not exist here */
         pthread_mutex_destroy(&self->run_mu);
     free(self->trace);
+    if (!forked)
+        Py_CLEAR(self->engine);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A read on an engine's rings: holds the engine (its close waits) and takes
+ * one of its rings for the run; 0, or -1 (closed, or no ring to be had). */
+static int take_engine_ring(GpuStagingObject *g)
+{
+    if (fx_engine_hold(g->engine) < 0)
+        return -1;
+    if (!(g->ring = fx_uring_take_ring(g->eu))) {
+        fx_engine_end(g->engine);
+        return -1;
+    }
+    return 0;
+}
+
+/* Every read of the run was reaped: the ring goes back (one left with
+ * entries the kernel never took is thrown away instead). */
+static void give_engine_ring(GpuStagingObject *g)
+{
+    if (g->broken || fx_uring_give_ring(g->eu, g->ring) < 0)
+        fx_ring_discard(g->ring);
+    g->broken = 0; /* that ring is gone; the next read takes another */
+    g->ring = NULL;
+    fx_engine_end(g->engine);
 }
 
 static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObject *kw)
@@ -1736,15 +1580,23 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
     pthread_mutex_lock(&self->run_mu);
     if (self->closed || self->broken) {
         closed = 1;
+    } else if (self->eu ? take_engine_ring(self) < 0 : self->engine && fx_engine_hold(self->engine) < 0) {
+        closed = 2;
     } else {
         self->tracing = trace;
         run_pipeline(self, ops, (size_t)n, res, crcs, cancel_on_error, (void *)(uintptr_t)stream, sync);
+        if (self->eu)
+            give_engine_ring(self);
+        else if (self->engine)
+            fx_engine_end(self->engine);
     }
     pthread_mutex_unlock(&self->run_mu);
     Py_END_ALLOW_THREADS
     if (closed) {
-        PyErr_SetString(PyExc_ValueError, self->broken ? "GpuStaging is unusable after an io_uring failure"
-                                                       : "GpuStaging is closed");
+        PyErr_SetString(closed == 2 ? PyExc_OSError : PyExc_ValueError,
+                        closed == 2       ? "GpuStaging: its engine is closed (or has no io_uring ring to lend)"
+                        : self->broken ? "GpuStaging is unusable after an io_uring failure"
+                                       : "GpuStaging is closed");
         goto done;
     }
     out = PyList_New(n);
@@ -1982,9 +1834,8 @@ static PyObject *mod_uring_register_probe(PyObject *m, PyObject *args)
 #ifdef FX_HAVE_LIBURING
     Py_BEGIN_ALLOW_THREADS
     {
-        struct io_uring ring;
-        r = io_uring_queue_init(2, &ring, 0);
-        if (r == 0) {
+        fx_ring *ring = fx_ring_new(2, 0, &r);
+        if (ring) {
             size_t n = (size_t)((len + (1ull << 30) - 1) >> 30), i;
             struct iovec *iov = calloc(n ? n : 1, sizeof(*iov));
             if (!iov) {
@@ -1994,10 +1845,10 @@ static PyObject *mod_uring_register_probe(PyObject *m, PyObject *args)
                     iov[i].iov_base = (char *)(uintptr_t)addr + (i << 30);
                     iov[i].iov_len = len - (i << 30) < (1ull << 30) ? len - (i << 30) : (1ull << 30);
                 }
-                r = io_uring_register_buffers(&ring, iov, (unsigned)n);
+                r = fx_ring_register_buffers(ring, iov, (unsigned)n);
                 free(iov);
             }
-            io_uring_queue_exit(&ring);
+            fx_ring_discard(ring);
         }
     }
     Py_END_ALLOW_THREADS

@@ -26,7 +26,6 @@
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25
 #endif
-#define HUGE_2M (2u << 20)
 
 enum { KIND_THREADS = 0, KIND_URING = 1 };
 
@@ -98,10 +97,31 @@ int fx_engine_begin(PyObject *engine)
 
 void fx_engine_end(PyObject *engine) { end_use((EngineObject *)engine); }
 
+int fx_engine_hold(PyObject *engine)
+{
+    EngineObject *e = (EngineObject *)engine;
+    int ok;
+
+    if (FX_FORKED(e->gen) || e->kind < 0)
+        return -1;
+    pthread_mutex_lock(&e->mu);
+    ok = !e->closed;
+    if (ok)
+        e->users++;
+    pthread_mutex_unlock(&e->mu);
+    return ok ? 0 : -1;
+}
+
 fx_uring *fx_engine_uring(PyObject *engine)
 {
     EngineObject *e = (EngineObject *)engine;
     return e->kind == KIND_URING ? e->uring : NULL;
+}
+
+fx_pool *fx_engine_pool(PyObject *engine)
+{
+    EngineObject *e = (EngineObject *)engine;
+    return e->kind == KIND_URING ? NULL : e->pool;
 }
 
 uint64_t fx_engine_split_bytes(PyObject *engine) { return ((EngineObject *)engine)->split_bytes; }
@@ -864,8 +884,8 @@ static PyObject *HostBuffer_new(PyTypeObject *type, PyObject *args, PyObject *kw
     long long size;
     int hugepages = -1; /* -1: when size >= 2 MiB */
     HostBufferObject *hb;
-    size_t map;
-    void *p;
+    fx_mem mem;
+    int r;
 
     if (!PyArg_ParseTupleAndKeywords(args, kw, "L|p", kwlist, &size, &hugepages))
         return NULL;
@@ -874,35 +894,21 @@ static PyObject *HostBuffer_new(PyTypeObject *type, PyObject *args, PyObject *kw
         return NULL;
     }
     if (hugepages < 0)
-        hugepages = size >= HUGE_2M;
-    map = hugepages ? ((size_t)size + HUGE_2M - 1) & ~(size_t)(HUGE_2M - 1)
-                    : ((size_t)size + FX_DIO_ALIGN - 1) & ~(size_t)(FX_DIO_ALIGN - 1);
-    /* Over-map by 2 MiB so the start can be 2 MiB-aligned for huge pages. */
-    p = mmap(NULL, map + (hugepages ? HUGE_2M : 0), PROT_READ | PROT_WRITE,
-             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+        hugepages = (size_t)size >= FX_HUGE_2M;
+    /* I/O memory of this process (MADV_DONTFORK: a fork neither copies it
+     * nor shares pages the kernel may still be writing). */
+    if ((r = fx_mem_alloc(&mem, (size_t)size, hugepages, -1, 0)) < 0) {
+        errno = -r;
         return PyErr_SetFromErrno(PyExc_OSError);
-    if (hugepages) {
-        uintptr_t a = ((uintptr_t)p + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1);
-        size_t head = a - (uintptr_t)p, tail = HUGE_2M - head;
-        if (head)
-            munmap(p, head);
-        if (tail)
-            munmap((char *)a + map, tail);
-        p = (void *)a;
-        madvise(p, map, MADV_HUGEPAGE);
     }
-    /* I/O memory of this process: a fork neither copies it nor shares pages
-     * the kernel may still be writing. */
-    (void)madvise(p, map, MADV_DONTFORK);
     hb = (HostBufferObject *)type->tp_alloc(type, 0);
     if (!hb) {
-        munmap(p, map);
+        fx_mem_free(&mem);
         return NULL;
     }
-    hb->addr = p;
+    hb->addr = mem.addr;
     hb->size = (size_t)size;
-    hb->mapped = map;
+    hb->mapped = mem.mapped;
     hb->huge = hugepages;
     hb->gen = fx_fork_gen;
     return (PyObject *)hb;
@@ -912,8 +918,10 @@ static void HostBuffer_dealloc(HostBufferObject *hb)
 {
     /* In a forked child the range is not mapped (MADV_DONTFORK) and may hold
      * something else by now. */
-    if (hb->addr && !FX_FORKED(hb->gen))
-        munmap(hb->addr, hb->mapped);
+    if (hb->addr && !FX_FORKED(hb->gen)) {
+        fx_mem m = {.addr = (char *)hb->addr, .mapped = hb->mapped};
+        fx_mem_free(&m);
+    }
     Py_TYPE(hb)->tp_free((PyObject *)hb);
 }
 
@@ -1011,8 +1019,8 @@ static PyObject *mod_advise_hugepages(PyObject *m, PyObject *args)
     (void)m;
     if (!PyArg_ParseTuple(args, "KK", &addr, &len))
         return NULL;
-    a = ((uintptr_t)addr + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1);
-    e = ((uintptr_t)addr + len) & ~(uintptr_t)(HUGE_2M - 1);
+    a = ((uintptr_t)addr + FX_HUGE_2M - 1) & ~(uintptr_t)(FX_HUGE_2M - 1);
+    e = ((uintptr_t)addr + len) & ~(uintptr_t)(FX_HUGE_2M - 1);
     if (e <= a)
         return PyLong_FromLong(0);
     Py_BEGIN_ALLOW_THREADS

@@ -3,10 +3,12 @@
  * profile) or when asked for. Plain C threads, so no GIL convoy. */
 #include <errno.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "fxio.h"
 
 typedef struct fx_job {
+    struct fx_tq *tq; /* a submit/reap queue (pieces come and go), or: */
     fx_batch *b;     /* a batch of pieces, or NULL for tasks: */
     fx_task_fn fn;   /* fn(ctx, i) for i in 0..ntasks-1 */
     void *ctx;
@@ -31,11 +33,39 @@ struct fx_pool {
 
 static size_t job_count(const fx_job *j) { return j->b ? j->b->npieces : j->ntasks; }
 
+/* One I/O queued on a pool (fx_tq_queue) and what runs after it. */
+typedef struct {
+    fx_io io;
+    fx_tq_after after;
+    void *actx;
+} tq_item;
+
+/* A submit/reap queue on a pool's threads: its job is linked into the
+ * pool's list while it has I/O waiting, so batches, tasks and queues share
+ * the threads in arrival order. */
+struct fx_tq {
+    fx_pool *pool;
+    fx_job job;
+    tq_item *work; /* FIFO of I/O to run, under pool->mu */
+    unsigned wh, wn, cap;
+    int linked;
+    pthread_mutex_t mu; /* completions */
+    pthread_cond_t cv;
+    fx_event *done;
+    unsigned dh, dn;
+    unsigned outstanding; /* queued, running or done and not reaped (under mu) */
+};
+
+static int job_has_work(const fx_job *j)
+{
+    return j->tq ? j->tq->wn > 0 : j->next < job_count(j);
+}
+
 /* First queued job that still has pieces and room for another worker. */
 static fx_job *pick(fx_pool *pool)
 {
     for (fx_job *j = pool->head; j; j = j->link)
-        if (j->next < job_count(j) && j->active < j->max_active)
+        if (job_has_work(j) && j->active < j->max_active)
             return j;
     return NULL;
 }
@@ -71,6 +101,31 @@ static void *worker(void *arg)
             pthread_cond_wait(&pool->work_cv, &pool->mu);
         if (pool->stop)
             break;
+        if (job->tq) {
+            struct fx_tq *q = job->tq;
+            tq_item it = q->work[q->wh];
+
+            q->wh = (q->wh + 1) % q->cap;
+            if (--q->wn == 0) {
+                unlink_job(pool, job);
+                q->linked = 0;
+            }
+            job->active++;
+            pthread_mutex_unlock(&pool->mu);
+            r = fx_io_sync(it.io.fd, it.io.write, it.io.direct, it.io.buf, it.io.len, it.io.off);
+            if (it.after)
+                it.after(it.actx, it.io.tag, r); /* in parallel across workers (a CRC, say) */
+            pthread_mutex_lock(&q->mu);
+            q->done[(q->dh + q->dn) % q->cap] = (fx_event){.tag = it.io.tag, .res = (int)r};
+            q->dn++;
+            pthread_cond_signal(&q->cv);
+            pthread_mutex_unlock(&q->mu);
+            pthread_mutex_lock(&pool->mu);
+            job->active--;
+            if (q->wn)
+                pthread_cond_signal(&pool->work_cv);
+            continue;
+        }
         if (!job->b) {
             /* Tasks are small (an open): take a few at a time. */
             size_t t = job->next, take = (job->ntasks - t) / ((size_t)job->max_active * 2);
@@ -249,4 +304,103 @@ static void run_job(fx_pool *pool, fx_job *job)
 {
     start_job(pool, job);
     wait_job(pool, job);
+}
+
+/* ---- submit / reap on the pool (fxio.h: fx_tq) ---- */
+
+fx_tq *fx_tq_new(fx_pool *pool, unsigned cap, int width)
+{
+    fx_tq *q = calloc(1, sizeof(*q));
+
+    if (!q)
+        return NULL;
+    q->cap = cap ? cap : 1;
+    q->work = calloc(q->cap, sizeof(*q->work));
+    q->done = calloc(q->cap, sizeof(*q->done));
+    if (!q->work || !q->done) {
+        free(q->work);
+        free(q->done);
+        free(q);
+        return NULL;
+    }
+    q->pool = pool;
+    q->job.tq = q;
+    q->job.max_active = width > 0 ? width : 1;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    return q;
+}
+
+int fx_tq_free(fx_tq *q)
+{
+    if (!q)
+        return 0;
+    if (q->outstanding)
+        return -EBUSY; /* a worker may still write into the caller's memory */
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q->work);
+    free(q->done);
+    free(q);
+    return 0;
+}
+
+unsigned fx_tq_outstanding(const fx_tq *q) { return q->outstanding; }
+
+int fx_tq_queue(fx_tq *q, const fx_io *io, fx_tq_after after, void *actx)
+{
+    fx_pool *pool = q->pool;
+
+    if (FX_FORKED(pool->gen))
+        return -EOWNERDEAD; /* no workers here */
+    if (io->iov || q->outstanding >= q->cap)
+        return io->iov ? -EINVAL : -EBUSY;
+    pthread_mutex_lock(&q->mu);
+    q->outstanding++;
+    pthread_mutex_unlock(&q->mu);
+    pthread_mutex_lock(&pool->mu);
+    q->work[(q->wh + q->wn) % q->cap] = (tq_item){.io = *io, .after = after, .actx = actx};
+    q->wn++;
+    if (!q->linked) {
+        q->job.link = NULL;
+        if (pool->tail)
+            pool->tail->link = &q->job;
+        else
+            pool->head = &q->job;
+        pool->tail = &q->job;
+        q->linked = 1;
+    }
+    pthread_cond_signal(&pool->work_cv);
+    pthread_mutex_unlock(&pool->mu);
+    return 0;
+}
+
+int fx_tq_getevents(fx_tq *q, fx_event *ev, unsigned max, long timeout_us)
+{
+    unsigned n = 0;
+
+    pthread_mutex_lock(&q->mu);
+    if (!q->dn && q->outstanding && timeout_us != 0) {
+        if (timeout_us < 0) {
+            while (!q->dn)
+                pthread_cond_wait(&q->cv, &q->mu);
+        } else {
+            struct timespec ts;
+
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += timeout_us / 1000000;
+            ts.tv_nsec += (timeout_us % 1000000) * 1000;
+            ts.tv_sec += ts.tv_nsec / 1000000000;
+            ts.tv_nsec %= 1000000000;
+            pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+        }
+    }
+    while (q->dn && n < max) {
+        ev[n++] = q->done[q->dh];
+        q->dh = (q->dh + 1) % q->cap;
+        q->dn--;
+    }
+    q->outstanding -= n;
+    pthread_mutex_unlock(&q->mu);
+    return (int)n;
 }

@@ -14,36 +14,42 @@
 #include <sys/uio.h>
 #include <time.h>
 
-#include "fxio.h"
+#include "ring.h"
 
 #ifdef FX_HAVE_LIBURING
-#include <liburing.h>
 
 #define MAX_FREE_RINGS 16
 #define FIXED_IOV_MAX (1ull << 30) /* kernel limit per registered iovec */
 
-typedef struct {
-    struct io_uring ring;
-    int reg_gen; /* registration generation this ring carries */
-} ring_slot;
-
 struct fx_uring {
     pthread_mutex_t mu;
-    ring_slot *free_list[MAX_FREE_RINGS];
+    fx_ring *free_list[MAX_FREE_RINGS];
     int nfree;
     unsigned qd;
-    unsigned setup_flags;
-    char *reg_base; /* registered region, or NULL */
-    size_t reg_len;
+    /* Fixed buffers: one table per ring holding every region, region 0 the
+     * one fx_uring_register sets (LMCache's pool), the others added by
+     * fx_uring_register_extra (a GPU staging pool); each region is cut into
+     * iovecs of at most FIXED_IOV_MAX, region i's from first[i] on. */
+    struct {
+        char *base; /* NULL: unused */
+        size_t len;
+        unsigned first;
+    } reg[FX_URING_REGIONS];
     int reg_gen;
     int reg_ok;
-    ring_slot *donor; /* holds the registration; new rings clone it */
+    fx_ring *donor; /* holds the registration; new rings clone it */
     /* Pieces in flight over all rings, bounded by qd, so concurrent batches
-     * share the device fairly instead of each adding qd more. */
+     * share the device instead of each adding qd more. Fairly: a batch that
+     * still has pieces to queue ("wanting") holds at most its share,
+     * qd / wanting (rounded up), so a batch that started first cannot keep
+     * nearly all the slots while later ones trickle on one each; a batch
+     * holding none waits for a slot in arrival order (tickets). */
     pthread_mutex_t slot_mu;
     pthread_cond_t slot_cv;
     unsigned slots_used;
     unsigned slot_waiters;
+    unsigned wanting;
+    unsigned long ticket_next, ticket_serve;
     unsigned gen; /* process generation it was made in (fork guard) */
 };
 
@@ -67,46 +73,47 @@ static unsigned iowq_workers(void)
     return n > 0 ? (unsigned)n : 1;
 }
 
-static int ring_init(struct io_uring *ring, unsigned qd, unsigned *flags)
+/* io-wq workers for an engine ring (0: leave the kernel's default). */
+static unsigned engine_iowq(void) { return mem_async_min ? iowq_workers() : 0; }
+
+/* Registers every region as one table on ring (setting their first
+ * indices); 0 when there is none, or -errno. */
+#define REG_RESERVED ((char *)-1) /* an extra region being set up */
+#define REG_LIVE(u, i) ((u)->reg[i].base && (u)->reg[i].base != REG_RESERVED)
+
+static int register_region(fx_uring *u, fx_ring *ring)
 {
-    struct io_uring_params p;
+    size_t n = 0, k = 0;
+    struct iovec *iov;
     int r;
 
-    memset(&p, 0, sizeof(p));
-    p.flags = *flags;
-    r = io_uring_queue_init_params(qd, ring, &p);
-    if (r == -EINVAL && *flags) {
-        *flags = 0; /* older kernel: drop the optional setup flags */
-        memset(&p, 0, sizeof(p));
-        r = io_uring_queue_init_params(qd, ring, &p);
+    for (int i = 0; i < FX_URING_REGIONS; i++)
+        if (REG_LIVE(u, i))
+            n += (u->reg[i].len + FIXED_IOV_MAX - 1) / FIXED_IOV_MAX;
+    if (!n)
+        return 0;
+    if (!(iov = calloc(n, sizeof(*iov))))
+        return -ENOMEM;
+    for (int i = 0; i < FX_URING_REGIONS; i++) {
+        if (!REG_LIVE(u, i))
+            continue;
+        u->reg[i].first = (unsigned)k;
+        for (size_t off = 0; off < u->reg[i].len; off += FIXED_IOV_MAX, k++) {
+            iov[k].iov_base = u->reg[i].base + off;
+            iov[k].iov_len = u->reg[i].len - off < FIXED_IOV_MAX ? u->reg[i].len - off : FIXED_IOV_MAX;
+        }
     }
-    if (r == 0)
-        (void)io_uring_ring_dontfork(ring); /* a forked child gets no copy of the rings */
-    if (r == 0 && mem_async_min) {
-        unsigned v[2] = {iowq_workers(), 0}; /* bounded (file I/O); unbounded unchanged */
-        if (v[0] > qd)
-            v[0] = qd;
-        (void)io_uring_register_iowq_max_workers(ring, v); /* 5.15+; best effort */
-    }
+    r = fx_ring_register_buffers(ring, iov, (unsigned)n);
+    free(iov);
     return r;
 }
 
-static int register_region(fx_uring *u, struct io_uring *ring)
+static int any_region(const fx_uring *u)
 {
-    size_t n = (u->reg_len + FIXED_IOV_MAX - 1) / FIXED_IOV_MAX, i;
-    struct iovec *iov = calloc(n, sizeof(*iov));
-    int r;
-
-    if (!iov)
-        return -ENOMEM;
-    for (i = 0; i < n; i++) {
-        size_t off = i * FIXED_IOV_MAX;
-        iov[i].iov_base = u->reg_base + off;
-        iov[i].iov_len = u->reg_len - off < FIXED_IOV_MAX ? u->reg_len - off : FIXED_IOV_MAX;
-    }
-    r = io_uring_register_buffers(ring, iov, (unsigned)n);
-    free(iov);
-    return r;
+    for (int i = 0; i < FX_URING_REGIONS; i++)
+        if (REG_LIVE(u, i))
+            return 1;
+    return 0;
 }
 
 /* IORING_REGISTER_CLONE_BUFFERS (Linux 6.12+; liburing 2.3 predates it):
@@ -117,7 +124,7 @@ struct fx_clone_buffers {
     uint32_t src_fd, flags, src_off, dst_off, nr, pad[3];
 };
 
-static int clone_registration(fx_uring *u, ring_slot *s)
+static int clone_registration(fx_uring *u, fx_ring *s)
 {
     struct fx_clone_buffers arg;
 
@@ -129,64 +136,55 @@ static int clone_registration(fx_uring *u, ring_slot *s)
 }
 
 /* Brings a ring's fixed buffers in line with the engine's current region. */
-static void sync_registration(fx_uring *u, ring_slot *s)
+static void sync_registration(fx_uring *u, fx_ring *s)
 {
     if (s->reg_gen == u->reg_gen)
         return;
     if (s->reg_gen)
         io_uring_unregister_buffers(&s->ring);
     s->reg_gen = 0;
-    if (u->reg_base && u->reg_ok &&
-        (clone_registration(u, s) == 0 || register_region(u, &s->ring) == 0))
+    if (any_region(u) && u->reg_ok &&
+        (clone_registration(u, s) == 0 || register_region(u, s) == 0))
         s->reg_gen = u->reg_gen;
 }
 
 static void drop_donor(fx_uring *u)
 {
-    if (u->donor) {
-        io_uring_queue_exit(&u->donor->ring);
-        free(u->donor);
-        u->donor = NULL;
-    }
+    fx_ring_discard(u->donor);
+    u->donor = NULL;
 }
 
-static ring_slot *take_ring(fx_uring *u)
+fx_ring *fx_uring_take_ring(fx_uring *u)
 {
-    ring_slot *s = NULL;
-    unsigned flags;
+    fx_ring *s = NULL;
+    int err;
 
+    if (FX_FORKED(u->gen))
+        return NULL; /* the rings are the parent's */
     pthread_mutex_lock(&u->mu);
     if (u->nfree)
         s = u->free_list[--u->nfree];
-    flags = u->setup_flags;
     pthread_mutex_unlock(&u->mu);
-    if (!s) {
-        s = calloc(1, sizeof(*s));
-        if (!s)
-            return NULL;
-        if (ring_init(&s->ring, u->qd, &flags) < 0) {
-            free(s);
-            return NULL;
-        }
-    }
+    if (!s && !(s = fx_ring_new(u->qd, engine_iowq(), &err)))
+        return NULL;
     pthread_mutex_lock(&u->mu);
     sync_registration(u, s);
     pthread_mutex_unlock(&u->mu);
     return s;
 }
 
-static void give_ring(fx_uring *u, ring_slot *s)
+int fx_uring_give_ring(fx_uring *u, fx_ring *s)
 {
+    if (s->inflight || s->queued)
+        return -EBUSY; /* the kernel may still write into the caller's memory */
     pthread_mutex_lock(&u->mu);
     if (u->nfree < MAX_FREE_RINGS) {
         u->free_list[u->nfree++] = s;
         s = NULL;
     }
     pthread_mutex_unlock(&u->mu);
-    if (s) {
-        io_uring_queue_exit(&s->ring);
-        free(s);
-    }
+    fx_ring_discard(s);
+    return 0;
 }
 
 int fx_uring_available(void) { return 1; }
@@ -195,8 +193,8 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
 {
     fx_uring *u = calloc(1, sizeof(*u));
     struct io_uring_probe *probe;
-    ring_slot *s;
-    int r;
+    fx_ring *s;
+    int r = 0;
 
     if (!u) {
         snprintf(why, whylen, "out of memory");
@@ -221,23 +219,13 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
             mem_async_min = MEM_ASYNC_MIN_DEFAULT;
         }
     }
-#ifdef IORING_SETUP_COOP_TASKRUN
-    /* Completions are reaped by the submitting thread; skip the IPIs. */
-    u->setup_flags = IORING_SETUP_COOP_TASKRUN;
-#endif
-    s = calloc(1, sizeof(*s));
+    s = fx_ring_new(qd, engine_iowq(), &r);
     if (!s) {
-        snprintf(why, whylen, "out of memory");
-        goto fail;
-    }
-    r = ring_init(&s->ring, qd, &u->setup_flags);
-    if (r < 0) {
         const char *hint = r == -ENOSYS   ? " (kernel without io_uring)"
                            : r == -EPERM  ? " (blocked: kernel.io_uring_disabled or a seccomp profile)"
                            : r == -ENOMEM ? " (memlock limit too low for the ring)"
                                           : "";
         snprintf(why, whylen, "io_uring_setup failed: %s%s", strerror(-r), hint);
-        free(s);
         goto fail;
     }
     probe = io_uring_get_probe_ring(&s->ring);
@@ -247,8 +235,7 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
         io_uring_free_probe(probe);
         if (!ok) {
             snprintf(why, whylen, "kernel io_uring lacks IORING_OP_READ/WRITE (needs 5.6+)");
-            io_uring_queue_exit(&s->ring);
-            free(s);
+            fx_ring_discard(s);
             goto fail;
         }
     }
@@ -270,10 +257,8 @@ void fx_uring_destroy(fx_uring *u)
      * even mapped here) and maybe a lock held by a parent thread: leave it. */
     if (FX_FORKED(u->gen))
         return;
-    for (int i = 0; i < u->nfree; i++) {
-        io_uring_queue_exit(&u->free_list[i]->ring);
-        free(u->free_list[i]);
-    }
+    for (int i = 0; i < u->nfree; i++)
+        fx_ring_discard(u->free_list[i]);
     drop_donor(u);
     pthread_mutex_destroy(&u->mu);
     pthread_mutex_destroy(&u->slot_mu);
@@ -281,67 +266,111 @@ void fx_uring_destroy(fx_uring *u)
     free(u);
 }
 
-int fx_uring_register(fx_uring *u, void *addr, size_t len)
+/* Sets region i to [addr, addr + len) (addr NULL: removes it) and registers
+ * the new table on a small ring of its own (so a refusal, ENOMEM without
+ * CAP_IPC_LOCK, is reported here); pool rings clone it when next taken. If
+ * the table is refused, region i is left out (the others stay registered)
+ * and the refusal returned. */
+static int set_region(fx_uring *u, int i, void *addr, size_t len)
 {
-    ring_slot *d = NULL;
-    unsigned flags = 0;
-    int r = 0;
+    fx_ring *d = NULL;
+    int r = 0, r2;
 
-    /* A small ring of its own holds the registration (so a refusal, ENOMEM
-     * without CAP_IPC_LOCK, is reported here); pool rings clone it when they
-     * are next taken. */
-    if (addr) {
-        d = calloc(1, sizeof(*d));
-        if (!d)
-            return -ENOMEM;
-        r = ring_init(&d->ring, 1, &flags);
-        if (r < 0) {
-            free(d);
-            return r;
+    if (!(d = fx_ring_new(1, 0, &r)) && addr) {
+        if (i) {
+            pthread_mutex_lock(&u->mu);
+            u->reg[i].base = NULL; /* the reservation */
+            pthread_mutex_unlock(&u->mu);
         }
+        return r;
     }
     pthread_mutex_lock(&u->mu);
     drop_donor(u);
-    u->reg_base = addr;
-    u->reg_len = len;
+    u->reg[i].base = addr;
+    u->reg[i].len = addr ? len : 0;
     u->reg_gen++;
     u->reg_ok = 0;
-    if (d) {
-        r = register_region(u, &d->ring);
-        if (r == 0) {
-            d->reg_gen = u->reg_gen;
-            u->donor = d;
-            u->reg_ok = 1;
-        } else {
-            io_uring_queue_exit(&d->ring);
-            free(d);
-        }
+    r = d ? register_region(u, d) : 0;
+    if (r < 0 && addr) {
+        u->reg[i].base = NULL; /* without it, then */
+        u->reg[i].len = 0;
+        fx_ring_discard(d);
+        d = fx_ring_new(1, 0, &r2);
+        r2 = d ? register_region(u, d) : r2;
+    } else {
+        r2 = r;
+    }
+    if (d && r2 == 0 && any_region(u)) {
+        d->reg_gen = u->reg_gen;
+        u->donor = d;
+        u->reg_ok = 1;
+    } else {
+        fx_ring_discard(d);
     }
     pthread_mutex_unlock(&u->mu);
     return r;
 }
 
-int fx_uring_registered(const fx_uring *u) { return u->reg_base && u->reg_ok; }
+int fx_uring_register(fx_uring *u, void *addr, size_t len) { return set_region(u, 0, addr, len); }
 
-/* Index of the registered iovec holding the whole piece, or -1. */
-static int fixed_index(const fx_uring *u, const ring_slot *s, const fx_piece *p)
+int fx_uring_register_extra(fx_uring *u, void *addr, size_t len)
 {
-    uintptr_t b = (uintptr_t)u->reg_base, a = (uintptr_t)p->buf;
-    size_t idx;
+    int i, r;
 
-    if (!s->reg_gen || a < b || a + p->length > b + u->reg_len)
-        return -1;
-    idx = (a - b) / FIXED_IOV_MAX;
-    if ((a + p->length - 1 - b) / FIXED_IOV_MAX != idx)
-        return -1;
-    return (int)idx;
+    if (FX_FORKED(u->gen))
+        return -EOWNERDEAD;
+    pthread_mutex_lock(&u->mu);
+    for (i = 1; i < FX_URING_REGIONS && u->reg[i].base; i++)
+        ;
+    if (i < FX_URING_REGIONS)
+        u->reg[i].base = REG_RESERVED;
+    pthread_mutex_unlock(&u->mu);
+    if (i == FX_URING_REGIONS)
+        return -ENOSPC;
+    r = set_region(u, i, addr, len);
+    return r < 0 ? r : i;
 }
 
-static void prep_piece(fx_uring *u, ring_slot *s, struct io_uring_sqe *sqe, const fx_batch *b,
-                       fx_piece *p)
+void fx_uring_unregister_extra(fx_uring *u, int handle)
 {
-    int fd = b->ops[p->op].fd;
-    int idx = p->hdr ? -1 : fixed_index(u, s, p);
+    if (handle > 0 && handle < FX_URING_REGIONS && !FX_FORKED(u->gen))
+        (void)set_region(u, handle, NULL, 0);
+}
+
+int fx_uring_registered(const fx_uring *u) { return u->reg[0].base && u->reg_ok; }
+
+int fx_ring_fixed_index(const fx_uring *u, const fx_ring *s, const void *addr, uint64_t len)
+{
+    uintptr_t a = (uintptr_t)addr;
+
+    /* A ring registered before the table last changed holds other indices. */
+    if (!s->reg_gen || s->reg_gen != u->reg_gen || !len)
+        return -1;
+    for (int i = 0; i < FX_URING_REGIONS; i++) {
+        uintptr_t b = (uintptr_t)u->reg[i].base;
+        size_t idx;
+
+        if (!REG_LIVE(u, i) || a < b || a + len > b + u->reg[i].len)
+            continue;
+        idx = (a - b) / FIXED_IOV_MAX;
+        if ((a + len - 1 - b) / FIXED_IOV_MAX != idx)
+            return -1;
+        return (int)(u->reg[i].first + idx);
+    }
+    return -1;
+}
+
+/* Index of the registered iovec holding the whole piece, or -1. */
+static int fixed_index(const fx_uring *u, const fx_ring *s, const fx_piece *p)
+{
+    return fx_ring_fixed_index(u, s, p->buf, p->length);
+}
+
+/* Queues a piece on the ring: 0, or -EBUSY when the queue is full. */
+static int queue_piece(fx_uring *u, fx_ring *s, const fx_batch *b, fx_piece *p)
+{
+    fx_io io = {.fd = b->ops[p->op].fd, .write = b->write, .buf = p->buf, .len = p->length,
+                .off = p->offset, .fixed = -1, .tag = p};
 
     if (p->hdr) {
         /* Header and the piece's bytes in one vectored read. */
@@ -349,20 +378,14 @@ static void prep_piece(fx_uring *u, ring_slot *s, struct io_uring_sqe *sqe, cons
         p->iov[0].iov_len = FX_HDR_SIZE;
         p->iov[1].iov_base = p->buf;
         p->iov[1].iov_len = p->length;
-        io_uring_prep_readv(sqe, fd, p->iov, p->length ? 2 : 1, p->offset - FX_HDR_SIZE);
-    } else if (idx >= 0) {
-        if (b->write)
-            io_uring_prep_write_fixed(sqe, fd, p->buf, (unsigned)p->length, p->offset, idx);
-        else
-            io_uring_prep_read_fixed(sqe, fd, p->buf, (unsigned)p->length, p->offset, idx);
-    } else if (b->write) {
-        io_uring_prep_write(sqe, fd, p->buf, (unsigned)p->length, p->offset);
+        io.iov = p->iov;
+        io.niov = p->length ? 2 : 1;
+        io.off = p->offset - FX_HDR_SIZE;
     } else {
-        io_uring_prep_read(sqe, fd, p->buf, (unsigned)p->length, p->offset);
+        io.fixed = fixed_index(u, s, p);
     }
-    if (p->mem && mem_async_min && p->length + (p->hdr ? FX_HDR_SIZE : 0) >= mem_async_min)
-        io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
-    io_uring_sqe_set_data(sqe, p);
+    io.async = p->mem && mem_async_min && p->length + (p->hdr ? FX_HDR_SIZE : 0) >= mem_async_min;
+    return fx_ring_queue(s, &io);
 }
 
 typedef struct {
@@ -373,25 +396,34 @@ typedef struct {
     int64_t *landed_res;
     unsigned nlanded;
     unsigned held; /* engine-wide slots this batch holds (queued or in flight) */
+    int wanting;   /* counted in the engine's wanting: pieces left to queue */
 } run_state;
 
-/* One engine-wide slot for a new piece. A batch with pieces in flight yields
- * to batches that have none (they wait here), so every request progresses;
- * a batch with none waits for a slot. Returns 0 when the caller should reap
- * its own completions first. */
+/* One engine-wide slot for a new piece. A batch holding none waits for one,
+ * in arrival order; a batch holding some takes another only below its share
+ * and while no batch waits (it reaps its own completions meanwhile), so
+ * every request progresses at about the same rate. Returns 0 when the
+ * caller should reap its own completions first. */
 static int take_slot(fx_uring *u, run_state *st)
 {
     int ok = 0;
 
     pthread_mutex_lock(&u->slot_mu);
     if (st->held == 0) {
+        unsigned long t = u->ticket_next++;
+
         u->slot_waiters++;
-        while (u->slots_used >= u->qd)
+        while (u->slots_used >= u->qd || t != u->ticket_serve)
             pthread_cond_wait(&u->slot_cv, &u->slot_mu);
         u->slot_waiters--;
+        u->ticket_serve++;
+        if (u->slot_waiters)
+            pthread_cond_broadcast(&u->slot_cv); /* the next ticket may go */
         ok = 1;
     } else if (u->slots_used < u->qd && !u->slot_waiters) {
-        ok = 1;
+        unsigned w = u->wanting ? u->wanting : 1;
+
+        ok = st->held < (u->qd + w - 1) / w;
     }
     if (ok) {
         u->slots_used++;
@@ -399,6 +431,21 @@ static int take_slot(fx_uring *u, run_state *st)
     }
     pthread_mutex_unlock(&u->slot_mu);
     return ok;
+}
+
+/* Enters (1) or leaves (0) the set of batches with pieces left to queue. */
+static void set_wanting(fx_uring *u, run_state *st, int on)
+{
+    if (st->wanting == on)
+        return;
+    pthread_mutex_lock(&u->slot_mu);
+    if (on)
+        u->wanting++;
+    else
+        u->wanting--;
+    st->wanting = on;
+    pthread_cond_broadcast(&u->slot_cv);
+    pthread_mutex_unlock(&u->slot_mu);
 }
 
 static void give_slots(fx_uring *u, run_state *st, unsigned n)
@@ -525,46 +572,23 @@ static void finish_landed(run_state *st)
     st->nlanded = 0;
 }
 
-/* Waits for a completion, whatever it takes: until every piece in flight has
- * completed the kernel may still write into the caller's memory, so neither
- * the batch nor its ring may end first. EINTR (a signal), EAGAIN, EBUSY are
- * retried at once; any other error after 1 ms, peeking at the completion
- * queue in case the wait itself is what fails. */
-static void wait_cqe_all(struct io_uring *ring, struct io_uring_cqe **cqe)
-{
-    for (;;) {
-        const struct timespec pause = {0, 1000000};
-        int r;
-
-        *cqe = NULL;
-        r = FX_FAULT(FX_FAULT_WAIT_EINTR) ? -EINTR : io_uring_wait_cqe(ring, cqe);
-        if (r == 0 && *cqe)
-            return;
-        if (r == -EINTR || r == -EAGAIN || r == -EBUSY || r == -ETIME)
-            continue;
-        if (io_uring_peek_cqe(ring, cqe) == 0 && *cqe)
-            return;
-        nanosleep(&pause, NULL);
-    }
-}
-
 /* The ring failed: reap every piece the kernel still holds (one that came
  * back whole counts; the others fail with err), fail the pieces never
  * submitted, and throw the ring away rather than reuse it. */
-static int abort_run(fx_uring *u, run_state *st, ring_slot *s, unsigned inflight, int err)
+static int abort_run(fx_uring *u, run_state *st, fx_ring *s, int err)
 {
     finish_landed(st);
-    while (inflight) {
-        struct io_uring_cqe *cqe;
+    s->queued = 0; /* never taken by the kernel: they die with the ring */
+    while (fx_ring_inflight(s)) {
+        fx_event ev;
         fx_piece *p;
         size_t pi;
         int res;
 
-        wait_cqe_all(&s->ring, &cqe);
-        p = io_uring_cqe_get_data(cqe);
-        res = cqe_result(st->b->write, cqe->res);
-        io_uring_cqe_seen(&s->ring, cqe);
-        inflight--;
+        if (fx_ring_getevents(s, &ev, 1, -1) <= 0)
+            continue;
+        p = ev.tag;
+        res = cqe_result(st->b->write, ev.res);
         pi = (size_t)(p - st->b->pieces);
         if (p->hdr) {
             if (res >= 0 && (uint64_t)res >= FX_HDR_SIZE + p->length) {
@@ -579,8 +603,8 @@ static int abort_run(fx_uring *u, run_state *st, ring_slot *s, unsigned inflight
             finish(st, p, res < 0 ? res : err);
     }
     give_slots(u, st, st->held);
-    io_uring_queue_exit(&s->ring);
-    free(s);
+    set_wanting(u, st, 0);
+    fx_ring_discard(s);
     for (size_t i = 0; i < st->b->npieces; i++)
         if (!st->fin[i])
             finish(st, &st->b->pieces[i], err);
@@ -588,14 +612,12 @@ static int abort_run(fx_uring *u, run_state *st, ring_slot *s, unsigned inflight
 }
 
 /* Queues new pieces up to the queue depth; bounced pieces run inline. */
-static void fill(fx_uring *u, ring_slot *s, run_state *st, size_t *next, unsigned inflight,
-                 unsigned *queued)
+static void fill(fx_uring *u, fx_ring *s, run_state *st, size_t *next)
 {
     fx_batch *b = st->b;
 
-    while (*next < b->npieces && inflight + *queued < u->qd) {
+    while (*next < b->npieces && fx_ring_inflight(s) + fx_ring_queued(s) < u->qd) {
         fx_piece *p = &b->pieces[*next];
-        struct io_uring_sqe *sqe;
 
         if (fx_piece_needs_bounce(p)) {
             /* Rare (unaligned tail or buffer on O_DIRECT): done inline. */
@@ -605,41 +627,14 @@ static void fill(fx_uring *u, ring_slot *s, run_state *st, size_t *next, unsigne
         }
         if (!take_slot(u, st))
             break;
-        sqe = io_uring_get_sqe(&s->ring);
-        if (!sqe) {
+        if (queue_piece(u, s, b, p) < 0) {
             give_slots(u, st, 1);
             break;
         }
-        prep_piece(u, s, sqe, b, p);
         (*next)++;
-        (*queued)++;
     }
-}
-
-/* Accounts for what the kernel took from the submission queue. */
-static int took(int r, unsigned *inflight, unsigned *queued)
-{
-    if (r < 0)
-        return r == -EINTR || r == -EAGAIN || r == -EBUSY ? 0 : r;
-    if ((unsigned)r > *queued)
-        r = (int)*queued;
-    *inflight += (unsigned)r;
-    *queued -= (unsigned)r;
-    return 0;
-}
-
-/* Submits what is queued and waits for at least one completion. */
-static int submit_and_wait(ring_slot *s, unsigned *inflight, unsigned *queued)
-{
-    if (__builtin_expect(fx_fault_on, 0)) {
-        if (fx_fault_hit(FX_FAULT_SUBMIT_FAIL)) {
-            took(io_uring_submit(&s->ring), inflight, queued);
-            return -EIO; /* in flight now, and the ring "failed" */
-        }
-        if (fx_fault_hit(FX_FAULT_WAIT_EINTR))
-            return took(-EINTR, inflight, queued);
-    }
-    return took(io_uring_submit_and_wait(&s->ring, 1), inflight, queued);
+    if (*next == b->npieces)
+        set_wanting(u, st, 0);
 }
 
 /* No ring to be had: the batch runs on this thread. */
@@ -657,10 +652,10 @@ static void run_inline(fx_batch *b)
 
 int fx_uring_run(fx_uring *u, fx_batch *b)
 {
-    ring_slot *s;
+    fx_ring *s;
     size_t next = 0;
-    unsigned inflight = 0, queued = 0;
     run_state st = {.b = b};
+    fx_event *ev = NULL;
     int ret = 0, err;
 
     if (b->npieces == 0)
@@ -669,7 +664,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
         fx_batch_fail_all(b, EOWNERDEAD); /* the rings are the parent's */
         return -EOWNERDEAD;
     }
-    s = take_ring(u);
+    s = fx_uring_take_ring(u);
     if (!s) {
         run_inline(b);
         return 0;
@@ -678,62 +673,57 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
     st.fin = calloc(b->npieces, 1);
     st.landed = calloc(u->qd, sizeof(*st.landed));
     st.landed_res = calloc(u->qd, sizeof(*st.landed_res));
-    if (!st.done || !st.fin || !st.landed || !st.landed_res) {
-        give_ring(u, s);
+    ev = calloc(u->qd, sizeof(*ev));
+    if (!st.done || !st.fin || !st.landed || !st.landed_res || !ev) {
+        fx_uring_give_ring(u, s);
         ret = -ENOMEM;
         goto out;
     }
-    while (next < b->npieces || inflight || queued) {
-        struct io_uring_cqe *cqe;
-        unsigned head, seen = 0, ended = 0;
+    set_wanting(u, &st, 1);
+    while (next < b->npieces || fx_ring_inflight(s) || fx_ring_queued(s)) {
+        unsigned ended = 0;
+        int n;
 
-        fill(u, s, &st, &next, inflight, &queued);
-        if (!inflight && !queued)
+        fill(u, s, &st, &next);
+        if (!fx_ring_inflight(s) && !fx_ring_queued(s))
             continue; /* the rest was bounced inline */
-        if ((err = submit_and_wait(s, &inflight, &queued))) {
-            ret = abort_run(u, &st, s, inflight, err);
+        if ((n = fx_ring_getevents(s, ev, u->qd, -1)) < 0) {
+            ret = abort_run(u, &st, s, n);
             goto out;
         }
-        io_uring_for_each_cqe(&s->ring, head, cqe)
-        {
-            fx_piece *p = io_uring_cqe_get_data(cqe);
-            struct io_uring_sqe *sqe;
+        for (int i = 0; i < n; i++) {
+            fx_piece *p = ev[i].tag;
 
-            seen++;
-            inflight--;
-            if (!on_cqe(&st, p, cqe_result(b->write, cqe->res))) {
+            if (!on_cqe(&st, p, cqe_result(b->write, ev[i].res))) {
                 ended++;
                 continue;
             }
             /* A resubmitted piece keeps its slot; inflight + queued stays
              * within the SQ size, so there is room. */
-            sqe = io_uring_get_sqe(&s->ring);
-            if (!sqe) {
+            if (queue_piece(u, s, b, p) < 0) {
                 land(&st, p, -EBUSY);
                 ended++;
-                continue;
             }
-            prep_piece(u, s, sqe, b, p);
-            queued++;
         }
-        io_uring_cq_advance(&s->ring, seen);
         give_slots(u, &st, ended);
         if (st.nlanded) {
             /* Keep the device busy while this thread checksums what landed. */
-            fill(u, s, &st, &next, inflight, &queued);
-            if (queued && (err = took(io_uring_submit(&s->ring), &inflight, &queued))) {
-                ret = abort_run(u, &st, s, inflight, err);
+            fill(u, s, &st, &next);
+            if ((err = fx_ring_commit(s)) < 0) {
+                ret = abort_run(u, &st, s, err);
                 goto out;
             }
             finish_landed(&st);
         }
     }
-    give_ring(u, s);
+    set_wanting(u, &st, 0);
+    fx_uring_give_ring(u, s);
 out:
     free(st.done);
     free(st.fin);
     free(st.landed);
     free(st.landed_res);
+    free(ev);
     return ret;
 }
 
@@ -764,5 +754,36 @@ int fx_uring_registered(const fx_uring *u)
 {
     (void)u;
     return 0;
+}
+fx_ring *fx_uring_take_ring(fx_uring *u)
+{
+    (void)u;
+    return NULL;
+}
+int fx_uring_register_extra(fx_uring *u, void *addr, size_t len)
+{
+    (void)u;
+    (void)addr;
+    (void)len;
+    return -ENOSYS;
+}
+void fx_uring_unregister_extra(fx_uring *u, int handle)
+{
+    (void)u;
+    (void)handle;
+}
+int fx_ring_fixed_index(const fx_uring *u, const fx_ring *s, const void *addr, uint64_t len)
+{
+    (void)u;
+    (void)s;
+    (void)addr;
+    (void)len;
+    return -1;
+}
+int fx_uring_give_ring(fx_uring *u, fx_ring *r)
+{
+    (void)u;
+    (void)r;
+    return -ENOSYS;
 }
 #endif

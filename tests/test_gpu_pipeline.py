@@ -1096,3 +1096,78 @@ def test_gpu_check_script_on_the_stand_in(tmp_path):
     lm = ph["lmcache"]
     assert lm["direct_to_gpu"]["ok"] and lm["direct_to_gpu"]["buffer_free_after"] and lm["cpu_tier"]["ok"]
     assert rep["failed"] == [] and not rep.get("timed_out")
+
+
+def test_reads_on_the_engines_rings_beside_its_registration(drv, datafile):
+    """Given an io_uring Engine deep enough for its slots, the pipeline reads on
+    the engine's rings: its slots are a second region of the engine's
+    fixed-buffer table, beside a buffer the engine already registered (as the
+    plugin registers LMCache's pool); both kinds of read stay bit-exact, closing
+    the pool leaves the engine's registration working, and a pool whose engine
+    was closed refuses to read."""
+    if not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    path, data = datafile
+    eng = _fxio.Engine("io_uring", queue_depth=16, split_bytes=MiB)
+    pool = _fxio.HostBuffer(8 * MiB)
+    assert eng.register_buffer(pool.address, len(pool)) == 0 and eng.registered
+    g = _fxio.GpuStaging(slots=4, slot_bytes=MiB, engine=eng)
+    assert g.io == "io_uring"
+    assert g.fixed_buffers or g.fixed_error  # refused only for want of locked memory
+    dev = _fxio.HostBuffer(len(data))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(3):
+            memoryview(dev)[:] = b"\0" * len(dev)
+            assert g.read([(fd, 0, len(data), dev.address)]) == [len(data)], g.last_error
+            assert bytes(memoryview(dev)) == data
+            assert eng.read([(fd, 4096, 8 * MiB, pool.address)]) == [8 * MiB]
+            assert bytes(memoryview(pool)) == data[4096 : 4096 + 8 * MiB]
+        g.close()
+        assert eng.registered
+        assert eng.read([(fd, 0, 8 * MiB, pool.address)]) == [8 * MiB]
+        assert bytes(memoryview(pool)) == data[: 8 * MiB]
+        g2 = _fxio.GpuStaging(slots=2, slot_bytes=MiB, engine=eng)
+        eng.close()
+        with pytest.raises(OSError, match="engine is closed"):
+            g2.read([(fd, 0, MiB, dev.address)])
+        g2.close()
+    finally:
+        os.close(fd)
+
+
+def test_thread_reader_on_the_thread_engines_pool(drv, datafile):
+    """Given a thread Engine, the pipeline's reads run on the engine's pool
+    (submit/reap beside its batches, which run at the same time), bit-exact;
+    after the engine closed the pool refuses to read."""
+    path, data = datafile
+    eng = _fxio.Engine("threads", queue_depth=8, split_bytes=MiB)
+    g = _fxio.GpuStaging(slots=4, slot_bytes=MiB, engine=eng)
+    assert g.io == "threads"
+    dev = _fxio.HostBuffer(len(data))
+    host = _fxio.HostBuffer(8 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    errors = []
+
+    def batches():
+        for _ in range(10):
+            if eng.read([(fd, 4096, 8 * MiB, host.address)]) != [8 * MiB]:
+                errors.append("batch")
+
+    try:
+        t = threading.Thread(target=batches)
+        t.start()
+        for _ in range(3):
+            memoryview(dev)[:] = b"\0" * len(dev)
+            assert g.read([(fd, 0, len(data), dev.address)], crc=True) == [(len(data), _fxio.crc32c(data))], (
+                g.last_error
+            )
+            assert bytes(memoryview(dev)) == data
+        t.join(60)
+        assert not errors and bytes(memoryview(host)) == data[4096 : 4096 + 8 * MiB]
+        eng.close()
+        with pytest.raises(OSError, match="engine is closed"):
+            g.read([(fd, 0, MiB, dev.address)])
+        g.close()
+    finally:
+        os.close(fd)

@@ -1,0 +1,182 @@
+"""Latency under concurrency: N threads each read one chunk-sized op, over and over, on one Engine.
+
+Real files on XFS on a RAM-backed loop device (lmcache_fx.testing.loopfs, root), O_DIRECT, page
+cache dropped before each case. Each thread owns one chunk file and a 2 MiB-aligned buffer and calls
+``engine.read([(fd, 0, chunk, addr)])`` in a loop for ``--seconds``; the engine cuts the op into
+``split_bytes`` pieces. Per engine and per in-flight count: p50/p99 of the request latencies and the
+aggregate GB/s. Rounds interleave the engines; the figures reported are medians over rounds.
+
+    python scripts/latency_probe.py --label after --out docs/latency-probe.json
+
+The JSON keeps earlier labels (e.g. "before") and records the command and ``git rev-parse HEAD``.
+Timings belong here, never in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from lmcache_fx import _fxio  # noqa: E402
+from lmcache_fx.testing import loopfs  # noqa: E402
+
+MIB = 1 << 20
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))
+    return xs[k]
+
+
+def _case(engine, fds, bufs, chunk: int, seconds: float) -> dict:
+    lat: list[list[float]] = [[] for _ in fds]
+    start = threading.Barrier(len(fds) + 1)
+    stop = 0.0  # set just before the barrier releases the threads
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        op = [(fds[i], 0, chunk, bufs[i].address)]
+        start.wait()
+        while time.monotonic() < stop:
+            t0 = time.perf_counter()
+            r = engine.read(op)
+            lat[i].append(time.perf_counter() - t0)
+            if r[0] != chunk:
+                errors.append(f"thread {i}: {r[0]}")
+                return
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(len(fds))]
+    for t in ts:
+        t.start()
+    loopfs.drop_caches()
+    stop = time.monotonic() + seconds
+    t0 = time.perf_counter()
+    start.wait()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    allv = [x for li in lat for x in li]
+    n = len(allv)
+    return {
+        "requests": n,
+        "p50_ms": round(_pct(allv, 0.50) * 1e3, 2),
+        "p99_ms": round(_pct(allv, 0.99) * 1e3, 2),
+        "max_ms": round(max(allv) * 1e3, 2),
+        "gbps": round(n * chunk / wall / 1e9, 3),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--inflight", default="1,4,16", help="threads (requests in flight), comma list")
+    ap.add_argument("--engines", default="io_uring,threads")
+    ap.add_argument("--chunk-mib", type=int, default=64)
+    ap.add_argument("--split-mib", type=int, default=1)
+    ap.add_argument("--queue-depth", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=4.0, help="per case and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--label", default="run")
+    ap.add_argument("--out", default="docs/latency-probe.json")
+    a = ap.parse_args()
+
+    why = loopfs.why_not_available()
+    if why:
+        print(f"needs XFS on a loop device: {why}", file=sys.stderr)
+        return 2
+    inflight = [int(x) for x in a.inflight.split(",")]
+    engines = a.engines.split(",")
+    chunk = a.chunk_mib * MIB
+    nfiles = max(inflight)
+    size = f"{(nfiles * a.chunk_mib + 256) // 1024 + 1}G"
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "csrc"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout.strip()
+    )
+    raw: dict[str, dict[int, list[dict]]] = {e: {n: [] for n in inflight} for e in engines}
+    with loopfs.xfs_loop(size) as mnt:
+        fds, bufs = [], []
+        pattern = os.urandom(MIB)
+        for i in range(nfiles):
+            p = os.path.join(mnt, f"chunk{i}")
+            with open(p, "wb") as f:
+                for _ in range(a.chunk_mib):
+                    f.write(pattern)
+            fds.append(os.open(p, os.O_RDONLY | os.O_DIRECT))
+            bufs.append(_fxio.HostBuffer(chunk))
+        engs = {e: _fxio.Engine(e, queue_depth=a.queue_depth, split_bytes=a.split_mib * MIB) for e in engines}
+        try:
+            for rnd in range(a.rounds):
+                for n in inflight:
+                    for e in engines:
+                        r = _case(engs[e], fds[:n], bufs[:n], chunk, a.seconds)
+                        raw[e][n].append(r)
+                        print(f"round {rnd} {e:8s} {n:2d} in flight: {r}", flush=True)
+        finally:
+            for eng in engs.values():
+                eng.close()
+            for fd in fds:
+                os.close(fd)
+
+    summary: dict[str, dict[str, dict]] = {}
+    for e in engines:
+        summary[e] = {}
+        for n in inflight:
+            rs = raw[e][n]
+            summary[e][str(n)] = {
+                "p50_ms": round(statistics.median(r["p50_ms"] for r in rs), 2),
+                "p99_ms": round(statistics.median(r["p99_ms"] for r in rs), 2),
+                "p99_over_p50": round(statistics.median(r["p99_ms"] / r["p50_ms"] for r in rs), 2),
+                "gbps": round(statistics.median(r["gbps"] for r in rs), 3),
+            }
+    for e in engines:
+        for n in inflight:
+            s = summary[e][str(n)]
+            print(
+                f"{a.label}: {e:8s} {n:2d} in flight  p50 {s['p50_ms']:8.1f} ms  "
+                f"p99 {s['p99_ms']:8.1f} ms  p99/p50 {s['p99_over_p50']:.2f}  {s['gbps']:.2f} GB/s"
+            )
+
+    doc: dict = {}
+    if os.path.exists(a.out):
+        with open(a.out) as f:
+            doc = json.load(f)
+    doc.setdefault("runs", {})[a.label] = {
+        "command": "python " + " ".join([os.path.relpath(__file__)] + sys.argv[1:]),
+        "commit": head,
+        "csrc_modified_from_commit": dirty,
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "chunk_mib": a.chunk_mib,
+        "split_mib": a.split_mib,
+        "queue_depth": a.queue_depth,
+        "seconds_per_case": a.seconds,
+        "rounds": a.rounds,
+        "summary (medians over rounds)": summary,
+        "rounds_raw": {e: {str(n): raw[e][n] for n in inflight} for e in engines},
+    }
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
