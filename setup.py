@@ -6,6 +6,7 @@ run time. Without it the build still succeeds with the thread engine only,
 and says so. LMCACHE_FX_NO_URING=1 forces that build; LIBURING_PREFIX points
 at a liburing installed elsewhere.
 """
+
 import glob
 import os
 import sys
@@ -38,10 +39,7 @@ if uring:
     include_dirs.append(uring[0])
     extra_objects.append(uring[1])
 else:
-    sys.stderr.write(
-        f"lmcache-fx: building WITHOUT io_uring: {why_not}. "
-        "Only the thread engine will be available.\n"
-    )
+    sys.stderr.write(f"lmcache-fx: building WITHOUT io_uring: {why_not}. Only the thread engine will be available.\n")
 
 setup(
     ext_modules=[
@@ -51,8 +49,14 @@ setup(
             include_dirs=include_dirs,
             define_macros=define_macros,
             extra_objects=extra_objects,
-            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
-                                "-Wno-cast-function-type"],
+            extra_compile_args=[
+                "-O2",
+                "-std=gnu11",
+                "-Wall",
+                "-Wextra",
+                "-Wno-missing-field-initializers",
+                "-Wno-cast-function-type",
+            ],
             libraries=["pthread", "dl"],
         )
     ],

@@ -19,6 +19,7 @@ batch's eventfd with loop.add_reader, so nothing in Python polls. Stores
 block in the C engine (GIL released) on one writer thread. Each finished
 task signals its LMCache eventfd.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,9 +35,10 @@ from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInter
 from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 from lmcache.v1.platform import create_event_notifier
 
+from ._fxio import HostBuffer
 from .core.chunkfile import HEADER_SIZE, ChunkMeta
+from .core.drive import await_batch, is_chunks_step
 from .core.options import FxOptions, refuse_direct_to_gpu
-from .core.drive import await_batch
 from .core.store import ChunkStore
 from .integration.common import meta_of, register_memory
 
@@ -54,8 +56,7 @@ def object_key_string(key: "ObjectKey") -> str:
     """The store key of an ObjectKey: the same fields, order and spelling as
     LMCache's FS L2 adapter file names (model with '/' as '-SEP-', kv_rank
     in 0x hex, object group in hex, chunk hash in hex, cache_salt if any)."""
-    s = (f"{key.model_name.replace('/', '-SEP-')}@{key.kv_rank:#010x}@{key.object_group_id:x}"
-         f"@{key.chunk_hash.hex()}")
+    s = f"{key.model_name.replace('/', '-SEP-')}@{key.kv_rank:#010x}@{key.object_group_id:x}@{key.chunk_hash.hex()}"
     return f"{s}@{key.cache_salt}" if key.cache_salt else s
 
 
@@ -75,9 +76,11 @@ class FxL2AdapterConfig(L2AdapterConfigBase):
     @classmethod
     def help(cls) -> str:
         rows = "\n".join(f"- {n} ({vals}): {meaning}" for n, (meaning, vals) in FxOptions.doc().items())
-        return ("lmcache-fx L2 adapter, adapter_params fields (all optional):\n" + rows + "\n\nExample JSON:\n"
-                '{"type": "plugin", "module_path": "lmcache_fx.l2_adapter", "class_name": "FxL2Adapter", '
-                '"adapter_params": {"path": "/mnt/nvmeof/lmcache", "max_capacity_gb": 2000}}')
+        return (
+            "lmcache-fx L2 adapter, adapter_params fields (all optional):\n" + rows + "\n\nExample JSON:\n"
+            '{"type": "plugin", "module_path": "lmcache_fx.l2_adapter", "class_name": "FxL2Adapter", '
+            '"adapter_params": {"path": "/mnt/nvmeof/lmcache", "max_capacity_gb": 2000}}'
+        )
 
 
 class FxL2Adapter(L2AdapterInterface):
@@ -108,8 +111,13 @@ class FxL2Adapter(L2AdapterInterface):
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="lmcache-fx-l2-loop", daemon=True)
         self._loop_thread.start()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="lmcache-fx-l2-writer")
-        log.info("lmcache-fx: L2 adapter on %s, engine %s, O_DIRECT %s, %d chunks present",
-                 ",".join(self.store.roots), self.store.engine.kind, self.store.odirect, len(self.store))
+        log.info(
+            "lmcache-fx: L2 adapter on %s, engine %s, O_DIRECT %s, %d chunks present",
+            ",".join(self.store.roots),
+            self.store.engine.kind,
+            self.store.odirect,
+            len(self.store),
+        )
 
     def _register_l1(self, desc: "L1MemoryDesc") -> None:
         register_memory(self.store.engine, desc.ptr, desc.stable_registration_size or desc.size, "L1")
@@ -177,8 +185,9 @@ class FxL2Adapter(L2AdapterInterface):
         return done
 
     # ------------------------------------------------------------ lookup and lock
-    def submit_lookup_and_lock_task(self, keys: list["ObjectKey"],
-                                    group_layout_descs: "dict[int, MemoryLayoutDesc]") -> L2TaskId:
+    def submit_lookup_and_lock_task(
+        self, keys: list["ObjectKey"], group_layout_descs: "dict[int, MemoryLayoutDesc]"
+    ) -> L2TaskId:
         tid = self._task_id()
         self._loop.call_soon_threadsafe(self._lookup, tid, list(keys))
         return tid
@@ -238,29 +247,50 @@ class FxL2Adapter(L2AdapterInterface):
 
     async def _drive_merged(self, gens):
         """Runs several read_steps generators, each step of all of them as
-        one engine batch awaited through its eventfd. Returns each
-        generator's (out, failed)."""
+        one engine batch awaited through its eventfd: their (ops, crc) steps
+        as one engine.submit, their read_chunks steps as one submit_chunks
+        (headers land in one scratch buffer and are copied back to each
+        generator's). Returns each generator's (out, failed)."""
         results = [None] * len(gens)
         pending = []
         for i, g in enumerate(gens):
             try:
-                ops, crc = next(g)
-                pending.append((i, ops, crc))
+                pending.append((i, next(g)))
             except StopIteration as s:
                 results[i] = s.value
         while pending:
-            crc = any(c for _, _, c in pending)
-            ops = [op for _, o, _ in pending for op in o]
-            res = await self._run_batch(ops, crc) if ops else []
-            nxt, pos = [], 0
-            for i, o, c in pending:
-                part = res[pos:pos + len(o)]
-                pos += len(o)
-                if crc and not c:
-                    part = [r[0] for r in part]
+            answers = {}
+            ops_steps = [(i, st) for i, st in pending if not is_chunks_step(st)]
+            chunk_steps = [(i, st) for i, st in pending if is_chunks_step(st)]
+            if ops_steps:
+                crc = any(st[1] for _, st in ops_steps)
+                ops = [op for _, st in ops_steps for op in st[0]]
+                res = await self._run_batch(ops, crc) if ops else []
+                pos = 0
+                for i, (o, c) in ops_steps:
+                    part = res[pos : pos + len(o)]
+                    pos += len(o)
+                    if crc and not c:
+                        part = [r[0] for r in part]
+                    answers[i] = part
+            if chunk_steps:
+                chunks = [ch for _, st in chunk_steps for ch in st[1]]
+                scratch = HostBuffer(HEADER_SIZE * max(len(chunks), 1), hugepages=False)
+                verify, direct = chunk_steps[0][1][3], chunk_steps[0][1][4]
+                res = await self._run_chunks(chunks, scratch, verify, direct) if chunks else []
+                pos = 0
+                for i, st in chunk_steps:
+                    m = len(st[1])
+                    if m:
+                        memoryview(st[2])[: HEADER_SIZE * m] = memoryview(scratch)[
+                            HEADER_SIZE * pos : HEADER_SIZE * (pos + m)
+                        ]
+                    answers[i] = res[pos : pos + m]
+                    pos += m
+            nxt = []
+            for i, _ in pending:
                 try:
-                    ops2, c2 = gens[i].send(part)
-                    nxt.append((i, ops2, c2))
+                    nxt.append((i, gens[i].send(answers[i])))
                 except StopIteration as s:
                     results[i] = s.value
             pending = nxt
@@ -268,6 +298,10 @@ class FxL2Adapter(L2AdapterInterface):
 
     async def _run_batch(self, ops, crc):
         return await await_batch(self.store.engine.submit(ops, write=False, crc=crc), self._loop)
+
+    async def _run_chunks(self, chunks, scratch, verify, direct):
+        batch = self.store.engine.submit_chunks(chunks, scratch.address, verify=verify, direct=direct)
+        return await await_batch(batch, self._loop)
 
     def query_load_result(self, task_id: L2TaskId) -> Optional[Bitmap]:
         with self._lock:
@@ -332,8 +366,20 @@ class FxL2Adapter(L2AdapterInterface):
             "capacity_bytes": self.options.max_capacity_bytes,
             "tasks_in_flight": in_flight,
             "failed_store_tasks": failures,
-            **{k: st[k] for k in ("hits", "misses", "corrupt", "evictions", "write_errors",
-                                  "chunks_read", "bytes_read", "chunks_written", "bytes_written")},
+            **{
+                k: st[k]
+                for k in (
+                    "hits",
+                    "misses",
+                    "corrupt",
+                    "evictions",
+                    "write_errors",
+                    "chunks_read",
+                    "bytes_read",
+                    "chunks_written",
+                    "bytes_written",
+                )
+            },
         }
 
     def close(self) -> None:
@@ -342,6 +388,7 @@ class FxL2Adapter(L2AdapterInterface):
         self._closed = True
         self._writer.shutdown(wait=True)
         if self._loop.is_running():
+
             async def drain():
                 tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
                 if tasks:

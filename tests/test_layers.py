@@ -3,6 +3,7 @@ core/ imports neither torch nor LMCache, no import cycles, the operator
 commands start without torch or LMCache, ruff and mypy are clean, and the C
 core compiles warning-free with -Werror. Each checker is also shown to fail
 on a planted violation, so a green run means something."""
+
 from __future__ import annotations
 
 import glob
@@ -46,21 +47,32 @@ def test_layer_checker_catches_each_kind_of_violation(tmp_path):
     assert "import cycle:" in r.stdout  # options -> tools.admin -> ... -> core.options
 
 
-@pytest.mark.parametrize("argv", [["ls", "{d}"], ["stat", "{d}"], ["fsck", "{d}"], ["gc", "{d}", "--to-gb", "1"],
-                                  ["estimate", "--model", "qwen2.5-32b"], ["doctor", "--path", "{d}"],
-                                  ["bench", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ls", "{d}"],
+        ["stat", "{d}"],
+        ["fsck", "{d}"],
+        ["gc", "{d}", "--to-gb", "1"],
+        ["estimate", "--model", "qwen2.5-32b"],
+        ["doctor", "--path", "{d}"],
+        ["bench", "--help"],
+    ],
+)
 def test_commands_start_without_torch_or_lmcache(tmp_path, argv):
     d = tmp_path / "store"
     d.mkdir(mode=0o700)
     argv = [a.format(d=d) for a in argv]
-    code = ("import sys, contextlib, io\n"
-            "from lmcache_fx.tools.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    try:\n"
-            f"        main({argv!r})\n"
-            "    except SystemExit:\n"
-            "        pass\n"
-            "print(sorted(m for m in ('torch', 'lmcache') if m in sys.modules))\n")
+    code = (
+        "import sys, contextlib, io\n"
+        "from lmcache_fx.tools.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        f"        main({argv!r})\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('torch', 'lmcache') if m in sys.modules))\n"
+    )
     r = _run(sys.executable, "-c", code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "[]", (argv, r.stdout, r.stderr[-2000:])
@@ -73,9 +85,32 @@ def _tool(name):
     return exe
 
 
+def test_ruff_lint_and_format():
+    ruff = _tool("ruff")
+    paths = ["lmcache_fx", "tests", "scripts", "examples"]
+    r = _run(ruff, "check", *paths)
+    assert r.returncode == 0, r.stdout[-4000:]
+    r = _run(ruff, "format", "--check", *paths)
+    assert r.returncode == 0, r.stdout[-4000:]
+
+
+def test_mypy_core():
+    r = _run(_tool("mypy"))  # files and settings: pyproject.toml [tool.mypy]
+    assert r.returncode == 0, r.stdout[-4000:]
+
+
 def _c_flags():
-    flags = ["-fsyntax-only", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
-             "-Wno-cast-function-type", f"-I{sysconfig.get_paths()['include']}", f"-I{ROOT}/csrc"]
+    flags = [
+        "-fsyntax-only",
+        "-std=gnu11",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-Wno-missing-field-initializers",
+        "-Wno-cast-function-type",
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-I{ROOT}/csrc",
+    ]
     if os.path.exists("/usr/include/liburing.h"):
         flags.append("-DFX_HAVE_LIBURING=1")
     return flags

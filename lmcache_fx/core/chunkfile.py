@@ -25,6 +25,7 @@ version, with or without a key; a reader with auth_key treats a file with no
 MAC, or one that does not verify, as a miss. A keyed header leaves 32 bytes
 less room for the meta.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -96,23 +97,44 @@ def chunk_digest(key: str) -> str:
     return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
-def encode_header(buf, key: str, meta: ChunkMeta, payload_len: int, payload_crc: int, created_ns: int,
-                  mac_key: bytes | None = None, payload=None) -> None:
+def encode_header(
+    buf,
+    key: str,
+    meta: ChunkMeta,
+    payload_len: int,
+    payload_crc: int,
+    created_ns: int,
+    mac_key: bytes | None = None,
+    payload=None,
+) -> bytes:
     """Writes a header into the first 4096 bytes of a writable buffer; with
-    `mac_key`, a MAC of the header and `payload` (a buffer) too."""
-    body = json.dumps({"key": key, **meta.to_json()}, separators=(",", ":")).encode()
+    `mac_key`, a MAC of the header and `payload` (a buffer) too. Returns the
+    header's JSON body (what a reader passes as read_chunks' `expect`)."""
+    body = header_body(key, meta)
     limit = _MAX_META if mac_key is None else _MAX_META_MAC
     if len(body) > limit:
         raise ValueError(f"chunk key and meta take {len(body)} bytes, more than the header's {limit}")
     mv = memoryview(buf)[:HEADER_SIZE]
     mv[:] = bytes(HEADER_SIZE)
     flags = 0 if mac_key is None else FLAG_MAC
-    _FIXED.pack_into(mv, 0, MAGIC, FORMAT_VERSION, flags, HEADER_SIZE, payload_len, payload_crc, len(body),
-                     created_ns)
-    mv[_FIXED.size:_FIXED.size + len(body)] = body
+    _FIXED.pack_into(mv, 0, MAGIC, FORMAT_VERSION, flags, HEADER_SIZE, payload_len, payload_crc, len(body), created_ns)
+    mv[_FIXED.size : _FIXED.size + len(body)] = body
     if mac_key is not None:
-        mv[MAC_OFF:MAC_OFF + MAC_SIZE] = chunk_mac(mac_key, mv[:MAC_OFF], payload)
-    struct.pack_into("<I", mv, HEADER_SIZE - 4, _fxio.crc32c(mv[:HEADER_SIZE - 4]))
+        mv[MAC_OFF : MAC_OFF + MAC_SIZE] = chunk_mac(mac_key, mv[:MAC_OFF], payload)
+    struct.pack_into("<I", mv, HEADER_SIZE - 4, _fxio.crc32c(mv[: HEADER_SIZE - 4]))
+    return body
+
+
+def header_body(key: str, meta: ChunkMeta) -> bytes:
+    """The JSON body of a header: the key and the meta."""
+    return json.dumps({"key": key, **meta.to_json()}, separators=(",", ":")).encode()
+
+
+def header_body_of(buf) -> bytes:
+    """The JSON body bytes of an encoded header (unchecked: decode_header first)."""
+    mv = memoryview(buf)
+    (mlen,) = struct.unpack_from("<I", mv, 28)
+    return bytes(mv[_FIXED.size : _FIXED.size + min(mlen, _MAX_META)])
 
 
 def chunk_mac(mac_key: bytes, header_prefix, payload) -> bytes:
@@ -151,14 +173,14 @@ def decode_header(buf) -> Header:
     if magic != MAGIC:
         raise BadHeader("not an lmcache-fx chunk (bad magic)")
     (hcrc,) = struct.unpack_from("<I", mv, HEADER_SIZE - 4)
-    if _fxio.crc32c(mv[:HEADER_SIZE - 4]) != hcrc:
+    if _fxio.crc32c(mv[: HEADER_SIZE - 4]) != hcrc:
         raise BadHeader("header checksum mismatch")
     if version != FORMAT_VERSION:
         raise FormatVersionMismatch(f"format version {version}, this lmcache-fx reads {FORMAT_VERSION}")
     if hsize != HEADER_SIZE or mlen > (_MAX_META_MAC if flags & FLAG_MAC else _MAX_META):
         raise BadHeader("bad header or meta size")
     try:
-        d = json.loads(bytes(mv[_FIXED.size:_FIXED.size + mlen]))
+        d = json.loads(bytes(mv[_FIXED.size : _FIXED.size + mlen]))
         key = d["key"]
     except (ValueError, KeyError, TypeError, RecursionError) as e:  # deep nesting exhausts the stack
         raise BadHeader(f"bad meta: {type(e).__name__}") from None
@@ -170,12 +192,24 @@ def decode_header(buf) -> Header:
         # A planted file with valid CRCs but shapes that do not add up would
         # make the reader allocate the wrong (possibly huge) destination.
         raise BadHeader(f"shapes and dtypes make {expect} bytes, payload length is {plen}")
-    mac = bytes(mv[MAC_OFF:MAC_OFF + MAC_SIZE]) if flags & FLAG_MAC else b""
+    mac = bytes(mv[MAC_OFF : MAC_OFF + MAC_SIZE]) if flags & FLAG_MAC else b""
     return Header(key, meta, plen, pcrc, created, mac)
 
 
-_ITEMSIZE = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float64": 8, "uint8": 1,
-             "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1}
+_ITEMSIZE = {
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float32": 4,
+    "float": 4,
+    "float64": 8,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+}
 _TENSOR_FORMATS = {"KV_2LTD", "KV_T2D", "KV_2TD", "KV_MLA_FMT"}
 
 

@@ -1,5 +1,6 @@
 """Running the store's read steps on the C engine: blocking, or awaited on an
 event loop through the batch's eventfd; and building the engine itself."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +18,7 @@ async def await_batch(batch, loop: asyncio.AbstractEventLoop) -> list:
     if not batch.done():
         fut = loop.create_future()
         fd = batch.fileno()
+
         def ready() -> None:
             if not fut.done():
                 fut.set_result(None)
@@ -29,18 +31,42 @@ async def await_batch(batch, loop: asyncio.AbstractEventLoop) -> list:
     return batch.wait()
 
 
+def is_chunks_step(step) -> bool:
+    """A read_steps step is (ops, crc): engine.read of (fd, offset, length,
+    address) ops; or ("chunks", chunks, scratch, verify, direct):
+    engine.read_chunks of whole chunk files, headers into the HostBuffer
+    `scratch`."""
+    return len(step) == 5 and step[0] == "chunks"
+
+
+def _run_step(engine, step) -> list:
+    if is_chunks_step(step):
+        _, chunks, scratch, verify, direct = step
+        return engine.read_chunks(chunks, scratch.address, verify=verify, direct=direct)
+    ops, crc = step
+    return engine.read(ops, crc=crc)
+
+
+def _submit_step(engine, step):
+    if is_chunks_step(step):
+        _, chunks, scratch, verify, direct = step
+        return engine.submit_chunks(chunks, scratch.address, verify=verify, direct=direct)
+    ops, crc = step
+    return engine.submit(ops, write=False, crc=crc)
+
+
 def drive_blocking(engine, gen, release) -> list:
     """Runs a read_steps generator with blocking engine batches. An engine
     error is thrown into the generator, which makes the batch misses."""
     try:
-        ops, crc = next(gen)
+        step = next(gen)
         while True:
             try:
-                res = engine.read(ops, crc=crc)
+                res = _run_step(engine, step)
             except Exception as e:  # a ring not taken, the engine closed, ...
-                ops, crc = gen.throw(e)
+                step = gen.throw(e)
                 continue
-            ops, crc = gen.send(res)
+            step = gen.send(res)
     except StopIteration as stop:
         out, failed = stop.value
     for h in failed:
@@ -86,22 +112,22 @@ async def drive_async(engine, gen, release) -> list:
     loop = asyncio.get_running_loop()
     cancelled = None
     try:
-        ops, crc = next(gen)
+        step = next(gen)
         while True:
             batch = None
             try:
-                batch = engine.submit(ops, write=False, crc=crc)
+                batch = _submit_step(engine, step)
                 res = await await_batch(batch, loop)
             except asyncio.CancelledError as c:
                 cancelled = c
                 if batch is not None:
                     await _finish_batch(batch, loop)
-                ops, crc = gen.throw(ReadCancelled("the read was cancelled"))
+                step = gen.throw(ReadCancelled("the read was cancelled"))
                 continue
             except Exception as e:
-                ops, crc = gen.throw(e)
+                step = gen.throw(e)
                 continue
-            ops, crc = gen.send(res)
+            step = gen.send(res)
     except StopIteration as stop:
         out, failed = stop.value
     for h in failed:

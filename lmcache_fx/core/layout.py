@@ -10,6 +10,7 @@ With several roots a chunk's root is chosen by its digest (striping). Every
 open below a root follows no symlink (O_NOFOLLOW on the fan-out directory and
 the file), so a planted link cannot redirect the store outside it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -106,8 +107,17 @@ def scan_fanout(root: str, sub: str, dfd: Optional[int] = None) -> Iterator[Stor
                     continue  # vanished
                 if not stat.S_ISREG(st.st_mode):
                     kind, digest, why = "other", "", "not a regular file (the store ignores it)"
-                yield StoreFile(os.path.join(sub, de.name), root, st.st_size, st.st_mtime, st.st_mtime_ns, st.st_ino,
-                                kind, digest, why)
+                yield StoreFile(
+                    os.path.join(sub, de.name),
+                    root,
+                    st.st_size,
+                    st.st_mtime,
+                    st.st_mtime_ns,
+                    st.st_ino,
+                    kind,
+                    digest,
+                    why,
+                )
     finally:
         if own:
             os.close(fd)
@@ -145,11 +155,15 @@ def root_problem(root: str, st: os.stat_result, shared_group: bool) -> Optional[
         return f"{root!r} is not a directory"
     # Root too: a directory another user controls could hold links that make root write anywhere.
     if st.st_uid != os.geteuid() and not shared_group:
-        return (f"{root!r} belongs to uid {st.st_uid}, not to this user; use a directory of your own "
-                "or set shared_group: true for a store shared by a group")
+        return (
+            f"{root!r} belongs to uid {st.st_uid}, not to this user; use a directory of your own "
+            "or set shared_group: true for a store shared by a group"
+        )
     if st.st_mode & stat.S_IWOTH:
-        return (f"{root!r} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): anyone could plant "
-                "chunk files there; use a directory of your own (chmod 700) or a group one with shared_group: true")
+        return (
+            f"{root!r} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): anyone could plant "
+            "chunk files there; use a directory of your own (chmod 700) or a group one with shared_group: true"
+        )
     if not os.access(root, os.W_OK | os.X_OK):
         return f"{root!r} is not writable by this user; fix its permissions or pick another"
     return None
@@ -208,8 +222,9 @@ def unlink_quiet(path: str) -> bool:
         os.close(dfd)
 
 
-def unlink_if_same(path: str, ident: Optional[tuple[int, int]] = None,
-                   mtime_ns: Optional[int] = None) -> Optional[os.stat_result]:
+def unlink_if_same(
+    path: str, ident: Optional[tuple[int, int]] = None, mtime_ns: Optional[int] = None
+) -> Optional[os.stat_result]:
     """Removes <root>/<ab>/<name> only if it is still the file that was
     looked at: the same (st_dev, st_ino) when `ident` is given, not newer than
     `mtime_ns` when that is. lstat and unlink go through one directory

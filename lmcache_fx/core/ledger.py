@@ -6,6 +6,7 @@ capacity. The bytes of the store live in a ledger, the lock file
 write reserves its bytes there (evicting first when the cap would be passed),
 a commit or removal corrects them. See docs/shared-stores.md.
 """
+
 from __future__ import annotations
 
 import errno
@@ -86,8 +87,9 @@ class Ledger:
                 if shared_group:
                     gid = os.stat(root).st_gid  # the store's group, whoever made .fx
                     _share(dfd, gid, dir_mode)
-                fd = os.open(os.path.basename(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             mode, dir_fd=dfd)
+                fd = os.open(
+                    os.path.basename(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd
+                )
             finally:
                 os.close(dfd)
         except OSError as e:
@@ -177,9 +179,13 @@ class Ledger:
                 self._quiet += 1
                 warn = False
         if warn:
-            log.warning("lmcache-fx: the store lock was not free within %.1f s (%s); skipping what needed it "
-                        "(stores, ledger updates, removals) until it is%s", LOCK_TIMEOUT, who,
-                        f" ({quiet} more timeouts in the last {_WARN_EVERY:.0f} s not logged)" if quiet else "")
+            log.warning(
+                "lmcache-fx: the store lock was not free within %.1f s (%s); skipping what needed it "
+                "(stores, ledger updates, removals) until it is%s",
+                LOCK_TIMEOUT,
+                who,
+                f" ({quiet} more timeouts in the last {_WARN_EVERY:.0f} s not logged)" if quiet else "",
+            )
         raise LockTimeout(errno.ETIMEDOUT, "the store lock is held by another process")
 
     def get(self) -> Optional[tuple[int, float]]:

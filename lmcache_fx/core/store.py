@@ -13,6 +13,7 @@ deletions cannot make it drift for long. Least recently used is the file
 mtime: a write sets it, a hit refreshes it at most once per TOUCH_SECONDS, and
 the evictor removes the oldest files first, whoever wrote them.
 """
+
 from __future__ import annotations
 
 import errno
@@ -29,12 +30,14 @@ from typing import Any, Callable, Generator, Optional, Sequence
 from .. import _fxio
 from .chunkfile import (
     HEADER_SIZE,
+    SUFFIX,
     BadHeader,
     ChunkMeta,
     FormatVersionMismatch,
     chunk_digest,
     decode_header,
     encode_header,
+    header_body_of,
     mac_ok,
     memory_at,
 )
@@ -50,7 +53,6 @@ from .layout import (
     open_in,
     path_for,
     probe_odirect,
-    rename_in,
     root_problem,
     round_up,
     scan_fanout,
@@ -65,13 +67,58 @@ from .options import ConfigError, FxOptions, auth_key_bytes
 
 log = logging.getLogger("lmcache_fx")
 
-__all__ = ["ChunkStore", "Entry", "ReadResult", "Stats", "LOCK_NAME", "TMP_MARK", "HOST_TAG", "root_problem",
-           "drive_async", "drive_blocking", "make_engine"]
+__all__ = [
+    "ChunkStore",
+    "Entry",
+    "ReadResult",
+    "Stats",
+    "LOCK_NAME",
+    "TMP_MARK",
+    "HOST_TAG",
+    "root_problem",
+    "drive_async",
+    "drive_blocking",
+    "make_engine",
+]
 
 TOUCH_SECONDS = 10.0  # a hit refreshes its chunk's mtime (the shared LRU clock) at most this often
 RESCAN_SECONDS = 300.0  # the ledger is recomputed from the files at least this often (by any process)
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)
+_PID = [os.getpid()]  # this process's pid for temporary names, re-read in a forked child
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+_CORRUPT_STATUSES = frozenset(
+    (_fxio.CHUNK_BAD_MAGIC, _fxio.CHUNK_BAD_CRC, _fxio.CHUNK_BAD_HEADER, _fxio.CHUNK_PAYLOAD_CRC)
+)
+
+
+def _page_cache_fs(roots: list[str]) -> bool:
+    """Whether any root is on tmpfs or ramfs (statfs f_type)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for root in roots:
+            buf = ctypes.create_string_buffer(256)
+            if libc.statfs(root.encode(), buf) == 0 and int.from_bytes(buf.raw[:8], "little") in (
+                0x01021994,
+                0x858458F6,
+            ):  # TMPFS_MAGIC, RAMFS_MAGIC
+                return True
+    except (OSError, AttributeError):
+        pass
+    return False
+
+
+def _same_dir(dfd: int, path: str) -> bool:
+    """Whether `path` (not followed if a symlink) is still the directory `dfd` is open on."""
+    try:
+        a, b = os.stat(dfd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISDIR(b.st_mode) and (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _identity(fd: int) -> tuple[Optional[tuple[int, int]], Optional[int]]:
@@ -91,6 +138,32 @@ class Entry:
     size: int  # bytes of the file
     meta: Optional[ChunkMeta] = None  # known once the header was read or written
     touched: float = 0.0  # time.monotonic() of the last mtime refresh by this process
+    body: Optional[bytes] = None  # the header's JSON body as last seen (read_chunks' `expect`)
+
+
+@dataclass
+class _WriteFile:
+    """One chunk being written: its temporary file and where it goes."""
+
+    i: int  # its index in the write call
+    key: str
+    digest: str
+    addr: int
+    nbytes: int
+    meta: ChunkMeta
+    final: str  # the chunk's path
+    tmp: str  # the temporary's name in the fan-out directory
+    dfd: int  # the fan-out directory's descriptor (the store's)
+    fd: int
+    reserved: int = 0  # bytes counted in the shared usage
+    body: Optional[bytes] = None  # the header's JSON body
+
+
+def _unlink_at(dfd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except OSError:
+        pass
 
 
 @dataclass
@@ -151,6 +224,8 @@ class ChunkStore:
         self._victims: list = []  # (mtime_ns, digest, path, size) oldest last; from this process's last scan
         self._victims_at = -1e9
         self._made_dirs: set[str] = set()
+        self._rootfds: list[int] = []  # per root, O_PATH, for the store's life
+        self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
         self._enospc_until = 0.0
         self._enospc_count = 0
         self._io_warn_until = 0.0
@@ -160,22 +235,31 @@ class ChunkStore:
         self.stats = Stats()
         self.engine: Any = None
         if options.auth_key and options.direct_to_gpu:
-            raise ConfigError("auth_key: payloads read straight to the GPU cannot be authenticated; "
-                              "set direct_to_gpu: false or remove auth_key")
+            raise ConfigError(
+                "auth_key: payloads read straight to the GPU cannot be authenticated; "
+                "set direct_to_gpu: false or remove auth_key"
+            )
         self._mac_key = auth_key_bytes(options.auth_key, "auth_key") if options.auth_key else None
         created: list[str] = []
         lock_made = False
         try:  # nothing half-starts: on any error, undo what was made here
             for root in self.roots:
                 self._prepare_root(root, created)
+            for root in self.roots:
+                self._rootfds.append(os.open(root, _DIR_FLAGS))
             lock_made = not os.path.lexists(os.path.join(self.roots[0], LOCK_DIR))
             self._ledger = Ledger.open(self.roots[0], self.file_mode, self.dir_mode, options.shared_group)
             self.engine = engine or make_engine(options)
             self.odirect = self._decide_odirect()
+            self._wengine = self._payload_write_engine()
+            self._wengine_for = self.engine  # replaced meanwhile (a test's fault injector): writes use the new one
             self._scan()
         except BaseException:
             if self.engine is not None and engine is None:
                 self.engine.close()
+            if self._wengine is not None and self._wengine is not self.engine:
+                self._wengine.close()
+            self._close_fds()
             if self._ledger is not None:
                 self._ledger.release()
                 self._ledger = None  # type: ignore[assignment]
@@ -241,6 +325,25 @@ class ChunkStore:
         if not ok:
             log.info("lmcache-fx: O_DIRECT not supported on %s (%s); using buffered I/O", self.roots[0], why)
         return ok
+
+    def _payload_write_engine(self) -> Any:
+        """Page-cache media (O_DIRECT off, or tmpfs/ramfs): io_uring runs
+        buffered writes on one io-wq worker per file, so payloads are written
+        by a thread engine of the store's own instead."""
+        if getattr(self.engine, "kind", "") == "threads" or (self.odirect and not _page_cache_fs(self.roots)):
+            return self.engine
+        try:
+            return _fxio.Engine("threads", self.options.queue_depth, self.options.split_bytes)
+        except (OSError, AttributeError):
+            return self.engine
+
+    def _close_fds(self) -> None:
+        fds, self._rootfds = self._rootfds, []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _walk(self, remove_stale: bool = True) -> tuple[list, int]:
         """Lists every root: chunk files as (mtime_ns, digest, path, size),
@@ -315,8 +418,12 @@ class ChunkStore:
                 self._victims, self._victims_at = found, time.monotonic()
                 self.stats.add(scans=1)
                 if found:
-                    log.info("lmcache-fx: found %d chunks (%.2f GB in the store) under %s", len(found),
-                             usage / 1e9, ",".join(self.roots))
+                    log.info(
+                        "lmcache-fx: found %d chunks (%.2f GB in the store) under %s",
+                        len(found),
+                        usage / 1e9,
+                        ",".join(self.roots),
+                    )
                 self._evict_locked(self.options.max_capacity_bytes, usage)
         except LockTimeout:
             found, usage = self._walk(remove_stale=False)
@@ -335,11 +442,13 @@ class ChunkStore:
     def path_for(self, digest: str) -> str:
         return path_for(self.roots, digest)
 
-    def _entry(self, key: str, check: bool = False) -> Optional[Entry]:
+    def _entry(self, key: str, d: Optional[str] = None, check: bool = False) -> Optional[Entry]:
         """Index entry, looking on disk when the index has none (another
         process may have written it). `check`: confirm an indexed file is
-        still there (another process may have evicted it)."""
-        d = chunk_digest(key)
+        still there (another process may have evicted it). `d`: the key's
+        digest when known."""
+        if d is None:
+            d = chunk_digest(key)
         with self._lock:
             e = self._index.get(d)
         if e is not None and not check:
@@ -382,12 +491,10 @@ class ChunkStore:
         try:
             if fd is not None:
                 os.utime(fd, ns=(t, t))
-            else:
-                dfd = open_dir(os.path.dirname(e.path))
-                try:
-                    os.utime(os.path.basename(e.path), ns=(t, t), dir_fd=dfd, follow_symlinks=False)
-                finally:
-                    os.close(dfd)
+            else:  # relative to the root's descriptor: <ab>/<digest>.fxkv, the name itself not followed
+                d = os.path.basename(e.path)[:32]
+                rfd = self._rootfds[int(d[:8], 16) % len(self._rootfds)]
+                os.utime(f"{d[:2]}/{os.path.basename(e.path)}", ns=(t, t), dir_fd=rfd, follow_symlinks=False)
         except OSError:
             pass  # gone, or not ours to touch: recency is advisory
 
@@ -427,8 +534,9 @@ class ChunkStore:
     def remove(self, key: str) -> bool:
         return self._drop(chunk_digest(key), unlink=True)
 
-    def _drop(self, digest: str, unlink: bool, expect_path: Optional[str] = None,
-              ident: Optional[tuple[int, int]] = None) -> bool:
+    def _drop(
+        self, digest: str, unlink: bool, expect_path: Optional[str] = None, ident: Optional[tuple[int, int]] = None
+    ) -> bool:
         """Forgets a chunk and, with `unlink`, removes its file: only the file
         `ident` (st_dev, st_ino) names when given, so a valid chunk another
         process renamed into place meanwhile is never deleted. When the lock
@@ -557,11 +665,11 @@ class ChunkStore:
             return out
         return self._write_files(todo, out)
 
-    def _reserve(self, files: list) -> list:
+    def _reserve(self, files: list["_WriteFile"]) -> list["_WriteFile"]:
         """Counts the files in the shared usage, evicting first where the cap
         would be passed, and sizes them, as one step under the lock (so a
         scan sees a temporary at the size it is counted at). Returns those
-        that got room; f[8] is set to the bytes reserved."""
+        that got room; their `reserved` is set to the bytes reserved."""
         cap = self.options.max_capacity_bytes
         ok: list = []
         try:
@@ -579,22 +687,25 @@ class ChunkStore:
                 return ok
             start = usage
             for f in files:
-                rsize = HEADER_SIZE + round_up(f[6], 4096)
+                rsize = HEADER_SIZE + round_up(f.nbytes, 4096)
                 if usage + rsize > cap and rsize <= cap:
                     usage = self._evict_locked(cap - rsize, usage)
                 if usage + rsize > cap:
-                    log.warning("lmcache-fx: no room for a %d-byte chunk under max_capacity_gb=%s (pinned chunks "
-                                "fill it)", rsize, self.options.max_capacity_gb)
+                    log.warning(
+                        "lmcache-fx: no room for a %d-byte chunk under max_capacity_gb=%s (pinned chunks fill it)",
+                        rsize,
+                        self.options.max_capacity_gb,
+                    )
                     continue
                 try:
                     # Size the file first: writes inside EOF run in parallel, where
                     # extending O_DIRECT writes are serialised by the filesystem.
-                    os.ftruncate(f[4], rsize)
+                    os.ftruncate(f.fd, rsize)
                 except OSError as e:
                     self._write_failed(None, -(e.errno or errno.EIO))
                     continue
                 usage += rsize
-                f[8] = rsize
+                f.reserved = rsize
                 ok.append(f)
             if ok or usage != start:  # the evictor may have written the ledger meanwhile
                 rec2 = self._ledger.get()
@@ -608,48 +719,62 @@ class ChunkStore:
         if time.monotonic() < self._enospc_until:
             self._count_enospc(len(todo))
             return out
-        files = []  # [i, key, digest, tmp, fd, addr, nbytes, meta, reserved bytes]
-        ready = []
+        files: list[_WriteFile] = []
+        ready: list[_WriteFile] = []
+        dirfds: dict[str, int] = {}  # fan-out directory -> O_PATH descriptor, for this batch
         try:
             for i, key, d, addr, nbytes, meta in todo:
-                tmp, fd = self._create_tmp(d)
-                if fd >= 0:
-                    files.append([i, key, d, tmp, fd, addr, nbytes, meta, 0])
+                f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds)
+                if f is not None:
+                    files.append(f)
             if not files:
                 return out
             good = self._reserve(files)
             if not good:
                 return out
             hdrs = _fxio.HostBuffer(HEADER_SIZE * len(good), hugepages=False)
-            res = self.engine.write([(f[4], HEADER_SIZE, f[6], f[5]) for f in good], crc=True)
+            weng = self._wengine if self.engine is self._wengine_for else self.engine
+            res = weng.write([(f.fd, HEADER_SIZE, f.nbytes, f.addr) for f in good], crc=True)
             now = time.time_ns()
             hdr_ops, good2 = [], []
             for j, (f, (n, crc)) in enumerate(zip(good, res)):
-                if n != f[6]:
+                if n != f.nbytes:
                     self._write_failed(None, n)
                     continue
                 off = HEADER_SIZE * j
-                encode_header(memoryview(hdrs)[off:off + HEADER_SIZE], f[1], f[7], f[6], crc, now, self._mac_key,
-                              memory_at(f[5], f[6]) if self._mac_key else None)
-                hdr_ops.append((f[4], 0, HEADER_SIZE, hdrs.address + off))
+                f.body = encode_header(
+                    memoryview(hdrs)[off : off + HEADER_SIZE],
+                    f.key,
+                    f.meta,
+                    f.nbytes,
+                    crc,
+                    now,
+                    self._mac_key,
+                    memory_at(f.addr, f.nbytes) if self._mac_key else None,
+                )
+                hdr_ops.append((f.fd, 0, HEADER_SIZE, hdrs.address + off))
                 good2.append(f)
-            hres = self.engine.write(hdr_ops) if hdr_ops else []
+            hres = weng.write(hdr_ops) if hdr_ops else []
             for f, n in zip(good2, hres):
                 if n != HEADER_SIZE:
                     self._write_failed(None, n)
                     continue
                 ready.append(f)
         finally:
-            self._commit(files, ready, out)
+            try:
+                self._commit(files, ready, out)
+            finally:
+                for dfd in dirfds.values():
+                    os.close(dfd)
         return out
 
-    def _commit(self, files: list, ready: list, out: list[bool]) -> None:
+    def _commit(self, files: list["_WriteFile"], ready: list["_WriteFile"], out: list[bool]) -> None:
         """Renames finished files into place and removes the rest, correcting
         the shared usage in the same locked step (a scan never sees a state
         the ledger does not count)."""
         done: list = []
         try:
-            reserved = [f for f in files if f[8]]
+            reserved = [f for f in files if f.reserved]
             if reserved:
                 try:
                     with self._ledger.hold():
@@ -661,61 +786,75 @@ class ChunkStore:
                     self._rescan_soon = True
         finally:
             for f in files:
-                os.close(f[4])
+                os.close(f.fd)
             for f in files:
-                if not out[f[0]] and not f[8]:
-                    unlink_quiet(f[3])  # never counted: no lock needed
-        mono = time.monotonic()
-        with self._lock:
-            for f in done:
-                i, key, d, tmp, fd, addr, nbytes, meta, rsize = f
-                self._index.pop(d, None)
-                self._index[d] = Entry(self.path_for(d), HEADER_SIZE + nbytes, meta, touched=mono)
-            self._bound_index()
-        for f in done:
-            self.stats.add(chunks_written=1, bytes_written=HEADER_SIZE + f[6])
+                if not out[f.i] and not f.reserved:
+                    _unlink_at(f.dfd, f.tmp)  # never counted: no lock needed
+        if done:
+            with self._lock:
+                self._bound_index()
+            self.stats.add(chunks_written=len(done), bytes_written=sum(HEADER_SIZE + f.nbytes for f in done))
 
-    def _put_in_place(self, reserved: list, ready: list, out: list[bool], done: list) -> int:
+    def _put_in_place(
+        self, reserved: list["_WriteFile"], ready: list["_WriteFile"], out: list[bool], done: list
+    ) -> int:
         """Renames the finished files of `reserved` into place (relative to
-        their fan-out directory opened without following links) and removes
-        the others. Returns the correction of the shared usage."""
+        their fan-out directory's descriptor, opened without following links)
+        and removes the others. Returns the correction of the shared usage."""
         delta = 0
         ready_ids = {id(f) for f in ready}
+        in_place: dict[int, bool] = {}  # per directory descriptor: still the directory at its path
         for f in reserved:
-            i, key, d, tmp, fd, addr, nbytes, meta, rsize = f
-            if id(f) in ready_ids:
-                size = HEADER_SIZE + nbytes
-                final = self.path_for(d)
+            if id(f) in ready_ids and f.dfd not in in_place:
+                in_place[f.dfd] = _same_dir(f.dfd, os.path.dirname(f.final))
+            if id(f) in ready_ids and not in_place[f.dfd]:
+                self.stats.add(write_errors=1)
+                self._io_warning(
+                    "lmcache-fx: %s was moved or replaced during a store; not storing there", os.path.dirname(f.final)
+                )
+            elif id(f) in ready_ids:
+                size = HEADER_SIZE + f.nbytes
+                name = os.path.basename(f.final)
                 try:
-                    if nbytes % 4096:
-                        os.ftruncate(fd, size)  # trim the block padding
+                    if f.nbytes % 4096:
+                        os.ftruncate(f.fd, size)  # trim the block padding
                     t = self._next_mtime_ns()
-                    os.utime(fd, ns=(t, t))  # the LRU clock, exact within a batch
-                    old = stat_in(final)
-                    rename_in(tmp, final)
+                    os.utime(f.fd, ns=(t, t))  # the LRU clock, exact within a batch
+                    old = None
+                    with self._lock:  # read under the ledger: a thread's commit indexes its chunk before releasing it
+                        known = f.digest in self._index
+                    if known:  # a key new to this index replaces nothing (or a peer's copy: a rescan corrects)
+                        try:
+                            old = os.stat(name, dir_fd=f.dfd, follow_symlinks=False)
+                        except OSError:
+                            pass
+                    os.rename(f.tmp, name, src_dir_fd=f.dfd, dst_dir_fd=f.dfd)
                 except OSError as e:
                     self._write_failed(None, -(e.errno or errno.EIO))
                 else:
-                    delta += size - rsize - (old.st_size if old is not None and
-                                             stat.S_ISREG(old.st_mode) else 0)
-                    out[i] = True
+                    delta += size - f.reserved - (old.st_size if old is not None and stat.S_ISREG(old.st_mode) else 0)
+                    out[f.i] = True
                     done.append(f)
+                    with self._lock:
+                        self._index.pop(f.digest, None)
+                        self._index[f.digest] = Entry(f.final, size, f.meta, touched=time.monotonic(), body=f.body)
                     continue
-            unlink_quiet(tmp)
-            delta -= rsize
+            _unlink_at(f.dfd, f.tmp)
+            delta -= f.reserved
         return delta
 
-    def _create_tmp(self, digest: str) -> tuple[str, int]:
-        final = self.path_for(digest)
-        sub = os.path.dirname(final)
+    def _fanout_fd(self, sub: str, dirfds: dict[str, int]) -> int:
+        """The fan-out directory's descriptor (O_PATH, no symlink followed in
+        its place: ELOOP), opened once per write batch; the directory made
+        first when this process has not yet. Raises OSError."""
+        fd = dirfds.get(sub)
+        if fd is not None:
+            return fd
         if sub not in self._made_dirs:
             try:
                 os.mkdir(sub, self.dir_mode)
             except FileExistsError:
                 pass
-            except OSError as e:
-                self._write_failed(None, -(e.errno or errno.EIO))
-                return "", -1
             else:
                 if self.options.shared_group:  # the store's group, setgid, past the umask
                     try:
@@ -727,22 +866,39 @@ class ChunkStore:
                     except OSError:
                         pass
             self._made_dirs.add(sub)
-        tmp = f"{final}{TMP_MARK}{os.getpid()}.{next(_tmp_seq)}.{HOST_TAG}"
+        fd = dirfds[sub] = os.open(sub, _DIR_FLAGS)
+        return fd
+
+    def _create_tmp(
+        self, i: int, key: str, digest: str, addr: int, nbytes: int, meta: ChunkMeta, dirfds: dict[str, int]
+    ) -> Optional["_WriteFile"]:
+        final = self.path_for(digest)
+        sub = os.path.dirname(final)
+        tmp = f"{os.path.basename(final)}{TMP_MARK}{_PID[0]}.{next(_tmp_seq)}.{HOST_TAG}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         if self.odirect:
             flags |= os.O_DIRECT
-        try:
-            fd = open_in(tmp, flags, self.file_mode)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                self.stats.add(write_errors=1)
-                self._io_warning("lmcache-fx: %s is not a directory (a planted symlink?); not storing there", sub)
-            else:
+        for attempt in (0, 1):
+            try:
+                dfd = self._fanout_fd(sub, dirfds)
+                fd = os.open(tmp, flags, self.file_mode, dir_fd=dfd)
+                break
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    self.stats.add(write_errors=1)
+                    self._io_warning("lmcache-fx: %s is not a directory (a planted symlink?); not storing there", sub)
+                    return None
+                if e.errno == errno.ENOENT and attempt == 0:  # the directory was removed: make it again
+                    fd0 = dirfds.pop(sub, None)
+                    if fd0 is not None:  # kept open (closed with the batch's): earlier files may refer to it
+                        dirfds[f"{sub}\0{fd0}"] = fd0
+                    self._made_dirs.discard(sub)
+                    continue
                 self._write_failed(None, -(e.errno or errno.EIO))
-            return "", -1
+                return None
         if self.options.shared_group:
             self._share(fd, os.path.dirname(sub), self.file_mode)
-        return tmp, fd
+        return _WriteFile(i, key, digest, addr, nbytes, meta, final, tmp, dfd, fd)
 
     def _share(self, fd: int, root: str, mode: int) -> None:
         """shared_group: gives a file or directory this process made the
@@ -785,9 +941,11 @@ class ChunkStore:
         """One error per burst of full-disk failures, not one per chunk."""
         now = time.monotonic()
         if now >= self._enospc_until:
-            log.error("lmcache-fx: the store filesystem is full (ENOSPC); skipping stores for 5 s "
-                      "(%d skipped in the last burst). Lower max_capacity_gb below the free space.",
-                      self._enospc_count)
+            log.error(
+                "lmcache-fx: the store filesystem is full (ENOSPC); skipping stores for 5 s "
+                "(%d skipped in the last burst). Lower max_capacity_gb below the free space.",
+                self._enospc_count,
+            )
             self._enospc_count = 0
             self._enospc_until = now + 5.0
             # Evict a little so stores can resume once space is back.
@@ -796,12 +954,19 @@ class ChunkStore:
 
     # ------------------------------------------------------------ reads
     def read_steps(
-        self, keys: Sequence[str], allocate: Callable[[ChunkMeta], Optional[tuple[object, int, int]]]
-    ) -> Generator[tuple[list, bool], list, tuple[list, list]]:
-        """Reads chunks as a generator that yields engine batches (ops, crc)
-        and receives their results, so the same logic runs blocking or
-        awaited. `allocate(meta)` returns (handle, address, nbytes) or None.
-        Returns (one handle or None per key, handles of failed chunks).
+        self,
+        keys: Sequence[str],
+        allocate: Callable[[ChunkMeta], Optional[tuple[object, int, int]]],
+        chunks: bool = True,
+    ) -> Generator[tuple, list, tuple[list, list]]:
+        """Reads chunks as a generator that yields engine batches and
+        receives their results, so the same logic runs blocking or awaited
+        (core/drive.py runs them). A batch is (ops, crc), engine.read ops;
+        or, for the payloads when `chunks` (the engine is the store's own
+        Engine: host addresses), ("chunks", chunks, scratch, verify, direct),
+        one engine.read_chunks call. `allocate(meta)` returns (handle,
+        address, nbytes) or None. Returns (one handle or None per key,
+        handles of failed chunks).
 
         An engine error thrown in at a step (the driver's `gen.throw`), or any
         other failure inside, makes the whole batch misses: every handle
@@ -812,11 +977,12 @@ class ChunkStore:
         allocs: list[Optional[tuple]] = [None] * n
         fds: list[int] = []
         try:
-            return (yield from self._read_steps(keys, allocate, allocs, fds))
+            return (yield from self._read_steps(keys, allocate, allocs, fds, chunks))
         except Exception as ex:
             if not isinstance(ex, ReadCancelled):
-                self._io_warning("lmcache-fx: reading %d chunks failed (%s: %s); treating them as misses", n,
-                                 type(ex).__name__, ex)
+                self._io_warning(
+                    "lmcache-fx: reading %d chunks failed (%s: %s); treating them as misses", n, type(ex).__name__, ex
+                )
                 self.stats.add(read_errors=1)
             self.stats.add(misses=n)
             return [None] * n, [a[0] for a in allocs if a is not None]
@@ -824,9 +990,10 @@ class ChunkStore:
             for fd in fds:
                 os.close(fd)
 
-    def _read_steps(self, keys, allocate, allocs: list, fds: list[int]):
+    def _read_steps(self, keys, allocate, allocs: list, fds: list[int], chunks: bool = True):
         n = len(keys)
-        entries: list[Any] = [self._entry(k) for k in keys]
+        digests = [chunk_digest(k) for k in keys]
+        entries: list[Any] = [self._entry(k, d) for k, d in zip(keys, digests)]
         t0 = time.perf_counter()
         # Phase 1: headers of chunks this process has not seen yet.
         need = [i for i, e in enumerate(entries) if e is not None and e.meta is None]
@@ -844,12 +1011,12 @@ class ChunkStore:
             res = yield ops, False
             for k, ((j, i), r) in enumerate(zip(opened, res)):
                 e = entries[i]
-                mv = memoryview(hbuf)[HEADER_SIZE * j:HEADER_SIZE * (j + 1)]
+                mv = memoryview(hbuf)[HEADER_SIZE * j : HEADER_SIZE * (j + 1)]
                 h = self._check_header(keys[i], e, mv, r, fds[k])
                 if h is None:
                     entries[i] = None
                 else:
-                    e.meta = h.meta
+                    e.meta, e.body = h.meta, header_body_of(mv)
             while fds:
                 os.close(fds.pop())
         # Phase 2: header again (the file may have been replaced) and payload.
@@ -861,6 +1028,8 @@ class ChunkStore:
             if a is None:
                 break  # the pool is full: later chunks would be useless anyway
             allocs[i] = a
+        if chunks:
+            return (yield from self._read_payloads(keys, digests, entries, allocs, t0))
         hbuf = _fxio.HostBuffer(HEADER_SIZE * max(n, 1), hugepages=False)
         ops, slots = [], []
         for i, a in enumerate(allocs):
@@ -881,7 +1050,7 @@ class ChunkStore:
             prn, pcrc = pr if isinstance(pr, tuple) else (pr, None)
             e = entries[i]
             fd = fds[k]
-            mv = memoryview(hbuf)[HEADER_SIZE * i:HEADER_SIZE * (i + 1)]
+            mv = memoryview(hbuf)[HEADER_SIZE * i : HEADER_SIZE * (i + 1)]
             h = self._check_header(keys[i], e, mv, hr[0] if isinstance(hr, tuple) else hr, fd)
             if h is None:
                 continue
@@ -894,18 +1063,22 @@ class ChunkStore:
                 if prn < 0:
                     self._corrupt(keys[i], e, f"read failed: {os.strerror(-prn)}", remove=False)
                 elif size is not None and size < HEADER_SIZE + h.payload_len:
-                    self._corrupt(keys[i], e, f"file is {size} bytes, its header says {HEADER_SIZE + h.payload_len}",
-                                  ident=ident)
+                    self._corrupt(
+                        keys[i], e, f"file is {size} bytes, its header says {HEADER_SIZE + h.payload_len}", ident=ident
+                    )
                 else:  # the file is long enough: the read came back short, the data may well be good
-                    self._corrupt(keys[i], e, f"short read: {prn} of {h.payload_len} payload bytes",
-                                  remove=False)
+                    self._corrupt(keys[i], e, f"short read: {prn} of {h.payload_len} payload bytes", remove=False)
                 continue
             if pcrc is not None and pcrc != h.payload_crc:
                 self._corrupt(keys[i], e, "payload checksum mismatch", ident=_identity(fd)[0])
                 continue
             if self._mac_key is not None and not mac_ok(self._mac_key, mv, h, memory_at(allocs[i][1], prn)):
-                self._corrupt(keys[i], e, "MAC does not verify with auth_key" if h.mac else
-                              "no MAC (written without auth_key)", ident=_identity(fd)[0])
+                self._corrupt(
+                    keys[i],
+                    e,
+                    "MAC does not verify with auth_key" if h.mac else "no MAC (written without auth_key)",
+                    ident=_identity(fd)[0],
+                )
                 continue
             out[i] = allocs[i][0]
             nbytes += prn
@@ -918,11 +1091,112 @@ class ChunkStore:
                 d = chunk_digest(keys[i])
                 if o is not None and d in self._index:  # evicted meanwhile by another thread: still a hit
                     self._index.move_to_end(d, last=True)
-        self.stats.observe_read(time.perf_counter() - t0, chunks_read=hits, bytes_read=nbytes, hits=hits,
-                                misses=n - hits)
+        self.stats.observe_read(
+            time.perf_counter() - t0, chunks_read=hits, bytes_read=nbytes, hits=hits, misses=n - hits
+        )
         # Handles allocated for chunks that failed go back to the caller to free.
         failed = [allocs[i][0] for i in range(n) if allocs[i] is not None and out[i] is None]
         return out, failed
+
+    def _read_payloads(self, keys, digests: list[str], entries: list, allocs: list, t0: float):
+        """Phase 2 on engine.read_chunks: per chunk, open (relative to its
+        root's descriptor, no symlink followed), header and payload in one
+        vectored read, the header checked in C against the body last seen
+        (no JSON decoded on a hit), close. Statuses map to the policy of the
+        two-op path."""
+        n = len(keys)
+        nroots = len(self.roots)
+        batch, slots = [], []
+        for i, a in enumerate(allocs):
+            if a is None:
+                continue
+            d = digests[i]
+            rfd = self._rootfds[int(d[:8], 16) % nroots] if nroots > 1 else self._rootfds[0]
+            batch.append((rfd, f"{d[:2]}/{d}{SUFFIX}", a[1], a[2], entries[i].body))
+            slots.append(i)
+        scratch = _fxio.HostBuffer(HEADER_SIZE * max(len(slots), 1), hugepages=False)
+        res = yield "chunks", batch, scratch, self.options.verify, self.odirect
+        out: list[Optional[object]] = [None] * n
+        nbytes = 0
+        hit_entries = []
+        smv = memoryview(scratch)
+        for k, i in enumerate(slots):
+            status, nb, dev, ino, size = res[k]
+            e = entries[i]
+            if status == 0 and e.body is not None and self._mac_key is None:
+                out[i] = allocs[i][0]
+                nbytes += nb
+                hit_entries.append(e)
+                continue
+            mv = smv[HEADER_SIZE * k : HEADER_SIZE * (k + 1)]
+            if self._chunk_ok(keys[i], e, status, nb, (dev, ino), size, mv, allocs[i]):
+                out[i] = allocs[i][0]
+                nbytes += nb
+                hit_entries.append(e)
+        for e in hit_entries:  # the shared LRU clock: these chunks were used
+            self._touch(e)
+        hits = len(hit_entries)
+        if hits:
+            with self._lock:
+                idx = self._index
+                for i, o in enumerate(out):
+                    if o is not None and digests[i] in idx:  # evicted meanwhile by another thread: still a hit
+                        idx.move_to_end(digests[i], last=True)
+        self.stats.observe_read(
+            time.perf_counter() - t0, chunks_read=hits, bytes_read=nbytes, hits=hits, misses=n - hits
+        )
+        failed = [allocs[i][0] for i in range(n) if allocs[i] is not None and out[i] is None]
+        return out, failed
+
+    def _chunk_ok(
+        self, key: str, e: Entry, status: int, nb: int, ident: tuple[int, int], size: int, mv, alloc: tuple
+    ) -> bool:
+        """One read_chunks result that was not a plain hit: True when the
+        chunk is good after all (status 0: MAC checked, or the body learnt),
+        else the miss handled as the two-op path handles it."""
+        length = alloc[2]
+        if status == _fxio.CHUNK_OK or status in (_fxio.CHUNK_META, _fxio.CHUNK_LENGTH):
+            try:
+                h = decode_header(mv)
+            except BadHeader as ex:  # checked in C already: only the JSON can be bad here
+                self._corrupt(key, e, str(ex), ident=ident)
+                return False
+            if h.key != key:
+                self._corrupt(key, e, f"holds key {h.key!r}, not the one asked for", ident=ident)
+                return False
+            if status != _fxio.CHUNK_OK or h.meta != e.meta:
+                # Replaced by a chunk of another geometry (or another body): learn it, miss now.
+                e.meta, e.body = h.meta, header_body_of(mv)
+                return False
+            e.body = header_body_of(mv)
+            if self._mac_key is not None and not mac_ok(self._mac_key, mv, h, memory_at(alloc[1], nb)):
+                self._corrupt(
+                    key,
+                    e,
+                    "MAC does not verify with auth_key" if h.mac else "no MAC (written without auth_key)",
+                    ident=ident,
+                )
+                return False
+            return True
+        if status in _CORRUPT_STATUSES:
+            why = _fxio.CHUNK_STATUS_NAMES[status].replace("_", " ")
+            self._corrupt(
+                key, e, why if status != _fxio.CHUNK_PAYLOAD_CRC else "payload checksum mismatch", ident=ident
+            )
+        elif status == _fxio.CHUNK_VERSION:
+            log.warning("lmcache-fx: %s has another format version; treating it as a miss", e.path)
+        elif status == _fxio.CHUNK_SHORT:
+            if 0 <= size < HEADER_SIZE + length:
+                self._corrupt(key, e, f"file is {size} bytes, its header says {HEADER_SIZE + length}", ident=ident)
+            else:  # the file is long enough: the read came back short, the data may well be good
+                self._corrupt(key, e, f"short read: {nb} of {length} payload bytes", remove=False)
+        elif status < 0 and -status in _GONE:
+            self._drop(chunk_digest(key), unlink=False)  # evicted or removed by another process: a miss
+        elif status < 0:
+            self._corrupt(key, e, f"read failed: {os.strerror(-status)}", remove=False)
+        else:
+            self._corrupt(key, e, f"read_chunks status {status}", remove=False)
+        return False
 
     def _open_read(self, path: str) -> int:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -942,8 +1216,13 @@ class ChunkStore:
             ident, size = _identity(fd)
             short_file = res >= 0 and size is not None and size < HEADER_SIZE
             # a short read of a file long enough (fstat) is a read error: the file is kept
-            self._corrupt(key, e, f"header read returned {res} bytes" if res >= 0
-                          else f"header read failed: {os.strerror(-res)}", remove=short_file, ident=ident)
+            self._corrupt(
+                key,
+                e,
+                f"header read returned {res} bytes" if res >= 0 else f"header read failed: {os.strerror(-res)}",
+                remove=short_file,
+                ident=ident,
+            )
             return None
         try:
             h = decode_header(mv)
@@ -958,8 +1237,9 @@ class ChunkStore:
             return None
         return h
 
-    def _corrupt(self, key: str, e: Entry, why: str, remove: bool = True,
-                 ident: Optional[tuple[int, int]] = None) -> None:
+    def _corrupt(
+        self, key: str, e: Entry, why: str, remove: bool = True, ident: Optional[tuple[int, int]] = None
+    ) -> None:
         if remove:
             log.warning("lmcache-fx: chunk file %s is bad (%s); treating it as a miss and removing it", e.path, why)
             self.stats.add(corrupt=1)
@@ -970,14 +1250,16 @@ class ChunkStore:
             remove = False  # which file was read is unknown: never remove by name alone
         self._drop(chunk_digest(key), unlink=remove, expect_path=e.path, ident=ident)
 
-    def read(self, keys: Sequence[str], allocate, release: Callable[[object], None],
-             engine=None) -> list[Optional[object]]:
+    def read(
+        self, keys: Sequence[str], allocate, release: Callable[[object], None], engine=None
+    ) -> list[Optional[object]]:
         """Blocking read: drives read_steps with the engine (or another
         object with the engine's read/submit, e.g. the GPU router). Never
         raises: an engine error makes the batch misses, every handle
         allocated for it released."""
         try:
-            return drive_blocking(engine or self.engine, self.read_steps(keys, allocate), release)
+            eng = engine or self.engine
+            return drive_blocking(eng, self.read_steps(keys, allocate, self._takes_chunks(eng)), release)
         except Exception as ex:  # read_steps already turns engine errors into misses: a last guard
             self._io_warning("lmcache-fx: read failed (%s); treating %d chunks as misses", ex, len(keys))
             return [None] * len(keys)
@@ -987,15 +1269,24 @@ class ChunkStore:
         the batch in flight to finish, releases every handle and re-raises
         CancelledError."""
         try:
-            return await drive_async(engine or self.engine, self.read_steps(keys, allocate), release)
+            eng = engine or self.engine
+            return await drive_async(eng, self.read_steps(keys, allocate, self._takes_chunks(eng)), release)
         except Exception as ex:
             self._io_warning("lmcache-fx: read failed (%s); treating %d chunks as misses", ex, len(keys))
             return [None] * len(keys)
 
+    def _takes_chunks(self, engine) -> bool:
+        """Whether reads through `engine` take read_chunks steps: a C Engine
+        (host destinations) does; the GPU router (which forwards other
+        attributes to the engine) and other stand-ins, whose destinations may
+        be device pointers, get (ops, crc) steps."""
+        return isinstance(engine, _fxio.Engine) and bool(self._rootfds)
+
     def close(self) -> None:
         self.engine.close()
+        if self._wengine is not None and self._wengine is not self.engine:
+            self._wengine.close()
+        self._close_fds()
         if self._ledger is not None:
             self._ledger.release()
             self._ledger = None  # type: ignore[assignment]
-
-
