@@ -47,376 +47,8 @@
 #include <liburing.h>
 #endif
 
-#define NOT_READY 600 /* CUDA_ERROR_NOT_READY == hipErrorNotReady */
 
-/* ------------------------------------------------------------- the driver */
-
-/* The raw entry points of the library found (CUDA driver API or HIP runtime). */
-typedef struct {
-    int (*Init)(unsigned);
-    int (*DeviceGetCount)(int *);
-    int (*DeviceGet)(int *, int);
-    int (*DevicePrimaryCtxRetain)(void **, int);
-    int (*DevicePrimaryCtxRelease)(int);
-    int (*CtxSetCurrent)(void *);
-    int (*CtxGetCurrent)(void **);
-    int (*MemHostRegister)(void *, size_t, unsigned);
-    int (*MemHostUnregister)(void *);
-    int (*MemcpyHtoDAsync)(unsigned long long, const void *, size_t, void *);
-    int (*StreamCreate)(void **, unsigned);
-    int (*StreamDestroy)(void *);
-    int (*StreamSynchronize)(void *);
-    int (*EventCreate)(void **, unsigned);
-    int (*EventRecord)(void *, void *);
-    int (*EventQuery)(void *);
-    int (*EventSynchronize)(void *);
-    int (*EventDestroy)(void *);
-    int (*StreamWaitEvent)(void *, void *, unsigned);
-    int (*GetErrorName)(int, const char **);  /* optional */
-    int (*DeviceGetPCIBusId)(char *, int, int); /* optional */
-} cuda_syms;
-
-typedef struct {
-    int (*Init)(unsigned);
-    int (*GetDeviceCount)(int *);
-    int (*SetDevice)(int);
-    int (*GetDevice)(int *);
-    int (*HostRegister)(void *, size_t, unsigned);
-    int (*HostUnregister)(void *);
-    int (*MemcpyHtoDAsync)(void *, void *, size_t, void *);
-    int (*StreamCreateWithFlags)(void **, unsigned);
-    int (*StreamDestroy)(void *);
-    int (*StreamSynchronize)(void *);
-    int (*EventCreateWithFlags)(void **, unsigned);
-    int (*EventRecord)(void *, void *);
-    int (*EventQuery)(void *);
-    int (*EventSynchronize)(void *);
-    int (*EventDestroy)(void *);
-    int (*StreamWaitEvent)(void *, void *, unsigned);
-    const char *(*GetErrorName)(int);           /* optional */
-    int (*DeviceGetPCIBusId)(char *, int, int); /* optional */
-} hip_syms;
-
-/* The current device of a thread, saved by ctx_enter and put back by ctx_leave. */
-typedef struct {
-    void *ctx;
-    int dev;
-} saved_ctx;
-
-/* What the pipeline needs of a GPU driver: one table per API, chosen once when
- * the library is bound; every call goes through it. Returns are the driver's
- * status codes (0 = success). */
-typedef struct {
-    const char *api;        /* "cuda" | "hip" */
-    const char *copy_name;  /* for messages */
-    const char *order_name;
-    int (*init)(void);
-    int (*device_count)(int *n);
-    /* ordinal -> the handle contexts and bus ids take (CUDA: CUdevice) */
-    int (*device_get)(int ordinal, int *handle);
-    /* CUDA: retain / release the primary context; HIP: nothing to do */
-    int (*ctx_retain)(int handle, void **ctx);
-    void (*ctx_release)(int handle);
-    /* makes the pool's device current on this thread */
-    int (*ctx_enter)(void *ctx, int ordinal, saved_ctx *s);
-    void (*ctx_leave)(const saved_ctx *s);
-    int (*host_register)(void *p, size_t n); /* page-lock, portable */
-    int (*host_unregister)(void *p);
-    int (*copy_htod)(unsigned long long dst, const void *src, size_t n, void *stream);
-    int (*stream_create)(void **s); /* non-blocking */
-    int (*stream_destroy)(void *s);
-    int (*stream_sync)(void *s);
-    int (*stream_wait)(void *s, void *ev);
-    int (*event_create)(void **e); /* timing disabled */
-    int (*event_record)(void *e, void *s);
-    int (*event_query)(void *e); /* 0 done, NOT_READY, or an error */
-    int (*event_sync)(void *e);
-    int (*event_destroy)(void *e);
-    const char *(*error_name)(int code); /* NULL when unknown */
-    int (*pci_bus_id)(char *buf, int len, int handle, int ordinal); /* -1: not offered */
-} gpu_ops;
-
-typedef struct {
-    const gpu_ops *ops; /* NULL until a driver is bound */
-    void *lib;
-    char path[512];
-    char err[512];
-    int ndev;
-} gpu_driver;
-
-static gpu_driver drv;
-static cuda_syms cu;
-static hip_syms hip;
-static pthread_mutex_t drv_mu = PTHREAD_MUTEX_INITIALIZER;
-
-/* CUDA driver API */
-static int cu_init(void) { return cu.Init(0); }
-static int cu_device_count(int *n) { return cu.DeviceGetCount(n); }
-static int cu_device_get(int ordinal, int *handle) { return cu.DeviceGet(handle, ordinal); }
-static int cu_ctx_retain(int handle, void **ctx) { return cu.DevicePrimaryCtxRetain(ctx, handle); }
-static void cu_ctx_release(int handle) { cu.DevicePrimaryCtxRelease(handle); }
-static int cu_ctx_enter(void *ctx, int ordinal, saved_ctx *s)
-{
-    (void)ordinal;
-    s->ctx = NULL;
-    cu.CtxGetCurrent(&s->ctx);
-    return cu.CtxSetCurrent(ctx);
-}
-static void cu_ctx_leave(const saved_ctx *s) { cu.CtxSetCurrent(s->ctx); }
-static int cu_host_register(void *p, size_t n) { return cu.MemHostRegister(p, n, 1 /* PORTABLE */); }
-static int cu_host_unregister(void *p) { return cu.MemHostUnregister(p); }
-static int cu_copy(unsigned long long dst, const void *src, size_t n, void *st)
-{
-    return cu.MemcpyHtoDAsync(dst, src, n, st);
-}
-static int cu_stream_create(void **s) { return cu.StreamCreate(s, 1 /* NON_BLOCKING */); }
-static int cu_stream_destroy(void *s) { return cu.StreamDestroy(s); }
-static int cu_stream_sync(void *s) { return cu.StreamSynchronize(s); }
-static int cu_stream_wait(void *s, void *ev) { return cu.StreamWaitEvent(s, ev, 0); }
-static int cu_event_create(void **e) { return cu.EventCreate(e, 2 /* DISABLE_TIMING */); }
-static int cu_event_record(void *e, void *s) { return cu.EventRecord(e, s); }
-static int cu_event_query(void *e) { return cu.EventQuery(e); }
-static int cu_event_sync(void *e) { return cu.EventSynchronize(e); }
-static int cu_event_destroy(void *e) { return cu.EventDestroy(e); }
-static const char *cu_error_name(int code)
-{
-    const char *s = NULL;
-    if (cu.GetErrorName)
-        cu.GetErrorName(code, &s);
-    return s;
-}
-static int cu_pci_bus_id(char *buf, int len, int handle, int ordinal)
-{
-    (void)ordinal;
-    return cu.DeviceGetPCIBusId ? cu.DeviceGetPCIBusId(buf, len, handle) : -1;
-}
-
-static const gpu_ops cuda_ops = {
-    "cuda", "cuMemcpyHtoDAsync", "cuEventRecord/cuStreamWaitEvent", cu_init, cu_device_count, cu_device_get,
-    cu_ctx_retain, cu_ctx_release, cu_ctx_enter, cu_ctx_leave, cu_host_register, cu_host_unregister, cu_copy,
-    cu_stream_create, cu_stream_destroy, cu_stream_sync, cu_stream_wait, cu_event_create, cu_event_record,
-    cu_event_query, cu_event_sync, cu_event_destroy, cu_error_name, cu_pci_bus_id,
-};
-
-/* HIP runtime: devices are ordinals, the current device stands for the context */
-static int hip_init(void) { return hip.Init(0); }
-static int hip_device_count(int *n) { return hip.GetDeviceCount(n); }
-static int hip_device_get(int ordinal, int *handle)
-{
-    *handle = ordinal;
-    return 0;
-}
-static int hip_ctx_retain(int handle, void **ctx)
-{
-    (void)handle;
-    *ctx = NULL;
-    return 0;
-}
-static void hip_ctx_release(int handle) { (void)handle; }
-static int hip_ctx_enter(void *ctx, int ordinal, saved_ctx *s)
-{
-    (void)ctx;
-    s->dev = -1;
-    hip.GetDevice(&s->dev);
-    return hip.SetDevice(ordinal);
-}
-static void hip_ctx_leave(const saved_ctx *s)
-{
-    if (s->dev >= 0)
-        hip.SetDevice(s->dev);
-}
-static int hip_host_register(void *p, size_t n) { return hip.HostRegister(p, n, 1 /* hipHostRegisterPortable */); }
-static int hip_host_unregister(void *p) { return hip.HostUnregister(p); }
-static int hip_copy(unsigned long long dst, const void *src, size_t n, void *st)
-{
-    return hip.MemcpyHtoDAsync((void *)(uintptr_t)dst, (void *)(uintptr_t)src, n, st);
-}
-static int hip_stream_create(void **s) { return hip.StreamCreateWithFlags(s, 1 /* hipStreamNonBlocking */); }
-static int hip_stream_destroy(void *s) { return hip.StreamDestroy(s); }
-static int hip_stream_sync(void *s) { return hip.StreamSynchronize(s); }
-static int hip_stream_wait(void *s, void *ev) { return hip.StreamWaitEvent(s, ev, 0); }
-static int hip_event_create(void **e) { return hip.EventCreateWithFlags(e, 2 /* hipEventDisableTiming */); }
-static int hip_event_record(void *e, void *s) { return hip.EventRecord(e, s); }
-static int hip_event_query(void *e) { return hip.EventQuery(e); }
-static int hip_event_sync(void *e) { return hip.EventSynchronize(e); }
-static int hip_event_destroy(void *e) { return hip.EventDestroy(e); }
-static const char *hip_error_name(int code) { return hip.GetErrorName ? hip.GetErrorName(code) : NULL; }
-static int hip_pci_bus_id(char *buf, int len, int handle, int ordinal)
-{
-    (void)handle;
-    return hip.DeviceGetPCIBusId ? hip.DeviceGetPCIBusId(buf, len, ordinal) : -1;
-}
-
-static const gpu_ops hip_ops = {
-    "hip", "hipMemcpyHtoDAsync", "hipEventRecord/hipStreamWaitEvent", hip_init, hip_device_count,
-    hip_device_get, hip_ctx_retain, hip_ctx_release, hip_ctx_enter, hip_ctx_leave, hip_host_register,
-    hip_host_unregister, hip_copy, hip_stream_create, hip_stream_destroy, hip_stream_sync, hip_stream_wait,
-    hip_event_create, hip_event_record, hip_event_query, hip_event_sync, hip_event_destroy, hip_error_name,
-    hip_pci_bus_id,
-};
-
-static void *sym2(void *lib, const char *a, const char *b)
-{
-    void *p = dlsym(lib, a);
-    return p || !b ? p : dlsym(lib, b);
-}
-
-#define LOAD(tab, field, a, b)                                                                 \
-    do {                                                                                       \
-        *(void **)&tab.field = sym2(lib, a, b);                                                \
-        if (!tab.field) {                                                                      \
-            snprintf(drv.err, sizeof(drv.err), "%s: symbol %s missing", path, a);              \
-            return NULL;                                                                       \
-        }                                                                                      \
-    } while (0)
-
-static const gpu_ops *load_cuda(void *lib, const char *path)
-{
-    LOAD(cu, Init, "cuInit", NULL);
-    LOAD(cu, DeviceGetCount, "cuDeviceGetCount", NULL);
-    LOAD(cu, DeviceGet, "cuDeviceGet", NULL);
-    LOAD(cu, DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", NULL);
-    LOAD(cu, DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease");
-    LOAD(cu, CtxSetCurrent, "cuCtxSetCurrent", NULL);
-    LOAD(cu, CtxGetCurrent, "cuCtxGetCurrent", NULL);
-    LOAD(cu, MemHostRegister, "cuMemHostRegister_v2", "cuMemHostRegister");
-    LOAD(cu, MemHostUnregister, "cuMemHostUnregister", NULL);
-    LOAD(cu, MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync");
-    LOAD(cu, StreamCreate, "cuStreamCreate", NULL);
-    LOAD(cu, StreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy");
-    LOAD(cu, StreamSynchronize, "cuStreamSynchronize", NULL);
-    LOAD(cu, EventCreate, "cuEventCreate", NULL);
-    LOAD(cu, EventRecord, "cuEventRecord", NULL);
-    LOAD(cu, EventQuery, "cuEventQuery", NULL);
-    LOAD(cu, EventSynchronize, "cuEventSynchronize", NULL);
-    LOAD(cu, EventDestroy, "cuEventDestroy_v2", "cuEventDestroy");
-    LOAD(cu, StreamWaitEvent, "cuStreamWaitEvent", NULL);
-    *(void **)&cu.GetErrorName = dlsym(lib, "cuGetErrorName");
-    *(void **)&cu.DeviceGetPCIBusId = dlsym(lib, "cuDeviceGetPCIBusId");
-    return &cuda_ops;
-}
-
-static const gpu_ops *load_hip(void *lib, const char *path)
-{
-    LOAD(hip, Init, "hipInit", NULL);
-    LOAD(hip, GetDeviceCount, "hipGetDeviceCount", NULL);
-    LOAD(hip, SetDevice, "hipSetDevice", NULL);
-    LOAD(hip, GetDevice, "hipGetDevice", NULL);
-    LOAD(hip, HostRegister, "hipHostRegister", NULL);
-    LOAD(hip, HostUnregister, "hipHostUnregister", NULL);
-    LOAD(hip, MemcpyHtoDAsync, "hipMemcpyHtoDAsync", NULL);
-    LOAD(hip, StreamCreateWithFlags, "hipStreamCreateWithFlags", NULL);
-    LOAD(hip, StreamDestroy, "hipStreamDestroy", NULL);
-    LOAD(hip, StreamSynchronize, "hipStreamSynchronize", NULL);
-    LOAD(hip, EventCreateWithFlags, "hipEventCreateWithFlags", NULL);
-    LOAD(hip, EventRecord, "hipEventRecord", NULL);
-    LOAD(hip, EventQuery, "hipEventQuery", NULL);
-    LOAD(hip, EventSynchronize, "hipEventSynchronize", NULL);
-    LOAD(hip, EventDestroy, "hipEventDestroy", NULL);
-    LOAD(hip, StreamWaitEvent, "hipStreamWaitEvent", NULL);
-    *(void **)&hip.GetErrorName = dlsym(lib, "hipGetErrorName");
-    *(void **)&hip.DeviceGetPCIBusId = dlsym(lib, "hipDeviceGetPCIBusId");
-    return &hip_ops;
-}
-
-static const char *drv_errname(int code)
-{
-    const char *s = drv.ops ? drv.ops->error_name(code) : NULL;
-    return s ? s : "unknown error";
-}
-
-enum { API_ANY = 0, API_CUDA = 1, API_HIP = 2 };
-
-/* Tries one library; noload: only if it is already loaded in the process
- * (RTLD_NOLOAD: the runtime torch already uses, never a second copy). */
-static int try_lib(const char *path, int want, int noload)
-{
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | (noload ? RTLD_NOLOAD : 0));
-    const gpu_ops *ops;
-    int r = -1, n = 0;
-
-    if (!lib) {
-        if (noload)
-            return -1; /* not loaded: drv.err untouched */
-        const char *e = dlerror();
-        snprintf(drv.err, sizeof(drv.err), "%s", e ? e : path);
-        return -1;
-    }
-    memset(&cu, 0, sizeof(cu));
-    memset(&hip, 0, sizeof(hip));
-    ops = want == API_CUDA || (want == API_ANY && dlsym(lib, "cuInit")) ? load_cuda(lib, path) : load_hip(lib, path);
-    if (ops) {
-        drv.ops = ops; /* for drv_errname */
-        r = ops->init();
-        if (r == 0)
-            r = ops->device_count(&n);
-        if (r != 0) {
-            snprintf(drv.err, sizeof(drv.err), "%s: init failed: %s (%d)", path, drv_errname(r), r);
-            r = -1;
-        } else if (n < 1) {
-            snprintf(drv.err, sizeof(drv.err), "%s: no GPU devices", path);
-            r = -1;
-        }
-    }
-    if (r != 0) {
-        drv.ops = NULL;
-        dlclose(lib);
-        memset(&cu, 0, sizeof(cu));
-        memset(&hip, 0, sizeof(hip));
-        return -1;
-    }
-    drv.lib = lib;
-    drv.ndev = n;
-    snprintf(drv.path, sizeof(drv.path), "%s", path);
-    return 0;
-}
-
-static const struct {
-    const char *name;
-    int api;
-} driver_names[] = {
-    {"libcuda.so.1", API_CUDA},
-    {"libamdhip64.so.7", API_HIP},
-    {"libamdhip64.so.6", API_HIP},
-    {"libamdhip64.so", API_HIP},
-};
-#define N_DRIVER_NAMES ((int)(sizeof(driver_names) / sizeof(driver_names[0])))
-
-/* Binds the driver once per process; 0 or -1 (drv.err says why). */
-static int driver_load(void)
-{
-    int r;
-
-    pthread_mutex_lock(&drv_mu);
-    if (!drv.ops) { /* a failure is not cached: tried again next time */
-        const char *env = getenv("LMCACHE_FX_GPU_DRIVER");
-        char errs[1024] = "";
-
-        if (env && *env) {
-            try_lib(env, API_ANY, 0);
-        } else {
-            /* First a driver the process already loaded (torch's), then a fresh
-             * load; versioned HIP names before the unversioned one, so a host
-             * never ends up with two HIP runtimes. */
-            int i, ok = 0;
-            for (i = 0; i < N_DRIVER_NAMES && !ok; i++)
-                ok = try_lib(driver_names[i].name, driver_names[i].api, 1) == 0;
-            if (!ok && try_lib("libcuda.so.1", API_CUDA, 0) != 0) {
-                snprintf(errs, sizeof(errs), "%s", drv.err);
-                for (i = 1; i < N_DRIVER_NAMES && !ok; i++)
-                    ok = try_lib(driver_names[i].name, API_HIP, 0) == 0;
-                if (!ok) {
-                    char tmp[512];
-                    memcpy(tmp, drv.err, sizeof(tmp));
-                    snprintf(drv.err, sizeof(drv.err), "no GPU driver: CUDA: %.200s; ROCm: %.200s", errs, tmp);
-                }
-            }
-        }
-    }
-    r = drv.ops ? 0 : -1;
-    pthread_mutex_unlock(&drv_mu);
-    return r;
-}
+#include "gpu_driver.h"
 
 /* ------------------------------------------------------------ the trace */
 
@@ -604,8 +236,8 @@ static void staging_free(GpuStagingObject *g)
         fx_engine_end(g->engine);
     }
     g->reg_handle = 0;
-    if (drv.ops && g->have_ctx && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
-        const gpu_ops *d = drv.ops;
+    if (fx_gpu_driver.ops && g->have_ctx && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
+        const gpu_ops *d = fx_gpu_driver.ops;
         entered = d->ctx_enter(g->ctx, g->device, &sc) == 0;
         if (g->stream)
             d->stream_sync(g->stream); /* also the copies a read(sync=False) left in flight */
@@ -631,8 +263,8 @@ static void staging_free(GpuStagingObject *g)
     g->events = NULL;
     g->stream = NULL;
     g->pinned = 0;
-    if (g->have_ctx && drv.ops)
-        drv.ops->ctx_release(g->cudev); /* the device handle, as retained */
+    if (g->have_ctx && fx_gpu_driver.ops)
+        fx_gpu_driver.ops->ctx_release(g->cudev); /* the device handle, as retained */
     g->have_ctx = 0;
     g->ctx = NULL;
     if (g->mem) {
@@ -677,10 +309,10 @@ static int numa_pick(GpuStagingObject *g, const char *sysfs, char *bus, size_t b
 {
     int r, node;
 
-    r = drv.ops->pci_bus_id(bus, (int)buslen, g->cudev, g->device);
+    r = fx_gpu_driver.ops->pci_bus_id(bus, (int)buslen, g->cudev, g->device);
     if (r != 0 || !bus[0]) {
         snprintf(g->numa_info, sizeof(g->numa_info), "GPU %d: PCI bus id unknown (%s): staging not placed",
-                 g->device, r == -1 ? "driver has no DeviceGetPCIBusId" : drv_errname(r));
+                 g->device, r == -1 ? "driver has no DeviceGetPCIBusId" : fx_gpu_errname(r));
         return -1;
     }
     bus[buslen - 1] = 0;
@@ -701,8 +333,8 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
     g->numa_node = -1;
     {
         int dev = 0;
-        if ((r = drv.ops->device_get(g->device, &dev)) != 0) {
-            snprintf(msg, msglen, "device %d: %s (%d)", g->device, drv_errname(r), r);
+        if ((r = fx_gpu_driver.ops->device_get(g->device, &dev)) != 0) {
+            snprintf(msg, msglen, "device %d: %s (%d)", g->device, fx_gpu_errname(r), r);
             return -1;
         }
         g->cudev = dev;
@@ -732,45 +364,45 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
     }
 
     /* Driver: context, page-locking, stream, one event per slot. */
-    if ((r = drv.ops->ctx_retain(g->cudev, &g->ctx)) != 0) {
+    if ((r = fx_gpu_driver.ops->ctx_retain(g->cudev, &g->ctx)) != 0) {
         g->ctx = NULL;
-        snprintf(msg, msglen, "device %d: %s (%d)", g->device, drv_errname(r), r);
+        snprintf(msg, msglen, "device %d: %s (%d)", g->device, fx_gpu_errname(r), r);
         return -1;
     }
     g->have_ctx = 1;
-    if ((r = drv.ops->ctx_enter(g->ctx, g->device, &sc)) != 0) {
-        snprintf(msg, msglen, "cannot make device %d current: %s (%d)", g->device, drv_errname(r), r);
+    if ((r = fx_gpu_driver.ops->ctx_enter(g->ctx, g->device, &sc)) != 0) {
+        snprintf(msg, msglen, "cannot make device %d current: %s (%d)", g->device, fx_gpu_errname(r), r);
         return -1;
     }
-    r = drv.ops->host_register(g->mem, g->mapped);
+    r = fx_gpu_driver.ops->host_register(g->mem, g->mapped);
     if (r == 0)
         g->pinned = 1;
     else /* copies still work, but synchronously: no overlap */
-        snprintf(g->pin_error, sizeof(g->pin_error), "host register failed: %s (%d)", drv_errname(r), r);
-    r = drv.ops->stream_create(&g->stream);
+        snprintf(g->pin_error, sizeof(g->pin_error), "host register failed: %s (%d)", fx_gpu_errname(r), r);
+    r = fx_gpu_driver.ops->stream_create(&g->stream);
     if (r != 0) {
         g->stream = NULL;
-        drv.ops->ctx_leave(&sc);
-        snprintf(msg, msglen, "stream create failed: %s (%d)", drv_errname(r), r);
+        fx_gpu_driver.ops->ctx_leave(&sc);
+        snprintf(msg, msglen, "stream create failed: %s (%d)", fx_gpu_errname(r), r);
         return -1;
     }
     g->events = calloc(g->nslots, sizeof(*g->events));
     if (!g->events) {
-        drv.ops->ctx_leave(&sc);
+        fx_gpu_driver.ops->ctx_leave(&sc);
         snprintf(msg, msglen, "out of memory");
         return -1;
     }
     for (unsigned i = 0; i < g->nslots + 2; i++) {
         void **ev = i < g->nslots ? &g->events[i] : i == g->nslots ? &g->ev_in : &g->ev_out;
-        r = drv.ops->event_create(ev);
+        r = fx_gpu_driver.ops->event_create(ev);
         if (r != 0) {
             *ev = NULL;
-            drv.ops->ctx_leave(&sc);
-            snprintf(msg, msglen, "event create failed: %s (%d)", drv_errname(r), r);
+            fx_gpu_driver.ops->ctx_leave(&sc);
+            snprintf(msg, msglen, "event create failed: %s (%d)", fx_gpu_errname(r), r);
             return -1;
         }
     }
-    drv.ops->ctx_leave(&sc);
+    fx_gpu_driver.ops->ctx_leave(&sc);
 
     /* Reads: the pool's own ring with the slots as fixed buffers, else threads. */
 #ifdef FX_HAVE_LIBURING
@@ -1024,17 +656,17 @@ static void read_landed(run_t *R, slot_t *s, int64_t res)
     src = slot_addr(g, s->idx) + (s->use_off - s->rd_off);
     /* Traced before the call: the copy may start before it returns. */
     tr_add(g, T_COPY_ISSUE, s->idx, (int64_t)s->op, s->piece, (int64_t)s->copied);
-    r = drv.ops->copy_htod(o->dev + (s->use_off - o->off), src, s->copied, g->stream);
+    r = fx_gpu_driver.ops->copy_htod(o->dev + (s->use_off - o->off), src, s->copied, g->stream);
     if (r == 0) {
-        r = drv.ops->event_record(g->events[s->idx], g->stream);
+        r = fx_gpu_driver.ops->event_record(g->events[s->idx], g->stream);
         if (r != 0) {
             /* The copy is queued but has no event: wait for the stream. */
-            drv.ops->stream_sync(g->stream);
+            fx_gpu_driver.ops->stream_sync(g->stream);
         }
     }
     if (r != 0) {
         op_fail(R, s->op, EIO, 1);
-        set_error(g, "op %zu: %s failed: %s (%d)", s->op, drv.ops->copy_name, drv_errname(r), r);
+        set_error(g, "op %zu: %s failed: %s (%d)", s->op, fx_gpu_driver.ops->copy_name, fx_gpu_errname(r), r);
         tr_add(g, T_ERROR, s->idx, (int64_t)s->op, s->piece, -r);
         slot_done(R, s);
         return;
@@ -1080,7 +712,7 @@ static void copy_finished(run_t *R, int r)
         tr_add(g, T_COPY_DONE, s->idx, (int64_t)s->op, s->piece, (int64_t)s->copied);
     } else {
         op_fail(R, s->op, EIO, 1);
-        set_error(g, "op %zu: copy to the GPU failed: %s (%d)", s->op, drv_errname(r), r);
+        set_error(g, "op %zu: copy to the GPU failed: %s (%d)", s->op, fx_gpu_errname(r), r);
         tr_add(g, T_ERROR, s->idx, (int64_t)s->op, s->piece, -r);
     }
     slot_done(R, s);
@@ -1091,12 +723,12 @@ static void reap_copies(run_t *R, int block)
 {
     while (R->fn) {
         void *ev = R->g->events[R->fifo[R->fh]];
-        int r = drv.ops->event_query(ev);
+        int r = fx_gpu_driver.ops->event_query(ev);
         if (r == NOT_READY) {
             if (!block)
                 return;
             R->g->st_copy_waits++;
-            r = drv.ops->event_sync(ev);
+            r = fx_gpu_driver.ops->event_sync(ev);
             block = 0;
         }
         copy_finished(R, r);
@@ -1192,25 +824,25 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
     }
     for (unsigned i = 0; i < g->nslots; i++)
         R.slots[i].idx = (int)i;
-    if ((r = drv.ops->ctx_enter(g->ctx, g->device, &sc)) != 0) {
-        set_error(g, "cannot make device %d current: %s (%d)", g->device, drv_errname(r), r);
+    if ((r = fx_gpu_driver.ops->ctx_enter(g->ctx, g->device, &sc)) != 0) {
+        set_error(g, "cannot make device %d current: %s (%d)", g->device, fx_gpu_errname(r), r);
         for (size_t i = 0; i < nops; i++)
             res[i] = -EIO;
         goto out;
     }
     if (g->pending) {
         /* The last read(sync=False) may still be copying out of the slots. */
-        drv.ops->stream_sync(g->stream);
+        fx_gpu_driver.ops->stream_sync(g->stream);
         g->pending = 0;
     }
     /* Stream order: no copy may start before the work the caller queued on
      * its stream so far (kernels still using the destination). */
-    if ((r = drv.ops->event_record(g->ev_in, cstream)) != 0 || (r = drv.ops->stream_wait(g->stream, g->ev_in)) != 0) {
-        set_error(g, "ordering after the caller's stream failed: %s (%s, %d)", drv.ops->order_name, drv_errname(r),
+    if ((r = fx_gpu_driver.ops->event_record(g->ev_in, cstream)) != 0 || (r = fx_gpu_driver.ops->stream_wait(g->stream, g->ev_in)) != 0) {
+        set_error(g, "ordering after the caller's stream failed: %s (%s, %d)", fx_gpu_driver.ops->order_name, fx_gpu_errname(r),
                   r);
         for (size_t i = 0; i < nops; i++)
             res[i] = -EIO;
-        drv.ops->ctx_leave(&sc);
+        fx_gpu_driver.ops->ctx_leave(&sc);
         goto out;
     }
     for (;;) {
@@ -1277,17 +909,17 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
         }
         R.copying = 0;
         g->pending = 1;
-        if ((r = drv.ops->event_record(g->ev_out, g->stream)) != 0 || (r = drv.ops->stream_wait(cstream, g->ev_out)) != 0) {
+        if ((r = fx_gpu_driver.ops->event_record(g->ev_out, g->stream)) != 0 || (r = fx_gpu_driver.ops->stream_wait(cstream, g->ev_out)) != 0) {
             /* Cannot order the caller's stream: wait here instead. */
-            set_error(g, "ordering the caller's stream after the copies failed: %s (%d)", drv_errname(r), r);
-            drv.ops->stream_sync(g->stream);
+            set_error(g, "ordering the caller's stream after the copies failed: %s (%d)", fx_gpu_errname(r), r);
+            fx_gpu_driver.ops->stream_sync(g->stream);
             g->pending = 0;
         }
     } else {
         /* Nothing may touch the staging slots after return. */
-        drv.ops->stream_sync(g->stream);
+        fx_gpu_driver.ops->stream_sync(g->stream);
     }
-    drv.ops->ctx_leave(&sc);
+    fx_gpu_driver.ops->ctx_leave(&sc);
     for (size_t i = 0; i < nops; i++) {
         op_t *o = &ops[i];
         if (o->err)
@@ -1338,9 +970,8 @@ static int refuse_forked(const GpuStagingObject *g)
 }
 
 /* The driver's lock may have been held by a parent thread at fork. */
-static void drv_atfork_child(void) { pthread_mutex_init(&drv_mu, NULL); }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-static void atfork_install(void) { pthread_atfork(NULL, NULL, drv_atfork_child); }
+static void atfork_install(void) { pthread_atfork(NULL, NULL, fx_gpu_driver_atfork_child); }
 
 /* ------------------------------------------------------------- Python side */
 
@@ -1405,9 +1036,9 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
         return -1;
     }
     Py_BEGIN_ALLOW_THREADS
-    r = driver_load();
+    r = fx_gpu_driver_load();
     Py_END_ALLOW_THREADS
-    if (r < 0 || device >= drv.ndev) {
+    if (r < 0 || device >= fx_gpu_driver.ndev) {
         if (self->engine) {
             fx_engine_end(self->engine);
             self->eu = NULL;
@@ -1415,9 +1046,9 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
             Py_CLEAR(self->engine);
         }
         if (r < 0)
-            PyErr_Format(PyExc_OSError, "GPU driver unavailable: %s", drv.err);
+            PyErr_Format(PyExc_OSError, "GPU driver unavailable: %s", fx_gpu_driver.err);
         else
-            PyErr_Format(PyExc_ValueError, "device %d: the driver reports %d device(s)", device, drv.ndev);
+            PyErr_Format(PyExc_ValueError, "device %d: the driver reports %d device(s)", device, fx_gpu_driver.ndev);
         return -1;
     }
     self->device = device;
@@ -1728,7 +1359,7 @@ static PyObject *g_driver(GpuStagingObject *g, void *c)
 {
     (void)g;
     (void)c;
-    return PyUnicode_FromString(drv.path);
+    return PyUnicode_FromString(fx_gpu_driver.path);
 }
 static PyObject *g_last_error(GpuStagingObject *g, void *c)
 {
@@ -1814,12 +1445,12 @@ static PyObject *mod_gpu_driver(PyObject *m, PyObject *unused)
     (void)m;
     (void)unused;
     Py_BEGIN_ALLOW_THREADS
-    r = driver_load();
+    r = fx_gpu_driver_load();
     Py_END_ALLOW_THREADS
     if (r < 0)
-        return Py_BuildValue("{s:O,s:O,s:i,s:s}", "api", Py_None, "path", Py_None, "devices", 0, "error", drv.err);
-    return Py_BuildValue("{s:s,s:s,s:i,s:O}", "api", drv.ops->api, "path", drv.path,
-                         "devices", drv.ndev, "error", Py_None);
+        return Py_BuildValue("{s:O,s:O,s:i,s:s}", "api", Py_None, "path", Py_None, "devices", 0, "error", fx_gpu_driver.err);
+    return Py_BuildValue("{s:s,s:s,s:i,s:O}", "api", fx_gpu_driver.ops->api, "path", fx_gpu_driver.path,
+                         "devices", fx_gpu_driver.ndev, "error", Py_None);
 }
 
 /* Can io_uring register this memory as a fixed buffer? Uses a throwaway ring,
