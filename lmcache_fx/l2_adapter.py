@@ -37,7 +37,7 @@ from lmcache.v1.platform import create_event_notifier
 
 from ._fxio import HostBuffer
 from .core.chunkfile import HEADER_SIZE, ChunkMeta
-from .core.drive import await_batch, is_chunks_step
+from .core.drive import await_batch, is_chunks_step, submit_step
 from .core.options import FxOptions, refuse_direct_to_gpu
 from .core.store import ChunkStore
 from .integration.common import meta_of, register_memory
@@ -265,7 +265,7 @@ class FxL2Adapter(L2AdapterInterface):
             if ops_steps:
                 crc = any(st[1] for _, st in ops_steps)
                 ops = [op for _, st in ops_steps for op in st[0]]
-                res = await self._run_batch(ops, crc) if ops else []
+                res = await self._run((ops, crc)) if ops else []
                 pos = 0
                 for i, (o, c) in ops_steps:
                     part = res[pos : pos + len(o)]
@@ -277,7 +277,7 @@ class FxL2Adapter(L2AdapterInterface):
                 chunks = [ch for _, st in chunk_steps for ch in st[1]]
                 scratch = HostBuffer(HEADER_SIZE * max(len(chunks), 1), hugepages=False)
                 verify, direct = chunk_steps[0][1][3], chunk_steps[0][1][4]
-                res = await self._run_chunks(chunks, scratch, verify, direct) if chunks else []
+                res = await self._run(("chunks", chunks, scratch, verify, direct)) if chunks else []
                 pos = 0
                 for i, st in chunk_steps:
                     m = len(st[1])
@@ -296,12 +296,8 @@ class FxL2Adapter(L2AdapterInterface):
             pending = nxt
         return results
 
-    async def _run_batch(self, ops, crc):
-        return await await_batch(self.store.engine.submit(ops, write=False, crc=crc), self._loop)
-
-    async def _run_chunks(self, chunks, scratch, verify, direct):
-        batch = self.store.engine.submit_chunks(chunks, scratch.address, verify=verify, direct=direct)
-        return await await_batch(batch, self._loop)
+    async def _run(self, step):
+        return await await_batch(submit_step(self.store.engine, step), self._loop)
 
     def query_load_result(self, task_id: L2TaskId) -> Optional[Bitmap]:
         with self._lock:

@@ -47,7 +47,8 @@ def _run_step(engine, step) -> list:
     return engine.read(ops, crc=crc)
 
 
-def _submit_step(engine, step):
+def submit_step(engine, step):
+    """Starts one read_steps step on the engine; returns its Batch."""
     if is_chunks_step(step):
         _, chunks, scratch, verify, direct = step
         return engine.submit_chunks(chunks, scratch.address, verify=verify, direct=direct)
@@ -116,7 +117,7 @@ async def drive_async(engine, gen, release) -> list:
         while True:
             batch = None
             try:
-                batch = _submit_step(engine, step)
+                batch = submit_step(engine, step)
                 res = await await_batch(batch, loop)
             except asyncio.CancelledError as c:
                 cancelled = c

@@ -51,10 +51,19 @@ def _host_tag() -> str:
 HOST_TAG = _host_tag()
 
 
+def root_index(nroots: int, digest: str) -> int:
+    """Which of a store's roots holds the chunk of this digest (striping)."""
+    return int(digest[:8], 16) % nroots
+
+
+def relative_name(digest: str) -> str:
+    """The chunk's name below its root: <ab>/<digest>.fxkv."""
+    return f"{digest[:2]}/{digest}{SUFFIX}"
+
+
 def path_for(roots: list[str], digest: str) -> str:
     """Where the store keeps the chunk of this digest."""
-    root = roots[int(digest[:8], 16) % len(roots)]
-    return os.path.join(root, digest[:2], digest + SUFFIX)
+    return os.path.join(roots[root_index(len(roots), digest)], relative_name(digest))
 
 
 def is_fanout_name(name: str) -> bool:
@@ -252,17 +261,6 @@ def unlink_if_same(
         except OSError:
             return None
         return st
-    finally:
-        os.close(dfd)
-
-
-def rename_in(tmp: str, final: str) -> None:
-    """rename(2) of a temporary onto its final name in the same fan-out
-    directory, both relative to one directory descriptor opened without
-    following links. Raises OSError."""
-    dfd = open_dir(os.path.dirname(final))
-    try:
-        os.rename(os.path.basename(tmp), os.path.basename(final), src_dir_fd=dfd, dst_dir_fd=dfd)
     finally:
         os.close(dfd)
 

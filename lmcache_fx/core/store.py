@@ -30,7 +30,6 @@ from typing import Any, Callable, Generator, Optional, Sequence
 from .. import _fxio
 from .chunkfile import (
     HEADER_SIZE,
-    SUFFIX,
     BadHeader,
     ChunkMeta,
     FormatVersionMismatch,
@@ -53,6 +52,8 @@ from .layout import (
     open_in,
     path_for,
     probe_odirect,
+    relative_name,
+    root_index,
     root_problem,
     round_up,
     scan_fanout,
@@ -492,9 +493,9 @@ class ChunkStore:
             if fd is not None:
                 os.utime(fd, ns=(t, t))
             else:  # relative to the root's descriptor: <ab>/<digest>.fxkv, the name itself not followed
-                d = os.path.basename(e.path)[:32]
-                rfd = self._rootfds[int(d[:8], 16) % len(self._rootfds)]
-                os.utime(f"{d[:2]}/{os.path.basename(e.path)}", ns=(t, t), dir_fd=rfd, follow_symlinks=False)
+                d = chunk_digest_of_path(e.path)
+                rfd = self._rootfds[root_index(len(self._rootfds), d)]
+                os.utime(relative_name(d), ns=(t, t), dir_fd=rfd, follow_symlinks=False)
         except OSError:
             pass  # gone, or not ours to touch: recency is advisory
 
@@ -1062,41 +1063,18 @@ class ChunkStore:
                 ident, size = _identity(fd)
                 if prn < 0:
                     self._corrupt(keys[i], e, f"read failed: {os.strerror(-prn)}", remove=False)
-                elif size is not None and size < HEADER_SIZE + h.payload_len:
-                    self._corrupt(
-                        keys[i], e, f"file is {size} bytes, its header says {HEADER_SIZE + h.payload_len}", ident=ident
-                    )
-                else:  # the file is long enough: the read came back short, the data may well be good
-                    self._corrupt(keys[i], e, f"short read: {prn} of {h.payload_len} payload bytes", remove=False)
+                else:
+                    self._short_payload(keys[i], e, size, h.payload_len, prn, ident)
                 continue
             if pcrc is not None and pcrc != h.payload_crc:
                 self._corrupt(keys[i], e, "payload checksum mismatch", ident=_identity(fd)[0])
                 continue
-            if self._mac_key is not None and not mac_ok(self._mac_key, mv, h, memory_at(allocs[i][1], prn)):
-                self._corrupt(
-                    keys[i],
-                    e,
-                    "MAC does not verify with auth_key" if h.mac else "no MAC (written without auth_key)",
-                    ident=_identity(fd)[0],
-                )
+            if self._mac_rejects(keys[i], e, mv, h, allocs[i][1], prn, _identity(fd)[0]):
                 continue
             out[i] = allocs[i][0]
             nbytes += prn
-        hits = sum(1 for o in out if o is not None)
-        for k, i in enumerate(slots):  # the shared LRU clock: this chunk was used
-            if out[i] is not None:
-                self._touch(entries[i], fds[k])
-        with self._lock:
-            for i, o in enumerate(out):
-                d = chunk_digest(keys[i])
-                if o is not None and d in self._index:  # evicted meanwhile by another thread: still a hit
-                    self._index.move_to_end(d, last=True)
-        self.stats.observe_read(
-            time.perf_counter() - t0, chunks_read=hits, bytes_read=nbytes, hits=hits, misses=n - hits
-        )
-        # Handles allocated for chunks that failed go back to the caller to free.
-        failed = [allocs[i][0] for i in range(n) if allocs[i] is not None and out[i] is None]
-        return out, failed
+        used = [(entries[i], fds[k]) for k, i in enumerate(slots) if out[i] is not None]
+        return self._finish_read(digests, out, allocs, used, nbytes, t0)
 
     def _read_payloads(self, keys, digests: list[str], entries: list, allocs: list, t0: float):
         """Phase 2 on engine.read_chunks: per chunk, open (relative to its
@@ -1105,14 +1083,14 @@ class ChunkStore:
         (no JSON decoded on a hit), close. Statuses map to the policy of the
         two-op path."""
         n = len(keys)
-        nroots = len(self.roots)
+        nroots = len(self._rootfds)
         batch, slots = [], []
         for i, a in enumerate(allocs):
             if a is None:
                 continue
             d = digests[i]
-            rfd = self._rootfds[int(d[:8], 16) % nroots] if nroots > 1 else self._rootfds[0]
-            batch.append((rfd, f"{d[:2]}/{d}{SUFFIX}", a[1], a[2], entries[i].body))
+            rfd = self._rootfds[root_index(nroots, d)]
+            batch.append((rfd, relative_name(d), a[1], a[2], entries[i].body))
             slots.append(i)
         scratch = _fxio.HostBuffer(HEADER_SIZE * max(len(slots), 1), hugepages=False)
         res = yield "chunks", batch, scratch, self.options.verify, self.odirect
@@ -1133,20 +1111,7 @@ class ChunkStore:
                 out[i] = allocs[i][0]
                 nbytes += nb
                 hit_entries.append(e)
-        for e in hit_entries:  # the shared LRU clock: these chunks were used
-            self._touch(e)
-        hits = len(hit_entries)
-        if hits:
-            with self._lock:
-                idx = self._index
-                for i, o in enumerate(out):
-                    if o is not None and digests[i] in idx:  # evicted meanwhile by another thread: still a hit
-                        idx.move_to_end(digests[i], last=True)
-        self.stats.observe_read(
-            time.perf_counter() - t0, chunks_read=hits, bytes_read=nbytes, hits=hits, misses=n - hits
-        )
-        failed = [allocs[i][0] for i in range(n) if allocs[i] is not None and out[i] is None]
-        return out, failed
+        return self._finish_read(digests, out, allocs, [(e, None) for e in hit_entries], nbytes, t0)
 
     def _chunk_ok(
         self, key: str, e: Entry, status: int, nb: int, ident: tuple[int, int], size: int, mv, alloc: tuple
@@ -1169,15 +1134,7 @@ class ChunkStore:
                 e.meta, e.body = h.meta, header_body_of(mv)
                 return False
             e.body = header_body_of(mv)
-            if self._mac_key is not None and not mac_ok(self._mac_key, mv, h, memory_at(alloc[1], nb)):
-                self._corrupt(
-                    key,
-                    e,
-                    "MAC does not verify with auth_key" if h.mac else "no MAC (written without auth_key)",
-                    ident=ident,
-                )
-                return False
-            return True
+            return not self._mac_rejects(key, e, mv, h, alloc[1], nb, ident)
         if status in _CORRUPT_STATUSES:
             why = _fxio.CHUNK_STATUS_NAMES[status].replace("_", " ")
             self._corrupt(
@@ -1186,10 +1143,7 @@ class ChunkStore:
         elif status == _fxio.CHUNK_VERSION:
             log.warning("lmcache-fx: %s has another format version; treating it as a miss", e.path)
         elif status == _fxio.CHUNK_SHORT:
-            if 0 <= size < HEADER_SIZE + length:
-                self._corrupt(key, e, f"file is {size} bytes, its header says {HEADER_SIZE + length}", ident=ident)
-            else:  # the file is long enough: the read came back short, the data may well be good
-                self._corrupt(key, e, f"short read: {nb} of {length} payload bytes", remove=False)
+            self._short_payload(key, e, size if size >= 0 else None, length, nb, ident)
         elif status < 0 and -status in _GONE:
             self._drop(chunk_digest(key), unlink=False)  # evicted or removed by another process: a miss
         elif status < 0:
@@ -1197,6 +1151,43 @@ class ChunkStore:
         else:
             self._corrupt(key, e, f"read_chunks status {status}", remove=False)
         return False
+
+    def _finish_read(self, digests: list[str], out: list, allocs: list, used: list, nbytes: int, t0: float):
+        """The bookkeeping of a read batch, once: the shared LRU clock of the
+        chunks used ((entry, fd or None) pairs), this process's recency,
+        the stats. Returns (out, handles of failed chunks for the caller to free)."""
+        for e, fd in used:
+            self._touch(e, fd)
+        hits = len(used)
+        if hits:
+            with self._lock:
+                idx = self._index
+                for d, o in zip(digests, out):
+                    if o is not None and d in idx:  # evicted meanwhile by another thread: still a hit
+                        idx.move_to_end(d, last=True)
+        n = len(out)
+        self.stats.observe_read(
+            time.perf_counter() - t0, chunks_read=hits, bytes_read=nbytes, hits=hits, misses=n - hits
+        )
+        failed = [allocs[i][0] for i in range(n) if allocs[i] is not None and out[i] is None]
+        return out, failed
+
+    def _mac_rejects(self, key: str, e: Entry, mv, h, addr: int, nbytes: int, ident) -> bool:
+        """With auth_key: True (the chunk handled as corrupt) when its MAC over
+        the header and the payload at addr does not verify."""
+        if self._mac_key is None or mac_ok(self._mac_key, mv, h, memory_at(addr, nbytes)):
+            return False
+        why = "MAC does not verify with auth_key" if h.mac else "no MAC (written without auth_key)"
+        self._corrupt(key, e, why, ident=ident)
+        return True
+
+    def _short_payload(self, key: str, e: Entry, size: Optional[int], length: int, nbytes: int, ident) -> None:
+        """A payload read shorter than its header says: the file is corrupt
+        (removed) if it is shorter too, else a read error (kept)."""
+        if size is not None and size < HEADER_SIZE + length:
+            self._corrupt(key, e, f"file is {size} bytes, its header says {HEADER_SIZE + length}", ident=ident)
+        else:  # the file is long enough: the read came back short, the data may well be good
+            self._corrupt(key, e, f"short read: {nbytes} of {length} payload bytes", remove=False)
 
     def _open_read(self, path: str) -> int:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
