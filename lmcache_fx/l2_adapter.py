@@ -15,7 +15,8 @@ Threads and eventfds: LMCache's store and prefetch controllers call in from
 two threads and poll the three eventfds below. Loads and lookups run on one
 asyncio loop owned by the adapter; a load is ONE engine batch for the whole
 task (two when headers are new to this process), awaited through the C
-batch's eventfd with loop.add_reader, so nothing in Python polls. Stores
+batch's eventfd with loop.add_reader, so nothing in Python polls; a
+cancelled or failed batch ends as misses once nothing of it is in flight. Stores
 block in the C engine (GIL released) on one writer thread. Each finished
 task signals its LMCache eventfd.
 """
@@ -35,9 +36,8 @@ from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInter
 from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 from lmcache.v1.platform import create_event_notifier
 
-from ._fxio import HostBuffer
 from .core.chunkfile import HEADER_SIZE, ChunkMeta
-from .core.drive import await_batch, is_chunks_step, submit_step
+from .core.drive import drive_async
 from .core.options import FxOptions, refuse_direct_to_gpu
 from .core.store import ChunkStore
 from .integration.common import meta_of, register_memory
@@ -50,6 +50,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmcache_fx")
 
 WHERE = "adapter_params."
+
+
+def _keep(obj) -> None:
+    """The L1 objects a load reads into are LMCache's: a miss frees nothing."""
 
 
 def object_key_string(key: "ObjectKey") -> str:
@@ -219,14 +223,22 @@ class FxL2Adapter(L2AdapterInterface):
     async def _load(self, tid: L2TaskId, keys, objects) -> None:
         bm = Bitmap(len(keys))
         try:
-            # One read_steps per key, all driven as ONE engine batch: each
-            # chunk lands in the object LMCache gave for it.
-            gens = [self.store.read_steps([object_key_string(k)], self._into(o)) for k, o in zip(keys, objects)]
-            for i, r in enumerate(await self._drive_merged(gens)):
-                if r is not None and r[0][0] is not None:
+            # One read_steps for the whole task, so one engine batch reads every
+            # chunk (opens, headers, CRC in C), each into the object LMCache gave for it.
+            gen = self.store.read_steps(
+                [object_key_string(k) for k in keys], [self._into(o) for o in objects], per_key=True
+            )
+            out = await drive_async(self.store.engine, gen, _keep)
+            for i, h in enumerate(out):
+                if h is not None:
                     bm.set(i)
+        except asyncio.CancelledError:
+            bm = Bitmap(len(keys))  # nothing read is reported: LMCache sees misses
+            self._finish(self._done_load, tid, bm, self._load_efd)
+            raise
         except Exception:
             log.exception("lmcache-fx: L2 load task %d failed", tid)
+            bm = Bitmap(len(keys))
         hits = [keys[i] for i in bm.get_indices_list()]
         if hits:
             self._notify_keys_accessed(hits)
@@ -244,60 +256,6 @@ class FxL2Adapter(L2AdapterInterface):
             return obj, obj.data_ptr, size  # the store checks the payload length against size
 
         return allocate
-
-    async def _drive_merged(self, gens):
-        """Runs several read_steps generators, each step of all of them as
-        one engine batch awaited through its eventfd: their (ops, crc) steps
-        as one engine.submit, their read_chunks steps as one submit_chunks
-        (headers land in one scratch buffer and are copied back to each
-        generator's). Returns each generator's (out, failed)."""
-        results = [None] * len(gens)
-        pending = []
-        for i, g in enumerate(gens):
-            try:
-                pending.append((i, next(g)))
-            except StopIteration as s:
-                results[i] = s.value
-        while pending:
-            answers = {}
-            ops_steps = [(i, st) for i, st in pending if not is_chunks_step(st)]
-            chunk_steps = [(i, st) for i, st in pending if is_chunks_step(st)]
-            if ops_steps:
-                crc = any(st[1] for _, st in ops_steps)
-                ops = [op for _, st in ops_steps for op in st[0]]
-                res = await self._run((ops, crc)) if ops else []
-                pos = 0
-                for i, (o, c) in ops_steps:
-                    part = res[pos : pos + len(o)]
-                    pos += len(o)
-                    if crc and not c:
-                        part = [r[0] for r in part]
-                    answers[i] = part
-            if chunk_steps:
-                chunks = [ch for _, st in chunk_steps for ch in st[1]]
-                scratch = HostBuffer(HEADER_SIZE * max(len(chunks), 1), hugepages=False)
-                verify, direct = chunk_steps[0][1][3], chunk_steps[0][1][4]
-                res = await self._run(("chunks", chunks, scratch, verify, direct)) if chunks else []
-                pos = 0
-                for i, st in chunk_steps:
-                    m = len(st[1])
-                    if m:
-                        memoryview(st[2])[: HEADER_SIZE * m] = memoryview(scratch)[
-                            HEADER_SIZE * pos : HEADER_SIZE * (pos + m)
-                        ]
-                    answers[i] = res[pos : pos + m]
-                    pos += m
-            nxt = []
-            for i, _ in pending:
-                try:
-                    nxt.append((i, gens[i].send(answers[i])))
-                except StopIteration as s:
-                    results[i] = s.value
-            pending = nxt
-        return results
-
-    async def _run(self, step):
-        return await await_batch(submit_step(self.store.engine, step), self._loop)
 
     def query_load_result(self, task_id: L2TaskId) -> Optional[Bitmap]:
         with self._lock:

@@ -328,6 +328,68 @@ def test_l2_capacity_and_eviction_reported(tmp_path):
         side.close()
 
 
+def _l2_task(adapter, submit, result, efd, *args, timeout=60):
+    import select
+
+    tid = submit(*args)
+    end = time.monotonic() + timeout
+    while (r := result(tid)) is None:
+        assert time.monotonic() < end, "L2 task not done"
+        select.select([efd], [], [], 0.2)
+    return r
+
+
+def test_l2_load_task_misses_only_the_bad_keys(tmp_path):
+    """One load task is one engine batch for all its keys: a damaged chunk,
+    a removed file, an unknown key and a destination of another dtype miss,
+    each alone; every other key lands bit-exact in its own object."""
+    from lmcache.v1.distributed.api import ObjectKey
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig, object_key_string
+
+    nb, n = 64 << 10, 8
+    arena = torch.zeros(2 * n * nb, dtype=torch.uint8)
+
+    def obj(i, dtype=torch.uint8):
+        t = arena[i * nb : (i + 1) * nb].view(dtype)
+        meta = MemoryObjMetadata(
+            shape=t.shape, dtype=dtype, address=i * nb, phy_size=nb, fmt=MemoryFormat.KV_2LTD, ref_count=1
+        )
+        return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
+
+    g = torch.Generator().manual_seed(11)
+    arena[: n * nb] = torch.randint(0, 256, (n * nb,), generator=g, dtype=torch.uint8)
+    keys = [ObjectKey(chunk_hash=bytes([i]) * 32, model_name="org/m", kv_rank=0) for i in range(n)]
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+    try:
+        st = _l2_task(
+            ad, ad.submit_store_task, lambda t: ad.pop_completed_store_tasks().get(t), ad.get_store_event_fd(),
+            keys[:7], [obj(i) for i in range(7)],
+        )  # fmt: skip
+        assert st.is_successful()
+        damaged = ad.store.path_for(chunk_digest(object_key_string(keys[2])))
+        with open(damaged, "r+b") as f:
+            f.seek(HEADER_SIZE + 1000)
+            b = f.read(1)
+            f.seek(HEADER_SIZE + 1000)
+            f.write(bytes([b[0] ^ 0x40]))
+        os.unlink(ad.store.path_for(chunk_digest(object_key_string(keys[4]))))
+        dst = [obj(n + i, torch.float16 if i == 5 else torch.uint8) for i in range(n)]
+        bm = _l2_task(
+            ad, ad.submit_load_task, ad.query_load_result, ad.get_load_event_fd(), keys, dst
+        )  # key 7 was never stored
+        assert bm.get_indices_list() == [0, 1, 3, 6]
+        for i in (0, 1, 3, 4, 5, 6):  # 2 was read whole, then refused by its CRC
+            same = torch.equal(arena[(n + i) * nb : (n + i + 1) * nb], arena[i * nb : (i + 1) * nb])
+            assert same == (i in (0, 1, 3, 6)), i
+        s = ad.store.stats.snapshot()
+        assert s["corrupt"] == 1 and s["hits"] == 4
+    finally:
+        ad.close()
+
+
 @pytest.mark.parametrize(
     "params,needle",
     [

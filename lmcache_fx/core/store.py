@@ -957,8 +957,9 @@ class ChunkStore:
     def read_steps(
         self,
         keys: Sequence[str],
-        allocate: Callable[[ChunkMeta], Optional[tuple[object, int, int]]],
+        allocate: Any,
         chunks: bool = True,
+        per_key: bool = False,
     ) -> Generator[tuple, list, tuple[list, list]]:
         """Reads chunks as a generator that yields engine batches and
         receives their results, so the same logic runs blocking or awaited
@@ -966,7 +967,10 @@ class ChunkStore:
         or, for the payloads when `chunks` (the engine is the store's own
         Engine: host addresses), ("chunks", chunks, scratch, verify, direct),
         one engine.read_chunks call. `allocate(meta)` returns (handle,
-        address, nbytes) or None. Returns (one handle or None per key,
+        address, nbytes) or None (the pool is full: this key and the later
+        ones miss). With `per_key`, `allocate` is one such callable per key
+        (the destination is the caller's, e.g. LMCache's L2 objects) and a
+        None misses that key only. Returns (one handle or None per key,
         handles of failed chunks).
 
         An engine error thrown in at a step (the driver's `gen.throw`), or any
@@ -978,7 +982,7 @@ class ChunkStore:
         allocs: list[Optional[tuple]] = [None] * n
         fds: list[int] = []
         try:
-            return (yield from self._read_steps(keys, allocate, allocs, fds, chunks))
+            return (yield from self._read_steps(keys, allocate, allocs, fds, chunks, per_key))
         except Exception as ex:
             if not isinstance(ex, ReadCancelled):
                 self._io_warning(
@@ -991,7 +995,7 @@ class ChunkStore:
             for fd in fds:
                 os.close(fd)
 
-    def _read_steps(self, keys, allocate, allocs: list, fds: list[int], chunks: bool = True):
+    def _read_steps(self, keys, allocate, allocs: list, fds: list[int], chunks: bool = True, per_key: bool = False):
         n = len(keys)
         digests = [chunk_digest(k) for k in keys]
         entries: list[Any] = [self._entry(k, d) for k, d in zip(keys, digests)]
@@ -1025,8 +1029,10 @@ class ChunkStore:
         for i, e in enumerate(entries):
             if e is None:
                 continue
-            a = allocate(e.meta)
+            a = allocate[i](e.meta) if per_key else allocate(e.meta)
             if a is None:
+                if per_key:
+                    continue  # this destination does not fit this chunk
                 break  # the pool is full: later chunks would be useless anyway
             allocs[i] = a
         if chunks:
