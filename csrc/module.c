@@ -344,16 +344,21 @@ static void Engine_dealloc(EngineObject *self)
 
 static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int write)
 {
-    static char *kwlist[] = {"ops", "crc", NULL};
+    static char *kwlist[] = {"ops", "crc", "split", NULL};
     PyObject *ops_obj, *out = NULL;
     int want_crc = 0, r = 0;
+    unsigned long long split = 0;
     fx_batch b = {0};
     fx_op *ops;
     fx_result *res;
     size_t n = 0;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", kwlist, &ops_obj, &want_crc))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pK", kwlist, &ops_obj, &want_crc, &split))
         return NULL;
+    if (split > (1ull << 30) || split % FX_DIO_ALIGN) {
+        PyErr_Format(PyExc_ValueError, "split must be 0 or a multiple of 4096 up to 1 GiB, not %llu", split);
+        return NULL;
+    }
     if (!(ops = parse_ops(ops_obj, &n)))
         return NULL;
     res = PyMem_Calloc(n ? n : 1, sizeof(*res));
@@ -369,7 +374,7 @@ static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int
     b.write = write;
     b.want_crc = want_crc;
     Py_BEGIN_ALLOW_THREADS
-    r = fx_batch_prepare(&b, self->split_bytes);
+    r = fx_batch_prepare(&b, split ? split : self->split_bytes);
     if (r == 0)
         r = engine_run(self, &b);
     fx_batch_release(&b);
@@ -1102,9 +1107,11 @@ static PyGetSetDef Engine_getset[] = {
 
 static PyMethodDef Engine_methods[] = {
     {"read", (PyCFunction)(void (*)(void))Engine_read, METH_VARARGS | METH_KEYWORDS,
-     "read(ops, crc=False) -> list: bytes read or -errno per op (with CRC32C if crc)"},
+     "read(ops, crc=False, split=0) -> list: bytes read or -errno per op (with CRC32C if crc); "
+     "split: largest piece for this call (0: the engine's split_bytes)"},
     {"write", (PyCFunction)(void (*)(void))Engine_write, METH_VARARGS | METH_KEYWORDS,
-     "write(ops, crc=False) -> list: bytes written or -errno per op"},
+     "write(ops, crc=False, split=0) -> list: bytes written or -errno per op; "
+     "split: largest piece for this call (0: the engine's split_bytes)"},
     {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_VARARGS | METH_KEYWORDS,
      "submit(ops, write=False, crc=False) -> Batch running in the background"},
     {"read_chunks", (PyCFunction)(void (*)(void))Engine_read_chunks, METH_VARARGS | METH_KEYWORDS,

@@ -59,14 +59,15 @@ class Engine:
         falls back to the thread engine and records fallback_reason.
         threads=0 means min(queue_depth, 16)."""
     @overload
-    def read(self, ops: Sequence[Op], crc: Literal[False] = False) -> list[int]: ...
+    def read(self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0) -> list[int]: ...
     @overload
-    def read(self, ops: Sequence[Op], crc: Literal[True]) -> list[tuple[int, int]]:
-        """With crc, each result is (bytes or -errno, CRC32C of the bytes)."""
+    def read(self, ops: Sequence[Op], crc: Literal[True], split: int = 0) -> list[tuple[int, int]]:
+        """With crc, each result is (bytes or -errno, CRC32C of the bytes).
+        split: the largest piece for this call (0: split_bytes)."""
     @overload
-    def write(self, ops: Sequence[Op], crc: Literal[False] = False) -> list[int]: ...
+    def write(self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0) -> list[int]: ...
     @overload
-    def write(self, ops: Sequence[Op], crc: Literal[True]) -> list[tuple[int, int]]: ...
+    def write(self, ops: Sequence[Op], crc: Literal[True], split: int = 0) -> list[tuple[int, int]]: ...
     def submit(self, ops: Sequence[Op], write: bool = False, crc: bool = False) -> Batch:
         """Runs the batch on a C thread; await Batch.fileno() becoming readable."""
     def read_chunks(

@@ -473,8 +473,8 @@ class GpuRouter:
             out[i] = r
         return out
 
-    def write(self, ops, crc: bool = False):
-        return self.engine.write(ops, crc=crc)
+    def write(self, ops, crc: bool = False, split: int = 0):
+        return self.engine.write(ops, crc=crc, split=split)
 
     def submit(self, ops, write: bool = False, crc: bool = False):
         dev = [] if write else self._split(ops)[0]

@@ -254,6 +254,23 @@ def test_round_trip(make_engine, qd, split, payload, tmp_path, fds):
     assert ba == payload
 
 
+def test_split_per_call(make_engine, payload, tmp_path, fds):
+    """split= overrides split_bytes for one call (the store writes each
+    O_DIRECT payload as one piece): same bytes and CRCs, a bad value refused."""
+    size = len(payload)
+    eng = make_engine(queue_depth=4, split_bytes=4096)
+    src = fx.HostBuffer(size)
+    memoryview(src)[:] = payload
+    fd = fds(tmp_path / "s.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    assert eng.write([(fd, 0, size, src.address)], crc=True, split=1 << 30) == [(size, fx.crc32c(payload))]
+    dst = fx.HostBuffer(size)
+    assert eng.read([(fd, 0, size, dst.address)], crc=True, split=8192) == [(size, fx.crc32c(payload))]
+    assert memoryview(dst) == payload
+    for bad in (5000, (1 << 30) + 4096):
+        with pytest.raises(ValueError, match="split must be"):
+            eng.write([(fd, 0, size, src.address)], split=bad)
+
+
 # ------------------------------------------------------- 2. many ops per batch
 
 

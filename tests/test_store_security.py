@@ -256,8 +256,8 @@ def test_swap_attacks(tmp_path, monkeypatch):
         def __getattr__(self, n):
             return getattr(real_engine, n)
 
-        def write(self, ops, crc=False):
-            r = real_engine.write(ops, crc=crc)
+        def write(self, ops, crc=False, split=0):
+            r = real_engine.write(ops, crc=crc, split=split)
             if not crc and os.path.isdir(sub_c) and not os.path.islink(sub_c):  # the header batch
                 os.rename(sub_c, str(tmp_path / "moved-c"))
                 os.symlink(outside, sub_c)
