@@ -1127,3 +1127,35 @@ def test_soak_16_concurrent(store_dir):
     assert fds1 - rings1 == fds0 - rings0 and rings1 <= 16 and thr1 == thr0, r["fd_kinds"]
     assert rss1 - rss0 < 16 << 20, (rss0, rss1)
     assert r["usage"] <= r["cap"] and r["usage"] == r["files_bytes"]
+
+
+def test_header_body_is_the_plain_json_form():
+    """header_body encodes the meta once per meta; the bytes are those of
+    json.dumps of the whole body, for keys with quotes, escapes and non-ASCII,
+    and the header decodes back to the same key and meta."""
+    import json
+    import math
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from lmcache_fx.core.chunkfile import dtype_size, header_body
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.text(max_size=60),
+        st.lists(st.lists(st.integers(0, 1 << 40), min_size=1, max_size=4), min_size=1, max_size=3),
+        st.sampled_from(["bfloat16", "float16", "uint8"]),
+    )
+    def check(key, shapes, dtype):
+        meta = ChunkMeta(tuple(tuple(s) for s in shapes), (dtype,) * len(shapes), "KV_2LTD")
+        want = json.dumps({"key": key, **meta.to_json()}, separators=(",", ":")).encode()
+        assert header_body(key, meta) == want
+        nbytes = sum(math.prod(s) * dtype_size(d) for s, d in zip(meta.shapes, meta.dtypes))
+        if len(want) < 3000 and nbytes < 1 << 40:
+            buf = bytearray(HEADER_SIZE)
+            encode_header(buf, key, meta, nbytes, 7, 1)
+            h = decode_header(buf)
+            assert (h.key, h.meta) == (key, meta)
+
+    check()

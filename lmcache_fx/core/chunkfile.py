@@ -29,6 +29,7 @@ less room for the meta.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import hmac
 import json
@@ -40,6 +41,7 @@ from .. import _fxio
 MAGIC = b"LMCFXKV\0"
 FORMAT_VERSION = 1
 HEADER_SIZE = 4096
+_ZERO_HEADER = bytes(HEADER_SIZE)
 SUFFIX = ".fxkv"
 _FIXED = struct.Struct("<8sHHIQIIQ")  # up to and including the creation time
 _MAX_META = HEADER_SIZE - _FIXED.size - 4
@@ -115,7 +117,7 @@ def encode_header(
     if len(body) > limit:
         raise ValueError(f"chunk key and meta take {len(body)} bytes, more than the header's {limit}")
     mv = memoryview(buf)[:HEADER_SIZE]
-    mv[:] = bytes(HEADER_SIZE)
+    mv[:] = _ZERO_HEADER
     flags = 0 if mac_key is None else FLAG_MAC
     _FIXED.pack_into(mv, 0, MAGIC, FORMAT_VERSION, flags, HEADER_SIZE, payload_len, payload_crc, len(body), created_ns)
     mv[_FIXED.size : _FIXED.size + len(body)] = body
@@ -126,8 +128,16 @@ def encode_header(
 
 
 def header_body(key: str, meta: ChunkMeta) -> bytes:
-    """The JSON body of a header: the key and the meta."""
-    return json.dumps({"key": key, **meta.to_json()}, separators=(",", ":")).encode()
+    """The JSON body of a header: the key and the meta, as
+    json.dumps({"key": key, **meta.to_json()}, separators=(",", ":")) writes
+    it; the meta's part is encoded once per meta (a batch shares one)."""
+    return b'{"key":' + json.dumps(key).encode() + b"," + _meta_json(meta)
+
+
+@functools.lru_cache(maxsize=256)
+def _meta_json(meta: ChunkMeta) -> bytes:
+    """The meta's members and the closing brace of a header body."""
+    return json.dumps(meta.to_json(), separators=(",", ":")).encode()[1:]
 
 
 def header_body_of(buf) -> bytes:

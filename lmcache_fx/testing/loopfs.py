@@ -58,10 +58,12 @@ def xfs_loop(size="2G", mountpoint: str | None = None):
         mounted = True
         yield mnt
     finally:
-        if mounted:
-            subprocess.run(["umount", mnt], check=False)
+        if mounted and subprocess.run(["umount", mnt], capture_output=True, check=False).returncode != 0:
+            # Busy (a descriptor still open under it): detach it now, the kernel frees it with the last
+            # descriptor. A failed umount would otherwise keep the device and its RAM image for good.
+            subprocess.run(["umount", "-l", mnt], check=False)
         if dev:
-            subprocess.run(["losetup", "-d", dev], check=False)
+            subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)  # autoclear if still held
         if os.path.exists(img):
             os.unlink(img)
         if mountpoint is None:

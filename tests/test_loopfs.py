@@ -1,0 +1,38 @@
+"""The test helper that builds XFS on a RAM-backed loop device leaves
+nothing behind, even when a descriptor under the mount is still open as
+it exits (a failed umount used to keep the device and its RAM image)."""
+
+import os
+import time
+
+import pytest
+
+from lmcache_fx.testing import loopfs
+
+pytestmark = pytest.mark.skipif(loopfs.why_not_available() is not None, reason=str(loopfs.why_not_available()))
+
+
+def _mounted(path: str) -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+def _image_of(mnt: str) -> str:
+    dev = [line.split()[0] for line in open("/proc/self/mounts") if line.split()[1] == mnt][0]
+    with open(f"/sys/block/{os.path.basename(dev)}/loop/backing_file") as f:
+        return f.read().strip()
+
+
+def test_busy_mount_is_released_when_its_last_descriptor_closes():
+    with loopfs.xfs_loop("512M") as mnt:
+        img = _image_of(mnt)
+        fd = os.open(os.path.join(mnt, "held"), os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        assert not _mounted(mnt)  # detached from the tree at once
+        assert not os.path.exists(img.replace(" (deleted)", ""))
+    finally:
+        os.close(fd)
+    end = time.monotonic() + 10
+    while any(img.split(" (deleted)")[0] in line for line in os.popen("losetup -a")):
+        assert time.monotonic() < end, "loop device still attached after its last descriptor closed"
+        time.sleep(0.1)
