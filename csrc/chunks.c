@@ -384,6 +384,8 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int direct, int v
             b.nops = m;
             b.res = res;
             b.want_crc = verify;
+            b.crc_pool = openers;
+            b.crc_width = open_width;
             b.hdrs = hdrs;
             b.hdr_res = hdr_res;
             b.fds_known = direct ? FX_FDS_DIRECT | (all_mem ? FX_FDS_MEM : 0) : FX_FDS_BUFFERED;

@@ -342,6 +342,16 @@ static void Engine_dealloc(EngineObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static fx_pool *chunk_openers(EngineObject *e, int *width);
+
+/* io_uring: the threads that may checksum a batch's landed pieces beside its
+ * reaping thread (the openers' pool). */
+static void crc_helpers(EngineObject *e, fx_batch *b)
+{
+    if (b->want_crc && e->kind == KIND_URING)
+        b->crc_pool = chunk_openers(e, &b->crc_width);
+}
+
 static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int write)
 {
     static char *kwlist[] = {"ops", "crc", "split", NULL};
@@ -374,6 +384,7 @@ static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int
     b.write = write;
     b.want_crc = want_crc;
     Py_BEGIN_ALLOW_THREADS
+    crc_helpers(self, &b);
     r = fx_batch_prepare(&b, split ? split : self->split_bytes);
     if (r == 0)
         r = engine_run(self, &b);
@@ -787,6 +798,7 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
     bo->b.res = bo->res;
     bo->b.write = write;
     bo->b.want_crc = want_crc;
+    crc_helpers(self, &bo->b);
     return batch_start(self, bo);
 fail:
     Py_DECREF(bo);
@@ -995,6 +1007,13 @@ static PyObject *mod_crc32c_at(PyObject *m, PyObject *args)
     return PyLong_FromUnsignedLong(crc);
 }
 
+static PyObject *mod_crc_spread_runs(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyLong_FromUnsignedLong(fx_crc_spread_runs);
+}
+
 static PyObject *mod_io_uring_status(PyObject *m, PyObject *unused)
 {
     char why[256] = "";
@@ -1178,6 +1197,8 @@ static PyTypeObject HostBufferType = {
 static PyMethodDef module_methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
      "crc32c(data, value=0) -> int"},
+    {"crc_spread_runs", (PyCFunction)mod_crc_spread_runs, METH_NOARGS,
+     "crc_spread_runs() -> int: io_uring batches whose landed pieces were checksummed on several threads"},
     {"crc32c_at", (PyCFunction)mod_crc32c_at, METH_VARARGS,
      "crc32c_at(address, length, value=0) -> int"},
     {"io_uring_status", (PyCFunction)mod_io_uring_status, METH_NOARGS,

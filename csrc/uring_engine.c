@@ -459,14 +459,18 @@ static void give_slots(fx_uring *u, run_state *st, unsigned n)
     pthread_mutex_unlock(&u->slot_mu);
 }
 
-static void finish(run_state *st, fx_piece *p, int64_t r)
+/* A piece is over (its CRC, if wanted, taken). */
+static void piece_done(run_state *st, fx_piece *p, int64_t r)
 {
-    size_t pi = (size_t)(p - st->b->pieces);
-
-    fx_piece_checksum(st->b, p, r);
-    st->fin[pi] = 1;
+    st->fin[p - st->b->pieces] = 1;
     if (fx_piece_finish(st->b, p, r))
         fx_op_complete(st->b, p->op);
+}
+
+static void finish(run_state *st, fx_piece *p, int64_t r)
+{
+    fx_piece_checksum(st->b, p, r);
+    piece_done(st, p, r);
 }
 
 /* A piece is done; its CRC waits until the ring has been refilled. */
@@ -565,10 +569,53 @@ static int cqe_result(int write, int res)
     return res;
 }
 
+/* Landed bytes worth spreading over threads (below it, a hand-off costs
+ * more than it saves); LMCACHE_FX_CRC_WIDTH overrides the width (tests). */
+#define CRC_PARALLEL_MIN (2u << 20)
+
+static int crc_width(const fx_batch *b)
+{
+    static int cap = -1;
+
+    if (cap < 0) {
+        const char *v = getenv("LMCACHE_FX_CRC_WIDTH");
+        int want = v && *v ? atoi(v) : 0;
+
+        /* One CPU stays with the reaping thread, which waits meanwhile but
+         * must wake to refill the ring. */
+        cap = want > 0 ? want : (int)iowq_workers() - 1;
+    }
+    return b->crc_width < cap ? b->crc_width : cap;
+}
+
+_Atomic unsigned long fx_crc_spread_runs;
+
+static void checksum_landed(void *ctx, size_t i)
+{
+    run_state *st = ctx;
+
+    fx_piece_checksum(st->b, st->landed[i], st->landed_res[i]);
+}
+
 static void finish_landed(run_state *st)
 {
+    const fx_batch *b = st->b;
+    int width = b->want_crc && b->crc_pool && st->nlanded > 1 ? crc_width(b) : 0;
+    int summed = 0;
+
+    if (width > 1) {
+        uint64_t bytes = 0;
+
+        for (unsigned i = 0; i < st->nlanded; i++)
+            if (st->landed_res[i] > 0)
+                bytes += (uint64_t)st->landed_res[i];
+        if (bytes >= CRC_PARALLEL_MIN)
+            summed = fx_pool_parallel(b->crc_pool, st->nlanded, checksum_landed, st, width) == 0;
+        if (summed)
+            fx_crc_spread_runs++;
+    }
     for (unsigned i = 0; i < st->nlanded; i++)
-        finish(st, st->landed[i], st->landed_res[i]);
+        (summed ? piece_done : finish)(st, st->landed[i], st->landed_res[i]);
     st->nlanded = 0;
 }
 

@@ -116,6 +116,9 @@ class HostBuffer(Buffer):
 
 def crc32c(data: Buffer, value: int = 0) -> int: ...
 def crc32c_at(address: int, length: int, value: int = 0) -> int: ...
+def crc_spread_runs() -> int:
+    """io_uring batches whose landed pieces were checksummed on several threads."""
+
 def io_uring_status() -> tuple[bool, str]:
     """(usable, reason): sets up a small ring to find out."""
 

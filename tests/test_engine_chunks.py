@@ -543,3 +543,65 @@ def test_tmpfs_reads_through_io_wq_are_exact(mem_async, tmp_path):
             continue  # tmpfs without O_DIRECT (Linux < 6.6)
         else:
             assert status == 0 and exact, (direct, i, status)
+
+
+SPREAD_BODY = """
+import random
+from lmcache_fx.core.chunkfile import encode_header, ChunkMeta, HEADER_SIZE
+root = ARGS["root"]
+rng = random.Random(9)
+sizes = [rng.randrange(1, 3 << 20) // 4096 * 4096 + 4096 for _ in range(12)]
+pl = [bytearray(rng.randbytes(n)) for n in sizes]
+os.makedirs(os.path.join(root, "ab"), exist_ok=True)
+for i, p in enumerate(pl):
+    h = bytearray(HEADER_SIZE)
+    encode_header(h, f"s{i}", ChunkMeta(((len(p),),), ("uint8",), "raw"), len(p), fx.crc32c(bytes(p)), 1)
+    if i == 5:
+        p[len(p) // 2] ^= 1  # damaged after its CRC was taken
+    with open(os.path.join(root, "ab", f"s{i}.fxkv"), "wb") as f:
+        f.write(bytes(h) + bytes(p))
+rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+eng = fx.Engine("io_uring", queue_depth=16, split_bytes=256 * 1024)
+runs0 = fx.crc_spread_runs()
+report = []
+for direct in ARGS["directs"]:
+    dest = fx.HostBuffer(sum(sizes), hugepages=False)
+    sc = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
+    offs = [sum(sizes[:i]) for i in range(len(sizes))]
+    chunks = [(rfd, f"ab/s{i}.fxkv", dest.address + offs[i], n) for i, n in enumerate(sizes)]
+    res = eng.read_chunks(chunks, sc.address, verify=True, direct=direct)
+    mv = memoryview(dest)
+    for i, r in enumerate(res):
+        report.append([direct, i, r[0], bytes(mv[offs[i]:offs[i] + sizes[i]]) == bytes(pl[i])])
+# Engine.write / read with crc=True: the same spread, CRCs against the plain function.
+big = fx.HostBuffer(8 << 20, hugepages=False)
+memoryview(big)[:] = rng.randbytes(8 << 20)
+fd = os.open(os.path.join(root, "w.bin"), os.O_RDWR | os.O_CREAT, 0o600)
+want = fx.crc32c(bytes(memoryview(big)[: 4 << 20]))
+ops = [(fd, 0, 4 << 20, big.address), (fd, 4 << 20, 4 << 20, big.address + (4 << 20))]
+w = eng.write(ops, crc=True)
+back = fx.HostBuffer(8 << 20, hugepages=False)
+r = eng.read([(fd, 0, 4 << 20, back.address), (fd, 4 << 20, 4 << 20, back.address + (4 << 20))], crc=True)
+crcs = [w[0][1] == want, w[1][1] == fx.crc32c(bytes(memoryview(big)[4 << 20:])), r[0][1] == want,
+        bytes(back) == bytes(big)]
+os.close(fd)
+eng.close()
+os.close(rfd)
+out(report=report, crcs=crcs, runs=fx.crc_spread_runs() - runs0)
+"""
+
+
+@needs_uring
+def test_checksums_spread_over_threads_are_exact(store, tmp_path):
+    """With several CPUs, the io_uring engine checksums landed pieces on a
+    few threads at once (forced here with LMCACHE_FX_CRC_WIDTH=2): every
+    good chunk is exact with status 0, the damaged one is a payload CRC
+    mismatch, and Engine.write/read CRCs equal the plain function's."""
+    r = run_child(SPREAD_BODY, {"root": store, "directs": directs(store)}, tmp_path, env={"LMCACHE_FX_CRC_WIDTH": "2"})
+    assert r["runs"] > 0, "the checksums were never spread"
+    for direct, i, status, exact in r["report"]:
+        if i == 5:
+            assert status == fx.CHUNK_PAYLOAD_CRC, (direct, status)
+        else:
+            assert status == 0 and exact, (direct, i, status)
+    assert all(r["crcs"]), r["crcs"]
