@@ -127,11 +127,35 @@ fx_pool *fx_engine_pool(PyObject *engine)
 uint64_t fx_engine_split_bytes(PyObject *engine) { return ((EngineObject *)engine)->split_bytes; }
 unsigned fx_engine_queue_depth(PyObject *engine) { return ((EngineObject *)engine)->queue_depth; }
 
-/* Runs a prepared batch; no GIL. */
+static fx_pool *chunk_openers(EngineObject *e, int *width);
+
+/* Whether every piece of a batch is a read served from memory (tmpfs and
+ * the like: fx_piece.mem). */
+static int memory_reads(const fx_batch *b)
+{
+    if (b->write || b->npieces == 0)
+        return 0;
+    for (size_t i = 0; i < b->npieces; i++)
+        if (!b->pieces[i].mem)
+            return 0;
+    return 1;
+}
+
+/* Runs a prepared batch; no GIL. A batch read wholly from memory runs on
+ * threads even in the io_uring engine: there io_uring only hands each copy
+ * to an io-wq worker, and the CRC then runs cold on the reaping thread,
+ * where a pool thread checksums each piece right after copying it, while it
+ * is still in cache (tmpfs, 7 x 64 MiB: docs/benchmarks.md). */
 static int engine_run(EngineObject *e, fx_batch *b)
 {
-    if (e->kind == KIND_URING)
+    if (e->kind == KIND_URING) {
+        int width;
+        fx_pool *pool = memory_reads(b) ? chunk_openers(e, &width) : NULL;
+
+        if (pool)
+            return fx_pool_run(pool, b, (int)e->queue_depth);
         return fx_uring_run(e->uring, b);
+    }
     return fx_pool_run(e->pool, b, (int)e->queue_depth);
 }
 
@@ -341,8 +365,6 @@ static void Engine_dealloc(EngineObject *self)
     Py_XDECREF(self->fallback_reason);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
-
-static fx_pool *chunk_openers(EngineObject *e, int *width);
 
 /* io_uring: the threads that may checksum a batch's landed pieces beside its
  * reaping thread (the openers' pool). */

@@ -511,6 +511,18 @@ for direct in (False, True):
     for (fd, _, n, _), (got, crc), p in zip(ops, rr, pl):
         report.append(["ops", n, got, crc == fx.crc32c(p)])
         os.close(fd)
+# A batch partly on disk (O_DIRECT on the test's directory): the io_uring path, the memory piece via io-wq.
+disk = os.path.join(ARGS["disk"], "d.bin")
+with open(disk, "wb") as f:
+    f.write(pl[2])
+dfd = os.open(disk, os.O_RDONLY | os.O_DIRECT)
+mfd = os.open(os.path.join(root, "ab", "m3.fxkv"), os.O_RDONLY)
+d2 = fx.HostBuffer(8 << 20, hugepages=False)
+rr = eng.read([(mfd, 4096, sizes[3], d2.address), (dfd, 0, sizes[2], d2.address + (4 << 20))], crc=True)
+report.append(["ops", sizes[3], rr[0][0], rr[0][1] == fx.crc32c(pl[3])])
+report.append(["ops", sizes[2], rr[1][0], rr[1][1] == fx.crc32c(pl[2])])
+os.close(dfd)
+os.close(mfd)
 eng.close()
 out(report=report)
 """
@@ -518,11 +530,13 @@ out(report=report)
 
 @needs_uring
 @pytest.mark.parametrize("mem_async", ["", "0", "1"])
-def test_tmpfs_reads_through_io_wq_are_exact(mem_async, tmp_path):
-    """Reads served from memory (tmpfs, buffered fds) go to io-wq workers
-    (IOSQE_ASYNC) above LMCACHE_FX_MEM_ASYNC bytes (default 128 KiB; 0 never,
-    1 always): bytes and CRCs stay exact, buffered and O_DIRECT (tmpfs takes
-    it from Linux 6.6; refused before, which is a per-chunk -EINVAL)."""
+def test_tmpfs_reads_are_exact(mem_async, tmp_path):
+    """Reads served from memory (tmpfs, buffered fds): a batch wholly in
+    memory runs on threads; in a batch partly on disk, the memory pieces go
+    to io-wq workers (IOSQE_ASYNC) above LMCACHE_FX_MEM_ASYNC bytes (default
+    128 KiB; 0 never, 1 always). Bytes and CRCs stay exact, buffered and
+    O_DIRECT (tmpfs takes it from Linux 6.6; refused before, which is a
+    per-chunk -EINVAL)."""
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
     import tempfile
@@ -530,7 +544,10 @@ def test_tmpfs_reads_through_io_wq_are_exact(mem_async, tmp_path):
     root = tempfile.mkdtemp(dir="/dev/shm", prefix="fx-chunks-")
     try:
         r = run_child(
-            TMPFS_BODY, {"root": root}, tmp_path, env={"LMCACHE_FX_MEM_ASYNC": mem_async} if mem_async else None
+            TMPFS_BODY,
+            {"root": root, "disk": str(tmp_path)},
+            tmp_path,
+            env={"LMCACHE_FX_MEM_ASYNC": mem_async} if mem_async else None,
         )
     finally:
         import shutil
