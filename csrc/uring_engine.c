@@ -571,22 +571,29 @@ static int cqe_result(int write, int res)
 }
 
 /* Landed bytes worth spreading over threads (below it, a hand-off costs
- * more than it saves); LMCACHE_FX_CRC_WIDTH overrides the width (tests). */
+ * more than it saves). For tests, LMCACHE_FX_CRC_WIDTH overrides the width
+ * and LMCACHE_FX_CRC_MIN the bytes (0: every landing, one piece included). */
 #define CRC_PARALLEL_MIN (2u << 20)
+static int crc_cap;
+static uint64_t crc_min = CRC_PARALLEL_MIN;
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_setup(void)
+{
+    const char *w = getenv("LMCACHE_FX_CRC_WIDTH"), *m = getenv("LMCACHE_FX_CRC_MIN");
+    int want = w && *w ? atoi(w) : 0;
+
+    if (m && *m)
+        crc_min = strtoull(m, NULL, 10);
+    /* One CPU stays with the reaping thread, which waits meanwhile but must
+     * wake to refill the ring. */
+    crc_cap = want > 0 ? want : (int)iowq_workers() - 1;
+}
 
 static int crc_width(const fx_batch *b)
 {
-    static int cap = -1;
-
-    if (cap < 0) {
-        const char *v = getenv("LMCACHE_FX_CRC_WIDTH");
-        int want = v && *v ? atoi(v) : 0;
-
-        /* One CPU stays with the reaping thread, which waits meanwhile but
-         * must wake to refill the ring. */
-        cap = want > 0 ? want : (int)iowq_workers() - 1;
-    }
-    return b->crc_width < cap ? b->crc_width : cap;
+    pthread_once(&crc_once, crc_setup);
+    return b->crc_width < crc_cap ? b->crc_width : crc_cap;
 }
 
 _Atomic unsigned long fx_crc_spread_runs;
@@ -601,16 +608,16 @@ static void checksum_landed(void *ctx, size_t i)
 static void finish_landed(run_state *st)
 {
     const fx_batch *b = st->b;
-    int width = b->want_crc && b->crc_pool && st->nlanded > 1 ? crc_width(b) : 0;
+    int width = b->want_crc && b->crc_pool && st->nlanded ? crc_width(b) : 0;
     int summed = 0;
 
-    if (width > 1) {
+    if (width > 1 && (st->nlanded > 1 || crc_min == 0)) {
         uint64_t bytes = 0;
 
         for (unsigned i = 0; i < st->nlanded; i++)
             if (st->landed_res[i] > 0)
                 bytes += (uint64_t)st->landed_res[i];
-        if (bytes >= CRC_PARALLEL_MIN)
+        if (bytes >= crc_min)
             summed = fx_pool_parallel(b->crc_pool, st->nlanded, checksum_landed, st, width) == 0;
         if (summed)
             fx_crc_spread_runs++;

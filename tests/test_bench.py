@@ -13,6 +13,8 @@ from lmcache_fx.tools import bench, cli
 from lmcache_fx.tools.bench import readers as bench_readers
 from lmcache_fx.tools.models import MIB, Geometry
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 # ------------------------------------------------------------------ parsing
 
 
@@ -319,6 +321,10 @@ def test_best_peer_and_ratios_leave_fx_and_fio_out():
     bp = best_peer(res)
     assert bp["tier_read_gbps"] == {"reader": "fs_native", "value": 5.0}
     assert bp["tier_cpu_s_per_gb"]["value"] == 0.01
+    # Within a level: fs_native is no engine-level peer.
+    engine_level = best_peer(res, {"local_disk", "fs_connector", "rust_raw_block"})
+    assert all(v["reader"] != "fs_native" for v in engine_level.values())
+    assert best_peer(res, {"fs_native"})["store_gbps"] == {"reader": "fs_native", "value": 2.0}
 
 
 def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
@@ -370,6 +376,7 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     assert "workers" in d["readers"]["fs_native"]["label"]
     assert d["best_peer"]["tier_read_gbps"]["reader"] == "fs_native"
     assert d["readers"]["fx"]["ratio_to_best_peer"]["tier_read"] is not None
+    assert "store_same_level" in d["readers"]["fx"]["ratio_to_best_peer"]
     pc = d["per_chunk"]["readers"]
     assert pc["fs_native"]["tier_us_per_chunk"] > 0 and pc["fx-l2"]["tier_us_per_chunk"] > 0
     assert not os.listdir(odirect_tmp) or all(not n.startswith("lmcache-fx-bench-") for n in os.listdir(odirect_tmp))
@@ -433,3 +440,23 @@ def test_devices_two_stripes_fx_and_labels_single_device_peers(tmp_path):
     assert d["readers"]["fio"]["reps"][0]["jobs"] == 2
     for dev_dir in d["config"]["devices"]:  # ours unmounted, mount points and bench dirs gone
         assert not os.path.exists(os.path.dirname(dev_dir))
+
+
+def test_docs_tables_are_rendered_from_the_committed_json():
+    """scripts/bench_tables.py, which writes docs/benchmarks.md's tables:
+    every reader's median tier figure and fx's ratios appear as the JSON has them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with open(os.path.join(ROOT, "docs", "bench-xfs-64m.json")) as f:
+        d = json.load(f)
+    out = mod.render(d)
+    assert d["command"] in out
+    for e in d["readers"].values():
+        if e.get("available"):
+            line = next(x for x in out.splitlines() if x.startswith(f"| {e['label']} |") or f"**{e['label']}**" in x)
+            assert f"{e['median']['tier_read_gbps']:.2f}" in line
+            if e.get("ratio_to_best_peer"):
+                assert f"{e['ratio_to_best_peer']['tier_read']:.2f}×" in line

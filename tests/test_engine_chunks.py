@@ -611,10 +611,16 @@ out(report=report, crcs=crcs, runs=fx.crc_spread_runs() - runs0)
 @needs_uring
 def test_checksums_spread_over_threads_are_exact(store, tmp_path):
     """With several CPUs, the io_uring engine checksums landed pieces on a
-    few threads at once (forced here with LMCACHE_FX_CRC_WIDTH=2): every
+    few threads at once (forced here for every landing with LMCACHE_FX_CRC_WIDTH=2 and
+    LMCACHE_FX_CRC_MIN=0: which pieces land together is up to timing): every
     good chunk is exact with status 0, the damaged one is a payload CRC
     mismatch, and Engine.write/read CRCs equal the plain function's."""
-    r = run_child(SPREAD_BODY, {"root": store, "directs": directs(store)}, tmp_path, env={"LMCACHE_FX_CRC_WIDTH": "2"})
+    r = run_child(
+        SPREAD_BODY,
+        {"root": store, "directs": directs(store)},
+        tmp_path,
+        env={"LMCACHE_FX_CRC_WIDTH": "2", "LMCACHE_FX_CRC_MIN": "0"},
+    )
     assert r["runs"] > 0, "the checksums were never spread"
     for direct, i, status, exact in r["report"]:
         if i == 5:

@@ -63,13 +63,20 @@ def format_table(results: dict) -> str:
             f"tier CPU: {who('tier_cpu_s_per_gb')} s/GB)\n"
         )
         lw = max([36] + [len(label) + 2 for label, _ in fxs])
-        out += "reader".ljust(lw) + f"{'tier read':>12}{'store':>12}{'tier CPU':>12}\n"
+        out += "reader".ljust(lw) + f"{'tier read':>12}{'store':>12}{'store, same level':>19}{'tier CPU':>12}\n"
         for label, r in fxs:
             out += (
                 label.ljust(lw)
-                + "".join(_f(r.get(k), "{:.2f}x").rjust(12) for k in ("tier_read", "store", "tier_cpu"))
+                + "".join(
+                    _f(r.get(k), "{:.2f}x").rjust(w)
+                    for k, w in (("tier_read", 12), ("store", 12), ("store_same_level", 19), ("tier_cpu", 12))
+                )
                 + "\n"
             )
+        out += (
+            "(store, same level: against the best store through LMCache's engine for fx's plugins, through the "
+            "L2 interface for fx-l2; an engine-level store includes LMCache's own copy into its pool)\n"
+        )
     nd = len(c.get("devices") or [])
     if nd > 1:
         fio = results["readers"].get("fio", {})

@@ -254,13 +254,21 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
         e["cpu_ratio_to_fio"] = ratio(e["median"]["tier_cpu_s_per_gb"], fio_med.get("tier_cpu_s_per_gb"))
     results["machine"]["loadavg_end"] = list(os.getloadavg())  # other work on the host during the run
     results["best_peer"] = best_peer(results)
+    # A store figure through LMCache's engine includes LMCache's own copy into its pool; one through the
+    # L2 interface does not. So stores are also compared within their level.
+    results["best_store_same_level"] = {
+        "engine": best_peer(results, LMCACHE_ENGINE_READERS).get("store_gbps"),
+        "l2": best_peer(results, L2_READERS).get("store_gbps"),
+    }
     bp = results["best_peer"]
     for name, e in results["readers"].items():
         if e.get("available") and is_fx(name):
             m = e["median"]
+            level = results["best_store_same_level"]["l2" if name in L2_READERS else "engine"]
             e["ratio_to_best_peer"] = {
                 "tier_read": ratio(m["tier_read_gbps"], (bp.get("tier_read_gbps") or {}).get("value")),
                 "store": ratio(m["store_gbps"], (bp.get("store_gbps") or {}).get("value")),
+                "store_same_level": ratio(m["store_gbps"], (level or {}).get("value")),
                 "tier_cpu": ratio(m["tier_cpu_s_per_gb"], (bp.get("tier_cpu_s_per_gb") or {}).get("value")),
             }
     return results
@@ -270,14 +278,15 @@ def is_fx(name: str) -> bool:
     return name.startswith("fx")
 
 
-def best_peer(results: dict) -> dict:
-    """Among the readers that are neither lmcache-fx nor fio: the highest
-    median tier read and store GB/s and the lowest tier CPU s/GB, with who."""
+def best_peer(results: dict, among: Optional[set] = None) -> dict:
+    """Among the readers that are neither lmcache-fx nor fio (and are in
+    `among`, when given): the highest median tier read and store GB/s and
+    the lowest tier CPU s/GB, with who."""
     out = {}
     peers = [
         (n, e["median"])
         for n, e in results["readers"].items()
-        if e.get("available") and e.get("all_ok") and not is_fx(n) and n != "fio"
+        if e.get("available") and e.get("all_ok") and not is_fx(n) and n != "fio" and (among is None or n in among)
     ]
     for metric, better in (("tier_read_gbps", max), ("store_gbps", max), ("tier_cpu_s_per_gb", min)):
         vals = [(m[metric], n) for n, m in peers if m.get(metric) is not None]

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Markdown tables for docs/benchmarks.md from a `lmcache-fx bench --json`
+file, so the page's figures are the JSON's and nothing is typed by hand:
+
+    python scripts/bench_tables.py docs/bench-xfs-64m.json
+
+Prints the command line and commit, the main table (medians; fx's ratios to
+the best peer, its store also against the best store of its own level), the
+latency table and the cost-per-chunk table when the run has them."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _f(v, fmt: str) -> str:
+    return "–" if v is None else fmt.format(v)
+
+
+def main_table(d: dict) -> str:
+    rows = [
+        "| reader | tier GB/s | retrieve GB/s | store GB/s | tier CPU s/GB | read / best peer "
+        "| store / best peer, same level | CPU / lowest |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    best = (d.get("best_peer") or {}).get("tier_read_gbps", {}).get("reader")
+    for name, e in d["readers"].items():
+        if not e.get("available"):
+            rows.append(f"| {e['label']} | skipped: {e.get('skip_reason', '')} |||||||")
+            continue
+        m, r = e["median"], e.get("ratio_to_best_peer") or {}
+        label = f"**{e['label']}**" if name == best else e["label"]
+        tier = _f(m["tier_read_gbps"], "{:.2f}")
+        rows.append(
+            f"| {label} | {f'**{tier}**' if name == best else tier} | {_f(m.get('retrieve_gbps'), '{:.2f}')} "
+            f"| {_f(m.get('store_gbps'), '{:.2f}')} | {_f(m.get('tier_cpu_s_per_gb'), '{:.3f}')} "
+            f"| {_f(r.get('tier_read'), '{:.2f}×') if r else ''} "
+            f"| {_f(r.get('store_same_level'), '{:.2f}×') if r else ''} "
+            f"| {_f(r.get('tier_cpu'), '{:.1f}×') if r else ''} |"
+        )
+    return "\n".join(rows)
+
+
+def latency_table(d: dict) -> str:
+    lat = [(e["label"], e["latency"]) for e in d["readers"].values() if e.get("available") and e.get("latency")]
+    if not lat:
+        return ""
+    concs = sorted({int(c) for _, x in lat for c in x}, key=int)
+    rows = ["| reader | " + " | ".join(f"{c} in flight" for c in concs) + " |", "|---|" + "---:|" * len(concs)]
+    for label, x in lat:
+        cells = []
+        for c in concs:
+            v = x.get(str(c)) or {}
+            cells.append(f"{v['p50_ms']:.1f} / {v['p99_ms']:.1f}" if "p50_ms" in v else "–")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def per_chunk_table(d: dict) -> str:
+    pc = (d.get("per_chunk") or {}).get("readers") or {}
+    if not pc:
+        return ""
+    rows = ["| reader | read µs/chunk | read CPU µs/chunk | store µs/chunk |", "|---|---:|---:|---:|"]
+    for e in pc.values():
+        if e.get("available"):
+            rows.append(
+                f"| {e['label']} | {_f(e['tier_us_per_chunk'], '{:.1f}')} "
+                f"| {_f(e['tier_cpu_us_per_chunk'], '{:.1f}')} | {_f(e['store_us_per_chunk'], '{:.1f}')} |"
+            )
+    return "\n".join(rows)
+
+
+def render(d: dict) -> str:
+    m = d["machine"]
+    head = (
+        f"`{d['command']}` at `{(d.get('git_commit') or 'unknown')[:12]}`; {d['config']['reps']} reps, medians; "
+        f"load average at the start {m['loadavg_start'][0]:.1f}, at the end {m['loadavg_end'][0]:.1f} "
+        f"({m['cpus']} cores); {'cold' if d['cold'] else 'WARM'}."
+    )
+    parts = [head, main_table(d)]
+    lat = latency_table(d)
+    if lat:
+        parts += ["Latency per one-chunk request, p50 / p99 ms:", lat]
+    pc = per_chunk_table(d)
+    if pc:
+        n = d["per_chunk"]
+        parts += [
+            f"Cost per chunk ({n['n_chunks']} chunks of {n['chunk_bytes'] // 1024} KiB, medians of {n['reps']}):",
+            pc,
+        ]
+    return "\n\n".join(parts)
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            print(render(json.load(f)))
+            print()
