@@ -3,6 +3,7 @@
 file, so the page's figures are the JSON's and nothing is typed by hand:
 
     python scripts/bench_tables.py docs/bench-xfs-64m.json
+    python scripts/bench_tables.py --ratios docs/bench-xfs-64m.json docs/bench-repeats/xfs-64m-run*.json
 
 Prints the command line and commit, the main table (medians; fx's ratios to
 the best peer, its store also against the best store of its own level), the
@@ -92,7 +93,38 @@ def render(d: dict) -> str:
     return "\n\n".join(parts)
 
 
+def ratios_table(paths: list[str]) -> str:
+    """fx's ratios in each of several runs of one case (the same command at
+    the same commit): tier read and store (same level) against the best peer,
+    as min / median / max over the runs."""
+    runs = []
+    for p in paths:
+        with open(p) as f:
+            runs.append(json.load(f))
+    rows = [
+        f"{len(runs)} runs ({', '.join(r['command'].split('--json ')[-1].split()[0] for r in runs)}):",
+        "",
+        "| reader | read / best peer (min · median · max) | store / best of its level | tier CPU / lowest |",
+        "|---|---|---|---|",
+    ]
+    names = [n for n, e in runs[0]["readers"].items() if e.get("ratio_to_best_peer")]
+    for n in names:
+        cells = []
+        for k, fmt in (("tier_read", "{:.2f}×"), ("store_same_level", "{:.2f}×"), ("tier_cpu", "{:.1f}×")):
+            vs = sorted(
+                v
+                for r in runs
+                if (v := ((r["readers"].get(n) or {}).get("ratio_to_best_peer") or {}).get(k)) is not None
+            )
+            cells.append(" · ".join(fmt.format(v) for v in (vs[0], vs[len(vs) // 2], vs[-1])) if vs else "–")
+        rows.append(f"| {runs[0]['readers'][n]['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--ratios"]:
+        print(ratios_table(sys.argv[2:]))
+        sys.exit(0)
     for path in sys.argv[1:]:
         with open(path) as f:
             print(render(json.load(f)))

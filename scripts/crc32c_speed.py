@@ -16,6 +16,7 @@ the same way through ctypes, for a like-for-like before/after.
 
 import argparse
 import ctypes
+import json
 import os
 import statistics
 import subprocess
@@ -59,6 +60,7 @@ def table(rows, fns, addr):
     """rows: label per fn; prints one line per fn and size."""
     width = max(len(r) for r in rows)
     print(f"{'':{width}} {'size':>7} {'GB/s':>7} {'CPU ns/B':>9} {'net GB/s':>9} {'net ns/B':>9}")
+    out = []
     for label, fn in zip(rows, fns):
         w0, c0 = measure(fn, addr, 0)
         for name, n in SIZES:
@@ -68,7 +70,18 @@ def table(rows, fns, addr):
                 f"{label:{width}} {name:>7} {n / w / 1e9:7.2f} {c / n * 1e9:9.4f} "
                 f"{n / nw / 1e9:9.2f} {nc / n * 1e9:9.4f}"
             )
+            out.append(
+                {
+                    "impl": label or out[-1]["impl"],
+                    "size": name,
+                    "bytes": n,
+                    "gbps": n / w / 1e9,
+                    "cpu_ns_per_byte": c / n * 1e9,
+                    "net_gbps": n / nw / 1e9,
+                }
+            )
             label = ""
+    return out
 
 
 def build_so(source_text, out_dir, name):
@@ -87,6 +100,7 @@ def build_so(source_text, out_dir, name):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--compare", metavar="REV", help="also time csrc/crc32c.c at git REV vs the working tree")
+    ap.add_argument("--json", metavar="FILE", help="also write the extension's figures, command and commit here")
     args = ap.parse_args()
 
     size = max(n for _, n in SIZES)
@@ -100,7 +114,22 @@ def main():
     print(f"CRC32C implementation: {fx.CRC32C_IMPL}")
     print("medians of 5; CPU = this thread's CPU time; net = minus a zero-length call\n")
     at = fx.crc32c_at
-    table([f"extension ({fx.CRC32C_IMPL})"], [lambda a, n: at(a, n)], addr)
+    rows = table([f"extension ({fx.CRC32C_IMPL})"], [lambda a, n: at(a, n)], addr)
+    if args.json:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "command": "python " + " ".join(["scripts/crc32c_speed.py", *sys.argv[1:]]),
+                    "git_commit": commit.strip() or None,
+                    "cpus": os.cpu_count(),
+                    "implementation": fx.CRC32C_IMPL,
+                    "note": "medians of 5; a 64 MiB buffer does not fit in cache: memory-bound",
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
 
     if args.compare:
         old = subprocess.run(

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Store-level probes behind docs/benchmarks.md's analysis (root: XFS on a
+RAM-backed loop device, cold reads), no LMCache in the way:
+
+  reads:  ChunkStore.read of 7 x 64 MiB chunks into one huge-page registered
+          buffer, verify on / off, 1 MiB and 16 MiB pieces, against whole-file
+          O_DIRECT preads of the same files on 8 Python threads (what fs_native
+          does in C++), interleaved, medians;
+  stores: ChunkStore.write of 238 x 2 MiB, each stage of the write timed
+          (temporaries, reservation, payload, headers, commit), per chunk.
+
+    .venv/bin/python scripts/store_probe.py --json docs/store-probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from lmcache_fx import _fxio  # noqa: E402
+from lmcache_fx.core import store as store_mod  # noqa: E402
+from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest  # noqa: E402
+from lmcache_fx.core.options import FxOptions  # noqa: E402
+from lmcache_fx.testing.loopfs import drop_caches, xfs_loop  # noqa: E402
+
+MIB = 1 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _threads_read(paths, dst: int, span: int, nthreads: int) -> None:
+    it, lock = iter(range(len(paths))), threading.Lock()
+
+    def work():
+        while True:
+            with lock:
+                i = next(it, None)
+            if i is None:
+                return
+            fd = os.open(paths[i], os.O_RDONLY | os.O_DIRECT)
+            try:
+                n = _libc.pread(fd, ctypes.c_void_p(dst + i * span), ctypes.c_size_t(span), ctypes.c_long(0))
+                assert n == span, n
+            finally:
+                os.close(fd)
+
+    ts = [threading.Thread(target=work) for _ in range(nthreads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def reads(mnt: str, reps: int) -> dict:
+    cb, n = 64 * MIB, 7
+    src = _fxio.HostBuffer(cb * n, hugepages=True)
+    memoryview(src)[:] = os.urandom(cb * n)
+    meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
+    d = os.path.join(mnt, "reads")
+    s = store_mod.ChunkStore(FxOptions(path=d, max_capacity_gb=1e6))
+    keys = [f"r{i}" for i in range(n)]
+    assert all(s.write([(k, src.address + i * cb, cb, meta) for i, k in enumerate(keys)]))
+    paths = [s.path_for(chunk_digest(k)) for k in keys]
+    s.close()
+    span = cb + HEADER_SIZE
+    dst = _fxio.HostBuffer(n * span, hugepages=True)
+    modes = {
+        "fx verify on, 1 MiB pieces, QD 32": (True, MIB, 32),
+        "fx verify on, 16 MiB pieces, QD 16": (True, 16 * MIB, 16),
+        "fx verify off, 1 MiB pieces, QD 32": (False, MIB, 32),
+        "fx verify off, 16 MiB pieces, QD 16": (False, 16 * MIB, 16),
+        "whole-file O_DIRECT pread, 8 threads": None,
+    }
+    raw: dict = {m: [] for m in modes}
+    for _ in range(reps):
+        for m, how in modes.items():
+            if how is None:
+                drop_caches()
+                c0, t0 = _cpu(), time.perf_counter()
+                _threads_read(paths, dst.address, span, 8)
+            else:
+                verify, split, qd = how
+                eng = _fxio.Engine("io_uring", qd, split)
+                eng.register_buffer(dst.address, n * span)
+                st = store_mod.ChunkStore(
+                    FxOptions(path=d, queue_depth=qd, split_bytes=split, verify=verify, max_capacity_gb=1e6),
+                    engine=eng,
+                )
+
+                def alloc(_meta, slot=iter(range(2 * n))):
+                    i = next(slot) % n
+                    return i, dst.address + i * cb, cb
+
+                st.read(keys, alloc, lambda h: None)  # learns the headers, as a running store has
+                drop_caches()
+                c0, t0 = _cpu(), time.perf_counter()
+                out = st.read(keys, alloc, lambda h: None)
+                assert all(o is not None for o in out)
+            dt, c = time.perf_counter() - t0, _cpu() - c0
+            if how is not None:
+                st.close()
+                eng.close()
+            gb = n * cb / 1e9
+            raw[m].append({"gbps": gb / dt, "cpu_s_per_gb": c / gb})
+    return {
+        "chunks": f"{n} x 64 MiB",
+        "reps": reps,
+        "cold": True,
+        "modes": {
+            m: {
+                "gbps": statistics.median(x["gbps"] for x in v),
+                "cpu_s_per_gb": statistics.median(x["cpu_s_per_gb"] for x in v),
+                "gbps_each": [round(x["gbps"], 3) for x in v],
+            }
+            for m, v in raw.items()
+        },
+    }
+
+
+def store_stages(mnt: str, reps: int) -> dict:
+    cb, n = 2 * MIB, 238
+    src = _fxio.HostBuffer(cb * n, hugepages=True)
+    memoryview(src)[:] = os.urandom(cb * n)
+    meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
+    spent: dict = {}
+    cls = store_mod.ChunkStore
+    saved = {name: getattr(cls, name) for name in ("_create_tmp", "_reserve", "_commit")}
+
+    def timed(name, f):
+        @functools.wraps(f)
+        def w(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+
+        return w
+
+    for name, f in saved.items():
+        setattr(cls, name, timed(name, f))
+    try:
+        s = cls(FxOptions(path=os.path.join(mnt, "stores"), max_capacity_gb=1e6))
+        real = s.engine
+
+        class Timed:  # the engine, its write() timed: payloads (crc=True) and headers apart
+            def __getattr__(self, a):
+                return getattr(real, a)
+
+            def write(self, ops, crc=False, split=0):
+                t0 = time.perf_counter()
+                try:
+                    return real.write(ops, crc=crc, split=split)
+                finally:
+                    k = "payload write" if crc else "header write"
+                    spent[k] = spent.get(k, 0.0) + time.perf_counter() - t0
+
+        t = Timed()
+        s.engine = s._wengine = s._wengine_for = t
+        total = 0.0
+        for rep in range(reps):
+            items = [(f"w{rep}-{i}", src.address + i * cb, cb, meta) for i in range(n)]
+            t0 = time.perf_counter()
+            assert all(s.write(items))
+            total += time.perf_counter() - t0
+            for k, *_ in items:
+                s.remove(k)
+        s.engine = real
+        s.close()
+    finally:
+        for name, f in saved.items():
+            setattr(cls, name, f)
+    per = reps * n
+    names = {
+        "_create_tmp": "create the temporary",
+        "_reserve": "reserve (ledger, ftruncate)",
+        "payload write": "payload write (O_DIRECT, CRC32C)",
+        "header write": "header write",
+        "_commit": "commit (trim, utime, rename, ledger)",
+    }
+    return {
+        "chunks": f"{n} x 2 MiB",
+        "reps": reps,
+        "gbps": per * cb / 1e9 / total,
+        "us_per_chunk": {names[k]: spent[k] / per * 1e6 for k in names if k in spent},
+        "us_per_chunk_total": total / per * 1e6,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+    with xfs_loop("3G") as mnt:
+        r = reads(mnt, args.reps)
+        w = store_stages(mnt, 5)
+    out = {
+        "command": "python " + " ".join(["scripts/store_probe.py", *sys.argv[1:]]),
+        "git_commit": subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        or None,
+        "cpus": os.cpu_count(),
+        "loadavg_end": list(os.getloadavg()),
+        "medium": "XFS on a 3 GiB RAM-backed loop device",
+        "reads": r,
+        "stores": w,
+    }
+    for m, v in r["modes"].items():
+        print(f"{m:40} {v['gbps']:.2f} GB/s  {v['cpu_s_per_gb']:.3f} CPU s/GB")
+    print(f"stores {w['chunks']}: {w['gbps']:.2f} GB/s; µs per chunk:")
+    for k, v in w["us_per_chunk"].items():
+        print(f"  {k:40} {v:7.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
