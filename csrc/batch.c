@@ -36,6 +36,7 @@ int fx_fork_guard_init(void)
 /* ---------------------------------------------------------- fault points */
 
 _Atomic int fx_fault_on;
+_Atomic unsigned long fx_crc_spread_runs; /* counted by the io_uring engine; 0 without it */
 static _Atomic long fault_left[FX_FAULT_NKINDS];
 static _Atomic long fault_fired[FX_FAULT_NKINDS];
 static const char *const fault_names[FX_FAULT_NKINDS] = {

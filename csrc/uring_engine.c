@@ -596,8 +596,6 @@ static int crc_width(const fx_batch *b)
     return b->crc_width < crc_cap ? b->crc_width : crc_cap;
 }
 
-_Atomic unsigned long fx_crc_spread_runs;
-
 static void checksum_landed(void *ctx, size_t i)
 {
     run_state *st = ctx;
