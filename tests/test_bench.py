@@ -329,8 +329,9 @@ def test_best_peer_and_ratios_leave_fx_and_fio_out():
 
 def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     """The command end to end at tiny sizes with LMCache's fs_native and the
-    L2-level fx beside it: the JSON has verified figures for both, and the
-    cost-per-chunk table has them side by side."""
+    L2-level fx beside it: the JSON has verified figures for both, the
+    cost-per-chunk table has them side by side, and --mixed times stores
+    while loads run."""
     try:
         import lmcache.lmcache_fs  # noqa: F401
     except Exception as e:
@@ -358,6 +359,7 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
             "16",
             "--per-chunk-readers",
             "fx-l2,fs_native",
+            "--mixed",
             "--warm",
             "--quiet",
             "--json",
@@ -377,6 +379,10 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     assert d["best_peer"]["tier_read_gbps"]["reader"] == "fs_native"
     assert d["readers"]["fx"]["ratio_to_best_peer"]["tier_read"] is not None
     assert "store_same_level" in d["readers"]["fx"]["ratio_to_best_peer"]
+    for name in ("fs_native", "fx-l2"):  # --mixed: stores while loads run, every rep verified
+        m = d["readers"][name]["mixed"]
+        assert m["reps_ok"] == 2 and m["load_gbps"] > 0 and m["store_gbps"] > 0, d["readers"][name]["mixed_reps"]
+    assert "mixed" not in d["readers"]["fx"]  # an engine-level reader has no mixed mode
     pc = d["per_chunk"]["readers"]
     assert pc["fs_native"]["tier_us_per_chunk"] > 0 and pc["fx-l2"]["tier_us_per_chunk"] > 0
     assert not os.listdir(odirect_tmp) or all(not n.startswith("lmcache-fx-bench-") for n in os.listdir(odirect_tmp))

@@ -83,6 +83,12 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
     p.add_argument("--latency", action="store_true", help="also p50/p99 at --concurrency requests in flight")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument(
+        "--mixed",
+        action="store_true",
+        help="also stores while loads run (the L2 adapters): each loads its chunks while storing as many new "
+        "ones, both timed, against the same reader alone",
+    )
+    p.add_argument(
         "--per-chunk",
         type=int,
         default=0,
@@ -288,6 +294,7 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             verify=not args.no_verify,
             latency=args.latency,
             concurrency=tuple(_ints(args.concurrency)),
+            mixed=args.mixed,
             fs_native_workers=args.fs_native_workers,
             stripe=stripe,
         )

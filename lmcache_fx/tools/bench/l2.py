@@ -206,6 +206,62 @@ class L2Reader(Reader):
         self._drop(keys)
         return out
 
+    # ------------------------------------------------------------ stores while loads run
+    def mixed_rep(self, rep: int) -> dict:
+        """Stores the workload's chunks under one set of keys, drops the page
+        cache, then submits a store of as many new chunks and the load of the
+        first set at the same moment; each timed to its own completion. The
+        loaded bytes are checked."""
+        w, cfg = self.w, self.cfg
+        n, nb = cfg.n_chunks, w.nbytes
+        old, new = self.keys(20_000 + rep), self.keys(30_000 + rep)
+        if not self.store(old, self.src_objs):
+            raise RuntimeError(f"{self.name}: store failed")
+        if cfg.cold:
+            from ...testing.loopfs import drop_caches
+
+            drop_caches()
+        self.t[nb:].zero_()
+        self.lookup_lock(old)
+        a = self.adapter
+        t0 = time.perf_counter()
+        st = a.submit_store_task(new, self.src_objs)
+        lt = a.submit_load_task(old, self.dst_objs)
+        store_s = load_s = None
+        stored, loaded = False, 0
+        end = time.monotonic() + 300
+        while store_s is None or load_s is None:
+            if store_s is None:
+                done = a.pop_completed_store_tasks()
+                if st in done:
+                    store_s, stored = time.perf_counter() - t0, bool(done[st].is_successful())
+            if load_s is None:
+                bm = a.query_load_result(lt)
+                if bm is not None:
+                    load_s, loaded = time.perf_counter() - t0, bm.popcount()
+            if time.monotonic() > end:
+                raise RuntimeError(f"{self.name}: mixed rep did not finish")
+            if store_s is None or load_s is None:
+                _wait_fd(a.get_load_event_fd() if load_s is None else a.get_store_event_fd(), 0.002)
+        try:
+            a.submit_unlock(old)
+        except Exception:
+            pass
+        crc_ok = crc_of(self.t[nb:]) == w.src_crc if cfg.verify else True
+        self._drop(old)
+        self._drop(new)
+        ok = stored and loaded == n and crc_ok
+        gb = nb / GB
+        return {
+            "rep": rep,
+            "ok": ok,
+            "crc_ok": crc_ok,
+            "load_s": load_s,
+            "store_s": store_s,
+            "load_gbps": gb / load_s if ok else None,
+            "store_gbps": gb / store_s if ok else None,
+        }
+
     # ------------------------------------------------------------ latency
     def latency(self, conc: int) -> Optional[dict]:
         """p50/p99 of one-chunk load tasks with `conc` in flight, submitted

@@ -84,6 +84,19 @@ def format_table(results: dict) -> str:
         for e in results["readers"].values():
             if e.get("available") and e.get("devices", 1) > 1 and e is not fio:
                 out += f"{e['label']} / fio aggregate, tier read: {_f(e.get('ratio_to_fio'), '{:.2f}x')}\n"
+    mixed = [(e["label"], e["mixed"]) for e in results["readers"].values() if e.get("mixed")]
+    if mixed:
+        out += "\n\nstores while loads run (a store of as many new chunks submitted with the load), medians\n"
+        out += "reader".ljust(36) + f"{'load GB/s':>11}{'vs alone':>10}{'store GB/s':>12}{'vs alone':>10}\n"
+        for label, m in mixed:
+            out += (
+                label.ljust(36)
+                + _f(m.get("load_gbps"), "{:.2f}").rjust(11)
+                + _f(m.get("load_vs_alone"), "{:.2f}x").rjust(10)
+                + _f(m.get("store_gbps"), "{:.2f}").rjust(12)
+                + _f(m.get("store_vs_alone"), "{:.2f}x").rjust(10)
+                + "\n"
+            )
     lat = [(e["label"], e["latency"]) for e in results["readers"].values() if e.get("latency")]
     if lat:
         concs = sorted({int(k) for _, L in lat for k in L})

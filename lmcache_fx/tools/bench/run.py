@@ -243,6 +243,8 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
                     results["readers"][r.name].setdefault("latency", {})[str(conc)] = lat
                     prog.step(f"{r.name} latency @{conc}")
         prog.end()
+        if cfg.mixed:
+            run_mixed(cfg, live, results, quiet)
     fio = results["readers"].get("fio", {})
     fio_med = summarize(fio.get("reps", [])) if fio.get("available") else {}
     for _name, e in results["readers"].items():
@@ -272,6 +274,36 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
                 "tier_cpu": ratio(m["tier_cpu_s_per_gb"], (bp.get("tier_cpu_s_per_gb") or {}).get("value")),
             }
     return results
+
+
+def run_mixed(cfg: BenchConfig, live: list, results: dict, quiet: bool) -> None:
+    """Stores while loads run, for the readers that can (the L2 adapters):
+    cfg.reps interleaved reps; medians, and each against the same reader's
+    figure alone from the main reps."""
+    mixers = [r for r in live if hasattr(r, "mixed_rep")]
+    prog = Progress(cfg.reps * len(mixers), quiet)
+    for rep in range(cfg.reps):
+        for r in mixers:
+            e = results["readers"][r.name]
+            try:
+                e.setdefault("mixed_reps", []).append(r.mixed_rep(rep))
+            except Exception as ex:
+                e.setdefault("mixed_reps", []).append({"error": f"{type(ex).__name__}: {ex}", "ok": False})
+            prog.step(f"{r.name} mixed")
+    prog.end()
+    for r in mixers:
+        e = results["readers"][r.name]
+        reps = [x for x in e.get("mixed_reps", []) if x.get("ok")]
+        alone = summarize(e["reps"])
+        load = median([x["load_gbps"] for x in reps]) if reps else None
+        store = median([x["store_gbps"] for x in reps]) if reps else None
+        e["mixed"] = {
+            "reps_ok": len(reps),
+            "load_gbps": load,
+            "store_gbps": store,
+            "load_vs_alone": ratio(load, alone.get("tier_read_gbps")),
+            "store_vs_alone": ratio(store, alone.get("store_gbps")),
+        }
 
 
 def is_fx(name: str) -> bool:

@@ -137,6 +137,7 @@ class BenchConfig:
     verify: bool = True
     latency: bool = False
     concurrency: tuple = (1, 4, 16)
+    mixed: bool = False  # also: stores while loads run (L2 adapters)
     fs_native_workers: int = 8
     # --devices N: one bench directory per device, cfg.path being the first.
     # Readers that take a path list (fx) stripe over all of them, fio runs one
