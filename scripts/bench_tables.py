@@ -72,6 +72,22 @@ def per_chunk_table(d: dict) -> str:
     return "\n".join(rows)
 
 
+def mixed_table(d: dict) -> str:
+    rows = [
+        "| reader | load GB/s while storing | vs alone | store GB/s while loading | vs alone |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    mixed = [(e["label"], e["mixed"]) for e in d["readers"].values() if e.get("mixed")]
+    if not mixed:
+        return ""
+    for label, m in mixed:
+        rows.append(
+            f"| {label} | {_f(m.get('load_gbps'), '{:.2f}')} | {_f(m.get('load_vs_alone'), '{:.2f}×')} "
+            f"| {_f(m.get('store_gbps'), '{:.2f}')} | {_f(m.get('store_vs_alone'), '{:.2f}×')} |"
+        )
+    return "\n".join(rows)
+
+
 def render(d: dict) -> str:
     m = d["machine"]
     head = (
@@ -83,6 +99,12 @@ def render(d: dict) -> str:
     lat = latency_table(d)
     if lat:
         parts += ["Latency per one-chunk request, p50 / p99 ms:", lat]
+    mx = mixed_table(d)
+    if mx:
+        parts += [
+            "Stores while loads run (`--mixed`: a store of as many new chunks submitted with the load), medians:",
+            mx,
+        ]
     pc = per_chunk_table(d)
     if pc:
         n = d["per_chunk"]
