@@ -23,8 +23,8 @@ import resource
 import statistics
 import subprocess
 import sys
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -45,26 +45,18 @@ def _cpu() -> float:
 
 
 def _threads_read(paths, dst: int, span: int, nthreads: int) -> None:
-    it, lock = iter(range(len(paths))), threading.Lock()
+    """One whole-file O_DIRECT pread per file on nthreads threads."""
 
-    def work():
-        while True:
-            with lock:
-                i = next(it, None)
-            if i is None:
-                return
-            fd = os.open(paths[i], os.O_RDONLY | os.O_DIRECT)
-            try:
-                n = _libc.pread(fd, ctypes.c_void_p(dst + i * span), ctypes.c_size_t(span), ctypes.c_long(0))
-                assert n == span, n
-            finally:
-                os.close(fd)
+    def one(i: int) -> None:
+        fd = os.open(paths[i], os.O_RDONLY | os.O_DIRECT)
+        try:
+            n = _libc.pread(fd, ctypes.c_void_p(dst + i * span), ctypes.c_size_t(span), ctypes.c_long(0))
+            assert n == span, n
+        finally:
+            os.close(fd)
 
-    ts = [threading.Thread(target=work) for _ in range(nthreads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    with ThreadPoolExecutor(nthreads) as ex:
+        list(ex.map(one, range(len(paths))))
 
 
 def reads(mnt: str, reps: int) -> dict:
