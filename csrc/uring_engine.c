@@ -55,10 +55,11 @@ struct fx_uring {
 
 /* Reads served from memory (fx_piece.mem) of at least this many bytes go
  * to io-wq (IOSQE_ASYNC): completed inline they would all be copied by the
- * submitting thread, one core for the whole batch. (A batch wholly in
- * memory does not come here: the engine runs it on threads, module.c.) Smaller ones stay inline,
+ * submitting thread, one core for the whole batch. Smaller ones stay inline,
  * where a hand-off would cost more than the copy. LMCACHE_FX_MEM_ASYNC
- * overrides it (bytes; 0 = never), read when an engine is made. */
+ * overrides it (bytes; 0 = never), read when an engine is made. Only batches
+ * partly on disk come here with such reads: one wholly in memory runs on
+ * threads (module.c, engine_run). */
 #define MEM_ASYNC_MIN_DEFAULT (128u << 10)
 static uint64_t mem_async_min = MEM_ASYNC_MIN_DEFAULT;
 
