@@ -319,3 +319,19 @@ def _odirect_why(e: OSError) -> str:
     if e.errno == errno.EINVAL:
         return "the filesystem refuses O_DIRECT (EINVAL; tmpfs before Linux 6.6 and some FUSE filesystems do)"
     return f"O_DIRECT probe failed: {e.strerror}"
+
+
+def share_fd(fd: int, gid: Optional[int], mode: int) -> None:
+    """shared_group: gives a file or directory the store root's group `gid`
+    (its creator's primary group may be one the other users are not in; a
+    member may chown to it) and `mode` (setgid for a directory), past the
+    umask; quietly not where this process may not."""
+    try:
+        if gid is not None and os.fstat(fd).st_gid != gid:
+            os.fchown(fd, -1, gid)
+    except OSError:
+        pass
+    try:
+        os.fchmod(fd, mode)
+    except OSError:
+        pass

@@ -21,7 +21,7 @@ import zlib
 from contextlib import contextmanager
 from typing import Optional
 
-from .layout import LOCK_DIR, LOCK_NAME, open_dir
+from .layout import LOCK_DIR, LOCK_NAME, open_dir, share_fd
 from .options import ConfigError
 
 log = logging.getLogger("lmcache_fx")
@@ -34,20 +34,6 @@ class LockTimeout(OSError):
     """The store lock was not free within LOCK_TIMEOUT: another process holds
     it (stopped, stuck in D state on a network filesystem, or hostile). The
     caller skips what needed it: a store, a ledger update, a removal."""
-
-
-def _share(fd: int, gid: Optional[int], mode: int) -> None:
-    """shared_group: the store root's group and `mode` (setgid for a
-    directory), past the umask; quietly not where this process may not."""
-    try:
-        if gid is not None and os.fstat(fd).st_gid != gid:
-            os.fchown(fd, -1, gid)
-    except OSError:
-        pass
-    try:
-        os.fchmod(fd, mode)
-    except OSError:
-        pass
 
 
 class Ledger:
@@ -86,7 +72,7 @@ class Ledger:
             try:
                 if shared_group:
                     gid = os.stat(root).st_gid  # the store's group, whoever made .fx
-                    _share(dfd, gid, dir_mode)
+                    share_fd(dfd, gid, dir_mode)
                 fd = os.open(
                     os.path.basename(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd
                 )
@@ -99,7 +85,7 @@ class Ledger:
             os.close(fd)
             raise ConfigError(f"path: {path!r} is not a regular file; remove it")
         if shared_group:
-            _share(fd, gid, mode)
+            share_fd(fd, gid, mode)
         with cls._reg_lock:
             led = cls._registry.get((st.st_dev, st.st_ino))
             if led is None:

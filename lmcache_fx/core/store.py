@@ -57,6 +57,7 @@ from .layout import (
     root_problem,
     round_up,
     scan_fanout,
+    share_fd,
     stat_in,
     tmp_is_stale,
     unlink_if_same,
@@ -867,7 +868,7 @@ class ChunkStore:
                     try:
                         dfd = open_dir(sub)
                         try:
-                            self._share(dfd, os.path.dirname(sub), self.dir_mode)
+                            share_fd(dfd, self._root_gid.get(os.path.dirname(sub)), self.dir_mode)
                         finally:
                             os.close(dfd)
                     except OSError:
@@ -904,23 +905,8 @@ class ChunkStore:
                 self._write_failed(None, -(e.errno or errno.EIO))
                 return None
         if self.options.shared_group:
-            self._share(fd, os.path.dirname(sub), self.file_mode)
+            share_fd(fd, self._root_gid.get(os.path.dirname(sub)), self.file_mode)
         return _WriteFile(i, key, digest, addr, nbytes, meta, final, tmp, dfd, fd)
-
-    def _share(self, fd: int, root: str, mode: int) -> None:
-        """shared_group: gives a file or directory this process made the
-        store root's group (its creator's primary group may be one the other
-        users are not in) and `mode` (setgid for directories) past the umask."""
-        gid = self._root_gid.get(root)
-        try:
-            if gid is not None and os.fstat(fd).st_gid != gid:
-                os.fchown(fd, -1, gid)  # allowed: this process is in the root's group
-        except OSError:
-            pass
-        try:
-            os.fchmod(fd, mode)
-        except OSError:
-            pass
 
     def _write_failed(self, tmp: Optional[str], res: int) -> None:
         if tmp:
