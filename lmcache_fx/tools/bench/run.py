@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Optional
 
 from ..models import GB, MIB, Geometry
@@ -412,18 +412,8 @@ def run_per_chunk(cfg: BenchConfig, readers: list[str], n_chunks: int, quiet: bo
     of the store, medians of cfg.reps."""
     d = os.path.join(cfg.path, "per-chunk")
     os.makedirs(d, exist_ok=True)
-    sub = BenchConfig(
-        path=d,
-        geo=PER_CHUNK_GEOMETRY,
-        n_chunks=n_chunks,
-        reps=cfg.reps,
-        queue_depth=cfg.queue_depth,
-        split_bytes=cfg.split_bytes,
-        cold=cfg.cold,
-        verify=cfg.verify,
-        latency=False,
-        fs_native_workers=cfg.fs_native_workers,
-    )
+    # The main run's settings, on 4 KiB chunks in one directory, without the latency and mixed passes.
+    sub = replace(cfg, path=d, geo=PER_CHUNK_GEOMETRY, n_chunks=n_chunks, latency=False, mixed=False, stripe=())
     res = run_bench(sub, readers, quiet=quiet)
     shutil.rmtree(d, ignore_errors=True)
     out = {
