@@ -362,37 +362,55 @@ def test_bad_arguments():
 
 # ---------------------------------------------------------------- faults and fork
 
-FAULT_BODY = """
-import random, resource
+# Chunk files for the child bodies below (run_child prepends nothing of this).
+CHILD_CHUNKS = """
 from lmcache_fx.core.chunkfile import encode_header, ChunkMeta, HEADER_SIZE
+
+
+def write_chunk_files(root, prefix, payloads, damage=()):
+    # ab/<prefix><i>.fxkv per payload; those in `damage` get a payload byte flipped after the CRC was taken.
+    os.makedirs(os.path.join(root, "ab"), exist_ok=True)
+    for i, p in enumerate(payloads):
+        h = bytearray(HEADER_SIZE)
+        encode_header(h, f"{prefix}{i}", ChunkMeta(((len(p),),), ("uint8",), "raw"), len(p), fx.crc32c(p), 1)
+        body = bytearray(p)
+        if i in damage:
+            body[len(body) // 2] ^= 1
+        with open(os.path.join(root, "ab", f"{prefix}{i}.fxkv"), "wb") as f:
+            f.write(bytes(h) + bytes(body))
+
+
+def read_chunk_files(eng, rfd, prefix, sizes, direct):
+    # One read_chunks (verify on) of every file into 4 KiB-aligned slots of one buffer:
+    # (results, each payload's bytes as read, the buffer, the slots' offsets).
+    span = [-(-n // 4096) * 4096 for n in sizes]
+    offs = [sum(span[:i]) for i in range(len(sizes))]
+    dest = fx.HostBuffer(sum(span), hugepages=False)
+    sc = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
+    chunks = [(rfd, f"ab/{prefix}{i}.fxkv", dest.address + offs[i], n) for i, n in enumerate(sizes)]
+    res = eng.read_chunks(chunks, sc.address, verify=True, direct=direct)
+    mv = memoryview(dest)
+    return res, [bytes(mv[o : o + n]) for o, n in zip(offs, sizes)], dest, offs
+"""
+
+FAULT_BODY = (
+    CHILD_CHUNKS
+    + """
+import random, resource
 root = ARGS["root"]
 rng = random.Random(3)
 sizes = [4096, 5000, 1 << 20, (2 << 20) + 4096, 8192 * 3, 0, 1, 100]
 pl = [rng.randbytes(n) for n in sizes]
-os.makedirs(os.path.join(root, "ab"), exist_ok=True)
-for i, p in enumerate(pl):
-    h = bytearray(HEADER_SIZE)
-    encode_header(h, f"f{i}", ChunkMeta(((len(p),),), ("uint8",), "raw"), len(p), fx.crc32c(p), 1)
-    with open(os.path.join(root, "ab", f"f{i}.fxkv"), "wb") as f:
-        f.write(bytes(h) + p)
+write_chunk_files(root, "f", pl)
 fds0, thr0 = fd_count(), thread_count()
 rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
 eng = fx.Engine(ARGS["kind"], queue_depth=4, split_bytes=256 * 1024)
 report = []
 for direct in ARGS["directs"]:
     for rep in range(3):
-        dest = fx.HostBuffer(sum(-(-n // 4096) * 4096 for n in sizes), hugepages=False)
-        sc = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
-        chunks, offs, off = [], [], 0
-        for i, n in enumerate(sizes):
-            chunks.append((rfd, f"ab/f{i}.fxkv", dest.address + off, n))
-            offs.append(off)
-            off += -(-n // 4096) * 4096
-        res = eng.read_chunks(chunks, sc.address, verify=True, direct=direct)
-        mv = memoryview(dest)
+        res, got, _, _ = read_chunk_files(eng, rfd, "f", sizes, direct)
         for i, r in enumerate(res):
-            exact = bytes(mv[offs[i]:offs[i] + sizes[i]]) == pl[i]
-            report.append([direct, i, r[0], r[1], exact])
+            report.append([direct, i, r[0], r[1], got[i] == pl[i]])
 eng.close()
 os.close(rfd)
 import time
@@ -401,6 +419,7 @@ while thread_count() > thr0 and time.monotonic() < end:
     time.sleep(0.05)
 out(report=report, fired=fx._fault_counts(), fds=[fds0, fd_count()], threads=[thr0, thread_count()])
 """
+)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -477,34 +496,22 @@ def test_fork_child_gets_a_clear_error(kind, store, tmp_path):
 
 # ---------------------------------------------------------------- memory media
 
-TMPFS_BODY = """
+TMPFS_BODY = (
+    CHILD_CHUNKS
+    + """
 import random
-from lmcache_fx.core.chunkfile import encode_header, ChunkMeta, HEADER_SIZE
 root = ARGS["root"]
 rng = random.Random(4)
 sizes = [4096, 200 * 1024, 1 << 20, (3 << 20) + 100]
 pl = [rng.randbytes(n) for n in sizes]
-os.makedirs(os.path.join(root, "ab"), exist_ok=True)
-for i, p in enumerate(pl):
-    h = bytearray(HEADER_SIZE)
-    encode_header(h, f"m{i}", ChunkMeta(((len(p),),), ("uint8",), "raw"), len(p), fx.crc32c(p), 1)
-    with open(os.path.join(root, "ab", f"m{i}.fxkv"), "wb") as f:
-        f.write(bytes(h) + p)
+write_chunk_files(root, "m", pl)
 rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
 eng = fx.Engine("io_uring", queue_depth=8, split_bytes=256 * 1024)
 report = []
 for direct in (False, True):
-    dest = fx.HostBuffer(sum(-(-n // 4096) * 4096 for n in sizes), hugepages=False)
-    sc = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
-    chunks, offs, off = [], [], 0
-    for i, n in enumerate(sizes):
-        chunks.append((rfd, f"ab/m{i}.fxkv", dest.address + off, n))
-        offs.append(off)
-        off += -(-n // 4096) * 4096
-    res = eng.read_chunks(chunks, sc.address, verify=True, direct=direct)
-    mv = memoryview(dest)
+    res, got, dest, offs = read_chunk_files(eng, rfd, "m", sizes, direct)
     for i, r in enumerate(res):
-        report.append([direct, i, r[0], bytes(mv[offs[i]:offs[i] + sizes[i]]) == pl[i]])
+        report.append([direct, i, r[0], got[i] == pl[i]])
     ops = [(os.open(os.path.join(root, "ab", f"m{i}.fxkv"), os.O_RDONLY), 4096, n, dest.address + offs[i])
            for i, n in enumerate(sizes)]
     rr = eng.read(ops, crc=True)
@@ -526,6 +533,7 @@ os.close(mfd)
 eng.close()
 out(report=report)
 """
+)
 
 
 @needs_uring
@@ -562,34 +570,23 @@ def test_tmpfs_reads_are_exact(mem_async, tmp_path):
             assert status == 0 and exact, (direct, i, status)
 
 
-SPREAD_BODY = """
+SPREAD_BODY = (
+    CHILD_CHUNKS
+    + """
 import random
-from lmcache_fx.core.chunkfile import encode_header, ChunkMeta, HEADER_SIZE
 root = ARGS["root"]
 rng = random.Random(9)
 sizes = [rng.randrange(1, 3 << 20) // 4096 * 4096 + 4096 for _ in range(12)]
-pl = [bytearray(rng.randbytes(n)) for n in sizes]
-os.makedirs(os.path.join(root, "ab"), exist_ok=True)
-for i, p in enumerate(pl):
-    h = bytearray(HEADER_SIZE)
-    encode_header(h, f"s{i}", ChunkMeta(((len(p),),), ("uint8",), "raw"), len(p), fx.crc32c(bytes(p)), 1)
-    if i == 5:
-        p[len(p) // 2] ^= 1  # damaged after its CRC was taken
-    with open(os.path.join(root, "ab", f"s{i}.fxkv"), "wb") as f:
-        f.write(bytes(h) + bytes(p))
+pl = [rng.randbytes(n) for n in sizes]
+write_chunk_files(root, "s", pl, damage=(5,))
 rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
 eng = fx.Engine("io_uring", queue_depth=16, split_bytes=256 * 1024)
 runs0 = fx.crc_spread_runs()
 report = []
 for direct in ARGS["directs"]:
-    dest = fx.HostBuffer(sum(sizes), hugepages=False)
-    sc = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
-    offs = [sum(sizes[:i]) for i in range(len(sizes))]
-    chunks = [(rfd, f"ab/s{i}.fxkv", dest.address + offs[i], n) for i, n in enumerate(sizes)]
-    res = eng.read_chunks(chunks, sc.address, verify=True, direct=direct)
-    mv = memoryview(dest)
+    res, got, _, _ = read_chunk_files(eng, rfd, "s", sizes, direct)
     for i, r in enumerate(res):
-        report.append([direct, i, r[0], bytes(mv[offs[i]:offs[i] + sizes[i]]) == bytes(pl[i])])
+        report.append([direct, i, r[0], got[i] == pl[i]])
 # Engine.write / read with crc=True: the same spread, CRCs against the plain function.
 big = fx.HostBuffer(8 << 20, hugepages=False)
 memoryview(big)[:] = rng.randbytes(8 << 20)
@@ -606,6 +603,7 @@ eng.close()
 os.close(rfd)
 out(report=report, crcs=crcs, runs=fx.crc_spread_runs() - runs0)
 """
+)
 
 
 @needs_uring
