@@ -56,10 +56,21 @@ static PyTypeObject HostBufferType;
 
 /* ---------------------------------------------------------------- helpers */
 
-static int begin_use(EngineObject *e)
+/* Counts one more user unless the engine is closed; 1 when counted. */
+static int add_user(EngineObject *e)
 {
     int ok;
 
+    pthread_mutex_lock(&e->mu);
+    ok = !e->closed;
+    if (ok)
+        e->users++;
+    pthread_mutex_unlock(&e->mu);
+    return ok;
+}
+
+static int begin_use(EngineObject *e)
+{
     if (FX_FORKED(e->gen)) { /* before the lock: a parent thread may hold it */
         PyErr_SetString(PyExc_RuntimeError, FORK_MSG("Engine"));
         return -1;
@@ -68,14 +79,10 @@ static int begin_use(EngineObject *e)
         PyErr_SetString(PyExc_ValueError, "engine is not initialised (Engine.__init__ did not run)");
         return -1;
     }
-    pthread_mutex_lock(&e->mu);
-    ok = !e->closed;
-    if (ok)
-        e->users++;
-    pthread_mutex_unlock(&e->mu);
-    if (!ok)
-        PyErr_SetString(PyExc_ValueError, "engine is closed");
-    return ok ? 0 : -1;
+    if (add_user(e))
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "engine is closed");
+    return -1;
 }
 
 static void end_use(EngineObject *e)
@@ -100,16 +107,10 @@ void fx_engine_end(PyObject *engine) { end_use((EngineObject *)engine); }
 int fx_engine_hold(PyObject *engine)
 {
     EngineObject *e = (EngineObject *)engine;
-    int ok;
 
     if (FX_FORKED(e->gen) || e->kind < 0)
         return -1;
-    pthread_mutex_lock(&e->mu);
-    ok = !e->closed;
-    if (ok)
-        e->users++;
-    pthread_mutex_unlock(&e->mu);
-    return ok ? 0 : -1;
+    return add_user(e) ? 0 : -1;
 }
 
 fx_uring *fx_engine_uring(PyObject *engine)
