@@ -153,7 +153,12 @@ def _result(p) -> dict:
 
 def _run_writers(path, writers, cap, n, readers=0, seconds=0.0):
     """Starts writer (and reader) processes, samples the directory's bytes
-    every 2 ms, returns (peak bytes, writer results, reader results)."""
+    every 2 ms, returns (peak bytes, writer results, reader results). Each
+    sample is taken holding the store lock, under which writers size, trim,
+    rename and evict their files: a walk of 256 directories while a writer
+    evicts in one and writes in another would count both files."""
+    from lmcache_fx.core.ledger import Ledger
+
     procs = [spawn("writer", {"path": path, "rank": r, "n": n, "cap": cap, "reread": True}) for r in range(writers)]
     rprocs = [
         spawn("reader", {"path": path, "cap": cap, "ranks": writers, "n": n, "seconds": seconds})
@@ -163,9 +168,14 @@ def _run_writers(path, writers, cap, n, readers=0, seconds=0.0):
         line = p.stdout.readline().strip()
         assert line == "READY", p.stderr.read()[-3000:]
     peak = 0
-    while any(p.poll() is None for p in procs):
-        peak = max(peak, dir_bytes(path))
-        time.sleep(0.002)
+    ledger = Ledger.open(path, 0o600, 0o700, False)  # the writers made it: the modes are not used
+    try:
+        while any(p.poll() is None for p in procs):
+            with ledger.hold():
+                peak = max(peak, dir_bytes(path))
+            time.sleep(0.002)
+    finally:
+        ledger.release()
     res = [_result(p) for p in procs]
     rres = [_result(p) for p in rprocs]
     peak = max(peak, dir_bytes(path))
