@@ -122,7 +122,12 @@ class MPSide:
             objs[k].tensor.copy_(d)
         self.sm.finish_write(keys)
         end = time.monotonic() + timeout
-        while not all(self.adapter.store.contains(_ks(k)) for k in keys):  # the store controller writes async
+        # The store controller writes async; a task reports stored keys and
+        # evictions to listeners after its files land, so wait for both.
+        while not (
+            all(self.adapter.store.contains(_ks(k)) for k in keys)
+            and self.adapter.report_status()["tasks_in_flight"] == 0
+        ):
             assert time.monotonic() < end, "L2 store did not complete"
             time.sleep(0.01)
 
