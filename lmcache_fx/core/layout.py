@@ -27,6 +27,7 @@ TMP_MARK = ".tmp."
 STALE_TMP_SECONDS = 3600  # a temporary file this old belongs to a dead writer
 LOCK_DIR = ".fx"  # in the first root: shared state; no fan-out directory, so never scanned
 LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evictor lock; never a chunk
+MEMBERS_NAME = os.path.join(LOCK_DIR, "members")  # a read lock per process that has the store open
 DIGEST_HEX = 32
 _HEX = frozenset("0123456789abcdef")
 
@@ -259,6 +260,31 @@ def unlink_if_same(
         try:
             os.unlink(name, dir_fd=dfd)
         except OSError:
+            return None
+        return st
+    finally:
+        os.close(dfd)
+
+
+def rename_if_same(path: str, mtime_ns: int, dst_dfd: int, dst_name: str) -> Optional[os.stat_result]:
+    """Moves <root>/<ab>/<name> to dst_name in the directory dst_dfd, with
+    the checks of unlink_if_same (a regular file, not newer than mtime_ns).
+    Returns the stat of what was moved, or None (nothing moved)."""
+    try:
+        dfd = open_dir(os.path.dirname(path))
+    except OSError:
+        return None
+    try:
+        name = os.path.basename(path)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_mtime_ns > mtime_ns:
+            return None
+        try:
+            os.rename(name, dst_name, src_dir_fd=dfd, dst_dir_fd=dst_dfd)
+        except OSError:  # EXDEV (another root's filesystem) among others
             return None
         return st
     finally:

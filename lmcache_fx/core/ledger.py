@@ -21,13 +21,14 @@ import zlib
 from contextlib import contextmanager
 from typing import Optional
 
-from .layout import LOCK_DIR, LOCK_NAME, open_dir, share_fd
+from .layout import LOCK_DIR, LOCK_NAME, MEMBERS_NAME, open_dir, share_fd
 from .options import ConfigError
 
 log = logging.getLogger("lmcache_fx")
 
 LOCK_TIMEOUT = 5.0  # seconds a thread waits for the store lock before giving up (a stalled peer holds it)
 _WARN_EVERY = 5.0  # one warning per burst of lock timeouts
+_FLOCK = struct.Struct("@hhqqi4x")  # struct flock (Linux, 64-bit) for F_GETLK
 
 
 class LockTimeout(OSError):
@@ -47,8 +48,13 @@ class Ledger:
     _registry: dict = {}
     _reg_lock = threading.Lock()
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, members_fd: int = -1):
         self.fd = fd
+        # A POSIX read lock on byte 0 of .fx/members while this process has the
+        # store open: alone() sees other processes' locks, never this one's.
+        self.members_fd = members_fd
+        self._reads = 0  # read batches of this process that may hold chunk files open
+        self._reads_lock = threading.Lock()
         self.mutex = threading.RLock()
         self.depth = 0  # nesting of hold() by the thread owning mutex
         self.refs = 0
@@ -76,6 +82,7 @@ class Ledger:
                 fd = os.open(
                     os.path.basename(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd
                 )
+                members_fd = _join_members(dfd, mode, gid if shared_group else None, create=True)
             finally:
                 os.close(dfd)
         except OSError as e:
@@ -83,18 +90,54 @@ class Ledger:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
+            if members_fd >= 0:
+                os.close(members_fd)
             raise ConfigError(f"path: {path!r} is not a regular file; remove it")
         if shared_group:
             share_fd(fd, gid, mode)
+        return cls._register(fd, members_fd, st)
+
+    @classmethod
+    def _register(cls, fd: int, members_fd: int, st: os.stat_result) -> "Ledger":
         with cls._reg_lock:
             led = cls._registry.get((st.st_dev, st.st_ino))
             if led is None:
-                led = cls._registry[(st.st_dev, st.st_ino)] = cls(fd)
+                led = cls._registry[(st.st_dev, st.st_ino)] = cls(fd, members_fd)
                 led.key = (st.st_dev, st.st_ino)
-            else:
+            else:  # POSIX locks are per process: closing a second descriptor would drop the first's
                 os.close(fd)
+                if members_fd >= 0:
+                    os.close(members_fd)
             led.refs += 1
         return led
+
+    @classmethod
+    def join(cls, root: str) -> Optional["Ledger"]:
+        """This process's ledger of the store at `root`, counted as one that
+        has the store open (tools reading its chunk files: fsck), without
+        making anything; None when `root` has no store lock. release() after."""
+        try:
+            dfd = open_dir(os.path.join(root, LOCK_DIR))
+        except OSError:
+            return None
+        try:
+            flags = os.O_NOFOLLOW | os.O_CLOEXEC
+            try:  # read-write, as Ledger.open: a store of this process may share this object later
+                fd = os.open(os.path.basename(LOCK_NAME), flags | os.O_RDWR, dir_fd=dfd)
+            except PermissionError:
+                fd = os.open(os.path.basename(LOCK_NAME), flags | os.O_RDONLY, dir_fd=dfd)
+            st = os.fstat(fd)
+            with cls._reg_lock:
+                led = cls._registry.get((st.st_dev, st.st_ino))
+                if led is not None:
+                    led.refs += 1
+                    os.close(fd)
+                    return led
+            return cls._register(fd, _join_members(dfd, 0, None, create=False), st)
+        except OSError:
+            return None
+        finally:
+            os.close(dfd)
 
     def release(self) -> None:
         with self._reg_lock:
@@ -102,6 +145,30 @@ class Ledger:
             if self.refs == 0:
                 self._registry.pop(self.key, None)
                 os.close(self.fd)
+                if self.members_fd >= 0:
+                    os.close(self.members_fd)  # drops this process's read lock: last, after its reads
+
+    # ------------------------------------------------------------ reuse of evicted files
+    def reading(self, delta: int) -> None:
+        """Counts a read batch that may open chunk files (+1 before its first
+        open, -1 once every descriptor it opened is closed)."""
+        with self._reads_lock:
+            self._reads += delta
+
+    def alone(self) -> bool:
+        """True when no other process holds .fx/members (none has the store
+        open) and no read of this process is in flight: then nobody can hold
+        a chunk file that has just been renamed away. Ask after the rename."""
+        with self._reads_lock:
+            if self._reads:
+                return False
+        if self.members_fd < 0:
+            return False
+        try:
+            got = fcntl.fcntl(self.members_fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+        except OSError:
+            return False
+        return _FLOCK.unpack(got)[0] == fcntl.F_UNLCK
 
     @contextmanager
     def hold(self, timeout: Optional[float] = None):
@@ -193,3 +260,29 @@ class Ledger:
             os.pwrite(self.fd, b + struct.pack("<I", zlib.crc32(b)), 0)
         except OSError:
             pass  # the next reader finds a bad record and rescans
+
+
+def _join_members(dfd: int, mode: int, gid: Optional[int], create: bool) -> int:
+    """Opens .fx/members and takes a read lock on its byte 0 (never waits:
+    nobody takes a write lock). Returns the descriptor, or -1: then this
+    process reuses no evicted file, and one that does cannot see it (a
+    warning says so; a read that races a reuse fails its CRC check)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(os.path.basename(MEMBERS_NAME), flags, mode or 0o600, dir_fd=dfd)
+    except OSError as e:
+        if create:
+            log.warning("lmcache-fx: cannot open the store's members file (%s)", e.strerror)
+        return -1
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if gid is not None:
+            share_fd(fd, gid, mode)
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 0)
+    except OSError as e:
+        if create:
+            log.warning("lmcache-fx: no lock on the store's members file (%s)", e.strerror)
+        os.close(fd)
+        return -1
+    return fd

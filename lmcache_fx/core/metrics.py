@@ -56,6 +56,7 @@ COUNTERS = {
     "misses": ("misses", "Chunks asked for and not served (absent, bad, or no room in the pool)"),
     "corrupt": ("corrupt", "Chunk files found bad on read (treated as misses and removed)"),
     "evictions": ("evictions", "Chunks evicted to stay under max_capacity_gb"),
+    "recycled": ("recycled_files", "Evicted chunks whose file a new chunk was written into (reuse_evicted)"),
     "write_errors": ("write_errors", "Chunk writes that failed"),
     "read_errors": ("read_errors", "Chunk reads that failed with an I/O error (misses, file kept)"),
     "read_seconds": ("read_seconds", "Seconds spent in read batches"),

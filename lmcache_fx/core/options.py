@@ -213,6 +213,13 @@ class FxOptions:
         _choice("auto", "true", "false"),
     )
     verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss", _boolean)
+    reuse_evicted: bool = _opt(
+        True,
+        "true | false",
+        "write a new chunk into the file of the chunk it evicts, when of the same size and no "
+        "other process has the store open (no allocation); false always unlinks",
+        _boolean,
+    )
     auth_key: str = _opt(
         "",
         "key (16+ bytes) | env:VARNAME | file:/path",

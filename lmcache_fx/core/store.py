@@ -45,6 +45,7 @@ from .layout import (
     HOST_TAG,
     LOCK_DIR,
     LOCK_NAME,
+    MEMBERS_NAME,
     TMP_MARK,
     chunk_digest_of_path,
     fanout_dirs,
@@ -53,6 +54,7 @@ from .layout import (
     path_for,
     probe_odirect,
     relative_name,
+    rename_if_same,
     root_index,
     root_problem,
     round_up,
@@ -160,6 +162,13 @@ class _WriteFile:
     fd: int
     reserved: int = 0  # bytes counted in the shared usage
     body: Optional[bytes] = None  # the header's JSON body
+    recycled: str = ""  # an evicted chunk's file, moved beside the temporary to be written into instead
+    recycled_ino: int = 0
+
+
+def _tmp_name(final: str) -> str:
+    """A temporary's name in the directory of `final` (a scan knows its writer by it)."""
+    return f"{os.path.basename(final)}{TMP_MARK}{_PID[0]}.{next(_tmp_seq)}.{HOST_TAG}"
 
 
 def _unlink_at(dfd: int, name: str) -> None:
@@ -183,6 +192,7 @@ class Stats:
         self.chunks_read = self.bytes_read = 0
         self.chunks_written = self.bytes_written = 0
         self.hits = self.misses = self.corrupt = self.evictions = self.write_errors = self.read_errors = 0
+        self.recycled = 0  # evictions whose file a new chunk was written into
         self.scans = 0  # directory scans under the shared lock (start, drift, victims)
         self.scan_seconds = 0.0
         self.read_seconds = 0.0
@@ -268,6 +278,7 @@ class ChunkStore:
                 self._ledger = None  # type: ignore[assignment]
             if lock_made:
                 unlink_quiet(os.path.join(self.roots[0], LOCK_NAME))
+                unlink_quiet(os.path.join(self.roots[0], MEMBERS_NAME))
                 try:
                     os.rmdir(os.path.join(self.roots[0], LOCK_DIR))
                 except OSError:
@@ -604,10 +615,12 @@ class ChunkStore:
         except LockTimeout:
             return False
 
-    def _evict_locked(self, limit: int, usage: int) -> int:
+    def _evict_locked(self, limit: int, usage: int, reuse: Optional["_WriteFile"] = None) -> int:
         """The evictor (ledger held): removes the oldest chunks from this
         process's sorted scan, rescanning when it is old or used up, until
-        usage <= limit. Returns the usage after."""
+        usage <= limit. Returns the usage after. With `reuse`, the first
+        victim of its size is moved beside its temporary instead of unlinked
+        (see _adopt_recycled)."""
         if usage <= limit:
             return usage
         rescanned = False
@@ -627,7 +640,14 @@ class ChunkStore:
                 if pinned:
                     kept.append(v)
                     continue
-                st = unlink_if_same(path, mtime_ns=mt)
+                st = None
+                if reuse is not None and not reuse.recycled and size == HEADER_SIZE + reuse.nbytes:
+                    name = _tmp_name(reuse.final)
+                    st = rename_if_same(path, mt, reuse.dfd, name)
+                    if st is not None:
+                        reuse.recycled, reuse.recycled_ino = name, st.st_ino
+                if st is None:
+                    st = unlink_if_same(path, mtime_ns=mt)
                 if st is None:
                     continue  # evicted or removed by another process, or used (rewritten) since the scan
                 usage = max(0, usage - st.st_size)
@@ -692,7 +712,7 @@ class ChunkStore:
             for f in files:
                 rsize = HEADER_SIZE + round_up(f.nbytes, 4096)
                 if usage + rsize > cap and rsize <= cap:
-                    usage = self._evict_locked(cap - rsize, usage)
+                    usage = self._evict_locked(cap - rsize, usage, f if self.options.reuse_evicted else None)
                 if usage + rsize > cap:
                     log.warning(
                         "lmcache-fx: no room for a %d-byte chunk under max_capacity_gb=%s (pinned chunks fill it)",
@@ -710,6 +730,7 @@ class ChunkStore:
                 usage += rsize
                 f.reserved = rsize
                 ok.append(f)
+            self._adopt_recycled(files)
             if ok or usage != start:  # the evictor may have written the ledger meanwhile
                 rec2 = self._ledger.get()
                 self._ledger.put(usage, rec2[1] if rec2 else time.time())
@@ -717,6 +738,39 @@ class ChunkStore:
         finally:
             hold.__exit__(None, None, None)
         return ok
+
+    def _adopt_recycled(self, files: list["_WriteFile"]) -> None:
+        """Evicted files moved beside new chunks' temporaries (ledger held)
+        become those temporaries when nobody can hold them open: no other
+        process has the store open and no read of this one is in flight,
+        asked after the move, so a reader that opens by path from now on
+        cannot find them. Otherwise they are unlinked: a plain eviction."""
+        moved = [f for f in files if f.recycled]
+        if not moved:
+            return
+        reuse = self._ledger.alone()
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECT if self.odirect else 0)
+        for f in moved:
+            name, f.recycled = f.recycled, ""
+            fd = -1
+            try:
+                if reuse and f.reserved:
+                    fd = os.open(name, flags, dir_fd=f.dfd)
+                    st = os.fstat(fd)
+                    # Ours only: setting its mtime (the LRU clock) needs the owner.
+                    if stat.S_ISREG(st.st_mode) and st.st_ino == f.recycled_ino and st.st_uid == os.geteuid():
+                        os.ftruncate(fd, f.reserved)  # as _reserve sized the temporary it replaces
+                        _unlink_at(f.dfd, f.tmp)
+                        os.close(f.fd)
+                        f.fd, f.tmp, fd = fd, name, -1
+                        self.stats.add(recycled=1)
+                        continue
+            except OSError:
+                pass
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+            _unlink_at(f.dfd, name)
 
     def _write_files(self, todo, out: list[bool]) -> list[bool]:
         if time.monotonic() < self._enospc_until:
@@ -798,6 +852,8 @@ class ChunkStore:
             for f in files:
                 if not out[f.i] and not f.reserved:
                     _unlink_at(f.dfd, f.tmp)  # never counted: no lock needed
+                if f.recycled:  # moved and not adopted (an error in between): evicted after all
+                    _unlink_at(f.dfd, f.recycled)
         if done:
             with self._lock:
                 self._bound_index()
@@ -882,7 +938,7 @@ class ChunkStore:
     ) -> Optional["_WriteFile"]:
         final = self.path_for(digest)
         sub = os.path.dirname(final)
-        tmp = f"{os.path.basename(final)}{TMP_MARK}{_PID[0]}.{next(_tmp_seq)}.{HOST_TAG}"
+        tmp = _tmp_name(final)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         if self.odirect:
             flags |= os.O_DIRECT
@@ -973,6 +1029,9 @@ class ChunkStore:
         n = len(keys)
         allocs: list[Optional[tuple]] = [None] * n
         fds: list[int] = []
+        ledger = self._ledger
+        if ledger is not None:
+            ledger.reading(1)  # chunk files may be open from here on: no evicted file is reused
         try:
             return (yield from self._read_steps(keys, allocate, allocs, fds, chunks, per_key))
         except Exception as ex:
@@ -986,6 +1045,8 @@ class ChunkStore:
         finally:
             for fd in fds:
                 os.close(fd)
+            if ledger is not None:
+                ledger.reading(-1)
 
     def _read_steps(self, keys, allocate, allocs: list, fds: list[int], chunks: bool = True, per_key: bool = False):
         n = len(keys)

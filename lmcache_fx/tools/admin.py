@@ -31,6 +31,7 @@ from ..core.layout import (
     scan_fanout,
     tmp_is_stale,
 )
+from ..core.ledger import Ledger
 from ..core.options import GIB
 from .common import AdminError, fs_info, human_age, human_bytes, quiet_broken_pipe
 from .lmcache_config import load_plugin_configs
@@ -509,6 +510,9 @@ def cmd_fsck(args) -> int:
         raise AdminError("--buffer-mb must be at least 1")
     if not 1 <= args.queue_depth <= 32768:
         raise AdminError("--queue-depth must be in 1..32768")
+    # Counted as a process with the store open while reading its chunk files,
+    # so that running stores unlink what they evict instead of reusing it.
+    member = Ledger.join(roots[0])
     sc = scan(roots)
     rd = ChunkVerifier(args.io_engine, args.queue_depth, odirect=not args.no_odirect)
     t0 = time.perf_counter()
@@ -535,6 +539,8 @@ def cmd_fsck(args) -> int:
         direct = rd.used_direct
     finally:
         rd.close()
+        if member is not None:
+            member.release()
     secs = time.perf_counter() - t0
     now = time.time()
     for t in sc.temps:

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Stores into a full store (the steady state of a cache that has run a
+while: every new chunk evicts an old one), with `reuse_evicted` on and off,
+side by side (interleaved reps, medians), at the store level (ChunkStore.write,
+no LMCache in the way). Root: XFS on a RAM-backed loop device (O_DIRECT), and
+tmpfs (/dev/shm, page cache).
+
+    .venv/bin/python scripts/full_store_probe.py --json docs/full-store-probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from lmcache_fx import _fxio  # noqa: E402
+from lmcache_fx.core import store as store_mod  # noqa: E402
+from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta  # noqa: E402
+from lmcache_fx.core.options import FxOptions  # noqa: E402
+from lmcache_fx.testing.loopfs import xfs_loop  # noqa: E402
+
+MIB = 1 << 20
+CASES = {"64 MiB": (64 * MIB, 4, 8), "2 MiB": (2 * MIB, 64, 128)}  # chunk, chunks per batch, capacity in chunks
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def probe(base: str, case: str, reps: int) -> dict:
+    cb, batch, cap = CASES[case]
+    src = _fxio.HostBuffer(cb * batch, hugepages=True)
+    memoryview(src)[:] = os.urandom(cb * batch)
+    meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
+    cap_gb = (cap * (HEADER_SIZE + cb) + 4096) / (1 << 30)
+    stores = {}
+    for reuse in (True, False):
+        d = os.path.join(base, f"full-{case.replace(' ', '')}-{reuse}")
+        s = store_mod.ChunkStore(FxOptions(path=d, max_capacity_gb=cap_gb, reuse_evicted=reuse))
+        for j in range(0, cap, batch):  # fill it
+            assert all(s.write([(f"fill{j + i}", src.address + i * cb, cb, meta) for i in range(batch)]))
+        stores[reuse] = s
+    raw: dict = {True: [], False: []}
+    for rep in range(reps):
+        for reuse, s in stores.items():
+            items = [(f"r{rep}-{i}", src.address + i * cb, cb, meta) for i in range(batch)]
+            before = s.stats.snapshot()
+            c0, t0 = _cpu(), time.perf_counter()
+            assert all(s.write(items))
+            dt, c = time.perf_counter() - t0, _cpu() - c0
+            after = s.stats.snapshot()
+            gb = batch * cb / 1e9
+            raw[reuse].append(
+                {
+                    "gbps": gb / dt,
+                    "cpu_s_per_gb": c / gb,
+                    "evictions": after["evictions"] - before["evictions"],
+                    "recycled": after["recycled"] - before["recycled"],
+                }
+            )
+    dst = _fxio.HostBuffer(cb * batch, hugepages=True)
+    for reuse, s in stores.items():  # what the last batch wrote reads back, bit-exact
+
+        def alloc(_meta, slots=iter(range(batch))):
+            i = next(slots)
+            return i, dst.address + i * cb, cb
+
+        got = s.read([f"r{reps - 1}-{i}" for i in range(batch)], alloc, lambda h: None)
+        assert got == list(range(batch)) and bytes(memoryview(dst)) == bytes(memoryview(src)), (
+            "a chunk did not read back"
+        )
+        s.close()
+        shutil.rmtree(os.path.join(base, f"full-{case.replace(' ', '')}-{reuse}"), ignore_errors=True)
+    out = {"chunks per batch": batch, "capacity (chunks)": cap, "reps": reps}
+    for reuse, v in raw.items():
+        out["reuse_evicted " + ("on" if reuse else "off")] = {
+            "gbps": statistics.median(x["gbps"] for x in v),
+            "cpu_s_per_gb": statistics.median(x["cpu_s_per_gb"] for x in v),
+            "gbps_each": [round(x["gbps"], 3) for x in v],
+            "evictions_per_batch": statistics.median(x["evictions"] for x in v),
+            "recycled_per_batch": statistics.median(x["recycled"] for x in v),
+        }
+    on, off = out["reuse_evicted on"]["gbps"], out["reuse_evicted off"]["gbps"]
+    out["on / off"] = on / off
+    out["on / off per rep"] = [round(a["gbps"] / b["gbps"], 3) for a, b in zip(raw[True], raw[False])]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+    media: dict = {}
+    with xfs_loop("3G") as mnt:
+        media["XFS on a 3 GiB RAM-backed loop device (O_DIRECT)"] = {c: probe(mnt, c, args.reps) for c in CASES}
+    shm = "/dev/shm/lmcache-fx-full-store-probe"
+    os.makedirs(shm, exist_ok=True)
+    try:
+        media["tmpfs (/dev/shm, page cache)"] = {c: probe(shm, c, args.reps) for c in CASES}
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    out = {
+        "command": "python " + " ".join(["scripts/full_store_probe.py", *sys.argv[1:]]),
+        "git_commit": subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        or None,
+        "dirty": bool(
+            subprocess.run(
+                ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+            ).stdout.strip()
+        ),
+        "cpus": os.cpu_count(),
+        "loadavg_end": list(os.getloadavg()),
+        "media": media,
+    }
+    for m, cases in media.items():
+        for c, r in cases.items():
+            on, off = r["reuse_evicted on"], r["reuse_evicted off"]
+            print(
+                f"{m[:40]:40} {c:7} on {on['gbps']:.2f} GB/s ({on['cpu_s_per_gb']:.3f} CPU s/GB, "
+                f"{on['recycled_per_batch']:.0f}/{on['evictions_per_batch']:.0f} reused)  "
+                f"off {off['gbps']:.2f} GB/s ({off['cpu_s_per_gb']:.3f})  on/off {r['on / off']:.2f}"
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""reuse_evicted: a store that must evict writes the new chunk into the
+evicted chunk's file, but only when nobody can hold that file open: no
+other process has the store open, no read of this process is in flight.
+Real files, real engine; XFS on a RAM loop device where root allows."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from faults import fxfault as F  # noqa: E402
+
+from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
+from lmcache_fx.core.drive import _run_step, drive_blocking  # noqa: E402
+from lmcache_fx.core.store import ChunkStore  # noqa: E402
+
+CHUNK = 64 * 1024
+FILE = HEADER_SIZE + CHUNK
+KEYS = [f"model@1@0@{h:016x}@bfloat16" for h in range(12)]
+
+
+def _open(path, **opts) -> ChunkStore:
+    return F.open_store(path, max_capacity_gb=(4 * FILE + 100) / (1 << 30), **opts)  # room for 4 chunks
+
+
+def _fill(s: ChunkStore, keys) -> list[int]:
+    """Writes keys one at a time (each write past 4 evicts the oldest);
+    returns the inode each key landed in."""
+    src = F.Chunks()
+    inodes = []
+    for k in keys:
+        assert s.write([src.item(k, CHUNK)]) == [True]
+        inodes.append(os.stat(s.path_for(chunk_digest(k))).st_ino)
+    return inodes
+
+
+def _check_store(s: ChunkStore, present, absent) -> None:
+    hits, misses, bad = F.read_check(s, present)
+    assert (hits, misses, bad) == (len(present), 0, [])
+    assert F.read_check(s, absent)[:2] == (0, len(absent))
+
+
+@pytest.fixture(params=["tmp", "xfs"])
+def store_dir(request, tmp_path):
+    """The store's path: on the test's tmp filesystem, and on XFS on a RAM
+    loop device (O_DIRECT) where root allows (skipped otherwise, with why)."""
+    if request.param == "tmp":
+        return str(tmp_path / "store")
+    return os.path.join(request.getfixturevalue("xfs_store"), "store")
+
+
+def test_evicted_files_are_reused_when_alone(store_dir):
+    s = _open(store_dir)
+    try:
+        inodes = _fill(s, KEYS[:8])
+        st = s.stats.snapshot()
+        assert st["evictions"] == 4 and st["recycled"] == 4
+        assert set(inodes[4:]) == set(inodes[:4])  # chunks 5..8 live in the files of 1..4
+        _check_store(s, KEYS[4:8], KEYS[:4])  # bit-exact (CRC32C and payload pattern), evicted ones miss
+        assert s.usage_bytes == sum(os.path.getsize(p) for p in F.chunk_files(store_dir)) == 4 * FILE
+        assert len(F.chunk_files(store_dir)) == 4
+    finally:
+        s.close()
+    s = _open(store_dir)  # a restart finds exactly the four newest
+    try:
+        _check_store(s, KEYS[4:8], KEYS[:4])
+    finally:
+        s.close()
+
+
+def test_no_reuse_when_turned_off(store_dir):
+    s = _open(store_dir, reuse_evicted=False)
+    try:
+        inodes = _fill(s, KEYS[:8])
+        st = s.stats.snapshot()
+        assert st["evictions"] == 4 and st["recycled"] == 0
+        _check_store(s, KEYS[4:8], KEYS[:4])
+        assert inodes  # every write made a new file
+    finally:
+        s.close()
+
+
+def test_no_reuse_while_another_process_has_the_store_open(store_dir):
+    s = _open(store_dir)
+    code = (
+        "import sys, time; sys.path.insert(0, %r); from faults import fxfault as F; "
+        "s = F.open_store(%r); print('READY', flush=True); sys.stdin.read(); s.close()"
+    ) % (HERE, store_dir)
+    peer = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(HERE),
+    )
+    try:
+        assert peer.stdout.readline().strip() == "READY"
+        _fill(s, KEYS[:8])
+        st = s.stats.snapshot()
+        assert st["evictions"] == 4 and st["recycled"] == 0  # the peer could be reading any of them
+        _check_store(s, KEYS[4:8], KEYS[:4])
+    finally:
+        peer.communicate("", timeout=60)
+    assert peer.returncode == 0
+    try:
+        _fill(s, KEYS[8:10])  # the peer is gone: reuse again
+        assert s.stats.snapshot()["recycled"] == 2
+        _check_store(s, KEYS[6:10], KEYS[:6])
+    finally:
+        s.close()
+
+
+def test_a_read_in_flight_keeps_its_files(store_dir):
+    """A read counts from its first step: while one is in flight no evicted
+    file is reused. A chunk it already holds open is evicted by unlinking, so
+    the read still gets the bytes that were stored, from the file it holds;
+    one it opens later is gone: a miss. Never another chunk's bytes."""
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:4])
+        # The two-op path (the GPU router's) opens the file before yielding its batch.
+        gen = s.read_steps([KEYS[0]], F.allocator(), chunks=False)
+        batch = next(gen)
+        _fill(s, KEYS[4:5])  # evicts KEYS[0] while its file is open here
+        assert (s.stats.snapshot()["recycled"], s.stats.snapshot()["evictions"]) == (0, 1)
+        got = drive_blocking(s.engine, _resume(gen, _run_step(s.engine, batch)), lambda h: None)
+        assert got[0] is not None and F.check(KEYS[0], memoryview(got[0])) == "ok"
+        # read_chunks opens in C when its step runs.
+        gen = s.read_steps([KEYS[1]], F.allocator(), s._takes_chunks(s.engine))
+        batch = next(gen)
+        _fill(s, KEYS[5:6])  # evicts KEYS[1]
+        assert (s.stats.snapshot()["recycled"], s.stats.snapshot()["evictions"]) == (0, 2)
+        got = drive_blocking(s.engine, _resume(gen, _run_step(s.engine, batch)), lambda h: None)
+        assert got[0] is None  # opened by path after the eviction: gone
+        _fill(s, KEYS[6:7])  # no read in flight: reuse again
+        assert s.stats.snapshot()["recycled"] == 1
+        _check_store(s, KEYS[3:7], KEYS[:3])
+    finally:
+        s.close()
+
+
+def _resume(gen, res):
+    """A read_steps generator whose pending batch gave `res`, wrapped as a
+    fresh generator for drive_blocking."""
+    while True:
+        try:
+            batch = gen.send(res)
+        except StopIteration as stop:
+            return stop.value
+        res = yield batch
+
+
+def test_fsck_counts_as_a_process_with_the_store_open(store_dir):
+    """lmcache-fx fsck reads chunk files of a live store: while it runs (its
+    Ledger.join held in another process), stores unlink what they evict."""
+    from lmcache_fx.core.ledger import Ledger
+
+    assert Ledger.join(str(os.path.dirname(store_dir))) is None  # no store there: nothing made
+    assert not os.path.exists(os.path.join(os.path.dirname(store_dir), ".fx"))
+    s = _open(store_dir)
+    code = (
+        "import sys; from lmcache_fx.core.ledger import Ledger; led = Ledger.join(%r); "
+        "print('READY' if led is not None else 'NONE', flush=True); sys.stdin.read(); led.release()"
+    ) % (store_dir,)
+    peer = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(HERE),
+    )
+    try:
+        assert peer.stdout.readline().strip() == "READY"
+        _fill(s, KEYS[:6])
+        assert (s.stats.snapshot()["evictions"], s.stats.snapshot()["recycled"]) == (2, 0)
+    finally:
+        peer.communicate("", timeout=60)
+    try:
+        _fill(s, KEYS[6:7])
+        assert s.stats.snapshot()["recycled"] == 1
+        _check_store(s, KEYS[3:7], KEYS[:3])
+    finally:
+        s.close()
