@@ -327,6 +327,7 @@ class FxL2Adapter(L2AdapterInterface):
                     "misses",
                     "corrupt",
                     "evictions",
+                    "recycled",
                     "write_errors",
                     "chunks_read",
                     "bytes_read",

@@ -51,7 +51,9 @@ def test_path_and_mkfs_loop_are_exclusive_and_one_is_needed():
         bench.check_args(p, a)
 
 
-@pytest.mark.parametrize("bad", [["--readers", "fx,nope"], ["--reps", "0"], ["--split-bytes", "5000"]])
+@pytest.mark.parametrize(
+    "bad", [["--readers", "fx,nope"], ["--reps", "0"], ["--split-bytes", "5000"], ["--full-store", "--mixed"]]
+)
 def test_bad_arguments_are_refused(bad):
     p, a = parse("--path", "/x", *bad)
     with pytest.raises(SystemExit):
@@ -386,6 +388,28 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     pc = d["per_chunk"]["readers"]
     assert pc["fs_native"]["tier_us_per_chunk"] > 0 and pc["fx-l2"]["tier_us_per_chunk"] > 0
     assert not os.listdir(odirect_tmp) or all(not n.startswith("lmcache-fx-bench-") for n in os.listdir(odirect_tmp))
+
+
+def test_bench_full_store_evicts_into_reused_files(odirect_tmp, tmp_path):
+    """--full-store: fx-l2 is filled before the first rep and sized for one
+    rep's chunks, so every rep's store evicts the last rep's, writing into
+    their files (reuse_evicted); every rep still reads back verified."""
+    out = tmp_path / "r.json"
+    # fmt: off
+    rc = bench.main([
+        "--path", str(odirect_tmp), "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "16",
+        "--total-gb", "0.0001", "--reps", "3", "--readers", "fx-l2", "--full-store", "--warm", "--quiet",
+        "--json", str(out),
+    ])
+    # fmt: on
+    assert rc == 0
+    d = json.loads(out.read_text())
+    e = d["readers"]["fx-l2"]
+    assert e["all_ok"] and all(r["crc_ok"] for r in e["reps"]) and "full" in e["label"]
+    n = d["config"]["n_chunks"]
+    assert [r["evictions_total"] for r in e["reps"]] == [n, 2 * n, 3 * n]  # each rep evicts the one before
+    assert [r["recycled_total"] for r in e["reps"]] == [n, 2 * n, 3 * n]
+    assert d["config"]["full_store"] is True
 
 
 # ------------------------------------------------------------------ --devices N

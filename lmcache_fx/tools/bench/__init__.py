@@ -89,6 +89,12 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
         "ones, both timed, against the same reader alone",
     )
     p.add_argument(
+        "--full-store",
+        action="store_true",
+        help="fx-l2's store is full, as a cache that has run a while: every chunk it stores evicts one (inside "
+        "the store's timing); the other L2 adapters' chunks are deleted between reps (outside it)",
+    )
+    p.add_argument(
         "--per-chunk",
         type=int,
         default=0,
@@ -126,6 +132,8 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
         p.error("--fs-native-workers must be >= 1")
     if getattr(args, "per_chunk", 0) < 0:
         p.error("--per-chunk must be >= 0")
+    if args.full_store and args.mixed:
+        p.error("--full-store and --mixed measure different stores: run them apart")
     devices = getattr(args, "devices", None)
     if devices is not None and not 1 <= devices <= 64:
         p.error("--devices must be 1..64")
@@ -295,6 +303,7 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             latency=args.latency,
             concurrency=tuple(_ints(args.concurrency)),
             mixed=args.mixed,
+            full_store=args.full_store,
             fs_native_workers=args.fs_native_workers,
             stripe=stripe,
         )

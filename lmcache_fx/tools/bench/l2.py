@@ -23,6 +23,7 @@ import select
 import time
 from typing import Optional
 
+from ...core.chunkfile import HEADER_SIZE
 from ..models import GB, MIB
 from .readers import Reader
 from .workload import Skip, cpu_seconds, crc_of, percentile
@@ -83,6 +84,14 @@ class L2Reader(Reader):
         cb, n = self.cfg.geo.chunk_bytes, self.cfg.n_chunks
         self.src_objs = [self._obj(i * cb, cb) for i in range(n)]
         self.dst_objs = [self._obj((n + i) * cb, cb) for i in range(n)]
+        if self.keeps_chunks and not self.store(self.keys(-1), self.src_objs):  # filled before the first rep
+            raise RuntimeError(f"{self.name}: filling the store failed")
+
+    @property
+    def keeps_chunks(self) -> bool:
+        """--full-store: this adapter keeps each rep's chunks, and the next
+        rep's stores evict them."""
+        return False
 
     def _obj(self, off: int, nbytes: int):
         import torch
@@ -203,7 +212,11 @@ class L2Reader(Reader):
         out["tier_us_per_chunk"] = tier_s / n * 1e6 if ok else None
         out["cpu_s_per_gb"] = None
         out["tier_cpu_s_per_gb"] = cpu / gb if ok else None
-        self._drop(keys)
+        if not self.keeps_chunks:
+            self._drop(keys)
+        else:  # what the store did with the chunks it evicted (fx-l2's report_status)
+            st = self.adapter.report_status()
+            out["evictions_total"], out["recycled_total"] = st.get("evictions"), st.get("recycled")
         return out
 
     # ------------------------------------------------------------ stores while loads run
@@ -350,7 +363,16 @@ class FxL2Reader(L2Reader):
     label = "lmcache-fx FxL2Adapter (L2)"
     stripes = True
 
+    @property
+    def keeps_chunks(self) -> bool:
+        return self.cfg.full_store
+
     def adapter_spec(self):
+        cap = max(1.0, 4 * self.cfg.total_bytes / GB)
+        if self.cfg.full_store:
+            # Room for one rep's chunk files and less than one more: each store evicts one.
+            self.label = "lmcache-fx FxL2Adapter (L2, full: each store evicts)"
+            cap = (self.cfg.n_chunks * (HEADER_SIZE + self.cfg.geo.chunk_bytes) + 4096) / (1 << 30)
         return {
             "type": "plugin",
             "module_path": "lmcache_fx.l2_adapter",
@@ -360,7 +382,7 @@ class FxL2Reader(L2Reader):
                 "io_engine": "io_uring",
                 "queue_depth": self.cfg.queue_depth,
                 "split_bytes": self.cfg.split_bytes,
-                "max_capacity_gb": max(1.0, 4 * self.cfg.total_bytes / GB),
+                "max_capacity_gb": cap,
             },
         }
 

@@ -194,6 +194,7 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
             "queue_depth": cfg.queue_depth,
             "split_bytes": cfg.split_bytes,
             "devices": list(cfg.stripe) or [cfg.path],
+            "full_store": cfg.full_store,
         },
         "machine": {**machine_info(cfg.path), "loadavg_start": list(os.getloadavg())},
         "readers": {},
@@ -413,7 +414,9 @@ def run_per_chunk(cfg: BenchConfig, readers: list[str], n_chunks: int, quiet: bo
     d = os.path.join(cfg.path, "per-chunk")
     os.makedirs(d, exist_ok=True)
     # The main run's settings, on 4 KiB chunks in one directory, without the latency and mixed passes.
-    sub = replace(cfg, path=d, geo=PER_CHUNK_GEOMETRY, n_chunks=n_chunks, latency=False, mixed=False, stripe=())
+    sub = replace(
+        cfg, path=d, geo=PER_CHUNK_GEOMETRY, n_chunks=n_chunks, latency=False, mixed=False, full_store=False, stripe=()
+    )
     res = run_bench(sub, readers, quiet=quiet)
     shutil.rmtree(d, ignore_errors=True)
     out = {

@@ -138,6 +138,7 @@ class BenchConfig:
     latency: bool = False
     concurrency: tuple = (1, 4, 16)
     mixed: bool = False  # also: stores while loads run (L2 adapters)
+    full_store: bool = False  # fx-l2 at its capacity: each chunk stored evicts one
     fs_native_workers: int = 8
     # --devices N: one bench directory per device, cfg.path being the first.
     # Readers that take a path list (fx) stripe over all of them, fio runs one
