@@ -70,6 +70,10 @@ def test_evicted_files_are_reused_when_alone(store_dir):
     s = _open(store_dir)  # a restart finds exactly the four newest
     try:
         _check_store(s, KEYS[4:8], KEYS[:4])
+        src = F.Chunks()  # one batch that evicts the whole store: one eviction, every file reused
+        assert s.write([src.item(k, CHUNK) for k in KEYS[8:12]]) == [True] * 4
+        assert (s.stats.snapshot()["evictions"], s.stats.snapshot()["recycled"]) == (4, 4)
+        _check_store(s, KEYS[8:12], KEYS[:8])
     finally:
         s.close()
 

@@ -233,16 +233,40 @@ def unlink_quiet(path: str) -> bool:
 
 
 def unlink_if_same(
-    path: str, ident: Optional[tuple[int, int]] = None, mtime_ns: Optional[int] = None
+    path: str,
+    ident: Optional[tuple[int, int]] = None,
+    mtime_ns: Optional[int] = None,
+    dirfds: Optional[dict[str, int]] = None,
 ) -> Optional[os.stat_result]:
     """Removes <root>/<ab>/<name> only if it is still the file that was
     looked at: the same (st_dev, st_ino) when `ident` is given, not newer than
     `mtime_ns` when that is. lstat and unlink go through one directory
-    descriptor opened without following links. Returns the stat of what was
-    removed, or None (absent, not a regular file, replaced meanwhile, or
-    cannot be removed)."""
+    descriptor opened without following links (kept in `dirfds` when given,
+    for the caller to close). Returns the stat of what was removed, or None
+    (absent, not a regular file, replaced meanwhile, or cannot be removed)."""
+    return _if_same(path, ident, mtime_ns, dirfds, lambda name, dfd: os.unlink(name, dir_fd=dfd))
+
+
+def rename_if_same(
+    path: str, mtime_ns: int, dst_dfd: int, dst_name: str, dirfds: Optional[dict[str, int]] = None
+) -> Optional[os.stat_result]:
+    """Moves <root>/<ab>/<name> to dst_name in the directory dst_dfd, with
+    the checks of unlink_if_same (a regular file, not newer than mtime_ns).
+    Returns the stat of what was moved, or None (nothing moved; EXDEV, another
+    root's filesystem, among the reasons)."""
+    return _if_same(
+        path, None, mtime_ns, dirfds, lambda name, dfd: os.rename(name, dst_name, src_dir_fd=dfd, dst_dir_fd=dst_dfd)
+    )
+
+
+def _if_same(path, ident, mtime_ns, dirfds, act) -> Optional[os.stat_result]:
+    sub = os.path.dirname(path)
+    dfd = dirfds.get(sub) if dirfds is not None else None
     try:
-        dfd = open_dir(os.path.dirname(path))
+        if dfd is None:
+            dfd = open_dir(sub)
+            if dirfds is not None:
+                dirfds[sub] = dfd
     except OSError:
         return None
     try:
@@ -258,37 +282,13 @@ def unlink_if_same(
         if mtime_ns is not None and st.st_mtime_ns > mtime_ns:
             return None
         try:
-            os.unlink(name, dir_fd=dfd)
+            act(name, dfd)
         except OSError:
             return None
         return st
     finally:
-        os.close(dfd)
-
-
-def rename_if_same(path: str, mtime_ns: int, dst_dfd: int, dst_name: str) -> Optional[os.stat_result]:
-    """Moves <root>/<ab>/<name> to dst_name in the directory dst_dfd, with
-    the checks of unlink_if_same (a regular file, not newer than mtime_ns).
-    Returns the stat of what was moved, or None (nothing moved)."""
-    try:
-        dfd = open_dir(os.path.dirname(path))
-    except OSError:
-        return None
-    try:
-        name = os.path.basename(path)
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except OSError:
-            return None
-        if not stat.S_ISREG(st.st_mode) or st.st_mtime_ns > mtime_ns:
-            return None
-        try:
-            os.rename(name, dst_name, src_dir_fd=dfd, dst_dir_fd=dst_dfd)
-        except OSError:  # EXDEV (another root's filesystem) among others
-            return None
-        return st
-    finally:
-        os.close(dfd)
+        if dirfds is None:
+            os.close(dfd)
 
 
 def probe_odirect(directory: str) -> tuple[bool, str]:

@@ -615,12 +615,12 @@ class ChunkStore:
         except LockTimeout:
             return False
 
-    def _evict_locked(self, limit: int, usage: int, reuse: Optional["_WriteFile"] = None) -> int:
+    def _evict_locked(self, limit: int, usage: int, reuse: Sequence["_WriteFile"] = ()) -> int:
         """The evictor (ledger held): removes the oldest chunks from this
         process's sorted scan, rescanning when it is old or used up, until
-        usage <= limit. Returns the usage after. With `reuse`, the first
-        victim of its size is moved beside its temporary instead of unlinked
-        (see _adopt_recycled)."""
+        usage <= limit. Returns the usage after. A victim the size of a file
+        of `reuse` still without one is moved beside that file's temporary
+        instead of unlinked (see _adopt_recycled)."""
         if usage <= limit:
             return usage
         rescanned = False
@@ -629,40 +629,52 @@ class ChunkStore:
             if u is None:
                 return usage
             usage, rescanned = u, True
+        waiting: dict[int, list] = {}  # file size -> files to write that could take a victim of it
+        for f in reversed(reuse):
+            if not f.recycled:
+                waiting.setdefault(HEADER_SIZE + f.nbytes, []).append(f)
+        dirfds: dict[str, int] = {}  # victims' directories, opened once per eviction
         n = 0
-        while usage > limit:
-            kept = []
-            while usage > limit and self._victims:
-                v = self._victims.pop()
-                mt, d, path, size = v
-                with self._lock:
-                    pinned = bool(self._pins.get(d))
-                if pinned:
-                    kept.append(v)
-                    continue
-                st = None
-                if reuse is not None and not reuse.recycled and size == HEADER_SIZE + reuse.nbytes:
-                    name = _tmp_name(reuse.final)
-                    st = rename_if_same(path, mt, reuse.dfd, name)
-                    if st is not None:
-                        reuse.recycled, reuse.recycled_ino = name, st.st_ino
-                if st is None:
-                    st = unlink_if_same(path, mtime_ns=mt)
-                if st is None:
-                    continue  # evicted or removed by another process, or used (rewritten) since the scan
-                usage = max(0, usage - st.st_size)
-                n += 1
-                with self._lock:
-                    e = self._index.get(d)
-                    if e is not None and e.path == path:
-                        del self._index[d]
-            self._victims.extend(reversed(kept))
-            if usage <= limit or rescanned:
-                break
-            u = self._rescan_locked()  # the list ran out: look again, once
-            if u is None:
-                break
-            usage, rescanned = u, True
+        try:
+            while usage > limit:
+                kept = []
+                while usage > limit and self._victims:
+                    v = self._victims.pop()
+                    mt, d, path, size = v
+                    with self._lock:
+                        pinned = bool(self._pins.get(d))
+                    if pinned:
+                        kept.append(v)
+                        continue
+                    st = None
+                    takers = waiting.get(size)
+                    if takers:
+                        f = takers[-1]
+                        name = _tmp_name(f.final)
+                        st = rename_if_same(path, mt, f.dfd, name, dirfds)
+                        if st is not None:
+                            f.recycled, f.recycled_ino = name, st.st_ino
+                            takers.pop()
+                    if st is None:
+                        st = unlink_if_same(path, mtime_ns=mt, dirfds=dirfds)
+                    if st is None:
+                        continue  # evicted or removed by another process, or used (rewritten) since the scan
+                    usage = max(0, usage - st.st_size)
+                    n += 1
+                    with self._lock:
+                        e = self._index.get(d)
+                        if e is not None and e.path == path:
+                            del self._index[d]
+                self._victims.extend(reversed(kept))
+                if usage <= limit or rescanned:
+                    break
+                u = self._rescan_locked()  # the list ran out: look again, once
+                if u is None:
+                    break
+                usage, rescanned = u, True
+        finally:
+            for fd in dirfds.values():
+                os.close(fd)
         if n:
             self.stats.add(evictions=n)
         self._ledger.put(usage, (self._ledger.get() or (0, time.time()))[1])
@@ -709,10 +721,14 @@ class ChunkStore:
             if usage is None:
                 return ok
             start = usage
+            reuse = files if self.options.reuse_evicted else ()
+            need = sum(HEADER_SIZE + round_up(f.nbytes, 4096) for f in files)
+            if usage + need > cap:  # room for the whole batch in one eviction (the loop below mends the rest)
+                usage = self._evict_locked(max(cap - need, 0), usage, reuse)
             for f in files:
                 rsize = HEADER_SIZE + round_up(f.nbytes, 4096)
                 if usage + rsize > cap and rsize <= cap:
-                    usage = self._evict_locked(cap - rsize, usage, f if self.options.reuse_evicted else None)
+                    usage = self._evict_locked(cap - rsize, usage, reuse)
                 if usage + rsize > cap:
                     log.warning(
                         "lmcache-fx: no room for a %d-byte chunk under max_capacity_gb=%s (pinned chunks fill it)",
