@@ -88,12 +88,43 @@ def mixed_table(d: dict) -> str:
     return "\n".join(rows)
 
 
+def full_store_probe_table(d: dict) -> str:
+    """scripts/full_store_probe.py's JSON: stores into a full store with
+    reuse_evicted on and off, per medium and chunk size."""
+    head = (
+        f"`{d['command']}` at `{(d.get('git_commit') or 'unknown')[:12]}`{'+dirty' if d.get('dirty') else ''}; "
+        f"load average at the end {d['loadavg_end'][0]:.1f} ({d['cpus']} cores)."
+    )
+    rows = [
+        "| medium | chunks per batch (store holds) | reuse on: GB/s · CPU s/GB | reuse off: GB/s · CPU s/GB "
+        "| on / off (median · per rep min–max) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for medium, cases in d["media"].items():
+        for case, r in cases.items():
+            on, off, per = r["reuse_evicted on"], r["reuse_evicted off"], r["on / off per rep"]
+            rows.append(
+                f"| {medium} | {r['chunks per batch']} × {case} ({r['capacity (chunks)']}) "
+                f"| {on['gbps']:.2f} · {on['cpu_s_per_gb']:.3f} | {off['gbps']:.2f} · {off['cpu_s_per_gb']:.3f} "
+                f"| {r['on / off']:.2f}× ({min(per):.2f}–{max(per):.2f}) |"
+            )
+    return head + "\n\n" + "\n".join(rows)
+
+
 def render(d: dict) -> str:
+    if "media" in d:
+        return full_store_probe_table(d)
     m = d["machine"]
     head = (
         f"`{d['command']}` at `{(d.get('git_commit') or 'unknown')[:12]}`; {d['config']['reps']} reps, medians; "
         f"load average at the start {m['loadavg_start'][0]:.1f}, at the end {m['loadavg_end'][0]:.1f} "
-        f"({m['cpus']} cores); {'cold' if d['cold'] else 'WARM'}."
+        f"({m['cpus']} cores); {'cold' if d['cold'] else 'WARM'}"
+        + (
+            "; `--full-store`: fx-l2 holds one rep's chunks, so each of its stores evicts one (inside its timing), "
+            "the other adapters' chunks are deleted between reps (outside theirs)."
+            if d["config"].get("full_store")
+            else "."
+        )
     )
     parts = [head, main_table(d)]
     lat = latency_table(d)
