@@ -16,7 +16,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
@@ -28,6 +27,7 @@ from lmcache_fx.core import store as store_mod  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta  # noqa: E402
 from lmcache_fx.core.options import FxOptions  # noqa: E402
 from lmcache_fx.testing.loopfs import xfs_loop  # noqa: E402
+from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 
 MIB = 1 << 20
 CASES = {"64 MiB": (64 * MIB, 4, 8), "2 MiB": (2 * MIB, 64, 128)}  # chunk, chunks per batch, capacity in chunks
@@ -113,15 +113,7 @@ def main() -> None:
         shutil.rmtree(shm, ignore_errors=True)
     out = {
         "command": "python " + " ".join(["scripts/full_store_probe.py", *sys.argv[1:]]),
-        "git_commit": subprocess.run(
-            ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        or None,
-        "dirty": bool(
-            subprocess.run(
-                ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
-            ).stdout.strip()
-        ),
+        "git_commit": git_commit(),  # "+dirty": uncommitted changes to tracked files
         "cpus": os.cpu_count(),
         "loadavg_end": list(os.getloadavg()),
         "media": media,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -38,6 +39,20 @@ def _fill(s: ChunkStore, keys) -> list[int]:
         assert s.write([src.item(k, CHUNK)]) == [True]
         inodes.append(os.stat(s.path_for(chunk_digest(k))).st_ino)
     return inodes
+
+
+def _peer(code: str) -> subprocess.Popen:
+    """Another process running `code`, once it has printed READY; it ends
+    when its stdin closes (communicate)."""
+    peer = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(HERE),
+    )
+    assert peer.stdout.readline().strip() == "READY"
+    return peer
 
 
 def _check_store(s: ChunkStore, present, absent) -> None:
@@ -96,15 +111,8 @@ def test_no_reuse_while_another_process_has_the_store_open(store_dir):
         "import sys, time; sys.path.insert(0, %r); from faults import fxfault as F; "
         "s = F.open_store(%r); print('READY', flush=True); sys.stdin.read(); s.close()"
     ) % (HERE, store_dir)
-    peer = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=os.path.dirname(HERE),
-    )
+    peer = _peer(code)
     try:
-        assert peer.stdout.readline().strip() == "READY"
         _fill(s, KEYS[:8])
         st = s.stats.snapshot()
         assert st["evictions"] == 4 and st["recycled"] == 0  # the peer could be reading any of them
@@ -172,15 +180,8 @@ def test_fsck_counts_as_a_process_with_the_store_open(store_dir):
         "import sys; from lmcache_fx.core.ledger import Ledger; led = Ledger.join(%r); "
         "print('READY' if led is not None else 'NONE', flush=True); sys.stdin.read(); led.release()"
     ) % (store_dir,)
-    peer = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=os.path.dirname(HERE),
-    )
+    peer = _peer(code)
     try:
-        assert peer.stdout.readline().strip() == "READY"
         _fill(s, KEYS[:6])
         assert (s.stats.snapshot()["evictions"], s.stats.snapshot()["recycled"]) == (2, 0)
     finally:
@@ -189,5 +190,50 @@ def test_fsck_counts_as_a_process_with_the_store_open(store_dir):
         _fill(s, KEYS[6:7])
         assert s.stats.snapshot()["recycled"] == 1
         _check_store(s, KEYS[3:7], KEYS[:3])
+    finally:
+        s.close()
+
+
+def test_threads_reading_while_full_writes_reuse_files_never_see_wrong_bytes(store_dir):
+    """Writer threads keep a full store evicting (reusing files whenever no
+    read is in flight) while reader threads read random keys: every hit is
+    exactly its key's bytes; both reuse and unlink happen."""
+    import random
+    import threading
+
+    s = _open(store_dir)
+    keys = [f"model@1@0@{h:016x}@bfloat16" for h in range(400)]
+    wrong, hits, stop = [], [0], threading.Event()
+
+    def writer(part):
+        src = F.Chunks()
+        for k in part:
+            s.write([src.item(k, CHUNK)])
+
+    def reader(seed):
+        rng = random.Random(seed)
+        while not stop.is_set():
+            h, _, bad = F.read_check(s, rng.sample(keys, 3))
+            hits[0] += h
+            wrong.extend(bad)
+            time.sleep(0.001)  # gaps with no read in flight, where writes may reuse
+
+    try:
+        readers = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+        writers = [threading.Thread(target=writer, args=(keys[i::2],)) for i in range(2)]
+        for t in readers + writers:
+            t.start()
+        for t in writers:
+            t.join()
+        stop.set()
+        for t in readers:
+            t.join()
+        st = s.stats.snapshot()
+        assert wrong == [] and st["corrupt"] == 0 and hits[0] > 0
+        assert st["evictions"] >= 390 and st["recycled"] < st["evictions"], st  # reads in flight made some unlink
+        assert s.usage_bytes == sum(os.path.getsize(p) for p in F.chunk_files(store_dir)) <= 4 * FILE
+        _fill(s, [f"model@1@0@{h:016x}@bfloat16" for h in range(400, 404)])  # no reader left: all reused
+        assert s.stats.snapshot()["recycled"] == st["recycled"] + 4
+        _check_store(s, [f"model@1@0@{h:016x}@bfloat16" for h in range(400, 404)], keys[:10])
     finally:
         s.close()
