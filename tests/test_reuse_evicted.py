@@ -237,3 +237,38 @@ def test_threads_reading_while_full_writes_reuse_files_never_see_wrong_bytes(sto
         _check_store(s, [f"model@1@0@{h:016x}@bfloat16" for h in range(400, 404)], keys[:10])
     finally:
         s.close()
+
+
+def test_a_forked_child_has_its_own_ledger_and_membership(store_dir):
+    """A child forked after the store was opened makes its own ledger for a
+    store it opens (the parent's flock description is not its lock), and is
+    seen by the parent as another process with the store open."""
+    s = _open(store_dir)
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: open the store, say so, wait to be told to go
+        code = 1
+        try:
+            c = _open(store_dir)
+            code = 0 if c._ledger is not s._ledger and c._ledger.members_fd >= 0 else 3
+            os.write(w, b"R")
+            os.read(r2, 1)
+            c.close()
+        finally:
+            os._exit(code)
+    try:
+        assert os.read(r, 1) == b"R"
+        _fill(s, KEYS[:6])
+        assert (s.stats.snapshot()["evictions"], s.stats.snapshot()["recycled"]) == (2, 0)
+    finally:
+        os.write(w2, b"G")
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    try:
+        _fill(s, KEYS[6:7])  # the child is gone
+        assert s.stats.snapshot()["recycled"] == 1
+    finally:
+        s.close()
+        for fd in (r, w, r2, w2):
+            os.close(fd)

@@ -262,6 +262,18 @@ class Ledger:
             pass  # the next reader finds a bad record and rescans
 
 
+def _after_fork_in_child() -> None:
+    """A forked child shares its parent's lock file description (so the
+    parent's flock would not exclude it) and has none of its POSIX locks
+    (so other processes would not see it in .fx/members): stores it makes
+    open ledgers of their own. Objects it inherited are left as they are."""
+    Ledger._registry = {}
+    Ledger._reg_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _join_members(dfd: int, mode: int, gid: Optional[int], create: bool) -> int:
     """Opens .fx/members and takes a read lock on its byte 0 (never waits:
     nobody takes a write lock). Returns the descriptor, or -1: then this
