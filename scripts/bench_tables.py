@@ -97,8 +97,8 @@ def full_store_probe_table(d: dict) -> str:
     )
     rows = [
         "| medium | chunks per batch (store holds) | reuse on: GB/s · CPU s/GB | reuse off: GB/s · CPU s/GB "
-        "| on / off (median · per rep min–max) |",
-        "|---|---|---:|---:|---:|",
+        "| on / off (median · per rep min–max) | preads of what was written: on · off GB/s |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for medium, cases in d["media"].items():
         for case, r in cases.items():
@@ -106,7 +106,8 @@ def full_store_probe_table(d: dict) -> str:
             rows.append(
                 f"| {medium} | {r['chunks per batch']} × {case} ({r['capacity (chunks)']}) "
                 f"| {on['gbps']:.2f} · {on['cpu_s_per_gb']:.3f} | {off['gbps']:.2f} · {off['cpu_s_per_gb']:.3f} "
-                f"| {r['on / off']:.2f}× ({min(per):.2f}–{max(per):.2f}) |"
+                f"| {r['on / off']:.2f}× ({min(per):.2f}–{max(per):.2f}) "
+                + (f"| {on['read_gbps']:.2f} · {off['read_gbps']:.2f} |" if "read_gbps" in on else "| – |")
             )
     return head + "\n\n" + "\n".join(rows)
 

@@ -2,8 +2,10 @@
 """Stores into a full store (the steady state of a cache that has run a
 while: every new chunk evicts an old one), with `reuse_evicted` on and off,
 side by side (interleaved reps, medians), at the store level (ChunkStore.write,
-no LMCache in the way). Root: XFS on a RAM-backed loop device (O_DIRECT), and
-tmpfs (/dev/shm, page cache).
+no LMCache in the way); then the files just written read back by plain preads
+(8 threads, cold on XFS), to show what reuse does to reads of any reader.
+Root: XFS on a RAM-backed loop device (O_DIRECT), and tmpfs (/dev/shm, page
+cache).
 
     .venv/bin/python scripts/full_store_probe.py --json docs/full-store-probe.json
 """
@@ -11,6 +13,7 @@ tmpfs (/dev/shm, page cache).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -18,18 +21,20 @@ import shutil
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from lmcache_fx import _fxio  # noqa: E402
 from lmcache_fx.core import store as store_mod  # noqa: E402
-from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta  # noqa: E402
+from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest  # noqa: E402
 from lmcache_fx.core.options import FxOptions  # noqa: E402
-from lmcache_fx.testing.loopfs import xfs_loop  # noqa: E402
+from lmcache_fx.testing.loopfs import drop_caches, xfs_loop  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 
 MIB = 1 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
 CASES = {"64 MiB": (64 * MIB, 4, 8), "2 MiB": (2 * MIB, 64, 128)}  # chunk, chunks per batch, capacity in chunks
 
 
@@ -38,7 +43,26 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def probe(base: str, case: str, reps: int) -> dict:
+def _preads(paths: list[str], dst: int, cb: int) -> None:
+    """Each file's payload by one pread on 8 threads (O_DIRECT where the
+    filesystem takes it): what any reader of these files gets, fx's aside."""
+
+    def one(i: int) -> None:
+        try:
+            fd = os.open(paths[i], os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            fd = os.open(paths[i], os.O_RDONLY)
+        try:
+            n = _libc.pread(fd, ctypes.c_void_p(dst + i * cb), ctypes.c_size_t(cb), ctypes.c_long(HEADER_SIZE))
+            assert n == cb, n
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(one, range(len(paths))))
+
+
+def probe(base: str, case: str, reps: int, cold: bool) -> dict:
     cb, batch, cap = CASES[case]
     src = _fxio.HostBuffer(cb * batch, hugepages=True)
     memoryview(src)[:] = os.urandom(cb * batch)
@@ -52,6 +76,7 @@ def probe(base: str, case: str, reps: int) -> dict:
             assert all(s.write([(f"fill{j + i}", src.address + i * cb, cb, meta) for i in range(batch)]))
         stores[reuse] = s
     raw: dict = {True: [], False: []}
+    dst = _fxio.HostBuffer(cb * batch, hugepages=True)
     for rep in range(reps):
         for reuse, s in stores.items():
             items = [(f"r{rep}-{i}", src.address + i * cb, cb, meta) for i in range(batch)]
@@ -61,15 +86,20 @@ def probe(base: str, case: str, reps: int) -> dict:
             dt, c = time.perf_counter() - t0, _cpu() - c0
             after = s.stats.snapshot()
             gb = batch * cb / 1e9
+            if cold:
+                drop_caches()
+            t0 = time.perf_counter()  # the files just written, read by plain preads (no fx reader)
+            _preads([s.path_for(chunk_digest(k)) for k, *_ in items], dst.address, cb)
+            read_s = time.perf_counter() - t0
             raw[reuse].append(
                 {
                     "gbps": gb / dt,
                     "cpu_s_per_gb": c / gb,
                     "evictions": after["evictions"] - before["evictions"],
                     "recycled": after["recycled"] - before["recycled"],
+                    "read_gbps": gb / read_s,
                 }
             )
-    dst = _fxio.HostBuffer(cb * batch, hugepages=True)
     for reuse, s in stores.items():  # what the last batch wrote reads back, bit-exact
 
         def alloc(_meta, slots=iter(range(batch))):
@@ -90,6 +120,7 @@ def probe(base: str, case: str, reps: int) -> dict:
             "gbps_each": [round(x["gbps"], 3) for x in v],
             "evictions_per_batch": statistics.median(x["evictions"] for x in v),
             "recycled_per_batch": statistics.median(x["recycled"] for x in v),
+            "read_gbps": statistics.median(x["read_gbps"] for x in v),
         }
     on, off = out["reuse_evicted on"]["gbps"], out["reuse_evicted off"]["gbps"]
     out["on / off"] = on / off
@@ -104,11 +135,11 @@ def main() -> None:
     args = ap.parse_args()
     media: dict = {}
     with xfs_loop("3G") as mnt:
-        media["XFS on a 3 GiB RAM-backed loop device (O_DIRECT)"] = {c: probe(mnt, c, args.reps) for c in CASES}
+        media["XFS on a 3 GiB RAM-backed loop device (O_DIRECT)"] = {c: probe(mnt, c, args.reps, True) for c in CASES}
     shm = "/dev/shm/lmcache-fx-full-store-probe"
     os.makedirs(shm, exist_ok=True)
     try:
-        media["tmpfs (/dev/shm, page cache)"] = {c: probe(shm, c, args.reps) for c in CASES}
+        media["tmpfs (/dev/shm, page cache)"] = {c: probe(shm, c, args.reps, False) for c in CASES}
     finally:
         shutil.rmtree(shm, ignore_errors=True)
     out = {
@@ -124,7 +155,8 @@ def main() -> None:
             print(
                 f"{m[:40]:40} {c:7} on {on['gbps']:.2f} GB/s ({on['cpu_s_per_gb']:.3f} CPU s/GB, "
                 f"{on['recycled_per_batch']:.0f}/{on['evictions_per_batch']:.0f} reused)  "
-                f"off {off['gbps']:.2f} GB/s ({off['cpu_s_per_gb']:.3f})  on/off {r['on / off']:.2f}"
+                f"off {off['gbps']:.2f} GB/s ({off['cpu_s_per_gb']:.3f})  on/off {r['on / off']:.2f}  "
+                f"preads after: on {on['read_gbps']:.2f} off {off['read_gbps']:.2f} GB/s"
             )
     if args.json:
         with open(args.json, "w") as f:
