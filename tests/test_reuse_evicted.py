@@ -272,3 +272,23 @@ def test_a_forked_child_has_its_own_ledger_and_membership(store_dir):
         s.close()
         for fd in (r, w, r2, w2):
             os.close(fd)
+
+
+def test_a_second_store_on_the_path_keeps_this_process_a_member(store_dir):
+    """Two stores of one process on one path share a ledger; opening the
+    second must not drop the process's lock on .fx/members (POSIX locks go
+    with any descriptor of the file closed), or another process would reuse
+    files this one reads."""
+    s = _open(store_dir)
+    s2 = _open(store_dir)
+    code = (
+        "import sys; sys.path.insert(0, %r); from faults import fxfault as F; s = F.open_store(%r); "
+        "print('READY', flush=True); sys.stdin.read(); print(s._ledger.alone(), flush=True); s.close()"
+    ) % (HERE, store_dir)
+    peer = _peer(code)
+    try:
+        out, _ = peer.communicate("", timeout=60)
+    finally:
+        s2.close()
+        s.close()
+    assert peer.returncode == 0 and out.strip() == "False"  # this process is still seen

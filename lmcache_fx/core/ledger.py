@@ -74,6 +74,9 @@ class Ledger:
             except FileExistsError:
                 pass
             dfd = open_dir(os.path.join(root, LOCK_DIR))  # refuses a planted symlink
+        except OSError as e:
+            raise ConfigError(f"path: cannot open the store's lock file {path!r}: {e.strerror}") from None
+        try:
             gid = None
             try:
                 if shared_group:
@@ -82,32 +85,33 @@ class Ledger:
                 fd = os.open(
                     os.path.basename(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd
                 )
-                members_fd = _join_members(dfd, mode, gid if shared_group else None, create=True)
-            finally:
-                os.close(dfd)
-        except OSError as e:
-            raise ConfigError(f"path: cannot open the store's lock file {path!r}: {e.strerror}") from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            if members_fd >= 0:
-                os.close(members_fd)
-            raise ConfigError(f"path: {path!r} is not a regular file; remove it")
-        if shared_group:
-            share_fd(fd, gid, mode)
-        return cls._register(fd, members_fd, st)
+            except OSError as e:
+                raise ConfigError(f"path: cannot open the store's lock file {path!r}: {e.strerror}") from None
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                raise ConfigError(f"path: {path!r} is not a regular file; remove it")
+            if shared_group:
+                share_fd(fd, gid, mode)
+            return cls._register(fd, st, lambda: _join_members(dfd, mode, gid, create=True))
+        finally:
+            os.close(dfd)
 
     @classmethod
-    def _register(cls, fd: int, members_fd: int, st: os.stat_result) -> "Ledger":
+    def _register(cls, fd: int, st: os.stat_result, join_members) -> "Ledger":
+        """This process's one ledger of the lock file `fd` is open on: a new
+        one, which takes the process's lock on .fx/members (join_members()),
+        or the one it has, `fd` closed (flock locks go with the open file
+        description: this one holds none). The members file is opened only
+        here, once per process and file: closing a second descriptor of it
+        would drop the process's POSIX lock."""
         with cls._reg_lock:
             led = cls._registry.get((st.st_dev, st.st_ino))
             if led is None:
-                led = cls._registry[(st.st_dev, st.st_ino)] = cls(fd, members_fd)
+                led = cls._registry[(st.st_dev, st.st_ino)] = cls(fd, join_members())
                 led.key = (st.st_dev, st.st_ino)
-            else:  # POSIX locks are per process: closing a second descriptor would drop the first's
+            else:
                 os.close(fd)
-                if members_fd >= 0:
-                    os.close(members_fd)
             led.refs += 1
         return led
 
@@ -126,14 +130,7 @@ class Ledger:
                 fd = os.open(os.path.basename(LOCK_NAME), flags | os.O_RDWR, dir_fd=dfd)
             except PermissionError:
                 fd = os.open(os.path.basename(LOCK_NAME), flags | os.O_RDONLY, dir_fd=dfd)
-            st = os.fstat(fd)
-            with cls._reg_lock:
-                led = cls._registry.get((st.st_dev, st.st_ino))
-                if led is not None:
-                    led.refs += 1
-                    os.close(fd)
-                    return led
-            return cls._register(fd, _join_members(dfd, 0, None, create=False), st)
+            return cls._register(fd, os.fstat(fd), lambda: _join_members(dfd, 0, None, create=False))
         except OSError:
             return None
         finally:

@@ -510,13 +510,13 @@ def cmd_fsck(args) -> int:
         raise AdminError("--buffer-mb must be at least 1")
     if not 1 <= args.queue_depth <= 32768:
         raise AdminError("--queue-depth must be in 1..32768")
-    # Counted as a process with the store open while reading its chunk files,
-    # so that running stores unlink what they evict instead of reusing it.
-    member = Ledger.join(roots[0])
     sc = scan(roots)
     rd = ChunkVerifier(args.io_engine, args.queue_depth, odirect=not args.no_odirect)
     t0 = time.perf_counter()
     problems, counts, nbytes = [], collections.Counter(), 0
+    # Counted as a process with the store open while reading its chunk files,
+    # so that running stores unlink what they evict instead of reusing it.
+    member = Ledger.join(roots[0])
     try:
         for v in rd.verify(sc.chunks, args.buffer_mb << 20):
             counts[v.status] += 1
