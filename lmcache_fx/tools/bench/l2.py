@@ -24,6 +24,7 @@ import time
 from typing import Optional
 
 from ...core.chunkfile import HEADER_SIZE
+from ...core.layout import round_up
 from ..models import GB, MIB
 from .readers import Reader
 from .workload import Skip, cpu_seconds, crc_of, percentile
@@ -370,9 +371,10 @@ class FxL2Reader(L2Reader):
     def adapter_spec(self):
         cap = max(1.0, 4 * self.cfg.total_bytes / GB)
         if self.cfg.full_store:
-            # Room for one rep's chunk files and less than one more: each store evicts one.
+            # Room for one rep's chunks as a write reserves them (payload rounded up to 4 KiB) and less
+            # than one more: each store evicts one, and a rep never evicts its own.
             self.label = "lmcache-fx FxL2Adapter (L2, full: each store evicts)"
-            cap = (self.cfg.n_chunks * (HEADER_SIZE + self.cfg.geo.chunk_bytes) + 4096) / (1 << 30)
+            cap = (self.cfg.n_chunks * (HEADER_SIZE + round_up(self.cfg.geo.chunk_bytes, 4096)) + 4096) / (1 << 30)
         return {
             "type": "plugin",
             "module_path": "lmcache_fx.l2_adapter",
