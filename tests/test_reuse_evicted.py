@@ -55,6 +55,15 @@ def _peer(code: str) -> subprocess.Popen:
     return peer
 
 
+def _store_peer(store_dir: str, at_end: str = "") -> subprocess.Popen:
+    """Another process with the store at store_dir open (a _peer); it runs
+    `at_end` when its stdin closes, then closes the store."""
+    return _peer(
+        f"import sys; sys.path.insert(0, {HERE!r}); from faults import fxfault as F; s = F.open_store({store_dir!r}); "
+        f"print('READY', flush=True); sys.stdin.read(); {at_end or 'pass'}; s.close()"
+    )
+
+
 def _check_store(s: ChunkStore, present, absent) -> None:
     hits, misses, bad = F.read_check(s, present)
     assert (hits, misses, bad) == (len(present), 0, [])
@@ -107,11 +116,7 @@ def test_no_reuse_when_turned_off(store_dir):
 
 def test_no_reuse_while_another_process_has_the_store_open(store_dir):
     s = _open(store_dir)
-    code = (
-        "import sys, time; sys.path.insert(0, %r); from faults import fxfault as F; "
-        "s = F.open_store(%r); print('READY', flush=True); sys.stdin.read(); s.close()"
-    ) % (HERE, store_dir)
-    peer = _peer(code)
+    peer = _store_peer(store_dir)
     try:
         _fill(s, KEYS[:8])
         st = s.stats.snapshot()
@@ -281,11 +286,7 @@ def test_a_second_store_on_the_path_keeps_this_process_a_member(store_dir):
     files this one reads."""
     s = _open(store_dir)
     s2 = _open(store_dir)
-    code = (
-        "import sys; sys.path.insert(0, %r); from faults import fxfault as F; s = F.open_store(%r); "
-        "print('READY', flush=True); sys.stdin.read(); print(s._ledger.alone(), flush=True); s.close()"
-    ) % (HERE, store_dir)
-    peer = _peer(code)
+    peer = _store_peer(store_dir, "print(s._ledger.alone(), flush=True)")
     try:
         out, _ = peer.communicate("", timeout=60)
     finally:
