@@ -130,22 +130,50 @@ static int open_beneath(int dirfd, const char *name, int flags)
     return open_walk(dirfd, name, flags);
 }
 
+/* With FX_OPEN_LOCK: an OFD read lock on the whole file, so that an
+ * evictor (store.py, _adopt_recycled) cannot take its write lock and
+ * rewrite the file while it is read; then the name must still be this
+ * file, else it was moved away for reuse before the lock (and may already
+ * hold another chunk). 0, -ESTALE, or -errno. A kernel without OFD locks
+ * (EINVAL) reads unlocked: the store then reuses no file (the evictor's
+ * write lock fails the same way). */
+static int chunk_lock(const fx_chunk *c, int fd, const struct stat *st)
+{
+    struct flock fl;
+    struct stat now;
+
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_RDLCK;
+    fl.l_whence = SEEK_SET; /* l_start 0, l_len 0: the whole file */
+    if (fcntl(fd, F_OFD_SETLK, &fl) < 0) {
+        if (errno == EAGAIN || errno == EACCES)
+            return -ESTALE;
+        if (errno != EINVAL)
+            return -errno;
+    }
+    if (fstatat(c->dirfd, c->name, &now, AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT ? -ESTALE : -errno;
+    if (now.st_dev != st->st_dev || now.st_ino != st->st_ino)
+        return -ESTALE;
+    return 0;
+}
+
 /* Opens one chunk: 0 and *fd, or -errno (with the identity when an fd was
  * had: a non-regular file in a chunk's place is reported, not read). */
-static int chunk_open(const fx_chunk *c, int direct, int *fd_out, fx_chunk_result *r)
+static int chunk_open(const fx_chunk *c, int how, int *fd_out, fx_chunk_result *r)
 {
     /* O_NONBLOCK: a FIFO planted in a chunk's place must not block the
      * open; cleared again for the reads (io_uring would answer EAGAIN). */
-    int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | (direct ? O_DIRECT : 0);
+    int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | ((how & FX_OPEN_DIRECT) ? O_DIRECT : 0);
     struct stat st;
-    int fd = open_beneath(c->dirfd, c->name, flags);
+    int e, fd = open_beneath(c->dirfd, c->name, flags);
 
     if (fd < 0)
         return fd;
     if (fstat(fd, &st) < 0) {
-        int e = errno;
+        e = -errno;
         close(fd);
-        return -e;
+        return e;
     }
     r->dev = (uint64_t)st.st_dev;
     r->ino = (uint64_t)st.st_ino;
@@ -155,9 +183,13 @@ static int chunk_open(const fx_chunk *c, int direct, int *fd_out, fx_chunk_resul
         return S_ISDIR(st.st_mode) ? -EISDIR : -ESPIPE;
     }
     if (fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
-        int e = errno;
+        e = -errno;
         close(fd);
-        return -e;
+        return e;
+    }
+    if ((how & FX_OPEN_LOCK) && (e = chunk_lock(c, fd, &st)) < 0) {
+        close(fd);
+        return e;
     }
     *fd_out = fd;
     return 0;
@@ -243,7 +275,7 @@ static size_t wave_size(size_t n, int pipelined)
 typedef struct {
     const fx_chunk *c;
     fx_chunk_result *out;
-    int direct;
+    int how; /* FX_OPEN_* */
     size_t cand;
     size_t *idx; /* chunk index of each slot */
     int *fds;    /* per slot: fd or -errno */
@@ -254,7 +286,7 @@ static void open_one(void *ctx, size_t k)
 {
     wave *o = ctx;
     size_t i = o->idx[k];
-    int fd = -1, r = chunk_open(&o->c[i], o->direct, &fd, &o->out[i]);
+    int fd = -1, r = chunk_open(&o->c[i], o->how, &fd, &o->out[i]);
 
     o->fds[k] = r < 0 ? r : fd;
 }
@@ -289,7 +321,7 @@ static size_t wave_start(feeder *f, wave *v)
     return v->cand;
 }
 
-int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int direct, int verify,
+int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int verify,
                    uint64_t split, fx_run_fn run, void *ctx, struct fx_pool *openers,
                    int open_width, fx_chunk_result *out)
 {
@@ -301,7 +333,7 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int direct, int v
     char **hdrs = NULL;
     int64_t *hdr_res = NULL;
     size_t *which = NULL;
-    int ret = 0, started = 0;
+    int ret = 0, started = 0, direct = how & FX_OPEN_DIRECT;
 
     for (size_t k = 0; k < n; k++) {
         out[k].status = -ECANCELED;
@@ -316,7 +348,7 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int direct, int v
     for (int j = 0; j < 2; j++) {
         waves[j].c = c;
         waves[j].out = out;
-        waves[j].direct = direct;
+        waves[j].how = how;
         waves[j].idx = calloc(w, sizeof(size_t));
         waves[j].fds = calloc(w, sizeof(int));
     }

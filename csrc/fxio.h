@@ -229,11 +229,17 @@ typedef struct {
 
 typedef int (*fx_run_fn)(void *ctx, fx_batch *b);
 struct fx_pool;
+/* How fx_chunks_read opens files (`how`, a mask). */
+#define FX_OPEN_DIRECT 1 /* O_DIRECT */
+/* An OFD read lock on each file, held until it is closed, and its name
+ * checked to still be that file: -ESTALE when a writer holds a lock on it
+ * or it was moved (an evicted file being rewritten with a new chunk). */
+#define FX_OPEN_LOCK 2
 /* Runs the whole list (in waves bounded by open files); no GIL. Opens run
  * on up to open_width threads of `openers` when given (a cold open reads
  * the inode: a wait per file), else on the calling thread. 0 or -errno
  * (-ENOMEM, -EOWNERDEAD); per-chunk failures are in out. */
-int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int direct, int verify,
+int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int verify,
                    uint64_t split, fx_run_fn run, void *ctx, struct fx_pool *openers,
                    int open_width, fx_chunk_result *out);
 const char *fx_chunk_status_name(int status);

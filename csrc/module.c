@@ -470,7 +470,7 @@ typedef struct {
     char *arena;
     size_t n;
     char *scratch;
-    int verify, direct;
+    int verify, direct, lock;
 } chunk_args;
 
 static void chunk_args_free(chunk_args *a)
@@ -632,7 +632,8 @@ static int chunks_run(EngineObject *e, chunk_args *a)
     int width = 1;
     fx_pool *openers = a->n > 1 ? chunk_openers(e, &width) : NULL;
 
-    return fx_chunks_read(a->c, a->n, a->scratch, a->direct, a->verify, e->split_bytes,
+    return fx_chunks_read(a->c, a->n, a->scratch,
+                          (a->direct ? FX_OPEN_DIRECT : 0) | (a->lock ? FX_OPEN_LOCK : 0), a->verify, e->split_bytes,
                           run_engine_cb, e, openers, width, a->res);
 }
 
@@ -671,7 +672,7 @@ static int chunks_raise(int r)
     return 0;
 }
 
-static char *chunk_kwlist[] = {"chunks", "scratch", "verify", "direct", NULL};
+static char *chunk_kwlist[] = {"chunks", "scratch", "verify", "direct", "lock", NULL};
 
 static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject *kw)
 {
@@ -681,8 +682,8 @@ static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject
     int r;
 
     memset(&a, 0, sizeof(a));
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|pp", chunk_kwlist, &chunks, &scratch, &a.verify,
-                                     &a.direct))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|ppp", chunk_kwlist, &chunks, &scratch, &a.verify,
+                                     &a.direct, &a.lock))
         return NULL;
     if (parse_chunks(chunks, scratch, &a) < 0)
         return NULL;
@@ -832,11 +833,11 @@ static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObje
 {
     PyObject *chunks;
     unsigned long long scratch;
-    int verify = 0, direct = 0;
+    int verify = 0, direct = 0, lock = 0;
     BatchObject *bo;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|pp", chunk_kwlist, &chunks, &scratch, &verify,
-                                     &direct))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|ppp", chunk_kwlist, &chunks, &scratch, &verify,
+                                     &direct, &lock))
         return NULL;
     if (!(bo = batch_new(self, 1)))
         return NULL;
@@ -844,6 +845,7 @@ static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObje
         goto fail;
     bo->chunks.verify = verify;
     bo->chunks.direct = direct;
+    bo->chunks.lock = lock;
     return batch_start(self, bo);
 fail:
     Py_DECREF(bo);
@@ -1157,11 +1159,11 @@ static PyMethodDef Engine_methods[] = {
     {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_VARARGS | METH_KEYWORDS,
      "submit(ops, write=False, crc=False) -> Batch running in the background"},
     {"read_chunks", (PyCFunction)(void (*)(void))Engine_read_chunks, METH_VARARGS | METH_KEYWORDS,
-     "read_chunks(chunks, scratch, verify=False, direct=False) -> list of (status, nbytes, "
+     "read_chunks(chunks, scratch, verify=False, direct=False, lock=False) -> list of (status, nbytes, "
      "st_dev, st_ino, st_size) per chunk (dir_fd, name, address, length[, expect])"},
     {"submit_chunks", (PyCFunction)(void (*)(void))Engine_submit_chunks,
      METH_VARARGS | METH_KEYWORDS,
-     "submit_chunks(chunks, scratch, verify=False, direct=False) -> Batch whose wait() returns "
+     "submit_chunks(chunks, scratch, verify=False, direct=False, lock=False) -> Batch whose wait() returns "
      "read_chunks' results"},
     {"register_buffer", (PyCFunction)Engine_register_buffer, METH_VARARGS,
      "register_buffer(address, length) -> 0 or -errno; (0, 0) unregisters"},

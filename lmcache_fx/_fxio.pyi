@@ -71,7 +71,7 @@ class Engine:
     def submit(self, ops: Sequence[Op], write: bool = False, crc: bool = False) -> Batch:
         """Runs the batch on a C thread; await Batch.fileno() becoming readable."""
     def read_chunks(
-        self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False
+        self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False, lock: bool = False
     ) -> list[ChunkResult]:
         """Reads whole chunk files (csrc/chunks.c), one call per batch, the GIL
         released. Per chunk (dir_fd, name, address, length[, expect]): opens
@@ -83,13 +83,19 @@ class Engine:
         pieces); checks the header in C as chunkfile.decode_header does
         (magic, header CRC32C, format version, sizes), then that its payload
         length is `length`, that its JSON body is exactly `expect` (bytes;
-        None: not checked), and with verify the payload CRC32C; closes.
+        None: not checked), and with verify the payload CRC32C; closes. With
+        `lock`, each file gets an OFD read lock after its open, held until
+        its close, and its name must still be that file: -ESTALE when a
+        writer holds a lock on it or it was moved (an evicted file being
+        reused for another chunk).
         Opens run on a few threads (a cold open waits for its inode) while
         the previous files are read. Returns per chunk (status, payload bytes
         or -errno, st_dev, st_ino, st_size): status 0 (CHUNK_OK), -errno, or
         a CHUNK_* code (CHUNK_STATUS_NAMES[code]); st_* are 0 / -1 when no
         file was opened. scratch: 4096-aligned, len(chunks) * 4096 bytes."""
-    def submit_chunks(self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False) -> Batch:
+    def submit_chunks(
+        self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False, lock: bool = False
+    ) -> Batch:
         """read_chunks on a C thread; Batch.wait() returns its results."""
     def register_buffer(self, address: int, length: int) -> int:
         """Registers memory as io_uring fixed buffers (pieces inside it use

@@ -95,18 +95,29 @@ def full_store_probe_table(d: dict) -> str:
         f"`{d['command']}` at `{(d.get('git_commit') or 'unknown')[:12]}`{'+dirty' if d.get('dirty') else ''}; "
         f"load average at the end {d['loadavg_end'][0]:.1f} ({d['cpus']} cores)."
     )
+    peer_key = "reuse_evicted on, another process has the store open"
+    with_peer = any(peer_key in r for cases in d["media"].values() for r in cases.values())
     rows = [
         "| medium | chunks per batch (store holds) | reuse on: GB/s · CPU s/GB | reuse off: GB/s · CPU s/GB "
-        "| on / off (median · per rep min–max) | preads of what was written: on · off GB/s |",
-        "|---|---|---:|---:|---:|---:|",
+        "| on / off (median · per rep min–max) "
+        + ("| on, another process with the store open: GB/s · reused per batch · / off " if with_peer else "")
+        + "| preads of what was written: on · off GB/s |",
+        "|---|---|---:|---:|---:|" + ("---:|" if with_peer else "") + "---:|",
     ]
     for medium, cases in d["media"].items():
         for case, r in cases.items():
             on, off, per = r["reuse_evicted on"], r["reuse_evicted off"], r["on / off per rep"]
+            peer = r.get(peer_key)
             rows.append(
                 f"| {medium} | {r['chunks per batch']} × {case} ({r['capacity (chunks)']}) "
                 f"| {on['gbps']:.2f} · {on['cpu_s_per_gb']:.3f} | {off['gbps']:.2f} · {off['cpu_s_per_gb']:.3f} "
                 f"| {r['on / off']:.2f}× ({min(per):.2f}–{max(per):.2f}) "
+                + (
+                    f"| {peer['gbps']:.2f} · {peer['recycled_per_batch']:.0f} of {peer['evictions_per_batch']:.0f} "
+                    f"· {r['on with another process / off']:.2f}× "
+                    if peer is not None
+                    else ("| – " if with_peer else "")
+                )
                 + (f"| {on['read_gbps']:.2f} · {off['read_gbps']:.2f} |" if "read_gbps" in on else "| – |")
             )
     return head + "\n\n" + "\n".join(rows)

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Stores into a full store (the steady state of a cache that has run a
 while: every new chunk evicts an old one), with `reuse_evicted` on and off,
-side by side (interleaved reps, medians), at the store level (ChunkStore.write,
-no LMCache in the way); then the files just written read back by plain preads
-(8 threads, cold on XFS), to show what reuse does to reads of any reader.
+and on with another process holding the store open (a second TP rank, or an
+instance sharing the path), side by side (interleaved reps, medians), at the
+store level (ChunkStore.write, no LMCache in the way); then the files just
+written read back by plain preads (8 threads, cold on XFS), to show what
+reuse does to reads of any reader.
 Root: XFS on a RAM-backed loop device (O_DIRECT), and tmpfs (/dev/shm, page
 cache).
 
@@ -19,6 +21,7 @@ import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +39,7 @@ from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 MIB = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
 CASES = {"64 MiB": (64 * MIB, 4, 8), "2 MiB": (2 * MIB, 64, 128)}  # chunk, chunks per batch, capacity in chunks
+ON, OFF, PEER = "reuse_evicted on", "reuse_evicted off", "reuse_evicted on, another process has the store open"
 
 
 def _cpu() -> float:
@@ -68,17 +72,32 @@ def probe(base: str, case: str, reps: int, cold: bool) -> dict:
     memoryview(src)[:] = os.urandom(cb * batch)
     meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
     cap_gb = (cap * (HEADER_SIZE + cb) + 4096) / (1 << 30)
-    stores = {}
-    for reuse in (True, False):
-        d = os.path.join(base, f"full-{case.replace(' ', '')}-{reuse}")
-        s = store_mod.ChunkStore(FxOptions(path=d, max_capacity_gb=cap_gb, reuse_evicted=reuse))
+    stores, dirs = {}, {}
+    for variant in (ON, OFF, PEER):
+        d = dirs[variant] = os.path.join(base, f"full-{case.replace(' ', '')}-{(ON, OFF, PEER).index(variant)}")
+        s = store_mod.ChunkStore(FxOptions(path=d, max_capacity_gb=cap_gb, reuse_evicted=variant != OFF))
         for j in range(0, cap, batch):  # fill it
             assert all(s.write([(f"fill{j + i}", src.address + i * cb, cb, meta) for i in range(batch)]))
-        stores[reuse] = s
-    raw: dict = {True: [], False: []}
+        stores[variant] = s
+    # The other process: its own ChunkStore on the same path, open while the reps run.
+    peer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from lmcache_fx.core.store import ChunkStore; from lmcache_fx.core.options import FxOptions; "
+            f"s = ChunkStore(FxOptions(path={dirs[PEER]!r}, max_capacity_gb={cap_gb!r})); "
+            "print('READY', flush=True); sys.stdin.read(); s.close()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert peer.stdout.readline().strip() == "READY"
+    raw: dict = {v: [] for v in stores}
     dst = _fxio.HostBuffer(cb * batch, hugepages=True)
     for rep in range(reps):
-        for reuse, s in stores.items():
+        for variant, s in stores.items():
             items = [(f"r{rep}-{i}", src.address + i * cb, cb, meta) for i in range(batch)]
             before = s.stats.snapshot()
             c0, t0 = _cpu(), time.perf_counter()
@@ -91,7 +110,7 @@ def probe(base: str, case: str, reps: int, cold: bool) -> dict:
             t0 = time.perf_counter()  # the files just written, read by plain preads (no fx reader)
             _preads([s.path_for(chunk_digest(k)) for k, *_ in items], dst.address, cb)
             read_s = time.perf_counter() - t0
-            raw[reuse].append(
+            raw[variant].append(
                 {
                     "gbps": gb / dt,
                     "cpu_s_per_gb": c / gb,
@@ -100,7 +119,8 @@ def probe(base: str, case: str, reps: int, cold: bool) -> dict:
                     "read_gbps": gb / read_s,
                 }
             )
-    for reuse, s in stores.items():  # what the last batch wrote reads back, bit-exact
+    peer.communicate("", timeout=60)
+    for variant, s in stores.items():  # what the last batch wrote reads back, bit-exact
 
         def alloc(_meta, slots=iter(range(batch))):
             i = next(slots)
@@ -111,10 +131,10 @@ def probe(base: str, case: str, reps: int, cold: bool) -> dict:
             "a chunk did not read back"
         )
         s.close()
-        shutil.rmtree(os.path.join(base, f"full-{case.replace(' ', '')}-{reuse}"), ignore_errors=True)
-    out = {"chunks per batch": batch, "capacity (chunks)": cap, "reps": reps}
-    for reuse, v in raw.items():
-        out["reuse_evicted " + ("on" if reuse else "off")] = {
+        shutil.rmtree(dirs[variant], ignore_errors=True)
+    out: dict = {"chunks per batch": batch, "capacity (chunks)": cap, "reps": reps}
+    for variant, v in raw.items():
+        out[variant] = {
             "gbps": statistics.median(x["gbps"] for x in v),
             "cpu_s_per_gb": statistics.median(x["cpu_s_per_gb"] for x in v),
             "gbps_each": [round(x["gbps"], 3) for x in v],
@@ -122,9 +142,9 @@ def probe(base: str, case: str, reps: int, cold: bool) -> dict:
             "recycled_per_batch": statistics.median(x["recycled"] for x in v),
             "read_gbps": statistics.median(x["read_gbps"] for x in v),
         }
-    on, off = out["reuse_evicted on"]["gbps"], out["reuse_evicted off"]["gbps"]
-    out["on / off"] = on / off
-    out["on / off per rep"] = [round(a["gbps"] / b["gbps"], 3) for a, b in zip(raw[True], raw[False])]
+    for label, a in (("on / off", ON), ("on with another process / off", PEER)):
+        out[label] = out[a]["gbps"] / out[OFF]["gbps"]
+        out[label + " per rep"] = [round(x["gbps"] / y["gbps"], 3) for x, y in zip(raw[a], raw[OFF])]
     return out
 
 
@@ -151,11 +171,13 @@ def main() -> None:
     }
     for m, cases in media.items():
         for c, r in cases.items():
-            on, off = r["reuse_evicted on"], r["reuse_evicted off"]
+            on, off, peer = r[ON], r[OFF], r[PEER]
             print(
                 f"{m[:40]:40} {c:7} on {on['gbps']:.2f} GB/s ({on['cpu_s_per_gb']:.3f} CPU s/GB, "
                 f"{on['recycled_per_batch']:.0f}/{on['evictions_per_batch']:.0f} reused)  "
                 f"off {off['gbps']:.2f} GB/s ({off['cpu_s_per_gb']:.3f})  on/off {r['on / off']:.2f}  "
+                f"with another process {peer['gbps']:.2f} GB/s ({peer['recycled_per_batch']:.0f} reused, "
+                f"/off {r['on with another process / off']:.2f})  "
                 f"preads after: on {on['read_gbps']:.2f} off {off['read_gbps']:.2f} GB/s"
             )
     if args.json:

@@ -176,6 +176,59 @@ def test_bit_exact_payloads_and_headers(kind, submit, store, rootfd):
     eng.close()
 
 
+def _ofd_lock(fd: int, kind: int) -> bool:
+    """An OFD lock of `kind` (fcntl.F_RDLCK / F_WRLCK) on a whole file, without waiting."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("@hhqqi4x", kind, os.SEEK_SET, 0, 0, 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("submit", [False, True])
+def test_lock_refuses_a_file_being_rewritten(kind, submit, store, rootfd):
+    """With lock=True each file is read-locked (OFD) from its open to its
+    close: a file an evictor holds write-locked (rewriting it with another
+    chunk) is -ESTALE, not read; the others read exact and their locks are
+    gone once the call returns. Without lock the write lock is not looked at."""
+    import fcntl
+
+    payloads = [random.Random(i).randbytes(20000) for i in range(3)]
+    for i, p in enumerate(payloads):
+        write_chunk(store, f"ab/l{i}.fxkv", p, key=f"l{i}")
+    names = [(f"ab/l{i}.fxkv", len(p)) for i, p in enumerate(payloads)]
+    wfd = os.open(os.path.join(store, "ab/l1.fxkv"), os.O_RDWR)
+    eng = fx.Engine(kind, queue_depth=8)
+    try:
+        assert _ofd_lock(wfd, fcntl.F_WRLCK)
+        for direct in directs(store):
+            dest = fx.HostBuffer(3 * span(20000), hugepages=False)
+            scratch = fx.HostBuffer(3 * HEADER_SIZE, hugepages=False)
+            chunks = [(rootfd, n, dest.address + i * span(20000), ln) for i, (n, ln) in enumerate(names)]
+            if submit:
+                res = eng.submit_chunks(chunks, scratch.address, verify=True, direct=direct, lock=True).wait()
+            else:
+                res = eng.read_chunks(chunks, scratch.address, verify=True, direct=direct, lock=True)
+            assert [r[0] for r in res] == [fx.CHUNK_OK, -errno.ESTALE, fx.CHUNK_OK], (res, direct)
+            mv = memoryview(dest)
+            for i in (0, 2):
+                assert bytes(mv[i * span(20000) : i * span(20000) + 20000]) == payloads[i]
+            res, datas, _ = read(eng, rootfd, names, direct=direct)  # lock=False
+            assert [r[0] for r in res] == [fx.CHUNK_OK] * 3 and datas == payloads
+        for i in (0, 2):  # no read lock left behind: a writer gets the file
+            fd = os.open(os.path.join(store, f"ab/l{i}.fxkv"), os.O_RDWR)
+            try:
+                assert _ofd_lock(fd, fcntl.F_WRLCK)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(wfd)
+        eng.close()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_thousand_small_chunks_one_call(kind, store, rootfd):
     """1000 x 4 KiB in one call, with the descriptor limit low enough that the

@@ -1,10 +1,13 @@
 """reuse_evicted: a store that must evict writes the new chunk into the
-evicted chunk's file, but only when nobody can hold that file open: no
-other process has the store open, no read of this process is in flight.
-Real files, real engine; XFS on a RAM loop device where root allows."""
+evicted chunk's file, but only when nobody can be reading that file: no
+reader holds its read lock (every read of a store on a local filesystem
+locks each chunk file it opens), and no process whose reads take no locks
+(a store on a network filesystem, fsck) has the store open. Real files,
+real engine, real processes; XFS on a RAM loop device where root allows."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -17,8 +20,10 @@ sys.path.insert(0, HERE)
 
 from faults import fxfault as F  # noqa: E402
 
+from lmcache_fx.core import store as store_mod  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
 from lmcache_fx.core.drive import _run_step, drive_blocking  # noqa: E402
+from lmcache_fx.core.layout import read_lock  # noqa: E402
 from lmcache_fx.core.store import ChunkStore  # noqa: E402
 
 CHUNK = 64 * 1024
@@ -55,11 +60,17 @@ def _peer(code: str) -> subprocess.Popen:
     return peer
 
 
-def _store_peer(store_dir: str, at_end: str = "") -> subprocess.Popen:
-    """Another process with the store at store_dir open (a _peer); it runs
-    `at_end` when its stdin closes, then closes the store."""
+# Makes stores opened from then on read without file locks, as on a network filesystem.
+_UNLOCKED = "import lmcache_fx.core.store as m; m._locks_reads = lambda roots: False"
+
+
+def _store_peer(store_dir: str, at_end: str = "", unlocked: bool = False) -> subprocess.Popen:
+    """Another process with the store at store_dir open (a _peer), its reads
+    without file locks if `unlocked`; it runs `at_end` when its stdin closes,
+    then closes the store."""
     return _peer(
-        f"import sys; sys.path.insert(0, {HERE!r}); from faults import fxfault as F; s = F.open_store({store_dir!r}); "
+        f"import sys; sys.path.insert(0, {HERE!r}); {_UNLOCKED if unlocked else 'pass'}; "
+        f"from faults import fxfault as F; s = F.open_store({store_dir!r}); "
         f"print('READY', flush=True); sys.stdin.read(); {at_end or 'pass'}; s.close()"
     )
 
@@ -114,9 +125,29 @@ def test_no_reuse_when_turned_off(store_dir):
         s.close()
 
 
-def test_no_reuse_while_another_process_has_the_store_open(store_dir):
+def test_reuse_while_another_process_reads_the_store(store_dir):
+    """A peer process with the store open (TP ranks on one path) does not
+    stop reuse: its reads lock the files they open. It then reads the
+    reused files and gets exactly the new chunks."""
     s = _open(store_dir)
-    peer = _store_peer(store_dir)
+    assert s.lock_reads
+    peer = _store_peer(
+        store_dir, f"h, m, bad = F.read_check(s, {KEYS[4:8]!r}); print(h, m, bad, F.read_check(s, {KEYS[:4]!r})[:2])"
+    )
+    try:
+        _fill(s, KEYS[:8])
+        st = s.stats.snapshot()
+        assert st["evictions"] == 4 and st["recycled"] == 4
+        _check_store(s, KEYS[4:8], KEYS[:4])
+    finally:
+        out, _ = peer.communicate("", timeout=60)
+        s.close()
+    assert peer.returncode == 0 and out.split() == ["4", "0", "[]", "(0,", "4)"], out
+
+
+def test_no_reuse_while_a_process_reading_without_locks_has_the_store_open(store_dir):
+    s = _open(store_dir)
+    peer = _store_peer(store_dir, unlocked=True)
     try:
         _fill(s, KEYS[:8])
         st = s.stats.snapshot()
@@ -133,11 +164,61 @@ def test_no_reuse_while_another_process_has_the_store_open(store_dir):
         s.close()
 
 
+def test_a_file_another_process_holds_read_locked_is_not_reused(store_dir):
+    """A peer holding one chunk file open with its read lock (mid-read) keeps
+    that file: it is unlinked, not rewritten, and the peer reads the chunk it
+    opened, exactly; the other evicted files are reused."""
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:4])
+        path = s.path_for(chunk_digest(KEYS[0]))
+        code = (
+            f"import os, sys; sys.path.insert(0, {HERE!r}); from faults import fxfault as F; "
+            f"from lmcache_fx.core.layout import open_in; fd = open_in({path!r}, os.O_RDONLY, lock=True); "
+            f"print('READY', flush=True); sys.stdin.read(); "
+            f"print(F.check({KEYS[0]!r}, memoryview(os.pread(fd, {CHUNK}, {HEADER_SIZE}))))"
+        )
+        peer = _peer(code)
+        try:
+            _fill(s, KEYS[4:8])
+            st = s.stats.snapshot()
+            assert st["evictions"] == 4 and st["recycled"] == 3
+            assert not os.path.exists(path)
+        finally:
+            out, _ = peer.communicate("", timeout=60)
+        assert peer.returncode == 0 and out.strip() == "ok", out
+        _check_store(s, KEYS[4:8], KEYS[:4])
+    finally:
+        s.close()
+
+
+def test_a_reader_that_opened_a_file_before_it_was_reused_misses(store_dir):
+    """A reader that opened a chunk file by name just before the evictor
+    moved it away takes its read lock after the move: the name no longer
+    holds that file, so the read is a miss (ESTALE), never the new chunk."""
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:4])
+        path = s.path_for(chunk_digest(KEYS[0]))
+        fd = os.open(path, os.O_RDONLY)  # opened, not yet locked
+        try:
+            _fill(s, KEYS[4:5])  # evicts KEYS[0]: its file now holds KEYS[4]
+            assert s.stats.snapshot()["recycled"] == 1
+            assert os.fstat(fd).st_ino == os.stat(s.path_for(chunk_digest(KEYS[4]))).st_ino
+            with pytest.raises(OSError) as ei:
+                read_lock(fd, s._rootfds[0], os.path.relpath(path, s.roots[0]))
+            assert ei.value.errno == errno.ESTALE
+        finally:
+            os.close(fd)
+    finally:
+        s.close()
+
+
 def test_a_read_in_flight_keeps_its_files(store_dir):
-    """A read counts from its first step: while one is in flight no evicted
-    file is reused. A chunk it already holds open is evicted by unlinking, so
-    the read still gets the bytes that were stored, from the file it holds;
-    one it opens later is gone: a miss. Never another chunk's bytes."""
+    """A chunk a read holds open (read-locked) is evicted by unlinking, so
+    the read still gets the bytes that were stored, from the file it holds.
+    One it has not opened yet may be reused; opened by name later it is
+    gone: a miss. Never another chunk's bytes."""
     s = _open(store_dir)
     try:
         _fill(s, KEYS[:4])
@@ -151,13 +232,33 @@ def test_a_read_in_flight_keeps_its_files(store_dir):
         # read_chunks opens in C when its step runs.
         gen = s.read_steps([KEYS[1]], F.allocator(), s._takes_chunks(s.engine))
         batch = next(gen)
-        _fill(s, KEYS[5:6])  # evicts KEYS[1]
-        assert (s.stats.snapshot()["recycled"], s.stats.snapshot()["evictions"]) == (0, 2)
+        _fill(s, KEYS[5:6])  # evicts KEYS[1], not yet opened: its file is reused
+        assert (s.stats.snapshot()["recycled"], s.stats.snapshot()["evictions"]) == (1, 2)
         got = drive_blocking(s.engine, _resume(gen, _run_step(s.engine, batch)), lambda h: None)
         assert got[0] is None  # opened by path after the eviction: gone
-        _fill(s, KEYS[6:7])  # no read in flight: reuse again
+        assert s.stats.snapshot()["corrupt"] == 0
+        _check_store(s, KEYS[2:6], KEYS[:2])
+    finally:
+        s.close()
+
+
+def test_unlocked_reads_in_flight_keep_every_file(store_dir, monkeypatch):
+    """Where reads take no file locks (a network filesystem), a read in
+    flight in this process stops all reuse, from its first step."""
+    monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)
+    s = _open(store_dir)
+    try:
+        assert not s.lock_reads
+        _fill(s, KEYS[:4])
+        gen = s.read_steps([KEYS[1]], F.allocator(), s._takes_chunks(s.engine))
+        batch = next(gen)
+        _fill(s, KEYS[4:5])  # evicts KEYS[0], which the read does not even want
+        assert (s.stats.snapshot()["recycled"], s.stats.snapshot()["evictions"]) == (0, 1)
+        got = drive_blocking(s.engine, _resume(gen, _run_step(s.engine, batch)), lambda h: None)
+        assert got[0] is not None and F.check(KEYS[1], memoryview(got[0])) == "ok"
+        _fill(s, KEYS[5:6])  # no read in flight: reuse again
         assert s.stats.snapshot()["recycled"] == 1
-        _check_store(s, KEYS[3:7], KEYS[:3])
+        _check_store(s, KEYS[2:6], KEYS[:2])
     finally:
         s.close()
 
@@ -200,9 +301,9 @@ def test_fsck_counts_as_a_process_with_the_store_open(store_dir):
 
 
 def test_threads_reading_while_full_writes_reuse_files_never_see_wrong_bytes(store_dir):
-    """Writer threads keep a full store evicting (reusing files whenever no
-    read is in flight) while reader threads read random keys: every hit is
-    exactly its key's bytes; both reuse and unlink happen."""
+    """Writer threads keep a full store evicting (reusing files no read
+    holds) while reader threads read random keys: every hit is exactly its
+    key's bytes, and files are reused."""
     import random
     import threading
 
@@ -221,7 +322,7 @@ def test_threads_reading_while_full_writes_reuse_files_never_see_wrong_bytes(sto
             h, _, bad = F.read_check(s, rng.sample(keys, 3))
             hits[0] += h
             wrong.extend(bad)
-            time.sleep(0.001)  # gaps with no read in flight, where writes may reuse
+            time.sleep(0.001)
 
     try:
         readers = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
@@ -235,7 +336,7 @@ def test_threads_reading_while_full_writes_reuse_files_never_see_wrong_bytes(sto
             t.join()
         st = s.stats.snapshot()
         assert wrong == [] and st["corrupt"] == 0 and hits[0] > 0
-        assert st["evictions"] >= 390 and st["recycled"] < st["evictions"], st  # reads in flight made some unlink
+        assert st["evictions"] >= 390 and st["recycled"] > 0, st
         assert s.usage_bytes == sum(os.path.getsize(p) for p in F.chunk_files(store_dir)) <= 4 * FILE
         _fill(s, [f"model@1@0@{h:016x}@bfloat16" for h in range(400, 404)])  # no reader left: all reused
         assert s.stats.snapshot()["recycled"] == st["recycled"] + 4
@@ -244,11 +345,13 @@ def test_threads_reading_while_full_writes_reuse_files_never_see_wrong_bytes(sto
         s.close()
 
 
-def test_a_forked_child_has_its_own_ledger_and_membership(store_dir):
+def test_a_forked_child_has_its_own_ledger_and_membership(store_dir, monkeypatch):
     """A child forked after the store was opened makes its own ledger for a
     store it opens (the parent's flock description is not its lock), and is
-    seen by the parent as another process with the store open."""
+    seen by the parent as another process with the store open (its reads
+    without locks, so the parent reuses nothing while it is there)."""
     s = _open(store_dir)
+    monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)  # for the child's store
     r, w = os.pipe()
     r2, w2 = os.pipe()
     pid = os.fork()
@@ -279,17 +382,39 @@ def test_a_forked_child_has_its_own_ledger_and_membership(store_dir):
             os.close(fd)
 
 
-def test_a_second_store_on_the_path_keeps_this_process_a_member(store_dir):
+def test_a_second_store_on_the_path_keeps_this_process_a_member(store_dir, monkeypatch):
     """Two stores of one process on one path share a ledger; opening the
     second must not drop the process's lock on .fx/members (POSIX locks go
     with any descriptor of the file closed), or another process would reuse
     files this one reads."""
+    monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)
     s = _open(store_dir)
     s2 = _open(store_dir)
-    peer = _store_peer(store_dir, "print(s._ledger.alone(), flush=True)")
+    peer = _store_peer(store_dir, "print(s._ledger.may_reuse(), flush=True)")
     try:
         out, _ = peer.communicate("", timeout=60)
     finally:
         s2.close()
         s.close()
     assert peer.returncode == 0 and out.strip() == "False"  # this process is still seen
+
+
+def test_a_store_reading_without_locks_joins_a_locking_process_as_such(store_dir, monkeypatch):
+    """A process whose first store locks its reads and whose second (same
+    ledger) does not is then seen as a process with unlocked reads."""
+    s = _open(store_dir)
+    peer_code = "print(s._ledger.may_reuse(), flush=True)"
+    try:
+        peer = _store_peer(store_dir, peer_code)
+        out, _ = peer.communicate("", timeout=60)
+        assert peer.returncode == 0 and out.strip() == "True"
+        monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)
+        s2 = _open(store_dir)
+        try:
+            peer = _store_peer(store_dir, peer_code)
+            out, _ = peer.communicate("", timeout=60)
+            assert peer.returncode == 0 and out.strip() == "False"
+        finally:
+            s2.close()
+    finally:
+        s.close()

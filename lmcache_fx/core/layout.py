@@ -5,6 +5,7 @@ the store, its scans and the admin tools share.
     <root>/<ab>/<digest>.fxkv.tmp.<pid>.<n>.<host> a write in progress (renamed into place when whole)
     <root>/.tmp.odirect.<pid>                      the O_DIRECT probe of a starting store
     <first root>/.fx/store.lock                    the shared ledger and evictor lock
+    <first root>/.fx/members                       a POSIX read lock per process with the store open
 
 With several roots a chunk's root is chosen by its digest (striping). Every
 open below a root follows no symlink (O_NOFOLLOW on the fan-out directory and
@@ -14,10 +15,12 @@ the file), so a planted link cannot redirect the store outside it.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import socket
 import stat
+import struct
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -28,6 +31,25 @@ STALE_TMP_SECONDS = 3600  # a temporary file this old belongs to a dead writer
 LOCK_DIR = ".fx"  # in the first root: shared state; no fan-out directory, so never scanned
 LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evictor lock; never a chunk
 MEMBERS_NAME = os.path.join(LOCK_DIR, "members")  # a read lock per process that has the store open
+FLOCK = struct.Struct("@hhqqi4x")  # struct flock (Linux, 64-bit): l_type, l_whence, l_start, l_len, l_pid
+# Filesystems whose file locks go to a server or a cluster lock manager: a
+# lock per chunk read would cost a round trip there (statfs f_type).
+NETWORK_FS_MAGIC = frozenset(
+    (
+        0x6969,  # NFS
+        0x517B,  # SMB
+        0xFF534D42,  # CIFS
+        0xFE534D42,  # SMB2
+        0x65735546,  # FUSE
+        0x00C36400,  # CephFS
+        0x0BD00BD0,  # Lustre
+        0x47504653,  # GPFS
+        0x01021997,  # 9P
+        0x5346414F,  # AFS
+        0x01161970,  # GFS2
+        0x7461636F,  # OCFS2
+    )
+)
 DIGEST_HEX = 32
 _HEX = frozenset("0123456789abcdef")
 
@@ -192,13 +214,56 @@ def open_dir(path: str) -> int:
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-def open_in(path: str, flags: int, mode: int = 0o600) -> int:
-    """os.open of <root>/<ab>/<name> that follows no symlink below the root."""
+def open_in(path: str, flags: int, mode: int = 0o600, lock: bool = False) -> int:
+    """os.open of <root>/<ab>/<name> that follows no symlink below the root;
+    with `lock`, a chunk file opened for reading and read-locked (read_lock)."""
     dfd = open_dir(os.path.dirname(path))
     try:
-        return os.open(os.path.basename(path), flags | os.O_NOFOLLOW, mode, dir_fd=dfd)
+        name = os.path.basename(path)
+        fd = os.open(name, flags | os.O_NOFOLLOW, mode, dir_fd=dfd)
+        if lock:
+            try:
+                read_lock(fd, dfd, name)
+            except BaseException:
+                os.close(fd)
+                raise
+        return fd
     finally:
         os.close(dfd)
+
+
+def read_lock(fd: int, dfd: int, name: str) -> None:
+    """An OFD read lock on the chunk file open at `fd`, held until it is
+    closed, and `name` (in the directory `dfd`) checked to still be that
+    file, as csrc/chunks.c's chunk_lock: an evictor rewrites a file only
+    after moving it away and taking its write lock, so a locked file whose
+    name still holds it cannot change while it is read. Raises
+    OSError(ESTALE) when the file is being, or has been, reused."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, FLOCK.pack(fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0))
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            raise OSError(errno.ESTALE, "the chunk file is being reused") from None
+        if e.errno != errno.EINVAL:  # no OFD locks: the evictor cannot lock either, so reuses nothing
+            raise
+    a = os.fstat(fd)
+    try:
+        b = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        b = None
+    if b is None or (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+        raise OSError(errno.ESTALE, "the chunk file was moved away for reuse")
+
+
+def write_lock(fd: int) -> bool:
+    """An OFD write lock on the whole file open (for writing) at `fd`,
+    without waiting, held until it is closed: False when a reader holds a
+    read lock on it (or the kernel has no OFD locks)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+    except OSError:
+        return False
+    return True
 
 
 def stat_in(path: str) -> Optional[os.stat_result]:

@@ -21,14 +21,16 @@ import zlib
 from contextlib import contextmanager
 from typing import Optional
 
-from .layout import LOCK_DIR, LOCK_NAME, MEMBERS_NAME, open_dir, share_fd
+from .layout import FLOCK, LOCK_DIR, LOCK_NAME, MEMBERS_NAME, open_dir, share_fd
 from .options import ConfigError
 
 log = logging.getLogger("lmcache_fx")
 
 LOCK_TIMEOUT = 5.0  # seconds a thread waits for the store lock before giving up (a stalled peer holds it)
 _WARN_EVERY = 5.0  # one warning per burst of lock timeouts
-_FLOCK = struct.Struct("@hhqqi4x")  # struct flock (Linux, 64-bit) for F_GETLK
+# Bytes of .fx/members a process read-locks while it has the store open:
+UNLOCKED_READS = 0  # its reads of chunk files take no file locks (a network filesystem; fsck)
+LOCKED_READS = 1  # each chunk file it reads is read-locked (layout.read_lock)
 
 
 class LockTimeout(OSError):
@@ -48,11 +50,13 @@ class Ledger:
     _registry: dict = {}
     _reg_lock = threading.Lock()
 
-    def __init__(self, fd: int, members_fd: int = -1):
+    def __init__(self, fd: int, members_fd: int = -1, unlocked_reads: bool = True):
         self.fd = fd
-        # A POSIX read lock on byte 0 of .fx/members while this process has the
-        # store open: alone() sees other processes' locks, never this one's.
+        # A POSIX read lock on a byte of .fx/members while this process has the
+        # store open (UNLOCKED_READS or LOCKED_READS): F_GETLK sees other
+        # processes' locks, never this one's.
         self.members_fd = members_fd
+        self.unlocked_reads = unlocked_reads  # some reads of this process take no file locks
         self._reads = 0  # read batches of this process that may hold chunk files open
         self._reads_lock = threading.Lock()
         self.mutex = threading.RLock()
@@ -66,7 +70,9 @@ class Ledger:
         self._stalled_until = 0.0
 
     @classmethod
-    def open(cls, root: str, mode: int, dir_mode: int, shared_group: bool) -> "Ledger":
+    def open(cls, root: str, mode: int, dir_mode: int, shared_group: bool, locked_reads: bool = False) -> "Ledger":
+        """This process's ledger of the store at `root`. `locked_reads`: the
+        store read-locks every chunk file it reads (layout.read_lock)."""
         path = os.path.join(root, LOCK_NAME)
         try:
             try:
@@ -93,25 +99,36 @@ class Ledger:
                 raise ConfigError(f"path: {path!r} is not a regular file; remove it")
             if shared_group:
                 share_fd(fd, gid, mode)
-            return cls._register(fd, st, lambda: _join_members(dfd, mode, gid, create=True))
+            byte = LOCKED_READS if locked_reads else UNLOCKED_READS
+            return cls._register(fd, st, lambda: _join_members(dfd, mode, gid, True, byte), byte)
         finally:
             os.close(dfd)
 
     @classmethod
-    def _register(cls, fd: int, st: os.stat_result, join_members) -> "Ledger":
+    def _register(cls, fd: int, st: os.stat_result, join_members, byte: int) -> "Ledger":
         """This process's one ledger of the lock file `fd` is open on: a new
-        one, which takes the process's lock on .fx/members (join_members()),
-        or the one it has, `fd` closed (flock locks go with the open file
-        description: this one holds none). The members file is opened only
-        here, once per process and file: closing a second descriptor of it
-        would drop the process's POSIX lock."""
+        one, which takes the process's lock on byte `byte` of .fx/members
+        (join_members()), or the one it has, `fd` closed (flock locks go with
+        the open file description: this one holds none), which also locks
+        UNLOCKED_READS when this caller's reads take no file locks. The members
+        file is opened only here, once per process and file: closing a second
+        descriptor of it would drop the process's POSIX locks."""
         with cls._reg_lock:
             led = cls._registry.get((st.st_dev, st.st_ino))
             if led is None:
-                led = cls._registry[(st.st_dev, st.st_ino)] = cls(fd, join_members())
+                led = cls._registry[(st.st_dev, st.st_ino)] = cls(
+                    fd, join_members(), unlocked_reads=byte == UNLOCKED_READS
+                )
                 led.key = (st.st_dev, st.st_ino)
             else:
                 os.close(fd)
+                if byte == UNLOCKED_READS and not led.unlocked_reads:
+                    led.unlocked_reads = True  # from now on, for the ledger's life
+                    if led.members_fd >= 0:
+                        try:
+                            fcntl.lockf(led.members_fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, UNLOCKED_READS)
+                        except OSError as e:  # never seen: nobody takes write locks on it
+                            log.warning("lmcache-fx: no lock on the store's members file (%s)", e.strerror)
             led.refs += 1
         return led
 
@@ -130,7 +147,9 @@ class Ledger:
                 fd = os.open(os.path.basename(LOCK_NAME), flags | os.O_RDWR, dir_fd=dfd)
             except PermissionError:
                 fd = os.open(os.path.basename(LOCK_NAME), flags | os.O_RDONLY, dir_fd=dfd)
-            return cls._register(fd, os.fstat(fd), lambda: _join_members(dfd, 0, None, create=False))
+            return cls._register(
+                fd, os.fstat(fd), lambda: _join_members(dfd, 0, None, False, UNLOCKED_READS), UNLOCKED_READS
+            )
         except OSError:
             return None
         finally:
@@ -152,20 +171,26 @@ class Ledger:
         with self._reads_lock:
             self._reads += delta
 
-    def alone(self) -> bool:
-        """True when no other process holds .fx/members (none has the store
-        open) and no read of this process is in flight: then nobody can hold
-        a chunk file that has just been renamed away. Ask after the rename."""
-        with self._reads_lock:
-            if self._reads:
-                return False
+    def may_reuse(self) -> bool:
+        """Whether an evicted file that has just been renamed away may be
+        rewritten, provided the evictor also gets its write lock
+        (layout.write_lock; a reader holding the file open has a read lock
+        on it). Not while a process whose reads take no file locks has the
+        store open (UNLOCKED_READS), nor, when this process has such reads,
+        while one of them is in flight. Ask after the rename."""
         if self.members_fd < 0:
             return False
+        if self.unlocked_reads:
+            with self._reads_lock:
+                if self._reads:
+                    return False
         try:
-            got = fcntl.fcntl(self.members_fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+            got = fcntl.fcntl(
+                self.members_fd, fcntl.F_GETLK, FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, UNLOCKED_READS, 1, 0)
+            )
         except OSError:
             return False
-        return _FLOCK.unpack(got)[0] == fcntl.F_UNLCK
+        return FLOCK.unpack(got)[0] == fcntl.F_UNLCK
 
     @contextmanager
     def hold(self, timeout: Optional[float] = None):
@@ -271,11 +296,12 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _join_members(dfd: int, mode: int, gid: Optional[int], create: bool) -> int:
-    """Opens .fx/members and takes a read lock on its byte 0 (never waits:
-    nobody takes a write lock). Returns the descriptor, or -1: then this
-    process reuses no evicted file, and one that does cannot see it (a
-    warning says so; a read that races a reuse fails its CRC check)."""
+def _join_members(dfd: int, mode: int, gid: Optional[int], create: bool, byte: int) -> int:
+    """Opens .fx/members and takes a read lock on its byte `byte` (never
+    waits: nobody takes a write lock). Returns the descriptor, or -1: then
+    this process reuses no evicted file, and one that does cannot see it (a
+    warning says so; a read that races a reuse fails its checks: the name
+    check of locked reads, else the CRC)."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
         fd = os.open(os.path.basename(MEMBERS_NAME), flags, mode or 0o600, dir_fd=dfd)
@@ -288,7 +314,7 @@ def _join_members(dfd: int, mode: int, gid: Optional[int], create: bool) -> int:
             raise OSError(errno.EINVAL, "not a regular file")
         if gid is not None:
             share_fd(fd, gid, mode)
-        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 0)
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, byte)
     except OSError as e:
         if create:
             log.warning("lmcache-fx: no lock on the store's members file (%s)", e.strerror)

@@ -216,8 +216,8 @@ class FxOptions:
     reuse_evicted: bool = _opt(
         True,
         "true | false",
-        "write a new chunk into the file of the chunk it evicts, when of the same size and no "
-        "other process has the store open (no allocation); false always unlinks",
+        "write a new chunk into the file of the chunk it evicts, when of the same size and no reader "
+        "holds that file (no allocation); false always unlinks",
         _boolean,
     )
     auth_key: str = _opt(

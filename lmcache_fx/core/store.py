@@ -46,6 +46,7 @@ from .layout import (
     LOCK_DIR,
     LOCK_NAME,
     MEMBERS_NAME,
+    NETWORK_FS_MAGIC,
     TMP_MARK,
     chunk_digest_of_path,
     fanout_dirs,
@@ -64,6 +65,7 @@ from .layout import (
     tmp_is_stale,
     unlink_if_same,
     unlink_quiet,
+    write_lock,
 )
 from .ledger import Ledger, LockTimeout
 from .metrics import READ_LATENCY_BUCKETS, latency_bucket
@@ -91,7 +93,7 @@ WRITE_WHOLE = 1 << 30  # Engine.write split: one piece per payload (the largest 
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)
+_GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE)  # ESTALE: moved away to be reused (read_lock)
 _PID = [os.getpid()]  # this process's pid for temporary names, re-read in a forked child
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 _CORRUPT_STATUSES = frozenset(
@@ -99,22 +101,35 @@ _CORRUPT_STATUSES = frozenset(
 )
 
 
-def _page_cache_fs(roots: list[str]) -> bool:
-    """Whether any root is on tmpfs or ramfs (statfs f_type)."""
+def _fs_magics(roots: list[str]) -> set:
+    """statfs f_type of each root (those statfs answers for)."""
     import ctypes
 
+    out = set()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         for root in roots:
             buf = ctypes.create_string_buffer(256)
-            if libc.statfs(root.encode(), buf) == 0 and int.from_bytes(buf.raw[:8], "little") in (
-                0x01021994,
-                0x858458F6,
-            ):  # TMPFS_MAGIC, RAMFS_MAGIC
-                return True
+            if libc.statfs(root.encode(), buf) == 0:
+                out.add(int.from_bytes(buf.raw[:8], "little"))
     except (OSError, AttributeError):
         pass
-    return False
+    return out
+
+
+def _page_cache_fs(roots: list[str]) -> bool:
+    """Whether any root is on tmpfs or ramfs."""
+    return bool(_fs_magics(roots) & {0x01021994, 0x858458F6})  # TMPFS_MAGIC, RAMFS_MAGIC
+
+
+def _locks_reads(roots: list[str]) -> bool:
+    """Whether reads take a file lock per chunk (layout.read_lock), which lets
+    full stores reuse evicted files with other processes reading: on local
+    filesystems. On network and cluster ones (or when statfs cannot tell) a
+    lock would be a round trip per read, and reuse needs the store to
+    themselves (Ledger.may_reuse)."""
+    magics = _fs_magics(roots)
+    return len(magics) > 0 and not magics & NETWORK_FS_MAGIC
 
 
 def _same_dir(dfd: int, path: str) -> bool:
@@ -261,7 +276,12 @@ class ChunkStore:
             for root in self.roots:
                 self._rootfds.append(os.open(root, _DIR_FLAGS))
             lock_made = not os.path.lexists(os.path.join(self.roots[0], LOCK_DIR))
-            self._ledger = Ledger.open(self.roots[0], self.file_mode, self.dir_mode, options.shared_group)
+            # Reads read-lock each chunk file on local filesystems: evicted files can then be reused
+            # while other processes read the store (_adopt_recycled).
+            self.lock_reads = _locks_reads(self.roots)
+            self._ledger = Ledger.open(
+                self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
+            )
             self.engine = engine or make_engine(options)
             self.odirect = self._decide_odirect()
             self._wengine = self._payload_write_engine()
@@ -757,14 +777,17 @@ class ChunkStore:
 
     def _adopt_recycled(self, files: list["_WriteFile"]) -> None:
         """Evicted files moved beside new chunks' temporaries (ledger held)
-        become those temporaries when nobody can hold them open: no other
-        process has the store open and no read of this one is in flight,
-        asked after the move, so a reader that opens by path from now on
-        cannot find them. Otherwise they are unlinked: a plain eviction."""
+        become those temporaries when nobody can be reading them: no process
+        whose reads take no file locks has the store open (Ledger.may_reuse,
+        asked after the move) and no reader holds a read lock on the file
+        (this write lock, taken without waiting, is held until the new chunk
+        is in place). A reader that opened the file before the move and
+        locks it later finds its name gone (layout.read_lock). Otherwise the
+        file is unlinked: a plain eviction."""
         moved = [f for f in files if f.recycled]
         if not moved:
             return
-        reuse = self._ledger.alone()
+        reuse = self._ledger.may_reuse()
         flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECT if self.odirect else 0)
         for f in moved:
             name, f.recycled = f.recycled, ""
@@ -774,7 +797,12 @@ class ChunkStore:
                     fd = os.open(name, flags, dir_fd=f.dfd)
                     st = os.fstat(fd)
                     # Ours only: setting its mtime (the LRU clock) needs the owner.
-                    if stat.S_ISREG(st.st_mode) and st.st_ino == f.recycled_ino and st.st_uid == os.geteuid():
+                    if (
+                        stat.S_ISREG(st.st_mode)
+                        and st.st_ino == f.recycled_ino
+                        and st.st_uid == os.geteuid()
+                        and write_lock(fd)
+                    ):
                         os.ftruncate(fd, f.reserved)  # as _reserve sized the temporary it replaces
                         _unlink_at(f.dfd, f.tmp)
                         os.close(f.fd)
@@ -1029,8 +1057,8 @@ class ChunkStore:
         receives their results, so the same logic runs blocking or awaited
         (core/drive.py runs them). A batch is (ops, crc), engine.read ops;
         or, for the payloads when `chunks` (the engine is the store's own
-        Engine: host addresses), ("chunks", chunks, scratch, verify, direct),
-        one engine.read_chunks call. `allocate(meta)` returns (handle,
+        Engine: host addresses), ("chunks", chunks, scratch, verify, direct,
+        lock), one engine.read_chunks call. `allocate(meta)` returns (handle,
         address, nbytes) or None (the pool is full: this key and the later
         ones miss). With `per_key`, `allocate` is one such callable per key
         (the destination is the caller's, e.g. LMCache's L2 objects) and a
@@ -1168,7 +1196,7 @@ class ChunkStore:
             batch.append((rfd, relative_name(d), a[1], a[2], entries[i].body))
             slots.append(i)
         scratch = _fxio.HostBuffer(HEADER_SIZE * max(len(slots), 1), hugepages=False)
-        res = yield "chunks", batch, scratch, self.options.verify, self.odirect
+        res = yield "chunks", batch, scratch, self.options.verify, self.odirect, self.lock_reads
         out: list[Optional[object]] = [None] * n
         nbytes = 0
         hit_entries = []
@@ -1269,10 +1297,10 @@ class ChunkStore:
         if self.odirect:
             flags |= os.O_DIRECT
         try:
-            return open_in(path, flags)
+            return open_in(path, flags, lock=self.lock_reads)
         except OSError as e:
-            # Gone (evicted or removed by another process): a miss.
-            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            # Gone (evicted or removed by another process, or being reused: ESTALE): a miss.
+            if e.errno not in _GONE:
                 self._io_warning("lmcache-fx: cannot open %s (%s); treating it as a miss", path, e.strerror)
             self._drop(chunk_digest_of_path(path), unlink=False)
             return -1

@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 
 from .. import _fxio
 from ..core.chunkfile import HEADER_SIZE, BadHeader, FormatVersionMismatch, Header, chunk_digest, decode_header
-from ..core.layout import StoreFile, round_up
+from ..core.layout import StoreFile, open_in, round_up
 from .common import AdminError
 
 
@@ -48,11 +48,12 @@ class ChunkVerifier:
         self.max_files = max(16, min(4096, (raise_nofile() - 64) // 2))
 
     def open(self, f: StoreFile) -> tuple[int, str]:
-        """(fd, "") or (-1, why)."""
+        """(fd, "") or (-1, why). The file is read-locked, as the store's
+        reads are, so a running store does not rewrite it while it is read."""
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
         if self.odirect and f.root not in self._no_direct:
             try:
-                fd = os.open(f.path, flags | os.O_DIRECT)
+                fd = open_in(f.path, flags | os.O_DIRECT, lock=True)
                 self.used_direct = True
                 return fd, ""
             except OSError as e:
@@ -60,7 +61,7 @@ class ChunkVerifier:
                     return -1, _open_why(e)
                 self._no_direct.add(f.root)
         try:
-            return os.open(f.path, flags), ""
+            return open_in(f.path, flags, lock=True), ""
         except OSError as e:
             return -1, _open_why(e)
 
@@ -183,6 +184,8 @@ def _plan(files: list[StoreFile], buffer_bytes: int, max_files: int) -> Iterator
 def _open_why(e: OSError) -> str:
     if e.errno == errno.ENOENT:
         return "no longer there (removed while checking)"
+    if e.errno == errno.ESTALE:
+        return "no longer there (evicted and being reused while checking)"
     if e.errno == errno.ELOOP:
         return "a symbolic link (the store never follows them)"
     return f"cannot open: {e.strerror}"
