@@ -132,30 +132,22 @@ static int open_beneath(int dirfd, const char *name, int flags)
 
 /* With FX_OPEN_LOCK: an OFD read lock on the whole file, so that an
  * evictor (store.py, _adopt_recycled) cannot take its write lock and
- * rewrite the file while it is read; then the name must still be this
- * file, else it was moved away for reuse before the lock (and may already
- * hold another chunk). 0, -ESTALE, or -errno. A kernel without OFD locks
- * (EINVAL) reads unlocked: the store then reuses no file (the evictor's
- * write lock fails the same way). */
-static int chunk_lock(const fx_chunk *c, int fd, const struct stat *st)
+ * rewrite the file while it is read. 0, -ESTALE (a writer holds a lock:
+ * the file is being rewritten with another chunk) or -errno. A file that
+ * was moved away and rewritten before the lock holds another chunk, whole:
+ * its header's key tells (the caller's check, as for any misplaced file),
+ * which spares a path lookup per chunk here. A kernel without OFD locks
+ * (EINVAL) reads unlocked: its evictor cannot lock either, so reuses nothing. */
+static int chunk_lock(int fd)
 {
     struct flock fl;
-    struct stat now;
 
     memset(&fl, 0, sizeof(fl));
     fl.l_type = F_RDLCK;
     fl.l_whence = SEEK_SET; /* l_start 0, l_len 0: the whole file */
-    if (fcntl(fd, F_OFD_SETLK, &fl) < 0) {
-        if (errno == EAGAIN || errno == EACCES)
-            return -ESTALE;
-        if (errno != EINVAL)
-            return -errno;
-    }
-    if (fstatat(c->dirfd, c->name, &now, AT_SYMLINK_NOFOLLOW) < 0)
-        return errno == ENOENT ? -ESTALE : -errno;
-    if (now.st_dev != st->st_dev || now.st_ino != st->st_ino)
-        return -ESTALE;
-    return 0;
+    if (fcntl(fd, F_OFD_SETLK, &fl) == 0 || errno == EINVAL)
+        return 0;
+    return errno == EAGAIN || errno == EACCES ? -ESTALE : -errno;
 }
 
 /* Opens one chunk: 0 and *fd, or -errno (with the identity when an fd was
@@ -187,7 +179,7 @@ static int chunk_open(const fx_chunk *c, int how, int *fd_out, fx_chunk_result *
         close(fd);
         return e;
     }
-    if ((how & FX_OPEN_LOCK) && (e = chunk_lock(c, fd, &st)) < 0) {
+    if ((how & FX_OPEN_LOCK) && (e = chunk_lock(fd)) < 0) {
         close(fd);
         return e;
     }

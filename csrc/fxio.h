@@ -231,9 +231,9 @@ typedef int (*fx_run_fn)(void *ctx, fx_batch *b);
 struct fx_pool;
 /* How fx_chunks_read opens files (`how`, a mask). */
 #define FX_OPEN_DIRECT 1 /* O_DIRECT */
-/* An OFD read lock on each file, held until it is closed, and its name
- * checked to still be that file: -ESTALE when a writer holds a lock on it
- * or it was moved (an evicted file being rewritten with a new chunk). */
+/* An OFD read lock on each file, held until it is closed: -ESTALE when a
+ * writer holds a lock on it (an evicted file being rewritten with another
+ * chunk; one rewritten before the lock holds that chunk's key). */
 #define FX_OPEN_LOCK 2
 /* Runs the whole list (in waves bounded by open files); no GIL. Opens run
  * on up to open_width threads of `openers` when given (a cold open reads

@@ -85,9 +85,9 @@ class Engine:
         length is `length`, that its JSON body is exactly `expect` (bytes;
         None: not checked), and with verify the payload CRC32C; closes. With
         `lock`, each file gets an OFD read lock after its open, held until
-        its close, and its name must still be that file: -ESTALE when a
-        writer holds a lock on it or it was moved (an evicted file being
-        reused for another chunk).
+        its close: -ESTALE when a writer holds a lock on it (an evicted file
+        being rewritten with another chunk; one rewritten before the lock
+        holds that chunk's key, which `expect` or the caller checks).
         Opens run on a few threads (a cold open waits for its inode) while
         the previous files are read. Returns per chunk (status, payload bytes
         or -errno, st_dev, st_ino, st_size): status 0 (CHUNK_OK), -errno, or

@@ -242,6 +242,44 @@ def test_a_read_in_flight_keeps_its_files(store_dir):
         s.close()
 
 
+def test_a_chunk_rewritten_before_the_c_readers_lock_is_a_miss_not_corrupt(store_dir):
+    """read_chunks locks but checks no names (a path lookup per chunk): a
+    reader that opened KEYS[0]'s file just before the evictor moved it away,
+    and locked it once KEYS[4] was written into it, gets a whole chunk of
+    KEYS[4] (what read_chunks returns for it is replayed here on the real
+    files). Its key makes it a miss, and as the name no longer holds that
+    file, a chunk gone, not a corrupt one. A file at the name holding
+    another key is corrupt, and removed."""
+    import shutil
+
+    from lmcache_fx import _fxio
+    from lmcache_fx.core.chunkfile import decode_header
+    from lmcache_fx.core.store import Entry
+
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:4])
+        path0 = s.path_for(chunk_digest(KEYS[0]))
+        st0 = os.stat(path0)
+        _fill(s, KEYS[4:5])  # KEYS[0]'s file now holds KEYS[4]
+        path4 = s.path_for(chunk_digest(KEYS[4]))
+        assert s.stats.snapshot()["recycled"] == 1 and os.stat(path4).st_ino == st0.st_ino
+        with open(path4, "rb") as f:
+            hdr = bytearray(f.read(HEADER_SIZE))
+        meta = decode_header(hdr).meta
+        ident = (st0.st_dev, st0.st_ino)
+        e = Entry(path0, FILE, meta)
+        assert not s._chunk_ok(KEYS[0], e, _fxio.CHUNK_META, CHUNK, ident, FILE, memoryview(hdr), (0, 0, CHUNK))
+        assert s.stats.snapshot()["corrupt"] == 0 and os.path.exists(path4)
+        shutil.copyfile(path4, path0)  # a file at KEYS[0]'s name that holds KEYS[4]
+        st = os.stat(path0)
+        ident = (st.st_dev, st.st_ino)
+        assert not s._chunk_ok(KEYS[0], e, _fxio.CHUNK_META, CHUNK, ident, FILE, memoryview(hdr), (0, 0, CHUNK))
+        assert s.stats.snapshot()["corrupt"] == 1 and not os.path.exists(path0) and os.path.exists(path4)
+    finally:
+        s.close()
+
+
 def test_unlocked_reads_in_flight_keep_every_file(store_dir, monkeypatch):
     """Where reads take no file locks (a network filesystem), a read in
     flight in this process stops all reuse, from its first step."""

@@ -1230,7 +1230,10 @@ class ChunkStore:
                 self._corrupt(key, e, str(ex), ident=ident)
                 return False
             if h.key != key:
-                self._corrupt(key, e, f"holds key {h.key!r}, not the one asked for", ident=ident)
+                if self._moved_away(e.path, ident):  # evicted and rewritten with h.key just before our lock
+                    self._drop(chunk_digest(key), unlink=False)
+                else:
+                    self._corrupt(key, e, f"holds key {h.key!r}, not the one asked for", ident=ident)
                 return False
             if status != _fxio.CHUNK_OK or h.meta != e.meta:
                 # Replaced by a chunk of another geometry (or another body): learn it, miss now.
@@ -1254,6 +1257,15 @@ class ChunkStore:
         else:
             self._corrupt(key, e, f"read_chunks status {status}", remove=False)
         return False
+
+    @staticmethod
+    def _moved_away(path: str, ident: tuple[int, int]) -> bool:
+        """Whether the file read (`ident`) is no longer the one at `path`: a
+        reader that opened it just before an evictor moved it away (to write
+        another chunk into it) and read-locked it after (read_chunks checks
+        no names: this runs on a miss only)."""
+        st = stat_in(path)
+        return st is None or (st.st_dev, st.st_ino) != tuple(ident)
 
     def _finish_read(self, digests: list[str], out: list, allocs: list, used: list, nbytes: int, t0: float):
         """The bookkeeping of a read batch, once: the shared LRU clock of the
