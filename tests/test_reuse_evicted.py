@@ -113,6 +113,24 @@ def test_evicted_files_are_reused_when_alone(store_dir):
         s.close()
 
 
+def test_a_full_store_finds_its_victims_without_rescanning(store_dir):
+    """Chunks a store writes join its evictor's list, so a store that
+    evicts a batch per batch it writes does not walk every directory again
+    each time; what it evicts is still the oldest."""
+    s = _open(store_dir)
+    try:
+        src = F.Chunks()
+        assert s.write([src.item(k, CHUNK) for k in KEYS[:4]]) == [True] * 4
+        scans = s.stats.snapshot()["scans"]
+        for j in (4, 8):
+            assert s.write([src.item(k, CHUNK) for k in KEYS[j : j + 4]]) == [True] * 4
+        st = s.stats.snapshot()
+        assert st["evictions"] == 8 and st["scans"] <= scans + 1, st  # at most the first eviction's scan
+        _check_store(s, KEYS[8:12], KEYS[:8])
+    finally:
+        s.close()
+
+
 def test_no_reuse_when_turned_off(store_dir):
     s = _open(store_dir, reuse_evicted=False)
     try:

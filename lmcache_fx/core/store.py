@@ -179,6 +179,7 @@ class _WriteFile:
     body: Optional[bytes] = None  # the header's JSON body
     recycled: str = ""  # an evicted chunk's file, moved beside the temporary to be written into instead
     recycled_ino: int = 0
+    mtime_ns: int = 0  # its LRU clock, set when it was put in place
 
 
 def _tmp_name(final: str) -> str:
@@ -885,6 +886,7 @@ class ChunkStore:
                 try:
                     with self._ledger.hold():
                         self._ledger_add_locked(self._put_in_place(reserved, ready, out, done))
+                        self._add_victims_locked(done)
                 except LockTimeout:
                     # The bytes are reserved already: put the chunks in place without the lock; the
                     # ledger overcounts (eviction starts early, the cap holds) until the next write rescans.
@@ -926,7 +928,7 @@ class ChunkStore:
                 try:
                     if f.nbytes % 4096:
                         os.ftruncate(f.fd, size)  # trim the block padding
-                    t = self._next_mtime_ns()
+                    t = f.mtime_ns = self._next_mtime_ns()
                     os.utime(f.fd, ns=(t, t))  # the LRU clock, exact within a batch
                     old = None
                     with self._lock:  # read under the ledger: a thread's commit indexes its chunk before releasing it
@@ -950,6 +952,17 @@ class ChunkStore:
             _unlink_at(f.dfd, f.tmp)
             delta -= f.reserved
         return delta
+
+    def _add_victims_locked(self, done: list["_WriteFile"]) -> None:
+        """Chunks just put in place join the young end of the evictor's list
+        (ledger held): a store that evicts as much as it writes (a full one)
+        then finds its victims there instead of rescanning every directory
+        once per batch. The list still expires after VICTIM_LIST_SECONDS, and
+        each victim is checked against its mtime before it goes."""
+        if done:
+            self._victims[:0] = sorted(
+                ((f.mtime_ns, f.digest, f.final, HEADER_SIZE + f.nbytes) for f in done), reverse=True
+            )
 
     def _fanout_fd(self, sub: str, dirfds: dict[str, int]) -> int:
         """The fan-out directory's descriptor (O_PATH, no symlink followed in
