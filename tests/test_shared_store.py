@@ -517,3 +517,22 @@ ROLES = {"writer": child_writer, "reader": child_reader, "ns": child_ns, "user":
 
 if __name__ == "__main__":
     ROLES[sys.argv[1]](json.loads(sys.argv[2]))
+
+
+def test_restoring_a_key_its_index_forgot_keeps_the_usage_exact(tmp_path):
+    """A chunk whose index entry is gone while its file is not (a read that
+    missed dropped it, or the bounded index pruned it) is replaced by the
+    next store of its key: the replaced file leaves the shared usage, so the
+    ledger still equals the bytes on disk (it used to count both)."""
+    path = str(tmp_path / "s")
+    s = F.open_store(path, max_capacity_gb=1)
+    try:
+        src = F.Chunks()
+        assert s.write([src.item("k/0", 65536), src.item("k/1", 151675)]) == [True, True]
+        for key in ("k/0", "k/1"):
+            s._drop(chunk_digest(key), unlink=False)  # forgotten by this process, still on disk
+        assert s.write([src.item("k/0", 65536, version=1), src.item("k/1", 151675, version=1)]) == [True, True]
+        assert s.usage_bytes == dir_bytes(path) == 2 * HEADER_SIZE + 65536 + 151675
+        assert F.read_check(s, ["k/0", "k/1"])[:2] == (2, 0)
+    finally:
+        s.close()

@@ -930,14 +930,15 @@ class ChunkStore:
                         os.ftruncate(f.fd, size)  # trim the block padding
                     t = f.mtime_ns = self._next_mtime_ns()
                     os.utime(f.fd, ns=(t, t))  # the LRU clock, exact within a batch
-                    old = None
-                    with self._lock:  # read under the ledger: a thread's commit indexes its chunk before releasing it
-                        known = f.digest in self._index
-                    if known:  # a key new to this index replaces nothing (or a peer's copy: a rescan corrects)
-                        try:
-                            old = os.stat(name, dir_fd=f.dfd, follow_symlinks=False)
-                        except OSError:
-                            pass
+                    # The file this rename replaces, if any, leaves the shared usage. Asked of the
+                    # directory, not of this process's index: an entry may be gone while its file is
+                    # not (a read that missed dropped it; the index is bounded), and another process
+                    # may have stored the key. Under the ledger, so no commit renames in between (after
+                    # a lock timeout nothing is counted: the next write rescans).
+                    try:
+                        old = os.stat(name, dir_fd=f.dfd, follow_symlinks=False)
+                    except OSError:
+                        old = None
                     os.rename(f.tmp, name, src_dir_fd=f.dfd, dst_dir_fd=f.dfd)
                 except OSError as e:
                     self._write_failed(None, -(e.errno or errno.EIO))
