@@ -783,8 +783,9 @@ class ChunkStore:
         asked after the move) and no reader holds a read lock on the file
         (this write lock, taken without waiting, is held until the new chunk
         is in place). A reader that opened the file before the move and
-        locks it later finds its name gone (layout.read_lock). Otherwise the
-        file is unlinked: a plain eviction."""
+        locks it later finds its name gone (layout.read_lock) or, in
+        read_chunks, another key (a miss). Otherwise the file is unlinked: a
+        plain eviction."""
         moved = [f for f in files if f.recycled]
         if not moved:
             return
