@@ -234,11 +234,12 @@ def open_in(path: str, flags: int, mode: int = 0o600, lock: bool = False) -> int
 
 def read_lock(fd: int, dfd: int, name: str) -> None:
     """An OFD read lock on the chunk file open at `fd`, held until it is
-    closed, and `name` (in the directory `dfd`) checked to still be that
-    file, as csrc/chunks.c's chunk_lock: an evictor rewrites a file only
-    after moving it away and taking its write lock, so a locked file whose
-    name still holds it cannot change while it is read. Raises
-    OSError(ESTALE) when the file is being, or has been, reused."""
+    closed (csrc/chunks.c's chunk_lock takes the same), and `name` (in the
+    directory `dfd`) checked to still be that file (chunk_lock leaves that to
+    the header's key): an evictor rewrites a file only after moving it away
+    and taking its write lock, so a locked file whose name still holds it
+    cannot change while it is read. Raises OSError(ESTALE) when the file is
+    being, or has been, reused."""
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLK, FLOCK.pack(fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0))
     except OSError as e:

@@ -300,8 +300,8 @@ def _join_members(dfd: int, mode: int, gid: Optional[int], create: bool, byte: i
     """Opens .fx/members and takes a read lock on its byte `byte` (never
     waits: nobody takes a write lock). Returns the descriptor, or -1: then
     this process reuses no evicted file, and one that does cannot see it (a
-    warning says so; a read that races a reuse fails its checks: the name
-    check of locked reads, else the CRC)."""
+    warning says so; a read that races a reuse fails its checks: the lock,
+    then the name or the header's key, of locked reads; else the CRC)."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     try:
         fd = os.open(os.path.basename(MEMBERS_NAME), flags, mode or 0o600, dir_fd=dfd)

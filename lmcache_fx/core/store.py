@@ -93,7 +93,7 @@ WRITE_WHOLE = 1 << 30  # Engine.write split: one piece per payload (the largest 
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE)  # ESTALE: moved away to be reused (read_lock)
+_GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE)  # ESTALE: being reused (read locks)
 _PID = [os.getpid()]  # this process's pid for temporary names, re-read in a forked child
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 _CORRUPT_STATUSES = frozenset(
@@ -1090,7 +1090,7 @@ class ChunkStore:
         fds: list[int] = []
         ledger = self._ledger
         if ledger is not None:
-            ledger.reading(1)  # chunk files may be open from here on: no evicted file is reused
+            ledger.reading(1)  # chunk files may be open from here on (Ledger.may_reuse, for unlocked reads)
         try:
             return (yield from self._read_steps(keys, allocate, allocs, fds, chunks, per_key))
         except Exception as ex:
