@@ -90,6 +90,38 @@ def store_dir(request, tmp_path):
     return os.path.join(request.getfixturevalue("xfs_store"), "store")
 
 
+def test_a_batch_that_reuses_its_victims_creates_no_file(store_dir, monkeypatch):
+    """A store that will evict (as its last usage says) makes its temporaries
+    under the ledger, after the eviction: an adopted victim becomes the
+    temporary, so no file is created for it (and none is unlinked)."""
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:4])  # full
+        created = []
+        real_open = os.open
+
+        def spy(path, flags, *a, **k):
+            if flags & os.O_CREAT:
+                created.append(path)
+            return real_open(path, flags, *a, **k)
+
+        monkeypatch.setattr(store_mod.os, "open", spy)
+        src = F.Chunks()
+        assert s.write([src.item(k, CHUNK) for k in KEYS[4:8]]) == [True] * 4
+        assert (s.stats.snapshot()["evictions"], s.stats.snapshot()["recycled"]) == (4, 4)
+        assert created == []
+        # Two chunks of another size: no victim fits them, so their temporaries are made under the ledger.
+        big = 2 * CHUNK
+        assert s.write([src.item(k, big) for k in KEYS[8:10]]) == [True] * 2
+        assert len(created) == 2 and s.stats.snapshot()["recycled"] == 4
+        monkeypatch.undo()
+        _check_store(s, KEYS[8:10], KEYS[:8])  # the big ones took the whole store
+        assert s.usage_bytes == sum(os.path.getsize(p) for p in F.chunk_files(store_dir)) == 2 * (HEADER_SIZE + big)
+        assert not [n for _, _, names in os.walk(store_dir) for n in names if store_mod.TMP_MARK in n]
+    finally:
+        s.close()
+
+
 def test_evicted_files_are_reused_when_alone(store_dir):
     s = _open(store_dir)
     try:

@@ -177,7 +177,7 @@ class _WriteFile:
     fd: int
     reserved: int = 0  # bytes counted in the shared usage
     body: Optional[bytes] = None  # the header's JSON body
-    recycled: str = ""  # an evicted chunk's file, moved beside the temporary to be written into instead
+    recycled: str = ""  # an evicted chunk's file, moved to the temporary's name to be written into instead
     recycled_ino: int = 0
     mtime_ns: int = 0  # its LRU clock, set when it was put in place
 
@@ -278,13 +278,16 @@ class ChunkStore:
                 self._rootfds.append(os.open(root, _DIR_FLAGS))
             lock_made = not os.path.lexists(os.path.join(self.roots[0], LOCK_DIR))
             # Reads read-lock each chunk file on local filesystems: evicted files can then be reused
-            # while other processes read the store (_adopt_recycled).
+            # while other processes read the store (_open_deferred).
             self.lock_reads = _locks_reads(self.roots)
             self._ledger = Ledger.open(
                 self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
             )
             self.engine = engine or make_engine(options)
             self.odirect = self._decide_odirect()
+            direct = os.O_DIRECT if self.odirect else 0
+            self._reuse_flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | direct
+            self._tmp_flags = self._reuse_flags | os.O_CREAT | os.O_EXCL
             self._wengine = self._payload_write_engine()
             self._wengine_for = self.engine  # replaced meanwhile (a test's fault injector): writes use the new one
             self._scan()
@@ -640,8 +643,8 @@ class ChunkStore:
         """The evictor (ledger held): removes the oldest chunks from this
         process's sorted scan, rescanning when it is old or used up, until
         usage <= limit. Returns the usage after. A victim the size of a file
-        of `reuse` still without one is moved beside that file's temporary
-        instead of unlinked (see _adopt_recycled)."""
+        of `reuse` whose temporary is not made yet is moved to that
+        temporary's name instead of unlinked (see _open_deferred)."""
         if usage <= limit:
             return usage
         rescanned = False
@@ -652,7 +655,7 @@ class ChunkStore:
             usage, rescanned = u, True
         waiting: dict[int, list] = {}  # file size -> files to write that could take a victim of it
         for f in reversed(reuse):
-            if not f.recycled:
+            if f.fd < 0 and not f.recycled:  # a temporary not yet made
                 waiting.setdefault(HEADER_SIZE + f.nbytes, []).append(f)
         dirfds: dict[str, int] = {}  # victims' directories, opened once per eviction
         n = 0
@@ -671,10 +674,9 @@ class ChunkStore:
                     takers = waiting.get(size)
                     if takers:
                         f = takers[-1]
-                        name = _tmp_name(f.final)
-                        st = rename_if_same(path, mt, f.dfd, name, dirfds)
+                        st = rename_if_same(path, mt, f.dfd, f.tmp, dirfds)
                         if st is not None:
-                            f.recycled, f.recycled_ino = name, st.st_ino
+                            f.recycled, f.recycled_ino = f.tmp, st.st_ino
                             takers.pop()
                     if st is None:
                         st = unlink_if_same(path, mtime_ns=mt, dirfds=dirfds)
@@ -758,16 +760,21 @@ class ChunkStore:
                     )
                     continue
                 try:
-                    # Size the file first: writes inside EOF run in parallel, where
-                    # extending O_DIRECT writes are serialised by the filesystem.
-                    os.ftruncate(f.fd, rsize)
+                    size = self._open_deferred(f) if f.fd < 0 else 0
+                    if size != rsize:
+                        # Size the file first: writes inside EOF run in parallel, where
+                        # extending O_DIRECT writes are serialised by the filesystem.
+                        os.ftruncate(f.fd, rsize)
                 except OSError as e:
                     self._write_failed(None, -(e.errno or errno.EIO))
                     continue
                 usage += rsize
                 f.reserved = rsize
                 ok.append(f)
-            self._adopt_recycled(files)
+            for f in files:
+                if f.recycled:  # moved for a file that got no room: evicted after all
+                    _unlink_at(f.dfd, f.recycled)
+                    f.recycled = ""
             if ok or usage != start:  # the evictor may have written the ledger meanwhile
                 rec2 = self._ledger.get()
                 self._ledger.put(usage, rec2[1] if rec2 else time.time())
@@ -776,27 +783,23 @@ class ChunkStore:
             hold.__exit__(None, None, None)
         return ok
 
-    def _adopt_recycled(self, files: list["_WriteFile"]) -> None:
-        """Evicted files moved beside new chunks' temporaries (ledger held)
-        become those temporaries when nobody can be reading them: no process
-        whose reads take no file locks has the store open (Ledger.may_reuse,
-        asked after the move) and no reader holds a read lock on the file
-        (this write lock, taken without waiting, is held until the new chunk
-        is in place). A reader that opened the file before the move and
-        locks it later finds its name gone (layout.read_lock) or, in
-        read_chunks, another key (a miss). Otherwise the file is unlinked: a
-        plain eviction."""
-        moved = [f for f in files if f.recycled]
-        if not moved:
-            return
-        reuse = self._ledger.may_reuse()
-        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECT if self.odirect else 0)
-        for f in moved:
-            name, f.recycled = f.recycled, ""
-            fd = -1
+    def _open_deferred(self, f: "_WriteFile") -> int:
+        """Opens the temporary of a file whose creation was deferred to the
+        reservation (ledger held; see _write_files). Returns its size. An
+        evicted file the evictor moved to the temporary's name becomes it when
+        nobody can be reading it: no process whose reads take no file locks
+        has the store open (Ledger.may_reuse, asked after the move) and no
+        reader holds a read lock on it (this write lock, taken without
+        waiting, is held until the new chunk is in place). A reader that
+        opened it before the move and locks it later finds its name gone
+        (layout.read_lock) or, in read_chunks, another key (a miss).
+        Otherwise it is unlinked (a plain eviction) and a new temporary
+        made. Raises OSError."""
+        if f.recycled:
+            f.recycled, fd = "", -1
             try:
-                if reuse and f.reserved:
-                    fd = os.open(name, flags, dir_fd=f.dfd)
+                if self._ledger.may_reuse():
+                    fd = os.open(f.tmp, self._reuse_flags, dir_fd=f.dfd)
                     st = os.fstat(fd)
                     # Ours only: setting its mtime (the LRU clock) needs the owner.
                     if (
@@ -805,18 +808,17 @@ class ChunkStore:
                         and st.st_uid == os.geteuid()
                         and write_lock(fd)
                     ):
-                        os.ftruncate(fd, f.reserved)  # as _reserve sized the temporary it replaces
-                        _unlink_at(f.dfd, f.tmp)
-                        os.close(f.fd)
-                        f.fd, f.tmp, fd = fd, name, -1
+                        f.fd, fd = fd, -1
                         self.stats.add(recycled=1)
-                        continue
+                        return st.st_size
             except OSError:
                 pass
             finally:
                 if fd >= 0:
                     os.close(fd)
-            _unlink_at(f.dfd, name)
+            _unlink_at(f.dfd, f.tmp)
+        f.fd = self._create_at(f.dfd, f.tmp, f.final)
+        return 0
 
     def _write_files(self, todo, out: list[bool]) -> list[bool]:
         if time.monotonic() < self._enospc_until:
@@ -825,9 +827,14 @@ class ChunkStore:
         files: list[_WriteFile] = []
         ready: list[_WriteFile] = []
         dirfds: dict[str, int] = {}  # fan-out directory -> O_PATH descriptor, for this batch
+        # A batch that will evict (as the shared usage last read says) makes its temporaries
+        # in the reservation, under the ledger: an evicted file of the same size is then moved
+        # to the temporary's name and written into, with no file made and unlinked for it.
+        need = sum(HEADER_SIZE + round_up(t[4], 4096) for t in todo)
+        defer = self.options.reuse_evicted and self._last_usage + need > self.options.max_capacity_bytes
         try:
             for i, key, d, addr, nbytes, meta in todo:
-                f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds)
+                f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds, make=not defer)
                 if f is not None:
                     files.append(f)
             if not files:
@@ -895,9 +902,10 @@ class ChunkStore:
                     self._rescan_soon = True
         finally:
             for f in files:
-                os.close(f.fd)
+                if f.fd >= 0:
+                    os.close(f.fd)
             for f in files:
-                if not out[f.i] and not f.reserved:
+                if not out[f.i] and not f.reserved and f.fd >= 0:
                     _unlink_at(f.dfd, f.tmp)  # never counted: no lock needed
                 if f.recycled:  # moved and not adopted (an error in between): evicted after all
                     _unlink_at(f.dfd, f.recycled)
@@ -993,18 +1001,28 @@ class ChunkStore:
         return fd
 
     def _create_tmp(
-        self, i: int, key: str, digest: str, addr: int, nbytes: int, meta: ChunkMeta, dirfds: dict[str, int]
+        self,
+        i: int,
+        key: str,
+        digest: str,
+        addr: int,
+        nbytes: int,
+        meta: ChunkMeta,
+        dirfds: dict[str, int],
+        make: bool = True,
     ) -> Optional["_WriteFile"]:
+        """The chunk's _WriteFile: its fan-out directory opened (made when
+        missing) and, with `make`, its temporary created (else fd is -1 and
+        _open_deferred makes it)."""
         final = self.path_for(digest)
         sub = os.path.dirname(final)
         tmp = _tmp_name(final)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        if self.odirect:
-            flags |= os.O_DIRECT
+        fd = -1
         for attempt in (0, 1):
             try:
                 dfd = self._fanout_fd(sub, dirfds)
-                fd = os.open(tmp, flags, self.file_mode, dir_fd=dfd)
+                if make:
+                    fd = self._create_at(dfd, tmp, final)
                 break
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -1019,9 +1037,15 @@ class ChunkStore:
                     continue
                 self._write_failed(None, -(e.errno or errno.EIO))
                 return None
-        if self.options.shared_group:
-            share_fd(fd, self._root_gid.get(os.path.dirname(sub)), self.file_mode)
         return _WriteFile(i, key, digest, addr, nbytes, meta, final, tmp, dfd, fd)
+
+    def _create_at(self, dfd: int, tmp: str, final: str) -> int:
+        """Creates the temporary `tmp` of the chunk at `final` in its fan-out
+        directory `dfd`. Raises OSError."""
+        fd = os.open(tmp, self._tmp_flags, self.file_mode, dir_fd=dfd)
+        if self.options.shared_group:  # in the group of the store's root
+            share_fd(fd, self._root_gid.get(os.path.dirname(os.path.dirname(final))), self.file_mode)
+        return fd
 
     def _write_failed(self, tmp: Optional[str], res: int) -> None:
         if tmp:
