@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Optional
@@ -36,7 +37,7 @@ from lmcache.v1.distributed.l2_adapters.base import AdapterUsage, L2AdapterInter
 from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 from lmcache.v1.platform import create_event_notifier
 
-from .core.chunkfile import HEADER_SIZE, ChunkMeta
+from .core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest
 from .core.drive import drive_async
 from .core.options import FxOptions, refuse_direct_to_gpu
 from .core.store import ChunkStore
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmcache_fx")
 
 WHERE = "adapter_params."
+SWEEP_SECONDS = 60.0  # _report_evictions checks every key it knows at most this often
 
 
 def _keep(obj) -> None:
@@ -106,8 +108,10 @@ class FxL2Adapter(L2AdapterInterface):
         self._done_lookup: dict[L2TaskId, Bitmap] = {}
         self._done_load: dict[L2TaskId, Bitmap] = {}
         self._in_flight = 0
-        self._sizes: dict["ObjectKey", int] = {}  # keys stored or found by this adapter -> file bytes
+        self._sizes: dict["ObjectKey", int] = {}  # keys stored by this adapter -> file bytes
+        self._by_digest: dict[str, "ObjectKey"] = {}  # the same keys by their files' digest
         self._evictions_seen = 0
+        self._sweep_at = 0.0  # when _report_evictions next checks every key it knows
         self._closed = False
         self._failures = 0
 
@@ -168,6 +172,8 @@ class FxL2Adapter(L2AdapterInterface):
                 with self._lock:
                     known = k in self._sizes
                     self._sizes[k] = size
+                    if not known:
+                        self._by_digest[chunk_digest(it[0])] = k
                 if not known:
                     new_keys.append(k)
                     new_sizes.append(size)
@@ -267,10 +273,12 @@ class FxL2Adapter(L2AdapterInterface):
         adapter JSON) removes keys through here."""
         gone, sizes = [], []
         for k in keys:
+            s = object_key_string(k)
             with self._lock:
                 size = self._sizes.pop(k, None)
+                self._by_digest.pop(chunk_digest(s), None)
             before = self.store.usage_bytes
-            if self.store.remove(object_key_string(k)):
+            if self.store.remove(s):
                 gone.append(k)
                 sizes.append(size if size is not None else max(before - self.store.usage_bytes, 0))
         if gone:
@@ -278,18 +286,30 @@ class FxL2Adapter(L2AdapterInterface):
 
     def _report_evictions(self) -> None:
         """The store evicts by itself to stay under max_capacity_gb; tell
-        LMCache's listeners which of the keys it knows were evicted."""
+        LMCache's listeners which of the keys it knows were evicted. After
+        an eviction of this process, the keys its evictor removed are asked
+        about (work per eviction, not per key stored); at most once per
+        SWEEP_SECONDS every key this adapter knows instead, which also finds
+        what other processes evicted."""
         n = self.store.stats.snapshot()["evictions"]
         if n == self._evictions_seen:
             return
         self._evictions_seen = n
+        digests = self.store.take_evicted()
+        now = time.monotonic()
         with self._lock:
-            known = list(self._sizes.items())
+            if digests is None or now >= self._sweep_at:
+                self._sweep_at = now + SWEEP_SECONDS
+                known = list(self._sizes.items())
+            else:
+                keys = (self._by_digest.get(d) for d in digests)
+                known = [(k, self._sizes[k]) for k in keys if k is not None and k in self._sizes]
         gone = [(k, s) for k, s in known if not self.store.contains(object_key_string(k))]
         if gone:
             with self._lock:
                 for k, _ in gone:
                     self._sizes.pop(k, None)
+                    self._by_digest.pop(chunk_digest(object_key_string(k)), None)
             self._notify_keys_deleted([k for k, _ in gone], [s for _, s in gone])
 
     def get_usage(self) -> AdapterUsage:

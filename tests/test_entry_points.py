@@ -333,6 +333,63 @@ def test_l2_capacity_and_eviction_reported(tmp_path):
         side.close()
 
 
+def test_l2_reports_evictions_by_what_was_evicted_not_by_every_key(tmp_path, monkeypatch):
+    """After the first eviction (which checks every key the adapter knows),
+    an eviction asks only about the keys the evictor removed: work per
+    eviction, not per chunk in the store. At most once per SWEEP_SECONDS
+    every key is checked again, which finds what another process removed."""
+    from lmcache_fx import l2_adapter
+    from lmcache_fx.core.chunkfile import HEADER_SIZE
+    from lmcache_fx.core.options import FxOptions
+    from lmcache_fx.core.store import ChunkStore
+
+    chunk = HEADER_SIZE + GEO.chunk * GEO.bytes_per_token
+    side = MPSide(tmp_path / "store", max_capacity_gb=5.5 * chunk / (1 << 30))
+    try:
+        ad = side.adapter
+        deleted = []
+
+        class Listener:
+            def on_l2_keys_stored(self, keys, sizes):
+                pass
+
+            def on_l2_keys_accessed(self, keys):
+                pass
+
+            def on_l2_keys_deleted(self, keys):
+                deleted.extend(keys)
+
+        ad.register_listener(Listener())
+        k1, d1, layout = MPSide.keys_and_data(n=4, seed=1)
+        k2, d2, _ = MPSide.keys_and_data(n=4, seed=2)
+        k3, d3, _ = MPSide.keys_and_data(n=4, seed=3)
+        k4, d4, _ = MPSide.keys_and_data(n=2, seed=4)
+        side.store(k1, d1, layout)
+        side.store(k2, d2, layout)  # 5 fit: k1[0..2] evicted (the first eviction: every key checked)
+        assert sorted(deleted, key=str) == sorted(k1[:3], key=str)
+        asked = []
+        real = ad.store.contains
+        monkeypatch.setattr(ad.store, "contains", lambda key: asked.append(key) or real(key))
+        side.store(k3, d3, layout)  # evicts k1[3], k2[0..2]; k2[3] stays and is not asked about
+        gone = [k1[3], *k2[:3]]
+        assert sorted(deleted[3:], key=str) == sorted(gone, key=str)
+        assert set(asked) - {_ks(k) for k in k3} == {_ks(k) for k in gone}  # k3: the test's own wait
+        # Another process removes one of k3; this adapter's next eviction after a sweep is due finds it.
+        other = ChunkStore(FxOptions(path=str(tmp_path / "store")))
+        try:
+            assert other.remove(_ks(k3[0]))
+        finally:
+            other.close()
+        monkeypatch.setattr(l2_adapter, "SWEEP_SECONDS", 0.0)
+        ad._sweep_at = 0.0
+        side.store(k4, d4, layout)  # 3 of k3 + 2 + k2[3]: evicts k2[3]
+        assert k3[0] in deleted and k2[3] in deleted and len(deleted) == 9
+        st = ad.report_status()
+        assert st["chunks"] == 5 and ad.get_usage().total_bytes_used == 5 * chunk
+    finally:
+        side.close()
+
+
 def _l2_task(adapter, submit, result, efd, *args, timeout=60):
     import select
 

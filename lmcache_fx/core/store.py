@@ -89,6 +89,7 @@ __all__ = [
 
 TOUCH_SECONDS = 10.0  # a hit refreshes its chunk's mtime (the shared LRU clock) at most this often
 RESCAN_SECONDS = 300.0  # the ledger is recomputed from the files at least this often (by any process)
+EVICTED_KEPT = 1 << 16  # evicted digests kept for take_evicted()
 WRITE_WHOLE = 1 << 30  # Engine.write split: one piece per payload (the largest the engine takes)
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
@@ -252,6 +253,9 @@ class ChunkStore:
         self._last_usage = 0  # the shared usage as last read from the ledger
         self._victims: list = []  # (mtime_ns, digest, path, size) oldest last; from this process's last scan
         self._victims_at = -1e9
+        # Digests this process's evictor removed, until take_evicted(); None once more than
+        # EVICTED_KEPT piled up (nobody takes them), and from then on until the next take.
+        self._evicted: Optional[list[str]] = []
         self._made_dirs: set[str] = set()
         self._rootfds: list[int] = []  # per root, O_PATH, for the store's life
         self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
@@ -547,6 +551,15 @@ class ChunkStore:
     def contains(self, key: str) -> bool:
         return self._entry(key, check=True) is not None
 
+    def take_evicted(self) -> Optional[list[str]]:
+        """The digests of the chunks this process's evictor removed since the
+        last call (a key may have been stored again since: ask contains()),
+        or None when more than EVICTED_KEPT were not taken: then which is
+        unknown. Not what other processes evicted."""
+        with self._lock:
+            out, self._evicted = self._evicted, []
+        return out
+
     def pin(self, key: str) -> bool:
         d = chunk_digest(key)
         e = self._entry(key, check=True)
@@ -688,6 +701,10 @@ class ChunkStore:
                         e = self._index.get(d)
                         if e is not None and e.path == path:
                             del self._index[d]
+                        if self._evicted is not None:
+                            self._evicted.append(d)
+                            if len(self._evicted) > EVICTED_KEPT:
+                                self._evicted = None
                 self._victims.extend(reversed(kept))
                 if usage <= limit or rescanned:
                     break
