@@ -163,6 +163,56 @@ def test_a_full_store_finds_its_victims_without_rescanning(store_dir):
         s.close()
 
 
+def test_an_evictor_refreshes_its_victim_list_without_the_store_lock(store_dir, monkeypatch):
+    """An old victim list is rebuilt by a walk made before the store lock is
+    taken (a large store's walk takes seconds, and peers' stores wait on the
+    lock); a victim touched after that walk (a peer's hit) is kept: the
+    evictor checks each one's mtime under the lock."""
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:4])  # full
+        s._victims_at = -1e9  # the list is old
+        depths = []
+        real = s._walk
+
+        def walk(*a, **k):
+            depths.append(s._ledger.depth)
+            out = real(*a, **k)
+            t = time.time_ns()
+            os.utime(s.path_for(chunk_digest(KEYS[0])), ns=(t, t))  # the oldest is read meanwhile
+            return out
+
+        monkeypatch.setattr(s, "_walk", walk)
+        src = F.Chunks()
+        assert s.write([src.item(KEYS[4], CHUNK)]) == [True]
+        assert depths == [0]  # one walk, and the store lock not held for it
+        _check_store(s, [KEYS[0], KEYS[2], KEYS[3], KEYS[4]], [KEYS[1]])
+    finally:
+        s.close()
+
+
+def test_a_slow_walk_makes_ledger_rescans_rarer(store_dir, monkeypatch):
+    """The ledger is recomputed from the files every RESCAN_SECONDS, or
+    every SCAN_DUTY walks' time when a walk is slow (a store of millions of
+    files), so the lock is not held for walks most of the time."""
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:1])
+        rescans = []
+        real = s._rescan_locked
+        monkeypatch.setattr(s, "_rescan_locked", lambda: rescans.append(1) or real())
+        src = F.Chunks()
+        for i, walk_s in ((1, 10.0), (2, 0.0)):
+            with s._ledger.hold():
+                s._ledger.put(s._ledger.get()[0], time.time() - 2 * store_mod.RESCAN_SECONDS)
+            s._walk_seconds = walk_s  # 10 s walks: a rescan at most every 1000 s
+            assert s.write([src.item(KEYS[i], CHUNK)]) == [True]
+            assert len(rescans) == (0 if walk_s else 1)
+        assert s.usage_bytes == 3 * FILE
+    finally:
+        s.close()
+
+
 def test_no_reuse_when_turned_off(store_dir):
     s = _open(store_dir, reuse_evicted=False)
     try:

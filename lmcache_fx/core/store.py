@@ -8,8 +8,9 @@ read on first use.
 
 Capacity is shared by every process on a path through the ledger
 (core/ledger.py). Scans recompute the ledger from the files (at start, every
-RESCAN_SECONDS, and when an evictor needs victims) so crashes and foreign
-deletions cannot make it drift for long. Least recently used is the file
+RESCAN_SECONDS, and when an evictor's list of victims runs out) so crashes and
+foreign deletions cannot make it drift for long; an evictor's list is otherwise
+refreshed by a walk made without the lock. Least recently used is the file
 mtime: a write sets it, a hit refreshes it at most once per TOUCH_SECONDS, and
 the evictor removes the oldest files first, whoever wrote them.
 """
@@ -92,6 +93,9 @@ RESCAN_SECONDS = 300.0  # the ledger is recomputed from the files at least this 
 EVICTED_KEPT = 1 << 16  # evicted digests kept for take_evicted()
 WRITE_WHOLE = 1 << 30  # Engine.write split: one piece per payload (the largest the engine takes)
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
+# Both intervals grow to this many times the last walk's duration: a store of a million files
+# is not walked every 30 s, nor its lock held for a walk more than ~1% of the time.
+SCAN_DUTY = 100
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE)  # ESTALE: being reused (read locks)
@@ -253,6 +257,7 @@ class ChunkStore:
         self._last_usage = 0  # the shared usage as last read from the ledger
         self._victims: list = []  # (mtime_ns, digest, path, size) oldest last; from this process's last scan
         self._victims_at = -1e9
+        self._walk_seconds = 0.0  # how long this process's last walk of the store took
         # Digests this process's evictor removed, until take_evicted(); None once more than
         # EVICTED_KEPT piled up (nobody takes them), and from then on until the next take.
         self._evicted: Optional[list[str]] = []
@@ -396,7 +401,7 @@ class ChunkStore:
         sits in no fan-out directory: never seen."""
         found = []
         usage = 0
-        now = time.time()
+        now, t0 = time.time(), time.monotonic()
         for root in self.roots:
             for sub in fanout_dirs(root):
                 try:
@@ -421,7 +426,28 @@ class ChunkStore:
                 finally:
                     os.close(dfd)
         found.sort(reverse=True)
+        self._walk_seconds = time.monotonic() - t0
         return found, usage
+
+    def _every(self, seconds: float) -> float:
+        """`seconds`, or SCAN_DUTY walks' time when that is longer."""
+        return max(seconds, SCAN_DUTY * self._walk_seconds)
+
+    def _refresh_victims(self, batch: int) -> None:
+        """Before a write that will evict takes the store lock: a victim list
+        older than its interval, or shorter than the batch, is rebuilt from a
+        walk made WITHOUT the lock (a large store's walk takes seconds; peers'
+        stores would wait on it). Its entries are only candidates: the
+        evictor checks each victim's mtime under the lock before removing it."""
+        if len(self._victims) >= batch and time.monotonic() - self._victims_at <= self._every(VICTIM_LIST_SECONDS):
+            return
+        try:
+            found, _ = self._walk(remove_stale=False)
+        except OSError:
+            return  # the evictor rescans under the lock, and says why
+        with self._lock:
+            self._victims, self._victims_at = found, time.monotonic()
+        self.stats.add(scans=1, scan_seconds=self._walk_seconds)
 
     def _rescan_locked(self) -> Optional[int]:
         """Recomputes the shared usage from the files (ledger held); refreshes
@@ -661,7 +687,7 @@ class ChunkStore:
         if usage <= limit:
             return usage
         rescanned = False
-        if not self._victims or time.monotonic() - self._victims_at > VICTIM_LIST_SECONDS:
+        if not self._victims or time.monotonic() - self._victims_at > self._every(VICTIM_LIST_SECONDS):
             u = self._rescan_locked()
             if u is None:
                 return usage
@@ -747,6 +773,9 @@ class ChunkStore:
         that got room; their `reserved` is set to the bytes reserved."""
         cap = self.options.max_capacity_bytes
         ok: list = []
+        need = sum(HEADER_SIZE + round_up(f.nbytes, 4096) for f in files)
+        if self._last_usage + need > cap:
+            self._refresh_victims(len(files))
         try:
             hold = self._ledger.hold()
             hold.__enter__()
@@ -754,7 +783,7 @@ class ChunkStore:
             return ok  # a peer holds the lock too long: these stores are skipped (write -> False)
         try:
             rec = self._ledger.get()
-            if rec is None or time.time() - rec[1] > RESCAN_SECONDS or self._rescan_soon:
+            if rec is None or time.time() - rec[1] > self._every(RESCAN_SECONDS) or self._rescan_soon:
                 usage = self._rescan_locked()
             else:
                 usage = rec[0]
@@ -762,7 +791,6 @@ class ChunkStore:
                 return ok
             start = usage
             reuse = files if self.options.reuse_evicted else ()
-            need = sum(HEADER_SIZE + round_up(f.nbytes, 4096) for f in files)
             if usage + need > cap:  # room for the whole batch in one eviction (the loop below mends the rest)
                 usage = self._evict_locked(max(cap - need, 0), usage, reuse)
             for f in files:
