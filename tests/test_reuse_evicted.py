@@ -213,6 +213,44 @@ def test_a_slow_walk_makes_ledger_rescans_rarer(store_dir, monkeypatch):
         s.close()
 
 
+def test_a_store_opening_beside_a_peer_walks_without_the_lock(store_dir, monkeypatch):
+    """At start a store walks every directory. Alone, it does so under the
+    store lock and recomputes the ledger (removing dead writers'
+    temporaries); beside a process that has the store open (a restarted TP
+    rank's peers), without the lock, trusting the ledger they keep, so
+    their stores do not wait for the walk."""
+    s = _open(store_dir)
+    _fill(s, KEYS[:3])
+    s.close()
+    depths = []
+    real = store_mod.ChunkStore._walk
+
+    def walk(self, *a, **k):
+        depths.append(self._ledger.depth)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(store_mod.ChunkStore, "_walk", walk)
+    stale = s.path_for(chunk_digest(KEYS[0])) + f"{store_mod.TMP_MARK}999999999.1.{store_mod.HOST_TAG}"
+    for peer in (True, False):
+        p = _store_peer(store_dir) if peer else None
+        with open(stale, "wb") as f:  # a dead writer's temporary (after the peer's own start-up walk)
+            f.write(b"x" * 100)
+        os.utime(stale, (1, 1))
+        try:
+            depths.clear()
+            s = _open(store_dir)
+            try:
+                assert depths == [0 if peer else 1]
+                assert os.path.exists(stale) == peer  # removed by the locked walk only
+                _check_store(s, KEYS[:3], KEYS[3:4])
+                assert s.usage_bytes == 3 * FILE  # the ledger: kept by the peer, or recomputed
+            finally:
+                s.close()
+        finally:
+            if p is not None:
+                p.communicate("")
+
+
 def test_no_reuse_when_turned_off(store_dir):
     s = _open(store_dir, reuse_evicted=False)
     try:

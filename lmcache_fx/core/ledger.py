@@ -192,6 +192,17 @@ class Ledger:
             return False
         return FLOCK.unpack(got)[0] == fcntl.F_UNLCK
 
+    def others(self) -> bool:
+        """Whether another process has the store open (holds either
+        membership byte); True when that cannot be told."""
+        if self.members_fd < 0:
+            return True
+        try:
+            got = fcntl.fcntl(self.members_fd, fcntl.F_GETLK, FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 2, 0))
+        except OSError:
+            return True
+        return FLOCK.unpack(got)[0] != fcntl.F_UNLCK
+
     @contextmanager
     def hold(self, timeout: Optional[float] = None):
         """The store lock, for this thread: waits at most `timeout` seconds

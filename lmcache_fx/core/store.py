@@ -474,9 +474,31 @@ class ChunkStore:
 
     def _scan(self) -> None:
         """At start: rebuilds the index from names and sizes, recomputes the
-        shared usage, removes stale temporaries, evicts down to the cap. When
-        another process holds the lock past LOCK_TIMEOUT, the index is built
-        from a listing without the lock and the rest waits for the next write."""
+        shared usage, removes stale temporaries, evicts down to the cap.
+        Where other processes have the store open and the ledger has a valid
+        record (they keep it), the walk is made without the lock and the
+        record trusted: a process starting beside its peers (a restarted TP
+        rank) does not stop their stores for a walk of the whole store;
+        stale temporaries wait for the next rescan. When another process
+        holds the lock past LOCK_TIMEOUT, a walk without it too, and the next
+        write rescans."""
+        rec = None
+        if self._ledger.others():
+            try:
+                with self._ledger.hold():
+                    rec = self._ledger.get()
+            except LockTimeout:
+                pass
+        if rec is not None:
+            found, usage = self._walk(remove_stale=False)
+            self._index_found(found)
+            self._last_usage = rec[0]
+            self._victims, self._victims_at = found, time.monotonic()
+            self.stats.add(scans=1, scan_seconds=self._walk_seconds)
+            self._log_found(found, usage)
+            if rec[0] > self.options.max_capacity_bytes:
+                self._evict_to(self.options.max_capacity_bytes)
+            return
         try:
             with self._ledger.hold():
                 found, usage = self._walk()
@@ -484,20 +506,23 @@ class ChunkStore:
                 self._ledger.put(usage, time.time())
                 self._last_usage = usage
                 self._victims, self._victims_at = found, time.monotonic()
-                self.stats.add(scans=1)
-                if found:
-                    log.info(
-                        "lmcache-fx: found %d chunks (%.2f GB in the store) under %s",
-                        len(found),
-                        usage / 1e9,
-                        ",".join(self.roots),
-                    )
+                self.stats.add(scans=1, scan_seconds=self._walk_seconds)
+                self._log_found(found, usage)
                 self._evict_locked(self.options.max_capacity_bytes, usage)
         except LockTimeout:
             found, usage = self._walk(remove_stale=False)
             self._index_found(found)
             self._last_usage = usage
             self._rescan_soon = True
+
+    def _log_found(self, found: list, usage: int) -> None:
+        if found:
+            log.info(
+                "lmcache-fx: found %d chunks (%.2f GB in the store) under %s",
+                len(found),
+                usage / 1e9,
+                ",".join(self.roots),
+            )
 
     def _index_found(self, found: list) -> None:
         now_ns, mono = time.time_ns(), time.monotonic()
