@@ -296,6 +296,25 @@ def test_l2_and_engine_entry_points_share_a_path(tmp_path):
         assert retrieve(eng, tokens, got) == NTOK and kv.tokens_equal(got, NTOK)
 
 
+def _deleted_keys(adapter) -> list:
+    """A list that LMCache's L2AdapterListener callbacks on `adapter` fill
+    with the keys it reports deleted."""
+    deleted: list = []
+
+    class Listener:
+        def on_l2_keys_stored(self, keys, sizes):
+            pass
+
+        def on_l2_keys_accessed(self, keys):
+            pass
+
+        def on_l2_keys_deleted(self, keys):
+            deleted.extend(keys)
+
+    adapter.register_listener(Listener())
+    return deleted
+
+
 def test_l2_capacity_and_eviction_reported(tmp_path):
     from lmcache_fx.core.chunkfile import HEADER_SIZE
 
@@ -304,19 +323,7 @@ def test_l2_capacity_and_eviction_reported(tmp_path):
     try:
         ad = side.adapter
         assert ad.supports_global_eviction
-        deleted = []
-
-        class Listener:  # LMCache's L2AdapterListener callbacks
-            def on_l2_keys_stored(self, keys, sizes):
-                pass
-
-            def on_l2_keys_accessed(self, keys):
-                pass
-
-            def on_l2_keys_deleted(self, keys):
-                deleted.extend(keys)
-
-        ad.register_listener(Listener())
+        deleted = _deleted_keys(ad)
         k1, d1, layout = MPSide.keys_and_data(n=4, seed=1)
         k2, d2, _ = MPSide.keys_and_data(n=4, seed=2)
         side.store(k1, d1, layout)
@@ -347,19 +354,7 @@ def test_l2_reports_evictions_by_what_was_evicted_not_by_every_key(tmp_path, mon
     side = MPSide(tmp_path / "store", max_capacity_gb=5.5 * chunk / (1 << 30))
     try:
         ad = side.adapter
-        deleted = []
-
-        class Listener:
-            def on_l2_keys_stored(self, keys, sizes):
-                pass
-
-            def on_l2_keys_accessed(self, keys):
-                pass
-
-            def on_l2_keys_deleted(self, keys):
-                deleted.extend(keys)
-
-        ad.register_listener(Listener())
+        deleted = _deleted_keys(ad)
         k1, d1, layout = MPSide.keys_and_data(n=4, seed=1)
         k2, d2, _ = MPSide.keys_and_data(n=4, seed=2)
         k3, d3, _ = MPSide.keys_and_data(n=4, seed=3)
