@@ -4,6 +4,7 @@ what landed in the destination KV cache against what was stored). No
 timing assertions."""
 
 import argparse
+import gc
 import json
 import os
 
@@ -410,6 +411,9 @@ def test_bench_full_store_evicts_into_reused_files(odirect_tmp, tmp_path):
     assert [r["evictions_total"] for r in e["reps"]] == [n, 2 * n, 3 * n]  # each rep evicts the one before
     assert [r["recycled_total"] for r in e["reps"]] == [n, 2 * n, 3 * n]
     assert d["config"]["full_store"] is True
+    # The set-up's objects were frozen out of the collector for the timed reps, and given back after.
+    assert d["machine"]["gc"].startswith("heap frozen after set-up")
+    assert gc.get_freeze_count() == 0
 
 
 # ------------------------------------------------------------------ --devices N

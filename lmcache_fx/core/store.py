@@ -157,7 +157,7 @@ def _identity(fd: int) -> tuple[Optional[tuple[int, int]], Optional[int]]:
     return (st.st_dev, st.st_ino), st.st_size
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     path: str
     size: int  # bytes of the file
