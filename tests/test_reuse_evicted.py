@@ -251,6 +251,24 @@ def test_a_store_opening_beside_a_peer_walks_without_the_lock(store_dir, monkeyp
                 p.communicate("")
 
 
+def test_evicted_digests_are_kept_only_for_a_caller_that_takes_them(store_dir, monkeypatch):
+    """take_evicted(): None (unknown) at the first call, since nothing is
+    kept for a store user that never asks; then the digests evicted since
+    the last call, in order; None again when more than EVICTED_KEPT piled up."""
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:5])  # the fifth evicts KEYS[0]; nobody has asked yet
+        assert s._evicted is None and s.take_evicted() is None
+        _fill(s, KEYS[5:7])
+        assert s.take_evicted() == [chunk_digest(KEYS[1]), chunk_digest(KEYS[2])]
+        assert s.take_evicted() == []
+        monkeypatch.setattr(store_mod, "EVICTED_KEPT", 1)
+        _fill(s, KEYS[7:9])
+        assert s.take_evicted() is None and s.take_evicted() == []
+    finally:
+        s.close()
+
+
 def test_no_reuse_when_turned_off(store_dir):
     s = _open(store_dir, reuse_evicted=False)
     try:

@@ -258,9 +258,9 @@ class ChunkStore:
         self._victims: list = []  # (mtime_ns, digest, path, size) oldest last; from this process's last scan
         self._victims_at = -1e9
         self._walk_seconds = 0.0  # how long this process's last walk of the store took
-        # Digests this process's evictor removed, until take_evicted(); None once more than
-        # EVICTED_KEPT piled up (nobody takes them), and from then on until the next take.
-        self._evicted: Optional[list[str]] = []
+        # Digests this process's evictor removed since the last take_evicted(); None (not kept)
+        # until the first take, and once more than EVICTED_KEPT piled up, until the next.
+        self._evicted: Optional[list[str]] = None
         self._made_dirs: set[str] = set()
         self._rootfds: list[int] = []  # per root, O_PATH, for the store's life
         self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
@@ -605,8 +605,9 @@ class ChunkStore:
     def take_evicted(self) -> Optional[list[str]]:
         """The digests of the chunks this process's evictor removed since the
         last call (a key may have been stored again since: ask contains()),
-        or None when more than EVICTED_KEPT were not taken: then which is
-        unknown. Not what other processes evicted."""
+        or None when that is unknown: at the first call (nothing is kept for
+        a caller that never asks), and when more than EVICTED_KEPT were not
+        taken. Not what other processes evicted."""
         with self._lock:
             out, self._evicted = self._evicted, []
         return out
