@@ -162,6 +162,9 @@ def main() -> None:
         loadavg_end=list(os.getloadavg()),
         medium="XFS on a 4 GiB RAM-backed loop device",
     )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
     w, e, o = res["walk_s"], res["evicting_write_100"], res["open_beside_a_peer"]
     print(f"{res['chunks']} chunks of {CHUNK} B on {res['medium']}:")
     print(f"  walk: {statistics.median(w['warm']):.3f} s warm, {w['cold']:.3f} s cold")
@@ -174,9 +177,6 @@ def main() -> None:
         f"longest lock hold {1e3 * max(o['longest_lock_hold_s'] + [o['cold_longest_lock_hold_s']]):.1f} ms"
     )
     print(f"  contains(): {res['contains_us_per_key']:.1f} us a key")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":
