@@ -18,7 +18,6 @@ RAM-backed loop device), at the store level, with N small chunks:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -30,10 +29,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from lmcache_fx import _fxio  # noqa: E402
-from lmcache_fx.core import ledger as ledger_mod  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta  # noqa: E402
 from lmcache_fx.core.options import FxOptions  # noqa: E402
 from lmcache_fx.core.store import ChunkStore  # noqa: E402
+from lmcache_fx.testing.lock_timing import time_lock_holds  # noqa: E402
 from lmcache_fx.testing.loopfs import drop_caches, xfs_loop  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 
@@ -42,22 +41,6 @@ BATCH = 1000
 META = ChunkMeta(((CHUNK // 2,),), ("bfloat16",), "KV_2LTD")
 
 _holds: list[float] = []
-
-
-def _timed_hold():
-    """Ledger.hold, recording how long each outermost hold lasted."""
-    real = ledger_mod.Ledger.hold
-
-    @contextlib.contextmanager
-    def hold(self, *a, **k):
-        with real(self, *a, **k) as led:
-            t0 = time.perf_counter()
-            try:
-                yield led
-            finally:
-                _holds.append(time.perf_counter() - t0)
-
-    ledger_mod.Ledger.hold = hold  # type: ignore[method-assign]
 
 
 def _options(path: str, n: int) -> FxOptions:
@@ -153,7 +136,7 @@ def main() -> None:
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("large_store_probe: needs root (XFS on a RAM-backed loop device)")
-    _timed_hold()
+    time_lock_holds(_holds.append)
     with xfs_loop("4G") as mnt:
         res = probe(mnt, args.chunks, args.reps)
     res.update(

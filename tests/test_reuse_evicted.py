@@ -269,6 +269,33 @@ def test_evicted_digests_are_kept_only_for_a_caller_that_takes_them(store_dir, m
         s.close()
 
 
+def test_a_commit_sets_the_lru_clock_outside_the_store_lock_unless_it_trims(store_dir, monkeypatch):
+    """A finished file's mtime (the LRU clock) is set before the store lock
+    is taken, unless its size needs a trim, which would set it again: then
+    after the trim, under the lock. Either way each chunk's mtime is the
+    one the store gave it, newer for the later chunk."""
+    s = _open(store_dir)
+    try:
+        depths = []
+        real = os.utime
+
+        def utime(*a, **k):
+            depths.append(s._ledger.depth)
+            return real(*a, **k)
+
+        monkeypatch.setattr(os, "utime", utime)
+        src = F.Chunks()
+        assert s.write([src.item(KEYS[0], CHUNK)]) == [True]
+        assert s.write([src.item(KEYS[1], CHUNK - 100)]) == [True]  # not a multiple of 4 KiB: trimmed
+        monkeypatch.undo()
+        assert depths == [0, 1]
+        m0, m1 = (os.stat(s.path_for(chunk_digest(k))).st_mtime_ns for k in KEYS[:2])
+        assert m0 < m1 and os.path.getsize(s.path_for(chunk_digest(KEYS[1]))) == HEADER_SIZE + CHUNK - 100
+        _check_store(s, KEYS[:2], KEYS[2:3])
+    finally:
+        s.close()
+
+
 def test_no_reuse_when_turned_off(store_dir):
     s = _open(store_dir, reuse_evicted=False)
     try:

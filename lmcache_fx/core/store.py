@@ -962,14 +962,15 @@ class ChunkStore:
         try:
             reserved = [f for f in files if f.reserved]
             if reserved:
+                in_place = self._before_commit(ready)
                 try:
                     with self._ledger.hold():
-                        self._ledger_add_locked(self._put_in_place(reserved, ready, out, done))
+                        self._ledger_add_locked(self._put_in_place(reserved, ready, out, done, in_place))
                         self._add_victims_locked(done)
                 except LockTimeout:
                     # The bytes are reserved already: put the chunks in place without the lock; the
                     # ledger overcounts (eviction starts early, the cap holds) until the next write rescans.
-                    self._put_in_place(reserved, ready, out, done)
+                    self._put_in_place(reserved, ready, out, done, in_place)
                     self._rescan_soon = True
         finally:
             for f in files:
@@ -985,15 +986,38 @@ class ChunkStore:
                 self._bound_index()
             self.stats.add(chunks_written=len(done), bytes_written=sum(HEADER_SIZE + f.nbytes for f in done))
 
+    def _before_commit(self, ready: list["_WriteFile"]) -> dict[int, bool]:
+        """What of a commit needs no store lock, done before it is taken (the
+        lock is every writer's, in every process): whether each fan-out
+        directory is still the one at its path, and the LRU clock of each
+        finished file whose size needs no trim (a trim would set its mtime
+        again). Returns {directory descriptor: still in place}."""
+        in_place: dict[int, bool] = {}
+        for f in ready:
+            if f.dfd not in in_place:
+                in_place[f.dfd] = _same_dir(f.dfd, os.path.dirname(f.final))
+            if in_place[f.dfd] and not f.nbytes % 4096:
+                t = f.mtime_ns = self._next_mtime_ns()
+                try:
+                    os.utime(f.fd, ns=(t, t))  # the LRU clock, exact within a batch
+                except OSError:
+                    f.mtime_ns = 0  # set again under the lock, where a failure fails the chunk
+        return in_place
+
     def _put_in_place(
-        self, reserved: list["_WriteFile"], ready: list["_WriteFile"], out: list[bool], done: list
+        self,
+        reserved: list["_WriteFile"],
+        ready: list["_WriteFile"],
+        out: list[bool],
+        done: list,
+        in_place: dict[int, bool],
     ) -> int:
         """Renames the finished files of `reserved` into place (relative to
         their fan-out directory's descriptor, opened without following links)
-        and removes the others. Returns the correction of the shared usage."""
+        and removes the others. Returns the correction of the shared usage.
+        `in_place`: _before_commit's answer per directory."""
         delta = 0
         ready_ids = {id(f) for f in ready}
-        in_place: dict[int, bool] = {}  # per directory descriptor: still the directory at its path
         for f in reserved:
             if id(f) in ready_ids and f.dfd not in in_place:
                 in_place[f.dfd] = _same_dir(f.dfd, os.path.dirname(f.final))
@@ -1007,9 +1031,10 @@ class ChunkStore:
                 name = os.path.basename(f.final)
                 try:
                     if f.nbytes % 4096:
-                        os.ftruncate(f.fd, size)  # trim the block padding
-                    t = f.mtime_ns = self._next_mtime_ns()
-                    os.utime(f.fd, ns=(t, t))  # the LRU clock, exact within a batch
+                        os.ftruncate(f.fd, size)  # trim the block padding (under the ledger: it counts sizes)
+                    if not f.mtime_ns:
+                        t = f.mtime_ns = self._next_mtime_ns()
+                        os.utime(f.fd, ns=(t, t))  # the LRU clock, exact within a batch
                     # The file this rename replaces, if any, leaves the shared usage. Asked of the
                     # directory, not of this process's index: an entry may be gone while its file is
                     # not (a read that missed dropped it; the index is bounded), and another process
