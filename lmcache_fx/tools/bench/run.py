@@ -223,13 +223,13 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
                 entry.update(available=False, skip_reason=str(e))
             except Exception as e:  # a peer that fails to start is reported, not fatal
                 entry.update(available=False, skip_reason=f"{type(e).__name__}: {e}")
-        # As a server does after start-up (vLLM freezes its heap; LMCacheEngine turns the collector
-        # off): the set-up's objects leave the collector's work, so a full collection, set off by
-        # whichever reader allocates last, does not land in one reader's timing.
+        # As vLLM does after start-up: the set-up's objects leave the collector's work, so a full
+        # collection, set off by whichever reader allocates last, does not land in one reader's
+        # timing. (LMCacheEngine turns the collector off only where py_enable_gc is false.)
         gc.collect()
         gc.freeze()
         stack.callback(gc.unfreeze)
-        results["machine"]["gc"] = "heap frozen after set-up" + ("" if gc.isenabled() else "; collector off (LMCache)")
+        results["machine"]["gc"] = "heap frozen after set-up" + ("" if gc.isenabled() else "; collector off")
         lat_steps = len(live) * len(cfg.concurrency) if cfg.latency else 0
         prog = Progress(cfg.reps * len(live) + lat_steps, quiet)
         for rep in range(cfg.reps):
