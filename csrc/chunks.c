@@ -131,7 +131,7 @@ static int open_beneath(int dirfd, const char *name, int flags)
 }
 
 /* With FX_OPEN_LOCK: an OFD read lock on the whole file, so that an
- * evictor (store.py, _adopt_recycled) cannot take its write lock and
+ * evictor (store.py, _open_deferred) cannot take its write lock and
  * rewrite the file while it is read. 0, -ESTALE (a writer holds a lock:
  * the file is being rewritten with another chunk) or -errno. A file that
  * was moved away and rewritten before the lock holds another chunk, whole:

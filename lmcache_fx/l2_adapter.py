@@ -304,13 +304,14 @@ class FxL2Adapter(L2AdapterInterface):
             else:
                 keys = (self._by_digest.get(d) for d in digests)
                 known = [(k, self._sizes[k]) for k in keys if k is not None and k in self._sizes]
-        gone = [(k, s) for k, s in known if not self.store.contains(object_key_string(k))]
+        names = ((k, s, object_key_string(k)) for k, s in known)
+        gone = [(k, s, name) for k, s, name in names if not self.store.contains(name)]
         if gone:
             with self._lock:
-                for k, _ in gone:
+                for k, _, name in gone:
                     self._sizes.pop(k, None)
-                    self._by_digest.pop(chunk_digest(object_key_string(k)), None)
-            self._notify_keys_deleted([k for k, _ in gone], [s for _, s in gone])
+                    self._by_digest.pop(chunk_digest(name), None)
+            self._notify_keys_deleted([k for k, _, _ in gone], [s for _, s, _ in gone])
 
     def get_usage(self) -> AdapterUsage:
         """Bytes from the store itself (it counts chunks of every process and

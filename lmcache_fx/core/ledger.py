@@ -178,29 +178,27 @@ class Ledger:
         on it). Not while a process whose reads take no file locks has the
         store open (UNLOCKED_READS), nor, when this process has such reads,
         while one of them is in flight. Ask after the rename."""
-        if self.members_fd < 0:
-            return False
         if self.unlocked_reads:
             with self._reads_lock:
                 if self._reads:
                     return False
-        try:
-            got = fcntl.fcntl(
-                self.members_fd, fcntl.F_GETLK, FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, UNLOCKED_READS, 1, 0)
-            )
-        except OSError:
-            return False
-        return FLOCK.unpack(got)[0] == fcntl.F_UNLCK
+        return self._members_held(UNLOCKED_READS, 1) is False
 
     def others(self) -> bool:
         """Whether another process has the store open (holds either
         membership byte); True when that cannot be told."""
+        return self._members_held(0, 2) is not False
+
+    def _members_held(self, start: int, length: int) -> Optional[bool]:
+        """Whether another process holds a lock on these bytes of
+        .fx/members (F_GETLK never reports this process's own); None when
+        that cannot be told."""
         if self.members_fd < 0:
-            return True
+            return None
         try:
-            got = fcntl.fcntl(self.members_fd, fcntl.F_GETLK, FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 2, 0))
+            got = fcntl.fcntl(self.members_fd, fcntl.F_GETLK, FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, start, length, 0))
         except OSError:
-            return True
+            return None
         return FLOCK.unpack(got)[0] != fcntl.F_UNLCK
 
     @contextmanager

@@ -182,7 +182,7 @@ class _WriteFile:
     fd: int
     reserved: int = 0  # bytes counted in the shared usage
     body: Optional[bytes] = None  # the header's JSON body
-    recycled: str = ""  # an evicted chunk's file, moved to the temporary's name to be written into instead
+    recycled: bool = False  # an evicted chunk's file was moved to the temporary's name, to be written into
     recycled_ino: int = 0
     mtime_ns: int = 0  # its LRU clock, set when it was put in place
 
@@ -490,24 +490,17 @@ class ChunkStore:
             except LockTimeout:
                 pass
         if rec is not None:
-            found, usage = self._walk(remove_stale=False)
-            self._index_found(found)
+            self._start_from(*self._walk(remove_stale=False))
             self._last_usage = rec[0]
-            self._victims, self._victims_at = found, time.monotonic()
-            self.stats.add(scans=1, scan_seconds=self._walk_seconds)
-            self._log_found(found, usage)
             if rec[0] > self.options.max_capacity_bytes:
                 self._evict_to(self.options.max_capacity_bytes)
             return
         try:
             with self._ledger.hold():
                 found, usage = self._walk()
-                self._index_found(found)
+                self._start_from(found, usage)
                 self._ledger.put(usage, time.time())
                 self._last_usage = usage
-                self._victims, self._victims_at = found, time.monotonic()
-                self.stats.add(scans=1, scan_seconds=self._walk_seconds)
-                self._log_found(found, usage)
                 self._evict_locked(self.options.max_capacity_bytes, usage)
         except LockTimeout:
             found, usage = self._walk(remove_stale=False)
@@ -515,7 +508,11 @@ class ChunkStore:
             self._last_usage = usage
             self._rescan_soon = True
 
-    def _log_found(self, found: list, usage: int) -> None:
+    def _start_from(self, found: list, usage: int) -> None:
+        """A start-up walk's chunks become the index and the victim list."""
+        self._index_found(found)
+        self._victims, self._victims_at = found, time.monotonic()
+        self.stats.add(scans=1, scan_seconds=self._walk_seconds)
         if found:
             log.info(
                 "lmcache-fx: found %d chunks (%.2f GB in the store) under %s",
@@ -741,7 +738,7 @@ class ChunkStore:
                         f = takers[-1]
                         st = rename_if_same(path, mt, f.dfd, f.tmp, dirfds)
                         if st is not None:
-                            f.recycled, f.recycled_ino = f.tmp, st.st_ino
+                            f.recycled, f.recycled_ino = True, st.st_ino
                             takers.pop()
                     if st is None:
                         st = unlink_if_same(path, mtime_ns=mt, dirfds=dirfds)
@@ -799,9 +796,6 @@ class ChunkStore:
         that got room; their `reserved` is set to the bytes reserved."""
         cap = self.options.max_capacity_bytes
         ok: list = []
-        need = sum(HEADER_SIZE + round_up(f.nbytes, 4096) for f in files)
-        if self._last_usage + need > cap:
-            self._refresh_victims(len(files))
         try:
             hold = self._ledger.hold()
             hold.__enter__()
@@ -817,6 +811,7 @@ class ChunkStore:
                 return ok
             start = usage
             reuse = files if self.options.reuse_evicted else ()
+            need = sum(HEADER_SIZE + round_up(f.nbytes, 4096) for f in files)
             if usage + need > cap:  # room for the whole batch in one eviction (the loop below mends the rest)
                 usage = self._evict_locked(max(cap - need, 0), usage, reuse)
             for f in files:
@@ -844,8 +839,8 @@ class ChunkStore:
                 ok.append(f)
             for f in files:
                 if f.recycled:  # moved for a file that got no room: evicted after all
-                    _unlink_at(f.dfd, f.recycled)
-                    f.recycled = ""
+                    _unlink_at(f.dfd, f.tmp)
+                    f.recycled = False
             if ok or usage != start:  # the evictor may have written the ledger meanwhile
                 rec2 = self._ledger.get()
                 self._ledger.put(usage, rec2[1] if rec2 else time.time())
@@ -867,7 +862,7 @@ class ChunkStore:
         Otherwise it is unlinked (a plain eviction) and a new temporary
         made. Raises OSError."""
         if f.recycled:
-            f.recycled, fd = "", -1
+            f.recycled, fd = False, -1
             try:
                 if self._ledger.may_reuse():
                     fd = os.open(f.tmp, self._reuse_flags, dir_fd=f.dfd)
@@ -898,11 +893,13 @@ class ChunkStore:
         files: list[_WriteFile] = []
         ready: list[_WriteFile] = []
         dirfds: dict[str, int] = {}  # fan-out directory -> O_PATH descriptor, for this batch
-        # A batch that will evict (as the shared usage last read says) makes its temporaries
-        # in the reservation, under the ledger: an evicted file of the same size is then moved
-        # to the temporary's name and written into, with no file made and unlinked for it.
+        # A batch that will evict (as the shared usage last read says) rebuilds an old victim
+        # list before it takes the lock, and makes its temporaries in the reservation, under
+        # it: an evicted file of the same size is then moved to the temporary's name and
+        # written into, with no file made and unlinked for it.
         need = sum(HEADER_SIZE + round_up(t[4], 4096) for t in todo)
-        defer = self.options.reuse_evicted and self._last_usage + need > self.options.max_capacity_bytes
+        evicts = self._last_usage + need > self.options.max_capacity_bytes
+        defer = evicts and self.options.reuse_evicted
         try:
             for i, key, d, addr, nbytes, meta in todo:
                 f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds, make=not defer)
@@ -910,6 +907,8 @@ class ChunkStore:
                     files.append(f)
             if not files:
                 return out
+            if evicts:
+                self._refresh_victims(len(files))
             good = self._reserve(files)
             if not good:
                 return out
@@ -980,7 +979,7 @@ class ChunkStore:
                 if not out[f.i] and not f.reserved and f.fd >= 0:
                     _unlink_at(f.dfd, f.tmp)  # never counted: no lock needed
                 if f.recycled:  # moved and not adopted (an error in between): evicted after all
-                    _unlink_at(f.dfd, f.recycled)
+                    _unlink_at(f.dfd, f.tmp)
         if done:
             with self._lock:
                 self._bound_index()
@@ -1019,8 +1018,6 @@ class ChunkStore:
         delta = 0
         ready_ids = {id(f) for f in ready}
         for f in reserved:
-            if id(f) in ready_ids and f.dfd not in in_place:
-                in_place[f.dfd] = _same_dir(f.dfd, os.path.dirname(f.final))
             if id(f) in ready_ids and not in_place[f.dfd]:
                 self.stats.add(write_errors=1)
                 self._io_warning(
