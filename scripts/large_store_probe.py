@@ -7,6 +7,10 @@ RAM-backed loop device), at the store level, with N small chunks:
   evict:     a write of 100 chunks into the full store with an old victim
              list: the write's time and the longest hold of the store lock
              (peers' stores wait that long);
+  recompute: a write of 100 chunks when the ledger is due to be recomputed
+             from the files (every RESCAN_SECONDS): its time, the longest
+             hold of the store lock, and whether the ledger then equals the
+             files;
   open:      a second process opening the store while another has it open
              (a restarted TP rank): its time and its longest lock hold;
   contains:  the cost of one contains() (an fstatat), which the L2 adapter
@@ -85,6 +89,19 @@ def probe(mnt: str, n: int, reps: int) -> dict:
         ev_hold.append(max(_holds))
     out["evicting_write_100"] = {"seconds": ev_s, "longest_lock_hold_s": ev_hold}
 
+    rc_hold, rc_s, rc_exact = [], [], []
+    for rep in range(reps):
+        with s._ledger.hold():
+            s._ledger.put(s._ledger.get()[0] + 4096, time.time() - 1e6)  # due, and 4 KiB off
+        _holds.clear()
+        t0 = time.perf_counter()
+        _write(s, src, _keys(f"r{rep}-", 100))
+        rc_s.append(time.perf_counter() - t0)
+        rc_hold.append(max(_holds))
+        _, on_disk = s._walk(remove_stale=False)
+        rc_exact.append(s.usage_bytes == on_disk)
+    out["recompute_due_write_100"] = {"seconds": rc_s, "longest_lock_hold_s": rc_hold, "ledger_exact": rc_exact}
+
     t0 = time.perf_counter()
     keys = _keys("f", n)[-2000:]
     hits = sum(s.contains(k) for k in keys)
@@ -149,11 +166,16 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     w, e, o = res["walk_s"], res["evicting_write_100"], res["open_beside_a_peer"]
+    r = res["recompute_due_write_100"]
     print(f"{res['chunks']} chunks of {CHUNK} B on {res['medium']}:")
     print(f"  walk: {statistics.median(w['warm']):.3f} s warm, {w['cold']:.3f} s cold")
     print(
         f"  a 100-chunk write that evicts, old victim list: {statistics.median(e['seconds']):.3f} s, longest lock "
         f"hold {1e3 * max(e['longest_lock_hold_s']):.1f} ms"
+    )
+    print(
+        f"  a 100-chunk write with the ledger recompute due: {statistics.median(r['seconds']):.3f} s, longest lock "
+        f"hold {1e3 * max(r['longest_lock_hold_s']):.1f} ms, ledger = files after: {all(r['ledger_exact'])}"
     )
     print(
         f"  opening beside a peer: {statistics.median(o['seconds']):.3f} s ({o['cold_seconds']:.3f} s cold), "

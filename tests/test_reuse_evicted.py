@@ -199,8 +199,8 @@ def test_a_slow_walk_makes_ledger_rescans_rarer(store_dir, monkeypatch):
     try:
         _fill(s, KEYS[:1])
         rescans = []
-        real = s._rescan_locked
-        monkeypatch.setattr(s, "_rescan_locked", lambda: rescans.append(1) or real())
+        real = s._recompute
+        monkeypatch.setattr(s, "_recompute", lambda: rescans.append(1) or real())
         src = F.Chunks()
         for i, walk_s in ((1, 10.0), (2, 0.0)):
             with s._ledger.hold():
@@ -209,6 +209,85 @@ def test_a_slow_walk_makes_ledger_rescans_rarer(store_dir, monkeypatch):
             assert s.write([src.item(KEYS[i], CHUNK)]) == [True]
             assert len(rescans) == (0 if walk_s else 1)
         assert s.usage_bytes == 3 * FILE
+    finally:
+        s.close()
+
+
+def _drifted(s: ChunkStore, store_dir: str) -> str:
+    """Two chunks in the store, then a chunk file removed behind its back (the
+    ledger overcounts by FILE) and a dead writer's temporary of 100 bytes that
+    the ledger counts (it reserved them); the ledger's recompute made due.
+    Returns the temporary's path."""
+    _fill(s, KEYS[:3])
+    os.unlink(s.path_for(chunk_digest(KEYS[0])))
+    stale = s.path_for(chunk_digest(KEYS[1])) + f"{store_mod.TMP_MARK}999999999.1.{store_mod.HOST_TAG}"
+    with open(stale, "wb") as f:
+        f.write(b"x" * 100)
+    os.utime(stale, (1, 1))
+    with s._ledger.hold():
+        s._ledger.put(s._ledger.get()[0] + 100, time.time() - 2 * store_mod.RESCAN_SECONDS)
+    assert s.usage_bytes == 3 * FILE + 100
+    return stale
+
+
+def test_the_periodic_ledger_recompute_walks_without_the_store_lock(store_dir, monkeypatch):
+    """Every RESCAN_SECONDS the ledger is recomputed from the files by a walk
+    made without the store lock (at a million chunks a walk takes seconds;
+    every writer of every process waits on the lock, and gives up its store
+    after LOCK_TIMEOUT). Nothing changed during the walk, so its count
+    replaces the ledger, exactly: the removed file and the dead writer's
+    temporary leave it, and the temporary is removed."""
+    s = _open(store_dir)
+    try:
+        stale = _drifted(s, store_dir)
+        depths = []
+        real = s._walk
+
+        def walk(*a, **k):
+            depths.append(s._ledger.depth)
+            return real(*a, **k)
+
+        monkeypatch.setattr(s, "_walk", walk)
+        src = F.Chunks()
+        assert s.write([src.item(KEYS[3], CHUNK)]) == [True]
+        assert depths == [0]  # one walk, the store lock not held for it
+        assert not os.path.exists(stale)
+        assert s.usage_bytes == 3 * FILE  # KEYS[1:4]: the files, exactly
+        with s._ledger.hold():
+            assert time.time() - s._ledger.get()[1] < 60  # recomputed: not due again
+    finally:
+        s.close()
+
+
+def test_a_recompute_over_a_store_that_changed_meanwhile_keeps_its_ledger(store_dir, monkeypatch):
+    """A walk made without the lock while the ledger changed (a peer stored or
+    evicted) may have counted a file before or after that change: its count
+    is dropped, not written. Dead writers' temporaries are still removed and
+    their bytes taken from the ledger; the rest of the drift waits until
+    VICTIM_LIST_SECONDS later, when a walk over an unchanged store counts."""
+    s = _open(store_dir)
+    try:
+        stale = _drifted(s, store_dir)
+        real = s._walk
+
+        def busy_walk(*a, **k):
+            out = real(*a, **k)
+            with s._ledger.hold():
+                s._ledger_add_locked(0)  # a peer's commit meanwhile
+            return out
+
+        monkeypatch.setattr(s, "_walk", busy_walk)
+        src = F.Chunks()
+        assert s.write([src.item(KEYS[3], CHUNK)]) == [True]
+        assert not os.path.exists(stale)
+        assert s.usage_bytes == 4 * FILE  # the temporary's 100 bytes gone; the removed file still counted
+        monkeypatch.setattr(s, "_walk", real)
+        assert s.write([src.item(KEYS[4], CHUNK)]) == [True]  # the retry is not due yet
+        assert s.usage_bytes == 4 * FILE  # KEYS[4] in, the oldest file (KEYS[1]) evicted: still overcounting
+        s._recompute_after = 0.0  # VICTIM_LIST_SECONDS later
+        assert s.write([src.item(KEYS[5], CHUNK)]) == [True]
+        assert s.usage_bytes == 4 * FILE  # exact once a walk saw no change: KEYS[2:6]
+        _check_store(s, KEYS[2:6], KEYS[:2])
     finally:
         s.close()
 

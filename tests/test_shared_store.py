@@ -536,3 +536,40 @@ def test_restoring_a_key_its_index_forgot_keeps_the_usage_exact(tmp_path):
         assert F.read_check(s, ["k/0", "k/1"])[:2] == (2, 0)
     finally:
         s.close()
+
+
+def test_the_ledger_counts_its_changes_after_the_record_older_readers_read(tmp_path):
+    """Ledger.changes() is a token that differs after every put() (a walk made
+    without the lock counts only when it did not change). It lives after the
+    28-byte record, which stays as it was: a record written by an older
+    version (no count) reads as count 0, and one changed by an older writer
+    (record and count disagree on the usage) differs from the token before."""
+    import struct
+    import zlib
+
+    from lmcache_fx.core.ledger import Ledger
+
+    root = str(tmp_path / "store")
+    os.makedirs(root)
+    led = Ledger.open(root, 0o600, 0o700, False)
+    try:
+        with led.hold():
+            led.put(1000, 5.0)
+            t1 = led.changes()
+            led.put(1000, 5.0)  # the same usage: still a change
+            t2 = led.changes()
+            assert t1 != t2 and t2[0] == t1[0] + 1 and t2[1:] == (1000, 1000)
+            head = os.pread(led.fd, 28, 0)
+            magic, usage, scanned = struct.unpack("<8sqd", head[:24])
+            assert (magic, usage, scanned) == (Ledger.MAGIC, 1000, 5.0)
+            assert zlib.crc32(head[:24]) == struct.unpack("<I", head[24:])[0]
+            # An older writer rewrites the 28-byte record only:
+            b = struct.pack("<8sqd", Ledger.MAGIC, 1200, 5.0)
+            os.pwrite(led.fd, b + struct.pack("<I", zlib.crc32(b)), 0)
+            assert led.get() == (1200, 5.0) and led.changes() != t2
+            os.ftruncate(led.fd, 28)  # a lock file only an older version wrote
+            assert led.changes() == (0, None, 1200)
+            led.put(1300, 6.0)
+            assert led.changes() == (1, 1300, 1300) and led.get() == (1300, 6.0)
+    finally:
+        led.release()

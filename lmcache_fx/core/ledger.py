@@ -47,6 +47,13 @@ class Ledger:
 
     REC = struct.Struct("<8sqd")
     MAGIC = b"FXLEDG1\0"
+    # After the record, at CHANGES_OFF: a count of its changes and the usage it
+    # was last written with, plus a CRC. A walk made without the lock is exact
+    # when nothing changed meanwhile (changes()); readers of the 28-byte record
+    # alone never look here.
+    CHANGES = struct.Struct("<8sQq")
+    CHANGES_MAGIC = b"FXCHNG1\0"
+    CHANGES_OFF = 32
     _registry: dict = {}
     _reg_lock = threading.Lock()
 
@@ -278,6 +285,10 @@ class Ledger:
             b = os.pread(self.fd, self.REC.size + 4, 0)
         except OSError:
             return None
+        return self._record(b)
+
+    def _record(self, b: bytes) -> Optional[tuple[int, float]]:
+        b = b[: self.REC.size + 4]
         if len(b) != self.REC.size + 4 or zlib.crc32(b[:-4]) != struct.unpack("<I", b[-4:])[0]:
             return None
         magic, usage, scanned = self.REC.unpack(b[:-4])
@@ -285,10 +296,31 @@ class Ledger:
             return None
         return usage, scanned
 
-    def put(self, usage: int, scanned: float) -> None:
-        b = self.REC.pack(self.MAGIC, int(usage), float(scanned))
+    def changes(self) -> tuple:
+        """A token that differs after any put() since it was taken: the count
+        of changes, the usage it was written with and the record's usage (a
+        writer of an older version changes the record without counting). Hold
+        the lock."""
         try:
-            os.pwrite(self.fd, b + struct.pack("<I", zlib.crc32(b)), 0)
+            b = os.pread(self.fd, self.CHANGES_OFF + self.CHANGES.size + 4, 0)
+        except OSError:
+            return (None, None, None)
+        rec = self._record(b)
+        usage = rec[0] if rec else None
+        tail = b[self.CHANGES_OFF :]
+        if len(tail) != self.CHANGES.size + 4 or zlib.crc32(tail[:-4]) != struct.unpack("<I", tail[-4:])[0]:
+            return (0, None, usage)
+        magic, count, written = self.CHANGES.unpack(tail[:-4])
+        return (count, written, usage) if magic == self.CHANGES_MAGIC else (0, None, usage)
+
+    def put(self, usage: int, scanned: float) -> None:
+        """Writes the record and counts the change (one write). Hold the lock."""
+        count = self.changes()[0] or 0
+        b = self.REC.pack(self.MAGIC, int(usage), float(scanned))
+        c = self.CHANGES.pack(self.CHANGES_MAGIC, count + 1, int(usage))
+        pad = bytes(self.CHANGES_OFF - self.REC.size - 4)
+        try:
+            os.pwrite(self.fd, b + struct.pack("<I", zlib.crc32(b)) + pad + c + struct.pack("<I", zlib.crc32(c)), 0)
         except OSError:
             pass  # the next reader finds a bad record and rescans
 

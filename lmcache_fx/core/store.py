@@ -9,8 +9,9 @@ read on first use.
 Capacity is shared by every process on a path through the ledger
 (core/ledger.py). Scans recompute the ledger from the files (at start, every
 RESCAN_SECONDS, and when an evictor's list of victims runs out) so crashes and
-foreign deletions cannot make it drift for long; an evictor's list is otherwise
-refreshed by a walk made without the lock. Least recently used is the file
+foreign deletions cannot make it drift for long. The periodic one walks
+without the lock and counts only when the ledger did not change meanwhile; an
+evictor's list is otherwise refreshed by a walk made without the lock too. Least recently used is the file
 mtime: a write sets it, a hit refreshes it at most once per TOUCH_SECONDS, and
 the evictor removes the oldest files first, whoever wrote them.
 """
@@ -248,7 +249,9 @@ class ChunkStore:
         # setgid: files and directories made below take the store's group, whoever makes them
         self.dir_mode = 0o2770 if options.shared_group else 0o700
         self._root_gid: dict[str, int] = {}
-        self._rescan_soon = False  # a ledger update was skipped (lock timeout): the next write rescans
+        self._rescan_soon = False  # a ledger update was skipped (lock timeout): the next write recomputes it
+        self._scanned = time.time()  # when the ledger was last recomputed, as last read from it
+        self._recompute_after = 0.0  # monotonic: no recompute before (a busy store's walk was wasted)
         self._lock = threading.RLock()  # never held while taking the ledger
         self._index: "OrderedDict[str, Entry]" = OrderedDict()  # digest -> entry, LRU first (this process)
         self._index_limit = 65536
@@ -392,13 +395,15 @@ class ChunkStore:
             except OSError:
                 pass
 
-    def _walk(self, remove_stale: bool = True) -> tuple[list, int]:
+    def _walk(self, remove_stale: bool = True, stale: Optional[list] = None) -> tuple[list, int]:
         """Lists every root: chunk files as (mtime_ns, digest, path, size),
         newest first, and the bytes the store holds (chunks plus temporaries
         of live writers, which are reserved in the ledger). Removes stale
         temporaries, relative to the descriptor of the directory listed (a
-        fan-out directory swapped meanwhile redirects nothing). The lock file
-        sits in no fan-out directory: never seen."""
+        fan-out directory swapped meanwhile redirects nothing); with `stale`
+        (a list), appends them there as (directory, name, inode, size)
+        instead, uncounted. The lock file sits in no fan-out directory:
+        never seen."""
         found = []
         usage = 0
         now, t0 = time.time(), time.monotonic()
@@ -413,7 +418,12 @@ class ChunkStore:
                 try:
                     for f in list(scan_fanout(root, sub, dfd)):
                         if f.kind == "tmp":
-                            if remove_stale and tmp_is_stale(os.path.basename(f.path), f.mtime, now):
+                            gone = (remove_stale or stale is not None) and tmp_is_stale(
+                                os.path.basename(f.path), f.mtime, now
+                            )
+                            if gone and stale is not None:
+                                stale.append((sub, os.path.basename(f.path), f.ino, f.size))
+                            elif gone:
                                 try:
                                     os.unlink(os.path.basename(f.path), dir_fd=dfd)
                                 except OSError:
@@ -460,8 +470,17 @@ class ChunkStore:
             self._io_warning("lmcache-fx: cannot scan the store (%s)", e.strerror)
             return None
         self._ledger.put(usage, time.time())
+        self._counted(found, usage)
+        self.stats.add(scans=1, scan_seconds=time.perf_counter() - t0)
+        return usage
+
+    def _counted(self, found: list, usage: int) -> None:
+        """After the ledger was set from a walk of an unchanged store: the
+        walk's chunks become the victim list, and entries of chunks it did
+        not find leave the index."""
         self._last_usage = usage
         self._rescan_soon = False
+        self._scanned = time.time()
         self._victims = found
         self._victims_at = time.monotonic()
         present = {f[1] for f in found}
@@ -469,8 +488,90 @@ class ChunkStore:
             for d in [d for d in self._index if d not in present]:
                 del self._index[d]
             self._index_limit = max(65536, 2 * len(found))
+
+    def _recompute_due(self) -> bool:
+        """Whether the ledger is due to be recomputed from the files: a
+        ledger update was skipped, or the last recompute (by any process:
+        read from the record, without the lock, as a hint) is older than
+        RESCAN_SECONDS (or SCAN_DUTY walks' time)."""
+        if time.monotonic() < self._recompute_after:
+            return False
+        if self._rescan_soon:
+            return True
+        rec = self._ledger.get()  # unlocked: a torn read fails its CRC (None: the reservation looks)
+        if rec is not None:
+            self._scanned = rec[1]
+        return time.time() - self._scanned > self._every(RESCAN_SECONDS)
+
+    def _recompute(self) -> None:
+        """Recomputes the shared usage from the files by a walk made WITHOUT
+        the store lock: at a million chunks a walk takes 10-30 s, and every
+        writer of every process waits on the lock (past LOCK_TIMEOUT their
+        stores are skipped, and each skip asked for another locked walk).
+        The walk's count replaces the ledger only when the ledger did not
+        change meanwhile (Ledger.changes): then no reservation, commit,
+        removal or eviction ran during the walk, and its count is the one a
+        walk under the lock would have made. Dead writers' temporaries are
+        removed under the lock either way, each looked at again and its
+        bytes taken from the ledger. A store busy through the walk keeps its
+        ledger and tries again after VICTIM_LIST_SECONDS (or SCAN_DUTY
+        walks' time); what else its ledger drifted by meanwhile (files
+        removed behind the store's back: an overcount, so eviction starts
+        early) waits for a quiet walk."""
+        try:
+            with self._ledger.hold():
+                before = self._ledger.changes()
+        except LockTimeout:
+            return
+        stale: list = []
+        t0 = time.perf_counter()
+        try:
+            found, usage = self._walk(stale=stale)
+        except OSError as e:
+            self._io_warning("lmcache-fx: cannot scan the store (%s)", e.strerror)
+            return
         self.stats.add(scans=1, scan_seconds=time.perf_counter() - t0)
-        return usage
+        try:
+            with self._ledger.hold():
+                gone = self._remove_stale_locked(stale)
+                if self._ledger.changes() == before:
+                    self._ledger.put(usage, time.time())
+                    exact = True
+                else:
+                    rec = self._ledger.get()
+                    if rec is not None and gone:
+                        self._ledger.put(max(0, rec[0] - gone), rec[1])
+                    exact = False
+        except LockTimeout:
+            return
+        if exact:
+            self._counted(found, usage)
+            return
+        self._recompute_after = time.monotonic() + self._every(VICTIM_LIST_SECONDS)
+        with self._lock:  # the walk's chunks are still good candidates (each victim is checked again)
+            self._victims, self._victims_at = found, time.monotonic()
+
+    def _remove_stale_locked(self, stale: list) -> int:
+        """Removes the dead writers' temporaries a walk found (ledger held),
+        each only when its name still holds that file and it is still stale.
+        Returns their bytes (the ledger counted what their writers had
+        reserved: the size they were given under the lock)."""
+        gone, now = 0, time.time()
+        for sub, name, ino, _size in stale:
+            try:
+                dfd = open_dir(sub)
+            except OSError:
+                continue
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if st.st_ino == ino and stat.S_ISREG(st.st_mode) and tmp_is_stale(name, st.st_mtime, now):
+                    os.unlink(name, dir_fd=dfd)
+                    gone += st.st_size
+            except OSError:
+                pass
+            finally:
+                os.close(dfd)
+        return gone
 
     def _scan(self) -> None:
         """At start: rebuilds the index from names and sizes, recomputes the
@@ -491,7 +592,7 @@ class ChunkStore:
                 pass
         if rec is not None:
             self._start_from(*self._walk(remove_stale=False))
-            self._last_usage = rec[0]
+            self._last_usage, self._scanned = rec
             if rec[0] > self.options.max_capacity_bytes:
                 self._evict_to(self.options.max_capacity_bytes)
             return
@@ -803,10 +904,10 @@ class ChunkStore:
             return ok  # a peer holds the lock too long: these stores are skipped (write -> False)
         try:
             rec = self._ledger.get()
-            if rec is None or time.time() - rec[1] > self._every(RESCAN_SECONDS) or self._rescan_soon:
+            if rec is None:
                 usage = self._rescan_locked()
             else:
-                usage = rec[0]
+                usage, self._scanned = rec
             if usage is None:
                 return ok
             start = usage
@@ -907,6 +1008,8 @@ class ChunkStore:
                     files.append(f)
             if not files:
                 return out
+            if self._recompute_due():
+                self._recompute()
             if evicts:
                 self._refresh_victims(len(files))
             good = self._reserve(files)
