@@ -213,6 +213,20 @@ def test_a_slow_walk_makes_ledger_rescans_rarer(store_dir, monkeypatch):
         s.close()
 
 
+def _lock_depths(monkeypatch, s: ChunkStore, target, name: str) -> list[int]:
+    """From now on, each call of target.name appends the nesting depth of the
+    store lock (0: not held) to the list returned."""
+    depths: list[int] = []
+    real = getattr(target, name)
+
+    def spy(*a, **k):
+        depths.append(s._ledger.depth)
+        return real(*a, **k)
+
+    monkeypatch.setattr(target, name, spy)
+    return depths
+
+
 def _drifted(s: ChunkStore, store_dir: str) -> str:
     """Two chunks in the store, then a chunk file removed behind its back (the
     ledger overcounts by FILE) and a dead writer's temporary of 100 bytes that
@@ -240,14 +254,7 @@ def test_the_periodic_ledger_recompute_walks_without_the_store_lock(store_dir, m
     s = _open(store_dir)
     try:
         stale = _drifted(s, store_dir)
-        depths = []
-        real = s._walk
-
-        def walk(*a, **k):
-            depths.append(s._ledger.depth)
-            return real(*a, **k)
-
-        monkeypatch.setattr(s, "_walk", walk)
+        depths = _lock_depths(monkeypatch, s, s, "_walk")
         src = F.Chunks()
         assert s.write([src.item(KEYS[3], CHUNK)]) == [True]
         assert depths == [0]  # one walk, the store lock not held for it
@@ -355,14 +362,7 @@ def test_a_commit_sets_the_lru_clock_outside_the_store_lock_unless_it_trims(stor
     one the store gave it, newer for the later chunk."""
     s = _open(store_dir)
     try:
-        depths = []
-        real = os.utime
-
-        def utime(*a, **k):
-            depths.append(s._ledger.depth)
-            return real(*a, **k)
-
-        monkeypatch.setattr(os, "utime", utime)
+        depths = _lock_depths(monkeypatch, s, os, "utime")
         src = F.Chunks()
         assert s.write([src.item(KEYS[0], CHUNK)]) == [True]
         assert s.write([src.item(KEYS[1], CHUNK - 100)]) == [True]  # not a multiple of 4 KiB: trimmed
