@@ -11,9 +11,10 @@ Capacity is shared by every process on a path through the ledger
 RESCAN_SECONDS, and when an evictor's list of victims runs out) so crashes and
 foreign deletions cannot make it drift for long. The periodic one walks
 without the lock and counts only when the ledger did not change meanwhile; an
-evictor's list is otherwise refreshed by a walk made without the lock too. Least recently used is the file
-mtime: a write sets it, a hit refreshes it at most once per TOUCH_SECONDS, and
-the evictor removes the oldest files first, whoever wrote them.
+evictor's list is otherwise refreshed by a walk made without the lock too.
+Least recently used is the file mtime: a write sets it, a hit refreshes it at
+most once per TOUCH_SECONDS, and the evictor removes the oldest files first,
+whoever wrote them.
 """
 
 from __future__ import annotations
@@ -401,8 +402,8 @@ class ChunkStore:
         of live writers, which are reserved in the ledger). Removes stale
         temporaries, relative to the descriptor of the directory listed (a
         fan-out directory swapped meanwhile redirects nothing); with `stale`
-        (a list), appends them there as (directory, name, inode, size)
-        instead, uncounted. The lock file sits in no fan-out directory:
+        (a list), appends them there as (directory, name, inode) instead,
+        uncounted. The lock file sits in no fan-out directory:
         never seen."""
         found = []
         usage = 0
@@ -422,7 +423,7 @@ class ChunkStore:
                                 os.path.basename(f.path), f.mtime, now
                             )
                             if gone and stale is not None:
-                                stale.append((sub, os.path.basename(f.path), f.ino, f.size))
+                                stale.append((sub, os.path.basename(f.path), f.ino))
                             elif gone:
                                 try:
                                     os.unlink(os.path.basename(f.path), dir_fd=dfd)
@@ -498,7 +499,9 @@ class ChunkStore:
             return False
         if self._rescan_soon:
             return True
-        rec = self._ledger.get()  # unlocked: a torn read fails its CRC (None: the reservation looks)
+        # Without the lock, as a hint: a torn read fails its CRC and gives None (the reservation,
+        # under the lock, then rescans a record that is really bad).
+        rec = self._ledger.get()
         if rec is not None:
             self._scanned = rec[1]
         return time.time() - self._scanned > self._every(RESCAN_SECONDS)
@@ -557,7 +560,7 @@ class ChunkStore:
         Returns their bytes (the ledger counted what their writers had
         reserved: the size they were given under the lock)."""
         gone, now = 0, time.time()
-        for sub, name, ino, _size in stale:
+        for sub, name, ino in stale:
             try:
                 dfd = open_dir(sub)
             except OSError:
