@@ -537,7 +537,7 @@ class ChunkStore:
         try:
             with self._ledger.hold():
                 gone = self._remove_stale_locked(stale)
-                if self._ledger.changes() == before:
+                if before[0] is not None and self._ledger.changes() == before:  # None: the lock file unreadable
                     self._ledger.put(usage, time.time())
                     exact = True
                 else:
