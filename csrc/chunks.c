@@ -31,10 +31,10 @@
 #define H_FLAGS 10
 #define H_HSIZE 12
 #define H_PLEN 16
-#define H_PCRC 24
+#define H_PCRC FX_HDR_PCRC_OFF
 #define H_MLEN 28
 #define H_META 40
-#define H_CRC (FX_HDR_SIZE - 4)
+#define H_CRC FX_HDR_CRC_OFF
 #define FORMAT_VERSION 1
 #define FLAG_MAC 1
 #define MAX_META (FX_HDR_SIZE - H_META - 4)    /* 4052 */

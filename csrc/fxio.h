@@ -98,6 +98,10 @@ int fx_fd_in_memory(int fd, uint64_t dev, uint64_t *last_dev, int *last_mem);
 
 /* Bytes of a chunk file's header (the payload follows at this offset). */
 #define FX_HDR_SIZE 4096u
+/* Where a header keeps its payload's CRC32C, and its own CRC32C (of the
+ * bytes before it); chunkfile.py's layout. */
+#define FX_HDR_PCRC_OFF 24u
+#define FX_HDR_CRC_OFF (FX_HDR_SIZE - 4u)
 
 /* How many times landed pieces were checksummed on several threads (tests). */
 extern _Atomic unsigned long fx_crc_spread_runs;
@@ -243,6 +247,33 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
                    uint64_t split, fx_run_fn run, void *ctx, struct fx_pool *openers,
                    int open_width, fx_chunk_result *out);
 const char *fx_chunk_status_name(int status);
+
+/* ---- chunk files written, one pipeline per chunk ----
+ * Each temporary fd (opened by the caller, its size reserved) gets its
+ * payload at FX_HDR_SIZE and the payload's CRC32C; the header the caller
+ * encoded at hdr gets that CRC and its own, and is written at 0; then, with
+ * mtime_ns > 0, the file's mtime (the store's LRU clock). Renaming into
+ * place stays with the caller (under its store lock, which counts what a
+ * rename replaces). Chunks run in parallel on up to width of pool's threads
+ * (NULL: on the calling thread); no GIL. */
+typedef struct {
+    int fd;
+    const char *src;
+    uint64_t length;
+    char *hdr; /* FX_HDR_SIZE bytes, 4096-aligned */
+    int64_t mtime_ns;
+} fx_wchunk;
+
+typedef struct {
+    int64_t nbytes; /* payload bytes written, or -errno */
+    int64_t hdr;    /* header bytes written, or -errno (0: not reached) */
+    uint32_t crc;   /* CRC32C of the payload */
+    int clock;      /* 1: mtime set; 0: not asked or not reached; -errno */
+} fx_wchunk_result;
+
+/* 0, or -EOWNERDEAD (a forked child: nothing run). */
+int fx_chunks_write(const fx_wchunk *c, size_t n, int direct, struct fx_pool *pool, int width,
+                    fx_wchunk_result *out);
 
 /* ---- one I/O, for the submit / reap APIs (fx_ring, fx_tq) ---- */
 typedef struct {

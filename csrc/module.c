@@ -700,6 +700,78 @@ done:
     return out;
 }
 
+/* ----------------------------------------------------------- write_chunks */
+
+static PyObject *Engine_write_chunks(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"chunks", "direct", NULL};
+    PyObject *chunks, *seq, *out = NULL;
+    int direct = 0, r, width = 1;
+    fx_wchunk *c;
+    fx_wchunk_result *res;
+    Py_ssize_t n, i;
+    fx_pool *pool;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", kwlist, &chunks, &direct))
+        return NULL;
+    seq = PySequence_Fast(chunks, "chunks must be a sequence of (fd, address, length, header_address, mtime_ns)");
+    if (!seq)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    c = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*c));
+    res = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*res));
+    if (!c || !res) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        long long fd, len, mtime;
+        unsigned long long addr, hdr;
+
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i),
+                              "LKLKL;each chunk is (fd, address, length, header_address, mtime_ns)", &fd,
+                              &addr, &len, &hdr, &mtime))
+            goto done;
+        if (fd < 0 || fd > INT32_MAX || len < 0 || mtime < 0) {
+            PyErr_Format(PyExc_ValueError, "chunk %zd: fd, length and mtime_ns must be >= 0", i);
+            goto done;
+        }
+        if ((len > 0 && addr == 0) || hdr == 0 || hdr % FX_DIO_ALIGN) {
+            PyErr_Format(PyExc_ValueError,
+                         "chunk %zd: address must not be NULL and header_address must be 4096-aligned", i);
+            goto done;
+        }
+        c[i].fd = (int)fd;
+        c[i].src = (const char *)(uintptr_t)addr;
+        c[i].length = (uint64_t)len;
+        c[i].hdr = (char *)(uintptr_t)hdr;
+        c[i].mtime_ns = mtime;
+    }
+    if (begin_use(self) < 0)
+        goto done;
+    Py_BEGIN_ALLOW_THREADS
+    pool = n > 1 ? chunk_openers(self, &width) : NULL;
+    r = fx_chunks_write(c, (size_t)n, direct, pool, width, res);
+    Py_END_ALLOW_THREADS
+    end_use(self);
+    if (chunks_raise(r) < 0)
+        goto done;
+    out = PyList_New(n);
+    for (i = 0; out && i < n; i++) {
+        PyObject *v = Py_BuildValue("(LLkl)", (long long)res[i].nbytes, (long long)res[i].hdr,
+                                    (unsigned long)res[i].crc, (long)res[i].clock);
+        if (!v)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, v);
+    }
+done:
+    Py_DECREF(seq);
+    PyMem_Free(c);
+    PyMem_Free(res);
+    return out;
+}
+
 /* ------------------------------------------------------------------ Batch */
 
 typedef struct {
@@ -1161,6 +1233,10 @@ static PyMethodDef Engine_methods[] = {
     {"read_chunks", (PyCFunction)(void (*)(void))Engine_read_chunks, METH_VARARGS | METH_KEYWORDS,
      "read_chunks(chunks, scratch, verify=False, direct=False, lock=False) -> list of (status, nbytes, "
      "st_dev, st_ino, st_size) per chunk (dir_fd, name, address, length[, expect])"},
+    {"write_chunks", (PyCFunction)(void (*)(void))Engine_write_chunks, METH_VARARGS | METH_KEYWORDS,
+     "write_chunks(chunks, direct=False) -> list of (payload bytes or -errno, header bytes or -errno, "
+     "payload CRC32C, mtime set: 1, 0 or -errno); chunks are (fd, address, length, header_address, "
+     "mtime_ns or 0)"},
     {"submit_chunks", (PyCFunction)(void (*)(void))Engine_submit_chunks,
      METH_VARARGS | METH_KEYWORDS,
      "submit_chunks(chunks, scratch, verify=False, direct=False, lock=False) -> Batch whose wait() returns "

@@ -21,6 +21,8 @@ Op = tuple[int, int, int, int]
 # (dir_fd, name, address, length) or with the expected JSON body: (..., expect)
 Chunk = tuple[int, str | bytes, int, int] | tuple[int, str | bytes, int, int, bytes | None]
 ChunkResult = tuple[int, int, int, int, int]  # (status, nbytes, st_dev, st_ino, st_size)
+WriteChunk = tuple[int, int, int, int, int]  # (fd, address, length, header_address, mtime_ns or 0)
+WriteChunkResult = tuple[int, int, int, int]  # (payload bytes or -errno, header bytes or -errno, crc32c, clock)
 
 CHUNK_OK: int  # 0
 CHUNK_SHORT: int  # header or payload came back short (st_size tells a short file from a short read)
@@ -93,6 +95,16 @@ class Engine:
         or -errno, st_dev, st_ino, st_size): status 0 (CHUNK_OK), -errno, or
         a CHUNK_* code (CHUNK_STATUS_NAMES[code]); st_* are 0 / -1 when no
         file was opened. scratch: 4096-aligned, len(chunks) * 4096 bytes."""
+    def write_chunks(self, chunks: Sequence[WriteChunk], direct: bool = False) -> list[WriteChunkResult]:
+        """Writes chunk files (csrc/chunk_write.c), one call per batch, the GIL
+        released, each chunk as one pipeline on the engine's threads: its
+        `length` payload bytes from address to offset 4096 of fd (one write;
+        `direct`: fd has O_DIRECT), the payload's CRC32C into the header the
+        caller encoded at header_address (4096-aligned) and the header's own
+        CRC over that, the header to offset 0, then with mtime_ns > 0 the
+        file's mtime. Returns per chunk (payload bytes or -errno, header bytes
+        or -errno (0: not reached), CRC32C of the payload, clock: 1 set, 0 not
+        asked or not reached, -errno). The caller renames the files."""
     def submit_chunks(
         self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False, lock: bool = False
     ) -> Batch:

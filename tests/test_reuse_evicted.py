@@ -20,8 +20,9 @@ sys.path.insert(0, HERE)
 
 from faults import fxfault as F  # noqa: E402
 
+from lmcache_fx._fxio import crc32c  # noqa: E402
 from lmcache_fx.core import store as store_mod  # noqa: E402
-from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
+from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest, decode_header  # noqa: E402
 from lmcache_fx.core.drive import _run_step, drive_blocking  # noqa: E402
 from lmcache_fx.core.layout import read_lock  # noqa: E402
 from lmcache_fx.core.store import ChunkStore  # noqa: E402
@@ -358,7 +359,7 @@ def test_evicted_digests_are_kept_only_for_a_caller_that_takes_them(store_dir, m
 
 def test_a_commit_sets_the_lru_clock_outside_the_store_lock_unless_it_trims(store_dir, monkeypatch):
     """A finished file's mtime (the LRU clock) is set before the store lock
-    is taken, unless its size needs a trim, which would set it again: then
+    is taken (O_DIRECT stores: in C, by Engine.write_chunks), unless its size needs a trim, which would set it again: then
     after the trim, under the lock. Either way each chunk's mtime is the
     one the store gave it, newer for the later chunk."""
     s = _open(store_dir)
@@ -368,11 +369,64 @@ def test_a_commit_sets_the_lru_clock_outside_the_store_lock_unless_it_trims(stor
         assert s.write([src.item(KEYS[0], CHUNK)]) == [True]
         assert s.write([src.item(KEYS[1], CHUNK - 100)]) == [True]  # not a multiple of 4 KiB: trimmed
         monkeypatch.undo()
-        assert depths == [0, 1]
+        assert depths == ([1] if s.odirect else [0, 1])
         m0, m1 = (os.stat(s.path_for(chunk_digest(k))).st_mtime_ns for k in KEYS[:2])
         assert m0 < m1 and os.path.getsize(s.path_for(chunk_digest(KEYS[1]))) == HEADER_SIZE + CHUNK - 100
         _check_store(s, KEYS[:2], KEYS[2:3])
     finally:
+        s.close()
+
+
+def test_an_odirect_store_writes_a_batch_in_one_c_call_and_renames_under_the_lock(store_dir, monkeypatch):
+    """O_DIRECT stores write a batch's payloads, headers (each payload's
+    CRC32C filled in in C) and LRU clocks with one Engine.write_chunks call,
+    one pipeline per chunk. The renames stay in the commit, under the store
+    lock, so a ledger recompute that walked meanwhile is told. Every header
+    carries its payload's CRC, every chunk reads back verified, the clocks
+    follow the batch's order, and a chunk that needs a trim gets its clock
+    after the trim, under the lock."""
+    s = F.open_store(store_dir, max_capacity_gb=(8 * FILE) / (1 << 30))  # no eviction here
+    real = s.engine
+    try:
+        if not s.odirect:
+            pytest.skip(f"{store_dir} does not take O_DIRECT: its stores write through Engine.write")
+        calls = []
+
+        class Counting:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def write(self, ops, **kw):
+                calls.append(("write", len(ops)))
+                return real.write(ops, **kw)
+
+            def write_chunks(self, chunks, **kw):
+                calls.append(("write_chunks", len(chunks)))
+                return real.write_chunks(chunks, **kw)
+
+        s.engine = Counting()
+        renames = _lock_depths(monkeypatch, s, os, "rename")
+        utimes = _lock_depths(monkeypatch, s, os, "utime")
+        src = F.Chunks()
+        sizes = [CHUNK, CHUNK, CHUNK, CHUNK - 100]  # the last: not a multiple of 4 KiB, trimmed
+        assert s.write([src.item(k, n) for k, n in zip(KEYS[:3], sizes)]) == [True] * 3
+        assert s.write([src.item(KEYS[3], sizes[3])]) == [True]
+        s.engine = real
+        monkeypatch.undo()
+        assert calls == [("write_chunks", 3), ("write_chunks", 1)]
+        assert renames == [1] * 4 and utimes == [1]
+        files = [s.path_for(chunk_digest(k)) for k in KEYS[:4]]
+        m = [os.stat(p).st_mtime_ns for p in files]
+        assert m[0] < m[1] < m[2] < m[3]
+        for p, n in zip(files, sizes):
+            with open(p, "rb") as f:
+                h = decode_header(f.read(HEADER_SIZE))
+                assert h.payload_len == n and h.payload_crc == crc32c(f.read())
+        assert F.read_check(s, KEYS[:4]) == (4, 0, [])
+        assert s.usage_bytes == sum(os.path.getsize(p) for p in F.chunk_files(store_dir))
+        assert not F.tmp_files(store_dir)
+    finally:
+        s.engine = real
         s.close()
 
 

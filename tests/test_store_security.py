@@ -252,15 +252,24 @@ def test_swap_attacks(tmp_path, monkeypatch):
     sub_c = os.path.dirname(s.path_for(chunk_digest(key_c)))
     real_engine = s.engine
 
+    def swap_c():
+        if os.path.isdir(sub_c) and not os.path.islink(sub_c):
+            os.rename(sub_c, str(tmp_path / "moved-c"))
+            os.symlink(outside, sub_c)
+
     class SwapOnHeaders:
         def __getattr__(self, n):
             return getattr(real_engine, n)
 
         def write(self, ops, crc=False, split=0):
             r = real_engine.write(ops, crc=crc, split=split)
-            if not crc and os.path.isdir(sub_c) and not os.path.islink(sub_c):  # the header batch
-                os.rename(sub_c, str(tmp_path / "moved-c"))
-                os.symlink(outside, sub_c)
+            if not crc:  # the header batch (page-cache stores)
+                swap_c()
+            return r
+
+        def write_chunks(self, chunks, direct=False):
+            r = real_engine.write_chunks(chunks, direct=direct)
+            swap_c()  # O_DIRECT stores: payloads and headers in one call
             return r
 
     s.engine = SwapOnHeaders()

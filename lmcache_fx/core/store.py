@@ -1020,6 +1020,9 @@ class ChunkStore:
                 return out
             hdrs = _fxio.HostBuffer(HEADER_SIZE * len(good), hugepages=False)
             weng = self._wengine if self.engine is self._wengine_for else self.engine
+            if self.odirect and self._mac_key is None and hasattr(weng, "write_chunks"):
+                ready.extend(self._write_pipelined(weng, good, hdrs))
+                return out
             # O_DIRECT: each payload as one write. The block layer splits it into device-sized
             # requests anyway, and the filesystem allocates its extent once instead of per piece
             # (XFS, 64 MiB chunks: ~1.2x; docs/benchmarks.md). Page-cache writes keep the engine's
@@ -1058,6 +1061,35 @@ class ChunkStore:
                 for dfd in dirfds.values():
                     os.close(dfd)
         return out
+
+    def _write_pipelined(self, weng: Any, good: list["_WriteFile"], hdrs: Any) -> list["_WriteFile"]:
+        """O_DIRECT stores without a MAC: each chunk's payload, header (its
+        CRC32C filled in in C) and LRU clock run as one pipeline per chunk on
+        the engine's threads (Engine.write_chunks), so no step waits for the
+        whole batch's previous one with Python in between. The renames stay
+        in the commit, under the store lock: a ledger recompute that walked
+        meanwhile is then always told (the commit changes the ledger), where
+        a rename behind its back could be missed by its directory listing.
+        Returns the files written."""
+        now = time.time_ns()
+        ops = []
+        for j, f in enumerate(good):
+            off = HEADER_SIZE * j
+            f.body = encode_header(memoryview(hdrs)[off : off + HEADER_SIZE], f.key, f.meta, f.nbytes, 0, now)
+            if not f.nbytes % 4096:  # else trimmed under the lock, which sets the clock again
+                f.mtime_ns = self._next_mtime_ns()
+            ops.append((f.fd, f.addr, f.nbytes, hdrs.address + off, f.mtime_ns))
+        ready = []
+        for f, (n, hn, _crc, clock) in zip(good, weng.write_chunks(ops, direct=True)):
+            if clock != 1:
+                f.mtime_ns = 0  # set by the commit
+            if n != f.nbytes:
+                self._write_failed(None, n)
+            elif hn != HEADER_SIZE:
+                self._write_failed(None, hn)
+            else:
+                ready.append(f)
+        return ready
 
     def _commit(self, files: list["_WriteFile"], ready: list["_WriteFile"], out: list[bool]) -> None:
         """Renames finished files into place and removes the rest, correcting
@@ -1101,7 +1133,7 @@ class ChunkStore:
         for f in ready:
             if f.dfd not in in_place:
                 in_place[f.dfd] = _same_dir(f.dfd, os.path.dirname(f.final))
-            if in_place[f.dfd] and not f.nbytes % 4096:
+            if in_place[f.dfd] and not f.nbytes % 4096 and not f.mtime_ns:
                 t = f.mtime_ns = self._next_mtime_ns()
                 try:
                     os.utime(f.fd, ns=(t, t))  # the LRU clock, exact within a batch
