@@ -4,6 +4,8 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
 
     python scripts/bench_tables.py docs/bench-xfs-64m.json
     python scripts/bench_tables.py --ratios docs/bench-xfs-64m.json docs/bench-repeats/xfs-64m-run*.json
+    python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
+        2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
 Prints the command line and commit, the main table (medians; fx's ratios to
 the best peer, its store also against the best store of its own level), the
@@ -186,9 +188,54 @@ def ratios_table(paths: list[str]) -> str:
     return "\n".join(rows)
 
 
+def mixed_runs_table(groups: list[tuple[str, list[str]]]) -> str:
+    """`--mixed` over several runs, per chunk size (a label and its runs'
+    files): each L2 reader's load and store while the other runs, against
+    its own figure alone, run by run; and fx-l2's load over each reader's."""
+    rows = [
+        "| chunk | reader | load GB/s while storing (each run) | vs alone | store GB/s while loading | vs alone "
+        "| fx-l2's load / this reader's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, paths in groups:
+        runs = []
+        for p in paths:
+            with open(p) as f:
+                runs.append(json.load(f))
+        names = [n for n, e in runs[0]["readers"].items() if e.get("mixed")]
+
+        def cell(n, key, fmt, runs=runs):
+            return " · ".join(_f(((r["readers"].get(n) or {}).get("mixed") or {}).get(key), fmt) for r in runs)
+
+        for n in names:
+            fx_over = ""
+            if n != "fx-l2":
+                vs = []
+                for r in runs:
+                    a = ((r["readers"].get("fx-l2") or {}).get("mixed") or {}).get("load_gbps")
+                    b = ((r["readers"].get(n) or {}).get("mixed") or {}).get("load_gbps")
+                    vs.append(_f(a / b if a and b else None, "{:.2f}×"))
+                fx_over = " · ".join(vs)
+            rows.append(
+                f"| {label} | {runs[0]['readers'][n]['label']} | {cell(n, 'load_gbps', '{:.2f}')} "
+                f"| {cell(n, 'load_vs_alone', '{:.2f}×')} | {cell(n, 'store_gbps', '{:.2f}')} "
+                f"| {cell(n, 'store_vs_alone', '{:.2f}×')} | {fx_over} |"
+            )
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--ratios"]:
         print(ratios_table(sys.argv[2:]))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--mixed-runs"]:
+        groups: list[tuple[str, list[str]]] = []
+        for a in sys.argv[2:]:
+            if a.endswith(".json") and groups:
+                groups[-1][1].append(a)
+            else:
+                groups.append((a.replace("MiB", " MiB"), []))
+        print(mixed_runs_table(groups))
         sys.exit(0)
     for path in sys.argv[1:]:
         with open(path) as f:
