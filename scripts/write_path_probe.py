@@ -8,7 +8,7 @@ store in one process, interleaved (A B B A ...), ChunkStore.write of
 it) and once into a full one (every chunk evicts one, victims reused).
 Root: XFS on a RAM-backed loop device.
 
-    .venv/bin/python scripts/write_path_probe.py --json docs/write-path-probe.json
+    .venv/bin/python scripts/write_path_probe.py --reps 12 --json docs/write-path-probe.json
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def run(mnt: str, name: str, cap_gb: float, room: bool, reps: int, src, meta) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=8)  # 12 for docs/write-path-probe.json
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     src = _fxio.HostBuffer(N * CHUNK, hugepages=True)
@@ -108,7 +108,9 @@ def main() -> None:
             run(mnt, "full", 1.6, False, a.reps, src, meta),
         ]
     doc = {
-        "command": "python scripts/write_path_probe.py" + (f" --json {a.json}" if a.json else ""),
+        "command": "python scripts/write_path_probe.py"
+        + (f" --reps {a.reps}" if a.reps != 8 else "")
+        + (f" --json {a.json}" if a.json else ""),
         "git_commit": git_commit(),
         "cpus": os.cpu_count(),
         "loadavg_end": os.getloadavg(),
