@@ -18,7 +18,6 @@ import argparse
 import ctypes
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -35,16 +34,12 @@ from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest  # no
 from lmcache_fx.core.options import FxOptions  # noqa: E402
 from lmcache_fx.testing.loopfs import drop_caches, xfs_loop  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
+from lmcache_fx.tools.bench.workload import cpu_seconds  # noqa: E402
 
 MIB = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
 CASES = {"64 MiB": (64 * MIB, 4, 8), "2 MiB": (2 * MIB, 64, 128)}  # chunk, chunks per batch, capacity in chunks
 ON, OFF, PEER = "reuse_evicted on", "reuse_evicted off", "reuse_evicted on, another process has the store open"
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _preads(paths: list[str], dst: int, cb: int) -> None:
@@ -100,9 +95,9 @@ def probe(base: str, case: str, reps: int, cold: bool) -> dict:
         for variant, s in stores.items():
             items = [(f"r{rep}-{i}", src.address + i * cb, cb, meta) for i in range(batch)]
             before = s.stats.snapshot()
-            c0, t0 = _cpu(), time.perf_counter()
+            c0, t0 = cpu_seconds(), time.perf_counter()
             assert all(s.write(items))
-            dt, c = time.perf_counter() - t0, _cpu() - c0
+            dt, c = time.perf_counter() - t0, cpu_seconds() - c0
             after = s.stats.snapshot()
             gb = batch * cb / 1e9
             if cold:

@@ -20,7 +20,6 @@ import ctypes
 import functools
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,14 +34,10 @@ from lmcache_fx.core import store as store_mod  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest  # noqa: E402
 from lmcache_fx.core.options import FxOptions  # noqa: E402
 from lmcache_fx.testing.loopfs import drop_caches, xfs_loop  # noqa: E402
+from lmcache_fx.tools.bench.workload import cpu_seconds  # noqa: E402
 
 MIB = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _threads_read(paths, dst: int, span: int, nthreads: int) -> None:
@@ -85,7 +80,7 @@ def reads(mnt: str, reps: int) -> dict:
         for m, how in modes.items():
             if how is None:
                 drop_caches()
-                c0, t0 = _cpu(), time.perf_counter()
+                c0, t0 = cpu_seconds(), time.perf_counter()
                 _threads_read(paths, dst.address, span, 8)
             else:
                 verify, split, qd = how
@@ -102,10 +97,10 @@ def reads(mnt: str, reps: int) -> dict:
 
                 st.read(keys, alloc, lambda h: None)  # learns the headers, as a running store has
                 drop_caches()
-                c0, t0 = _cpu(), time.perf_counter()
+                c0, t0 = cpu_seconds(), time.perf_counter()
                 out = st.read(keys, alloc, lambda h: None)
                 assert all(o is not None for o in out)
-            dt, c = time.perf_counter() - t0, _cpu() - c0
+            dt, c = time.perf_counter() - t0, cpu_seconds() - c0
             if how is not None:
                 st.close()
                 eng.close()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -31,14 +30,10 @@ from lmcache_fx.core.chunkfile import ChunkMeta  # noqa: E402
 from lmcache_fx.core.options import FxOptions  # noqa: E402
 from lmcache_fx.testing.loopfs import xfs_loop  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
+from lmcache_fx.tools.bench.workload import cpu_seconds  # noqa: E402
 
 MIB = 1 << 20
 N, CHUNK = 238, 2 * MIB
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 class _TwoBatches:
@@ -62,9 +57,9 @@ def run(mnt: str, name: str, cap_gb: float, room: bool, reps: int, src, meta) ->
             for kind in kinds if rep % 2 else kinds[::-1]:
                 s.engine = real if kind == "one call" else _TwoBatches(real)
                 keys = [f"{name}-{kind[0]}{rep}-{i}" for i in range(N)]
-                t0, c0 = time.perf_counter(), _cpu()
+                t0, c0 = time.perf_counter(), cpu_seconds()
                 ok = s.write([(k, src.address + i * CHUNK, CHUNK, meta) for i, k in enumerate(keys)])
-                t, c = time.perf_counter() - t0, _cpu() - c0
+                t, c = time.perf_counter() - t0, cpu_seconds() - c0
                 s.engine = real
                 assert all(ok), f"{kind}: {ok.count(False)} chunks not stored"
                 got[kind].append({"gbps": N * CHUNK / t / 1e9, "cpu_s_per_gb": c / (N * CHUNK / 1e9)})
