@@ -296,8 +296,10 @@ class ChunkStore:
             self._ledger = Ledger.open(
                 self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
             )
-            self.engine = engine or make_engine(options)
             self.odirect = self._decide_odirect()
+            self.engine = engine or make_engine(
+                options, options.piece_bytes(self.odirect and not _page_cache_fs(self.roots))
+            )
             direct = os.O_DIRECT if self.odirect else 0
             self._reuse_flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | direct
             self._tmp_flags = self._reuse_flags | os.O_CREAT | os.O_EXCL
@@ -384,7 +386,7 @@ class ChunkStore:
         if getattr(self.engine, "kind", "") == "threads" or (self.odirect and not _page_cache_fs(self.roots)):
             return self.engine
         try:
-            return _fxio.Engine("threads", self.options.queue_depth, self.options.split_bytes)
+            return _fxio.Engine("threads", self.options.queue_depth, self.options.piece_bytes(False))
         except (OSError, AttributeError):
             return self.engine
 
