@@ -15,7 +15,16 @@ from contextlib import ExitStack, contextmanager
 from typing import Callable, Optional
 
 from ..models import GB, MIB, Geometry
-from .workload import BenchConfig, Skip, Workload, children_cpu_seconds, cpu_seconds, crc_of, percentile
+from .workload import (
+    LATENCY_REQUESTS_PER_THREAD,
+    BenchConfig,
+    Skip,
+    Workload,
+    children_cpu_seconds,
+    cpu_seconds,
+    crc_of,
+    percentile,
+)
 
 # ------------------------------------------------------------------ LMCache driving
 
@@ -231,7 +240,7 @@ class LMCacheReader(Reader):
     def latency(self, conc: int) -> Optional[dict]:
         """p50/p99 of one-chunk requests with `conc` in flight: `conc` threads
         call the backend's batched_get_blocking([key]) over the stored chunks
-        (cycled, so at least 4 requests per thread; O_DIRECT tiers re-read the
+        (cycled, LATENCY_REQUESTS_PER_THREAD per thread at least; O_DIRECT tiers re-read the
         device, others after a page-cache drop only the first time)."""
         w = self.w
         tokens = w.tokens(10_000 + conc)
@@ -242,7 +251,7 @@ class LMCacheReader(Reader):
             from ...testing.loopfs import drop_caches
 
             drop_caches()
-        n_req = max(len(keys), 4 * conc)
+        n_req = max(len(keys), LATENCY_REQUESTS_PER_THREAD * conc)
         reqs = [[keys[i % len(keys)]] for i in range(n_req)]
         lat: list[float] = []
         lock = threading.Lock()

@@ -125,6 +125,11 @@ class Skip(Exception):
     """A reader that cannot run here; the message says why."""
 
 
+# Requests per thread (per slot in flight) of a latency case: 16 gives 256
+# requests at 16 in flight, so p99 is the 4th slowest, not the slowest.
+LATENCY_REQUESTS_PER_THREAD = 16
+
+
 @dataclass
 class BenchConfig:
     path: str
@@ -163,6 +168,7 @@ class BenchConfig:
 
 __all__ = [
     "GB",
+    "LATENCY_REQUESTS_PER_THREAD",
     "MIB",
     "BenchConfig",
     "Skip",
