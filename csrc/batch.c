@@ -37,6 +37,7 @@ int fx_fork_guard_init(void)
 
 _Atomic int fx_fault_on;
 _Atomic unsigned long fx_crc_spread_runs; /* counted by the io_uring engine; 0 without it */
+_Atomic unsigned long fx_uring_peak_inflight; /* most pieces one io_uring run had out at once */
 static _Atomic long fault_left[FX_FAULT_NKINDS];
 static _Atomic long fault_fired[FX_FAULT_NKINDS];
 static const char *const fault_names[FX_FAULT_NKINDS] = {

@@ -49,6 +49,7 @@ typedef struct {
      * ramfs): a copy the io_uring engine hands to io-wq workers so copies
      * run on every core instead of inline in the submitting thread. */
     int mem;
+    unsigned slots; /* io_uring: engine-wide slots it holds while in flight */
 } fx_piece;
 
 /* A piece is resubmitted at most this many times after -EAGAIN, -EINTR or a
@@ -105,6 +106,7 @@ int fx_fd_in_memory(int fd, uint64_t dev, uint64_t *last_dev, int *last_mem);
 
 /* How many times landed pieces were checksummed on several threads (tests). */
 extern _Atomic unsigned long fx_crc_spread_runs;
+extern _Atomic unsigned long fx_uring_peak_inflight;
 
 /* Builds pieces and progress for a batch; returns 0 or -errno. */
 int fx_batch_prepare(fx_batch *b, uint64_t split_bytes);

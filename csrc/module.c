@@ -1111,6 +1111,13 @@ static PyObject *mod_crc_spread_runs(PyObject *m, PyObject *unused)
     return PyLong_FromUnsignedLong(fx_crc_spread_runs);
 }
 
+static PyObject *mod_uring_peak_inflight(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyLong_FromUnsignedLong(atomic_exchange(&fx_uring_peak_inflight, 0));
+}
+
 static PyObject *mod_io_uring_status(PyObject *m, PyObject *unused)
 {
     char why[256] = "";
@@ -1298,6 +1305,8 @@ static PyTypeObject HostBufferType = {
 static PyMethodDef module_methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
      "crc32c(data, value=0) -> int"},
+    {"_uring_peak_inflight", (PyCFunction)mod_uring_peak_inflight, METH_NOARGS,
+     "_uring_peak_inflight() -> int: most pieces one io_uring run had out at once since the last call (tests)"},
     {"crc_spread_runs", (PyCFunction)mod_crc_spread_runs, METH_NOARGS,
      "crc_spread_runs() -> int: io_uring batches whose landed pieces were checksummed on several threads"},
     {"crc32c_at", (PyCFunction)mod_crc32c_at, METH_VARARGS,

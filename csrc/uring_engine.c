@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,12 +39,16 @@ struct fx_uring {
     int reg_gen;
     int reg_ok;
     fx_ring *donor; /* holds the registration; new rings clone it */
-    /* Pieces in flight over all rings, bounded by qd, so concurrent batches
-     * share the device instead of each adding qd more. Fairly: a batch that
-     * still has pieces to queue ("wanting") holds at most its share,
-     * qd / wanting (rounded up), so a batch that started first cannot keep
-     * nearly all the slots while later ones trickle on one each; a batch
-     * holding none waits for a slot in arrival order (tickets). */
+    /* Slots in flight over all rings, bounded by qd, so concurrent batches
+     * share the device instead of each adding qd more. A read piece takes
+     * one slot per started MiB (SLOT_BYTES, at most qd), so bigger pieces
+     * keep the bytes in flight, and with them the wait of a request that
+     * arrives behind them, at what qd 1 MiB pieces hold; a write piece takes
+     * one. Fairly: a batch that still has pieces to queue ("wanting") holds
+     * at most its share, qd / wanting (rounded up), so a batch that started
+     * first cannot keep nearly all the slots while later ones trickle on one
+     * each; a batch holding none waits for its slots in arrival order
+     * (tickets). */
     pthread_mutex_t slot_mu;
     pthread_cond_t slot_cv;
     unsigned slots_used;
@@ -401,12 +406,25 @@ typedef struct {
     int wanting;   /* counted in the engine's wanting: pieces left to queue */
 } run_state;
 
-/* One engine-wide slot for a new piece. A batch holding none waits for one,
- * in arrival order; a batch holding some takes another only below its share
+#define SLOT_BYTES (1u << 20)
+
+/* The engine-wide slots a piece takes (see fx_uring.slots_used). */
+static unsigned piece_slots(const fx_uring *u, const fx_batch *b, const fx_piece *p)
+{
+    uint64_t n;
+
+    if (b->write)
+        return 1;
+    n = (p->length + (p->hdr ? FX_HDR_SIZE : 0) + SLOT_BYTES - 1) / SLOT_BYTES;
+    return n < 1 ? 1 : n > u->qd ? u->qd : (unsigned)n;
+}
+
+/* Engine-wide slots for a new piece. A batch holding none waits for them,
+ * in arrival order; a batch holding some takes more only within its share
  * and while no batch waits (it reaps its own completions meanwhile), so
  * every request progresses at about the same rate. Returns 0 when the
  * caller should reap its own completions first. */
-static int take_slot(fx_uring *u, run_state *st)
+static int take_slot(fx_uring *u, run_state *st, unsigned n)
 {
     int ok = 0;
 
@@ -415,21 +433,21 @@ static int take_slot(fx_uring *u, run_state *st)
         unsigned long t = u->ticket_next++;
 
         u->slot_waiters++;
-        while (u->slots_used >= u->qd || t != u->ticket_serve)
+        while (u->slots_used + n > u->qd || t != u->ticket_serve)
             pthread_cond_wait(&u->slot_cv, &u->slot_mu);
         u->slot_waiters--;
         u->ticket_serve++;
         if (u->slot_waiters)
             pthread_cond_broadcast(&u->slot_cv); /* the next ticket may go */
         ok = 1;
-    } else if (u->slots_used < u->qd && !u->slot_waiters) {
+    } else if (u->slots_used + n <= u->qd && !u->slot_waiters) {
         unsigned w = u->wanting ? u->wanting : 1;
 
-        ok = st->held < (u->qd + w - 1) / w;
+        ok = st->held + n <= (u->qd + w - 1) / w;
     }
     if (ok) {
-        u->slots_used++;
-        st->held++;
+        u->slots_used += n;
+        st->held += n;
     }
     pthread_mutex_unlock(&u->slot_mu);
     return ok;
@@ -679,11 +697,21 @@ static void fill(fx_uring *u, fx_ring *s, run_state *st, size_t *next)
             finish(st, p, fx_piece_run_sync(b, p));
             continue;
         }
-        if (!take_slot(u, st))
+        unsigned n = piece_slots(u, b, p); /* taken now, while length is the whole piece */
+
+        if (!take_slot(u, st, n))
             break;
+        p->slots = n;
         if (queue_piece(u, s, b, p) < 0) {
-            give_slots(u, st, 1);
+            give_slots(u, st, n);
             break;
+        }
+        {
+            unsigned long out = fx_ring_inflight(s) + fx_ring_queued(s);
+            unsigned long peak = atomic_load_explicit(&fx_uring_peak_inflight, memory_order_relaxed);
+
+            while (out > peak && !atomic_compare_exchange_weak(&fx_uring_peak_inflight, &peak, out))
+                ;
         }
         (*next)++;
     }
@@ -749,14 +777,14 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
             fx_piece *p = ev[i].tag;
 
             if (!on_cqe(&st, p, cqe_result(b->write, ev[i].res))) {
-                ended++;
+                ended += p->slots;
                 continue;
             }
-            /* A resubmitted piece keeps its slot; inflight + queued stays
+            /* A resubmitted piece keeps its slots; inflight + queued stays
              * within the SQ size, so there is room. */
             if (queue_piece(u, s, b, p) < 0) {
                 land(&st, p, -EBUSY);
-                ended++;
+                ended += p->slots;
             }
         }
         give_slots(u, &st, ended);

@@ -134,6 +134,9 @@ class HostBuffer(Buffer):
 
 def crc32c(data: Buffer, value: int = 0) -> int: ...
 def crc32c_at(address: int, length: int, value: int = 0) -> int: ...
+def _uring_peak_inflight() -> int:
+    """Most pieces one io_uring run had out at once since the last call (tests)."""
+
 def crc_spread_runs() -> int:
     """io_uring batches whose landed pieces were checksummed on several threads."""
 

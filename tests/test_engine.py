@@ -10,6 +10,7 @@ import asyncio
 import ctypes
 import errno
 import os
+import pathlib
 import random
 import resource
 import select
@@ -1213,3 +1214,31 @@ def test_advise_hugepages_keeps_data():
     # a region with no whole aligned 2 MiB inside it advises nothing
     assert fx.advise_hugepages(hb.address + 1, 2 * MiB) == 0
     assert fx.advise_hugepages(hb.address, 4096) == 0
+
+
+@pytest.mark.parametrize("split_mib,peak", [(4, 2), (1, 8)])
+def test_io_uring_read_pieces_take_a_slot_per_mib(xfs_store, fds, split_mib, peak):
+    """A read piece holds one engine-wide slot per started MiB, so bigger
+    pieces keep the bytes in flight (and a later request's wait behind them)
+    at what queue_depth 1 MiB pieces hold: with queue_depth 8, 4 MiB pieces
+    go out 2 at a time, 1 MiB pieces 8. Writes count one slot a piece.
+    O_DIRECT on XFS: reads from memory run on threads, not on the ring."""
+    if not fx.io_uring_status()[0]:
+        pytest.skip(f"io_uring unavailable: {fx.io_uring_status()[1]}")
+    tmp_path = pathlib.Path(xfs_store)
+    eng = fx.Engine(io_engine="io_uring", queue_depth=8, split_bytes=split_mib * MiB)
+    try:
+        size = 32 * MiB
+        data = random.Random(7).randbytes(size)
+        fd = fds(write_file(tmp_path / "big.bin", data), os.O_RDONLY | os.O_DIRECT)
+        buf = fx.HostBuffer(size)
+        fx._uring_peak_inflight()
+        assert eng.read([(fd, 0, size, buf.address)], crc=True) == [(size, fx.crc32c(data))]
+        assert fx._uring_peak_inflight() == peak
+        assert bytes(memoryview(buf)) == data
+        wfd = fds(tmp_path / "out.bin", os.O_RDWR | os.O_CREAT | os.O_DIRECT)
+        assert eng.write([(wfd, 0, size, buf.address)]) == [size]
+        assert fx._uring_peak_inflight() == 8
+        assert read_file(tmp_path / "out.bin") == data
+    finally:
+        eng.close()
