@@ -415,7 +415,7 @@ static unsigned piece_slots(const fx_uring *u, const fx_batch *b, const fx_piece
 
     if (b->write)
         return 1;
-    n = (p->length + (p->hdr ? FX_HDR_SIZE : 0) + SLOT_BYTES - 1) / SLOT_BYTES;
+    n = (p->length + SLOT_BYTES - 1) / SLOT_BYTES; /* a fused header's 4 KiB rides free */
     return n < 1 ? 1 : n > u->qd ? u->qd : (unsigned)n;
 }
 

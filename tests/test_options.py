@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from lmcache_fx.core.options import SPLIT_AUTO, ConfigError, FxOptions
+from lmcache_fx.core.options import ConfigError, FxOptions
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
@@ -25,7 +25,7 @@ def test_every_option_is_in_the_readme_table():
         if isinstance(default, bool):
             assert shown == str(default).lower()
         elif name == "split_bytes":
-            assert shown == "auto" and default == SPLIT_AUTO
+            assert shown == f"{default >> 20}M"
         elif name == "path":
             assert shown == "~/.cache/lmcache-fx" and default == os.path.expanduser(shown)
         else:
@@ -35,17 +35,6 @@ def test_every_option_is_in_the_readme_table():
 @pytest.mark.parametrize("value,expected", [("4M", 4 << 20), ("2MiB", 2 << 20), (65536, 65536), ("128K", 128 << 10)])
 def test_sizes_with_suffixes(value, expected):
     assert FxOptions.from_mapping({"split_bytes": value}).split_bytes == expected
-
-
-def test_split_bytes_auto_picks_the_piece_by_medium_and_a_set_size_wins():
-    auto = FxOptions.from_mapping({"split_bytes": "Auto"})
-    assert auto.split_bytes == SPLIT_AUTO and auto.split_text == "auto"
-    assert auto.piece_bytes(True) == 4 << 20 and auto.piece_bytes(False) == 1 << 20
-    set_ = FxOptions.from_mapping({"split_bytes": "512K"})
-    assert set_.piece_bytes(True) == set_.piece_bytes(False) == 512 << 10 and set_.split_text == "512 KiB"
-    for bad in ("0", 0, "automatic"):
-        with pytest.raises(ConfigError, match="split_bytes"):
-            FxOptions.from_mapping({"split_bytes": bad})
 
 
 @pytest.mark.parametrize("value,expected", [("true", True), ("False", False), (True, True), (0, False), ("on", True)])

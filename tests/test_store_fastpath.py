@@ -3,8 +3,6 @@ per-chunk open from Python, and writes through kept fan-out directory
 descriptors."""
 
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -150,33 +148,3 @@ def test_cancelled_chunks_read_waits_and_releases(root):
         assert all(bytes(hb).count(b"\xab") == size for hb in bufs.values())
     finally:
         st.close()
-
-
-@pytest.mark.parametrize("medium", ["xfs", "tmpfs"])
-@pytest.mark.parametrize("split", ["auto", "512K"])
-def test_the_store_engine_cuts_reads_by_medium_unless_split_bytes_is_set(request, medium, split):
-    """split_bytes: auto gives the store's engine 4 MiB pieces where reads
-    are O_DIRECT from a block device and 1 MiB where they come from memory;
-    a set size is used as it is. A 9 MiB chunk reads back bit-exact."""
-    if medium == "xfs":
-        path = request.getfixturevalue("xfs_store")
-    else:
-        if not os.path.isdir("/dev/shm"):
-            pytest.skip("no /dev/shm")
-        path = tempfile.mkdtemp(prefix="fx-split-", dir="/dev/shm")
-        request.addfinalizer(lambda: shutil.rmtree(path, ignore_errors=True))
-    size = 9 << 20
-    s = ChunkStore(FxOptions.from_mapping({"path": path, "split_bytes": split}))
-    try:
-        want = {"auto": (4 << 20) if medium == "xfs" else (1 << 20), "512K": 512 << 10}[split]
-        assert s.engine.split_bytes == want
-        assert s.odirect or medium == "tmpfs"
-        src = fx.HostBuffer(size)
-        memoryview(src)[:] = os.urandom(size)
-        meta = ChunkMeta(((size // 2,),), ("bfloat16",), "KV_2LTD")
-        assert s.write([("k", src.address, size, meta)]) == [True]
-        dst = fx.HostBuffer(size)
-        out = s.read(["k"], lambda m: ("h", dst.address, size), lambda h: None)
-        assert out == ["h"] and bytes(memoryview(dst)) == bytes(memoryview(src))
-    finally:
-        s.close()

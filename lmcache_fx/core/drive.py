@@ -144,12 +144,10 @@ async def drive_async(engine, gen, release) -> list:
 _engine_warned: set[str] = set()
 
 
-def make_engine(options: FxOptions, split: int = 0):
-    """Builds the C engine, cutting reads into `split`-byte pieces (0: the
-    options' piece for memory media); warns once per reason when io_uring is
-    not used."""
+def make_engine(options: FxOptions):
+    """Builds the C engine; warns once per reason when io_uring is not used."""
     try:
-        eng = _fxio.Engine(options.io_engine, options.queue_depth, split or options.piece_bytes(False))  # type: ignore[arg-type]
+        eng = _fxio.Engine(options.io_engine, options.queue_depth, options.split_bytes)  # type: ignore[arg-type]
     except OSError as e:
         raise ConfigError(f"io_engine: {e}; use io_engine: auto to fall back to the thread engine") from None
     if eng.fallback_reason and eng.fallback_reason not in _engine_warned:

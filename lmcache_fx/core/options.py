@@ -126,21 +126,7 @@ def _capacity(full: str, v) -> float:
     return _parse_number(full, v, float, 1e-6, 1e9)
 
 
-# split_bytes: auto picks the piece by medium. A piece read from memory (tmpfs,
-# the page cache) is copied and then checksummed by the thread that reaps it,
-# so one that still fits that core's cache wins; an O_DIRECT piece from a block
-# device is copied by the device (or a loop worker), and fewer, larger requests
-# cost less per byte. scripts/read_split_probe.py (docs/read-split-probe*.json):
-# on XFS 4 MiB pieces read 64 MiB chunks ~1.06x faster than 1 MiB at ~12 % less
-# CPU, level at 2-10 MiB chunks; on tmpfs they are 6-9 % slower.
-SPLIT_AUTO = 0
-SPLIT_FROM_MEMORY = 1 << 20
-SPLIT_DIRECT_FROM_BLOCK = 4 << 20
-
-
 def _split(full: str, v) -> int:
-    if isinstance(v, str) and v.strip().lower() == "auto":
-        return SPLIT_AUTO
     x = _parse_size(full, v, 4096, 1 << 30)
     if x % 4096:
         raise ConfigError(f"{full}: {x} is not a multiple of 4096; try {(x // 4096 + 1) * 4096}")
@@ -218,11 +204,7 @@ class FxOptions:
         32, "1..32768", "sub-reads in flight per batch (thread engine: threads, at most 16 by default)", _int(1, 32768)
     )
     split_bytes: int = _opt(
-        SPLIT_AUTO,
-        "auto | 4K..1G, multiple of 4096 (bytes or K/M/G)",
-        "size of the sub-reads a chunk is cut into; auto: 4M for O_DIRECT from a block device, 1M from memory "
-        "(tmpfs, page cache)",
-        _split,
+        1 << 20, "4K..1G, multiple of 4096 (bytes or K/M/G)", "size of the sub-reads a chunk is cut into", _split
     )
     odirect: str = _opt(
         "auto",
@@ -288,17 +270,6 @@ class FxOptions:
     @property
     def paths(self) -> list[str]:
         return [p.strip() for p in self.path.split(",") if p.strip()]
-
-    def piece_bytes(self, direct_from_block: bool) -> int:
-        """split_bytes as set, or auto's piece for the medium: O_DIRECT
-        reads from a block device, or reads from memory."""
-        if self.split_bytes != SPLIT_AUTO:
-            return self.split_bytes
-        return SPLIT_DIRECT_FROM_BLOCK if direct_from_block else SPLIT_FROM_MEMORY
-
-    @property
-    def split_text(self) -> str:
-        return "auto" if self.split_bytes == SPLIT_AUTO else f"{self.split_bytes >> 10} KiB"
 
     @property
     def max_capacity_bytes(self) -> int:

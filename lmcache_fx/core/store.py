@@ -88,7 +88,6 @@ __all__ = [
     "drive_async",
     "drive_blocking",
     "make_engine",
-    "page_cache_fs",
 ]
 
 TOUCH_SECONDS = 10.0  # a hit refreshes its chunk's mtime (the shared LRU clock) at most this often
@@ -125,7 +124,7 @@ def _fs_magics(roots: list[str]) -> set:
     return out
 
 
-def page_cache_fs(roots: list[str]) -> bool:
+def _page_cache_fs(roots: list[str]) -> bool:
     """Whether any root is on tmpfs or ramfs."""
     return bool(_fs_magics(roots) & {0x01021994, 0x858458F6})  # TMPFS_MAGIC, RAMFS_MAGIC
 
@@ -297,10 +296,8 @@ class ChunkStore:
             self._ledger = Ledger.open(
                 self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
             )
+            self.engine = engine or make_engine(options)
             self.odirect = self._decide_odirect()
-            self.engine = engine or make_engine(
-                options, options.piece_bytes(self.odirect and not page_cache_fs(self.roots))
-            )
             direct = os.O_DIRECT if self.odirect else 0
             self._reuse_flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | direct
             self._tmp_flags = self._reuse_flags | os.O_CREAT | os.O_EXCL
@@ -384,10 +381,10 @@ class ChunkStore:
         """Page-cache media (O_DIRECT off, or tmpfs/ramfs): io_uring runs
         buffered writes on one io-wq worker per file, so payloads are written
         by a thread engine of the store's own instead."""
-        if getattr(self.engine, "kind", "") == "threads" or (self.odirect and not page_cache_fs(self.roots)):
+        if getattr(self.engine, "kind", "") == "threads" or (self.odirect and not _page_cache_fs(self.roots)):
             return self.engine
         try:
-            return _fxio.Engine("threads", self.options.queue_depth, self.options.piece_bytes(False))
+            return _fxio.Engine("threads", self.options.queue_depth, self.options.split_bytes)
         except (OSError, AttributeError):
             return self.engine
 

@@ -25,7 +25,7 @@ from typing import Optional
 
 from .. import _fxio
 from ..core.layout import probe_odirect, root_problem
-from ..core.options import GIB, SPLIT_AUTO, ConfigError, FxOptions
+from ..core.options import GIB, ConfigError, FxOptions
 from .common import fs_info, human_bytes, quiet_broken_pipe
 from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
 
@@ -504,14 +504,7 @@ def check_engine(opts: FxOptions, tag: str) -> Check:
         eng.close()
     data = {"engine": kind, "queue_depth": qd, "split_bytes": split, "fallback_reason": why}
     if kind == "io_uring":
-        if opts.split_bytes == SPLIT_AUTO:
-            pieces = (
-                f"split_bytes auto ({opts.piece_bytes(True) >> 10} KiB for O_DIRECT from a block device, "
-                f"{opts.piece_bytes(False) >> 10} KiB from memory)"
-            )
-        else:
-            pieces = f"split_bytes {split >> 10} KiB"
-        return Check(f"{tag}engine", "ok", f"io_uring, queue_depth {qd}, {pieces}", data=data)
+        return Check(f"{tag}engine", "ok", f"io_uring, queue_depth {qd}, split_bytes {split >> 10} KiB", data=data)
     if opts.io_engine == "threads":
         return Check(f"{tag}engine", "info", f"threads (io_engine: threads is configured), queue_depth {qd}", data=data)
     return Check(
@@ -644,7 +637,7 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
 def _opts_summary(o: FxOptions) -> str:
     return (
         f"path {o.path}, max_capacity_gb {o.max_capacity_gb:g}, io_engine {o.io_engine}, queue_depth "
-        f"{o.queue_depth}, split_bytes {o.split_text}, odirect {o.odirect}, verify "
+        f"{o.queue_depth}, split_bytes {o.split_bytes >> 10} KiB, odirect {o.odirect}, verify "
         f"{str(o.verify).lower()}"
     )
 

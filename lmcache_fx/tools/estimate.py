@@ -304,22 +304,19 @@ def measure_read(
     reps: int = 3,
     io_engine: str = "auto",
     queue_depth: int = 32,
-    split_bytes: int = 0,
+    split_bytes: int = MIB,
 ) -> dict:
     """Cold read GB/s of PATH with the fx engine: files of one chunk each,
     written and read with O_DIRECT (buffered where the filesystem refuses it),
-    page cache dropped before each read when root; files removed after.
-    split_bytes 0: the piece a store there uses by default (split_bytes: auto)."""
+    page cache dropped before each read when root; files removed after."""
     from .. import _fxio
-    from ..core.options import FxOptions
-    from ..core.store import page_cache_fs
     from ..testing.loopfs import drop_caches
 
     size = -(-chunk_bytes // _fxio.DIO_ALIGN) * _fxio.DIO_ALIGN
     n = max(1, total_bytes // size)
     d = tempfile.mkdtemp(prefix=".lmcache-fx-estimate-", dir=path)
     fds: list[int] = []
-    eng = _fxio.Engine(io_engine, queue_depth, split_bytes or MIB)
+    eng = _fxio.Engine(io_engine, queue_depth, split_bytes)
     direct = True
     try:
         src = _fxio.HostBuffer(size)
@@ -340,7 +337,6 @@ def measure_read(
             raise OSError(f"measure: short or failed writes under {path}: {sorted(set(w))[:3]}")
         for fd in fds:
             os.fsync(fd)
-        piece = split_bytes or FxOptions().piece_bytes(direct and not page_cache_fs([path]))
         dst = _fxio.HostBuffer(n * size)
         memoryview(dst)[:] = b"\0" * (n * size)  # fault the pages in before timing
         eng.register_buffer(dst.address, n * size)
@@ -348,7 +344,7 @@ def measure_read(
         for _ in range(reps):
             cold = drop_caches() and cold
             t0 = time.perf_counter()
-            r = eng.read([(fd, 0, size, dst.address + i * size) for i, fd in enumerate(fds)], split=piece)
+            r = eng.read([(fd, 0, size, dst.address + i * size) for i, fd in enumerate(fds)])
             dt = time.perf_counter() - t0
             if any(x != size for x in r):
                 raise OSError(f"measure: short or failed reads under {path}: {sorted(set(r))[:3]}")
@@ -361,7 +357,7 @@ def measure_read(
             "o_direct": direct,
             "engine": eng.kind,
             "queue_depth": queue_depth,
-            "split_bytes": piece,
+            "split_bytes": split_bytes,
             "file_bytes": size,
             "files": n,
             "total_bytes": n * size,

@@ -73,12 +73,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
         "--readers", default=",".join(ALL_READERS), help=f"comma-separated subset of {','.join(ALL_READERS)}"
     )
     p.add_argument("--queue-depth", type=int, default=32, help="fx queue_depth and fio iodepth")
-    p.add_argument(
-        "--split-bytes",
-        type=parse_size,
-        default=0,
-        help="fx split_bytes and fio bs (default: fx's auto, fio 1 MiB)",
-    )
+    p.add_argument("--split-bytes", type=parse_size, default=MIB, help="fx split_bytes and fio bs")
     p.add_argument(
         "--fs-native-workers",
         type=int,

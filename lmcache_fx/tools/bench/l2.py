@@ -383,7 +383,7 @@ class FxL2Reader(L2Reader):
                 "path": ",".join(self.dirs),  # several: chunks striped over them by digest
                 "io_engine": "io_uring",
                 "queue_depth": self.cfg.queue_depth,
-                "split_bytes": self.cfg.split_bytes or "auto",
+                "split_bytes": self.cfg.split_bytes,
                 "max_capacity_gb": cap,
             },
         }

@@ -315,7 +315,7 @@ class FxReader(LMCacheReader):
             p + "path": ",".join(self.dirs),  # several: chunks striped over them by digest
             p + "io_engine": self.io_engine,
             p + "queue_depth": self.cfg.queue_depth,
-            p + "split_bytes": self.cfg.split_bytes or "auto",
+            p + "split_bytes": self.cfg.split_bytes,
             p + "max_capacity_gb": max(1.0, 4 * self.cfg.total_bytes / GB),
         }
         return d
@@ -432,7 +432,7 @@ class RustRawBlockReader(LMCacheReader):
 
 class FioReader(Reader):
     """fio io_uring O_DIRECT on one file of the same total bytes, request
-    size = min(split_bytes or 1 MiB, chunk), iodepth = queue_depth. With --devices N:
+    size = min(split_bytes, chunk), iodepth = queue_depth. With --devices N:
     one job per device, each on its own device's file of total/N bytes, the
     group's aggregate bandwidth (the limit of the N devices together)."""
 
@@ -448,7 +448,7 @@ class FioReader(Reader):
             os.makedirs(d, exist_ok=True)
         self.files = [os.path.join(d, "fio.dat") for d in self.dirs]
         self.file = self.files[0]
-        self.bs = min(self.cfg.split_bytes or MIB, self.cfg.geo.chunk_bytes)
+        self.bs = min(self.cfg.split_bytes, self.cfg.geo.chunk_bytes)
         per = self.cfg.total_bytes // len(self.files)
         self.size = max(self.bs, per // self.bs * self.bs)  # per job
         stack.callback(self._remove_files)

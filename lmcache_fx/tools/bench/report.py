@@ -44,11 +44,10 @@ def format_table(results: dict) -> str:
             lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
     lines.insert(1, "-" * len(lines[0]))
     c = results["config"]
-    split = f"{c['split_bytes'] // 1024} KiB" if c["split_bytes"] else "auto"
     head = (
         f"{'COLD' if results['cold'] else 'WARM'}: {results['cache_note']}\n"
         f"{c['n_chunks']} chunks x {c['chunk_bytes'] / MIB:.2f} MiB = {c['total_bytes'] / GB:.2f} GB, "
-        f"medians of {c['reps']} reps, queue_depth {c['queue_depth']}, split {split}"
+        f"medians of {c['reps']} reps, queue_depth {c['queue_depth']}, split {c['split_bytes'] // 1024} KiB"
     )
     out = head + "\n" + "\n".join(lines)
     bp = results.get("best_peer") or {}

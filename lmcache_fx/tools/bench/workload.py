@@ -137,7 +137,7 @@ class BenchConfig:
     n_chunks: int
     reps: int = 3
     queue_depth: int = 32
-    split_bytes: int = 0  # fx's split_bytes (0: auto) and fio's bs (0: 1 MiB)
+    split_bytes: int = MIB
     cold: bool = True
     verify: bool = True
     latency: bool = False
