@@ -201,7 +201,11 @@ class FxOptions:
         _choice("auto", "io_uring", "threads"),
     )
     queue_depth: int = _opt(
-        32, "1..32768", "sub-reads in flight per batch (thread engine: threads, at most 16 by default)", _int(1, 32768)
+        32,
+        "1..32768",
+        "sub-reads in flight over the engine, a read piece bigger than 1 MiB counting once per started MiB "
+        "(thread engine: threads, at most 16 by default)",
+        _int(1, 32768),
     )
     split_bytes: int = _opt(
         1 << 20, "4K..1G, multiple of 4096 (bytes or K/M/G)", "size of the sub-reads a chunk is cut into", _split
