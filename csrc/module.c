@@ -46,6 +46,7 @@ typedef struct {
     fx_uring *uring;
     fx_pool *pool;
     fx_pool *openers; /* io_uring engine: threads that open chunk files (read_chunks) */
+    fx_pool *writers; /* io_uring engine: threads that write chunk files (write_chunks), apart from the openers */
     PyObject *fallback_reason; /* str, or None when the asked engine runs */
     unsigned gen;              /* process generation (fork guard) */
 } EngineObject;
@@ -318,7 +319,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static void engine_shutdown(EngineObject *self)
 {
     fx_uring *u;
-    fx_pool *p, *o;
+    fx_pool *p, *o, *w;
 
     if (FX_FORKED(self->gen)) {
         /* A forked child's copy: its lock, users count, threads and rings
@@ -327,6 +328,7 @@ static void engine_shutdown(EngineObject *self)
         self->uring = NULL;
         self->pool = NULL;
         self->openers = NULL;
+        self->writers = NULL;
         return;
     }
     pthread_mutex_lock(&self->mu);
@@ -336,13 +338,16 @@ static void engine_shutdown(EngineObject *self)
     u = self->uring;
     p = self->pool;
     o = self->openers;
+    w = self->writers;
     self->uring = NULL;
     self->pool = NULL;
     self->openers = NULL;
+    self->writers = NULL;
     pthread_mutex_unlock(&self->mu);
     fx_uring_destroy(u);
     fx_pool_destroy(p);
     fx_pool_destroy(o);
+    fx_pool_destroy(w);
 }
 
 static PyObject *Engine_close(EngineObject *self, PyObject *unused)
@@ -606,7 +611,7 @@ static int run_engine_cb(void *ctx, fx_batch *b) { return engine_run((EngineObje
  * to be read, so opens run in parallel as the reads do. */
 #define OPENERS_MAX 8
 
-static fx_pool *chunk_openers(EngineObject *e, int *width)
+static fx_pool *engine_side_pool(EngineObject *e, fx_pool **slot, int *width)
 {
     fx_pool *p;
 
@@ -618,14 +623,21 @@ static fx_pool *chunk_openers(EngineObject *e, int *width)
     if (*width < 2)
         return NULL;
     pthread_mutex_lock(&e->mu);
-    if (!e->openers && !e->closed)
-        e->openers = fx_pool_create(*width);
-    p = e->openers;
+    if (!*slot && !e->closed)
+        *slot = fx_pool_create(*width);
+    p = *slot;
     pthread_mutex_unlock(&e->mu);
     if (p)
         *width = fx_pool_nthreads(p);
-    return p; /* NULL (no threads to be had): opens on the calling thread */
+    return p; /* NULL (no threads to be had): the work runs on the calling thread */
 }
+
+static fx_pool *chunk_openers(EngineObject *e, int *width) { return engine_side_pool(e, &e->openers, width); }
+
+/* write_chunks' threads: on the io_uring engine a pool apart from the
+ * openers, so a store's blocking payload writes do not hold up the opens
+ * (and memory copies, and checksums) of loads running beside it. */
+static fx_pool *chunk_writers(EngineObject *e, int *width) { return engine_side_pool(e, &e->writers, width); }
 
 static int chunks_run(EngineObject *e, chunk_args *a)
 {
@@ -750,7 +762,7 @@ static PyObject *Engine_write_chunks(EngineObject *self, PyObject *args, PyObjec
     if (begin_use(self) < 0)
         goto done;
     Py_BEGIN_ALLOW_THREADS
-    pool = n > 1 ? chunk_openers(self, &width) : NULL;
+    pool = n > 1 ? chunk_writers(self, &width) : NULL;
     r = fx_chunks_write(c, (size_t)n, direct, pool, width, res);
     Py_END_ALLOW_THREADS
     end_use(self);
