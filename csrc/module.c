@@ -606,9 +606,10 @@ fail:
 
 static int run_engine_cb(void *ctx, fx_batch *b) { return engine_run((EngineObject *)ctx, b); }
 
-/* Threads that open chunk files: the thread engine's own; for io_uring a
- * few of their own, started on first use. A cold open waits for its inode
- * to be read, so opens run in parallel as the reads do. */
+/* Side pools of chunk work: the thread engine's own threads; for io_uring
+ * a few of their own per kind of work (openers, writers), each started on
+ * first use. A cold open waits for its inode to be read, so opens run in
+ * parallel as the reads do. */
 #define OPENERS_MAX 8
 
 static fx_pool *engine_side_pool(EngineObject *e, fx_pool **slot, int *width)
