@@ -388,7 +388,8 @@ static ssize_t rw_once_hdr(int write, int fd, char *hdr, char *buf, uint64_t len
     }
     if (hdr) {
         struct iovec iov[2] = {{hdr, FX_HDR_SIZE}, {buf, len}};
-        r = preadv(fd, iov, len ? 2 : 1, (off_t)(off - FX_HDR_SIZE));
+        r = write ? pwritev(fd, iov, len ? 2 : 1, (off_t)(off - FX_HDR_SIZE))
+                  : preadv(fd, iov, len ? 2 : 1, (off_t)(off - FX_HDR_SIZE));
     } else {
         r = write ? pwrite(fd, buf, len, (off_t)off) : pread(fd, buf, len, (off_t)off);
     }
@@ -513,6 +514,24 @@ static int64_t run_fused(const fx_batch *b, fx_piece *p, int fd)
         rest = rw_all(0, p->direct, fd, p->buf + keep, p->length - (uint64_t)keep,
                       p->offset + (uint64_t)keep);
         return rest < 0 ? rest : keep + rest;
+    }
+}
+
+int64_t fx_write_fused(int fd, char *hdr, const char *src, uint64_t len)
+{
+    unsigned retries = 0;
+
+    for (;;) {
+        ssize_t r = rw_once_hdr(1, fd, hdr, (char *)src, len, FX_HDR_SIZE);
+
+        if (r < 0) {
+            if ((errno == EINTR || errno == EAGAIN) && retries++ < FX_RETRY_MAX)
+                continue;
+            return -errno;
+        }
+        if ((uint64_t)r == FX_HDR_SIZE + len)
+            return (int64_t)len;
+        return r == 0 ? -EIO : -ENOSPC; /* short on O_DIRECT: no room, as in rw_all */
     }
 }
 

@@ -1,5 +1,5 @@
-/* Chunk files written in one call, one pipeline per chunk: payload, its
- * CRC32C into the header, header, LRU clock. Each chunk goes through its
+/* Chunk files written in one call, one pipeline per chunk: payload and its
+ * CRC32C, the header with that CRC, LRU clock. Each chunk goes through its
  * steps while the others are still being written, instead of the whole
  * batch waiting at each step with Python in between; on a 2 MiB chunk the
  * steps around the payload write are a fifth of its time. Policy
@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <stdint.h>
 #include <time.h>
 
 #include "fxio.h"
@@ -28,6 +29,13 @@ static void put_le32(char *p, uint32_t v)
     p[3] = (char)(v >> 24);
 }
 
+/* The payload's CRC32C into the header, then the header's own. */
+static void seal_header(char *hdr, uint32_t payload_crc)
+{
+    put_le32(hdr + FX_HDR_PCRC_OFF, payload_crc);
+    put_le32(hdr + FX_HDR_CRC_OFF, fx_crc32c(0, hdr, FX_HDR_CRC_OFF));
+}
+
 static void write_one(void *ctx, size_t i)
 {
     const write_job *j = ctx;
@@ -35,16 +43,31 @@ static void write_one(void *ctx, size_t i)
     fx_wchunk_result *r = &j->out[i];
     struct timespec ts[2];
 
-    r->nbytes = fx_io_sync(c->fd, 1, j->direct, (char *)c->src, c->length, FX_HDR_SIZE);
-    if (r->nbytes != (int64_t)c->length)
-        return;
-    /* After the write: where the kernel copied the source (buffered, or a
-     * loop device), it may still be in this core's cache. */
-    r->crc = fx_crc32c(0, c->src, c->length);
-    put_le32(c->hdr + FX_HDR_PCRC_OFF, r->crc);
-    put_le32(c->hdr + FX_HDR_CRC_OFF, fx_crc32c(0, c->hdr, FX_HDR_CRC_OFF));
-    r->hdr = fx_io_sync(c->fd, 1, j->direct, c->hdr, FX_HDR_SIZE, 0);
-    if (r->hdr != (int64_t)FX_HDR_SIZE || c->mtime_ns <= 0)
+    if (j->direct && !(((uintptr_t)c->src | c->length) & (FX_DIO_ALIGN - 1))) {
+        /* Header and payload as one O_DIRECT request, so the CRC comes
+         * first: each request is a wait on the device (a round trip on
+         * NVMe-oF). 2 MiB stores on the XFS loop: ~1.05x, the same system
+         * CPU per GB (the CRC, not the loop worker, now pulls the source
+         * into cache). */
+        r->crc = fx_crc32c(0, c->src, c->length);
+        seal_header(c->hdr, r->crc);
+        r->nbytes = fx_write_fused(c->fd, c->hdr, c->src, c->length);
+        if (r->nbytes != (int64_t)c->length)
+            return;
+        r->hdr = FX_HDR_SIZE;
+    } else {
+        r->nbytes = fx_io_sync(c->fd, 1, j->direct, (char *)c->src, c->length, FX_HDR_SIZE);
+        if (r->nbytes != (int64_t)c->length)
+            return;
+        /* After the write: where the kernel copied the source (buffered, or
+         * a loop device), it may still be in this core's cache. */
+        r->crc = fx_crc32c(0, c->src, c->length);
+        seal_header(c->hdr, r->crc);
+        r->hdr = fx_io_sync(c->fd, 1, j->direct, c->hdr, FX_HDR_SIZE, 0);
+        if (r->hdr != (int64_t)FX_HDR_SIZE)
+            return;
+    }
+    if (c->mtime_ns <= 0)
         return;
     ts[0].tv_sec = ts[1].tv_sec = (time_t)(c->mtime_ns / 1000000000);
     ts[0].tv_nsec = ts[1].tv_nsec = (long)(c->mtime_ns % 1000000000);

@@ -253,7 +253,8 @@ const char *fx_chunk_status_name(int status);
 /* ---- chunk files written, one pipeline per chunk ----
  * Each temporary fd (opened by the caller, its size reserved) gets its
  * payload at FX_HDR_SIZE and the payload's CRC32C; the header the caller
- * encoded at hdr gets that CRC and its own, and is written at 0; then, with
+ * encoded at hdr gets that CRC and its own, and is written at 0 (on O_DIRECT
+ * with an aligned payload, header and payload in one request); then, with
  * mtime_ns > 0, the file's mtime (the store's LRU clock). Renaming into
  * place stays with the caller (under its store lock, which counts what a
  * rename replaces). Chunks run in parallel on up to width of pool's threads
@@ -299,6 +300,10 @@ typedef struct {
  * O_DIRECT bounce for unaligned buffers, offsets or lengths, and the retry
  * ladder for EINTR / EAGAIN / short transfers. Bytes or -errno. */
 int64_t fx_io_sync(int fd, int write, int direct, char *buf, uint64_t len, uint64_t off);
+/* A chunk file's header and payload in one pwritev at offset 0, O_DIRECT
+ * (hdr, src and len 4096-aligned), retried on EINTR/EAGAIN. Returns len, or
+ * -errno (-ENOSPC for a short write). */
+int64_t fx_write_fused(int fd, char *hdr, const char *src, uint64_t len);
 
 /* ---- thread engine ---- */
 typedef struct fx_pool fx_pool;
