@@ -5,7 +5,8 @@ RAM-backed loop device, cold reads), no LMCache in the way:
   reads:  ChunkStore.read of 7 x 64 MiB chunks into one huge-page registered
           buffer, verify on / off, 1 MiB and 16 MiB pieces, against whole-file
           O_DIRECT preads of the same files on 8 Python threads (what fs_native
-          does in C++), interleaved, medians;
+          does in C++), with and without a CRC32C of each chunk after its read
+          (the price of fx's check on any reader), interleaved, medians;
   stores: ChunkStore.write of 238 x 2 MiB, each stage of the write timed
           (temporaries, reservation, payload + header + LRU clock as one call
           on O_DIRECT, commit), per chunk.
@@ -40,8 +41,10 @@ MIB = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _threads_read(paths, dst: int, span: int, nthreads: int) -> None:
-    """One whole-file O_DIRECT pread per file on nthreads threads."""
+def _threads_read(paths, dst: int, span: int, nthreads: int, crc: bool = False) -> None:
+    """One whole-file O_DIRECT pread per file on nthreads threads; with
+    `crc`, each thread then takes the CRC32C of the payload it read (fx's
+    check, the GIL released), as fs_native would if it verified."""
 
     def one(i: int) -> None:
         fd = os.open(paths[i], os.O_RDONLY | os.O_DIRECT)
@@ -50,6 +53,8 @@ def _threads_read(paths, dst: int, span: int, nthreads: int) -> None:
             assert n == span, n
         finally:
             os.close(fd)
+        if crc:
+            _fxio.crc32c_at(dst + i * span + HEADER_SIZE, span - HEADER_SIZE)
 
     with ThreadPoolExecutor(nthreads) as ex:
         list(ex.map(one, range(len(paths))))
@@ -74,14 +79,15 @@ def reads(mnt: str, reps: int) -> dict:
         "fx verify off, 1 MiB pieces, QD 32": (False, MIB, 32),
         "fx verify off, 16 MiB pieces, QD 16": (False, 16 * MIB, 16),
         "whole-file O_DIRECT pread, 8 threads": None,
+        "whole-file O_DIRECT pread, 8 threads, then CRC32C of each": "crc",
     }
     raw: dict = {m: [] for m in modes}
     for _ in range(reps):
         for m, how in modes.items():
-            if how is None:
+            if how is None or how == "crc":
                 drop_caches()
                 c0, t0 = cpu_seconds(), time.perf_counter()
-                _threads_read(paths, dst.address, span, 8)
+                _threads_read(paths, dst.address, span, 8, crc=how == "crc")
             else:
                 verify, split, qd = how
                 eng = _fxio.Engine("io_uring", qd, split)
@@ -101,7 +107,7 @@ def reads(mnt: str, reps: int) -> dict:
                 out = st.read(keys, alloc, lambda h: None)
                 assert all(o is not None for o in out)
             dt, c = time.perf_counter() - t0, cpu_seconds() - c0
-            if how is not None:
+            if isinstance(how, tuple):
                 st.close()
                 eng.close()
             gb = n * cb / 1e9
@@ -128,7 +134,7 @@ def store_stages(mnt: str, reps: int) -> dict:
     meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
     spent: dict = {}
     cls = store_mod.ChunkStore
-    saved = {name: getattr(cls, name) for name in ("_create_tmp", "_reserve", "_commit")}
+    saved = {name: getattr(cls, name) for name in ("_create_tmp", "_create_all", "_reserve", "_commit")}
 
     def timed(name, f):
         @functools.wraps(f)
@@ -184,7 +190,8 @@ def store_stages(mnt: str, reps: int) -> dict:
             setattr(cls, name, f)
     per = reps * n
     names = {
-        "_create_tmp": "create the temporary",
+        "_create_tmp": "its fan-out directory, its names (and the temporary, where made one at a time)",
+        "_create_all": "create the temporaries (Engine.open_files: openat O_EXCL in parallel, C)",
         "_reserve": "reserve (ledger, ftruncate)",
         "payload write": "payload write (O_DIRECT, CRC32C)",
         "header write": "header write",
