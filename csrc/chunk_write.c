@@ -86,32 +86,3 @@ int fx_chunks_write(const fx_wchunk *c, size_t n, int direct, struct fx_pool *po
         write_one(&j, i);
     return 0;
 }
-
-/* Temporaries made in parallel: each openat is a directory update (on XFS an
- * inode allocated and an entry inserted, ~25 us), one after the other from
- * Python before. */
-typedef struct {
-    fx_open_op *ops;
-    int flags;
-    int mode;
-} open_job;
-
-static void open_one(void *ctx, size_t i)
-{
-    const open_job *j = ctx;
-    fx_open_op *o = &j->ops[i];
-    int fd = openat(o->dirfd, o->name, j->flags, (mode_t)j->mode);
-
-    o->fd = fd < 0 ? -errno : fd;
-}
-
-int fx_files_open(fx_open_op *ops, size_t n, int flags, int mode, struct fx_pool *pool, int width)
-{
-    open_job j = {.ops = ops, .flags = flags, .mode = mode};
-
-    if (pool && n > 1 && width > 1)
-        return fx_pool_parallel(pool, n, open_one, &j, width);
-    for (size_t i = 0; i < n; i++)
-        open_one(&j, i);
-    return 0;
-}

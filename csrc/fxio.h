@@ -278,17 +278,6 @@ typedef struct {
 int fx_chunks_write(const fx_wchunk *c, size_t n, int direct, struct fx_pool *pool, int width,
                     fx_wchunk_result *out);
 
-/* openat(dirfd, name, flags, mode) of each op, in parallel on up to width of
- * pool's threads (NULL: on the calling thread); fd is set to the new
- * descriptor or -errno. 0, or -EOWNERDEAD (a forked child: nothing run). */
-typedef struct {
-    int dirfd;
-    const char *name;
-    int fd;
-} fx_open_op;
-
-int fx_files_open(fx_open_op *ops, size_t n, int flags, int mode, struct fx_pool *pool, int width);
-
 /* ---- one I/O, for the submit / reap APIs (fx_ring, fx_tq) ---- */
 typedef struct {
     int fd;

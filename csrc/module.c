@@ -785,75 +785,6 @@ done:
     return out;
 }
 
-/* ------------------------------------------------------------ open_files */
-
-static PyObject *Engine_open_files(EngineObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"files", "flags", "mode", NULL};
-    PyObject *files, *seq, **names = NULL, *out = NULL;
-    int flags, mode = 0600, r, width = 1;
-    fx_open_op *ops = NULL;
-    Py_ssize_t n, i;
-    fx_pool *pool;
-
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|i", kwlist, &files, &flags, &mode))
-        return NULL;
-    seq = PySequence_Fast(files, "files must be a sequence of (dir_fd, name)");
-    if (!seq)
-        return NULL;
-    n = PySequence_Fast_GET_SIZE(seq);
-    ops = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*ops));
-    names = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*names));
-    if (!ops || !names) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (i = 0; i < n; i++) {
-        long long fd;
-        PyObject *name;
-
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "LO;each file is (dir_fd, name)", &fd, &name))
-            goto done;
-        if (fd < 0 || fd > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError, "file %zd: dir_fd must be >= 0", i);
-            goto done;
-        }
-        if (!PyUnicode_FSConverter(name, &names[i]))
-            goto done;
-        ops[i].dirfd = (int)fd;
-        ops[i].name = PyBytes_AS_STRING(names[i]);
-    }
-    if (begin_use(self) < 0)
-        goto done;
-    Py_BEGIN_ALLOW_THREADS
-    pool = n > 1 ? chunk_writers(self, &width) : NULL;
-    r = fx_files_open(ops, (size_t)n, flags, mode, pool, width);
-    Py_END_ALLOW_THREADS
-    end_use(self);
-    if (chunks_raise(r) < 0)
-        goto done;
-    out = PyList_New(n);
-    for (i = 0; out && i < n; i++) {
-        PyObject *v = PyLong_FromLong(ops[i].fd);
-
-        if (!v)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, i, v);
-    }
-    if (!out) /* no memory for the answer: nothing is left open */
-        for (i = 0; i < n; i++)
-            if (ops[i].fd >= 0)
-                close(ops[i].fd);
-done:
-    for (i = 0; names && i < n; i++)
-        Py_XDECREF(names[i]);
-    Py_DECREF(seq);
-    PyMem_Free(ops);
-    PyMem_Free(names);
-    return out;
-}
-
 /* ------------------------------------------------------------------ Batch */
 
 typedef struct {
@@ -1326,9 +1257,6 @@ static PyMethodDef Engine_methods[] = {
      "write_chunks(chunks, direct=False) -> list of (payload bytes or -errno, header bytes or -errno, "
      "payload CRC32C, mtime set: 1, 0 or -errno); chunks are (fd, address, length, header_address, "
      "mtime_ns or 0)"},
-    {"open_files", (PyCFunction)(void (*)(void))Engine_open_files, METH_VARARGS | METH_KEYWORDS,
-     "open_files(files, flags, mode=0o600) -> list of fd or -errno: openat(dir_fd, name, flags, mode) of each "
-     "(dir_fd, name), in parallel on the engine's writer threads, no GIL (the store's temporaries)"},
     {"submit_chunks", (PyCFunction)(void (*)(void))Engine_submit_chunks,
      METH_VARARGS | METH_KEYWORDS,
      "submit_chunks(chunks, scratch, verify=False, direct=False, lock=False) -> Batch whose wait() returns "

@@ -104,14 +104,7 @@ class Engine:
         CRC over that, the header to offset 0, then with mtime_ns > 0 the
         file's mtime. Returns per chunk (payload bytes or -errno, header bytes
         or -errno (0: not reached), CRC32C of the payload, clock: 1 set, 0 not
-        asked or not reached, -errno). The caller renames the files. On
-        O_DIRECT with an aligned payload, header and payload go out as one
-        pwritev, the CRC taken first."""
-    def open_files(self, files: Sequence[tuple[int, str | bytes]], flags: int, mode: int = 0o600) -> list[int]:
-        """openat(dir_fd, name, flags, mode) of each (dir_fd, name), in parallel
-        on the engine's writer threads, the GIL released: the store's
-        temporaries, each a directory update. Returns per file its new
-        descriptor (the caller closes it) or -errno."""
+        asked or not reached, -errno). The caller renames the files."""
     def submit_chunks(
         self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False, lock: bool = False
     ) -> Batch:

@@ -134,7 +134,7 @@ def store_stages(mnt: str, reps: int) -> dict:
     meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
     spent: dict = {}
     cls = store_mod.ChunkStore
-    saved = {name: getattr(cls, name) for name in ("_create_tmp", "_create_all", "_reserve", "_commit")}
+    saved = {name: getattr(cls, name) for name in ("_create_tmp", "_reserve", "_commit")}
 
     def timed(name, f):
         @functools.wraps(f)
@@ -190,8 +190,7 @@ def store_stages(mnt: str, reps: int) -> dict:
             setattr(cls, name, f)
     per = reps * n
     names = {
-        "_create_tmp": "its fan-out directory, its names (and the temporary, where made one at a time)",
-        "_create_all": "create the temporaries (Engine.open_files: openat O_EXCL in parallel, C)",
+        "_create_tmp": "create the temporary",
         "_reserve": "reserve (ledger, ftruncate)",
         "payload write": "payload write (O_DIRECT, CRC32C)",
         "header write": "header write",

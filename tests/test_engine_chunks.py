@@ -16,7 +16,6 @@ import os
 import random
 import resource
 import signal
-import stat
 import struct
 
 import pytest
@@ -529,53 +528,6 @@ def test_write_chunks_odirect_header_and_payload_in_one_request(kind, store, roo
         assert [g[0] for g in got] == [0, 0] and datas == payloads
     finally:
         eng.close()
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_open_files_opens_each_relative_to_its_directory(kind, store):
-    """Engine.open_files: openat(dir_fd, name, flags, mode) of each file, in
-    parallel on the writer threads: a descriptor per file made, -errno per
-    file that fails (one there already with O_EXCL, a name under a file, a
-    symlink with O_NOFOLLOW), nothing else left open."""
-    sub = os.path.join(store, "ab")
-    dfd = os.open(sub, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    open(os.path.join(sub, "taken"), "wb").close()
-    os.symlink("taken", os.path.join(sub, "link"))
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    names = [f"{kind}-new-{i}" for i in range(12)]
-    eng = fx.Engine(kind)
-    before = fd_count()
-    try:
-        files = [(dfd, n) for n in names] + [(dfd, "taken"), (dfd, "taken/x"), (dfd, "link")]
-        res = eng.open_files(files, flags, 0o640)
-        fds = res[: len(names)]
-        try:
-            assert all(fd >= 0 for fd in fds) and len(set(fds)) == len(names)
-            assert res[len(names) :] == [-errno.EEXIST, -errno.ENOTDIR, -errno.EEXIST]
-            for fd, n in zip(fds, names):
-                st = os.fstat(fd)
-                assert st.st_ino == os.stat(os.path.join(sub, n)).st_ino
-                assert stat.S_IMODE(st.st_mode) == 0o640 & ~_umask()
-                assert os.write(fd, b"x") == 1
-        finally:
-            for fd in fds:
-                if fd >= 0:
-                    os.close(fd)
-        assert fd_count() == before
-        assert eng.open_files([], flags) == []
-        with pytest.raises(TypeError):
-            eng.open_files([(dfd,)], flags)
-        with pytest.raises(ValueError):
-            eng.open_files([(-1, "x")], flags)
-    finally:
-        eng.close()
-        os.close(dfd)
-
-
-def _umask() -> int:
-    m = os.umask(0)
-    os.umask(m)
-    return m
 
 
 # ---------------------------------------------------------------- faults and fork

@@ -76,40 +76,22 @@ def test_read_makes_no_per_chunk_open(root, monkeypatch, awaited):
 
 
 def test_write_opens_each_fanout_directory_once(root, monkeypatch):
-    """A batch opens each fan-out directory once (from Python) and makes its
-    temporaries with one engine call (Engine.open_files, in parallel in C),
-    none one at a time from Python."""
     st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
-    real = st.engine
-    made = []
-
-    class Counting:  # the store's engine, its open_files calls recorded
-        def __getattr__(self, a):
-            return getattr(real, a)
-
-        def open_files(self, files, flags, mode=0o600):
-            made.append([name for _, name in files])
-            return real.open_files(files, flags, mode)
-
     try:
         src = _filled(N, SIZE)
         meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
         assert all(st.write([(f"warm-{i}", src.address + i * SIZE, SIZE, meta) for i in range(N)]))
         keys = [f"w-{i}" for i in range(N)]
         subs = {st.path_for(store_mod.chunk_digest(k))[:-38] for k in keys}
-        st.engine = Counting()
         calls = _count_opens(monkeypatch)
         assert all(st.write([(k, src.address + i * SIZE, SIZE, meta) for i, k in enumerate(keys)]))
         monkeypatch.undo()
-        st.engine = real
         dir_opens = [c for c in calls if isinstance(c, str) and "/" in c]
         tmp_opens = [c for c in calls if isinstance(c, str) and store_mod.TMP_MARK in c]
-        assert tmp_opens == []
-        assert len(made) == 1 and len(made[0]) == N and all(store_mod.TMP_MARK in n for n in made[0])
+        assert len(tmp_opens) == N
         assert len(dir_opens) <= len(subs), dir_opens
         assert len(st) == 2 * N
     finally:
-        st.engine = real
         st.close()
 
 

@@ -1004,15 +1004,11 @@ class ChunkStore:
         need = sum(HEADER_SIZE + round_up(t[4], 4096) for t in todo)
         evicts = self._last_usage + need > self.options.max_capacity_bytes
         defer = evicts and self.options.reuse_evicted
-        weng = self._wengine if self.engine is self._wengine_for else self.engine
-        in_c = not defer and len(todo) > 1 and hasattr(weng, "open_files")
         try:
             for i, key, d, addr, nbytes, meta in todo:
-                f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds, make=not defer and not in_c)
+                f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds, make=not defer)
                 if f is not None:
                     files.append(f)
-            if in_c and files:
-                files = self._create_all(weng, files, dirfds)
             if not files:
                 return out
             if self._recompute_due():
@@ -1023,6 +1019,7 @@ class ChunkStore:
             if not good:
                 return out
             hdrs = _fxio.HostBuffer(HEADER_SIZE * len(good), hugepages=False)
+            weng = self._wengine if self.engine is self._wengine_for else self.engine
             if self.odirect and self._mac_key is None and hasattr(weng, "write_chunks"):
                 ready.extend(self._write_pipelined(weng, good, hdrs))
                 return out
@@ -1272,26 +1269,6 @@ class ChunkStore:
                 self._write_failed(None, -(e.errno or errno.EIO))
                 return None
         return _WriteFile(i, key, digest, addr, nbytes, meta, final, tmp, dfd, fd)
-
-    def _create_all(self, weng: Any, files: list["_WriteFile"], dirfds: dict[str, int]) -> list["_WriteFile"]:
-        """Creates the temporaries of `files` (their fan-out directories open)
-        with one engine call, in parallel: each create is a directory update
-        (~25 us on XFS), one after the other from Python before. A file that
-        fails there is made again the one-at-a-time way (_create_tmp), which
-        knows what each failure means. Returns the files made."""
-        res = weng.open_files([(f.dfd, f.tmp) for f in files], self._tmp_flags, self.file_mode)
-        made: list[_WriteFile] = []
-        for f, fd in zip(files, res):
-            if fd >= 0:
-                f.fd = fd
-                made.append(f)
-                if self.options.shared_group:  # in the group of the store's root
-                    share_fd(fd, self._root_gid.get(os.path.dirname(os.path.dirname(f.final))), self.file_mode)
-            else:
-                g = self._create_tmp(f.i, f.key, f.digest, f.addr, f.nbytes, f.meta, dirfds)
-                if g is not None:
-                    made.append(g)
-        return made
 
     def _create_at(self, dfd: int, tmp: str, final: str) -> int:
         """Creates the temporary `tmp` of the chunk at `final` in its fan-out
