@@ -148,3 +148,116 @@ def test_cancelled_chunks_read_waits_and_releases(root):
         assert all(bytes(hb).count(b"\xab") == size for hb in bufs.values())
     finally:
         st.close()
+
+
+def _sub_batched(monkeypatch):
+    """Sub-batches of 4 chunks of SIZE (the store's thresholds lowered)."""
+    monkeypatch.setattr(store_mod, "WRITE_SUB_BYTES", 4 * SIZE)
+    monkeypatch.setattr(store_mod, "WRITE_SUB_CHUNKS", 4)
+
+
+def _files_under(root):
+    names = [n for _, _, fs in os.walk(root) for n in fs]
+    return [n for n in names if store_mod.TMP_MARK in n], sum(
+        os.path.getsize(os.path.join(d, n)) for d, _, fs in os.walk(root) for n in fs if n.endswith(".fxkv")
+    )
+
+
+def _read_back(st, keys, n_bytes):
+    dst = fx.HostBuffer(len(keys) * n_bytes)
+
+    def allocate(_meta, slot=iter(range(len(keys)))):
+        i = next(slot)
+        return i, dst.address + i * n_bytes, n_bytes
+
+    return st.read(keys, allocate, lambda h: None), dst
+
+
+def test_large_odirect_write_overlaps_its_sub_batches(root, monkeypatch):
+    """An O_DIRECT store of many chunks goes in sub-batches, one
+    Engine.write_chunks call each, and the next sub-batch's temporaries are
+    made while the one before is still being written (held here until they
+    appear). Every chunk lands, reads back, no temporary is left, and the
+    shared usage is what the files hold."""
+    _sub_batched(monkeypatch)
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
+    if not st.odirect or not hasattr(st.engine, "write_chunks"):
+        st.close()
+        pytest.skip(f"no O_DIRECT on {root}: the store writes through Engine.write")
+    real = st.engine
+    calls, overlapped = [], []
+
+    class Holding:  # the first write_chunks call waits until the next sub-batch's temporaries exist
+        def __getattr__(self, a):
+            return getattr(real, a)
+
+        def write_chunks(self, chunks, direct=False):
+            calls.append(len(chunks))
+            if len(calls) == 1:
+                import time
+
+                end = time.monotonic() + 10
+                while time.monotonic() < end and len(_files_under(root)[0]) <= len(chunks):
+                    time.sleep(0.002)
+                overlapped.append(len(_files_under(root)[0]) > len(chunks))
+            return real.write_chunks(chunks, direct=direct)
+
+    try:
+        src = _filled(12, SIZE)
+        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+        keys = [f"sub-{i}" for i in range(12)]
+        st.engine = Holding()
+        assert all(st.write([(k, src.address + i * SIZE, SIZE, meta) for i, k in enumerate(keys)]))
+        st.engine = real
+        assert calls == [4, 4, 4] and overlapped == [True]
+        out, dst = _read_back(st, keys, SIZE)
+        assert out == list(range(12)) and bytes(dst) == bytes(src)
+        tmps, on_disk = _files_under(root)
+        assert tmps == [] and st.usage_bytes == on_disk
+    finally:
+        st.engine = real
+        st.close()
+
+
+def test_failed_sub_batch_leaves_no_temporary_and_a_true_usage(root, monkeypatch):
+    """When one sub-batch's write_chunks call fails, the write raises after
+    every sub-batch started has finished: the failed one's temporaries are
+    removed and its reservation returned; the others are in place and read
+    back; the shared usage is what the files hold."""
+    _sub_batched(monkeypatch)
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
+    if not st.odirect or not hasattr(st.engine, "write_chunks"):
+        st.close()
+        pytest.skip(f"no O_DIRECT on {root}: the store writes through Engine.write")
+    real = st.engine
+    calls = []
+
+    class Failing:  # the second write_chunks call raises, as a closed engine would
+        def __getattr__(self, a):
+            return getattr(real, a)
+
+        def write_chunks(self, chunks, direct=False):
+            calls.append(len(chunks))
+            if len(calls) == 2:
+                raise ValueError("engine is closed")
+            return real.write_chunks(chunks, direct=direct)
+
+    try:
+        src = _filled(12, SIZE)
+        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+        keys = [f"fail-{i}" for i in range(12)]
+        st.engine = Failing()
+        with pytest.raises(ValueError, match="closed"):
+            st.write([(k, src.address + i * SIZE, SIZE, meta) for i, k in enumerate(keys)])
+        st.engine = real
+        assert calls == [4, 4, 4]
+        stored = [k for k in keys if st.contains(k)]
+        assert stored == keys[:4] + keys[8:]
+        out, dst = _read_back(st, stored, SIZE)
+        assert out == list(range(8))
+        assert bytes(dst) == bytes(memoryview(src)[: 4 * SIZE]) + bytes(memoryview(src)[8 * SIZE :])
+        tmps, on_disk = _files_under(root)
+        assert tmps == [] and st.usage_bytes == on_disk
+    finally:
+        st.engine = real
+        st.close()

@@ -27,7 +27,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional, Sequence
 
 from .. import _fxio
@@ -94,6 +94,10 @@ TOUCH_SECONDS = 10.0  # a hit refreshes its chunk's mtime (the shared LRU clock)
 RESCAN_SECONDS = 300.0  # the ledger is recomputed from the files at least this often (by any process)
 EVICTED_KEPT = 1 << 16  # evicted digests kept for take_evicted()
 WRITE_WHOLE = 1 << 30  # Engine.write split: one piece per payload (the largest the engine takes)
+# A large O_DIRECT store goes in sub-batches of about this many bytes (and at least WRITE_SUB_CHUNKS
+# chunks), each one's payloads written while the next is prepared and the one before put in place.
+WRITE_SUB_BYTES = 64 << 20
+WRITE_SUB_CHUNKS = 16
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
 # Both intervals grow to this many times the last walk's duration: a store of a million files
 # is not walked every 30 s, nor its lock held for a walk more than ~1% of the time.
@@ -187,6 +191,46 @@ class _WriteFile:
     recycled: bool = False  # an evicted chunk's file was moved to the temporary's name, to be written into
     recycled_ino: int = 0
     mtime_ns: int = 0  # its LRU clock, set when it was put in place
+
+
+class _Call:
+    """fn() run on a thread of its own (`background`; fn releases the GIL)
+    or here; result() waits for it and returns or raises what it did."""
+
+    def __init__(self, fn: Callable[[], Any], background: bool):
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        if background:
+            self._thread = threading.Thread(target=self._run, args=(fn,), name="lmcache-fx-write", daemon=True)
+            self._thread.start()
+        else:
+            self._run(fn)
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # handed to whoever waits
+            self._error = e
+
+    def result(self) -> Any:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+@dataclass
+class _ChunkFiles:
+    """A (sub-)batch of O_DIRECT stores whose Engine.write_chunks call was
+    started: what its commit needs."""
+
+    files: list  # every _WriteFile made (the commit removes what is not put in place)
+    dirfds: dict  # its fan-out directories' descriptors, closed after the commit
+    good: list = field(default_factory=list)  # those with room, being written
+    hdrs: Any = None  # their headers' buffer, alive until the writes are done
+    call: Optional[_Call] = None
 
 
 def _tmp_name(final: str) -> str:
@@ -994,35 +1038,17 @@ class ChunkStore:
         if time.monotonic() < self._enospc_until:
             self._count_enospc(len(todo))
             return out
+        weng = self._wengine if self.engine is self._wengine_for else self.engine
+        if self.odirect and self._mac_key is None and hasattr(weng, "write_chunks"):
+            return self._write_chunk_files(weng, todo, out)
         files: list[_WriteFile] = []
         ready: list[_WriteFile] = []
         dirfds: dict[str, int] = {}  # fan-out directory -> O_PATH descriptor, for this batch
-        # A batch that will evict (as the shared usage last read says) rebuilds an old victim
-        # list before it takes the lock, and makes its temporaries in the reservation, under
-        # it: an evicted file of the same size is then moved to the temporary's name and
-        # written into, with no file made and unlinked for it.
-        need = sum(HEADER_SIZE + round_up(t[4], 4096) for t in todo)
-        evicts = self._last_usage + need > self.options.max_capacity_bytes
-        defer = evicts and self.options.reuse_evicted
         try:
-            for i, key, d, addr, nbytes, meta in todo:
-                f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds, make=not defer)
-                if f is not None:
-                    files.append(f)
-            if not files:
-                return out
-            if self._recompute_due():
-                self._recompute()
-            if evicts:
-                self._refresh_victims(len(files))
-            good = self._reserve(files)
+            good = self._prepare(todo, files, dirfds)
             if not good:
                 return out
             hdrs = _fxio.HostBuffer(HEADER_SIZE * len(good), hugepages=False)
-            weng = self._wengine if self.engine is self._wengine_for else self.engine
-            if self.odirect and self._mac_key is None and hasattr(weng, "write_chunks"):
-                ready.extend(self._write_pipelined(weng, good, hdrs))
-                return out
             # O_DIRECT: each payload as one write. The block layer splits it into device-sized
             # requests anyway, and the filesystem allocates its extent once instead of per piece
             # (XFS, 64 MiB chunks: ~1.2x; docs/benchmarks.md). Page-cache writes keep the engine's
@@ -1062,15 +1088,97 @@ class ChunkStore:
                     os.close(dfd)
         return out
 
-    def _write_pipelined(self, weng: Any, good: list["_WriteFile"], hdrs: Any) -> list["_WriteFile"]:
-        """O_DIRECT stores without a MAC: each chunk's payload, header (its
-        CRC32C filled in in C) and LRU clock run as one pipeline per chunk on
-        the engine's threads (Engine.write_chunks), so no step waits for the
-        whole batch's previous one with Python in between. The renames stay
-        in the commit, under the store lock: a ledger recompute that walked
-        meanwhile is then always told (the commit changes the ledger), where
-        a rename behind its back could be missed by its directory listing.
-        Returns the files written."""
+    def _prepare(self, todo, files: list["_WriteFile"], dirfds: dict[str, int]) -> list["_WriteFile"]:
+        """What a batch does before its payloads: its temporaries made (each
+        appended to `files` as it is, for the caller's cleanup), the ledger
+        recomputed when due, and the reservation. Returns the files that got
+        room."""
+        # A batch that will evict (as the shared usage last read says) rebuilds an old victim
+        # list before it takes the lock, and makes its temporaries in the reservation, under
+        # it: an evicted file of the same size is then moved to the temporary's name and
+        # written into, with no file made and unlinked for it.
+        need = sum(HEADER_SIZE + round_up(t[4], 4096) for t in todo)
+        evicts = self._last_usage + need > self.options.max_capacity_bytes
+        defer = evicts and self.options.reuse_evicted
+        for i, key, d, addr, nbytes, meta in todo:
+            f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds, make=not defer)
+            if f is not None:
+                files.append(f)
+        if not files:
+            return []
+        if self._recompute_due():
+            self._recompute()
+        if evicts:
+            self._refresh_victims(len(files))
+        return self._reserve(files)
+
+    def _write_chunk_files(self, weng: Any, todo, out: list[bool]) -> list[bool]:
+        """O_DIRECT stores without a MAC, on Engine.write_chunks. A large
+        batch goes in sub-batches of about WRITE_SUB_BYTES, overlapped: while
+        one sub-batch's payloads are written on the engine's threads, this
+        thread makes and reserves the next one's temporaries, then puts the
+        previous one in place. Those steps are per chunk and one at a time
+        (a create and a rename, each a directory update: ~50 us a chunk,
+        a fifth of a 2 MiB chunk's write); overlapped, they stop adding to
+        it. Each sub-batch is a batch of its own: its own reservation and
+        commit under the ledger."""
+        per = max(WRITE_SUB_CHUNKS, WRITE_SUB_BYTES // max(max(t[4] for t in todo), 1))
+        subs = [todo[k : k + per] for k in range(0, len(todo), per)]
+        running: Optional[_ChunkFiles] = None
+        try:
+            for sub in subs:
+                if time.monotonic() < self._enospc_until:
+                    self._count_enospc(len(sub))
+                    continue
+                started = self._start_chunk_files(weng, sub, out, background=len(subs) > 1)
+                prev, running = running, started
+                if prev is not None:
+                    self._finish_chunk_files(prev, out)
+        finally:
+            if running is not None:
+                self._finish_chunk_files(running, out)
+        return out
+
+    def _start_chunk_files(self, weng: Any, todo, out: list[bool], background: bool) -> "_ChunkFiles":
+        """Prepares a (sub-)batch and starts its Engine.write_chunks call, on
+        a thread of its own with `background` (the call releases the GIL).
+        What it made is cleaned up here if it raises."""
+        files: list[_WriteFile] = []
+        dirfds: dict[str, int] = {}
+        try:
+            good = self._prepare(todo, files, dirfds)
+            if not good:
+                return _ChunkFiles(files, dirfds)
+            hdrs = _fxio.HostBuffer(HEADER_SIZE * len(good), hugepages=False)
+            ops = self._chunk_ops(good, hdrs)
+            call = _Call(lambda: weng.write_chunks(ops, direct=True), background)
+            return _ChunkFiles(files, dirfds, good, hdrs, call)
+        except BaseException:
+            self._finish_chunk_files(_ChunkFiles(files, dirfds), out)
+            raise
+
+    def _finish_chunk_files(self, b: "_ChunkFiles", out: list[bool]) -> None:
+        """Waits for a started (sub-)batch's writes, then commits it: the
+        files written are put in place, the rest removed."""
+        ready: list[_WriteFile] = []
+        try:
+            if b.call is not None:
+                ready = self._chunks_written(b.good, b.call.result())
+        finally:
+            try:
+                self._commit(b.files, ready, out)
+            finally:
+                for dfd in b.dirfds.values():
+                    os.close(dfd)
+
+    def _chunk_ops(self, good: list["_WriteFile"], hdrs: Any) -> list[tuple]:
+        """Engine.write_chunks' ops: each chunk's payload, header (its CRC32C
+        filled in in C) and LRU clock run as one pipeline per chunk on the
+        engine's threads, so no step waits for the whole batch's previous one
+        with Python in between. The renames stay in the commit, under the
+        store lock: a ledger recompute that walked meanwhile is then always
+        told (the commit changes the ledger), where a rename behind its back
+        could be missed by its directory listing."""
         now = time.time_ns()
         ops = []
         for j, f in enumerate(good):
@@ -1079,8 +1187,12 @@ class ChunkStore:
             if not f.nbytes % 4096:  # else trimmed under the lock, which sets the clock again
                 f.mtime_ns = self._next_mtime_ns()
             ops.append((f.fd, f.addr, f.nbytes, hdrs.address + off, f.mtime_ns))
+        return ops
+
+    def _chunks_written(self, good: list["_WriteFile"], res: list) -> list["_WriteFile"]:
+        """The files of `good` that Engine.write_chunks wrote whole."""
         ready = []
-        for f, (n, hn, _crc, clock) in zip(good, weng.write_chunks(ops, direct=True)):
+        for f, (n, hn, _crc, clock) in zip(good, res):
             if clock != 1:
                 f.mtime_ns = 0  # set by the commit
             if n != f.nbytes:
