@@ -487,18 +487,20 @@ def _write_syscalls() -> int:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_write_chunks_odirect_header_and_payload_in_one_request(kind, store, rootfd):
-    """On O_DIRECT an aligned chunk's header and payload go out as one write
-    request (one pwritev at 0, the CRC taken first), counted by the kernel's
-    write-syscall counter; an unaligned length keeps two (payload through a
-    bounce buffer, then header). Both read back bit-exact, verified."""
+    """On O_DIRECT an aligned chunk of up to 8 MiB goes out with its header
+    as one write request (one pwritev at 0, the CRC taken first), counted by
+    the kernel's write-syscall counter; an unaligned length keeps two
+    (payload through a bounce buffer, then header), and so does a larger
+    payload (written first, its CRC after). All read back bit-exact,
+    verified."""
     if not _odirect_ok(store):
         pytest.skip(f"O_DIRECT not supported on {store}")
-    sizes = [1 << 20, 5000]
+    sizes = [1 << 20, 5000, 16 << 20]
     rng = random.Random(11)
     payloads = [rng.randbytes(n) for n in sizes]
     src = fx.HostBuffer(sum(span(n) for n in sizes), hugepages=False)
     hdrs = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
-    offs = [0, span(sizes[0])]
+    offs = [sum(span(n) for n in sizes[:i]) for i in range(len(sizes))]
     for o, p in zip(offs, payloads):
         memoryview(src)[o : o + len(p)] = p
     name = os.path.join(store, "ab", f"fused-{kind}-%d")
@@ -515,17 +517,17 @@ def test_write_chunks_odirect_header_and_payload_in_one_request(kind, store, roo
             finally:
                 os.close(fd)
             assert res[0][:3] == (n, HEADER_SIZE, fx.crc32c(payloads[i])), res
-            assert writes == (1 if i == 0 else 2), (n, writes)
+            assert writes == (1 if i == 0 else 2), (n, writes)  # the 16 MiB payload: one pwrite, as it is aligned
             os.truncate(name % i + ".tmp", HEADER_SIZE + n)
             os.rename(name % i + ".tmp", name % i + ".fxkv")
         got, datas, _ = read(
             eng,
             rootfd,
-            [(f"ab/{os.path.basename(name % i)}.fxkv", sizes[i]) for i in range(2)],
+            [(f"ab/{os.path.basename(name % i)}.fxkv", sizes[i]) for i in range(3)],
             direct=True,
-            expects=[body_of(f"k{i}", sizes[i]) for i in range(2)],
+            expects=[body_of(f"k{i}", sizes[i]) for i in range(3)],
         )
-        assert [g[0] for g in got] == [0, 0] and datas == payloads
+        assert [g[0] for g in got] == [0, 0, 0] and datas == payloads
     finally:
         eng.close()
 

@@ -261,3 +261,62 @@ def test_failed_sub_batch_leaves_no_temporary_and_a_true_usage(root, monkeypatch
     finally:
         st.engine = real
         st.close()
+
+
+def test_sub_batches_run_one_after_another_while_a_read_runs(root, monkeypatch):
+    """Loads come first: while a read of the store is in progress, a large
+    O_DIRECT store's sub-batches are written on the calling thread, one
+    after the other (no overlap thread to take CPU from the load); with no
+    read running, they are written on a thread of their own. Both stores
+    land whole."""
+    import threading
+
+    _sub_batched(monkeypatch)
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
+    if not st.odirect or not hasattr(st.engine, "write_chunks"):
+        st.close()
+        pytest.skip(f"no O_DIRECT on {root}: the store writes through Engine.write")
+    real = st.engine
+    writers: list[str] = []
+    reading, release = threading.Event(), threading.Event()
+
+    class Recording:  # write_chunks records its thread; reads hold until released
+        def __getattr__(self, a):
+            return getattr(real, a)
+
+        def write_chunks(self, chunks, direct=False):
+            writers.append(threading.current_thread().name)
+            return real.write_chunks(chunks, direct=direct)
+
+        def read(self, *a, **kw):  # a stand-in engine gets the two-op read steps
+            reading.set()
+            assert release.wait(10)
+            return real.read(*a, **kw)
+
+    try:
+        src = _filled(12, SIZE)
+        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+        assert all(st.write([(f"old-{i}", src.address + i * SIZE, SIZE, meta) for i in range(4)]))
+        st.engine = Recording()
+        result = []
+        reader = threading.Thread(target=lambda: result.append(_read_back(st, [f"old-{i}" for i in range(4)], SIZE)))
+        reader.start()
+        try:
+            assert reading.wait(10)
+            main = threading.current_thread().name
+            assert all(st.write([(f"busy-{i}", src.address + i * SIZE, SIZE, meta) for i in range(12)]))
+            assert writers == [main] * 3
+        finally:
+            release.set()
+            reader.join()
+        assert result[0][0] == list(range(4))
+        writers.clear()
+        assert all(st.write([(f"idle-{i}", src.address + i * SIZE, SIZE, meta) for i in range(12)]))
+        assert len(writers) == 3 and all(w == "lmcache-fx-write" for w in writers)
+        st.engine = real
+        out, dst = _read_back(st, [f"busy-{i}" for i in range(12)] + [f"idle-{i}" for i in range(12)], SIZE)
+        assert out == list(range(24)) and bytes(dst) == bytes(src) * 2
+    finally:
+        release.set()
+        st.engine = real
+        st.close()
