@@ -169,7 +169,7 @@ def ratios_table(paths: list[str]) -> str:
         with open(p) as f:
             runs.append(json.load(f))
     rows = [
-        f"{len(runs)} runs ({', '.join(r['command'].split('--json ')[-1].split()[0] for r in runs)}):",
+        f"{len(runs)} runs ({', '.join(paths)}):",
         "",
         "| reader | read / best peer (min · median · max) | store / best of its level | tier CPU / lowest |",
         "|---|---|---|---|",

@@ -426,6 +426,19 @@ def test_bad_arguments():
         eng.write_chunks([])
 
 
+def _write_sources(sizes, seed):
+    """Random payloads of `sizes` laid out 4096-aligned in one buffer, and a
+    buffer of as many headers: (payloads, source, headers, offsets)."""
+    rng = random.Random(seed)
+    payloads = [rng.randbytes(n) for n in sizes]
+    src = fx.HostBuffer(sum(span(n) for n in sizes), hugepages=False)
+    hdrs = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
+    offs = [sum(span(n) for n in sizes[:i]) for i in range(len(sizes))]
+    for o, p in zip(offs, payloads):
+        memoryview(src)[o : o + len(p)] = p
+    return payloads, src, hdrs, offs
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_write_chunks_writes_each_chunk_with_its_crc(kind, store, rootfd):
     """Engine.write_chunks: per chunk the payload at 4096, its CRC32C into
@@ -434,13 +447,7 @@ def test_write_chunks_writes_each_chunk_with_its_crc(kind, store, rootfd):
     every chunk reads back bit-exact through read_chunks with verification
     on. A chunk whose write fails stops there: no header, no clock."""
     sizes = [4096, 3 * 4096, 1 << 20, 8192, 4096]  # 3: no clock asked; 4: its fd is read-only
-    rng = random.Random(7)
-    payloads = [rng.randbytes(n) for n in sizes]
-    src = fx.HostBuffer(sum(span(n) for n in sizes), hugepages=False)
-    hdrs = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
-    offs = [sum(span(n) for n in sizes[:i]) for i in range(len(sizes))]
-    for o, p in zip(offs, payloads):
-        memoryview(src)[o : o + len(p)] = p
+    payloads, src, hdrs, offs = _write_sources(sizes, 7)
     sub = os.path.join(store, "ab")
     eng = fx.Engine(kind)
     try:
@@ -496,13 +503,7 @@ def test_write_chunks_odirect_header_and_payload_in_one_request(kind, store, roo
     if not _odirect_ok(store):
         pytest.skip(f"O_DIRECT not supported on {store}")
     sizes = [1 << 20, 5000, 16 << 20]
-    rng = random.Random(11)
-    payloads = [rng.randbytes(n) for n in sizes]
-    src = fx.HostBuffer(sum(span(n) for n in sizes), hugepages=False)
-    hdrs = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
-    offs = [sum(span(n) for n in sizes[:i]) for i in range(len(sizes))]
-    for o, p in zip(offs, payloads):
-        memoryview(src)[o : o + len(p)] = p
+    payloads, src, hdrs, offs = _write_sources(sizes, 11)
     name = os.path.join(store, "ab", f"fused-{kind}-%d")
     eng = fx.Engine(kind)
     try:

@@ -150,10 +150,17 @@ def test_cancelled_chunks_read_waits_and_releases(root):
         st.close()
 
 
-def _sub_batched(monkeypatch):
-    """Sub-batches of 4 chunks of SIZE (the store's thresholds lowered)."""
+def _sub_batched_store(root, monkeypatch) -> ChunkStore:
+    """A store whose writes go in sub-batches of 4 chunks of SIZE (its
+    thresholds lowered); skips where it would not write through
+    Engine.write_chunks (no O_DIRECT there)."""
     monkeypatch.setattr(store_mod, "WRITE_SUB_BYTES", 4 * SIZE)
     monkeypatch.setattr(store_mod, "WRITE_SUB_CHUNKS", 4)
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
+    if not st.odirect or not hasattr(st.engine, "write_chunks"):
+        st.close()
+        pytest.skip(f"no O_DIRECT on {root}: the store writes through Engine.write")
+    return st
 
 
 def _files_under(root):
@@ -179,11 +186,7 @@ def test_large_odirect_write_overlaps_its_sub_batches(root, monkeypatch):
     made while the one before is still being written (held here until they
     appear). Every chunk lands, reads back, no temporary is left, and the
     shared usage is what the files hold."""
-    _sub_batched(monkeypatch)
-    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
-    if not st.odirect or not hasattr(st.engine, "write_chunks"):
-        st.close()
-        pytest.skip(f"no O_DIRECT on {root}: the store writes through Engine.write")
+    st = _sub_batched_store(root, monkeypatch)
     real = st.engine
     calls, overlapped = [], []
 
@@ -224,11 +227,7 @@ def test_failed_sub_batch_leaves_no_temporary_and_a_true_usage(root, monkeypatch
     every sub-batch started has finished: the failed one's temporaries are
     removed and its reservation returned; the others are in place and read
     back; the shared usage is what the files hold."""
-    _sub_batched(monkeypatch)
-    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
-    if not st.odirect or not hasattr(st.engine, "write_chunks"):
-        st.close()
-        pytest.skip(f"no O_DIRECT on {root}: the store writes through Engine.write")
+    st = _sub_batched_store(root, monkeypatch)
     real = st.engine
     calls = []
 
@@ -271,11 +270,7 @@ def test_sub_batches_run_one_after_another_while_a_read_runs(root, monkeypatch):
     land whole."""
     import threading
 
-    _sub_batched(monkeypatch)
-    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
-    if not st.odirect or not hasattr(st.engine, "write_chunks"):
-        st.close()
-        pytest.skip(f"no O_DIRECT on {root}: the store writes through Engine.write")
+    st = _sub_batched_store(root, monkeypatch)
     real = st.engine
     writers: list[str] = []
     reading, release = threading.Event(), threading.Event()
