@@ -53,7 +53,8 @@ static void write_one(void *ctx, size_t i)
          * into cache). Not for large payloads: there the header's request
          * is noise, and a burst of CRCs before the writes took CPU from
          * loads running beside the store (fx-l2's 64 MiB loads while
-         * storing fell to ~1.0x fs_native's, from ~1.5x). */
+         * storing: 1.06-1.39x fs_native's, against 1.46-1.71x with the CRC
+         * after; docs/bench-repeats/loads-first/). */
         r->crc = fx_crc32c(0, c->src, c->length);
         seal_header(c->hdr, r->crc);
         r->nbytes = fx_write_fused(c->fd, c->hdr, c->src, c->length);

@@ -1134,8 +1134,14 @@ class ChunkStore:
                     continue
                 # Overlapped only while no read of this store runs: beside a load, the
                 # overlap's extra thread took CPU from the load and did not speed the store
-                # (bench --mixed, 2 MiB: loads 1.28-1.47x fs_native's against 1.46-1.58x).
-                started = self._start_chunk_files(weng, sub, out, background=len(subs) > 1 and not self._reads_running)
+                # (bench --mixed, 2 MiB: loads 1.05-1.38x fs_native's against 1.39-1.42x;
+                # docs/bench-repeats/loads-first/). One after the other, each goes in place
+                # before the next is written.
+                background = len(subs) > 1 and not self._reads_running
+                if not background and running is not None:
+                    done, running = running, None
+                    self._finish_chunk_files(done, out)
+                started = self._start_chunk_files(weng, sub, out, background)
                 prev, running = running, started
                 if prev is not None:
                     self._finish_chunk_files(prev, out)
