@@ -439,6 +439,19 @@ def _write_sources(sizes, seed):
     return payloads, src, hdrs, offs
 
 
+def _read_written(eng, rootfd, name, sizes, direct):
+    """Reads back, verified, the chunk files `name % i`.fxkv (key k<i>, a
+    payload of sizes[i]) under ab/: (results, [payload bytes])."""
+    got, datas, _ = read(
+        eng,
+        rootfd,
+        [(f"ab/{os.path.basename(name % i)}.fxkv", n) for i, n in enumerate(sizes)],
+        direct=direct,
+        expects=[body_of(f"k{i}", n) for i, n in enumerate(sizes)],
+    )
+    return got, datas
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_write_chunks_writes_each_chunk_with_its_crc(kind, store, rootfd):
     """Engine.write_chunks: per chunk the payload at 4096, its CRC32C into
@@ -475,13 +488,7 @@ def test_write_chunks_writes_each_chunk_with_its_crc(kind, store, rootfd):
             assert os.stat(name % 3 + ".tmp").st_mtime_ns >= before
             for i in range(4):
                 os.rename(name % i + ".tmp", name % i + ".fxkv")
-            got, datas, _ = read(
-                eng,
-                rootfd,
-                [(f"ab/{os.path.basename(name % i)}.fxkv", sizes[i]) for i in range(4)],
-                direct=direct,
-                expects=[body_of(f"k{i}", sizes[i]) for i in range(4)],
-            )
+            got, datas = _read_written(eng, rootfd, name, sizes[:4], direct)
             assert [g[0] for g in got] == [0] * 4 and datas == payloads[:4]
     finally:
         eng.close()
@@ -521,13 +528,7 @@ def test_write_chunks_odirect_header_and_payload_in_one_request(kind, store, roo
             assert writes == (1 if i == 0 else 2), (n, writes)  # the 16 MiB payload: one pwrite, as it is aligned
             os.truncate(name % i + ".tmp", HEADER_SIZE + n)
             os.rename(name % i + ".tmp", name % i + ".fxkv")
-        got, datas, _ = read(
-            eng,
-            rootfd,
-            [(f"ab/{os.path.basename(name % i)}.fxkv", sizes[i]) for i in range(3)],
-            direct=True,
-            expects=[body_of(f"k{i}", sizes[i]) for i in range(3)],
-        )
+        got, datas = _read_written(eng, rootfd, name, sizes, True)
         assert [g[0] for g in got] == [0, 0, 0] and datas == payloads
     finally:
         eng.close()

@@ -170,6 +170,17 @@ def _files_under(root):
     )
 
 
+def _assert_no_temporary_and_a_true_usage(st, root):
+    tmps, on_disk = _files_under(root)
+    assert tmps == [] and st.usage_bytes == on_disk
+
+
+def _items(keys, src):
+    """ChunkStore.write items: key i's payload is src's i-th SIZE bytes."""
+    meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+    return [(k, src.address + i * SIZE, SIZE, meta) for i, k in enumerate(keys)]
+
+
 def _read_back(st, keys, n_bytes):
     dst = fx.HostBuffer(len(keys) * n_bytes)
 
@@ -207,16 +218,14 @@ def test_large_odirect_write_overlaps_its_sub_batches(root, monkeypatch):
 
     try:
         src = _filled(12, SIZE)
-        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
         keys = [f"sub-{i}" for i in range(12)]
         st.engine = Holding()
-        assert all(st.write([(k, src.address + i * SIZE, SIZE, meta) for i, k in enumerate(keys)]))
+        assert all(st.write(_items(keys, src)))
         st.engine = real
         assert calls == [4, 4, 4] and overlapped == [True]
         out, dst = _read_back(st, keys, SIZE)
         assert out == list(range(12)) and bytes(dst) == bytes(src)
-        tmps, on_disk = _files_under(root)
-        assert tmps == [] and st.usage_bytes == on_disk
+        _assert_no_temporary_and_a_true_usage(st, root)
     finally:
         st.engine = real
         st.close()
@@ -243,11 +252,10 @@ def test_failed_sub_batch_leaves_no_temporary_and_a_true_usage(root, monkeypatch
 
     try:
         src = _filled(12, SIZE)
-        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
         keys = [f"fail-{i}" for i in range(12)]
         st.engine = Failing()
         with pytest.raises(ValueError, match="closed"):
-            st.write([(k, src.address + i * SIZE, SIZE, meta) for i, k in enumerate(keys)])
+            st.write(_items(keys, src))
         st.engine = real
         assert calls == [4, 4, 4]
         stored = [k for k in keys if st.contains(k)]
@@ -255,8 +263,7 @@ def test_failed_sub_batch_leaves_no_temporary_and_a_true_usage(root, monkeypatch
         out, dst = _read_back(st, stored, SIZE)
         assert out == list(range(8))
         assert bytes(dst) == bytes(memoryview(src)[: 4 * SIZE]) + bytes(memoryview(src)[8 * SIZE :])
-        tmps, on_disk = _files_under(root)
-        assert tmps == [] and st.usage_bytes == on_disk
+        _assert_no_temporary_and_a_true_usage(st, root)
     finally:
         st.engine = real
         st.close()
@@ -290,8 +297,7 @@ def test_sub_batches_run_one_after_another_while_a_read_runs(root, monkeypatch):
 
     try:
         src = _filled(12, SIZE)
-        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
-        assert all(st.write([(f"old-{i}", src.address + i * SIZE, SIZE, meta) for i in range(4)]))
+        assert all(st.write(_items([f"old-{i}" for i in range(4)], src)))
         st.engine = Recording()
         result = []
         reader = threading.Thread(target=lambda: result.append(_read_back(st, [f"old-{i}" for i in range(4)], SIZE)))
@@ -299,14 +305,14 @@ def test_sub_batches_run_one_after_another_while_a_read_runs(root, monkeypatch):
         try:
             assert reading.wait(10)
             main = threading.current_thread().name
-            assert all(st.write([(f"busy-{i}", src.address + i * SIZE, SIZE, meta) for i in range(12)]))
+            assert all(st.write(_items([f"busy-{i}" for i in range(12)], src)))
             assert writers == [main] * 3
         finally:
             release.set()
             reader.join()
         assert result[0][0] == list(range(4))
         writers.clear()
-        assert all(st.write([(f"idle-{i}", src.address + i * SIZE, SIZE, meta) for i in range(12)]))
+        assert all(st.write(_items([f"idle-{i}" for i in range(12)], src)))
         assert len(writers) == 3 and all(w == "lmcache-fx-write" for w in writers)
         st.engine = real
         out, dst = _read_back(st, [f"busy-{i}" for i in range(12)] + [f"idle-{i}" for i in range(12)], SIZE)
