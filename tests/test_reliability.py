@@ -73,7 +73,10 @@ def test_sigkill_during_stores(store_dir):
         # Every child stops for good between writing a batch's temporaries and renaming them (a test-only
         # hook, tests/faults/fxfault.py pause_in_commit) at a random batch, so no child ever finishes. Odd
         # trials are killed right there (mid-write, whatever the machine's speed), even ones at a random moment.
-        p = F.spawn("writer", {"path": store_dir, "seed": t, "n": 400, "pause_at": rng.randint(1, 30)})
+        # Every third trial writes batches of up to 24 chunks in overlapped sub-batches of 4.
+        subs = t % 3 == 2
+        args = {"path": store_dir, "seed": t, "n": 400, "pause_at": rng.randint(1, 30)}
+        p = F.spawn("writer", {**args, "sub_batches": subs, "batch_max": 24 if subs else 6})
         assert p.stdout.readline().strip() == "READY", p.stderr.read()
         early = []
         if t % 2:
@@ -115,12 +118,14 @@ def test_sigkill_during_stores(store_dir):
         finally:
             s.close()
     figure(
-        "SIGKILL of a writer process at a random moment (store API), then restart",
+        "SIGKILL of a writer process at a random moment (store API; every third trial in overlapped "
+        "sub-batches of 4 chunks), then restart",
         CRASH_TRIALS,
         "zero wrong chunks; every completed store found; temporaries removed at start; usage == bytes of files",
         fs=fs_of(store_dir),
         killed_mid_run=killed_mid,
         killed_between_write_and_rename=mid_write,
+        trials_in_sub_batches=CRASH_TRIALS // 3,
         completed_stores=done_total,
         found_after_restart=done_total - lost,
         extra_whole_chunks=found_beyond,

@@ -306,6 +306,10 @@ def out(*a):
 def child_writer(a):
     """Stores chunks of one trial until killed (or done); DONE <i> after each
     completed store."""
+    if a.get("sub_batches"):  # batches of more than 4 chunks go in overlapped sub-batches of 4
+        from lmcache_fx.core import store as store_mod
+
+        store_mod.WRITE_SUB_BYTES, store_mod.WRITE_SUB_CHUNKS = 4096, 4
     store = open_store(a["path"], **a.get("opts", {}))
     rng = random.Random(a["seed"])
     if a.get("pause_at") is not None:
@@ -315,7 +319,7 @@ def child_writer(a):
     while i < a["n"]:
         batch = []
         src = Chunks()
-        for _ in range(rng.randint(1, 6)):
+        for _ in range(rng.randint(1, a.get("batch_max", 6))):
             if i >= a["n"]:
                 break
             size = rng.choice([65536, 262144, 1 << 20, 4096 * rng.randint(1, 300) + rng.randint(1, 4095)])
@@ -330,9 +334,10 @@ def child_writer(a):
 
 def pause_in_commit(store, when) -> None:
     """Test-only fault hook, on this store object only: the `when(n)`-th
-    batch stops between writing its temporaries and renaming them into place
-    (prints MIDWRITE and sleeps until killed), so a SIGKILL lands mid-write
-    whatever the machine's speed."""
+    batch (or sub-batch) stops between writing its temporaries and renaming
+    them into place (prints MIDWRITE and sleeps until killed), so a SIGKILL
+    lands mid-write whatever the machine's speed; with overlapped sub-batches
+    the next one's writes are then in flight too."""
     real = store._commit
     count = [0]
 
