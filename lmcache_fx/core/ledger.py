@@ -178,6 +178,11 @@ class Ledger:
         with self._reads_lock:
             self._reads += delta
 
+    def reads_in_flight(self) -> int:
+        """Read batches counted by reading() that have not ended."""
+        with self._reads_lock:
+            return self._reads
+
     def may_reuse(self) -> bool:
         """Whether an evicted file that has just been renamed away may be
         rewritten, provided the evictor also gets its write lock

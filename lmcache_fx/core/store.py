@@ -318,7 +318,6 @@ class ChunkStore:
         self._io_warn_quiet = 0
         self._hdr_pool: list = []
         self._last_mtime_ns = 0
-        self._reads_running = 0  # read batches of this store in progress (stores yield to them)
         self.stats = Stats()
         self.engine: Any = None
         if options.auth_key and options.direct_to_gpu:
@@ -1137,7 +1136,7 @@ class ChunkStore:
                 # (bench --mixed, 2 MiB: loads 1.05-1.38x fs_native's against 1.39-1.42x;
                 # docs/bench-repeats/loads-first/). One after the other, each goes in place
                 # before the next is written.
-                background = len(subs) > 1 and not self._reads_running
+                background = len(subs) > 1 and not self._ledger.reads_in_flight()
                 if not background and running is not None:
                     done, running = running, None
                     self._finish_chunk_files(done, out)
@@ -1469,8 +1468,6 @@ class ChunkStore:
         ledger = self._ledger
         if ledger is not None:
             ledger.reading(1)  # chunk files may be open from here on (Ledger.may_reuse, for unlocked reads)
-        with self._lock:
-            self._reads_running += 1
         try:
             return (yield from self._read_steps(keys, allocate, allocs, fds, chunks, per_key))
         except Exception as ex:
@@ -1484,8 +1481,6 @@ class ChunkStore:
         finally:
             for fd in fds:
                 os.close(fd)
-            with self._lock:
-                self._reads_running -= 1
             if ledger is not None:
                 ledger.reading(-1)
 
