@@ -16,6 +16,11 @@
 #include "fxio.h"
 
 #define FX_FUSED_WRITE_MAX (8u << 20) /* largest payload written in one request with its header */
+/* Larger payloads go in segments of this size, each checksummed just before
+ * its write (7 x 64 MiB and 47 x 10 MiB stores on the XFS loop: 1.1-1.4x
+ * against writing the payload whole and checksumming it after; 2 MiB did
+ * better than 4 or 8 MiB). */
+#define FX_WRITE_SEGMENT (2u << 20)
 
 typedef struct {
     const fx_wchunk *c;
@@ -36,6 +41,30 @@ static void seal_header(char *hdr, uint32_t payload_crc)
 {
     put_le32(hdr + FX_HDR_PCRC_OFF, payload_crc);
     put_le32(hdr + FX_HDR_CRC_OFF, fx_crc32c(0, hdr, FX_HDR_CRC_OFF));
+}
+
+/* A large O_DIRECT payload a segment at a time, each checksummed just
+ * before it is written. Written whole and then checksummed, every writer
+ * thread of a batch waited on the device together and then took its CRC
+ * together, the device idle meanwhile; a segment at a time, some threads
+ * checksum while others' segments are written, and each segment is still in
+ * cache when it is copied out. Returns the bytes written or -errno. */
+static int64_t write_segments(const fx_wchunk *c, uint32_t *crc)
+{
+    uint64_t done = 0;
+
+    *crc = 0;
+    while (done < c->length) {
+        uint64_t k = c->length - done < FX_WRITE_SEGMENT ? c->length - done : FX_WRITE_SEGMENT;
+        int64_t w;
+
+        *crc = fx_crc32c(*crc, c->src + done, k);
+        w = fx_io_sync(c->fd, 1, 1, (char *)c->src + done, k, FX_HDR_SIZE + done);
+        if (w != (int64_t)k)
+            return w < 0 ? w : (int64_t)(done + (uint64_t)w);
+        done += k;
+    }
+    return (int64_t)done;
 }
 
 static void write_one(void *ctx, size_t i)
@@ -62,12 +91,17 @@ static void write_one(void *ctx, size_t i)
             return;
         r->hdr = FX_HDR_SIZE;
     } else {
-        r->nbytes = fx_io_sync(c->fd, 1, j->direct, (char *)c->src, c->length, FX_HDR_SIZE);
+        if (j->direct && !(((uintptr_t)c->src | c->length) & (FX_DIO_ALIGN - 1)))
+            r->nbytes = write_segments(c, &r->crc);
+        else {
+            r->nbytes = fx_io_sync(c->fd, 1, j->direct, (char *)c->src, c->length, FX_HDR_SIZE);
+            /* After the write: where the kernel copied the source (buffered),
+             * it may still be in this core's cache. */
+            if (r->nbytes == (int64_t)c->length)
+                r->crc = fx_crc32c(0, c->src, c->length);
+        }
         if (r->nbytes != (int64_t)c->length)
             return;
-        /* After the write: where the kernel copied the source (buffered, or
-         * a loop device), it may still be in this core's cache. */
-        r->crc = fx_crc32c(0, c->src, c->length);
         seal_header(c->hdr, r->crc);
         r->hdr = fx_io_sync(c->fd, 1, j->direct, c->hdr, FX_HDR_SIZE, 0);
         if (r->hdr != (int64_t)FX_HDR_SIZE)

@@ -504,12 +504,15 @@ def test_write_chunks_odirect_header_and_payload_in_one_request(kind, store, roo
     """On O_DIRECT an aligned chunk of up to 8 MiB goes out with its header
     as one write request (one pwritev at 0, the CRC taken first), counted by
     the kernel's write-syscall counter; an unaligned length keeps two
-    (payload through a bounce buffer, then header), and so does a larger
-    payload (written first, its CRC after). All read back bit-exact,
-    verified."""
+    (payload through a bounce buffer, then header); a larger payload goes in
+    2 MiB segments, each checksummed before its write, the last one short,
+    then the header. All read back bit-exact, verified (so the CRC chained
+    over the segments is the payload's)."""
     if not _odirect_ok(store):
         pytest.skip(f"O_DIRECT not supported on {store}")
-    sizes = [1 << 20, 5000, 16 << 20]
+    sizes = [1 << 20, 5000, (16 << 20) + 12288]
+    segment = 2 << 20  # FX_WRITE_SEGMENT in csrc/chunk_write.c
+    expected = [1, 2, -(-sizes[2] // segment) + 1]  # the last: 9 segments (one of 12 KiB) and the header
     payloads, src, hdrs, offs = _write_sources(sizes, 11)
     name = os.path.join(store, "ab", f"fused-{kind}-%d")
     eng = fx.Engine(kind)
@@ -525,7 +528,7 @@ def test_write_chunks_odirect_header_and_payload_in_one_request(kind, store, roo
             finally:
                 os.close(fd)
             assert res[0][:3] == (n, HEADER_SIZE, fx.crc32c(payloads[i])), res
-            assert writes == (1 if i == 0 else 2), (n, writes)  # the 16 MiB payload: one pwrite, as it is aligned
+            assert writes == expected[i], (n, writes)
             os.truncate(name % i + ".tmp", HEADER_SIZE + n)
             os.rename(name % i + ".tmp", name % i + ".fxkv")
         got, datas = _read_written(eng, rootfd, name, sizes, True)
