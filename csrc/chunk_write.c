@@ -16,16 +16,23 @@
 #include "fxio.h"
 
 #define FX_FUSED_WRITE_MAX (8u << 20) /* largest payload written in one request with its header */
-/* Larger payloads go in segments of this size, each checksummed just before
- * its write (7 x 64 MiB and 47 x 10 MiB stores on the XFS loop: 1.1-1.4x
- * against writing the payload whole and checksumming it after; 2 MiB did
- * better than 4 or 8 MiB). */
+/* Larger payloads go in segments of at least this size, each checksummed
+ * just before its write (7 x 64 MiB and 47 x 10 MiB stores on the XFS loop:
+ * 1.1-1.4x against writing the payload whole and checksumming it after;
+ * 2 MiB did better than 4 or 8 MiB). */
 #define FX_WRITE_SEGMENT (2u << 20)
+/* A writer thread has one segment in flight, so a batch of fewer chunks than
+ * this over FX_WRITE_SEGMENT gets larger segments: a lone 64 MiB chunk still
+ * keeps 16 MiB in flight on a device with a long round trip (NVMe-oF), where
+ * one whole write would be split by the block layer into requests all in
+ * flight at once. */
+#define FX_WRITE_IN_FLIGHT (16u << 20)
 
 typedef struct {
     const fx_wchunk *c;
     fx_wchunk_result *out;
     int direct;
+    uint64_t segment; /* bytes per segment of a large O_DIRECT payload */
 } write_job;
 
 static void put_le32(char *p, uint32_t v)
@@ -49,13 +56,13 @@ static void seal_header(char *hdr, uint32_t payload_crc)
  * together, the device idle meanwhile; a segment at a time, some threads
  * checksum while others' segments are written, and each segment is still in
  * cache when it is copied out. Returns the bytes written or -errno. */
-static int64_t write_segments(const fx_wchunk *c, uint32_t *crc)
+static int64_t write_segments(const fx_wchunk *c, uint64_t segment, uint32_t *crc)
 {
     uint64_t done = 0;
 
     *crc = 0;
     while (done < c->length) {
-        uint64_t k = c->length - done < FX_WRITE_SEGMENT ? c->length - done : FX_WRITE_SEGMENT;
+        uint64_t k = c->length - done < segment ? c->length - done : segment;
         int64_t w;
 
         *crc = fx_crc32c(*crc, c->src + done, k);
@@ -92,7 +99,7 @@ static void write_one(void *ctx, size_t i)
         r->hdr = FX_HDR_SIZE;
     } else {
         if (j->direct && !(((uintptr_t)c->src | c->length) & (FX_DIO_ALIGN - 1)))
-            r->nbytes = write_segments(c, &r->crc);
+            r->nbytes = write_segments(c, j->segment, &r->crc);
         else {
             r->nbytes = fx_io_sync(c->fd, 1, j->direct, (char *)c->src, c->length, FX_HDR_SIZE);
             /* After the write: where the kernel copied the source (buffered),
@@ -117,7 +124,13 @@ static void write_one(void *ctx, size_t i)
 int fx_chunks_write(const fx_wchunk *c, size_t n, int direct, struct fx_pool *pool, int width,
                     fx_wchunk_result *out)
 {
-    write_job j = {.c = c, .out = out, .direct = direct};
+    write_job j = {.c = c, .out = out, .direct = direct, .segment = FX_WRITE_SEGMENT};
+    size_t writers = pool && n > 1 && width > 1 ? ((size_t)width < n ? (size_t)width : n) : 1;
+
+    /* Fewer writers than that takes: larger segments, still a multiple of
+     * FX_WRITE_SEGMENT (so 4 KiB-aligned). */
+    if (writers * FX_WRITE_SEGMENT < FX_WRITE_IN_FLIGHT)
+        j.segment = FX_WRITE_IN_FLIGHT / writers / FX_WRITE_SEGMENT * FX_WRITE_SEGMENT;
 
     memset(out, 0, n * sizeof(*out));
     if (pool && n > 1 && width > 1)

@@ -505,14 +505,17 @@ def test_write_chunks_odirect_header_and_payload_in_one_request(kind, store, roo
     as one write request (one pwritev at 0, the CRC taken first), counted by
     the kernel's write-syscall counter; an unaligned length keeps two
     (payload through a bounce buffer, then header); a larger payload goes in
-    2 MiB segments, each checksummed before its write, the last one short,
-    then the header. All read back bit-exact, verified (so the CRC chained
-    over the segments is the payload's)."""
+    segments, each checksummed before its write, the last one short, then
+    the header: 16 MiB segments for a chunk written alone (16 MiB in flight),
+    2 MiB ones in a batch of 8 (one segment each on 8 writer threads). All
+    read back bit-exact, verified (so the CRC chained over the segments is
+    the payload's)."""
     if not _odirect_ok(store):
         pytest.skip(f"O_DIRECT not supported on {store}")
     sizes = [1 << 20, 5000, (16 << 20) + 12288]
-    segment = 2 << 20  # FX_WRITE_SEGMENT in csrc/chunk_write.c
-    expected = [1, 2, -(-sizes[2] // segment) + 1]  # the last: 9 segments (one of 12 KiB) and the header
+    # FX_WRITE_IN_FLIGHT and FX_WRITE_SEGMENT in csrc/chunk_write.c: alone, 16 MiB + 12 KiB is a
+    # segment of 16 MiB, one of 12 KiB and the header.
+    expected = [1, 2, 3]
     payloads, src, hdrs, offs = _write_sources(sizes, 11)
     name = os.path.join(store, "ab", f"fused-{kind}-%d")
     eng = fx.Engine(kind)
@@ -533,6 +536,34 @@ def test_write_chunks_odirect_header_and_payload_in_one_request(kind, store, roo
             os.rename(name % i + ".tmp", name % i + ".fxkv")
         got, datas = _read_written(eng, rootfd, name, sizes, True)
         assert [g[0] for g in got] == [0, 0, 0] and datas == payloads
+
+        # A batch of 8: 2 MiB segments, so each 10 MiB + 12 KiB payload is 5 of them, one of 12 KiB
+        # and the header.
+        batch = [(10 << 20) + 12288] * 8
+        payloads, src, hdrs, offs = _write_sources(batch, 12)
+        name = os.path.join(store, "ab", f"segments-{kind}-%d")
+        fds = []
+        try:
+            for i, n in enumerate(batch):
+                fds.append(os.open(name % i + ".tmp", os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_DIRECT, 0o644))
+                os.ftruncate(fds[-1], HEADER_SIZE + span(n))
+                encode_header(memoryview(hdrs)[i * HEADER_SIZE : (i + 1) * HEADER_SIZE], f"k{i}", meta_for(n), n, 0, 7)
+            before = _write_syscalls()
+            res = eng.write_chunks(
+                [(fd, src.address + offs[i], batch[i], hdrs.address + i * HEADER_SIZE, 0) for i, fd in enumerate(fds)],
+                direct=True,
+            )
+            writes = _write_syscalls() - before
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert [r[:3] for r in res] == [(n, HEADER_SIZE, fx.crc32c(p)) for n, p in zip(batch, payloads)]
+        assert writes == 8 * 7, writes
+        for i, n in enumerate(batch):
+            os.truncate(name % i + ".tmp", HEADER_SIZE + n)
+            os.rename(name % i + ".tmp", name % i + ".fxkv")
+        got, datas = _read_written(eng, rootfd, name, batch, True)
+        assert [g[0] for g in got] == [0] * 8 and datas == payloads
     finally:
         eng.close()
 
