@@ -314,14 +314,19 @@ def unlink_if_same(
 
 
 def rename_if_same(
-    path: str, mtime_ns: int, dst_dfd: int, dst_name: str, dirfds: Optional[dict[str, int]] = None
+    path: str,
+    mtime_ns: Optional[int],
+    dst_dfd: int,
+    dst_name: str,
+    dirfds: Optional[dict[str, int]] = None,
+    ident: Optional[tuple[int, int]] = None,
 ) -> Optional[os.stat_result]:
     """Moves <root>/<ab>/<name> to dst_name in the directory dst_dfd, with
-    the checks of unlink_if_same (a regular file, not newer than mtime_ns).
-    Returns the stat of what was moved, or None (nothing moved; EXDEV, another
-    root's filesystem, among the reasons)."""
+    the checks of unlink_if_same (a regular file, the same `ident`, not newer
+    than mtime_ns). Returns the stat of what was moved, or None (nothing
+    moved; EXDEV, another root's filesystem, among the reasons)."""
     return _if_same(
-        path, None, mtime_ns, dirfds, lambda name, dfd: os.rename(name, dst_name, src_dir_fd=dfd, dst_dir_fd=dst_dfd)
+        path, ident, mtime_ns, dirfds, lambda name, dfd: os.rename(name, dst_name, src_dir_fd=dfd, dst_dir_fd=dst_dfd)
     )
 
 

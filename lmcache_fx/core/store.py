@@ -99,6 +99,11 @@ WRITE_WHOLE = 1 << 30  # Engine.write split: one piece per payload (the largest 
 WRITE_SUB_BYTES = 64 << 20
 WRITE_SUB_CHUNKS = 16
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
+# On memory filesystems a removed chunk's file is kept as a spare for the next chunk of its size
+# (fresh pages cost more than the copy into them): at most this long, and at most this share of
+# max_capacity_gb, counted in the usage meanwhile.
+SPARE_SECONDS = 60.0
+SPARE_SHARE = 4
 # Both intervals grow to this many times the last walk's duration: a store of a million files
 # is not walked every 30 s, nor its lock held for a walk more than ~1% of the time.
 SCAN_DUTY = 100
@@ -191,6 +196,17 @@ class _WriteFile:
     recycled: bool = False  # an evicted chunk's file was moved to the temporary's name, to be written into
     recycled_ino: int = 0
     mtime_ns: int = 0  # its LRU clock, set when it was put in place
+
+
+@dataclass
+class _Spare:
+    """A removed chunk's file, moved to a temporary's name of this process
+    (so a walk counts it, and removes it once this process is gone)."""
+
+    path: str
+    ident: tuple[int, int]  # (st_dev, st_ino)
+    size: int
+    at: float  # monotonic, when it was kept
 
 
 class _Call:
@@ -310,6 +326,9 @@ class ChunkStore:
         # until the first take, and once more than EVICTED_KEPT piled up, until the next.
         self._evicted: Optional[list[str]] = None
         self._made_dirs: set[str] = set()
+        self._spares: dict[int, list[_Spare]] = {}  # file size -> spares (ledger held to change)
+        self._spare_bytes = 0
+        self._spares_pid = _PID[0]
         self._rootfds: list[int] = []  # per root, O_PATH, for the store's life
         self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
         self._enospc_until = 0.0
@@ -337,6 +356,7 @@ class ChunkStore:
             # Reads read-lock each chunk file on local filesystems: evicted files can then be reused
             # while other processes read the store (_open_deferred).
             self.lock_reads = _locks_reads(self.roots)
+            self._keeps_spares = options.reuse_evicted and _page_cache_fs(self.roots)
             self._ledger = Ledger.open(
                 self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
             )
@@ -798,6 +818,8 @@ class ChunkStore:
             return e is not None
         try:
             with self._ledger.hold():
+                if self._keeps_spares and self._keep_spare_locked(path, ident):
+                    return True
                 st = unlink_if_same(path, ident)
                 if st is not None:
                     self._ledger_add_locked(-st.st_size)
@@ -805,6 +827,88 @@ class ChunkStore:
             st = unlink_if_same(path, ident)
             self._rescan_soon = True
         return st is not None or e is not None
+
+    # ------------------------------------------------------------ spares (memory filesystems)
+    def _own_spares(self) -> dict[int, list[_Spare]]:
+        """This process's spares; none in a forked child (they are the parent's)."""
+        if self._spares_pid != _PID[0]:
+            self._spares, self._spare_bytes, self._spares_pid = {}, 0, _PID[0]
+        return self._spares
+
+    def _keep_spare_locked(self, path: str, ident: Optional[tuple[int, int]]) -> bool:
+        """Moves a removed chunk's file to a temporary's name in its directory
+        and keeps it for the next chunk of its size (ledger held; it stays
+        counted). False when it was not moved (the caller unlinks it)."""
+        spares = self._own_spares()
+        now = time.monotonic()
+        freed = self._drop_spares_locked(lambda sp: now - sp.at > SPARE_SECONDS)
+        if freed:
+            self._ledger_add_locked(-freed)
+        sub = os.path.dirname(path)
+        dirfds: dict[str, int] = {}
+        try:
+            dfd = open_dir(sub)
+        except OSError:
+            return False
+        dirfds[sub] = dfd
+        try:
+            name = _tmp_name(path)
+            st = rename_if_same(path, None, dfd, name, dirfds, ident=ident)
+        finally:
+            os.close(dfd)
+        if st is None:
+            return False
+        sp = _Spare(os.path.join(sub, name), (st.st_dev, st.st_ino), st.st_size, time.monotonic())
+        spares.setdefault(st.st_size, []).append(sp)
+        self._spare_bytes += st.st_size
+        if self._spare_bytes > self.options.max_capacity_bytes // SPARE_SHARE:
+            self._ledger_add_locked(-self._drop_spares_locked(lambda s: s is sp))
+        return True
+
+    def _drop_spares_locked(self, which: Callable[[_Spare], bool]) -> int:
+        """Unlinks the spares `which` selects (ledger held). Returns the bytes
+        freed, for the caller to take off the shared usage."""
+        freed = 0
+        for size, lst in list(self._own_spares().items()):
+            keep = []
+            for sp in lst:
+                if which(sp):
+                    self._spare_bytes -= sp.size
+                    if unlink_if_same(sp.path, sp.ident) is not None:
+                        freed += sp.size
+                else:
+                    keep.append(sp)
+            if keep:
+                self._spares[size] = keep
+            else:
+                del self._spares[size]
+        return freed
+
+    def _take_spares_locked(self, files: Sequence["_WriteFile"], usage: int) -> int:
+        """Moves a spare of the right size to the temporary's name of each file
+        whose temporary is not made yet (ledger held), as the evictor does
+        with a victim (see _open_deferred). Returns the usage less them."""
+        spares = self._own_spares()
+        dirfds: dict[str, int] = {}
+        try:
+            for f in files:
+                lst = spares.get(HEADER_SIZE + f.nbytes)
+                if f.fd >= 0 or f.recycled or not lst:
+                    continue
+                sp = lst.pop()
+                if not lst:
+                    del spares[HEADER_SIZE + f.nbytes]
+                self._spare_bytes -= sp.size
+                st = rename_if_same(sp.path, None, f.dfd, f.tmp, dirfds, ident=sp.ident)
+                if st is None:  # gone meanwhile: no longer in the store
+                    usage = max(0, usage - sp.size)
+                    continue
+                f.recycled, f.recycled_ino = True, st.st_ino
+                usage = max(0, usage - st.st_size)
+        finally:
+            for fd in dirfds.values():
+                os.close(fd)
+        return usage
 
     def _ledger_add_locked(self, delta: int) -> Optional[int]:
         """Adds to the shared usage (ledger held); a bad record is rebuilt by a scan."""
@@ -857,6 +961,19 @@ class ChunkStore:
         temporary's name instead of unlinked (see _open_deferred)."""
         if usage <= limit:
             return usage
+        if self._spare_bytes:  # spares go before any chunk, oldest first
+            drop: set[int] = set()
+            left = usage
+            for sp in sorted((sp for lst in self._own_spares().values() for sp in lst), key=lambda sp: sp.at):
+                if left <= limit:
+                    break
+                drop.add(id(sp))
+                left -= sp.size
+            usage = max(0, usage - self._drop_spares_locked(lambda sp: id(sp) in drop))
+            if usage <= limit:
+                self._ledger.put(usage, (self._ledger.get() or (0, time.time()))[1])
+                self._last_usage = usage
+                return usage
         rescanned = False
         if not self._victims or time.monotonic() - self._victims_at > self._every(VICTIM_LIST_SECONDS):
             u = self._rescan_locked()
@@ -958,6 +1075,8 @@ class ChunkStore:
             if usage is None:
                 return ok
             start = usage
+            if self._spare_bytes:
+                usage = self._take_spares_locked(files, usage)
             reuse = files if self.options.reuse_evicted else ()
             need = sum(HEADER_SIZE + round_up(f.nbytes, 4096) for f in files)
             if usage + need > cap:  # room for the whole batch in one eviction (the loop below mends the rest)
@@ -1099,7 +1218,8 @@ class ChunkStore:
         # written into, with no file made and unlinked for it.
         need = sum(HEADER_SIZE + round_up(t[4], 4096) for t in todo)
         evicts = self._last_usage + need > self.options.max_capacity_bytes
-        defer = evicts and self.options.reuse_evicted
+        spares = self._own_spares()
+        defer = self.options.reuse_evicted and (evicts or any(HEADER_SIZE + t[4] in spares for t in todo))
         for i, key, d, addr, nbytes, meta in todo:
             f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds, make=not defer)
             if f is not None:
@@ -1781,6 +1901,12 @@ class ChunkStore:
         return isinstance(engine, _fxio.Engine) and bool(self._rootfds)
 
     def close(self) -> None:
+        if self._spare_bytes and self._ledger is not None:
+            try:
+                with self._ledger.hold():
+                    self._ledger_add_locked(-self._drop_spares_locked(lambda sp: True))
+            except LockTimeout:  # removed without the lock: the next recompute counts them out
+                self._drop_spares_locked(lambda sp: True)
         self.engine.close()
         if self._wengine is not None and self._wengine is not self.engine:
             self._wengine.close()

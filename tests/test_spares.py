@@ -1,0 +1,181 @@
+"""Spares: on a memory filesystem (tmpfs), where fresh pages cost more than
+the copy into them, a removed chunk's file is kept under a temporary's name
+of this process and the next chunk of its size is written into it. Spares
+stay counted in the usage, go before any chunk when room is needed, are
+never rewritten while a reader holds them, expire, and do not outlive the
+store or its process. Real files in /dev/shm, real engine, real processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from faults import fxfault as F  # noqa: E402
+
+from lmcache_fx.core import store as store_mod  # noqa: E402
+from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
+from lmcache_fx.core.layout import open_in  # noqa: E402
+from lmcache_fx.core.store import ChunkStore  # noqa: E402
+
+CHUNK = 64 * 1024
+FILE = HEADER_SIZE + CHUNK
+KEYS = [f"model@1@0@{h:016x}@bfloat16" for h in range(12)]
+
+
+@pytest.fixture
+def shm_dir():
+    if not os.path.isdir("/dev/shm") or not store_mod._page_cache_fs(["/dev/shm"]):
+        pytest.skip("/dev/shm is not a tmpfs here: spares are kept on memory filesystems only")
+    d = os.path.join("/dev/shm", f"lmcache-fx-test-{uuid.uuid4().hex}")
+    yield os.path.join(d, "store")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _open(path, chunks: int = 8, **opts) -> ChunkStore:
+    return F.open_store(path, max_capacity_gb=(chunks * FILE + 100) / (1 << 30), **opts)
+
+
+def _temporaries(path: str) -> list[str]:
+    return [n for _, _, names in os.walk(path) for n in names if store_mod.TMP_MARK in n]
+
+
+def _on_disk(path: str) -> int:
+    """Bytes of every file the store holds: chunks and temporaries."""
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names if ".fxkv" in n)
+
+
+def _write(s: ChunkStore, keys, nbytes: int = CHUNK) -> None:
+    src = F.Chunks()
+    assert s.write([src.item(k, nbytes) for k in keys]) == [True] * len(keys)
+
+
+def _ino(s: ChunkStore, key: str) -> int:
+    return os.stat(s.path_for(chunk_digest(key))).st_ino
+
+
+def test_a_removed_chunks_file_is_taken_by_the_next_chunk_of_its_size(shm_dir):
+    s = _open(shm_dir)
+    try:
+        _write(s, KEYS[:2])
+        inos = [_ino(s, k) for k in KEYS[:2]]
+        assert s.remove(KEYS[0]) and s.remove(KEYS[1])
+        assert not os.path.exists(s.path_for(chunk_digest(KEYS[0])))
+        assert len(_temporaries(shm_dir)) == 2  # kept, and counted
+        assert s.usage_bytes == _on_disk(shm_dir) == 2 * FILE
+        assert F.read_check(s, KEYS[:2])[:2] == (0, 2)
+        _write(s, KEYS[2:4])
+        assert sorted(_ino(s, k) for k in KEYS[2:4]) == sorted(inos)
+        assert s.stats.snapshot()["recycled"] == 2 and _temporaries(shm_dir) == []
+        hits, misses, bad = F.read_check(s, KEYS[2:4])
+        assert (hits, misses, bad) == (2, 0, [])
+        assert F.read_check(s, KEYS[:2])[:2] == (0, 2)
+        assert s.usage_bytes == _on_disk(shm_dir) == 2 * FILE
+        # Another size takes no spare: a new file.
+        assert s.remove(KEYS[2])
+        _write(s, KEYS[4:5], 2 * CHUNK)
+        assert s.stats.snapshot()["recycled"] == 2 and len(_temporaries(shm_dir)) == 1
+        assert s.usage_bytes == _on_disk(shm_dir) == 2 * FILE + HEADER_SIZE + 2 * CHUNK
+    finally:
+        s.close()
+    assert _temporaries(shm_dir) == []  # close removes the spares
+    s = _open(shm_dir)
+    try:
+        assert s.usage_bytes == _on_disk(shm_dir) == FILE + HEADER_SIZE + 2 * CHUNK
+        assert F.read_check(s, KEYS[3:5])[:3] == (2, 0, [])
+    finally:
+        s.close()
+
+
+def test_spares_go_before_any_chunk_when_room_is_needed(shm_dir):
+    s = _open(shm_dir)  # room for 8 chunks, so for 2 spares (a quarter)
+    try:
+        _write(s, KEYS[:8])
+        assert s.remove(KEYS[0]) and s.remove(KEYS[1])  # two spares: still 8 files' worth in use
+        assert s.usage_bytes == 8 * FILE and len(_temporaries(shm_dir)) == 2
+        _write(s, KEYS[8:9], 2 * CHUNK)  # needs room for one double chunk: the two spares go, no chunk
+        st = s.stats.snapshot()
+        assert st["evictions"] == 0 and st["recycled"] == 0
+        assert _temporaries(shm_dir) == []
+        assert F.read_check(s, KEYS[2:9])[:3] == (7, 0, [])
+        assert s.usage_bytes == _on_disk(shm_dir) == 6 * FILE + HEADER_SIZE + 2 * CHUNK
+    finally:
+        s.close()
+
+
+def test_a_spare_a_reader_holds_is_not_rewritten(shm_dir):
+    """A reader holding a chunk file open with its read lock when the chunk is
+    removed keeps reading that chunk: the next chunk of its size gets a new
+    file, and the spare is unlinked."""
+    s = _open(shm_dir)
+    try:
+        _write(s, KEYS[:1])
+        path = s.path_for(chunk_digest(KEYS[0]))
+        held = open_in(path, os.O_RDONLY, lock=True)
+        try:
+            ino = os.fstat(held).st_ino
+            assert s.remove(KEYS[0]) and len(_temporaries(shm_dir)) == 1
+            _write(s, KEYS[1:2])
+            assert _ino(s, KEYS[1]) != ino and s.stats.snapshot()["recycled"] == 0
+            assert _temporaries(shm_dir) == []
+            assert F.check(KEYS[0], memoryview(os.pread(held, CHUNK, HEADER_SIZE))) == "ok"
+        finally:
+            os.close(held)
+        assert F.read_check(s, KEYS[1:2])[:3] == (1, 0, [])
+        assert s.usage_bytes == _on_disk(shm_dir) == FILE
+    finally:
+        s.close()
+
+
+def test_spares_expire_and_are_bounded(shm_dir, monkeypatch):
+    s = _open(shm_dir)
+    try:
+        _write(s, KEYS[:3])
+        monkeypatch.setattr(store_mod, "SPARE_SECONDS", 0.0)
+        assert s.remove(KEYS[0]) and s.remove(KEYS[1])  # the second removal drops the first spare
+        assert len(_temporaries(shm_dir)) == 1
+        assert s.usage_bytes == _on_disk(shm_dir) == 2 * FILE
+        monkeypatch.setattr(store_mod, "SPARE_SECONDS", 60.0)
+        monkeypatch.setattr(store_mod, "SPARE_SHARE", 10**6)  # no room for any spare
+        assert s.remove(KEYS[2])
+        assert len(_temporaries(shm_dir)) == 1  # the new one went at once; the old one stays
+        assert s.usage_bytes == _on_disk(shm_dir) == FILE
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("where", ["disk", "reuse off"])
+def test_no_spares_on_disk_filesystems_or_with_reuse_off(where, shm_dir, tmp_path):
+    s = _open(str(tmp_path / "store")) if where == "disk" else _open(shm_dir, reuse_evicted=False)
+    root = s.roots[0]
+    try:
+        _write(s, KEYS[:2])
+        assert s.remove(KEYS[0])
+        assert _temporaries(root) == [] and s.usage_bytes == _on_disk(root) == FILE
+    finally:
+        s.close()
+
+
+def test_a_dead_processes_spares_are_removed_by_the_next_store(shm_dir):
+    code = (
+        f"import os, sys; sys.path.insert(0, {HERE!r}); from faults import fxfault as F; "
+        f"s = F.open_store({shm_dir!r}, max_capacity_gb=0.01); src = F.Chunks(); "
+        f"assert s.write([src.item(k, {CHUNK}) for k in {KEYS[:3]!r}]) == [True] * 3; "
+        f"assert s.remove({KEYS[0]!r}); os._exit(0)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(HERE), timeout=120)
+    assert len(_temporaries(shm_dir)) == 1  # its spare, left behind
+    s = _open(shm_dir)
+    try:
+        assert _temporaries(shm_dir) == []
+        assert s.usage_bytes == _on_disk(shm_dir) == 2 * FILE
+        assert F.read_check(s, KEYS[1:3])[:3] == (2, 0, [])
+    finally:
+        s.close()
