@@ -179,3 +179,61 @@ def test_a_dead_processes_spares_are_removed_by_the_next_store(shm_dir):
         assert F.read_check(s, KEYS[1:3])[:3] == (2, 0, [])
     finally:
         s.close()
+
+
+def test_readers_beside_removes_and_writes_that_take_spares_never_see_wrong_bytes(shm_dir):
+    """Threads remove chunks and write new keys of the same size (each taking
+    a removed chunk's file) while reader threads read random keys, removed
+    ones included: every hit is exactly its key's bytes, and spares are taken.
+    A second process reads the same store meanwhile, with the same check."""
+    import random
+    import threading
+
+    s = _open(shm_dir, chunks=64)
+    keys = [f"model@1@0@{h:016x}@bfloat16" for h in range(300)]
+    _write(s, keys[:16])
+    wrong, hits, stop = [], [0], threading.Event()
+    code = (
+        f"import sys, time, random; sys.path.insert(0, {HERE!r}); from faults import fxfault as F; "
+        f"s = F.open_store({shm_dir!r}); keys = {keys!r}; rng = random.Random(7); bad = []; hits = 0; "
+        f"print('READY', flush=True); end = time.monotonic() + 2.0\n"
+        f"while time.monotonic() < end:\n"
+        f"    h, _, b = F.read_check(s, rng.sample(keys, 3)); hits += h; bad += b\n"
+        f"print(hits, len(bad), bad[:3], flush=True); s.close()"
+    )
+    peer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(HERE))
+    assert peer.stdout.readline().strip() == "READY"
+
+    def churn():
+        src = F.Chunks()
+        live = list(keys[:16])
+        for k in keys[16:]:
+            assert s.remove(live.pop(0))
+            assert s.write([src.item(k, CHUNK)]) == [True]
+            live.append(k)
+
+    def reader(seed):
+        rng = random.Random(seed)
+        while not stop.is_set():
+            h, _, bad = F.read_check(s, rng.sample(keys, 3))
+            hits[0] += h
+            wrong.extend(bad)
+
+    try:
+        readers = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+        for t in readers:
+            t.start()
+        churn()
+        stop.set()
+        for t in readers:
+            t.join()
+        out, _ = peer.communicate(timeout=120)
+        peer_hits, peer_bad = out.split()[:2]
+        st = s.stats.snapshot()
+        assert wrong == [] and st["corrupt"] == 0 and hits[0] > 0
+        assert peer.returncode == 0 and int(peer_bad) == 0, out
+        assert st["recycled"] > 0, st
+        assert F.read_check(s, keys[-16:])[:3] == (16, 0, [])
+    finally:
+        s.close()
+    assert _temporaries(shm_dir) == []
