@@ -1,9 +1,11 @@
-"""Spares: on a memory filesystem (tmpfs), where fresh pages cost more than
-the copy into them, a removed chunk's file is kept under a temporary's name
-of this process and the next chunk of its size is written into it. Spares
-stay counted in the usage, go before any chunk when room is needed, are
-never rewritten while a reader holds them, expire, and do not outlive the
-store or its process. Real files in /dev/shm, real engine, real processes."""
+"""Spares: on a local filesystem a removed chunk's file is kept under a
+temporary's name of this process and the next chunk of its size is written
+into it (on tmpfs fresh pages cost more than the copy into them; on XFS an
+overwrite allocates nothing). Spares stay counted in the usage, go before any
+chunk when room is needed, are never rewritten while a reader holds them,
+expire, and do not outlive the store or its process. Real files (tmpfs in
+/dev/shm, the test's tmp filesystem, XFS on a RAM loop device where root
+allows), real engine, real processes."""
 
 from __future__ import annotations
 
@@ -30,10 +32,18 @@ FILE = HEADER_SIZE + CHUNK
 KEYS = [f"model@1@0@{h:016x}@bfloat16" for h in range(12)]
 
 
-@pytest.fixture
-def shm_dir():
+@pytest.fixture(params=["shm", "tmp", "xfs"])
+def shm_dir(request, tmp_path):
+    """The store's path: on tmpfs (/dev/shm), on the test's tmp filesystem,
+    and on XFS on a RAM loop device where root allows (skipped otherwise)."""
+    if request.param == "tmp":
+        yield str(tmp_path / "store")
+        return
+    if request.param == "xfs":
+        yield os.path.join(request.getfixturevalue("xfs_store"), "store")
+        return
     if not os.path.isdir("/dev/shm") or not store_mod._page_cache_fs(["/dev/shm"]):
-        pytest.skip("/dev/shm is not a tmpfs here: spares are kept on memory filesystems only")
+        pytest.skip("/dev/shm is not a tmpfs here")
     d = os.path.join("/dev/shm", f"lmcache-fx-test-{uuid.uuid4().hex}")
     yield os.path.join(d, "store")
     shutil.rmtree(d, ignore_errors=True)
@@ -70,10 +80,11 @@ def test_a_removed_chunks_file_is_taken_by_the_next_chunk_of_its_size(shm_dir):
         assert not os.path.exists(s.path_for(chunk_digest(KEYS[0])))
         assert len(_temporaries(shm_dir)) == 2  # kept, and counted
         assert s.usage_bytes == _on_disk(shm_dir) == 2 * FILE
+        assert s.spare_bytes == 2 * FILE  # free space to whoever asks how full the store is
         assert F.read_check(s, KEYS[:2])[:2] == (0, 2)
         _write(s, KEYS[2:4])
         assert sorted(_ino(s, k) for k in KEYS[2:4]) == sorted(inos)
-        assert s.stats.snapshot()["recycled"] == 2 and _temporaries(shm_dir) == []
+        assert s.stats.snapshot()["recycled"] == 2 and _temporaries(shm_dir) == [] and s.spare_bytes == 0
         hits, misses, bad = F.read_check(s, KEYS[2:4])
         assert (hits, misses, bad) == (2, 0, [])
         assert F.read_check(s, KEYS[:2])[:2] == (0, 2)
@@ -151,14 +162,19 @@ def test_spares_expire_and_are_bounded(shm_dir, monkeypatch):
         s.close()
 
 
-@pytest.mark.parametrize("where", ["disk", "reuse off"])
-def test_no_spares_on_disk_filesystems_or_with_reuse_off(where, shm_dir, tmp_path):
-    s = _open(str(tmp_path / "store")) if where == "disk" else _open(shm_dir, reuse_evicted=False)
-    root = s.roots[0]
+@pytest.mark.parametrize("where", ["network filesystem", "reuse off"])
+def test_no_spares_on_network_filesystems_or_with_reuse_off(where, shm_dir, monkeypatch):
+    """Where reads take no file locks (network filesystems) a removed
+    chunk's file is unlinked, as it is with reuse_evicted off."""
+    if where == "network filesystem":
+        monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)
+        s = _open(shm_dir)
+    else:
+        s = _open(shm_dir, reuse_evicted=False)
     try:
         _write(s, KEYS[:2])
         assert s.remove(KEYS[0])
-        assert _temporaries(root) == [] and s.usage_bytes == _on_disk(root) == FILE
+        assert _temporaries(shm_dir) == [] and s.usage_bytes == _on_disk(shm_dir) == FILE
     finally:
         s.close()
 

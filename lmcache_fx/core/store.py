@@ -99,9 +99,10 @@ WRITE_WHOLE = 1 << 30  # Engine.write split: one piece per payload (the largest 
 WRITE_SUB_BYTES = 64 << 20
 WRITE_SUB_CHUNKS = 16
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
-# On memory filesystems a removed chunk's file is kept as a spare for the next chunk of its size
-# (fresh pages cost more than the copy into them): at most this long, and at most this share of
-# max_capacity_gb, counted in the usage meanwhile.
+# A removed chunk's file is kept as a spare for the next chunk of its size (on tmpfs fresh pages
+# cost more than the copy into them; on XFS an overwrite allocates nothing): at most this long, and
+# at most this share of max_capacity_gb, counted in the usage meanwhile. Local filesystems only
+# (their reads lock each file; see _open_deferred).
 SPARE_SECONDS = 60.0
 SPARE_SHARE = 4
 # Both intervals grow to this many times the last walk's duration: a store of a million files
@@ -356,7 +357,7 @@ class ChunkStore:
             # Reads read-lock each chunk file on local filesystems: evicted files can then be reused
             # while other processes read the store (_open_deferred).
             self.lock_reads = _locks_reads(self.roots)
-            self._keeps_spares = options.reuse_evicted and _page_cache_fs(self.roots)
+            self._keeps_spares = options.reuse_evicted and self.lock_reads
             self._ledger = Ledger.open(
                 self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
             )
@@ -828,7 +829,7 @@ class ChunkStore:
             self._rescan_soon = True
         return st is not None or e is not None
 
-    # ------------------------------------------------------------ spares (memory filesystems)
+    # ------------------------------------------------------------ spares (local filesystems)
     def _own_spares(self) -> dict[int, list[_Spare]]:
         """This process's spares; none in a forked child (they are the parent's)."""
         if self._spares_pid != _PID[0]:
@@ -934,6 +935,13 @@ class ChunkStore:
                 return rec[0]
         except LockTimeout:
             return self._last_usage
+
+    @property
+    def spare_bytes(self) -> int:
+        """Bytes of this process's spares: in usage_bytes (they hold the
+        space) but the first to go when room is needed, so free space to
+        whoever asks how full the store is (LMCache's eviction controller)."""
+        return self._spare_bytes if self._spares_pid == _PID[0] else 0
 
     def __len__(self) -> int:
         with self._lock:
