@@ -315,11 +315,24 @@ def _deleted_keys(adapter) -> list:
     return deleted
 
 
-def test_l2_capacity_and_eviction_reported(tmp_path):
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+def test_l2_capacity_and_eviction_reported(tmp_path, where):
+    """Usage and evictions as LMCache's controller sees them; on tmpfs a
+    deleted chunk's file is kept as a spare, and counts as free space there
+    (or the controller, seeing no drop, would delete more)."""
+    import shutil
+    import uuid
+
     from lmcache_fx.core.chunkfile import HEADER_SIZE
+    from lmcache_fx.core.store import _page_cache_fs
 
     chunk = HEADER_SIZE + GEO.chunk * GEO.bytes_per_token
-    side = MPSide(tmp_path / "store", max_capacity_gb=5.5 * chunk / (1 << 30))
+    path = tmp_path / "store"
+    if where == "shm":
+        if not _page_cache_fs(["/dev/shm"]):
+            pytest.skip("/dev/shm is not a tmpfs here")
+        path = f"/dev/shm/lmcache-fx-test-{uuid.uuid4().hex}"
+    side = MPSide(path, max_capacity_gb=5.5 * chunk / (1 << 30))
     try:
         ad = side.adapter
         assert ad.supports_global_eviction
@@ -334,10 +347,13 @@ def test_l2_capacity_and_eviction_reported(tmp_path):
         assert sorted(deleted, key=str) == sorted(k1[:3], key=str)  # LRU first, reported to listeners
         ad.delete([k2[0]])
         assert ad.get_usage().total_bytes_used == 4 * chunk and k2[0] in deleted
+        assert ad.store.spare_bytes == (chunk if where == "shm" else 0)
         st = ad.report_status()
         assert st["is_healthy"] and st["evictions"] == 3 and st["chunks"] == 4
     finally:
         side.close()
+        if where == "shm":
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def test_l2_reports_evictions_by_what_was_evicted_not_by_every_key(tmp_path, monkeypatch):

@@ -1,11 +1,11 @@
-"""Spares: on a local filesystem a removed chunk's file is kept under a
-temporary's name of this process and the next chunk of its size is written
-into it (on tmpfs fresh pages cost more than the copy into them; on XFS an
-overwrite allocates nothing). Spares stay counted in the usage, go before any
-chunk when room is needed, are never rewritten while a reader holds them,
-expire, and do not outlive the store or its process. Real files (tmpfs in
-/dev/shm, the test's tmp filesystem, XFS on a RAM loop device where root
-allows), real engine, real processes."""
+"""Spares: on a memory filesystem (tmpfs), where fresh pages cost more than
+the copy into them, a removed chunk's file is kept under a temporary's name
+of this process and the next chunk of its size is written into it. Spares
+stay counted in the usage (and count as free space to LMCache), go before
+any chunk when room is needed, are never rewritten while a reader holds
+them, expire, and do not outlive the store or its process; disk
+filesystems keep none. Real files in /dev/shm, real engine, real
+processes."""
 
 from __future__ import annotations
 
@@ -32,18 +32,10 @@ FILE = HEADER_SIZE + CHUNK
 KEYS = [f"model@1@0@{h:016x}@bfloat16" for h in range(12)]
 
 
-@pytest.fixture(params=["shm", "tmp", "xfs"])
-def shm_dir(request, tmp_path):
-    """The store's path: on tmpfs (/dev/shm), on the test's tmp filesystem,
-    and on XFS on a RAM loop device where root allows (skipped otherwise)."""
-    if request.param == "tmp":
-        yield str(tmp_path / "store")
-        return
-    if request.param == "xfs":
-        yield os.path.join(request.getfixturevalue("xfs_store"), "store")
-        return
+@pytest.fixture
+def shm_dir():
     if not os.path.isdir("/dev/shm") or not store_mod._page_cache_fs(["/dev/shm"]):
-        pytest.skip("/dev/shm is not a tmpfs here")
+        pytest.skip("/dev/shm is not a tmpfs here: spares are kept on memory filesystems only")
     d = os.path.join("/dev/shm", f"lmcache-fx-test-{uuid.uuid4().hex}")
     yield os.path.join(d, "store")
     shutil.rmtree(d, ignore_errors=True)
@@ -162,19 +154,26 @@ def test_spares_expire_and_are_bounded(shm_dir, monkeypatch):
         s.close()
 
 
-@pytest.mark.parametrize("where", ["network filesystem", "reuse off"])
-def test_no_spares_on_network_filesystems_or_with_reuse_off(where, shm_dir, monkeypatch):
-    """Where reads take no file locks (network filesystems) a removed
-    chunk's file is unlinked, as it is with reuse_evicted off."""
-    if where == "network filesystem":
+@pytest.mark.parametrize("where", ["disk", "xfs", "network filesystem", "reuse off"])
+def test_no_spares_on_disk_or_network_filesystems_or_with_reuse_off(where, shm_dir, tmp_path, monkeypatch, request):
+    """On a disk filesystem (the test's tmp one; XFS on a RAM loop device
+    where root allows), where reads take no file locks (network
+    filesystems), and with reuse_evicted off, a removed chunk's file is
+    unlinked."""
+    if where == "disk":
+        s = _open(str(tmp_path / "store"))
+    elif where == "xfs":
+        s = _open(os.path.join(request.getfixturevalue("xfs_store"), "store"))
+    elif where == "network filesystem":
         monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)
         s = _open(shm_dir)
     else:
         s = _open(shm_dir, reuse_evicted=False)
+    root = s.roots[0]
     try:
         _write(s, KEYS[:2])
         assert s.remove(KEYS[0])
-        assert _temporaries(shm_dir) == [] and s.usage_bytes == _on_disk(shm_dir) == FILE
+        assert _temporaries(root) == [] and s.spare_bytes == 0 and s.usage_bytes == _on_disk(root) == FILE
     finally:
         s.close()
 

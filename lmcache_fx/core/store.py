@@ -99,10 +99,11 @@ WRITE_WHOLE = 1 << 30  # Engine.write split: one piece per payload (the largest 
 WRITE_SUB_BYTES = 64 << 20
 WRITE_SUB_CHUNKS = 16
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
-# A removed chunk's file is kept as a spare for the next chunk of its size (on tmpfs fresh pages
-# cost more than the copy into them; on XFS an overwrite allocates nothing): at most this long, and
-# at most this share of max_capacity_gb, counted in the usage meanwhile. Local filesystems only
-# (their reads lock each file; see _open_deferred).
+# On memory filesystems a removed chunk's file is kept as a spare for the next chunk of its size
+# (fresh pages cost more than the copy into them): at most this long, and at most this share of
+# max_capacity_gb, counted in the usage meanwhile. Not on disk filesystems: on XFS spares made
+# stores 8-20 % faster but loads through LMCache's engine ~5 % slower, in bench pairs
+# (docs/bench-repeats/spares/), and loads are what a cache is for.
 SPARE_SECONDS = 60.0
 SPARE_SHARE = 4
 # Both intervals grow to this many times the last walk's duration: a store of a million files
@@ -357,7 +358,7 @@ class ChunkStore:
             # Reads read-lock each chunk file on local filesystems: evicted files can then be reused
             # while other processes read the store (_open_deferred).
             self.lock_reads = _locks_reads(self.roots)
-            self._keeps_spares = options.reuse_evicted and self.lock_reads
+            self._keeps_spares = options.reuse_evicted and self.lock_reads and _page_cache_fs(self.roots)
             self._ledger = Ledger.open(
                 self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
             )
@@ -829,7 +830,7 @@ class ChunkStore:
             self._rescan_soon = True
         return st is not None or e is not None
 
-    # ------------------------------------------------------------ spares (local filesystems)
+    # ------------------------------------------------------------ spares (memory filesystems)
     def _own_spares(self) -> dict[int, list[_Spare]]:
         """This process's spares; none in a forked child (they are the parent's)."""
         if self._spares_pid != _PID[0]:
@@ -896,7 +897,7 @@ class ChunkStore:
                 lst = spares.get(HEADER_SIZE + f.nbytes)
                 if f.fd >= 0 or f.recycled or not lst:
                     continue
-                sp = lst.pop()
+                sp = lst.pop(0)  # oldest first: chunks written in order take files removed in order
                 if not lst:
                     del spares[HEADER_SIZE + f.nbytes]
                 self._spare_bytes -= sp.size
