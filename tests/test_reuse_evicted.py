@@ -659,7 +659,6 @@ def test_threads_reading_while_full_writes_reuse_files_never_see_wrong_bytes(sto
     """Writer threads keep a full store evicting (reusing files no read
     holds) while reader threads read random keys: every hit is exactly its
     key's bytes, and files are reused."""
-    import random
     import threading
 
     s = _open(store_dir)
@@ -671,16 +670,10 @@ def test_threads_reading_while_full_writes_reuse_files_never_see_wrong_bytes(sto
         for k in part:
             s.write([src.item(k, CHUNK)])
 
-    def reader(seed):
-        rng = random.Random(seed)
-        while not stop.is_set():
-            h, _, bad = F.read_check(s, rng.sample(keys, 3))
-            hits[0] += h
-            wrong.extend(bad)
-            time.sleep(0.001)
-
     try:
-        readers = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+        readers = [
+            threading.Thread(target=F.reads_until, args=(s, keys, stop, i, hits, wrong, 0.001)) for i in range(2)
+        ]
         writers = [threading.Thread(target=writer, args=(keys[i::2],)) for i in range(2)]
         for t in readers + writers:
             t.start()

@@ -201,7 +201,6 @@ def test_readers_beside_removes_and_writes_that_take_spares_never_see_wrong_byte
     a removed chunk's file) while reader threads read random keys, removed
     ones included: every hit is exactly its key's bytes, and spares are taken.
     A second process reads the same store meanwhile, with the same check."""
-    import random
     import threading
 
     s = _open(shm_dir, chunks=64)
@@ -227,15 +226,8 @@ def test_readers_beside_removes_and_writes_that_take_spares_never_see_wrong_byte
             assert s.write([src.item(k, CHUNK)]) == [True]
             live.append(k)
 
-    def reader(seed):
-        rng = random.Random(seed)
-        while not stop.is_set():
-            h, _, bad = F.read_check(s, rng.sample(keys, 3))
-            hits[0] += h
-            wrong.extend(bad)
-
     try:
-        readers = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+        readers = [threading.Thread(target=F.reads_until, args=(s, keys, stop, i, hits, wrong)) for i in range(2)]
         for t in readers:
             t.start()
         churn()

@@ -131,6 +131,19 @@ def read_check(store: ChunkStore, keys, rank: int | None = None) -> tuple[int, i
     return hits, misses, bad
 
 
+def reads_until(store: ChunkStore, keys, stop, seed: int, hits: list, wrong: list, pause: float = 0.0) -> None:
+    """A reader thread's body: reads 3 random keys at a time until `stop`
+    (an Event) is set, adding its hits to hits[0] and every wrong chunk to
+    `wrong`."""
+    rng = random.Random(seed)
+    while not stop.is_set():
+        h, _, bad = read_check(store, rng.sample(keys, 3))
+        hits[0] += h
+        wrong.extend(bad)
+        if pause:
+            time.sleep(pause)
+
+
 def open_store(path: str, **opts) -> ChunkStore:
     o = FxOptions.from_mapping({"path": path, **opts})
     return ChunkStore(o)
