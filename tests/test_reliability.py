@@ -68,14 +68,15 @@ def test_sigkill_during_stores(store_dir):
     """A writer process killed with SIGKILL at a random moment, then a restart."""
     rng = random.Random(20240607)
     done_total = found_beyond = wrong = lost = tmp_left = acct_bad = killed_mid = 0
-    tmp_seen = mid_write = 0
+    tmp_seen = mid_write = large_found = 0
     for t in range(CRASH_TRIALS):
         # Every child stops for good between writing a batch's temporaries and renaming them (a test-only
         # hook, tests/faults/fxfault.py pause_in_commit) at a random batch, so no child ever finishes. Odd
         # trials are killed right there (mid-write, whatever the machine's speed), even ones at a random moment.
-        # Every third trial writes batches of up to 24 chunks in overlapped sub-batches of 4.
-        subs = t % 3 == 2
-        args = {"path": store_dir, "seed": t, "n": 400, "pause_at": rng.randint(1, 30)}
+        # Every third trial writes batches of up to 24 chunks in overlapped sub-batches of 4; in another
+        # third one chunk in ten is a payload of 8-9 MiB, written in checksummed 2 MiB segments.
+        subs, large = t % 3 == 2, t % 3 == 1
+        args = {"path": store_dir, "seed": t, "n": 400, "pause_at": rng.randint(1, 30), "large": large}
         p = F.spawn("writer", {**args, "sub_batches": subs, "batch_max": 24 if subs else 6})
         assert p.stdout.readline().strip() == "READY", p.stderr.read()
         early = []
@@ -111,6 +112,7 @@ def test_sigkill_during_stores(store_dir):
                     wrong += 1
                 elif i not in done:
                     found_beyond += 1  # renamed into place just before the kill
+                large_found += len(memoryview(h)) > (8 << 20)
             done_total += len(done)
             if t >= 2:  # keep the directory bounded: drop trial t-2
                 for i in range(400):
@@ -119,13 +121,16 @@ def test_sigkill_during_stores(store_dir):
             s.close()
     figure(
         "SIGKILL of a writer process at a random moment (store API; every third trial in overlapped "
-        "sub-batches of 4 chunks), then restart",
+        "sub-batches of 4 chunks; in another third, one chunk in ten of 8-9 MiB, written in checksummed "
+        "segments), then restart",
         CRASH_TRIALS,
         "zero wrong chunks; every completed store found; temporaries removed at start; usage == bytes of files",
         fs=fs_of(store_dir),
         killed_mid_run=killed_mid,
         killed_between_write_and_rename=mid_write,
         trials_in_sub_batches=CRASH_TRIALS // 3,
+        trials_with_large_payloads=CRASH_TRIALS // 3,
+        large_chunks_found_after_restart=large_found,
         completed_stores=done_total,
         found_after_restart=done_total - lost,
         extra_whole_chunks=found_beyond,
@@ -135,7 +140,7 @@ def test_sigkill_during_stores(store_dir):
         accounting_mismatches=acct_bad,
     )
     assert killed_mid == CRASH_TRIALS and mid_write == CRASH_TRIALS // 2 and tmp_seen >= mid_write
-    assert wrong == 0 and lost == 0 and tmp_left == 0 and acct_bad == 0
+    assert wrong == 0 and lost == 0 and tmp_left == 0 and acct_bad == 0 and large_found > 0
 
 
 @pytest.mark.slow

@@ -336,6 +336,8 @@ def child_writer(a):
             if i >= a["n"]:
                 break
             size = rng.choice([65536, 262144, 1 << 20, 4096 * rng.randint(1, 300) + rng.randint(1, 4095)])
+            if a.get("large") and rng.random() < 0.1:  # above 8 MiB: written in checksummed segments
+                size = (8 << 20) + 4096 * rng.randint(1, 256)
             batch.append((i, src.item(f"crash/{a['seed']}/{i}", size)))
             i += 1
         ok = store.write([it for _, it in batch])
