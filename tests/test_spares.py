@@ -150,6 +150,10 @@ def test_spares_expire_and_are_bounded(shm_dir, monkeypatch):
         assert s.remove(KEYS[2])
         assert len(_temporaries(shm_dir)) == 1  # the new one went at once; the old one stays
         assert s.usage_bytes == _on_disk(shm_dir) == FILE
+        monkeypatch.setattr(store_mod, "SPARE_SECONDS", 0.0)  # a store expires it too, and takes nothing
+        _write(s, KEYS[3:4])
+        assert _temporaries(shm_dir) == [] and s.stats.snapshot()["recycled"] == 0
+        assert s.usage_bytes == _on_disk(shm_dir) == FILE and s.spare_bytes == 0
     finally:
         s.close()
 

@@ -221,7 +221,7 @@ class FxOptions:
         True,
         "true | false",
         "write a new chunk into the file of the chunk it evicts, when of the same size and no reader "
-        "holds that file (no allocation); on tmpfs also into the file of a removed chunk, kept up to 60 s "
+        "holds that file (no allocation); on tmpfs also into the file of a removed chunk, kept for 60 s "
         "(counted in the usage, the first to go when room is needed); false always unlinks",
         _boolean,
     )

@@ -842,8 +842,7 @@ class ChunkStore:
         and keeps it for the next chunk of its size (ledger held; it stays
         counted). False when it was not moved (the caller unlinks it)."""
         spares = self._own_spares()
-        now = time.monotonic()
-        freed = self._drop_spares_locked(lambda sp: now - sp.at > SPARE_SECONDS)
+        freed = self._expire_spares_locked()
         if freed:
             self._ledger_add_locked(-freed)
         sub = os.path.dirname(path)
@@ -867,6 +866,13 @@ class ChunkStore:
             self._ledger_add_locked(-self._drop_spares_locked(lambda s: s is sp))
         return True
 
+    def _expire_spares_locked(self) -> int:
+        """Unlinks the spares older than SPARE_SECONDS (ledger held); returns
+        the bytes freed. Asked at every removal and every store that could
+        take a spare, so an idle store keeps its spares until the next."""
+        now = time.monotonic()
+        return self._drop_spares_locked(lambda sp: now - sp.at > SPARE_SECONDS) if self._spare_bytes else 0
+
     def _drop_spares_locked(self, which: Callable[[_Spare], bool]) -> int:
         """Unlinks the spares `which` selects (ledger held). Returns the bytes
         freed, for the caller to take off the shared usage."""
@@ -889,7 +895,9 @@ class ChunkStore:
     def _take_spares_locked(self, files: Sequence["_WriteFile"], usage: int) -> int:
         """Moves a spare of the right size to the temporary's name of each file
         whose temporary is not made yet (ledger held), as the evictor does
-        with a victim (see _open_deferred). Returns the usage less them."""
+        with a victim (see _open_deferred). Returns the usage less them and
+        less the spares that expired."""
+        usage = max(0, usage - self._expire_spares_locked())
         spares = self._own_spares()
         dirfds: dict[str, int] = {}
         try:
