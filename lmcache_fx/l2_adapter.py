@@ -277,10 +277,10 @@ class FxL2Adapter(L2AdapterInterface):
             with self._lock:
                 size = self._sizes.pop(k, None)
                 self._by_digest.pop(chunk_digest(s), None)
-            before = self._bytes_used()
+            before = self.store.used_bytes
             if self.store.remove(s):
                 gone.append(k)
-                sizes.append(size if size is not None else max(before - self._bytes_used(), 0))
+                sizes.append(size if size is not None else max(before - self.store.used_bytes, 0))
         if gone:
             self._notify_keys_deleted(gone, sizes)
 
@@ -313,18 +313,12 @@ class FxL2Adapter(L2AdapterInterface):
                     self._by_digest.pop(chunk_digest(name), None)
             self._notify_keys_deleted([k for k, _, _ in gone], [s for _, s, _ in gone])
 
-    def _bytes_used(self) -> int:
-        """The store's usage less this process's spares (files of removed
-        chunks kept for reuse, handed back first): a delete frees its bytes
-        for LMCache's controller at once, or it would delete more."""
-        return max(0, self.store.usage_bytes - self.store.spare_bytes)
-
     def get_usage(self) -> AdapterUsage:
         """Bytes from the store itself (it counts chunks of every process and
         its own evictions); per-salt bytes from what this adapter stored."""
         base = super().get_usage()
         return AdapterUsage(
-            total_bytes_used=self._bytes_used(),
+            total_bytes_used=self.store.used_bytes,
             total_capacity_bytes=self.options.max_capacity_bytes,
             bytes_by_cache_salt=MappingProxyType(dict(base.bytes_by_cache_salt)),
         )
@@ -343,7 +337,7 @@ class FxL2Adapter(L2AdapterInterface):
             "io_engine_fallback": self.store.engine.fallback_reason,
             "odirect": self.store.odirect,
             "chunks": len(self.store),
-            "usage_bytes": self._bytes_used(),
+            "usage_bytes": self.store.used_bytes,
             "capacity_bytes": self.options.max_capacity_bytes,
             "tasks_in_flight": in_flight,
             "failed_store_tasks": failures,

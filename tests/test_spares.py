@@ -45,13 +45,9 @@ def _open(path, chunks: int = 8, **opts) -> ChunkStore:
     return F.open_store(path, max_capacity_gb=(chunks * FILE + 100) / (1 << 30), **opts)
 
 
-def _temporaries(path: str) -> list[str]:
-    return [n for _, _, names in os.walk(path) for n in names if store_mod.TMP_MARK in n]
-
-
 def _on_disk(path: str) -> int:
     """Bytes of every file the store holds: chunks and temporaries."""
-    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names if ".fxkv" in n)
+    return sum(os.path.getsize(p) for p in F.chunk_files(path) + F.tmp_files(path))
 
 
 def _write(s: ChunkStore, keys, nbytes: int = CHUNK) -> None:
@@ -70,13 +66,13 @@ def test_a_removed_chunks_file_is_taken_by_the_next_chunk_of_its_size(shm_dir):
         inos = [_ino(s, k) for k in KEYS[:2]]
         assert s.remove(KEYS[0]) and s.remove(KEYS[1])
         assert not os.path.exists(s.path_for(chunk_digest(KEYS[0])))
-        assert len(_temporaries(shm_dir)) == 2  # kept, and counted
+        assert len(F.tmp_files(shm_dir)) == 2  # kept, and counted
         assert s.usage_bytes == _on_disk(shm_dir) == 2 * FILE
         assert s.spare_bytes == 2 * FILE  # free space to whoever asks how full the store is
         assert F.read_check(s, KEYS[:2])[:2] == (0, 2)
         _write(s, KEYS[2:4])
         assert sorted(_ino(s, k) for k in KEYS[2:4]) == sorted(inos)
-        assert s.stats.snapshot()["recycled"] == 2 and _temporaries(shm_dir) == [] and s.spare_bytes == 0
+        assert s.stats.snapshot()["recycled"] == 2 and F.tmp_files(shm_dir) == [] and s.spare_bytes == 0
         hits, misses, bad = F.read_check(s, KEYS[2:4])
         assert (hits, misses, bad) == (2, 0, [])
         assert F.read_check(s, KEYS[:2])[:2] == (0, 2)
@@ -84,11 +80,11 @@ def test_a_removed_chunks_file_is_taken_by_the_next_chunk_of_its_size(shm_dir):
         # Another size takes no spare: a new file.
         assert s.remove(KEYS[2])
         _write(s, KEYS[4:5], 2 * CHUNK)
-        assert s.stats.snapshot()["recycled"] == 2 and len(_temporaries(shm_dir)) == 1
+        assert s.stats.snapshot()["recycled"] == 2 and len(F.tmp_files(shm_dir)) == 1
         assert s.usage_bytes == _on_disk(shm_dir) == 2 * FILE + HEADER_SIZE + 2 * CHUNK
     finally:
         s.close()
-    assert _temporaries(shm_dir) == []  # close removes the spares
+    assert F.tmp_files(shm_dir) == []  # close removes the spares
     s = _open(shm_dir)
     try:
         assert s.usage_bytes == _on_disk(shm_dir) == FILE + HEADER_SIZE + 2 * CHUNK
@@ -102,11 +98,11 @@ def test_spares_go_before_any_chunk_when_room_is_needed(shm_dir):
     try:
         _write(s, KEYS[:8])
         assert s.remove(KEYS[0]) and s.remove(KEYS[1])  # two spares: still 8 files' worth in use
-        assert s.usage_bytes == 8 * FILE and len(_temporaries(shm_dir)) == 2
+        assert s.usage_bytes == 8 * FILE and len(F.tmp_files(shm_dir)) == 2
         _write(s, KEYS[8:9], 2 * CHUNK)  # needs room for one double chunk: the two spares go, no chunk
         st = s.stats.snapshot()
         assert st["evictions"] == 0 and st["recycled"] == 0
-        assert _temporaries(shm_dir) == []
+        assert F.tmp_files(shm_dir) == []
         assert F.read_check(s, KEYS[2:9])[:3] == (7, 0, [])
         assert s.usage_bytes == _on_disk(shm_dir) == 6 * FILE + HEADER_SIZE + 2 * CHUNK
     finally:
@@ -124,10 +120,10 @@ def test_a_spare_a_reader_holds_is_not_rewritten(shm_dir):
         held = open_in(path, os.O_RDONLY, lock=True)
         try:
             ino = os.fstat(held).st_ino
-            assert s.remove(KEYS[0]) and len(_temporaries(shm_dir)) == 1
+            assert s.remove(KEYS[0]) and len(F.tmp_files(shm_dir)) == 1
             _write(s, KEYS[1:2])
             assert _ino(s, KEYS[1]) != ino and s.stats.snapshot()["recycled"] == 0
-            assert _temporaries(shm_dir) == []
+            assert F.tmp_files(shm_dir) == []
             assert F.check(KEYS[0], memoryview(os.pread(held, CHUNK, HEADER_SIZE))) == "ok"
         finally:
             os.close(held)
@@ -143,16 +139,16 @@ def test_spares_expire_and_are_bounded(shm_dir, monkeypatch):
         _write(s, KEYS[:3])
         monkeypatch.setattr(store_mod, "SPARE_SECONDS", 0.0)
         assert s.remove(KEYS[0]) and s.remove(KEYS[1])  # the second removal drops the first spare
-        assert len(_temporaries(shm_dir)) == 1
+        assert len(F.tmp_files(shm_dir)) == 1
         assert s.usage_bytes == _on_disk(shm_dir) == 2 * FILE
         monkeypatch.setattr(store_mod, "SPARE_SECONDS", 60.0)
         monkeypatch.setattr(store_mod, "SPARE_SHARE", 10**6)  # no room for any spare
         assert s.remove(KEYS[2])
-        assert len(_temporaries(shm_dir)) == 1  # the new one went at once; the old one stays
+        assert len(F.tmp_files(shm_dir)) == 1  # the new one went at once; the old one stays
         assert s.usage_bytes == _on_disk(shm_dir) == FILE
         monkeypatch.setattr(store_mod, "SPARE_SECONDS", 0.0)  # a store expires it too, and takes nothing
         _write(s, KEYS[3:4])
-        assert _temporaries(shm_dir) == [] and s.stats.snapshot()["recycled"] == 0
+        assert F.tmp_files(shm_dir) == [] and s.stats.snapshot()["recycled"] == 0
         assert s.usage_bytes == _on_disk(shm_dir) == FILE and s.spare_bytes == 0
     finally:
         s.close()
@@ -177,7 +173,7 @@ def test_no_spares_on_disk_or_network_filesystems_or_with_reuse_off(where, shm_d
     try:
         _write(s, KEYS[:2])
         assert s.remove(KEYS[0])
-        assert _temporaries(root) == [] and s.spare_bytes == 0 and s.usage_bytes == _on_disk(root) == FILE
+        assert F.tmp_files(root) == [] and s.spare_bytes == 0 and s.usage_bytes == _on_disk(root) == FILE
     finally:
         s.close()
 
@@ -190,10 +186,10 @@ def test_a_dead_processes_spares_are_removed_by_the_next_store(shm_dir):
         f"assert s.remove({KEYS[0]!r}); os._exit(0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(HERE), timeout=120)
-    assert len(_temporaries(shm_dir)) == 1  # its spare, left behind
+    assert len(F.tmp_files(shm_dir)) == 1  # its spare, left behind
     s = _open(shm_dir)
     try:
-        assert _temporaries(shm_dir) == []
+        assert F.tmp_files(shm_dir) == []
         assert s.usage_bytes == _on_disk(shm_dir) == 2 * FILE
         assert F.read_check(s, KEYS[1:3])[:3] == (2, 0, [])
     finally:
@@ -247,4 +243,4 @@ def test_readers_beside_removes_and_writes_that_take_spares_never_see_wrong_byte
         assert F.read_check(s, keys[-16:])[:3] == (16, 0, [])
     finally:
         s.close()
-    assert _temporaries(shm_dir) == []
+    assert F.tmp_files(shm_dir) == []

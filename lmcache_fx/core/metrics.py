@@ -78,7 +78,7 @@ def store_snapshot(store) -> dict:
     """Everything the metrics report about a ChunkStore, as one dict:
     the Stats counters plus usage, capacity, chunks and the engine in use."""
     snap = dict(store.stats.snapshot())
-    snap["usage_bytes"] = max(0, store.usage_bytes - store.spare_bytes)  # spares: free space handed back first
+    snap["usage_bytes"] = store.used_bytes
     snap["capacity_bytes"] = store.options.max_capacity_bytes
     snap["chunks"] = len(store)
     eng = store.engine

@@ -329,7 +329,7 @@ class ChunkStore:
         self._evicted: Optional[list[str]] = None
         self._made_dirs: set[str] = set()
         self._spares: dict[int, list[_Spare]] = {}  # file size -> spares (ledger held to change)
-        self._spare_bytes = 0
+        self._spare_bytes = 0  # their sizes' sum, kept so other threads read it without the ledger
         self._spares_pid = _PID[0]
         self._rootfds: list[int] = []  # per root, O_PATH, for the store's life
         self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
@@ -948,9 +948,15 @@ class ChunkStore:
     @property
     def spare_bytes(self) -> int:
         """Bytes of this process's spares: in usage_bytes (they hold the
-        space) but the first to go when room is needed, so free space to
-        whoever asks how full the store is (LMCache's eviction controller)."""
+        space) but the first to go when room is needed."""
         return self._spare_bytes if self._spares_pid == _PID[0] else 0
+
+    @property
+    def used_bytes(self) -> int:
+        """usage_bytes less this process's spares: how full the store is to
+        whoever asks to decide on evicting (LMCache's eviction controller,
+        the metrics), so a removal frees its bytes at once."""
+        return max(0, self.usage_bytes - self.spare_bytes)
 
     def __len__(self) -> int:
         with self._lock:
