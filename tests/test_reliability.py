@@ -1003,7 +1003,7 @@ def test_bad_configuration(tmp_path):
     prefix = "storage_plugin.fx."
     failures = []
     store_dir = tmp_path / "never-created"
-    fds0, thr0 = F.open_fds(), F.os_threads()
+    fds0, thr0 = F.open_fds(), F.os_threads_at_rest()
     cases, untabled = _bad_options()
     for name, value in cases:
         d = fx_config(store_dir)
@@ -1070,7 +1070,7 @@ def test_bad_configuration(tmp_path):
             if os.path.exists(shm + "/s"):
                 failures.append("odirect=true on ramfs: left the store directory behind")
         time.sleep(0.2)
-        fds1, thr1 = F.open_fds(), F.os_threads()
+        fds1, thr1 = F.open_fds(), F.os_threads_at_rest()
         # More is a leak; fewer is an earlier test's thread finishing meanwhile.
         if fds1 > fds0 or thr1 > thr0:
             failures.append(f"half-started: fds {fds0}->{fds1}, OS threads {thr0}->{thr1}")

@@ -226,6 +226,22 @@ def os_threads() -> int:
     return n
 
 
+def os_threads_at_rest(settle: float = 0.3, limit: float = 10.0) -> int:
+    """os_threads() once the count holds still for `settle` s. pthread_join
+    (and Thread.join) return when the thread has cleared its tid, a moment
+    before the kernel drops its task from /proc/self/task; at rest the count
+    can only fall, so a stable reading is the true one."""
+    n, since, t_end = os_threads(), time.monotonic(), time.monotonic() + limit
+    while time.monotonic() < t_end:
+        time.sleep(0.05)
+        m = os_threads()
+        if m != n:
+            n, since = m, time.monotonic()
+        elif time.monotonic() - since >= settle:
+            break
+    return n
+
+
 # --------------------------------------------------------------- seccomp
 def deny_io_uring(err: int = 1) -> None:
     """Installs a seccomp filter failing io_uring_setup/enter/register with
@@ -607,12 +623,12 @@ def child_soak(a):
         gc.collect()
         return sum(t.is_alive() for t in threads)
 
-    cold = (rss_bytes(), open_fds(), os_threads())
+    cold = (rss_bytes(), open_fds(), os_threads_at_rest())
     alive = phase(a.get("warmup", 3))  # fills the ring pool, allocator arenas, the LRU
-    start = (rss_bytes(), open_fds(), os_threads(), rings())
+    start = (rss_bytes(), open_fds(), os_threads_at_rest(), rings())
     samples = []
     alive += phase(a["seconds"], samples)
-    end = (rss_bytes(), open_fds(), os_threads(), rings())
+    end = (rss_bytes(), open_fds(), os_threads_at_rest(), rings())
     fd_kinds = sorted(
         os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{f}")
     )
