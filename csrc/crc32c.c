@@ -4,7 +4,8 @@
  * Implementations, one chosen once at run time from the CPU's features (each
  * compiled with a target attribute, so the file builds with default flags):
  *
- *   x86-64   "vpclmulqdq+crc32q"  256-bit carry-less-multiply folding and
+ *   x86-64   "vpclmulqdq-512"     512-bit carry-less-multiply folding (AVX-512)
+ *            "vpclmulqdq+crc32q"  256-bit carry-less-multiply folding and
  *                                 three crc32 streams, interleaved (AVX2)
  *            "pclmulqdq+crc32q"   the same with 128-bit folding
  *            "sse4.2"             the crc32 instruction, one stream
@@ -23,10 +24,15 @@
  * remaining 16 bytes go through the crc32 instruction (data congruent modulo
  * P has the same CRC).  The starting CRC is XORed into the first 4 bytes.
  * With 256-bit registers each holds two consecutive blocks and a step moves
- * 2048 bits.  The crc32 instruction runs on other execution units than the
- * multiplier, so the x86 paths run three crc32 streams beside the folding
- * (see "Interleaving" below): on AMD Zen 3 that is ~1.5x the folding alone
- * and ~2x the three crc32 streams alone.
+ * 2048 bits, with 512-bit registers four blocks and 4096 bits.  The crc32
+ * instruction runs on other execution units than the multiplier, so the
+ * 128- and 256-bit paths run three crc32 streams beside the folding (see
+ * "Interleaving" below): on AMD Zen 3 that is ~1.5x the folding alone and
+ * ~2x the three crc32 streams alone.  The 512-bit path folds alone: what fx
+ * sums is never in this core's cache (a device or another core has just
+ * written it), and there the streams' extra memory traffic costs more than
+ * they add (AMD Zen 5, scripts/crc32c_speed.py: 8 MiB from L3 ~48 GB/s
+ * folding alone, ~38 with the streams; ~83 against ~64 only from L2).
  *
  * The constants are derived below (fold_init, hy_init) from P by repeated
  * multiplication by x, not copied from tables; a self-test against the table
@@ -95,7 +101,7 @@ static uint32_t xpow_mod(unsigned n)
  * constants are x^(63+n) and x^(n-1) mod P, placed so that bit 63-d holds
  * x^d (the reflected 32-bit value shifted up by 32).
  * fold_k[j] moves a block j*16 bytes: {first-half constant, second-half}. */
-#define FOLD_MAX 16
+#define FOLD_MAX 32
 static uint64_t fold_k[FOLD_MAX + 1][2];
 
 static void fold_init(void)
@@ -249,6 +255,69 @@ X86_VCLMUL static uint32_t crc_vpclmul(uint32_t crc, const unsigned char *p, siz
         len -= 256;
     }
     return finish256(y0, y1, y2, y3, y4, y5, y6, y7, k8, p, len);
+}
+
+#define X86_VCLMUL512 __attribute__((target("sse4.2,pclmul,avx2,avx512f,avx512vl,vpclmulqdq")))
+
+X86_VCLMUL512 static inline __m512i k512(const uint64_t k[2])
+{
+    return _mm512_set_epi64((long long)k[1], (long long)k[0], (long long)k[1], (long long)k[0],
+                            (long long)k[1], (long long)k[0], (long long)k[1], (long long)k[0]);
+}
+
+/* x moved on by k's distance, XORed with q (one three-way XOR). */
+X86_VCLMUL512 static inline __m512i fold512(__m512i x, __m512i k, __m512i q)
+{
+    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00),
+                                     _mm512_clmulepi64_epi128(x, k, 0x11), q, 0x96);
+}
+
+#define LOAD512(q) _mm512_loadu_si512((const void *)(q))
+
+/* 512 bytes a step in eight 512-bit accumulators (four blocks each); below
+ * 1024 bytes the 256-bit path. */
+X86_VCLMUL512 static uint32_t crc_vpclmul512(uint32_t crc, const unsigned char *p, size_t len)
+{
+    const __m512i k = k512(fold_k[32]), k16 = k512(fold_k[16]), k8 = k512(fold_k[8]);
+    const __m128i c = _mm_cvtsi32_si128((int)crc);
+    __m512i z0, z1, z2, z3, z4, z5, z6, z7;
+
+    if (len < 1024)
+        return crc_vpclmul(crc, p, len);
+    z0 = _mm512_xor_si512(LOAD512(p), _mm512_inserti32x4(_mm512_setzero_si512(), c, 0));
+    z1 = LOAD512(p + 64);
+    z2 = LOAD512(p + 128);
+    z3 = LOAD512(p + 192);
+    z4 = LOAD512(p + 256);
+    z5 = LOAD512(p + 320);
+    z6 = LOAD512(p + 384);
+    z7 = LOAD512(p + 448);
+    p += 512;
+    len -= 512;
+    while (len >= 512) {
+        z0 = fold512(z0, k, LOAD512(p));
+        z1 = fold512(z1, k, LOAD512(p + 64));
+        z2 = fold512(z2, k, LOAD512(p + 128));
+        z3 = fold512(z3, k, LOAD512(p + 192));
+        z4 = fold512(z4, k, LOAD512(p + 256));
+        z5 = fold512(z5, k, LOAD512(p + 320));
+        z6 = fold512(z6, k, LOAD512(p + 384));
+        z7 = fold512(z7, k, LOAD512(p + 448));
+        p += 512;
+        len -= 512;
+    }
+    /* 32 blocks to 8: z0..z3 move 256 bytes on, onto z4..z7; z4, z5 then
+     * 128 bytes, onto z6, z7; those eight blocks go as the other paths' do. */
+    z4 = fold512(z0, k16, z4);
+    z5 = fold512(z1, k16, z5);
+    z6 = fold512(z2, k16, z6);
+    z7 = fold512(z3, k16, z7);
+    z6 = fold512(z4, k8, z6);
+    z7 = fold512(z5, k8, z7);
+    return fold_finish(_mm512_extracti32x4_epi32(z6, 0), _mm512_extracti32x4_epi32(z6, 1),
+                       _mm512_extracti32x4_epi32(z6, 2), _mm512_extracti32x4_epi32(z6, 3),
+                       _mm512_extracti32x4_epi32(z7, 0), _mm512_extracti32x4_epi32(z7, 1),
+                       _mm512_extracti32x4_epi32(z7, 2), _mm512_extracti32x4_epi32(z7, 3), p, len);
 }
 
 /* Interleaving: the crc32 instruction and the carry-less multiplier run on
@@ -409,6 +478,11 @@ static int have_vpclmul(void)
     return have_pclmul() && __builtin_cpu_supports("avx2") &&
            __builtin_cpu_supports("vpclmulqdq");
 }
+/* __builtin_cpu_supports("avx512f") also asks the OS saves the ZMM state. */
+static int have_vpclmul512(void)
+{
+    return have_vpclmul() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+}
 
 /* ---------------------------------------------------------------- aarch64 */
 
@@ -511,11 +585,33 @@ static int have_pmull(void)
 
 typedef uint32_t (*crc_fn)(uint32_t, const unsigned char *, size_t);
 
+static int always(void) { return 1; }
+
+/* The candidates, fastest first; the first this CPU has that passes the
+ * self-test is the one used. */
+static const struct {
+    const char *name;
+    crc_fn fn;
+    int (*have)(void);
+} impls[] = {
+#if defined(__x86_64__)
+    {"vpclmulqdq-512", crc_vpclmul512, have_vpclmul512},
+    {"vpclmulqdq+crc32q", crc_hy256, have_vpclmul},
+    {"pclmulqdq+crc32q", crc_hy128, have_pclmul},
+    {"sse4.2", crc_sse42, have_sse42},
+#elif defined(__aarch64__) && defined(__GNUC__)
+    {"armv8-pmull", crc_pmull, have_pmull},
+    {"armv8-crc", crc_armv8, have_armcrc},
+#endif
+    {"table", crc_sw, always},
+};
+#define NIMPLS (sizeof(impls) / sizeof(impls[0]))
+
+static int impl_ok[NIMPLS]; /* this CPU has it and it passed the self-test */
 static crc_fn impl_fn = crc_sw;
 static const char *impl_name = "table";
 static pthread_once_t impl_once = PTHREAD_ONCE_INIT;
 
-#if defined(__x86_64__) || (defined(__aarch64__) && defined(__GNUC__))
 /* Whether fn agrees with the table code over len bytes at two alignments. */
 static int agrees(crc_fn fn, const unsigned char *buf, size_t len)
 {
@@ -549,33 +645,20 @@ static int self_test(crc_fn fn)
     return 1;
 }
 
-static void pick(crc_fn fn, const char *name)
-{
-    if (impl_fn == crc_sw && self_test(fn)) {
-        impl_fn = fn;
-        impl_name = name;
-    }
-}
-#endif
-
 static void impl_init(void)
 {
     build_table();
     fold_init();
 #if defined(__x86_64__)
     hy_init();
-    if (have_vpclmul())
-        pick(crc_hy256, "vpclmulqdq+crc32q");
-    if (have_pclmul())
-        pick(crc_hy128, "pclmulqdq+crc32q");
-    if (have_sse42())
-        pick(crc_sse42, "sse4.2");
-#elif defined(__aarch64__) && defined(__GNUC__)
-    if (have_pmull())
-        pick(crc_pmull, "armv8-pmull");
-    if (have_armcrc())
-        pick(crc_armv8, "armv8-crc");
 #endif
+    for (size_t i = NIMPLS; i-- > 0;) {
+        impl_ok[i] = impls[i].fn == crc_sw || (impls[i].have() && self_test(impls[i].fn));
+        if (impl_ok[i]) {
+            impl_fn = impls[i].fn;
+            impl_name = impls[i].name;
+        }
+    }
 }
 
 uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len)
@@ -588,6 +671,28 @@ const char *fx_crc32c_impl(void)
 {
     pthread_once(&impl_once, impl_init);
     return impl_name;
+}
+
+size_t fx_crc32c_impls(const char **names, size_t max)
+{
+    size_t n = 0;
+
+    pthread_once(&impl_once, impl_init);
+    for (size_t i = 0; i < NIMPLS; i++)
+        if (impl_ok[i] && n < max)
+            names[n++] = impls[i].name;
+    return n;
+}
+
+int fx_crc32c_with(const char *name, uint32_t crc, const void *buf, size_t len, uint32_t *out)
+{
+    pthread_once(&impl_once, impl_init);
+    for (size_t i = 0; i < NIMPLS; i++)
+        if (impl_ok[i] && strcmp(impls[i].name, name) == 0) {
+            *out = ~impls[i].fn(~crc, buf, len);
+            return 0;
+        }
+    return -1;
 }
 
 /* ------------------------------------------------------------- combining */

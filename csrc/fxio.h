@@ -196,6 +196,12 @@ uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len);
 /* CRC of A followed by B from crc(A), crc(B) and len(B). */
 uint32_t fx_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 const char *fx_crc32c_impl(void);
+/* The implementations this CPU runs (each passed the start-up self-test),
+ * the one in use first: up to max names, returns how many. */
+size_t fx_crc32c_impls(const char **names, size_t max);
+/* fx_crc32c with a named one of those (tests, scripts/crc32c_speed.py);
+ * 0, or -1 when this CPU does not run it. */
+int fx_crc32c_with(const char *name, uint32_t crc, const void *buf, size_t len, uint32_t *out);
 
 /* ---- chunk files: open, read header + payload, check, close ----
  * A batch of chunk files <dirfd>/<name> (name relative, no symlink followed

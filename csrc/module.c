@@ -1081,40 +1081,81 @@ static Py_ssize_t HostBuffer_len(HostBufferObject *hb) { return (Py_ssize_t)hb->
 
 /* -------------------------------------------------------- module functions */
 
+/* fx_crc32c over len bytes at buf, with the implementation named impl
+ * (NULL: the one in use); the GIL released above 64 KiB. 0, or -1 with
+ * ValueError for an implementation this CPU does not run. */
+static int crc32c_call(const char *impl, uint32_t value, const void *buf, size_t len, uint32_t *crc)
+{
+    int r = 0;
+
+    Py_BEGIN_ALLOW_THREADS
+    if (impl)
+        r = fx_crc32c_with(impl, value, buf, len, crc);
+    else
+        *crc = fx_crc32c(value, buf, len);
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        PyErr_Format(PyExc_ValueError, "CRC32C implementation '%s' is not one this CPU runs "
+                                       "(crc32c_impls() lists them)", impl);
+    return r;
+}
+
 static PyObject *mod_crc32c(PyObject *m, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"data", "value", NULL};
+    static char *kwlist[] = {"data", "value", "impl", NULL};
     Py_buffer view;
     unsigned int value = 0;
+    const char *impl = NULL;
+    uint32_t crc;
+    int r;
+
+    (void)m;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|Iz", kwlist, &view, &value, &impl))
+        return NULL;
+    if (view.len > 65536 || impl) {
+        r = crc32c_call(impl, value, view.buf, (size_t)view.len, &crc);
+    } else {
+        crc = fx_crc32c(value, view.buf, (size_t)view.len);
+        r = 0;
+    }
+    PyBuffer_Release(&view);
+    return r < 0 ? NULL : PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *mod_crc32c_at(PyObject *m, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"address", "length", "value", "impl", NULL};
+    unsigned long long addr, len;
+    unsigned int value = 0;
+    const char *impl = NULL;
     uint32_t crc;
 
     (void)m;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|I", kwlist, &view, &value))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KK|Iz", kwlist, &addr, &len, &value, &impl))
         return NULL;
-    if (view.len > 65536) {
-        Py_BEGIN_ALLOW_THREADS
-        crc = fx_crc32c(value, view.buf, (size_t)view.len);
-        Py_END_ALLOW_THREADS
-    } else {
-        crc = fx_crc32c(value, view.buf, (size_t)view.len);
-    }
-    PyBuffer_Release(&view);
+    if (crc32c_call(impl, value, (const void *)(uintptr_t)addr, (size_t)len, &crc) < 0)
+        return NULL;
     return PyLong_FromUnsignedLong(crc);
 }
 
-static PyObject *mod_crc32c_at(PyObject *m, PyObject *args)
+static PyObject *mod_crc32c_impls(PyObject *m, PyObject *unused)
 {
-    unsigned long long addr, len;
-    unsigned int value = 0;
-    uint32_t crc;
+    const char *names[16];
+    size_t n = fx_crc32c_impls(names, 16);
+    PyObject *out = PyList_New((Py_ssize_t)n);
 
     (void)m;
-    if (!PyArg_ParseTuple(args, "KK|I", &addr, &len, &value))
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    crc = fx_crc32c(value, (const void *)(uintptr_t)addr, (size_t)len);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromUnsignedLong(crc);
+    (void)unused;
+    for (size_t i = 0; out && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(names[i]);
+
+        if (!s) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, s);
+    }
+    return out;
 }
 
 static PyObject *mod_crc_spread_runs(PyObject *m, PyObject *unused)
@@ -1317,13 +1358,15 @@ static PyTypeObject HostBufferType = {
 
 static PyMethodDef module_methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
-     "crc32c(data, value=0) -> int"},
+     "crc32c(data, value=0, impl=None) -> int"},
+    {"crc32c_impls", (PyCFunction)mod_crc32c_impls, METH_NOARGS,
+     "crc32c_impls() -> list of the CRC32C implementations this CPU runs, the one in use first"},
     {"_uring_peak_inflight", (PyCFunction)mod_uring_peak_inflight, METH_NOARGS,
      "_uring_peak_inflight() -> int: most pieces one io_uring run had out at once since the last call (tests)"},
     {"crc_spread_runs", (PyCFunction)mod_crc_spread_runs, METH_NOARGS,
      "crc_spread_runs() -> int: io_uring batches whose landed pieces were checksummed on several threads"},
-    {"crc32c_at", (PyCFunction)mod_crc32c_at, METH_VARARGS,
-     "crc32c_at(address, length, value=0) -> int"},
+    {"crc32c_at", (PyCFunction)(void (*)(void))mod_crc32c_at, METH_VARARGS | METH_KEYWORDS,
+     "crc32c_at(address, length, value=0, impl=None) -> int"},
     {"io_uring_status", (PyCFunction)mod_io_uring_status, METH_NOARGS,
      "io_uring_status() -> (usable, reason)"},
     {"advise_hugepages", (PyCFunction)mod_advise_hugepages, METH_VARARGS,

@@ -23,7 +23,7 @@ KiB = 1 << 10
 MiB = 1 << 20
 POLY = 0x82F63B78  # CRC32C polynomial, reflected
 
-FAST_IMPLS = {"vpclmulqdq+crc32q", "pclmulqdq+crc32q", "sse4.2", "armv8-pmull", "armv8-crc"}
+FAST_IMPLS = {"vpclmulqdq-512", "vpclmulqdq+crc32q", "pclmulqdq+crc32q", "sse4.2", "armv8-pmull", "armv8-crc"}
 
 
 # -------------------------------------------------------------- reference
@@ -143,7 +143,9 @@ def test_implementation_is_the_fastest_the_cpu_allows():
     if flags is None:
         pytest.skip("no /proc/cpuinfo")
     if machine == "x86_64":
-        if {"pclmulqdq", "sse4_2", "avx2", "vpclmulqdq"} <= flags:
+        if {"pclmulqdq", "sse4_2", "avx2", "vpclmulqdq", "avx512f", "avx512vl"} <= flags:
+            assert impl == "vpclmulqdq-512"
+        elif {"pclmulqdq", "sse4_2", "avx2", "vpclmulqdq"} <= flags:
             assert impl == "vpclmulqdq+crc32q"
         elif {"pclmulqdq", "sse4_2"} <= flags:
             assert impl == "pclmulqdq+crc32q"
@@ -156,7 +158,26 @@ def test_implementation_is_the_fastest_the_cpu_allows():
             assert impl == "armv8-crc"
 
 
-def test_every_short_length_and_alignment():
+IMPLS = fx.crc32c_impls()
+# Around each path's block and the 512-bit path's 1 KiB start.
+SHORT_LENGTHS = [0, 1, 3, 7, 8, 15, 16, 17, 31, 63, 64, 127, 128, 255, 256, 511, 512, 513]
+SHORT_LENGTHS += [1023, 1024, 1025, 1536, 1791, 1792, 2047, 2048, 2100]
+
+
+def test_implementations_listed():
+    """crc32c_impls() lists the one in use first and the table code last
+    (every CPU runs it); a name it does not list is refused by name."""
+    assert IMPLS[0] == fx.CRC32C_IMPL
+    assert IMPLS[-1] == "table"
+    assert len(set(IMPLS)) == len(IMPLS)
+    with pytest.raises(ValueError, match="'crc-9000' is not one this CPU runs"):
+        fx.crc32c(b"abc", impl="crc-9000")
+    with pytest.raises(ValueError, match="crc32c_impls"):
+        fx.crc32c_at(addr_of(bytearray(8)), 8, impl="crc-9000")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_every_short_length_and_alignment(impl):
     rng = random.Random(11)
     data = bytearray(rng.randbytes(2200))
     mv = memoryview(data)
@@ -164,11 +185,11 @@ def test_every_short_length_and_alignment():
         off = (n * 7) % 64
         value = rng.getrandbits(32)
         chunk = mv[off : off + n]
-        assert fx.crc32c(chunk, value) == crc32c_ref(chunk, value), (n, off)
+        assert fx.crc32c(chunk, value, impl=impl) == crc32c_ref(chunk, value), (n, off)
     for off in range(64):
-        for n in (0, 1, 3, 7, 8, 15, 16, 17, 31, 63, 64, 127, 128, 255, 256, 511, 512, 513, 1791, 1792, 2100):
+        for n in SHORT_LENGTHS:
             chunk = mv[off : off + n]
-            assert fx.crc32c(chunk) == crc32c_ref(chunk), (n, off)
+            assert fx.crc32c(chunk, impl=impl) == crc32c_ref(chunk), (n, off)
 
 
 def _cases(rng, size, count, max_len):
@@ -187,22 +208,33 @@ def _cases(rng, size, count, max_len):
     return out
 
 
-def test_random_lengths_and_alignments_to_several_mib():
+@pytest.fixture(scope="module")
+def several_mib():
+    """A 7 MiB buffer, cases on it and their reference CRCs (the pure-Python
+    pass over the buffer is made once for every implementation)."""
     size = 7 * MiB + 4099
     rng = random.Random(2024)
     data = bytearray(rng.randbytes(size))
     cases = _cases(rng, size, 400, 6 * MiB)
-    # round sizes of the interleaved paths and their neighbours
-    for n in (1280, 1792, 2560, 3584, 4096, 5120, 7168, 10240, 14336, 20480, 28672, 64 * KiB, MiB, 4 * MiB):
-        for d in (-1, 0, 1, 127, 129):
+    # round sizes of the interleaved and 512-bit paths and their neighbours
+    for n in (1024, 1280, 1536, 1792, 2560, 3584, 4096, 5120, 7168, 10240, 14336, 20480, 28672, 64 * KiB, MiB, 4 * MiB):
+        for d in (-1, 0, 1, 127, 129, 511, 513):
             cases.append((rng.randrange(64), n + d, rng.getrandbits(32)))
     ref = PrefixStates(data, [p for off, n, _ in cases for p in (off, off + n)])
+    return data, [(off, n, value, ref.crc(off, off + n, value)) for off, n, value in cases]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_random_lengths_and_alignments_to_several_mib(several_mib, impl):
+    data, cases = several_mib
     mv = memoryview(data)
     base = addr_of(data)
-    for off, n, value in cases:
-        want = ref.crc(off, off + n, value)
-        assert fx.crc32c(mv[off : off + n], value) == want, (off, n)
-        assert fx.crc32c_at(base + off, n, value) == want, (off, n)
+    for off, n, value, want in cases:
+        assert fx.crc32c(mv[off : off + n], value, impl=impl) == want, (off, n)
+        assert fx.crc32c_at(base + off, n, value, impl=impl) == want, (off, n)
+    if impl == IMPLS[0]:  # the one in use, as the engine calls it
+        for off, n, value, want in cases[::7]:
+            assert fx.crc32c_at(base + off, n, value) == want, (off, n)
 
 
 def test_chaining_equals_one_pass():
@@ -228,7 +260,8 @@ def test_buffer_ending_at_unmapped_page():
         # each length ends exactly at the mapping's end
         for n in (1, 7, 8, 9, 16, 255, 256, 513, 1792, 4095, 4096, 5000, 28672 + 5, 64 * page - 1, 64 * page):
             start = 64 * page - n
-            assert fx.crc32c_at(base + start, n) == crc32c_ref(m[start:]), n
+            for impl in IMPLS:
+                assert fx.crc32c_at(base + start, n, impl=impl) == crc32c_ref(m[start:]), (n, impl)
     finally:
         m.close()
 
