@@ -3,10 +3,14 @@
 RAM-backed loop device, cold reads), no LMCache in the way:
 
   reads:  ChunkStore.read of 7 x 64 MiB chunks into one huge-page registered
-          buffer, verify on / off, 1 MiB and 16 MiB pieces, against whole-file
-          O_DIRECT preads of the same files on 8 Python threads (what fs_native
-          does in C++), with and without a CRC32C of each chunk after its read
-          (the price of fx's check on any reader), interleaved, medians;
+          buffer, verify on / off, 1 MiB and 16 MiB pieces, QD 32 and 128,
+          against whole-file O_DIRECT preads of the same files on 8 Python
+          threads (what fs_native does in C++), with and without a CRC32C of
+          each chunk after its read (the price of fx's check on any reader),
+          and beside a thread that only computes CRC32Cs, over a buffer in its
+          cache or streamed from memory (what the check's memory traffic, not
+          its CPU, costs a medium whose "device" is a memcpy), interleaved,
+          medians, with the busy CPUs of the whole host;
   stores: ChunkStore.write of 238 x 2 MiB, each stage of the write timed
           (temporaries, reservation, payload + header + LRU clock as one call
           on O_DIRECT, commit), per chunk.
@@ -60,6 +64,33 @@ def _threads_read(paths, dst: int, span: int, nthreads: int, crc: bool = False) 
         list(ex.map(one, range(len(paths))))
 
 
+def _busy_ticks() -> tuple[int, int]:
+    """(all, idle + iowait) CPU ticks of the host so far."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v), v[3] + v[4]
+
+
+class _CrcBeside:
+    """A thread computing CRC32Cs over `span` bytes of `buf` until stopped
+    (the GIL released in each call)."""
+
+    def __init__(self, buf, span: int):
+        import threading
+
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self._run, args=(buf.address, span))
+        self.t.start()
+
+    def _run(self, addr: int, span: int) -> None:
+        while not self.stop.is_set():
+            _fxio.crc32c_at(addr, span)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.t.join()
+
+
 def reads(mnt: str, reps: int) -> dict:
     cb, n = 64 * MIB, 7
     src = _fxio.HostBuffer(cb * n, hugepages=True)
@@ -73,21 +104,36 @@ def reads(mnt: str, reps: int) -> dict:
     s.close()
     span = cb + HEADER_SIZE
     dst = _fxio.HostBuffer(n * span, hugepages=True)
+    beside = _fxio.HostBuffer(256 * MIB, hugepages=True)
+    memoryview(beside)[:] = os.urandom(MIB) * 256
     modes = {
         "fx verify on, 1 MiB pieces, QD 32": (True, MIB, 32),
+        "fx verify on, 1 MiB pieces, QD 128": (True, MIB, 128),
         "fx verify on, 16 MiB pieces, QD 16": (True, 16 * MIB, 16),
         "fx verify off, 1 MiB pieces, QD 32": (False, MIB, 32),
+        "fx verify off, 1 MiB pieces, QD 128": (False, MIB, 128),
         "fx verify off, 16 MiB pieces, QD 16": (False, 16 * MIB, 16),
         "whole-file O_DIRECT pread, 8 threads": None,
         "whole-file O_DIRECT pread, 8 threads, then CRC32C of each": "crc",
+        "whole-file O_DIRECT pread, 8 threads, beside CRC32Cs of 1 MiB in cache": MIB,
+        "whole-file O_DIRECT pread, 8 threads, beside CRC32Cs of 256 MiB from memory": 256 * MIB,
     }
     raw: dict = {m: [] for m in modes}
-    for _ in range(reps):
-        for m, how in modes.items():
-            if how is None or how == "crc":
+    base = "whole-file O_DIRECT pread, 8 threads"
+    for rep in range(reps):
+        order = list(modes.items())
+        k = rep % len(order)  # rotated each rep: the host's drift spreads over every mode
+        for m, how in order[k:] + order[:k]:
+            if how is None or how == "crc" or isinstance(how, int):
                 drop_caches()
-                c0, t0 = cpu_seconds(), time.perf_counter()
-                _threads_read(paths, dst.address, span, 8, crc=how == "crc")
+                crc_beside = _CrcBeside(beside, how) if isinstance(how, int) else None
+                b0, c0, t0 = _busy_ticks(), cpu_seconds(), time.perf_counter()
+                try:
+                    _threads_read(paths, dst.address, span, 8, crc=how == "crc")
+                finally:
+                    dt = time.perf_counter() - t0
+                    if crc_beside:
+                        crc_beside.close()
             else:
                 verify, split, qd = how
                 eng = _fxio.Engine("io_uring", qd, split)
@@ -103,15 +149,17 @@ def reads(mnt: str, reps: int) -> dict:
 
                 st.read(keys, alloc, lambda h: None)  # learns the headers, as a running store has
                 drop_caches()
-                c0, t0 = cpu_seconds(), time.perf_counter()
+                b0, c0, t0 = _busy_ticks(), cpu_seconds(), time.perf_counter()
                 out = st.read(keys, alloc, lambda h: None)
+                dt = time.perf_counter() - t0
                 assert all(o is not None for o in out)
-            dt, c = time.perf_counter() - t0, cpu_seconds() - c0
+            c, b1 = cpu_seconds() - c0, _busy_ticks()
             if isinstance(how, tuple):
                 st.close()
                 eng.close()
             gb = n * cb / 1e9
-            raw[m].append({"gbps": gb / dt, "cpu_s_per_gb": c / gb})
+            busy = os.cpu_count() * (1 - (b1[1] - b0[1]) / max(b1[0] - b0[0], 1))
+            raw[m].append({"gbps": gb / dt, "cpu_s_per_gb": c / gb, "busy_cpus": busy})
     return {
         "chunks": f"{n} x 64 MiB",
         "reps": reps,
@@ -121,6 +169,9 @@ def reads(mnt: str, reps: int) -> dict:
                 "gbps": statistics.median(x["gbps"] for x in v),
                 "cpu_s_per_gb": statistics.median(x["cpu_s_per_gb"] for x in v),
                 "gbps_each": [round(x["gbps"], 3) for x in v],
+                "busy_cpus": round(statistics.median(x["busy_cpus"] for x in v), 2),
+                # Each rep's figure over the plain preads' in the same rep.
+                "over_preads": round(statistics.median(x["gbps"] / b["gbps"] for x, b in zip(v, raw[base])), 3),
             }
             for m, v in raw.items()
         },
@@ -235,7 +286,10 @@ def main() -> None:
         "stores": w,
     }
     for m, v in r["modes"].items():
-        print(f"{m:40} {v['gbps']:.2f} GB/s  {v['cpu_s_per_gb']:.3f} CPU s/GB")
+        print(
+            f"{m:76} {v['gbps']:6.2f} GB/s {v['over_preads']:6.3f}x  {v['cpu_s_per_gb']:.3f} CPU s/GB"
+            f"  {v['busy_cpus']:.2f} CPUs busy"
+        )
     print(f"stores {w['chunks']}: {w['gbps']:.2f} GB/s; µs per chunk:")
     for k, v in w["us_per_chunk"].items():
         print(f"  {k:40} {v:7.1f}")
