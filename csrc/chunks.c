@@ -264,6 +264,18 @@ static size_t wave_size(size_t n, int pipelined)
     return w < n ? w : n;
 }
 
+/* The piece size of one wave. Pieces are there so that each one's CRC32C
+ * is taken as it lands; O_DIRECT reads from a device with no check to take
+ * go in pieces of at least FX_UNCHECKED_PIECE, one request per payload up to
+ * there, which costs less CPU per GB and reads faster (docs/benchmarks.md,
+ * "Piece size"); the bytes in flight stay bounded (a piece holds one engine
+ * slot per MiB). Reads from memory keep their pieces: there pieces spread
+ * the copying over threads. */
+static uint64_t unchecked_split(uint64_t split, int device, int verify)
+{
+    return device && !verify && split < FX_UNCHECKED_PIECE ? FX_UNCHECKED_PIECE : split;
+}
+
 typedef struct {
     const fx_chunk *c;
     fx_chunk_result *out;
@@ -413,7 +425,7 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
             b.hdrs = hdrs;
             b.hdr_res = hdr_res;
             b.fds_known = direct ? FX_FDS_DIRECT | (all_mem ? FX_FDS_MEM : 0) : FX_FDS_BUFFERED;
-            r = fx_batch_prepare(&b, split);
+            r = fx_batch_prepare(&b, unchecked_split(split, direct && !all_mem, verify));
             if (r == 0) {
                 r = run(ctx, &b);
                 fx_batch_release(&b);

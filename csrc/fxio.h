@@ -203,6 +203,10 @@ size_t fx_crc32c_impls(const char **names, size_t max);
  * 0, or -1 when this CPU does not run it. */
 int fx_crc32c_with(const char *name, uint32_t crc, const void *buf, size_t len, uint32_t *out);
 
+/* Chunk reads with O_DIRECT from a device and verify off: pieces of at
+ * least this (chunks.c, unchecked_split). */
+#define FX_UNCHECKED_PIECE (16u << 20)
+
 /* ---- chunk files: open, read header + payload, check, close ----
  * A batch of chunk files <dirfd>/<name> (name relative, no symlink followed
  * anywhere, no ".." escape): each opened O_RDONLY|O_NOFOLLOW|O_CLOEXEC

@@ -815,6 +815,45 @@ out(report=report, crcs=crcs, runs=fx.crc_spread_runs() - runs0)
 
 
 @needs_uring
+@needs_uring
+def test_unchecked_device_reads_go_in_large_pieces(store, rootfd):
+    """With verify off, O_DIRECT chunk reads from a device go in pieces of at
+    least 16 MiB, one engine slot per MiB: at queue_depth 32 two of them are
+    in flight. With verify on they keep split_bytes (1 MiB: 32 in flight), so
+    each piece is checksummed as it lands. Both come back exact."""
+    if True not in directs(store):
+        pytest.skip("no O_DIRECT on this filesystem")
+    if _on_tmpfs(store):
+        pytest.skip("the store is in memory: reads from memory keep their pieces")
+    rng = random.Random(16)
+    payloads = [rng.randbytes(32 << 20) for _ in range(2)]
+    names = []
+    for i, p in enumerate(payloads):
+        write_chunk(store, f"ab/big{i}.fxkv", p)
+        names.append((f"ab/big{i}.fxkv", len(p)))
+    eng = fx.Engine("io_uring", queue_depth=32, split_bytes=1 << 20)
+    try:
+        for verify, peak in ((False, 2), (True, 32)):
+            fx._uring_peak_inflight()
+            res, datas, _ = read(eng, rootfd, names, verify=verify, direct=True)
+            assert [r[0] for r in res] == [0, 0], (verify, res)
+            assert datas == payloads, verify
+            assert fx._uring_peak_inflight() == peak, verify
+    finally:
+        eng.close()
+
+
+def _on_tmpfs(path) -> bool:
+    best, fstype = "", ""
+    real = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            mnt, typ = line.split()[1], line.split()[2]
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                best, fstype = mnt, typ
+    return fstype in ("tmpfs", "ramfs")
+
+
 def test_checksums_spread_over_threads_are_exact(store, tmp_path):
     """With several CPUs, the io_uring engine checksums landed pieces on a
     few threads at once (forced here for every landing with LMCACHE_FX_CRC_WIDTH=2 and

@@ -208,7 +208,11 @@ class FxOptions:
         _int(1, 32768),
     )
     split_bytes: int = _opt(
-        1 << 20, "4K..1G, multiple of 4096 (bytes or K/M/G)", "size of the sub-reads a chunk is cut into", _split
+        1 << 20,
+        "4K..1G, multiple of 4096 (bytes or K/M/G)",
+        "size of the sub-reads a chunk is cut into (with verify false, O_DIRECT reads from a device take at least "
+        "16 MiB: pieces are there so that each is checksummed as it lands)",
+        _split,
     )
     odirect: str = _opt(
         "auto",
