@@ -4,7 +4,8 @@
  * Implementations, one chosen once at run time from the CPU's features (each
  * compiled with a target attribute, so the file builds with default flags):
  *
- *   x86-64   "vpclmulqdq-512"     512-bit carry-less-multiply folding (AVX-512)
+ *   x86-64   "vpclmulqdq-512"     512-bit carry-less-multiply folding (AVX-512;
+ *                                 not on AMD family 19h, see have_vpclmul512)
  *            "vpclmulqdq+crc32q"  256-bit carry-less-multiply folding and
  *                                 three crc32 streams, interleaved (AVX2)
  *            "pclmulqdq+crc32q"   the same with 128-bit folding
@@ -31,8 +32,8 @@
  * ~2x the three crc32 streams alone.  The 512-bit path folds alone: what fx
  * sums is never in this core's cache (a device or another core has just
  * written it), and there the streams' extra memory traffic costs more than
- * they add (AMD Zen 5, scripts/crc32c_speed.py: 8 MiB from L3 ~48 GB/s
- * folding alone, ~38 with the streams; ~83 against ~64 only from L2).
+ * they add (a 512-bit hybrid, tried on AMD Zen 5 and not kept, was faster
+ * only on data in L2 and slower from L3 and from memory).
  *
  * The constants are derived below (fold_init, hy_init) from P by repeated
  * multiplication by x, not copied from tables; a self-test against the table
