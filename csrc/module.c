@@ -1082,8 +1082,8 @@ static Py_ssize_t HostBuffer_len(HostBufferObject *hb) { return (Py_ssize_t)hb->
 /* -------------------------------------------------------- module functions */
 
 /* fx_crc32c over len bytes at buf, with the implementation named impl
- * (NULL: the one in use); the GIL released above 64 KiB. 0, or -1 with
- * ValueError for an implementation this CPU does not run. */
+ * (NULL: the one in use), the GIL released. 0, or -1 with ValueError for
+ * an implementation this CPU does not run. */
 static int crc32c_call(const char *impl, uint32_t value, const void *buf, size_t len, uint32_t *crc)
 {
     int r = 0;

@@ -30,6 +30,7 @@ from lmcache_fx.core.chunkfile import (
     decode_header,
     encode_header,
 )
+from lmcache_fx.core.store import _page_cache_fs
 
 URING_OK, URING_WHY = fx.io_uring_status()
 needs_uring = pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable here: {URING_WHY}")
@@ -823,7 +824,7 @@ def test_unchecked_device_reads_go_in_large_pieces(store, rootfd):
     each piece is checksummed as it lands. Both come back exact."""
     if True not in directs(store):
         pytest.skip("no O_DIRECT on this filesystem")
-    if _on_tmpfs(store):
+    if _page_cache_fs([store]):
         pytest.skip("the store is in memory: reads from memory keep their pieces")
     rng = random.Random(16)
     payloads = [rng.randbytes(32 << 20) for _ in range(2)]
@@ -841,17 +842,6 @@ def test_unchecked_device_reads_go_in_large_pieces(store, rootfd):
             assert fx._uring_peak_inflight() == peak, verify
     finally:
         eng.close()
-
-
-def _on_tmpfs(path) -> bool:
-    best, fstype = "", ""
-    real = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            mnt, typ = line.split()[1], line.split()[2]
-            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                best, fstype = mnt, typ
-    return fstype in ("tmpfs", "ramfs")
 
 
 def test_checksums_spread_over_threads_are_exact(store, tmp_path):
