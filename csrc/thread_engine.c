@@ -86,6 +86,28 @@ static void unlink_job(fx_pool *pool, fx_job *job)
     job->link = NULL;
 }
 
+/* Pieces of at most SMALL_PIECE bytes (a small chunk's whole file, header
+ * included) are handed out up to SMALL_TAKE at a time, within a fair share
+ * of what is left: per piece, a lock round and a wake-up cost about what a
+ * 4 KiB chunk's copy from memory does. Larger pieces go one at a time. */
+#define SMALL_PIECE (64u << 10)
+#define SMALL_TAKE 8
+
+static size_t small_take(const fx_pool *pool, const fx_batch *b, size_t first)
+{
+    size_t fair = (b->npieces - first) / (2 * (size_t)pool->nthreads), take = 1;
+
+    while (take < SMALL_TAKE && take < fair) {
+        const fx_piece *q = &b->pieces[first + take - 1];
+
+        if (q->length + (q->hdr ? FX_HDR_SIZE : 0) > SMALL_PIECE ||
+            b->pieces[first + take].length + (b->pieces[first + take].hdr ? FX_HDR_SIZE : 0) > SMALL_PIECE)
+            break;
+        take++;
+    }
+    return take;
+}
+
 static void *worker(void *arg)
 {
     fx_pool *pool = arg;
@@ -94,7 +116,8 @@ static void *worker(void *arg)
     for (;;) {
         fx_job *job;
         fx_piece *p;
-        int64_t r;
+        int64_t r, res[SMALL_TAKE];
+        size_t take;
         int op_done;
 
         while (!pool->stop && !(job = pick(pool)))
@@ -147,21 +170,27 @@ static void *worker(void *arg)
                 pthread_cond_signal(&pool->work_cv);
             continue;
         }
-        p = &job->b->pieces[job->next++];
+        p = &job->b->pieces[job->next];
+        take = small_take(pool, job->b, job->next);
+        job->next += take;
         job->active++;
         if (job->next == job->b->npieces)
             unlink_job(pool, job); /* fully handed out */
         pthread_mutex_unlock(&pool->mu);
 
-        r = fx_piece_run_sync(job->b, p);
-        fx_piece_checksum(job->b, p, r); /* in parallel across workers */
+        for (size_t k = 0; k < take; k++) {
+            res[k] = fx_piece_run_sync(job->b, &p[k]);
+            fx_piece_checksum(job->b, &p[k], res[k]); /* in parallel across workers */
+        }
 
         pthread_mutex_lock(&pool->mu);
-        op_done = fx_piece_finish(job->b, p, r);
-        if (op_done)
-            fx_op_complete(job->b, p->op); /* cheap: joins piece CRCs */
+        for (size_t k = 0; k < take; k++) {
+            op_done = fx_piece_finish(job->b, &p[k], res[k]);
+            if (op_done)
+                fx_op_complete(job->b, p[k].op); /* cheap: joins piece CRCs */
+        }
         job->active--;
-        if (++job->finished == job->b->npieces)
+        if ((job->finished += take) == job->b->npieces)
             pthread_cond_signal(&job->done_cv);
         else if (job->next < job->b->npieces)
             pthread_cond_signal(&pool->work_cv); /* a slot under max_active opened */
@@ -245,6 +274,8 @@ struct fx_tasks {
 /* Queues a job without waiting for it. */
 static void start_job(fx_pool *pool, fx_job *job)
 {
+    size_t wake;
+
     pthread_cond_init(&job->done_cv, NULL);
     pthread_mutex_lock(&pool->mu);
     if (pool->tail)
@@ -252,7 +283,16 @@ static void start_job(fx_pool *pool, fx_job *job)
     else
         pool->head = job;
     pool->tail = job;
-    pthread_cond_broadcast(&pool->work_cv);
+    /* Wakes as many workers as can start on it, not all of them: a small
+     * job (a wave of opens, a few pieces) on a wide pool otherwise wakes
+     * every thread to find nothing to do. */
+    wake = job_count(job);
+    if (wake > (size_t)job->max_active)
+        wake = (size_t)job->max_active;
+    if (wake > (size_t)pool->nthreads)
+        wake = (size_t)pool->nthreads;
+    while (wake--)
+        pthread_cond_signal(&pool->work_cv);
     pthread_mutex_unlock(&pool->mu);
 }
 

@@ -309,6 +309,30 @@ def test_many_files_one_batch(make_engine, tmp_path, fds):
     assert dst[:-1] == src and dst[-1] == 0xA5
 
 
+def test_small_and_large_pieces_mixed_with_crc(make_engine, payload, tmp_path, fds):
+    """Small pieces are handed to a worker several at a time (the thread
+    engine, and memory reads on io_uring's side pool), large ones one at a
+    time; in a batch of both, every op's bytes and CRC32C come out whole."""
+    rng = random.Random(11)
+    path = write_file(tmp_path / "mixed.bin", payload)
+    fd = fds(path)
+    eng = make_engine(queue_depth=32, split_bytes=MiB)
+    ops, off = [], 0
+    for _ in range(400):
+        n = rng.choice([0, 1, 4096, 30_000, 65_535, 65_536, 65_537, 200_000, 1_500_000])
+        foff = rng.randrange(0, len(payload) - n)
+        ops.append((foff, n, off))
+        off += n
+    dst = bytearray(off + 1)
+    dst[-1] = 0x5A
+    res = eng.read([(fd, foff, n, addr_of(dst, boff)) for foff, n, boff in ops], crc=True)
+    assert [r[0] for r in res] == [n for _, n, _ in ops]
+    for (foff, n, boff), (_, crc) in zip(ops, res):
+        assert dst[boff : boff + n] == payload[foff : foff + n]
+        assert crc == (fx.crc32c(payload[foff : foff + n]) if n else 0)
+    assert dst[-1] == 0x5A
+
+
 def test_many_ops_on_one_file(make_engine, payload, tmp_path, fds):
     rng = random.Random(5)
     path = write_file(tmp_path / "one.bin", payload)
