@@ -321,3 +321,120 @@ def test_sub_batches_run_one_after_another_while_a_read_runs(root, monkeypatch):
         release.set()
         st.engine = real
         st.close()
+
+
+def _small_store(root, n, size=SIZE, metas=None):
+    """A store with n chunks of `size` bytes (chunk i filled with i & 0xFF),
+    their keys and their metas (one meta for all unless given)."""
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1, "verify": True}))
+    src = _filled(n, size)
+    metas = metas or [ChunkMeta(((size,),), ("uint8",), "raw")] * n
+    keys = [f"scratch-{i}" for i in range(n)]
+    assert all(st.write([(k, src.address + i * size, size, metas[i]) for i, k in enumerate(keys)]))
+    return st, keys
+
+
+def _read_all(st, keys, size=SIZE, allocate_many=None):
+    dst = fx.HostBuffer(len(keys) * size)
+    it = iter(range(len(keys)))
+
+    def allocate(m):
+        i = next(it)
+        return i, dst.address + i * size, size
+
+    out = st.read(keys, allocate, lambda h: None, allocate_many=allocate_many)
+    return out, dst
+
+
+def test_header_scratch_is_kept_and_reused_between_reads(root):
+    st, keys = _small_store(root, 8)
+    try:
+        out, _ = _read_all(st, keys)
+        assert out == list(range(8))
+        kept = list(st._scratch_kept)
+        assert len(kept) == 1 and len(kept[0]) >= 8 * 4096
+        out, _ = _read_all(st, keys)
+        assert out == list(range(8))
+        assert st._scratch_kept == kept and st._scratch_kept[0] is kept[0]  # the same buffer, kept again
+    finally:
+        st.close()
+
+
+def test_scratch_beyond_the_kept_bytes_is_dropped(root, monkeypatch):
+    monkeypatch.setattr(store_mod, "SCRATCH_KEPT_BYTES", 4096)
+    st, keys = _small_store(root, 4)
+    try:
+        out, _ = _read_all(st, keys)
+        assert out == list(range(4))
+        assert st._scratch_kept == []  # 16 KiB of scratch: above the bound, unmapped
+    finally:
+        st.close()
+
+
+def test_a_stale_header_in_kept_scratch_is_never_taken_for_a_chunk(root):
+    """A truncated chunk read into the scratch slot where the same chunk's
+    whole header landed in the read before is a miss: a header's bytes are
+    used only once its read is known to be whole."""
+    st, keys = _small_store(root, 3)
+    try:
+        out, _ = _read_all(st, keys)
+        assert out == [0, 1, 2]
+        path = st.path_for(store_mod.chunk_digest(keys[0]))
+        os.truncate(path, 2048)  # shorter than its header
+        out, dst = _read_all(st, keys)
+        assert out == [None, 1, 2]
+        assert bytes(memoryview(dst)[SIZE : 2 * SIZE]) == bytes([1]) * SIZE
+    finally:
+        st.close()
+
+
+def test_allocate_many_takes_each_run_of_one_meta_in_one_call(root):
+    a, b = ChunkMeta(((SIZE,),), ("uint8",), "raw"), ChunkMeta(((SIZE // 2, 2),), ("uint8",), "raw")
+    metas = [a, a, a, b, b, a]
+    st, keys = _small_store(root, 6, metas=metas)
+    calls = []
+    dst = fx.HostBuffer(6 * SIZE)
+    nxt = iter(range(6))
+
+    def many(meta, count):
+        calls.append((meta, count))
+        return [(i, dst.address + i * SIZE, SIZE) for i in (next(nxt) for _ in range(count))]
+
+    def one(meta):
+        i = next(nxt)
+        calls.append((meta, 1))
+        return i, dst.address + i * SIZE, SIZE
+
+    try:
+        out = st.read(keys, one, lambda h: None, allocate_many=many)
+        assert out == [0, 1, 2, 3, 4, 5]
+        assert calls == [(a, 3), (b, 2), (a, 1)]  # runs of two or more in one call; a lone chunk one by one
+        for i in range(6):
+            assert bytes(memoryview(dst)[i * SIZE : (i + 1) * SIZE]) == bytes([i]) * SIZE
+    finally:
+        st.close()
+
+
+def test_allocate_many_declining_falls_back_to_one_by_one(root):
+    st, keys = _small_store(root, 5)
+    asked, released = [], []
+    dst = fx.HostBuffer(5 * SIZE)
+    nxt = iter(range(5))
+
+    def one(meta):
+        i = next(nxt)
+        if i == 3:
+            return None  # the pool is full here: later chunks miss
+        return i, dst.address + i * SIZE, SIZE
+
+    def many(meta, count):
+        asked.append(count)
+        return None
+
+    try:
+        out = st.read(keys, one, released.append, allocate_many=many)
+        assert asked == [5]
+        assert out == [0, 1, 2, None, None]
+        assert released == []
+    finally:
+        st.close()

@@ -81,7 +81,16 @@ class ChunkMeta:
             raise BadHeader(f"bad meta: {e}") from None
         if not shapes or len(shapes) != len(dtypes) or any(x < 0 for s in shapes for x in s):
             raise BadHeader("bad meta: shapes and dtypes do not match")
-        return ChunkMeta(shapes, dtypes, fmt)
+        m = ChunkMeta(shapes, dtypes, fmt)
+        # One object per distinct meta: a store's chunks mostly share one, and
+        # a batch read groups chunks by meta with `is` before `==`.
+        if len(_interned) >= _INTERNED_KEPT:
+            _interned.clear()
+        return _interned.setdefault(m, m)
+
+
+_interned: dict[ChunkMeta, ChunkMeta] = {}
+_INTERNED_KEPT = 1024
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,20 @@ class Header:
 
 
 def chunk_digest(key: str) -> str:
-    """File name stem for a key: keys never become paths unescaped."""
-    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    """File name stem for a key: keys never become paths unescaped. Kept for
+    the keys last asked (a lookup, its read and its unpin ask for the same
+    keys; a dict hit costs a tenth of the hash)."""
+    d = _digests.get(key)
+    if d is None:
+        d = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+        if len(_digests) >= _DIGESTS_KEPT:
+            _digests.clear()
+        _digests[key] = d
+    return d
+
+
+_digests: dict[str, str] = {}
+_DIGESTS_KEPT = 16384
 
 
 def encode_header(

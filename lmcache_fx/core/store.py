@@ -109,6 +109,10 @@ SPARE_SHARE = 4
 # Both intervals grow to this many times the last walk's duration: a store of a million files
 # is not walked every 30 s, nor its lock held for a walk more than ~1% of the time.
 SCAN_DUTY = 100
+# Read batches take their header scratch (HEADER_SIZE per chunk) from buffers kept between
+# batches, at most this many bytes of them idle: a fresh mapping costs a page fault, a zeroed
+# page and an unmap per chunk, about a third of a 4 KiB chunk's read from memory (perf).
+SCRATCH_KEPT_BYTES = 32 << 20
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE)  # ESTALE: being reused (read locks)
@@ -337,7 +341,8 @@ class ChunkStore:
         self._enospc_count = 0
         self._io_warn_until = 0.0
         self._io_warn_quiet = 0
-        self._hdr_pool: list = []
+        self._scratch_kept: list = []  # header scratch HostBuffers kept between read batches, smallest first
+        self._scratch_pid = _PID[0]
         self._last_mtime_ns = 0
         self.stats = Stats()
         self.engine: Any = None
@@ -1587,6 +1592,7 @@ class ChunkStore:
         allocate: Any,
         chunks: bool = True,
         per_key: bool = False,
+        allocate_many: Optional[Callable[[ChunkMeta, int], Optional[list]]] = None,
     ) -> Generator[tuple, list, tuple[list, list]]:
         """Reads chunks as a generator that yields engine batches and
         receives their results, so the same logic runs blocking or awaited
@@ -1597,8 +1603,11 @@ class ChunkStore:
         address, nbytes) or None (the pool is full: this key and the later
         ones miss). With `per_key`, `allocate` is one such callable per key
         (the destination is the caller's, e.g. LMCache's L2 objects) and a
-        None misses that key only. Returns (one handle or None per key,
-        handles of failed chunks).
+        None misses that key only. Optional `allocate_many(meta, count)`
+        returns `count` such triples in one call, or None (then `allocate`
+        runs per chunk): each run of consecutive chunks of one meta takes it
+        first, for a pool whose one call per batch costs less than one per
+        chunk. Returns (one handle or None per key, handles of failed chunks).
 
         An engine error thrown in at a step (the driver's `gen.throw`), or any
         other failure inside, makes the whole batch misses: every handle
@@ -1608,11 +1617,12 @@ class ChunkStore:
         n = len(keys)
         allocs: list[Optional[tuple]] = [None] * n
         fds: list[int] = []
+        held: list = []  # header scratch buffers this read took (_take_scratch), kept again at the end
         ledger = self._ledger
         if ledger is not None:
             ledger.reading(1)  # chunk files may be open from here on (Ledger.may_reuse, for unlocked reads)
         try:
-            return (yield from self._read_steps(keys, allocate, allocs, fds, chunks, per_key))
+            return (yield from self._read_steps(keys, allocate, allocs, fds, held, chunks, per_key, allocate_many))
         except Exception as ex:
             if not isinstance(ex, ReadCancelled):
                 self._io_warning(
@@ -1624,10 +1634,21 @@ class ChunkStore:
         finally:
             for fd in fds:
                 os.close(fd)
+            self._keep_scratch(held)
             if ledger is not None:
                 ledger.reading(-1)
 
-    def _read_steps(self, keys, allocate, allocs: list, fds: list[int], chunks: bool = True, per_key: bool = False):
+    def _read_steps(
+        self,
+        keys,
+        allocate,
+        allocs: list,
+        fds: list[int],
+        held: list,
+        chunks: bool = True,
+        per_key: bool = False,
+        allocate_many=None,
+    ):
         n = len(keys)
         digests = [chunk_digest(k) for k in keys]
         entries: list[Any] = [self._entry(k, d) for k, d in zip(keys, digests)]
@@ -1635,7 +1656,7 @@ class ChunkStore:
         # Phase 1: headers of chunks this process has not seen yet.
         need = [i for i, e in enumerate(entries) if e is not None and e.meta is None]
         if need:
-            hbuf = _fxio.HostBuffer(HEADER_SIZE * len(need), hugepages=False)
+            hbuf = self._take_scratch(len(need), held)
             ops, opened = [], []
             for j, i in enumerate(need):
                 fd = self._open_read(entries[i].path)
@@ -1658,8 +1679,10 @@ class ChunkStore:
                 os.close(fds.pop())
         # Phase 2: header again (the file may have been replaced) and payload.
         out: list[Optional[object]] = [None] * n
+        if allocate_many is not None and not per_key:
+            self._allocate_runs(entries, allocs, allocate_many)
         for i, e in enumerate(entries):
-            if e is None:
+            if e is None or allocs[i] is not None:
                 continue
             a = allocate[i](e.meta) if per_key else allocate(e.meta)
             if a is None:
@@ -1668,8 +1691,8 @@ class ChunkStore:
                 break  # the pool is full: later chunks would be useless anyway
             allocs[i] = a
         if chunks:
-            return (yield from self._read_payloads(keys, digests, entries, allocs, t0))
-        hbuf = _fxio.HostBuffer(HEADER_SIZE * max(n, 1), hugepages=False)
+            return (yield from self._read_payloads(keys, digests, entries, allocs, held, t0))
+        hbuf = self._take_scratch(n, held)
         ops, slots = [], []
         for i, a in enumerate(allocs):
             if a is None:
@@ -1714,7 +1737,26 @@ class ChunkStore:
         used = [(entries[i], fds[k]) for k, i in enumerate(slots) if out[i] is not None]
         return self._finish_read(digests, out, allocs, used, nbytes, t0)
 
-    def _read_payloads(self, keys, digests: list[str], entries: list, allocs: list, t0: float):
+    @staticmethod
+    def _allocate_runs(entries: list, allocs: list, allocate_many) -> None:
+        """Destinations for runs of two or more consecutive chunks of one meta
+        from allocate_many, one call per run, up to the first run it cannot
+        give (the chunks from there on are allocated one by one)."""
+        n, i = len(entries), 0
+        while i < n:
+            e = entries[i]
+            j = i + 1
+            if e is not None:
+                while j < n and entries[j] is not None and (entries[j].meta is e.meta or entries[j].meta == e.meta):
+                    j += 1
+                if j - i > 1:
+                    got = allocate_many(e.meta, j - i)
+                    if got is None:
+                        return
+                    allocs[i:j] = got
+            i = j
+
+    def _read_payloads(self, keys, digests: list[str], entries: list, allocs: list, held: list, t0: float):
         """Phase 2 on engine.read_chunks: per chunk, open (relative to its
         root's descriptor, no symlink followed), header and payload in one
         vectored read, the header checked in C against the body last seen
@@ -1730,7 +1772,7 @@ class ChunkStore:
             rfd = self._rootfds[root_index(nroots, d)]
             batch.append((rfd, relative_name(d), a[1], a[2], entries[i].body))
             slots.append(i)
-        scratch = _fxio.HostBuffer(HEADER_SIZE * max(len(slots), 1), hugepages=False)
+        scratch = self._take_scratch(len(slots), held)
         res = yield "chunks", batch, scratch, self.options.verify, self.odirect, self.lock_reads
         out: list[Optional[object]] = [None] * n
         nbytes = 0
@@ -1801,6 +1843,39 @@ class ChunkStore:
         no names: this runs on a miss only)."""
         st = stat_in(path)
         return st is None or (st.st_dev, st.st_ino) != tuple(ident)
+
+    def _take_scratch(self, nchunks: int, held: list) -> "_fxio.HostBuffer":
+        """A header scratch area of HEADER_SIZE per chunk for one read batch:
+        the smallest kept buffer that fits, or a new one of a power of two
+        bytes (so that it fits later batches too). It goes into `held`, which
+        read_steps gives back to _keep_scratch once no batch of it is in
+        flight (the driver's contract, as for the files it closes then).
+        Header bytes are used only once their read is known to be whole, so
+        what an earlier batch left in a kept buffer is never taken for one."""
+        need = HEADER_SIZE * max(nchunks, 1)
+        buf = None
+        with self._lock:
+            if self._scratch_pid != _PID[0]:  # a forked child: the parent's buffers are not mapped here
+                self._scratch_kept, self._scratch_pid = [], _PID[0]
+            for j, b in enumerate(self._scratch_kept):
+                if len(b) >= need:
+                    buf = self._scratch_kept.pop(j)
+                    break
+        if buf is None:
+            buf = _fxio.HostBuffer(1 << (need - 1).bit_length(), hugepages=False)
+        held.append(buf)
+        return buf
+
+    def _keep_scratch(self, held: list) -> None:
+        """Keeps a read's scratch buffers for later batches, SCRATCH_KEPT_BYTES
+        of them at most; the rest are unmapped."""
+        with self._lock:
+            kept = self._scratch_kept
+            for buf in held:
+                if self._scratch_pid == _PID[0] and sum(map(len, kept)) + len(buf) <= SCRATCH_KEPT_BYTES:
+                    kept.append(buf)
+            kept.sort(key=len)
+        held.clear()
 
     def _finish_read(self, digests: list[str], out: list, allocs: list, used: list, nbytes: int, t0: float):
         """The bookkeeping of a read batch, once: the shared LRU clock of the
@@ -1892,7 +1967,7 @@ class ChunkStore:
         self._drop(chunk_digest(key), unlink=remove, expect_path=e.path, ident=ident)
 
     def read(
-        self, keys: Sequence[str], allocate, release: Callable[[object], None], engine=None
+        self, keys: Sequence[str], allocate, release: Callable[[object], None], engine=None, allocate_many=None
     ) -> list[Optional[object]]:
         """Blocking read: drives read_steps with the engine (or another
         object with the engine's read/submit, e.g. the GPU router). Never
@@ -1900,18 +1975,22 @@ class ChunkStore:
         allocated for it released."""
         try:
             eng = engine or self.engine
-            return drive_blocking(eng, self.read_steps(keys, allocate, self._takes_chunks(eng)), release)
+            steps = self.read_steps(keys, allocate, self._takes_chunks(eng), allocate_many=allocate_many)
+            return drive_blocking(eng, steps, release)
         except Exception as ex:  # read_steps already turns engine errors into misses: a last guard
             self._io_warning("lmcache-fx: read failed (%s); treating %d chunks as misses", ex, len(keys))
             return [None] * len(keys)
 
-    async def read_async(self, keys: Sequence[str], allocate, release, engine=None) -> list[Optional[object]]:
+    async def read_async(
+        self, keys: Sequence[str], allocate, release, engine=None, allocate_many=None
+    ) -> list[Optional[object]]:
         """The same read, awaited on an event loop. Cancelled, it waits for
         the batch in flight to finish, releases every handle and re-raises
         CancelledError."""
         try:
             eng = engine or self.engine
-            return await drive_async(eng, self.read_steps(keys, allocate, self._takes_chunks(eng)), release)
+            steps = self.read_steps(keys, allocate, self._takes_chunks(eng), allocate_many=allocate_many)
+            return await drive_async(eng, steps, release)
         except Exception as ex:
             self._io_warning("lmcache-fx: read failed (%s); treating %d chunks as misses", ex, len(keys))
             return [None] * len(keys)
