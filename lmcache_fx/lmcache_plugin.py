@@ -36,6 +36,7 @@ from .core.options import ConfigError
 from .core.store import ChunkStore
 from .integration.common import (
     allocate_from,
+    allocate_many_from,
     gpu_index,
     hit_prefix,
     meta_of,
@@ -190,6 +191,10 @@ class FxStorageBackend(StoragePluginInterface):
     def _allocate(self, meta: ChunkMeta, busy_loop: bool = True):
         return allocate_from(self._gpu or self.local_cpu_backend, meta, busy_loop)
 
+    def _allocate_many(self, meta: ChunkMeta, count: int):
+        # Host destinations only: the GPU pipeline's pool allocates per chunk.
+        return None if self._gpu else allocate_many_from(self.local_cpu_backend, meta, count)
+
     @staticmethod
     def _release(obj: MemoryObj) -> None:
         obj.ref_count_down()
@@ -198,7 +203,9 @@ class FxStorageBackend(StoragePluginInterface):
         return self.batched_get_blocking([key])[0]
 
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
-        return self.store.read([k.to_string() for k in keys], self._allocate, self._release, engine=self._reads)
+        return self.store.read(
+            [k.to_string() for k in keys], self._allocate, self._release, self._reads, self._allocate_many
+        )
 
     def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
         fut: Future = Future()
@@ -217,6 +224,7 @@ class FxStorageBackend(StoragePluginInterface):
                 lambda m: self._allocate(m, busy_loop=False),
                 self._release,
                 engine=self._reads,
+                allocate_many=self._allocate_many,
             )
         finally:
             for k in self._lookup_pins.pop(lookup_id, []):

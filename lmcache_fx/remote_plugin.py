@@ -38,7 +38,15 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from .core.chunkfile import ChunkMeta
 from .core.options import ConfigError, refuse_direct_to_gpu
 from .core.store import ChunkStore
-from .integration.common import allocate_from, hit_prefix, meta_of, options_from_extra, plugin_name, register_pool
+from .integration.common import (
+    allocate_from,
+    allocate_many_from,
+    hit_prefix,
+    meta_of,
+    options_from_extra,
+    plugin_name,
+    register_pool,
+)
 
 log = logging.getLogger("lmcache_fx")
 
@@ -110,6 +118,9 @@ class FxRemoteConnector(RemoteConnector):
         # busy_loop=False: this runs on LMCache's event loop, which must not spin.
         return allocate_from(self.local_cpu_backend, meta, busy_loop=False)
 
+    def _allocate_many(self, meta: ChunkMeta, count: int):
+        return allocate_many_from(self.local_cpu_backend, meta, count)
+
     @staticmethod
     def _release(obj: MemoryObj) -> None:
         obj.ref_count_down()
@@ -117,7 +128,9 @@ class FxRemoteConnector(RemoteConnector):
     async def _read(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
         # One engine batch (two when headers are new to this process), awaited
         # through the batch's eventfd: the loop is free while the engine reads.
-        return await self.store.read_async([k.to_string() for k in keys], self._allocate, self._release)
+        return await self.store.read_async(
+            [k.to_string() for k in keys], self._allocate, self._release, allocate_many=self._allocate_many
+        )
 
     async def get(self, key: CacheEngineKey) -> Optional[MemoryObj]:
         return (await self._read([key]))[0]

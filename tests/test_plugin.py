@@ -319,3 +319,58 @@ def test_header_whose_shapes_do_not_match_the_payload_is_bad(tmp_path):
     # Formats whose size the shapes do not give (compressed) are not checked.
     encode_header(buf, "k", ChunkMeta(((7,),), ("uint8",), "BINARY_BUFFER"), 3, 0, 0)
     assert decode_header(buf).payload_len == 3
+
+
+def test_a_read_allocates_each_run_of_chunks_in_one_call(tmp_path, monkeypatch):
+    """LMCache's pool gives the chunks of one shape in one batched_allocate
+    call (LocalCPUBackend.allocate per chunk costs more than a small chunk's
+    read); a run it cannot give whole is allocated one by one."""
+    from lmcache_fx.integration.common import allocate_many_from
+
+    geo = GEOMETRIES["bf16-gqa"]
+    ntok = 4 * 256 + 100  # four full chunks and a partial one of another shape
+    cfg = config_from_dict({**fx_config(tmp_path / "store"), "save_unfull_chunk": True}, tmp_path)
+    tokens = torch.randint(0, 30000, (ntok,))
+    kv = KV(geo, ntok, seed=3)
+    with lmcache_engine(cfg, geo) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, tokens, kv, be)
+        ma = be.local_cpu_backend.memory_allocator
+        real, counts = ma.batched_allocate, []
+
+        def counting(shapes, dtypes, count, fmt=None):
+            counts.append(count)
+            return real(shapes, dtypes, count, fmt)
+
+        monkeypatch.setattr(ma, "batched_allocate", counting)
+        got = kv.empty_like()
+        assert retrieve(eng, tokens, got) == ntok
+        assert kv.tokens_equal(got, ntok)
+        assert counts == [4]  # the partial chunk alone: allocated by itself
+        meta = max(be.store._index.values(), key=lambda e: e.size).meta  # a full chunk's
+        too_many = (512 << 20) // (256 * geo.bytes_per_token) + 1  # more than the 0.5 GB pool holds
+        assert allocate_many_from(be.local_cpu_backend, meta, too_many) is None
+        two = allocate_many_from(be.local_cpu_backend, meta, 2)
+        assert two is not None and len(two) == 2 and two[0][1] != two[1][1]
+        for obj, _addr, _n in two:
+            obj.ref_count_down()
+
+
+def test_meta_of_is_built_once_per_shape_and_dtype():
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    from lmcache_fx.core.chunkfile import ChunkMeta
+    from lmcache_fx.integration.common import meta_of
+
+    def obj(shape, dtype):
+        t = torch.zeros(shape, dtype=dtype)
+        m = MemoryObjMetadata(
+            shape=torch.Size(shape), dtype=dtype, address=0, phy_size=t.nbytes, fmt=MemoryFormat.KV_2LTD, ref_count=1
+        )
+        return TensorMemoryObj(raw_data=t.view(-1).view(torch.uint8), metadata=m, parent_allocator=None)
+
+    a, b = meta_of(obj((2, 4, 16, 8), torch.bfloat16)), meta_of(obj((2, 4, 16, 8), torch.bfloat16))
+    assert a is b and a == ChunkMeta(((2, 4, 16, 8),), ("bfloat16",), "KV_2LTD")
+    c = meta_of(obj((2, 4, 16, 8), torch.float16))
+    d = meta_of(obj((2, 4, 15, 8), torch.bfloat16))
+    assert c.dtypes == ("float16",) and d.shapes == ((2, 4, 15, 8),) and len({a, c, d}) == 3
