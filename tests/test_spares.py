@@ -27,7 +27,7 @@ from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
 from lmcache_fx.core.layout import open_in  # noqa: E402
 from lmcache_fx.core.store import ChunkStore  # noqa: E402
 
-CHUNK = 64 * 1024
+CHUNK = 128 * 1024  # files of at least SPARE_MIN_BYTES: smaller ones are not kept
 FILE = HEADER_SIZE + CHUNK
 KEYS = [f"model@1@0@{h:016x}@bfloat16" for h in range(12)]
 
@@ -57,6 +57,23 @@ def _write(s: ChunkStore, keys, nbytes: int = CHUNK) -> None:
 
 def _ino(s: ChunkStore, key: str) -> int:
     return os.stat(s.path_for(chunk_digest(key))).st_ino
+
+
+def test_a_small_chunks_file_is_removed_not_kept(shm_dir):
+    """Below SPARE_MIN_BYTES a spare costs more (two renames, an open, a
+    lock) than the fresh pages it saves: the file is unlinked."""
+    small = store_mod.SPARE_MIN_BYTES - HEADER_SIZE - 4096
+    s = _open(shm_dir)
+    try:
+        _write(s, KEYS[:2], small)
+        assert s.remove(KEYS[0]) and s.remove(KEYS[1])
+        assert F.tmp_files(shm_dir) == [] and s.spare_bytes == 0
+        assert s.usage_bytes == _on_disk(shm_dir) == 0
+        _write(s, KEYS[2:3], small)
+        assert s.stats.snapshot()["recycled"] == 0
+        assert F.read_check(s, KEYS[2:3])[:3] == (1, 0, [])
+    finally:
+        s.close()
 
 
 def test_a_removed_chunks_file_is_taken_by_the_next_chunk_of_its_size(shm_dir):

@@ -106,6 +106,10 @@ VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before
 # (docs/bench-repeats/spares/), and loads are what a cache is for.
 SPARE_SECONDS = 60.0
 SPARE_SHARE = 4
+# Only files of at least this many bytes are kept as spares: for a small file the two renames,
+# the open and the lock that a spare costs are more than its fresh pages (the crossing lies between
+# 64 and 128 KiB on tmpfs; the probe is in the commit message that set this).
+SPARE_MIN_BYTES = 128 << 10
 # Both intervals grow to this many times the last walk's duration: a store of a million files
 # is not walked every 30 s, nor its lock held for a walk more than ~1% of the time.
 SCAN_DUTY = 100
@@ -825,7 +829,12 @@ class ChunkStore:
             return e is not None
         try:
             with self._ledger.hold():
-                if self._keeps_spares and self._keep_spare_locked(path, ident):
+                if (
+                    self._keeps_spares
+                    and e is not None
+                    and e.size >= SPARE_MIN_BYTES
+                    and self._keep_spare_locked(path, ident)
+                ):
                     return True
                 st = unlink_if_same(path, ident)
                 if st is not None:
@@ -1191,11 +1200,12 @@ class ChunkStore:
         files: list[_WriteFile] = []
         ready: list[_WriteFile] = []
         dirfds: dict[str, int] = {}  # fan-out directory -> O_PATH descriptor, for this batch
+        held: list = []
         try:
             good = self._prepare(todo, files, dirfds)
             if not good:
                 return out
-            hdrs = _fxio.HostBuffer(HEADER_SIZE * len(good), hugepages=False)
+            hdrs = self._take_scratch(len(good), held)  # kept again once the header writes are done
             # O_DIRECT: each payload as one write. The block layer splits it into device-sized
             # requests anyway, and the filesystem allocates its extent once instead of per piece
             # (XFS, 64 MiB chunks: ~1.2x; docs/benchmarks.md). Page-cache writes keep the engine's
@@ -1222,6 +1232,7 @@ class ChunkStore:
                 hdr_ops.append((f.fd, 0, HEADER_SIZE, hdrs.address + off))
                 good2.append(f)
             hres = weng.write(hdr_ops) if hdr_ops else []
+            self._keep_scratch(held)  # both blocking writes are over
             for f, n in zip(good2, hres):
                 if n != HEADER_SIZE:
                     self._write_failed(None, n)
@@ -1307,7 +1318,7 @@ class ChunkStore:
             good = self._prepare(todo, files, dirfds)
             if not good:
                 return _ChunkFiles(files, dirfds)
-            hdrs = _fxio.HostBuffer(HEADER_SIZE * len(good), hugepages=False)
+            hdrs = self._take_scratch(len(good), [])  # kept again once its writes are done
             ops = self._chunk_ops(good, hdrs)
             call = _Call(lambda: weng.write_chunks(ops, direct=True), background)
             return _ChunkFiles(files, dirfds, good, hdrs, call)
@@ -1322,6 +1333,7 @@ class ChunkStore:
         try:
             if b.call is not None:
                 ready = self._chunks_written(b.good, b.call.result())
+                self._keep_scratch([b.hdrs])  # the call is over: no write of it reads the headers any more
         finally:
             try:
                 self._commit(b.files, ready, out)
@@ -1845,13 +1857,14 @@ class ChunkStore:
         return st is None or (st.st_dev, st.st_ino) != tuple(ident)
 
     def _take_scratch(self, nchunks: int, held: list) -> "_fxio.HostBuffer":
-        """A header scratch area of HEADER_SIZE per chunk for one read batch:
-        the smallest kept buffer that fits, or a new one of a power of two
-        bytes (so that it fits later batches too). It goes into `held`, which
-        read_steps gives back to _keep_scratch once no batch of it is in
-        flight (the driver's contract, as for the files it closes then).
-        Header bytes are used only once their read is known to be whole, so
-        what an earlier batch left in a kept buffer is never taken for one."""
+        """A header area of HEADER_SIZE per chunk for one batch: the smallest
+        kept buffer that fits, or a new one of a power of two bytes (so that
+        it fits later batches too). It goes into `held`; the caller gives it
+        back to _keep_scratch once no I/O of it is in flight (read_steps when
+        it closes its files, the driver's contract; writes once their call
+        returned). What an earlier batch left in it is never taken for a
+        header: reads use header bytes only once their read is known to be
+        whole, and encode_header writes all 4 KiB of each."""
         need = HEADER_SIZE * max(nchunks, 1)
         buf = None
         with self._lock:
