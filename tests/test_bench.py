@@ -494,3 +494,18 @@ def test_docs_tables_are_rendered_from_the_committed_json():
             assert f"{e['median']['tier_read_gbps']:.2f}" in line
             if e.get("ratio_to_best_peer"):
                 assert f"{e['ratio_to_best_peer']['tier_read']:.2f}×" in line
+
+
+def test_zero_fills_with_one_memset_and_refuses_strided_tensors():
+    """The bench zeroes destinations before a timed read without torch's
+    zero_(), whose spinning intra-op threads were counted in the next
+    reader's CPU."""
+    import torch
+
+    from lmcache_fx.tools.bench.workload import zero
+
+    t = torch.full((3, 1 << 20), 7, dtype=torch.bfloat16)
+    zero(t[1:])
+    assert bool((t[0] == 7).all()) and int(t[1:].count_nonzero()) == 0
+    with pytest.raises(ValueError, match="contiguous"):
+        zero(t[:, ::2])

@@ -27,7 +27,7 @@ from ...core.chunkfile import HEADER_SIZE
 from ...core.layout import round_up
 from ..models import GB, MIB
 from .readers import Reader
-from .workload import LATENCY_REQUESTS_PER_THREAD, Skip, cpu_seconds, crc_of, percentile
+from .workload import LATENCY_REQUESTS_PER_THREAD, Skip, cpu_seconds, crc_of, percentile, zero
 
 BENCH_MODEL = "lmcache-fx-bench"
 
@@ -178,7 +178,7 @@ class L2Reader(Reader):
             from ...testing.loopfs import drop_caches
 
             drop_caches()
-        self.t[nb:].zero_()
+        zero(self.t[nb:])
         found = self.lookup_lock(keys)
         c0, t0 = cpu_seconds(), time.perf_counter()
         loaded = self.load(keys, self.dst_objs)
@@ -235,7 +235,7 @@ class L2Reader(Reader):
             from ...testing.loopfs import drop_caches
 
             drop_caches()
-        self.t[nb:].zero_()
+        zero(self.t[nb:])
         self.lookup_lock(old)
         a = self.adapter
         t0 = time.perf_counter()

@@ -24,6 +24,7 @@ from .workload import (
     cpu_seconds,
     crc_of,
     percentile,
+    zero,
 )
 
 # ------------------------------------------------------------------ LMCache driving
@@ -203,7 +204,7 @@ class LMCacheReader(Reader):
 
             drop_caches()
         # retrieve
-        w.dst.zero_()
+        zero(w.dst)
         self.meter.reset()
         c0, t0 = cpu_seconds(), time.perf_counter()
         mask = self.engine.retrieve(tokens, kvcaches=w.dst, slot_mapping=w.slot_mapping)

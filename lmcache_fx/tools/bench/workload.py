@@ -112,6 +112,18 @@ class Workload:
         return (torch.arange(self.tokens_n, dtype=torch.long) * 7 + 1000 * rep + 1) % 100_000
 
 
+def zero(t) -> None:
+    """Zeroes a contiguous CPU tensor with one memset on this thread. Not
+    torch's zero_(): its intra-op threads spin for a while after a large
+    fill, and a reader timed right after it had their spinning counted in its
+    process CPU (docs/benchmarks.md, "Tier CPU and torch's threads")."""
+    import ctypes
+
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError("zero() takes a contiguous CPU tensor")
+    ctypes.memset(t.data_ptr(), 0, t.numel() * t.element_size())
+
+
 def crc_of(t) -> int:
     from ... import _fxio
 
