@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
@@ -31,6 +30,7 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 
 from lmcache_fx.testing.loopfs import drop_caches, why_not_available, xfs_loop  # noqa: E402
+from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 from lmcache_fx.tools.bench.l2 import L2Reader  # noqa: E402
 from lmcache_fx.tools.bench.run import READER_CLASSES  # noqa: E402
 from lmcache_fx.tools.bench.workload import BenchConfig, Workload, cpu_seconds, zero  # noqa: E402
@@ -111,14 +111,9 @@ def main() -> int:
                 f"{e[f]['tier_cpu_s_per_gb']:.4f} CPU s/GB (medians of {a.reps})"
             )
     if a.json:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = bool(
-            subprocess.run(["git", "-C", ROOT, "status", "--porcelain"], capture_output=True, text=True).stdout
-        )
         doc = {
             "command": "python scripts/tier_cpu_probe.py " + " ".join(sys.argv[1:]),
-            "commit": commit,
-            "worktree_dirty": dirty,
+            "git_commit": git_commit(),
             "medium": "XFS on a RAM-backed loop device (/dev/shm image), page cache dropped before every read",
             "workload": {"preset": a.preset, "chunks": n, "chunk_bytes": geo.chunk_bytes},
             "reps": a.reps,
