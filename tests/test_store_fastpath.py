@@ -438,3 +438,19 @@ def test_allocate_many_declining_falls_back_to_one_by_one(root):
         assert released == []
     finally:
         st.close()
+
+
+def test_allocate_many_of_the_wrong_length_makes_the_batch_misses(root):
+    st, keys = _small_store(root, 4)
+    dst = fx.HostBuffer(4 * SIZE)
+
+    def many(meta, count):
+        return [(i, dst.address + i * SIZE, SIZE) for i in range(count - 1)]  # one short
+
+    released = []
+    try:
+        out = st.read(keys, lambda m: None, released.append, allocate_many=many)
+        assert out == [None] * 4
+        assert sorted(released) == [0, 1, 2]  # what it gave is handed back, not leaked
+    finally:
+        st.close()

@@ -219,6 +219,15 @@ class _Spare:
     at: float  # monotonic, when it was kept
 
 
+class _StrayAllocations(ValueError):
+    """An allocate_many answer that does not fit its run: a misuse, which
+    makes the batch misses; its destinations are released with the rest."""
+
+    def __init__(self, msg: str, allocs: list):
+        super().__init__(msg)
+        self.allocs = allocs
+
+
 class _Call:
     """fn() run on a thread of its own (`background`; fn releases the GIL)
     or here; result() waits for it and returns or raises what it did."""
@@ -1642,7 +1651,8 @@ class ChunkStore:
                 )
                 self.stats.add(read_errors=1)
             self.stats.add(misses=n)
-            return [None] * n, [a[0] for a in allocs if a is not None]
+            stray = [a[0] for a in ex.allocs] if isinstance(ex, _StrayAllocations) else []
+            return [None] * n, [a[0] for a in allocs if a is not None] + stray
         finally:
             for fd in fds:
                 os.close(fd)
@@ -1765,6 +1775,8 @@ class ChunkStore:
                     got = allocate_many(e.meta, j - i)
                     if got is None:
                         return
+                    if len(got) != j - i:  # a slice of another length would shift every later destination
+                        raise _StrayAllocations(f"allocate_many gave {len(got)} destinations for {j - i} chunks", got)
                     allocs[i:j] = got
             i = j
 
