@@ -225,7 +225,8 @@ class FxOptions:
         True,
         "true | false",
         "write a new chunk into the file of the chunk it evicts, when of the same size and no reader "
-        "holds that file (no allocation); on tmpfs also into the file of a removed chunk, kept for 60 s "
+        "holds that file (no allocation); on tmpfs also into the file of a removed chunk of 128 KiB or more, "
+        "kept for 60 s "
         "(counted in the usage, the first to go when room is needed); false always unlinks",
         _boolean,
     )
