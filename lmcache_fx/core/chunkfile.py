@@ -81,16 +81,15 @@ class ChunkMeta:
             raise BadHeader(f"bad meta: {e}") from None
         if not shapes or len(shapes) != len(dtypes) or any(x < 0 for s in shapes for x in s):
             raise BadHeader("bad meta: shapes and dtypes do not match")
-        m = ChunkMeta(shapes, dtypes, fmt)
-        # One object per distinct meta: a store's chunks mostly share one, and
-        # a batch read groups chunks by meta with `is` before `==`.
-        if len(_interned) >= _INTERNED_KEPT:
-            _interned.clear()
-        return _interned.setdefault(m, m)
+        return _interned(ChunkMeta(shapes, dtypes, fmt))
 
 
-_interned: dict[ChunkMeta, ChunkMeta] = {}
-_INTERNED_KEPT = 1024
+@functools.lru_cache(maxsize=1024)
+def _interned(m: ChunkMeta) -> ChunkMeta:
+    """The first of the metas equal to m still cached: one object per
+    distinct meta, as a store's chunks mostly share one, and a batch read
+    groups chunks by meta with `is` before `==`."""
+    return m
 
 
 @dataclass(frozen=True)
@@ -103,21 +102,12 @@ class Header:
     mac: bytes = b""  # empty when the file carries none
 
 
+@functools.lru_cache(maxsize=16384)
 def chunk_digest(key: str) -> str:
-    """File name stem for a key: keys never become paths unescaped. Kept for
-    the keys last asked (a lookup, its read and its unpin ask for the same
-    keys; a dict hit costs a tenth of the hash)."""
-    d = _digests.get(key)
-    if d is None:
-        d = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-        if len(_digests) >= _DIGESTS_KEPT:
-            _digests.clear()
-        _digests[key] = d
-    return d
-
-
-_digests: dict[str, str] = {}
-_DIGESTS_KEPT = 16384
+    """File name stem for a key: keys never become paths unescaped. Cached
+    for the keys last asked (a lookup, its read and its unpin ask for the
+    same keys; a hit costs a tenth of the hash)."""
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def encode_header(

@@ -115,7 +115,7 @@ SPARE_MIN_BYTES = 128 << 10
 SCAN_DUTY = 100
 # Read batches take their header scratch (HEADER_SIZE per chunk) from buffers kept between
 # batches, at most this many bytes of them idle: a fresh mapping costs a page fault, a zeroed
-# page and an unmap per chunk, about a third of a 4 KiB chunk's read from memory (perf).
+# page and an unmap per chunk, about a quarter of a 4 KiB chunk's read from memory (perf).
 SCRATCH_KEPT_BYTES = 32 << 20
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -1209,12 +1209,11 @@ class ChunkStore:
         files: list[_WriteFile] = []
         ready: list[_WriteFile] = []
         dirfds: dict[str, int] = {}  # fan-out directory -> O_PATH descriptor, for this batch
-        held: list = []
         try:
             good = self._prepare(todo, files, dirfds)
             if not good:
                 return out
-            hdrs = self._take_scratch(len(good), held)  # kept again once the header writes are done
+            hdrs = self._take_scratch(len(good))  # kept again once the header writes are done
             # O_DIRECT: each payload as one write. The block layer splits it into device-sized
             # requests anyway, and the filesystem allocates its extent once instead of per piece
             # (XFS, 64 MiB chunks: ~1.2x; docs/benchmarks.md). Page-cache writes keep the engine's
@@ -1241,7 +1240,7 @@ class ChunkStore:
                 hdr_ops.append((f.fd, 0, HEADER_SIZE, hdrs.address + off))
                 good2.append(f)
             hres = weng.write(hdr_ops) if hdr_ops else []
-            self._keep_scratch(held)  # both blocking writes are over
+            self._keep_scratch([hdrs])  # both blocking writes are over
             for f, n in zip(good2, hres):
                 if n != HEADER_SIZE:
                     self._write_failed(None, n)
@@ -1327,7 +1326,7 @@ class ChunkStore:
             good = self._prepare(todo, files, dirfds)
             if not good:
                 return _ChunkFiles(files, dirfds)
-            hdrs = self._take_scratch(len(good), [])  # kept again once its writes are done
+            hdrs = self._take_scratch(len(good))  # kept again once its writes are done
             ops = self._chunk_ops(good, hdrs)
             call = _Call(lambda: weng.write_chunks(ops, direct=True), background)
             return _ChunkFiles(files, dirfds, good, hdrs, call)
@@ -1678,7 +1677,8 @@ class ChunkStore:
         # Phase 1: headers of chunks this process has not seen yet.
         need = [i for i, e in enumerate(entries) if e is not None and e.meta is None]
         if need:
-            hbuf = self._take_scratch(len(need), held)
+            hbuf = self._take_scratch(len(need))
+            held.append(hbuf)
             ops, opened = [], []
             for j, i in enumerate(need):
                 fd = self._open_read(entries[i].path)
@@ -1714,7 +1714,8 @@ class ChunkStore:
             allocs[i] = a
         if chunks:
             return (yield from self._read_payloads(keys, digests, entries, allocs, held, t0))
-        hbuf = self._take_scratch(n, held)
+        hbuf = self._take_scratch(n)
+        held.append(hbuf)
         ops, slots = [], []
         for i, a in enumerate(allocs):
             if a is None:
@@ -1796,7 +1797,8 @@ class ChunkStore:
             rfd = self._rootfds[root_index(nroots, d)]
             batch.append((rfd, relative_name(d), a[1], a[2], entries[i].body))
             slots.append(i)
-        scratch = self._take_scratch(len(slots), held)
+        scratch = self._take_scratch(len(slots))
+        held.append(scratch)
         res = yield "chunks", batch, scratch, self.options.verify, self.odirect, self.lock_reads
         out: list[Optional[object]] = [None] * n
         nbytes = 0
@@ -1868,13 +1870,12 @@ class ChunkStore:
         st = stat_in(path)
         return st is None or (st.st_dev, st.st_ino) != tuple(ident)
 
-    def _take_scratch(self, nchunks: int, held: list) -> "_fxio.HostBuffer":
+    def _take_scratch(self, nchunks: int) -> "_fxio.HostBuffer":
         """A header area of HEADER_SIZE per chunk for one batch: the smallest
         kept buffer that fits, or a new one of a power of two bytes (so that
-        it fits later batches too). It goes into `held`; the caller gives it
-        back to _keep_scratch once no I/O of it is in flight (read_steps when
-        it closes its files, the driver's contract; writes once their call
-        returned). What an earlier batch left in it is never taken for a
+        it fits later batches too). The caller gives it back to _keep_scratch
+        once no I/O of it is in flight (read_steps when it closes its files,
+        the driver's contract; writes once their call returned). What an earlier batch left in it is never taken for a
         header: reads use header bytes only once their read is known to be
         whole, and encode_header writes all 4 KiB of each."""
         need = HEADER_SIZE * max(nchunks, 1)
@@ -1888,19 +1889,17 @@ class ChunkStore:
                     break
         if buf is None:
             buf = _fxio.HostBuffer(1 << (need - 1).bit_length(), hugepages=False)
-        held.append(buf)
         return buf
 
-    def _keep_scratch(self, held: list) -> None:
-        """Keeps a read's scratch buffers for later batches, SCRATCH_KEPT_BYTES
-        of them at most; the rest are unmapped."""
+    def _keep_scratch(self, bufs: list) -> None:
+        """Keeps scratch buffers for later batches, SCRATCH_KEPT_BYTES of them
+        at most; the rest are unmapped."""
         with self._lock:
             kept = self._scratch_kept
-            for buf in held:
+            for buf in bufs:
                 if self._scratch_pid == _PID[0] and sum(map(len, kept)) + len(buf) <= SCRATCH_KEPT_BYTES:
                     kept.append(buf)
             kept.sort(key=len)
-        held.clear()
 
     def _finish_read(self, digests: list[str], out: list, allocs: list, used: list, nbytes: int, t0: float):
         """The bookkeeping of a read batch, once: the shared LRU clock of the

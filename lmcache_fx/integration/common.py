@@ -4,6 +4,7 @@ hit prefix of a read, and registering LMCache's pool with the engine."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -62,10 +63,6 @@ def plugin_name(config, cls, names=None, prefix: str = "storage_plugin.", list_n
     return mine[0]  # a rebuild of an instance already made
 
 
-_metas: dict = {}  # (shape, dtype, fmt) -> ChunkMeta, for objects of one shape and dtype
-_METAS_KEPT = 1024
-
-
 def meta_of(obj: MemoryObj) -> ChunkMeta:
     """The ChunkMeta of an LMCache memory object. Built once per shape, dtype
     and format (ChunkMeta is immutable): building it costs ~1.5 µs, about a
@@ -73,26 +70,23 @@ def meta_of(obj: MemoryObj) -> ChunkMeta:
     batch that all share one."""
     m = obj.meta
     if m.shapes or m.dtypes:  # several tensors per object: rare, built each time
-        return _build_meta(m)
-    k = (m.shape, m.dtype, m.fmt)
+        return _build_meta(m.shapes or [m.shape], m.dtypes or [m.dtype], m.fmt)
     try:
-        got = _metas.get(k)
-    except TypeError:  # a shape given as a list: not a key
-        return _build_meta(m)
-    if got is None:
-        if len(_metas) >= _METAS_KEPT:
-            _metas.clear()
-        got = _metas[k] = _build_meta(m)
-    return got
+        return _meta_for(m.shape, m.dtype, m.fmt)
+    except TypeError:  # a shape given as a list: not a cache key
+        return _build_meta([m.shape], [m.dtype], m.fmt)
 
 
-def _build_meta(m) -> ChunkMeta:
-    shapes = m.shapes or [m.shape]
-    dtypes = m.dtypes or [m.dtype]
+@functools.lru_cache(maxsize=1024)
+def _meta_for(shape, dtype, fmt) -> ChunkMeta:
+    return _build_meta([shape], [dtype], fmt)
+
+
+def _build_meta(shapes, dtypes, fmt) -> ChunkMeta:
     return ChunkMeta(
         tuple(tuple(int(x) for x in s) for s in shapes),
         tuple(str(d).removeprefix("torch.") for d in dtypes),
-        m.fmt.name,
+        fmt.name,
     )
 
 
@@ -144,8 +138,8 @@ def allocate_many_from(local_cpu_backend, meta: ChunkMeta, count: int) -> Option
     allocator's batched_allocate, as allocate_from's triples; None when the
     pool has no such call or cannot give them all now (nothing is evicted
     here: the caller then allocates one by one, which evicts). One call per
-    batch: LocalCPUBackend.allocate per object cost more than the read of a
-    small chunk from memory (scripts/chunk_overhead.py measures both)."""
+    batch: LocalCPUBackend.allocate per object was half of the plugin's read
+    of a small chunk from memory (docs/benchmarks.md, "Cost per chunk")."""
     batched = getattr(getattr(local_cpu_backend, "memory_allocator", None), "batched_allocate", None)
     args = _alloc_args(meta) if batched is not None else None
     if args is None:

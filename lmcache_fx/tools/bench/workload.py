@@ -116,7 +116,7 @@ def zero(t) -> None:
     """Zeroes a contiguous CPU tensor with one memset on this thread. Not
     torch's zero_(): its intra-op threads spin for a while after a large
     fill, and a reader timed right after it had their spinning counted in its
-    process CPU (docs/benchmarks.md, "Tier CPU and torch's threads")."""
+    process CPU (docs/benchmarks.md, "Where fx stands"; scripts/tier_cpu_probe.py)."""
     import ctypes
 
     if not t.is_contiguous() or t.device.type != "cpu":
