@@ -129,6 +129,19 @@ def test_median_ratio_percentile():
     assert bench.percentile([7.0], 99) == 7.0 and bench.percentile([], 50) is None
 
 
+def test_latency_figures_keep_the_order_and_name_the_slow_requests():
+    from lmcache_fx.tools.bench.workload import latency_figures
+
+    # 4 requests in flight: the second "generation" (positions 4-7) all slow together, one late request at 13.
+    lat = [0.010] * 16
+    lat[4:8] = [0.025, 0.030, 0.026, 0.031]
+    lat[13] = 0.021
+    f = latency_figures(lat)
+    assert f["p50_ms"] == 10.0 and f["p99_ms"] == 31.0
+    assert f["ms"] == [round(x * 1e3, 3) for x in lat]
+    assert f["over_2x_p50"] == [4, 5, 6, 7, 13]
+
+
 def test_summary_medians_and_ratio_to_fio():
     reps = [
         {"tier_read_gbps": x, "retrieve_gbps": x / 2, "store_gbps": 1.0, "cpu_s_per_gb": 0.1, "tier_cpu_s_per_gb": 0.05}
@@ -363,6 +376,9 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
             "--per-chunk-readers",
             "fx-l2,fs_native",
             "--mixed",
+            "--latency",
+            "--concurrency",
+            "2",
             "--warm",
             "--quiet",
             "--json",
@@ -372,6 +388,12 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     assert rc == 0
     d = json.loads(out.read_text())
     assert d["git_commit"] is None or len(d["git_commit"]) >= 40
+    for name in ("fx", "fx-l2"):  # each latency, in completion order, engine level and L2 level
+        lat = d["readers"][name]["latency"]["2"]
+        assert len(lat["ms"]) == lat["requests"] == 32 and lat["misses"] == 0
+        assert max(lat["ms"]) + 0.001 >= lat["p99_ms"] >= lat["p50_ms"] > 0  # "ms" is rounded to 1 us
+        slow, two = set(lat["over_2x_p50"]), 2 * lat["p50_ms"]
+        assert all((x >= two - 0.001) if i in slow else (x <= two + 0.001) for i, x in enumerate(lat["ms"]))
     for name in ("fs_native", "fx-l2"):
         e = d["readers"][name]
         assert e["available"], e.get("skip_reason")

@@ -27,7 +27,7 @@ from ...core.chunkfile import HEADER_SIZE
 from ...core.layout import round_up
 from ..models import GB, MIB
 from .readers import Reader
-from .workload import LATENCY_REQUESTS_PER_THREAD, Skip, cpu_seconds, crc_of, percentile, zero
+from .workload import LATENCY_REQUESTS_PER_THREAD, Skip, cpu_seconds, crc_of, latency_figures, zero
 
 BENCH_MODEL = "lmcache-fx-bench"
 
@@ -318,8 +318,7 @@ class L2Reader(Reader):
             "requests": len(lat),
             "chunks_per_request": 1,
             "misses": misses,
-            "p50_ms": percentile(lat, 50) * 1e3,
-            "p99_ms": percentile(lat, 99) * 1e3,
+            **latency_figures(lat),
         }
 
 

@@ -23,7 +23,7 @@ from .workload import (
     children_cpu_seconds,
     cpu_seconds,
     crc_of,
-    percentile,
+    latency_figures,
     zero,
 )
 
@@ -286,8 +286,7 @@ class LMCacheReader(Reader):
             "requests": len(lat),
             "chunks_per_request": 1,
             "misses": len(errors),
-            "p50_ms": percentile(lat, 50) * 1e3,
-            "p99_ms": percentile(lat, 99) * 1e3,
+            **latency_figures(lat),
         }
 
 

@@ -142,6 +142,21 @@ class Skip(Exception):
 LATENCY_REQUESTS_PER_THREAD = 16
 
 
+def latency_figures(lat: list) -> dict:
+    """p50 / p99 of request latencies (seconds, in completion order), with
+    every latency kept in that order (ms) and the positions of those above
+    2x p50: whether a tail is a few requests served late, or a stretch of
+    time in which every request in flight was slow (all of one "generation"
+    of `conc` requests at once: a pause of the host, not unfairness)."""
+    p50 = percentile(lat, 50)
+    return {
+        "p50_ms": p50 * 1e3,
+        "p99_ms": percentile(lat, 99) * 1e3,
+        "ms": [round(x * 1e3, 3) for x in lat],
+        "over_2x_p50": [i for i, x in enumerate(lat) if x > 2 * p50],
+    }
+
+
 @dataclass
 class BenchConfig:
     path: str
@@ -181,6 +196,7 @@ class BenchConfig:
 __all__ = [
     "GB",
     "LATENCY_REQUESTS_PER_THREAD",
+    "latency_figures",
     "MIB",
     "BenchConfig",
     "Skip",
