@@ -74,7 +74,7 @@ class FxL2Preads(l2.FxL2Reader):
         self.pool = ThreadPoolExecutor(8)
         stack.callback(self.pool.shutdown)
         super().open(stack)
-        self.label = FxL2Preads.label
+        self.label = type(self).label
 
     def load(self, keys, objs, timeout=300.0) -> int:
         st = self.adapter.store
