@@ -136,6 +136,12 @@ def test_vllm_restart_reads_kv_from_fx(chat, tmp_path):
     def server(tag):
         return Server(model, work=str(tmp_path / tag), store=str(store), python=VLLM_PY)
 
+    def shm_left(before):
+        # vLLM's shared memory (multiprocessing's psm_* segments) is unlinked when its processes exit
+        # normally; Server.stop gives them the time to.
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith("psm_") and n not in before)
+
+    shm0 = set(os.listdir("/dev/shm"))
     # 1. A recompute: empty store; the KV is written to fx.
     with server("s1") as s1:
         s1.wait_ready()
@@ -144,6 +150,7 @@ def test_vllm_restart_reads_kv_from_fx(chat, tmp_path):
         assert ref["hit"] == 0, "the store was empty: nothing should hit"
         assert ref["prompt_tokens"] > 2048 and len(ref["tokens"]) == n_out
         assert ref["fx_written"] >= ref["prompt_tokens"] // 256, s1.log_tail()
+    assert shm_left(shm0) == [], "the stopped server left its shared memory in /dev/shm"
 
     # 2. After a restart: the KV comes back from fx, same tokens and log-probs.
     with server("s2") as s2:
@@ -187,3 +194,4 @@ def test_vllm_restart_reads_kv_from_fx(chat, tmp_path):
         assert healed["hit"] == chunks * 256 and healed["fx_chunks"] == chunks and healed["fx_corrupt"] == 0
         assert healed["tokens"] == ref["tokens"]
         assert _close(healed["logprobs"], ref["logprobs"]) < 1e-3
+    assert shm_left(shm0) == [], "the stopped server left its shared memory in /dev/shm"

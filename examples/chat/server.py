@@ -232,7 +232,12 @@ class Server:
                 p.wait(10)
             except ProcessLookupError:
                 pass
-        # Children (engine core) may outlive the leader briefly.
+        # The rest of the group (vLLM's engine core, multiprocessing's resource tracker) outlives the leader
+        # while it unlinks its shared memory (/dev/shm/psm_*, ~400 MiB here): killed then, that memory stays
+        # taken until reboot. So it gets a grace period, and only what is still there is killed.
+        end = time.monotonic() + 20
+        while _group_members(p.pid) and time.monotonic() < end:
+            time.sleep(0.2)
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -294,6 +299,23 @@ def check_python(python: str) -> None:
             f"{python} not found: run examples/chat/setup_vllm.sh first (creates .venv-vllm), "
             f"or pass --python for an environment with vLLM, LMCache and lmcache-fx"
         )
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group pgid: a zombie is only
+    waiting for its parent (init, once the leader is gone) to reap it."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(name))
+    return out
 
 
 def add_server_args(ap: argparse.ArgumentParser) -> None:
