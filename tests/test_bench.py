@@ -388,6 +388,7 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     assert rc == 0
     d = json.loads(out.read_text())
     assert d["git_commit"] is None or len(d["git_commit"]) >= 40
+    assert d["machine"]["mount_options"].split(",")[0] in ("rw", "ro")  # the measured mount's options, as findmnt says
     for name in ("fx", "fx-l2"):  # each latency, in completion order, engine level and L2 level
         lat = d["readers"][name]["latency"]["2"]
         assert len(lat["ms"]) == lat["requests"] == 32 and lat["misses"] == 0
