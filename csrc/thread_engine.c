@@ -93,18 +93,16 @@ static void unlink_job(fx_pool *pool, fx_job *job)
 #define SMALL_PIECE (64u << 10)
 #define SMALL_TAKE 8
 
+static int small_piece(const fx_piece *p) { return p->length + (p->hdr ? FX_HDR_SIZE : 0) <= SMALL_PIECE; }
+
 static size_t small_take(const fx_pool *pool, const fx_batch *b, size_t first)
 {
     size_t fair = (b->npieces - first) / (2 * (size_t)pool->nthreads), take = 1;
 
-    while (take < SMALL_TAKE && take < fair) {
-        const fx_piece *q = &b->pieces[first + take - 1];
-
-        if (q->length + (q->hdr ? FX_HDR_SIZE : 0) > SMALL_PIECE ||
-            b->pieces[first + take].length + (b->pieces[first + take].hdr ? FX_HDR_SIZE : 0) > SMALL_PIECE)
-            break;
+    if (!small_piece(&b->pieces[first]))
+        return 1;
+    while (take < SMALL_TAKE && take < fair && small_piece(&b->pieces[first + take]))
         take++;
-    }
     return take;
 }
 

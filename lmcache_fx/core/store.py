@@ -1895,9 +1895,11 @@ class ChunkStore:
         """Keeps scratch buffers for later batches, SCRATCH_KEPT_BYTES of them
         at most; the rest are unmapped."""
         with self._lock:
+            if self._scratch_pid != _PID[0]:  # taken before a fork: the parent's to keep, not this child's
+                return
             kept = self._scratch_kept
             for buf in bufs:
-                if self._scratch_pid == _PID[0] and sum(map(len, kept)) + len(buf) <= SCRATCH_KEPT_BYTES:
+                if sum(map(len, kept)) + len(buf) <= SCRATCH_KEPT_BYTES:
                     kept.append(buf)
             kept.sort(key=len)
 
