@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -325,6 +326,27 @@ static size_t wave_start(feeder *f, wave *v)
     return v->cand;
 }
 
+/* Maps the files of a wave read from memory (FX_OPEN_MAP), those of at
+ * least FX_MAP_MIN bytes as fstat saw them: the engine then copies their
+ * pieces from the mappings. A file that cannot be mapped is read. */
+static void map_files(fx_op *ops, size_t m, const size_t *which, const fx_chunk_result *out)
+{
+    if (!fx_map_guard_ready())
+        return;
+    for (size_t k = 0; k < m; k++) {
+        int64_t size = out[which[k]].size;
+        void *a;
+
+        if (size < (int64_t)FX_MAP_MIN)
+            continue;
+        a = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, ops[k].fd, 0);
+        if (a == MAP_FAILED)
+            continue;
+        ops[k].map = a;
+        ops[k].map_len = (uint64_t)size;
+    }
+}
+
 int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int verify,
                    uint64_t split, fx_run_fn run, void *ctx, struct fx_pool *openers,
                    int open_width, fx_chunk_result *out)
@@ -387,6 +409,8 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
                 ops[m].offset = FX_HDR_SIZE;
                 ops[m].length = c[i].length;
                 ops[m].buf = c[i].dest;
+                ops[m].map = NULL;
+                ops[m].map_len = 0;
                 hdrs[m] = scratch + i * FX_HDR_SIZE;
                 which[m++] = i;
                 if (direct && all_mem)
@@ -412,6 +436,8 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
                 out[cur->idx[k]].nbytes = fd;
             }
         }
+        if ((how & FX_OPEN_MAP) && (!direct || all_mem))
+            map_files(ops, m, which, out);
         /* The next wave opens while this one reads. */
         started = wave_start(&f, nxt) > 0;
         if (m > 0) {
@@ -433,6 +459,8 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
             for (k = 0; k < m; k++) {
                 size_t ci = which[k];
 
+                if (ops[k].map)
+                    munmap((void *)ops[k].map, ops[k].map_len);
                 close(ops[k].fd);
                 if (r < 0) {
                     out[ci].status = r;

@@ -276,50 +276,72 @@ X86_VCLMUL512 static inline __m512i fold512(__m512i x, __m512i k, __m512i q)
 
 #define LOAD512(q) _mm512_loadu_si512((const void *)(q))
 
-/* 512 bytes a step in eight 512-bit accumulators (four blocks each); below
- * 1024 bytes the 256-bit path. */
-X86_VCLMUL512 static uint32_t crc_vpclmul512(uint32_t crc, const unsigned char *p, size_t len)
+/* 512 bytes a step in eight 512-bit accumulators (four blocks each). With
+ * d, every byte summed is also stored there: the copy rides on the loads the
+ * folding makes anyway, with streaming stores (not read back here, and they
+ * spare the cache line's read for ownership); d is then 64-byte aligned.
+ * Inlined into its two callers, so the test of d folds away. len >= 1024. */
+X86_VCLMUL512 static inline __attribute__((always_inline)) uint32_t
+fold512_body(uint32_t crc, const unsigned char *p, size_t len, unsigned char *d)
 {
     const __m512i k = k512(fold_k[32]), k16 = k512(fold_k[16]), k8 = k512(fold_k[8]);
     const __m128i c = _mm_cvtsi32_si128((int)crc);
-    __m512i z0, z1, z2, z3, z4, z5, z6, z7;
+    __m512i z[8];
 
-    if (len < 1024)
-        return crc_vpclmul(crc, p, len);
-    z0 = _mm512_xor_si512(LOAD512(p), _mm512_inserti32x4(_mm512_setzero_si512(), c, 0));
-    z1 = LOAD512(p + 64);
-    z2 = LOAD512(p + 128);
-    z3 = LOAD512(p + 192);
-    z4 = LOAD512(p + 256);
-    z5 = LOAD512(p + 320);
-    z6 = LOAD512(p + 384);
-    z7 = LOAD512(p + 448);
+#define COPY512(o, v)                                                                          \
+    do {                                                                                       \
+        if (d)                                                                                 \
+            _mm512_stream_si512((void *)(d + (o)), v);                                         \
+    } while (0)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        z[j] = LOAD512(p + 64 * j);
+        COPY512(64 * j, z[j]);
+    }
+    z[0] = _mm512_xor_si512(z[0], _mm512_inserti32x4(_mm512_setzero_si512(), c, 0));
     p += 512;
+    d = d ? d + 512 : NULL;
     len -= 512;
     while (len >= 512) {
-        z0 = fold512(z0, k, LOAD512(p));
-        z1 = fold512(z1, k, LOAD512(p + 64));
-        z2 = fold512(z2, k, LOAD512(p + 128));
-        z3 = fold512(z3, k, LOAD512(p + 192));
-        z4 = fold512(z4, k, LOAD512(p + 256));
-        z5 = fold512(z5, k, LOAD512(p + 320));
-        z6 = fold512(z6, k, LOAD512(p + 384));
-        z7 = fold512(z7, k, LOAD512(p + 448));
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m512i v = LOAD512(p + 64 * j);
+            COPY512(64 * j, v);
+            z[j] = fold512(z[j], k, v);
+        }
         p += 512;
+        d = d ? d + 512 : NULL;
         len -= 512;
+    }
+#undef COPY512
+    if (d) {
+        memcpy(d, p, len); /* the tail, summed below */
+        _mm_sfence();      /* streaming stores ordered before whatever follows */
     }
     /* 32 blocks to 8: z0..z3 move 256 bytes on, onto z4..z7; z4, z5 then
      * 128 bytes, onto z6, z7; those eight blocks go as the other paths' do. */
-    z4 = fold512(z0, k16, z4);
-    z5 = fold512(z1, k16, z5);
-    z6 = fold512(z2, k16, z6);
-    z7 = fold512(z3, k16, z7);
-    z6 = fold512(z4, k8, z6);
-    z7 = fold512(z5, k8, z7);
-    return fold_finish(_mm512_extracti32x4_epi32(z6, 0), _mm512_extracti32x4_epi32(z6, 1),
-                       _mm512_extracti32x4_epi32(z6, 2), _mm512_extracti32x4_epi32(z6, 3),
-                       _mm512_extracti32x4_epi32(z7, 0), _mm512_extracti32x4_epi32(z7, 1),
-                       _mm512_extracti32x4_epi32(z7, 2), _mm512_extracti32x4_epi32(z7, 3), p, len);
+    z[4] = fold512(z[0], k16, z[4]);
+    z[5] = fold512(z[1], k16, z[5]);
+    z[6] = fold512(z[2], k16, z[6]);
+    z[7] = fold512(z[3], k16, z[7]);
+    z[6] = fold512(z[4], k8, z[6]);
+    z[7] = fold512(z[5], k8, z[7]);
+    return fold_finish(_mm512_extracti32x4_epi32(z[6], 0), _mm512_extracti32x4_epi32(z[6], 1),
+                       _mm512_extracti32x4_epi32(z[6], 2), _mm512_extracti32x4_epi32(z[6], 3),
+                       _mm512_extracti32x4_epi32(z[7], 0), _mm512_extracti32x4_epi32(z[7], 1),
+                       _mm512_extracti32x4_epi32(z[7], 2), _mm512_extracti32x4_epi32(z[7], 3), p, len);
+}
+
+/* Below 1024 bytes the 256-bit path. */
+X86_VCLMUL512 static uint32_t crc_vpclmul512(uint32_t crc, const unsigned char *p, size_t len)
+{
+    return len < 1024 ? crc_vpclmul(crc, p, len) : fold512_body(crc, p, len, NULL);
+}
+
+/* Copy and sum in one pass; dst 64-byte aligned, len >= 1024. */
+X86_VCLMUL512 static uint32_t crc_copy512(uint32_t crc, unsigned char *dst, const unsigned char *p, size_t len)
+{
+    return fold512_body(crc, p, len, dst);
 }
 
 /* Interleaving: the crc32 instruction and the carry-less multiplier run on
@@ -627,6 +649,7 @@ static const struct {
 #define NIMPLS (sizeof(impls) / sizeof(impls[0]))
 
 static int impl_ok[NIMPLS]; /* this CPU has it and it passed the self-test */
+static int copy512_ok;      /* crc_copy512 runs here and passed its self-test */
 static crc_fn impl_fn = crc_sw;
 static const char *impl_name = "table";
 static pthread_once_t impl_once = PTHREAD_ONCE_INIT;
@@ -664,6 +687,33 @@ static int self_test(crc_fn fn)
     return 1;
 }
 
+#if defined(__x86_64__)
+/* crc_copy512 against the table code, and its copy against the source,
+ * over lengths around its steps and tails. */
+static int copy_self_test(void)
+{
+    static unsigned char src[9000];
+    static unsigned char dst[9000 + 64] __attribute__((aligned(64)));
+    static const size_t lens[] = {1024, 1025, 1535, 1536, 2047, 4096, 4096 + 300, 8191, 9000 - 1};
+    uint32_t s = 0x2545F491u;
+
+    for (size_t i = 0; i < sizeof(src); i++) {
+        s = s * 1664525u + 1013904223u;
+        src[i] = (unsigned char)(s >> 24);
+    }
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        size_t len = lens[i] > sizeof(src) - 1 ? sizeof(src) - 1 : lens[i];
+        uint32_t seed = (uint32_t)(len * 0x01000193u) ^ 0xFFFFFFFFu;
+
+        memset(dst, 0, sizeof(dst));
+        if (crc_copy512(seed, dst, src + 1, len) != crc_sw(seed, src + 1, len) ||
+            memcmp(dst, src + 1, len) != 0 || dst[len] != 0)
+            return 0;
+    }
+    return 1;
+}
+#endif
+
 static void impl_init(void)
 {
     build_table();
@@ -678,12 +728,38 @@ static void impl_init(void)
             impl_name = impls[i].name;
         }
     }
+#if defined(__x86_64__)
+    copy512_ok = impl_fn == crc_vpclmul512 && copy_self_test();
+#endif
 }
 
 uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len)
 {
     pthread_once(&impl_once, impl_init);
     return ~impl_fn(~crc, buf, len);
+}
+
+uint32_t fx_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
+{
+    unsigned char *d = dst;
+    const unsigned char *p = src;
+
+    pthread_once(&impl_once, impl_init);
+#if defined(__x86_64__)
+    if (copy512_ok && len >= 1024 && ((uintptr_t)d & 63) == 0)
+        return ~crc_copy512(~crc, d, p, len);
+#endif
+    /* Elsewhere: copy a stretch, then sum it while it is in this core's cache. */
+    while (len) {
+        size_t n = len < (64u << 10) ? len : (64u << 10);
+
+        memcpy(d, p, n);
+        crc = fx_crc32c(crc, d, n);
+        d += n;
+        p += n;
+        len -= n;
+    }
+    return crc;
 }
 
 const char *fx_crc32c_impl(void)

@@ -22,6 +22,10 @@ typedef struct {
     uint64_t offset;
     uint64_t length;
     char *buf;
+    /* Optional (NULL: none): a read-only mapping of the file's first map_len
+     * bytes; reads of pieces inside it copy from it (fx_map_copy). */
+    const char *map;
+    uint64_t map_len;
 } fx_op;
 
 typedef struct {
@@ -50,6 +54,7 @@ typedef struct {
      * run on every core instead of inline in the submitting thread. */
     int mem;
     unsigned slots; /* io_uring: engine-wide slots it holds while in flight */
+    int summed;     /* crc was taken while copying (from a mapping) */
 } fx_piece;
 
 /* A piece is resubmitted at most this many times after -EAGAIN, -EINTR or a
@@ -107,6 +112,8 @@ int fx_fd_in_memory(int fd, uint64_t dev, uint64_t *last_dev, int *last_mem);
 /* How many times landed pieces were checksummed on several threads (tests). */
 extern _Atomic unsigned long fx_crc_spread_runs;
 extern _Atomic unsigned long fx_uring_peak_inflight;
+/* Pieces copied from a mapping, and copies whose source faulted (tests). */
+extern _Atomic unsigned long fx_map_pieces, fx_map_faults;
 
 /* Builds pieces and progress for a batch; returns 0 or -errno. */
 int fx_batch_prepare(fx_batch *b, uint64_t split_bytes);
@@ -137,6 +144,17 @@ int fx_hdr_at_eof(int fd, uint64_t pos, uint64_t got);
 /* Records a fused piece's header result (bytes or -errno) and makes it a
  * plain piece. */
 void fx_piece_header_done(const fx_batch *b, fx_piece *p, int64_t res);
+
+/* ---- copies from a file mapping (csrc/mapped.c) ----
+ * len bytes from src, inside the mapping [lo, hi), to dst, with their
+ * CRC32C in *crc when want_crc: len, or -EFAULT when the source faulted
+ * (a file truncated meanwhile; dst is then partly written) or lies outside.
+ * Only after fx_map_guard_ready returned 1 on some thread. */
+int64_t fx_map_copy(char *dst, const char *src, uint64_t len, const char *lo, const char *hi, int want_crc,
+                    uint32_t *crc);
+/* Puts the SIGBUS handler that guards those copies in place (again, when
+ * another took its place); 1 when it is, else 0 (copy no mapping then). */
+int fx_map_guard_ready(void);
 
 /* ---- memory: one aligned (huge-page) allocator (csrc/mem.c) ---- */
 #define FX_HUGE_2M ((size_t)2 << 20)
@@ -170,13 +188,17 @@ int fx_fork_guard_init(void);
  *   submit_fail  a submission goes to the kernel, then reports -EIO (abort)
  *   eagain       a read/write completes with -EAGAIN (pread: EAGAIN)
  *   eintr        a read/write completes with -EINTR (pread: EINTR)
- *   short        a read/write transfers about half of what it asked for */
+ *   short        a read/write transfers about half of what it asked for
+ *   map_truncate a piece about to be copied from a mapping has its file cut
+ *                to its header first (a real truncation under the live
+ *                mapping, as another process could make: the copy faults) */
 enum {
     FX_FAULT_WAIT_EINTR,
     FX_FAULT_SUBMIT_FAIL,
     FX_FAULT_EAGAIN,
     FX_FAULT_EINTR,
     FX_FAULT_SHORT,
+    FX_FAULT_MAP_TRUNCATE,
     FX_FAULT_NKINDS
 };
 extern _Atomic int fx_fault_on;
@@ -193,6 +215,10 @@ int64_t fx_fault_short(int64_t res, long ordinal);
 
 /* CRC32C (Castagnoli), hardware-accelerated where the CPU has it. */
 uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len);
+/* Copies len bytes from src to dst and returns fx_crc32c(crc, src, len),
+ * in one pass where the CPU allows (512-bit folding with streaming stores;
+ * dst 64-byte aligned and len >= 1024): the sum costs no second read. */
+uint32_t fx_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 /* CRC of A followed by B from crc(A), crc(B) and len(B). */
 uint32_t fx_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 const char *fx_crc32c_impl(void);
@@ -251,6 +277,11 @@ struct fx_pool;
  * writer holds a lock on it (an evicted file being rewritten with another
  * chunk; one rewritten before the lock holds that chunk's key). */
 #define FX_OPEN_LOCK 2
+/* Payloads of files of at least FX_MAP_MIN bytes on a memory filesystem are
+ * copied from a mapping of the file and summed in the same pass (see
+ * csrc/mapped.c); where no mapping can be had, read as without it. */
+#define FX_OPEN_MAP 4
+#define FX_MAP_MIN ((uint64_t)2 << 20)
 /* Runs the whole list (in waves bounded by open files); no GIL. Opens run
  * on up to open_width threads of `openers` when given (a cold open reads
  * the inode: a wait per file), else on the calling thread. 0 or -errno

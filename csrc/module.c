@@ -475,7 +475,7 @@ typedef struct {
     char *arena;
     size_t n;
     char *scratch;
-    int verify, direct, lock;
+    int verify, direct, lock, mapped;
 } chunk_args;
 
 static void chunk_args_free(chunk_args *a)
@@ -646,7 +646,8 @@ static int chunks_run(EngineObject *e, chunk_args *a)
     fx_pool *openers = a->n > 1 ? chunk_openers(e, &width) : NULL;
 
     return fx_chunks_read(a->c, a->n, a->scratch,
-                          (a->direct ? FX_OPEN_DIRECT : 0) | (a->lock ? FX_OPEN_LOCK : 0), a->verify, e->split_bytes,
+                          (a->direct ? FX_OPEN_DIRECT : 0) | (a->lock ? FX_OPEN_LOCK : 0) | (a->mapped ? FX_OPEN_MAP : 0),
+                          a->verify, e->split_bytes,
                           run_engine_cb, e, openers, width, a->res);
 }
 
@@ -685,7 +686,7 @@ static int chunks_raise(int r)
     return 0;
 }
 
-static char *chunk_kwlist[] = {"chunks", "scratch", "verify", "direct", "lock", NULL};
+static char *chunk_kwlist[] = {"chunks", "scratch", "verify", "direct", "lock", "mapped", NULL};
 
 static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject *kw)
 {
@@ -695,8 +696,8 @@ static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject
     int r;
 
     memset(&a, 0, sizeof(a));
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|ppp", chunk_kwlist, &chunks, &scratch, &a.verify,
-                                     &a.direct, &a.lock))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|pppp", chunk_kwlist, &chunks, &scratch, &a.verify,
+                                     &a.direct, &a.lock, &a.mapped))
         return NULL;
     if (parse_chunks(chunks, scratch, &a) < 0)
         return NULL;
@@ -918,11 +919,11 @@ static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObje
 {
     PyObject *chunks;
     unsigned long long scratch;
-    int verify = 0, direct = 0, lock = 0;
+    int verify = 0, direct = 0, lock = 0, mapped = 0;
     BatchObject *bo;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|ppp", chunk_kwlist, &chunks, &scratch, &verify,
-                                     &direct, &lock))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|pppp", chunk_kwlist, &chunks, &scratch, &verify,
+                                     &direct, &lock, &mapped))
         return NULL;
     if (!(bo = batch_new(self, 1)))
         return NULL;
@@ -931,6 +932,7 @@ static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObje
     bo->chunks.verify = verify;
     bo->chunks.direct = direct;
     bo->chunks.lock = lock;
+    bo->chunks.mapped = mapped;
     return batch_start(self, bo);
 fail:
     Py_DECREF(bo);
@@ -1165,6 +1167,13 @@ static PyObject *mod_crc_spread_runs(PyObject *m, PyObject *unused)
     return PyLong_FromUnsignedLong(fx_crc_spread_runs);
 }
 
+static PyObject *mod_map_stats(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return Py_BuildValue("(kk)", (unsigned long)fx_map_pieces, (unsigned long)fx_map_faults);
+}
+
 static PyObject *mod_uring_peak_inflight(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -1292,15 +1301,18 @@ static PyMethodDef Engine_methods[] = {
     {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_VARARGS | METH_KEYWORDS,
      "submit(ops, write=False, crc=False) -> Batch running in the background"},
     {"read_chunks", (PyCFunction)(void (*)(void))Engine_read_chunks, METH_VARARGS | METH_KEYWORDS,
-     "read_chunks(chunks, scratch, verify=False, direct=False, lock=False) -> list of (status, nbytes, "
-     "st_dev, st_ino, st_size) per chunk (dir_fd, name, address, length[, expect])"},
+     "read_chunks(chunks, scratch, verify=False, direct=False, lock=False, mapped=False) -> list of "
+     "(status, nbytes, st_dev, st_ino, st_size) per chunk (dir_fd, name, address, length[, expect]); "
+     "mapped: payloads of 2 MiB files or more on a memory filesystem are copied (and summed) from a "
+     "mapping of the file"},
     {"write_chunks", (PyCFunction)(void (*)(void))Engine_write_chunks, METH_VARARGS | METH_KEYWORDS,
      "write_chunks(chunks, direct=False) -> list of (payload bytes or -errno, header bytes or -errno, "
      "payload CRC32C, mtime set: 1, 0 or -errno); chunks are (fd, address, length, header_address, "
      "mtime_ns or 0)"},
     {"submit_chunks", (PyCFunction)(void (*)(void))Engine_submit_chunks,
      METH_VARARGS | METH_KEYWORDS,
-     "submit_chunks(chunks, scratch, verify=False, direct=False, lock=False) -> Batch whose wait() returns "
+     "submit_chunks(chunks, scratch, verify=False, direct=False, lock=False, mapped=False) -> Batch whose "
+     "wait() returns "
      "read_chunks' results"},
     {"register_buffer", (PyCFunction)Engine_register_buffer, METH_VARARGS,
      "register_buffer(address, length) -> 0 or -errno; (0, 0) unregisters"},
@@ -1363,6 +1375,8 @@ static PyMethodDef module_methods[] = {
      "crc32c_impls() -> list of the CRC32C implementations this CPU runs, the one in use first"},
     {"_uring_peak_inflight", (PyCFunction)mod_uring_peak_inflight, METH_NOARGS,
      "_uring_peak_inflight() -> int: most pieces one io_uring run had out at once since the last call (tests)"},
+    {"map_stats", (PyCFunction)mod_map_stats, METH_NOARGS,
+     "map_stats() -> (pieces copied from a file mapping, copies whose source faulted and were read instead)"},
     {"crc_spread_runs", (PyCFunction)mod_crc_spread_runs, METH_NOARGS,
      "crc_spread_runs() -> int: io_uring batches whose landed pieces were checksummed on several threads"},
     {"crc32c_at", (PyCFunction)(void (*)(void))mod_crc32c_at, METH_VARARGS | METH_KEYWORDS,

@@ -73,7 +73,13 @@ class Engine:
     def submit(self, ops: Sequence[Op], write: bool = False, crc: bool = False) -> Batch:
         """Runs the batch on a C thread; await Batch.fileno() becoming readable."""
     def read_chunks(
-        self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False, lock: bool = False
+        self,
+        chunks: Sequence[Chunk],
+        scratch: int,
+        verify: bool = False,
+        direct: bool = False,
+        lock: bool = False,
+        mapped: bool = False,
     ) -> list[ChunkResult]:
         """Reads whole chunk files (csrc/chunks.c), one call per batch, the GIL
         released. Per chunk (dir_fd, name, address, length[, expect]): opens
@@ -89,7 +95,11 @@ class Engine:
         `lock`, each file gets an OFD read lock after its open, held until
         its close: -ESTALE when a writer holds a lock on it (an evicted file
         being rewritten with another chunk; one rewritten before the lock
-        holds that chunk's key, which `expect` or the caller checks).
+        holds that chunk's key, which `expect` or the caller checks). With
+        `mapped`, files of 2 MiB or more read from memory (tmpfs, ramfs, the
+        page cache) are mapped and their pieces copied from the mapping, each
+        checksummed in the same pass; a piece whose source faults (the file
+        truncated meanwhile: SIGBUS, caught) is read as without it.
         Opens run on a few threads (a cold open waits for its inode) while
         the previous files are read. Returns per chunk (status, payload bytes
         or -errno, st_dev, st_ino, st_size): status 0 (CHUNK_OK), -errno, or
@@ -106,7 +116,13 @@ class Engine:
         or -errno (0: not reached), CRC32C of the payload, clock: 1 set, 0 not
         asked or not reached, -errno). The caller renames the files."""
     def submit_chunks(
-        self, chunks: Sequence[Chunk], scratch: int, verify: bool = False, direct: bool = False, lock: bool = False
+        self,
+        chunks: Sequence[Chunk],
+        scratch: int,
+        verify: bool = False,
+        direct: bool = False,
+        lock: bool = False,
+        mapped: bool = False,
     ) -> Batch:
         """read_chunks on a C thread; Batch.wait() returns its results."""
     def register_buffer(self, address: int, length: int) -> int:
@@ -137,6 +153,10 @@ def crc32c_at(address: int, length: int, value: int = 0, impl: str | None = None
 def crc32c_impls() -> list[str]: ...
 def _uring_peak_inflight() -> int:
     """Most pieces one io_uring run had out at once since the last call (tests)."""
+
+def map_stats() -> tuple[int, int]:
+    """(pieces copied from a file mapping, copies whose source faulted and
+    were read instead), since the module was loaded."""
 
 def crc_spread_runs() -> int:
     """io_uring batches whose landed pieces were checksummed on several threads."""

@@ -104,7 +104,7 @@ def span(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def read(eng, rootfd, names_lens, verify=True, direct=False, expects=None, submit=False):
+def read(eng, rootfd, names_lens, verify=True, direct=False, expects=None, submit=False, mapped=False):
     """Reads chunks into one aligned buffer; returns (results, [payload bytes], scratch)."""
     total = sum(span(n) for _, n in names_lens) or ALIGN
     dest = fx.HostBuffer(total + ALIGN, hugepages=False)
@@ -119,9 +119,9 @@ def read(eng, rootfd, names_lens, verify=True, direct=False, expects=None, submi
         offs.append(off)
         off += span(n)
     if submit:
-        res = eng.submit_chunks(chunks, scratch.address, verify=verify, direct=direct).wait()
+        res = eng.submit_chunks(chunks, scratch.address, verify=verify, direct=direct, mapped=mapped).wait()
     else:
-        res = eng.read_chunks(chunks, scratch.address, verify=verify, direct=direct)
+        res = eng.read_chunks(chunks, scratch.address, verify=verify, direct=direct, mapped=mapped)
     mv = memoryview(dest)
     datas = [bytes(mv[o : o + n]) for o, (_, n) in zip(offs, names_lens)]
     return res, datas, bytes(scratch)

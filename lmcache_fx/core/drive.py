@@ -33,16 +33,16 @@ async def await_batch(batch, loop: asyncio.AbstractEventLoop) -> list:
 
 def is_chunks_step(step) -> bool:
     """A read_steps step is (ops, crc): engine.read of (fd, offset, length,
-    address) ops; or ("chunks", chunks, scratch, verify, direct, lock):
+    address) ops; or ("chunks", chunks, scratch, verify, direct, lock, mapped):
     engine.read_chunks of whole chunk files, headers into the HostBuffer
     `scratch`."""
-    return len(step) == 6 and step[0] == "chunks"
+    return len(step) == 7 and step[0] == "chunks"
 
 
 def _run_step(engine, step) -> list:
     if is_chunks_step(step):
-        _, chunks, scratch, verify, direct, lock = step
-        return engine.read_chunks(chunks, scratch.address, verify=verify, direct=direct, lock=lock)
+        _, chunks, scratch, verify, direct, lock, mapped = step
+        return engine.read_chunks(chunks, scratch.address, verify=verify, direct=direct, lock=lock, mapped=mapped)
     ops, crc = step
     return engine.read(ops, crc=crc)
 
@@ -50,8 +50,8 @@ def _run_step(engine, step) -> list:
 def submit_step(engine, step):
     """Starts one read_steps step on the engine; returns its Batch."""
     if is_chunks_step(step):
-        _, chunks, scratch, verify, direct, lock = step
-        return engine.submit_chunks(chunks, scratch.address, verify=verify, direct=direct, lock=lock)
+        _, chunks, scratch, verify, direct, lock, mapped = step
+        return engine.submit_chunks(chunks, scratch.address, verify=verify, direct=direct, lock=lock, mapped=mapped)
     ops, crc = step
     return engine.submit(ops, write=False, crc=crc)
 

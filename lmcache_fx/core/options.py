@@ -220,6 +220,14 @@ class FxOptions:
         "O_DIRECT (page cache bypassed); auto uses it where the filesystem allows",
         _choice("auto", "true", "false"),
     )
+    mapped_reads: str = _opt(
+        "auto",
+        "auto | true | false",
+        "copy payloads of 2 MiB files or more from a mapping of the file, checksummed in the same pass "
+        "(memory filesystems only); auto: where a tmpfs keeps huge pages (huge=always or within_size), "
+        "where that beats read(); true: on any tmpfs or ramfs",
+        _choice("auto", "true", "false"),
+    )
     verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss", _boolean)
     reuse_evicted: bool = _opt(
         True,

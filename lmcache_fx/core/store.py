@@ -148,6 +148,33 @@ def _page_cache_fs(roots: list[str]) -> bool:
     return bool(_fs_magics(roots) & {0x01021994, 0x858458F6})  # TMPFS_MAGIC, RAMFS_MAGIC
 
 
+def _huge_page_tmpfs(roots: list[str]) -> bool:
+    """Whether every root is on a tmpfs that keeps files in huge pages: mounted
+    huge=always or huge=within_size, or every tmpfs forced to (shmem_enabled)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            forced = "[force]" in f.read()
+    except OSError:
+        forced = False
+    try:
+        devs = {os.stat(r).st_dev for r in roots}
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    huge = set()
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields, sup = left.split(), right.split()
+        if not sep or len(fields) < 3 or len(sup) < 3 or sup[0] != "tmpfs":
+            continue
+        major, _, minor = fields[2].partition(":")
+        opts = sup[2].split(",")
+        if forced or "huge=always" in opts or "huge=within_size" in opts:
+            huge.add(os.makedev(int(major), int(minor)))
+    return devs <= huge
+
+
 def _locks_reads(roots: list[str]) -> bool:
     """Whether reads take a file lock per chunk (layout.read_lock), which lets
     full stores reuse evicted files with other processes reading: on local
@@ -382,6 +409,7 @@ class ChunkStore:
             )
             self.engine = engine or make_engine(options)
             self.odirect = self._decide_odirect()
+            self.mapped_reads = self._decide_mapped_reads()
             direct = os.O_DIRECT if self.odirect else 0
             self._reuse_flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | direct
             self._tmp_flags = self._reuse_flags | os.O_CREAT | os.O_EXCL
@@ -446,6 +474,22 @@ class ChunkStore:
         if why:
             raise ConfigError(f"path: {why}")
         self._root_gid[root] = st.st_gid
+
+    def _decide_mapped_reads(self) -> bool:
+        """Payloads copied from file mappings (read_chunks' `mapped`): on memory
+        filesystems only; by default where their huge pages make the copy from
+        a mapping, summed in the same pass, faster than read() then a CRC32C
+        (docs/benchmarks.md, "Mapped reads")."""
+        mode = self.options.mapped_reads
+        if mode == "false":
+            return False
+        magics = _fs_magics(self.roots)
+        memory = bool(magics) and magics <= {0x01021994, 0x858458F6}  # TMPFS_MAGIC, RAMFS_MAGIC
+        if mode == "true" and not memory:
+            raise ConfigError(
+                f"mapped_reads: true, but {','.join(self.roots)!r} is not all on tmpfs or ramfs; use auto"
+            )
+        return memory and (mode == "true" or _huge_page_tmpfs(self.roots))
 
     def _decide_odirect(self) -> bool:
         mode = self.options.odirect
@@ -1799,7 +1843,7 @@ class ChunkStore:
             slots.append(i)
         scratch = self._take_scratch(len(slots))
         held.append(scratch)
-        res = yield "chunks", batch, scratch, self.options.verify, self.odirect, self.lock_reads
+        res = yield "chunks", batch, scratch, self.options.verify, self.odirect, self.lock_reads, self.mapped_reads
         out: list[Optional[object]] = [None] * n
         nbytes = 0
         hit_entries = []

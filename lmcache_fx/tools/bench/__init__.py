@@ -32,7 +32,16 @@ from ..models import GB, MIB, PRESETS, Geometry, parse_size
 from . import readers
 from .readers import lmcache_engine
 from .report import format_per_chunk, format_sweep, format_table, write_png
-from .run import ALL_READERS, READER_CLASSES, READER_LABELS, machine_info, run_bench, run_per_chunk, run_sweep
+from .run import (
+    ALL_READERS,
+    DEFAULT_READERS,
+    READER_CLASSES,
+    READER_LABELS,
+    machine_info,
+    run_bench,
+    run_per_chunk,
+    run_sweep,
+)
 from .workload import BenchConfig, Skip, Workload, geometry_from_args, median, percentile, plan_chunks, ratio, summarize
 
 PER_CHUNK_READERS = "fx,fx-l2,fs_native,raw_block"
@@ -70,7 +79,9 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
         "fio one job per device, single-path peers on the first device; removed afterwards",
     )
     p.add_argument(
-        "--readers", default=",".join(ALL_READERS), help=f"comma-separated subset of {','.join(ALL_READERS)}"
+        "--readers",
+        default=",".join(DEFAULT_READERS),
+        help=f"comma-separated subset of {','.join(ALL_READERS)} (default: all but fx-unmapped)",
     )
     p.add_argument("--queue-depth", type=int, default=32, help="fx queue_depth and fio iodepth")
     p.add_argument("--split-bytes", type=parse_size, default=MIB, help="fx split_bytes and fio bs")

@@ -349,6 +349,20 @@ class FxNoVerifyReader(FxReader):
         return d
 
 
+class FxUnmappedReader(FxReader):
+    """fx with mapped_reads off: every payload through read() and then its
+    CRC32C, what mapped reads are measured against (they differ only on a
+    memory filesystem: on a tmpfs with huge pages by default)."""
+
+    name = "fx-unmapped"
+    label = "lmcache-fx (io_uring, no mapped reads)"
+
+    def lmcache_config(self):
+        d = super().lmcache_config()
+        d["extra_config"]["storage_plugin.fx.mapped_reads"] = False
+        return d
+
+
 class LocalDiskReader(LMCacheReader):
     name = "local_disk"
     label = "LMCache LocalDiskBackend"

@@ -25,6 +25,7 @@ READER_LIST = [
     rd.FxReader,
     rd.FxThreadsReader,
     rd.FxNoVerifyReader,
+    rd.FxUnmappedReader,
     rd.LocalDiskReader,
     rd.FSConnectorReader,
     rd.RustRawBlockReader,
@@ -35,12 +36,22 @@ READER_LIST = [
 ]
 READER_CLASSES = {c.name: c for c in READER_LIST}
 ALL_READERS = [c.name for c in READER_LIST]
+# Run unless --readers says otherwise: fx-unmapped only where mapped reads are on (a tmpfs with huge pages).
+DEFAULT_READERS = [n for n in ALL_READERS if n != "fx-unmapped"]
 READER_LABELS = {c.name: c.label for c in READER_LIST}
 
 # ------------------------------------------------------------------ --devices N: sizes and memory
 
 SINGLE_PATH_TRANSIENT = {"local_disk", "fs_connector", "fs_native"}  # hold one rep's chunks, removed after it
-LMCACHE_ENGINE_READERS = {"fx", "fx-threads", "fx-noverify", "local_disk", "fs_connector", "rust_raw_block"}
+LMCACHE_ENGINE_READERS = {
+    "fx",
+    "fx-threads",
+    "fx-noverify",
+    "fx-unmapped",
+    "local_disk",
+    "fs_connector",
+    "rust_raw_block",
+}
 L2_READERS = {"fs_native", "fx-l2", "raw_block"}
 
 

@@ -1,0 +1,264 @@
+"""Mapped reads (csrc/mapped.c, read_chunks' `mapped`, the `mapped_reads`
+option): payloads of chunk files of 2 MiB or more on a memory filesystem are
+copied from a mapping of the file and checksummed in the same pass.
+
+Real files on a real tmpfs (/dev/shm; a tmpfs mounted with huge pages when
+root), both engines. A file truncated under a live mapping raises a real
+SIGBUS in a child interpreter: it must be a miss, not a crash."""
+
+import os
+import random
+import signal
+import subprocess
+import tempfile
+
+import pytest
+from test_engine_chunks import body_of, read, run_child, write_chunk
+
+from lmcache_fx import _fxio as fx
+from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta
+from lmcache_fx.core.options import ConfigError, FxOptions
+from lmcache_fx.core.store import ChunkStore, _huge_page_tmpfs, _page_cache_fs
+
+URING_OK, URING_WHY = fx.io_uring_status()
+KINDS = [pytest.param("io_uring", marks=pytest.mark.skipif(not URING_OK, reason=URING_WHY)), "threads"]
+MAP_MIN = 2 << 20  # FX_MAP_MIN: files this big or bigger are mapped
+
+
+@pytest.fixture
+def shm_root():
+    """A store-like directory on /dev/shm (tmpfs)."""
+    if not os.path.isdir("/dev/shm") or not _page_cache_fs(["/dev/shm"]):
+        pytest.skip("/dev/shm is not a tmpfs here")
+    d = tempfile.mkdtemp(prefix="fx-mapped-", dir="/dev/shm")
+    os.makedirs(os.path.join(d, "ab"))
+    yield d
+    subprocess.run(["rm", "-rf", d], check=False)
+
+
+@pytest.fixture
+def huge_tmpfs(tmp_path):
+    """A tmpfs mounted with huge=within_size (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs with huge pages needs root")
+    mnt = tmp_path / "huge"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,huge=within_size", "tmpfs", str(mnt)])
+    if r.returncode != 0:
+        pytest.skip("this kernel refused a tmpfs with huge=within_size")
+    yield str(mnt)
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _rootfd(root):
+    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("submit", [False, True])
+def test_mapped_reads_land_bit_exact_and_are_counted(kind, submit, shm_root):
+    """Files at, below and above the 2 MiB threshold, payloads of odd lengths,
+    read with and without `mapped`, verify on and off: the same statuses and
+    the same bytes; only the files of 2 MiB or more are copied from their
+    mappings (map_stats), and only when asked."""
+    rng = random.Random(7)
+    # file sizes: exactly the threshold, one byte short of it, odd, several pieces
+    sizes = [MAP_MIN - HEADER_SIZE, MAP_MIN - HEADER_SIZE - 1, (3 << 20) + 17, 9 << 20, 5000]
+    names = []
+    for i, n in enumerate(sizes):
+        write_chunk(shm_root, f"ab/m{i}.fxkv", rng.randbytes(n), key=f"m{i}")
+        names.append((f"ab/m{i}.fxkv", n))
+    payloads = [open(os.path.join(shm_root, f), "rb").read()[HEADER_SIZE:] for f, _ in names]
+    fd = _rootfd(shm_root)
+    eng = fx.Engine(kind, queue_depth=8, split_bytes=1 << 20)
+    try:
+        for verify in (True, False):
+            for mapped in (False, True):
+                before = fx.map_stats()
+                res, datas, _ = read(
+                    eng, fd, names, verify=verify, direct=True,
+                    expects=[body_of(f"m{i}", n) for i, (_, n) in enumerate(names)], submit=submit,
+                    mapped=mapped,
+                )  # fmt: skip
+                pieces = fx.map_stats()[0] - before[0]
+                assert [r[0] for r in res] == [fx.CHUNK_OK] * len(names), (verify, mapped, res)
+                assert datas == payloads, (verify, mapped)
+                # mapped: sizes[0] (2 pieces), sizes[2] (4), sizes[3] (9); sizes[1] and [4] are read
+                assert pieces == (15 if mapped else 0), (verify, mapped, pieces)
+    finally:
+        eng.close()
+        os.close(fd)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_corrupt_payload_copied_from_its_mapping_is_a_crc_miss(kind, shm_root):
+    """The CRC32C taken while copying is the one checked: a flipped byte is
+    CHUNK_PAYLOAD_CRC, as on the read path."""
+    p = bytearray(random.Random(3).randbytes(3 << 20))
+    write_chunk(shm_root, "ab/bad.fxkv", bytes(p), key="bad")
+    with open(os.path.join(shm_root, "ab/bad.fxkv"), "r+b") as f:
+        f.seek(HEADER_SIZE + (2 << 20) + 12345)
+        f.write(bytes([p[(2 << 20) + 12345] ^ 0x40]))
+    fd = _rootfd(shm_root)
+    eng = fx.Engine(kind, queue_depth=8)
+    try:
+        before = fx.map_stats()[0]
+        res, _, _ = read(eng, fd, [("ab/bad.fxkv", len(p))], verify=True, direct=True, mapped=True)
+        assert res[0][0] == fx.CHUNK_PAYLOAD_CRC
+        assert fx.map_stats()[0] > before
+    finally:
+        eng.close()
+        os.close(fd)
+
+
+TRUNCATED = """
+import shutil, sys
+sys.path.insert(0, ARGS["tests"])
+from test_engine_chunks import read
+root = ARGS["root"]
+rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+runs = []
+for attempt in range(2):  # twice: the handler must still be in place, SIGBUS not left blocked
+    shutil.copyfile(os.path.join(root, ARGS["spare"]), os.path.join(root, ARGS["cut"]))
+    os.environ["LMCACHE_FX_FAULT"] = "map_truncate:1"  # armed when an engine is made
+    eng = fx.Engine(ARGS["kind"], queue_depth=8, split_bytes=1 << 20)
+    faults0 = fx.map_stats()[1]
+    cut, _, _ = read(eng, rfd, [(ARGS["cut"], ARGS["n"])], verify=True, direct=True, mapped=True)
+    faults = fx.map_stats()[1] - faults0
+    good, datas, _ = read(eng, rfd, [(ARGS["good"], ARGS["n"])], verify=True, direct=True, mapped=True)
+    want = open(os.path.join(root, ARGS["good"]), "rb").read()[4096:]
+    runs.append({"status": [cut[0][0], good[0][0]], "faults": faults, "good_exact": datas[0] == want,
+                 "cut_size": os.stat(os.path.join(root, ARGS["cut"])).st_size})
+    eng.close()
+out(runs=runs)
+"""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_file_truncated_under_its_mapping_is_a_miss_not_a_crash(kind, shm_root, tmp_path):
+    """A real truncation under a live mapping (the map_truncate fault cuts
+    the file to its header just before the copy, as another process could):
+    the copy's SIGBUS is caught, the piece is read instead and comes back
+    short, so the chunk is a miss; another chunk then reads exact from its
+    mapping; twice in a row in the same process."""
+    n = 5 << 20
+    rng = random.Random(11)
+    for name in ("cut", "good"):
+        write_chunk(shm_root, f"ab/{name}.fxkv", rng.randbytes(n), key=name)
+    with open(os.path.join(shm_root, "ab/cut.fxkv"), "rb") as f:  # restored between attempts
+        original = f.read()
+    with open(os.path.join(shm_root, "ab/spare.fxkv"), "wb") as g:
+        g.write(original)
+    out = run_child(
+        TRUNCATED,
+        {"root": shm_root, "kind": kind, "cut": "ab/cut.fxkv", "good": "ab/good.fxkv", "spare": "ab/spare.fxkv",
+         "n": n, "tests": os.path.dirname(__file__)},
+        tmp_path,
+    )  # fmt: skip
+    for run in out["runs"]:
+        assert run["cut_size"] == HEADER_SIZE, out  # the fault really cut the file
+        assert run["faults"] >= 1, out  # and the copy really faulted
+        assert run["status"] == [fx.CHUNK_SHORT, fx.CHUNK_OK], out
+        assert run["good_exact"], out
+
+
+FOREIGN = """
+import sys
+sys.path.insert(0, ARGS["tests"])
+from test_engine_chunks import read
+import signal
+seen = []
+signal.signal(signal.SIGBUS, lambda s, f: seen.append(s))  # the handler that was there before
+rfd = os.open(ARGS["root"], os.O_RDONLY | os.O_DIRECTORY)
+eng = fx.Engine("threads", queue_depth=4)
+pieces0 = fx.map_stats()[0]
+res, _, _ = read(eng, rfd, [(ARGS["name"], ARGS["n"])], verify=True, direct=True, mapped=True)
+copied = fx.map_stats()[0] - pieces0
+os.kill(os.getpid(), signal.SIGBUS)  # not a fault of a mapped copy
+for _ in range(100):
+    if seen:
+        break
+    time.sleep(0.01)
+eng.close()
+out(status=res[0][0], copied=copied, seen=seen)
+"""
+
+
+def test_a_sigbus_not_of_a_mapped_copy_goes_to_the_handler_before(shm_root, tmp_path):
+    """The guard's SIGBUS handler passes on every SIGBUS that is not a fault
+    of a guarded copy: here to the Python handler installed before it."""
+    n = 3 << 20
+    write_chunk(shm_root, "ab/f.fxkv", random.Random(5).randbytes(n), key="f")
+    out = run_child(
+        FOREIGN, {"root": shm_root, "name": "ab/f.fxkv", "n": n, "tests": os.path.dirname(__file__)}, tmp_path
+    )
+    assert out["status"] == fx.CHUNK_OK and out["copied"] > 0, out
+    assert out["seen"] == [int(signal.SIGBUS)], out
+
+
+# ------------------------------------------------------------- the option
+
+
+def _store(root, **opts):
+    return ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1, **opts}))
+
+
+def test_mapped_reads_option_follows_the_medium(shm_root, tmp_path):
+    """auto maps where the tmpfs keeps huge pages (not /dev/shm's default);
+    true maps on any tmpfs; false never; true on a disk filesystem is a
+    ConfigError that names the key and the fix."""
+    st = _store(shm_root)
+    try:
+        assert st.mapped_reads == _huge_page_tmpfs([shm_root])
+    finally:
+        st.close()
+    for mode, want in (("true", True), ("false", False)):
+        st = _store(shm_root, mapped_reads=mode)
+        try:
+            assert st.mapped_reads is want
+        finally:
+            st.close()
+    disk = str(tmp_path / "disk")
+    os.makedirs(disk)
+    if _page_cache_fs([disk]):
+        pytest.skip("the temporary directory is itself a tmpfs: no disk filesystem to refuse")
+    with pytest.raises(ConfigError, match=r"mapped_reads: true.*use auto"):
+        _store(disk, mapped_reads="true")
+    assert _store(disk).mapped_reads is False
+
+
+def test_a_store_on_a_huge_page_tmpfs_maps_its_reads(huge_tmpfs):
+    """On a tmpfs mounted huge=within_size the default (auto) maps: chunks
+    written and read back through the store are exact, copied from their
+    mappings, and a chunk cut short on disk is a miss."""
+    assert _huge_page_tmpfs([huge_tmpfs])
+    root = os.path.join(huge_tmpfs, "store")
+    st = _store(root, verify=True)
+    try:
+        assert st.mapped_reads
+        size, n = 4 << 20, 4
+        src = fx.HostBuffer(n * size)
+        mv = memoryview(src)
+        for i in range(n):
+            mv[i * size : (i + 1) * size] = random.Random(i).randbytes(size)
+        meta = ChunkMeta(((size,),), ("uint8",), "raw")
+        keys = [f"huge-{i}" for i in range(n)]
+        assert all(st.write([(k, src.address + i * size, size, meta) for i, k in enumerate(keys)]))
+        dst = fx.HostBuffer(n * size)
+        it = iter(range(n))
+        before = fx.map_stats()[0]
+        out = st.read(keys, lambda m: (lambda i: (i, dst.address + i * size, size))(next(it)), lambda h: None)
+        assert out == list(range(n))
+        assert bytes(dst) == bytes(src)
+        assert fx.map_stats()[0] - before == n * (size // (1 << 20))
+        # one file cut short: a miss, the others still hits
+        victim = next(
+            os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".fxkv")
+        )  # fmt: skip
+        os.truncate(victim, HEADER_SIZE + size // 2)
+        it = iter(range(n))
+        out = st.read(keys, lambda m: (lambda i: (i, dst.address + i * size, size))(next(it)), lambda h: None)
+        assert sum(o is None for o in out) == 1
+        assert all(o is None or o == i for i, o in enumerate(out))
+    finally:
+        st.close()
