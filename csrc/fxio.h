@@ -219,6 +219,9 @@ uint32_t fx_crc32c(uint32_t crc, const void *buf, size_t len);
  * in one pass where the CPU allows (512-bit folding with streaming stores;
  * dst 64-byte aligned and len >= 1024): the sum costs no second read. */
 uint32_t fx_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
+/* Whether fx_crc32c_copy runs in one pass on this CPU (else: a copy, then
+ * a sum of each 64 KiB while it is in cache). */
+int fx_crc32c_copy_one_pass(void);
 /* CRC of A followed by B from crc(A), crc(B) and len(B). */
 uint32_t fx_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 const char *fx_crc32c_impl(void);

@@ -1140,6 +1140,26 @@ static PyObject *mod_crc32c_at(PyObject *m, PyObject *args, PyObject *kw)
     return PyLong_FromUnsignedLong(crc);
 }
 
+static PyObject *mod_crc32c_copy(PyObject *m, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"dst", "src", "length", "value", NULL};
+    unsigned long long dst, src, len;
+    unsigned int value = 0;
+    uint32_t crc;
+
+    (void)m;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KKK|I", kwlist, &dst, &src, &len, &value))
+        return NULL;
+    if (len && (!dst || !src)) {
+        PyErr_SetString(PyExc_ValueError, "dst and src must not be NULL");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    crc = fx_crc32c_copy(value, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, (size_t)len);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLong(crc);
+}
+
 static PyObject *mod_crc32c_impls(PyObject *m, PyObject *unused)
 {
     const char *names[16];
@@ -1375,6 +1395,9 @@ static PyMethodDef module_methods[] = {
      "crc32c_impls() -> list of the CRC32C implementations this CPU runs, the one in use first"},
     {"_uring_peak_inflight", (PyCFunction)mod_uring_peak_inflight, METH_NOARGS,
      "_uring_peak_inflight() -> int: most pieces one io_uring run had out at once since the last call (tests)"},
+    {"crc32c_copy", (PyCFunction)(void (*)(void))mod_crc32c_copy, METH_VARARGS | METH_KEYWORDS,
+     "crc32c_copy(dst, src, length, value=0) -> int: copies length bytes (addresses) and returns their "
+     "CRC32C, in one pass where CRC32C_COPY_ONE_PASS"},
     {"map_stats", (PyCFunction)mod_map_stats, METH_NOARGS,
      "map_stats() -> (pieces copied from a file mapping, copies whose source faulted and were read instead)"},
     {"crc_spread_runs", (PyCFunction)mod_crc_spread_runs, METH_NOARGS,
@@ -1444,6 +1467,7 @@ PyMODINIT_FUNC PyInit__fxio(void)
         PyModule_AddIntConstant(m, "DIO_ALIGN", FX_DIO_ALIGN) < 0 ||
         PyModule_AddIntConstant(m, "HAVE_LIBURING", fx_uring_available()) < 0 ||
         PyModule_AddStringConstant(m, "CRC32C_IMPL", fx_crc32c_impl()) < 0 ||
+        PyModule_AddIntConstant(m, "CRC32C_COPY_ONE_PASS", fx_crc32c_copy_one_pass()) < 0 ||
         add_chunk_constants(m) < 0 ||
         fx_gpu_module_init(m, &EngineType) < 0) {
         Py_DECREF(m);

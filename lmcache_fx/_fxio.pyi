@@ -38,6 +38,7 @@ CHUNK_HEADER_SIZE: int  # 4096
 
 DIO_ALIGN: int  # 4096
 HAVE_LIBURING: int  # 1 when built with liburing (io_uring engine present)
+CRC32C_COPY_ONE_PASS: int  # 1: mapped reads copy and sum in one pass (512-bit folding, streaming stores)
 CRC32C_IMPL: str  # best first: "vpclmulqdq+crc32q", "pclmulqdq+crc32q", "sse4.2", "armv8-pmull", "armv8-crc", "table"
 
 def _fault_counts() -> dict[str, int]: ...  # tests: times each LMCACHE_FX_FAULT point fired
@@ -151,6 +152,10 @@ class HostBuffer(Buffer):
 def crc32c(data: Buffer, value: int = 0, impl: str | None = None) -> int: ...
 def crc32c_at(address: int, length: int, value: int = 0, impl: str | None = None) -> int: ...
 def crc32c_impls() -> list[str]: ...
+def crc32c_copy(dst: int, src: int, length: int, value: int = 0) -> int:
+    """Copies length bytes from address src to address dst; returns their
+    CRC32C (continuing value), computed while copying where CRC32C_COPY_ONE_PASS."""
+
 def _uring_peak_inflight() -> int:
     """Most pieces one io_uring run had out at once since the last call (tests)."""
 

@@ -251,6 +251,24 @@ def test_random_lengths_and_alignments_to_several_mib(several_mib, impl):
             assert fx.crc32c_at(base + off, n, value) == want, (off, n)
 
 
+def test_copy_and_sum_is_bit_exact(several_mib):
+    """crc32c_copy (the mapped reads' one-pass copy) gives the reference CRC
+    and an exact copy, at 64-byte-aligned destinations (the streaming path
+    where CRC32C_COPY_ONE_PASS) and unaligned ones (copy, then sum), writing
+    nothing past the end."""
+    data, cases = several_mib
+    base = addr_of(data)
+    dst = bytearray(6 * MiB + 256)
+    dbase = addr_of(dst)
+    pad = (-dbase) % 64
+    for k, (off, n, value, want) in enumerate(cases[::3]):
+        at = pad + (0 if k % 2 == 0 else 1 + k % 63)  # aligned, then unaligned
+        dst[at + n : at + n + 64] = b"\xa5" * len(dst[at + n : at + n + 64])
+        assert fx.crc32c_copy(dbase + at, base + off, n, value) == want, (off, n, at)
+        assert dst[at : at + n] == data[off : off + n], (off, n, at)
+        assert set(dst[at + n : at + n + 64]) <= {0xA5}, (off, n, at)
+
+
 def test_chaining_equals_one_pass():
     rng = random.Random(5)
     data = rng.randbytes(3 * MiB + 77)

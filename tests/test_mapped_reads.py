@@ -209,7 +209,7 @@ def test_mapped_reads_option_follows_the_medium(shm_root, tmp_path):
     ConfigError that names the key and the fix."""
     st = _store(shm_root)
     try:
-        assert st.mapped_reads == _huge_page_tmpfs([shm_root])
+        assert st.mapped_reads == (_huge_page_tmpfs([shm_root]) and bool(fx.CRC32C_COPY_ONE_PASS))
     finally:
         st.close()
     for mode, want in (("true", True), ("false", False)):
@@ -235,7 +235,10 @@ def test_a_store_on_a_huge_page_tmpfs_maps_its_reads(huge_tmpfs):
     root = os.path.join(huge_tmpfs, "store")
     st = _store(root, verify=True)
     try:
-        assert st.mapped_reads
+        assert st.mapped_reads == bool(fx.CRC32C_COPY_ONE_PASS)
+        if not st.mapped_reads:
+            st.close()
+            st = _store(root, verify=True, mapped_reads="true")  # the path itself, on a CPU without one pass
         size, n = 4 << 20, 4
         src = fx.HostBuffer(n * size)
         mv = memoryview(src)

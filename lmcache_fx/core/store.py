@@ -479,7 +479,8 @@ class ChunkStore:
         """Payloads copied from file mappings (read_chunks' `mapped`): on memory
         filesystems only; by default where their huge pages make the copy from
         a mapping, summed in the same pass, faster than read() then a CRC32C
-        (docs/benchmarks.md, "Mapped reads")."""
+        (docs/benchmarks.md, "Mapped reads"), on a CPU that copies and sums in
+        one pass."""
         mode = self.options.mapped_reads
         if mode == "false":
             return False
@@ -489,7 +490,8 @@ class ChunkStore:
             raise ConfigError(
                 f"mapped_reads: true, but {','.join(self.roots)!r} is not all on tmpfs or ramfs; use auto"
             )
-        return memory and (mode == "true" or _huge_page_tmpfs(self.roots))
+        # auto also needs the one-pass copy: elsewhere it is a copy and then a sum, as read() then a CRC32C is
+        return memory and (mode == "true" or (bool(_fxio.CRC32C_COPY_ONE_PASS) and _huge_page_tmpfs(self.roots)))
 
     def _decide_odirect(self) -> bool:
         mode = self.options.odirect
