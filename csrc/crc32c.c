@@ -35,6 +35,11 @@
  * they add (a 512-bit hybrid, tried on AMD Zen 5 and not kept, was faster
  * only on data in L2 and slower from L3 and from memory).
  *
+ * fx_crc32c_copy copies while it sums: the 512-bit folding stores every 64
+ * bytes it loads to the destination with streaming stores, so a copy out of
+ * a file mapping (mapped reads, csrc/mapped.c) is checked without reading the
+ * bytes a second time. Without that path: a copy, then a sum, per 64 KiB.
+ *
  * The constants are derived below (fold_init, hy_init) from P by repeated
  * multiplication by x, not copied from tables; a self-test against the table
  * code at start-up guards every fast path before it is chosen. */

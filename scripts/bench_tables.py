@@ -4,6 +4,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
 
     python scripts/bench_tables.py docs/bench-xfs-64m.json
     python scripts/bench_tables.py --ratios docs/bench-xfs-64m.json docs/bench-repeats/xfs-64m-run*.json
+    python scripts/bench_tables.py --runs fx-unmapped docs/bench-repeats/mapped-reads/huge-*.json
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -188,6 +189,39 @@ def ratios_table(paths: list[str]) -> str:
     return "\n".join(rows)
 
 
+def runs_table(paths: list[str], over: str) -> str:
+    """Tier read GB/s run by run (one row per file): fx's readers with their
+    ratio to the run's best peer, fx over the reader `over`, the peers, the
+    best peer's name, and the tier CPU s/GB of fx, `over` and fs_native."""
+    runs = []
+    for p in paths:
+        with open(p) as f:
+            runs.append((p.rsplit("/", 1)[-1].removesuffix(".json"), json.load(f)))
+    names = [n for n, e in runs[0][1]["readers"].items() if e.get("available")]
+    fx_names = [n for n in names if n.startswith("fx")]
+    peers = [n for n in names if not n.startswith("fx") and n != "fio"]
+    cpu_of = [n for n in ("fx", over, "fs_native") if n in names]
+    rows = [
+        "| run | " + " | ".join(fx_names) + f" | fx / {over} | " + " | ".join(peers)
+        + " | best peer | tier CPU s/GB (" + " / ".join(cpu_of) + ") |",
+        "|---|" + "---:|" * (len(fx_names) + 1 + len(peers)) + "---|---|",
+    ]  # fmt: skip
+    for label, d in runs:
+        r = d["readers"]
+        best = d["best_peer"]["tier_read_gbps"]
+
+        def gbps(n, r=r):
+            return r[n]["median"]["tier_read_gbps"]
+
+        cells = [f"{gbps(n):.2f} ({gbps(n) / best['value']:.2f}×)" for n in fx_names]
+        cells.append(f"{gbps('fx') / gbps(over):.2f}×")
+        cells += [f"{gbps(n):.2f}" for n in peers]
+        cells.append(best["reader"])
+        cells.append(" / ".join(f"{r[n]['median']['tier_cpu_s_per_gb']:.3f}" for n in cpu_of))
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def mixed_runs_table(groups: list[tuple[str, list[str]]]) -> str:
     """`--mixed` over several runs, per chunk size (a label and its runs'
     files): each L2 reader's load and store while the other runs, against
@@ -227,6 +261,9 @@ def mixed_runs_table(groups: list[tuple[str, list[str]]]) -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--ratios"]:
         print(ratios_table(sys.argv[2:]))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--runs"]:
+        print(runs_table(sys.argv[3:], sys.argv[2]))
         sys.exit(0)
     if sys.argv[1:2] == ["--mixed-runs"]:
         groups: list[tuple[str, list[str]]] = []
