@@ -106,6 +106,43 @@ def test_cpu_connector_round_trip(layout):
     assert all(not x.any() for x in dst2)
 
 
+def test_stop_removes_only_segments_nothing_holds(tmp_path):
+    """Server.stop's clean-up of /dev/shm/psm_* left behind: a segment a live
+    process has open or mapped is kept, one nothing holds is an orphan."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    sys.path.insert(0, CHAT)
+    import server
+
+    names = [f"psm_fxtest{os.getpid()}_{k}" for k in ("open", "mapped", "orphan")]
+    paths = [os.path.join("/dev/shm", n) for n in names]
+    for p in paths:
+        with open(p, "wb") as f:
+            f.write(b"\0" * 8192)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import mmap, os, sys, time
+            fd = os.open({paths[0]!r}, os.O_RDWR)
+            g = os.open({paths[1]!r}, os.O_RDWR)
+            m = mmap.mmap(g, 8192)
+            os.close(g)  # held by the mapping alone
+            print("ready", flush=True)
+            sys.stdin.read()
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        assert server._orphan_segments(set(names)) == [names[2]]
+        assert set(names) <= set(server._shm_segments())
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+        for p in paths:
+            os.unlink(p)
+    assert server._orphan_segments(set(names[:2])) == sorted(names[:2])  # the holder is gone
+
+
 # ---------------------------------------------------------------- slow: the server
 @pytest.fixture(scope="module")
 def chat():

@@ -110,6 +110,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.started_s = 0.0
         self._log = None
+        self._shm_before: set = set()
 
     @property
     def url(self) -> str:
@@ -188,6 +189,7 @@ class Server:
         self._log.write(f"\n===== start {time.strftime('%H:%M:%S')}: {' '.join(self.command())}\n".encode())
         self._log.flush()
         self.t0 = time.monotonic()
+        self._shm_before = set(_shm_segments())
         self.proc = subprocess.Popen(
             self.command(),
             env=self.env(),
@@ -242,7 +244,17 @@ class Server:
             os.killpg(p.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        # A process killed (or interrupted) before it unlinked its segment leaves it behind, held by nothing:
+        # those that appeared while this server ran and that no live process maps or holds open go too.
+        left = _orphan_segments(set(_shm_segments()) - self._shm_before)
+        for name in left:
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
         self.proc = None
+        if self._log and left:
+            self._log.write(f"===== stop: removed {len(left)} shared memory segment(s) left behind: {left}\n".encode())
         if self._log:
             self._log.close()
             self._log = None
@@ -299,6 +311,33 @@ def check_python(python: str) -> None:
             f"{python} not found: run examples/chat/setup_vllm.sh first (creates .venv-vllm), "
             f"or pass --python for an environment with vLLM, LMCache and lmcache-fx"
         )
+
+
+def _shm_segments() -> list[str]:
+    """multiprocessing's shared memory segments (/dev/shm/psm_*)."""
+    try:
+        return [n for n in os.listdir("/dev/shm") if n.startswith("psm_")]
+    except OSError:
+        return []
+
+
+def _orphan_segments(names: set) -> list[str]:
+    """Those of names that no live process has mapped or open."""
+    held = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                maps = f.read()
+            held.update(n for n in names if "/dev/shm/" + n in maps)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/psm_"):
+                    held.add(target[len("/dev/shm/") :].split(" ")[0])
+        except OSError:
+            continue
+    return sorted(names - held)
 
 
 def _group_members(pgid: int) -> list[int]:
