@@ -304,6 +304,7 @@ class FxReader(LMCacheReader):
     label = "lmcache-fx (io_uring)"
     io_engine = "io_uring"
     stripes = True
+    fx_options: dict = {}  # more of fx's options, for a variant's one difference
 
     def lmcache_config(self):
         d = _base_config(self.cfg)
@@ -317,6 +318,7 @@ class FxReader(LMCacheReader):
             p + "queue_depth": self.cfg.queue_depth,
             p + "split_bytes": self.cfg.split_bytes,
             p + "max_capacity_gb": max(1.0, 4 * self.cfg.total_bytes / GB),
+            **{p + k: v for k, v in self.fx_options.items()},
         }
         return d
 
@@ -342,11 +344,7 @@ class FxNoVerifyReader(FxReader):
 
     name = "fx-noverify"
     label = "lmcache-fx (io_uring, verify off)"
-
-    def lmcache_config(self):
-        d = super().lmcache_config()
-        d["extra_config"]["storage_plugin.fx.verify"] = False
-        return d
+    fx_options = {"verify": False}
 
 
 class FxUnmappedReader(FxReader):
@@ -356,11 +354,7 @@ class FxUnmappedReader(FxReader):
 
     name = "fx-unmapped"
     label = "lmcache-fx (io_uring, no mapped reads)"
-
-    def lmcache_config(self):
-        d = super().lmcache_config()
-        d["extra_config"]["storage_plugin.fx.mapped_reads"] = False
-        return d
+    fx_options = {"mapped_reads": False}
 
 
 class LocalDiskReader(LMCacheReader):
