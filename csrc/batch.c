@@ -38,7 +38,7 @@ int fx_fork_guard_init(void)
 _Atomic int fx_fault_on;
 _Atomic unsigned long fx_crc_spread_runs; /* counted by the io_uring engine; 0 without it */
 _Atomic unsigned long fx_uring_peak_inflight; /* most pieces one io_uring run had out at once */
-_Atomic unsigned long fx_map_pieces, fx_map_faults;
+_Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;
 static _Atomic long fault_left[FX_FAULT_NKINDS];
 static _Atomic long fault_fired[FX_FAULT_NKINDS];
 static const char *const fault_names[FX_FAULT_NKINDS] = {
@@ -579,6 +579,81 @@ static int64_t run_mapped(const fx_batch *b, fx_piece *p)
     return r;
 }
 
+/* Reads from memory (the page cache, tmpfs) that want a CRC32C are staged:
+ * read() in stretches of FX_STAGE_BYTES into a buffer of this thread's that
+ * stays in its cache, then copied on with the one-pass copy and sum, whose
+ * streaming stores spare the destination's read for ownership. Against a
+ * read() into the destination and a sum of it, that is one pass over memory
+ * fewer (docs/benchmarks.md, "Staged reads"). Only where the copy is one pass,
+ * and for pieces of at least FX_STAGE_MIN bytes. */
+#define FX_STAGE_BYTES (256u << 10)
+#define FX_STAGE_MIN (64u << 10)
+
+static pthread_key_t stage_key;
+static pthread_once_t stage_once = PTHREAD_ONCE_INIT;
+static int stage_key_ok;
+
+static void stage_key_init(void) { stage_key_ok = pthread_key_create(&stage_key, free) == 0; }
+
+/* This thread's staging buffer, or NULL (none to be had: read directly). */
+static char *stage_buffer(void)
+{
+    void *buf;
+
+    pthread_once(&stage_once, stage_key_init);
+    if (!stage_key_ok)
+        return NULL;
+    if ((buf = pthread_getspecific(stage_key)))
+        return buf;
+    if (posix_memalign(&buf, FX_DIO_ALIGN, FX_STAGE_BYTES))
+        return NULL;
+    if (pthread_setspecific(stage_key, buf)) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static int stages(const fx_batch *b, const fx_piece *p)
+{
+    return b->staged && !b->write && b->want_crc && p->mem && p->length >= FX_STAGE_MIN && !fx_piece_needs_bounce(p) &&
+           fx_crc32c_copy_one_pass();
+}
+
+/* A staged piece through stage (FX_STAGE_BYTES); EOF and errors as rw_all,
+ * the header of a fused piece with its first stretch, as run_fused. */
+static int64_t run_staged(const fx_batch *b, fx_piece *p, int fd, char *stage)
+{
+    uint64_t done = 0;
+    uint32_t crc = 0;
+
+    while (done < p->length) {
+        uint64_t n = p->length - done < FX_STAGE_BYTES ? p->length - done : FX_STAGE_BYTES;
+        int64_t r;
+
+        if (p->hdr) { /* the header and the first stretch in one vectored read */
+            fx_piece first = *p;
+
+            first.buf = stage;
+            first.length = n;
+            r = run_fused(b, &first, fd);
+            p->hdr = NULL; /* its result is recorded */
+        } else {
+            r = rw_all(0, p->direct, fd, stage, n, p->offset + done);
+        }
+        if (r < 0)
+            return r;
+        crc = fx_crc32c_copy(crc, p->buf + done, stage, (size_t)r);
+        done += (uint64_t)r;
+        if ((uint64_t)r < n)
+            break; /* the end of the file */
+    }
+    p->crc = crc;
+    p->summed = 1;
+    fx_staged_pieces++;
+    return (int64_t)done;
+}
+
 int64_t fx_piece_run_sync(const fx_batch *b, fx_piece *p)
 {
     int fd = b->ops[p->op].fd;
@@ -588,6 +663,12 @@ int64_t fx_piece_run_sync(const fx_batch *b, fx_piece *p)
 
         if (r >= 0)
             return r;
+    }
+    if (stages(b, p)) {
+        char *stage = stage_buffer();
+
+        if (stage)
+            return run_staged(b, p, fd, stage);
     }
     if (p->hdr)
         return run_fused(b, p, fd);

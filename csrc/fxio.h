@@ -94,6 +94,9 @@ typedef struct fx_batch {
      * ~13 GB/s of memory-cold data: less than a many-drive array reads. */
     struct fx_pool *crc_pool;
     int crc_width;
+    /* Pieces read from memory with a CRC32C go through a staging buffer of
+     * the reading thread's (batch.c, run_staged); set by the engine. */
+    int staged;
 } fx_batch;
 
 enum { FX_FDS_PROBE = 0, FX_FDS_BUFFERED = 1, FX_FDS_DIRECT = 2, FX_FDS_MEM = 4 /* | with DIRECT */ };
@@ -112,8 +115,9 @@ int fx_fd_in_memory(int fd, uint64_t dev, uint64_t *last_dev, int *last_mem);
 /* How many times landed pieces were checksummed on several threads (tests). */
 extern _Atomic unsigned long fx_crc_spread_runs;
 extern _Atomic unsigned long fx_uring_peak_inflight;
-/* Pieces copied from a mapping, and copies whose source faulted (tests). */
-extern _Atomic unsigned long fx_map_pieces, fx_map_faults;
+/* Pieces copied from a mapping, copies whose source faulted, and pieces
+ * read through a staging buffer (tests). */
+extern _Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;
 
 /* Builds pieces and progress for a batch; returns 0 or -errno. */
 int fx_batch_prepare(fx_batch *b, uint64_t split_bytes);

@@ -42,6 +42,7 @@ typedef struct {
     int kind;
     unsigned queue_depth;
     uint64_t split_bytes;
+    int staged; /* reads from memory go through a staging buffer (batch.c, run_staged) */
     int nthreads;
     fx_uring *uring;
     fx_pool *pool;
@@ -150,6 +151,7 @@ static int memory_reads(const fx_batch *b)
  * is still in cache (tmpfs, 7 x 64 MiB: docs/benchmarks.md). */
 static int engine_run(EngineObject *e, fx_batch *b)
 {
+    b->staged = e->staged;
     if (e->kind == KIND_URING) {
         int width;
         fx_pool *pool = memory_reads(b) ? chunk_openers(e, &width) : NULL;
@@ -228,18 +230,19 @@ static PyObject *results_to_list(const fx_result *res, size_t n, int want_crc)
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"io_engine", "queue_depth", "split_bytes", "threads", NULL};
+    static char *kwlist[] = {"io_engine", "queue_depth", "split_bytes", "threads", "staged", NULL};
     const char *engine = "auto";
     long long qd = 32, split = 1 << 20;
-    int threads = 0;
+    int threads = 0, staged = 1;
     char why[256] = "";
 
     if (self->kind >= 0 && (self->uring || self->pool)) {
         PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sLLi", kwlist, &engine, &qd, &split, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sLLip", kwlist, &engine, &qd, &split, &threads, &staged))
         return -1;
+    self->staged = staged;
     if (strcmp(engine, "auto") && strcmp(engine, "io_uring") && strcmp(engine, "threads")) {
         PyErr_Format(PyExc_ValueError, "io_engine must be 'auto', 'io_uring' or 'threads', not '%s'",
                      engine);
@@ -1194,6 +1197,13 @@ static PyObject *mod_map_stats(PyObject *m, PyObject *unused)
     return Py_BuildValue("(kk)", (unsigned long)fx_map_pieces, (unsigned long)fx_map_faults);
 }
 
+static PyObject *mod_staged_pieces(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyLong_FromUnsignedLong(fx_staged_pieces);
+}
+
 static PyObject *mod_uring_peak_inflight(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -1344,7 +1354,7 @@ static PyTypeObject EngineType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "lmcache_fx._fxio.Engine",
     .tp_basicsize = sizeof(EngineObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Engine(io_engine='auto', queue_depth=32, split_bytes=1 MiB, threads=0)",
+    .tp_doc = "Engine(io_engine='auto', queue_depth=32, split_bytes=1 MiB, threads=0, staged=True)",
     .tp_new = Engine_new,
     .tp_init = (initproc)Engine_init,
     .tp_dealloc = (destructor)Engine_dealloc,
@@ -1400,6 +1410,8 @@ static PyMethodDef module_methods[] = {
      "CRC32C, in one pass where CRC32C_COPY_ONE_PASS"},
     {"map_stats", (PyCFunction)mod_map_stats, METH_NOARGS,
      "map_stats() -> (pieces copied from a file mapping, copies whose source faulted and were read instead)"},
+    {"staged_pieces", (PyCFunction)mod_staged_pieces, METH_NOARGS,
+     "staged_pieces() -> int: pieces read from memory through a staging buffer and copied on with their CRC32C"},
     {"crc_spread_runs", (PyCFunction)mod_crc_spread_runs, METH_NOARGS,
      "crc_spread_runs() -> int: io_uring batches whose landed pieces were checksummed on several threads"},
     {"crc32c_at", (PyCFunction)(void (*)(void))mod_crc32c_at, METH_VARARGS | METH_KEYWORDS,

@@ -57,10 +57,15 @@ class Engine:
         queue_depth: int = 32,
         split_bytes: int = 1 << 20,
         threads: int = 0,
+        staged: bool = True,
     ) -> None:
         """'io_uring' raises OSError when io_uring cannot be set up; 'auto'
         falls back to the thread engine and records fallback_reason.
-        threads=0 means min(queue_depth, 16)."""
+        threads=0 means min(queue_depth, 16). staged: pieces of 64 KiB or more
+        read from memory with a CRC32C are read through a staging buffer of
+        the reading thread's and copied on with their sum in one pass, where
+        the CPU has that copy (CRC32C_COPY_ONE_PASS); False reads them into
+        the destination and sums them there (for comparisons)."""
     @overload
     def read(self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0) -> list[int]: ...
     @overload
@@ -162,6 +167,10 @@ def _uring_peak_inflight() -> int:
 def map_stats() -> tuple[int, int]:
     """(pieces copied from a file mapping, copies whose source faulted and
     were read instead), since the module was loaded."""
+
+def staged_pieces() -> int:
+    """Pieces read from memory through a staging buffer of the reading
+    thread's and copied on with their CRC32C, since the module was loaded."""
 
 def crc_spread_runs() -> int:
     """io_uring batches whose landed pieces were checksummed on several threads."""

@@ -1,6 +1,8 @@
-"""Mapped reads (csrc/mapped.c, read_chunks' `mapped`, the `mapped_reads`
-option): payloads of chunk files of 2 MiB or more on a memory filesystem are
-copied from a mapping of the file and checksummed in the same pass.
+"""Reads from memory that copy and checksum in one pass. Mapped reads
+(csrc/mapped.c, read_chunks' `mapped`, the `mapped_reads` option): payloads of
+chunk files of 2 MiB or more on a memory filesystem are copied from a mapping
+of the file. Staged reads (batch.c, run_staged; Engine(staged=True)): pieces
+are read into a staging buffer of the reading thread's and copied on.
 
 Real files on a real tmpfs (/dev/shm; a tmpfs mounted with huge pages when
 root), both engines. A file truncated under a live mapping raises a real
@@ -265,3 +267,81 @@ def test_a_store_on_a_huge_page_tmpfs_maps_its_reads(huge_tmpfs):
         assert all(o is None or o == i for i, o in enumerate(out))
     finally:
         st.close()
+
+
+# ------------------------------------------------------------- staged reads
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_staged_reads_land_bit_exact_and_are_counted(kind, shm_root):
+    """Reads from memory with a CRC32C go through the reading thread's staging
+    buffer (Engine(staged=True), the default) where the one-pass copy exists:
+    the same statuses and bytes as read directly (staged=False), a flipped
+    byte still a CRC miss, a file cut short still short; pieces under 64 KiB
+    and reads without verify are not staged."""
+    rng = random.Random(21)
+    sizes = [(1 << 20) + 4096, (3 << 20) + 17, 70000, 5000]  # several stretches, an odd tail, small ones
+    names = []
+    for i, n in enumerate(sizes):
+        write_chunk(shm_root, f"ab/s{i}.fxkv", rng.randbytes(n), key=f"s{i}")
+        names.append((f"ab/s{i}.fxkv", n))
+    payloads = [open(os.path.join(shm_root, f), "rb").read()[HEADER_SIZE:] for f, _ in names]
+    bad = bytearray(payloads[1])
+    bad[(2 << 20) + 5] ^= 1
+    write_chunk(shm_root, "ab/bad.fxkv", bytes(bad), key="bad", pcrc=fx.crc32c(payloads[1]))
+    write_chunk(shm_root, "ab/cut.fxkv", payloads[1], key="cut")
+    os.truncate(os.path.join(shm_root, "ab/cut.fxkv"), HEADER_SIZE + (2 << 20) + 100)
+    fd = _rootfd(shm_root)
+    try:
+        for staged in (True, False):
+            eng = fx.Engine(kind, queue_depth=8, split_bytes=1 << 20, staged=staged)
+            try:
+                for verify in (True, False):
+                    before = fx.staged_pieces()
+                    res, datas, _ = read(eng, fd, names, verify=verify, direct=True)
+                    counted = fx.staged_pieces() - before
+                    assert [r[0] for r in res] == [fx.CHUNK_OK] * len(names), (staged, verify, res)
+                    assert datas == payloads, (staged, verify)
+                    # O_DIRECT pieces of 64 KiB or more: (1 MiB + 4 KiB) 1 MiB of 1 MiB + 4 KiB; (3 MiB + 17)
+                    # three of 1 MiB (the 17-byte tail is a piece of its own); 70000: its aligned 69632 bytes
+                    want = 5 if (staged and verify and fx.CRC32C_COPY_ONE_PASS) else 0
+                    assert counted == want, (staged, verify, counted)
+                res, _, _ = read(eng, fd, [("ab/bad.fxkv", len(bad)), ("ab/cut.fxkv", len(bad))], direct=True)
+                assert [r[0] for r in res] == [fx.CHUNK_PAYLOAD_CRC, fx.CHUNK_SHORT], (staged, res)
+                assert res[1][1] == (2 << 20) + 100
+            finally:
+                eng.close()
+    finally:
+        os.close(fd)
+
+
+SHORT_STAGED = """
+import sys
+sys.path.insert(0, ARGS["tests"])
+from test_engine_chunks import read
+rfd = os.open(ARGS["root"], os.O_RDONLY | os.O_DIRECTORY)
+eng = fx.Engine(ARGS["kind"], queue_depth=4, split_bytes=1 << 20)
+s0 = fx.staged_pieces()
+res, datas, _ = read(eng, rfd, [(ARGS["name"], ARGS["n"])], verify=True, direct=True)
+want = open(os.path.join(ARGS["root"], ARGS["name"]), "rb").read()[4096:]
+out(status=res[0][0], nbytes=res[0][1], exact=datas[0] == want, staged=fx.staged_pieces() - s0,
+    short=fx._fault_counts().get("short"), eintr=fx._fault_counts().get("eintr"))
+"""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_staged_reads_ride_out_short_reads_and_eintr(kind, shm_root, tmp_path):
+    """Short transfers and EINTR inside a staged piece (fault points) are
+    retried as on the direct path: the chunk still reads exact."""
+    if not fx.CRC32C_COPY_ONE_PASS:
+        pytest.skip("no one-pass copy on this CPU: nothing is staged")
+    n = (3 << 20) + 4096
+    write_chunk(shm_root, "ab/f.fxkv", random.Random(8).randbytes(n), key="f")
+    out = run_child(
+        SHORT_STAGED,
+        {"root": shm_root, "kind": kind, "name": "ab/f.fxkv", "n": n, "tests": os.path.dirname(__file__)},
+        tmp_path,
+        env={"LMCACHE_FX_FAULT": "short:3,eintr:2"},
+    )
+    assert out["status"] == fx.CHUNK_OK and out["nbytes"] == n and out["exact"], out
+    assert out["staged"] > 0 and out["short"] == 3 and out["eintr"] == 2, out
