@@ -616,8 +616,8 @@ static char *stage_buffer(void)
 
 static int stages(const fx_batch *b, const fx_piece *p)
 {
-    return b->staged && !b->write && b->want_crc && p->mem && p->length >= FX_STAGE_MIN && !fx_piece_needs_bounce(p) &&
-           fx_crc32c_copy_one_pass();
+    return b->staged && !b->write && b->want_crc && p->mem && p->length >= FX_STAGE_MIN &&
+           !fx_piece_needs_bounce(p) && fx_crc32c_copy_one_pass();
 }
 
 /* A staged piece through stage (FX_STAGE_BYTES); EOF and errors as rw_all,

@@ -344,7 +344,8 @@ X86_VCLMUL512 static uint32_t crc_vpclmul512(uint32_t crc, const unsigned char *
 }
 
 /* Copy and sum in one pass; dst 64-byte aligned, len >= 1024. */
-X86_VCLMUL512 static uint32_t crc_copy512(uint32_t crc, unsigned char *dst, const unsigned char *p, size_t len)
+X86_VCLMUL512 static uint32_t crc_copy512(uint32_t crc, unsigned char *dst, const unsigned char *p,
+                                          size_t len)
 {
     return fold512_body(crc, p, len, dst);
 }
