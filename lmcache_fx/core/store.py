@@ -143,9 +143,12 @@ def _fs_magics(roots: list[str]) -> set:
     return out
 
 
+MEMORY_FS_MAGICS = frozenset({0x01021994, 0x858458F6})  # statfs f_type of tmpfs, ramfs
+
+
 def _page_cache_fs(roots: list[str]) -> bool:
     """Whether any root is on tmpfs or ramfs."""
-    return bool(_fs_magics(roots) & {0x01021994, 0x858458F6})  # TMPFS_MAGIC, RAMFS_MAGIC
+    return bool(_fs_magics(roots) & MEMORY_FS_MAGICS)
 
 
 def _huge_page_tmpfs(roots: list[str]) -> bool:
@@ -485,7 +488,7 @@ class ChunkStore:
         if mode == "false":
             return False
         magics = _fs_magics(self.roots)
-        memory = bool(magics) and magics <= {0x01021994, 0x858458F6}  # TMPFS_MAGIC, RAMFS_MAGIC
+        memory = bool(magics) and magics <= MEMORY_FS_MAGICS  # every root on tmpfs or ramfs
         if mode == "true" and not memory:
             raise ConfigError(
                 f"mapped_reads: true, but {','.join(self.roots)!r} is not all on tmpfs or ramfs; use auto"
