@@ -1,24 +1,34 @@
 #!/usr/bin/env python3
-"""Staged reads against direct ones, in one process: Engine.read_chunks of
-chunk files on a tmpfs (/dev/shm by default, warm), verification on, into one
-huge-page destination, with two engines alike but for `staged` (True: pieces
-read into a cache-sized buffer of the reading thread's and copied on with
-their CRC32C in one pass; False: read into the destination, then summed).
-The two alternate rep by rep, their order swapped every rep, so the host's
-drift falls on both; each rep's pair gives a ratio.
+"""Two ways of reading from memory, in one process: Engine.read_chunks of
+chunk files on a tmpfs (warm), verification on, into one huge-page
+destination, alternating rep by rep with their order swapped every rep, so
+the host's drift falls on both; each rep's pair gives a ratio.
+
+--compare staged (on /dev/shm by default): two engines alike but for
+`staged` (True: pieces read into a cache-sized buffer of the reading
+thread's and copied on with their CRC32C in one pass; False: read into the
+destination, then summed).
+
+--compare mapped (on a tmpfs mounted huge=within_size, which the probe
+mounts itself when run as root and no --dir is given): one engine, files
+copied from a mapping with their CRC32C in one pass (`mapped=True`) against
+read as without it (`mapped=False`: staged reads).
 
     .venv/bin/python scripts/staged_probe.py --reps 15 --rounds 2 --json docs/staged-probe.json
+    .venv/bin/python scripts/staged_probe.py --compare mapped --reps 15 --rounds 3 --json docs/mapped-probe.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +42,27 @@ from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 MIB = 1 << 20
 
 
-def probe(directory: str, chunk_mib: int, reps: int) -> dict:
+# The two sides of each comparison: (name of the first, name of the second).
+SIDES = {"staged": ("staged", "direct"), "mapped": ("mapped", "unmapped")}
+
+
+@contextlib.contextmanager
+def huge_page_tmpfs():
+    """A tmpfs mounted huge=within_size in a temporary directory (root)."""
+    mnt = tempfile.mkdtemp(prefix="fx-huge-")
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g,huge=within_size", "tmpfs", mnt])
+        if r.returncode != 0:
+            raise SystemExit("could not mount a tmpfs with huge=within_size (root needed): give --dir")
+        try:
+            yield mnt
+        finally:
+            subprocess.run(["umount", "-l", mnt], check=False)
+    finally:
+        os.rmdir(mnt)
+
+
+def probe(directory: str, chunk_mib: int, reps: int, compare: str = "staged") -> dict:
     n = chunk_mib * MIB
     count = max(4, (480 * MIB) // n)
     root = tempfile.mkdtemp(prefix="fx-staged-", dir=directory)
@@ -45,77 +75,104 @@ def probe(directory: str, chunk_mib: int, reps: int) -> dict:
             with open(os.path.join(root, "ab", f"c{i}.fxkv"), "wb") as f:
                 f.write(bytes(header) + payload)
         rootfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        engines = {s: fx.Engine("io_uring", queue_depth=32, staged=s) for s in (True, False)}
+        # One engine per side (staged), or one for both (mapped: a read_chunks flag).
+        if compare == "staged":
+            engines = {s: fx.Engine("io_uring", queue_depth=32, staged=s) for s in (True, False)}
+        else:
+            one = fx.Engine("io_uring", queue_depth=32)
+            engines = {True: one, False: one}
         span = -(-(n + HEADER_SIZE) // 4096) * 4096
         dest = fx.HostBuffer(count * span, hugepages=True)
         scratch = fx.HostBuffer(HEADER_SIZE * count, hugepages=False)
         chunks = [(rootfd, f"ab/c{i}.fxkv", dest.address + i * span, n) for i in range(count)]
         gbps: dict = {True: [], False: []}
         cpu: dict = {True: [], False: []}
-        staged0 = fx.staged_pieces()
+        for first in (True, False):  # untimed: the destination's pages faulted in before the first timed rep
+            engines[first].read_chunks(
+                chunks, scratch.address, verify=True, direct=True, lock=True, mapped=compare == "mapped" and first
+            )
+        staged0, mapped0 = fx.staged_pieces(), fx.map_stats()[0]
         for rep in range(reps):
-            for staged in (True, False) if rep % 2 == 0 else (False, True):
+            for first in (True, False) if rep % 2 == 0 else (False, True):
                 t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-                res = engines[staged].read_chunks(chunks, scratch.address, verify=True, direct=True, lock=True)
+                res = engines[first].read_chunks(
+                    chunks, scratch.address, verify=True, direct=True, lock=True, mapped=compare == "mapped" and first
+                )
                 t, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
                 bad = [r for r in res if r[0] != fx.CHUNK_OK]
                 if bad:
                     raise SystemExit(f"reads failed: {bad[:3]}")
-                gbps[staged].append(round(count * n / t / 1e9, 3))
+                gbps[first].append(round(count * n / t / 1e9, 3))
                 used = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
-                cpu[staged].append(round(used / (count * n / 1e9), 4))
+                cpu[first].append(round(used / (count * n / 1e9), 4))
         staged_pieces = fx.staged_pieces() - staged0
-        for e in engines.values():
+        mapped_pieces = fx.map_stats()[0] - mapped0
+        for e in set(engines.values()):
             e.close()
         os.close(rootfd)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ratios = [a / b for a, b in zip(gbps[True], gbps[False])]
+    a, b = SIDES[compare]
     return {
         "chunks": f"{count} x {chunk_mib} MiB",
-        "staged_gbps": statistics.median(gbps[True]),
-        "direct_gbps": statistics.median(gbps[False]),
-        "staged_cpu_s_per_gb": statistics.median(cpu[True]),
-        "direct_cpu_s_per_gb": statistics.median(cpu[False]),
+        f"{a}_gbps": statistics.median(gbps[True]),
+        f"{b}_gbps": statistics.median(gbps[False]),
+        f"{a}_cpu_s_per_gb": statistics.median(cpu[True]),
+        f"{b}_cpu_s_per_gb": statistics.median(cpu[False]),
         "pair_ratio_median": round(statistics.median(ratios), 3),
         "pair_ratio_min": round(min(ratios), 3),
         "pair_ratio_max": round(max(ratios), 3),
         "staged_pieces": staged_pieces,
-        "staged_gbps_each": gbps[True],
-        "direct_gbps_each": gbps[False],
+        "mapped_pieces": mapped_pieces,
+        f"{a}_gbps_each": gbps[True],
+        f"{b}_gbps_each": gbps[False],
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", default="/dev/shm", help="a directory on a tmpfs (default /dev/shm)")
+    ap.add_argument("--compare", choices=sorted(SIDES), default="staged", help="what the two sides differ in")
+    ap.add_argument(
+        "--dir",
+        help="a directory on a tmpfs (default: /dev/shm; with --compare mapped, a tmpfs mounted "
+        "huge=within_size for the run, root only)",
+    )
     ap.add_argument("--sizes", default="2,64", help="chunk sizes in MiB")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=2, help="each size this many times, fresh files each")
     ap.add_argument("--json")
     a = ap.parse_args()
     if not fx.CRC32C_COPY_ONE_PASS:
-        raise SystemExit("this CPU has no one-pass copy and sum (CRC32C_COPY_ONE_PASS): nothing is staged")
-    rounds = []
-    for r in range(a.rounds):
-        for size in (int(s) for s in a.sizes.split(",")):
-            p = probe(a.dir, size, a.reps)
-            p["round"] = r + 1
-            rounds.append(p)
-            print(
-                f"{p['chunks']}: staged {p['staged_gbps']:.2f} GB/s {p['staged_cpu_s_per_gb']:.3f} CPU s/GB | direct "
-                f"{p['direct_gbps']:.2f} GB/s {p['direct_cpu_s_per_gb']:.3f} | pair ratio median "
-                f"{p['pair_ratio_median']:.2f} ({p['pair_ratio_min']:.2f}-{p['pair_ratio_max']:.2f})",
-                flush=True,
-            )
+        raise SystemExit("this CPU has no one-pass copy and sum (CRC32C_COPY_ONE_PASS): nothing to compare")
+    first, second = SIDES[a.compare]
+    with contextlib.ExitStack() as stack:
+        directory = a.dir or (stack.enter_context(huge_page_tmpfs()) if a.compare == "mapped" else "/dev/shm")
+        rounds = []
+        for r in range(a.rounds):
+            for size in (int(s) for s in a.sizes.split(",")):
+                p = probe(directory, size, a.reps, a.compare)
+                p["round"] = r + 1
+                rounds.append(p)
+                print(
+                    f"{p['chunks']}: {first} {p[first + '_gbps']:.2f} GB/s {p[first + '_cpu_s_per_gb']:.3f} CPU s/GB"
+                    f" | {second} {p[second + '_gbps']:.2f} GB/s {p[second + '_cpu_s_per_gb']:.3f} | pair ratio "
+                    f"median {p['pair_ratio_median']:.2f} ({p['pair_ratio_min']:.2f}-{p['pair_ratio_max']:.2f})",
+                    flush=True,
+                )
+    medium = a.dir or ("a tmpfs mounted huge=within_size" if a.compare == "mapped" else "/dev/shm")
     doc = {
-        "command": f"python scripts/staged_probe.py --dir {a.dir} --sizes {a.sizes} --reps {a.reps} "
-        f"--rounds {a.rounds}" + (f" --json {a.json}" if a.json else ""),
+        "command": "python scripts/staged_probe.py"
+        + (f" --compare {a.compare}" if a.compare != "staged" else "")
+        + (f" --dir {a.dir}" if a.dir else "")
+        + f" --sizes {a.sizes} --reps {a.reps} --rounds {a.rounds}"
+        + (f" --json {a.json}" if a.json else ""),
         "git_commit": git_commit(),
         "cpus": os.cpu_count(),
         "loadavg_end": os.getloadavg(),
         "crc32c_impl": fx.CRC32C_IMPL,
-        "medium": f"{a.dir}, warm, verify on, io_uring engine (memory reads run on its threads)",
+        "compare": f"{first} against {second}",
+        "medium": f"{medium}, warm, verify on, io_uring engine (memory reads run on its threads)",
         "rounds": rounds,
     }
     if a.json:
