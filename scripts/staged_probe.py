@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Two ways of reading from memory, in one process: Engine.read_chunks of
 chunk files on a tmpfs (warm), verification on, into one huge-page
-destination, alternating rep by rep with their order swapped every rep, so
-the host's drift falls on both; each rep's pair gives a ratio.
+destination, alternating rep by rep with their order rotated every rep, so
+the host's drift falls on both; each rep's pair gives a ratio. Beside them
+in every rep: LMCache's fs_native (8 workers, as the bench runs it) reading
+its own files of the same payloads into the same destination, and the
+one-pass copy and sum alone, memory to memory, the same bytes on every CPU
+(the limit of any reader that moves them from memory on this host).
 
 --compare staged (on /dev/shm by default): two engines alike but for
 `staged` (True: pieces read into a cache-sized buffer of the reading
@@ -32,8 +36,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # chunk_overhead's fs_native client
+
+from chunk_overhead import FsNative  # noqa: E402
 
 from lmcache_fx import _fxio as fx  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta, encode_header  # noqa: E402
@@ -66,6 +74,8 @@ def probe(directory: str, chunk_mib: int, reps: int, compare: str = "staged") ->
     n = chunk_mib * MIB
     count = max(4, (480 * MIB) // n)
     root = tempfile.mkdtemp(prefix="fx-staged-", dir=directory)
+    pool = ThreadPoolExecutor(os.cpu_count() or 1)
+    fs_native = None
     try:
         os.makedirs(os.path.join(root, "ab"))
         payload = random.Random(chunk_mib).randbytes(n)
@@ -85,48 +95,90 @@ def probe(directory: str, chunk_mib: int, reps: int, compare: str = "staged") ->
         dest = fx.HostBuffer(count * span, hugepages=True)
         scratch = fx.HostBuffer(HEADER_SIZE * count, hugepages=False)
         chunks = [(rootfd, f"ab/c{i}.fxkv", dest.address + i * span, n) for i in range(count)]
-        gbps: dict = {True: [], False: []}
-        cpu: dict = {True: [], False: []}
-        for first in (True, False):  # untimed: the destination's pages faulted in before the first timed rep
-            engines[first].read_chunks(
+
+        # LMCache's fs_native (8 workers, as the bench runs it): its own files
+        # of the same payloads on the same tmpfs, read into the same destination.
+        views = [memoryview(dest)[i * span : i * span + n] for i in range(count)]
+        keys = [f"probe@{0:08x}@0@{n:x}{i:08x}" for i in range(count)]
+        for v in views:
+            v[:] = payload
+        fs_native = FsNative(os.path.join(root, "fs_native"), 8)
+        if not all(fs_native.set(keys, views)):
+            raise SystemExit("fs_native could not store the probe's chunks")
+        # The limit of any reader from memory here: the one-pass copy and sum
+        # alone, memory to memory, the same bytes on every CPU (GIL released).
+        src = fx.HostBuffer(count * span, hugepages=True)
+        memoryview(src)[:] = os.urandom(MIB) * (count * span // MIB) + os.urandom(count * span % MIB)
+
+        def fx_read(first: bool) -> None:
+            res = engines[first].read_chunks(
                 chunks, scratch.address, verify=True, direct=True, lock=True, mapped=compare == "mapped" and first
             )
+            bad = [r for r in res if r[0] != fx.CHUNK_OK]
+            if bad:
+                raise SystemExit(f"reads failed: {bad[:3]}")
+
+        def fs_native_read() -> None:
+            if not all(fs_native.get(keys, views)):
+                raise SystemExit("fs_native missed a chunk")
+
+        def copy_alone() -> None:
+            list(pool.map(lambda i: fx.crc32c_copy(dest.address + i * span, src.address + i * span, n), range(count)))
+
+        steps = {True: lambda: fx_read(True), False: lambda: fx_read(False), "fs_native": fs_native_read}
+        steps["copy"] = copy_alone
+        for step in steps.values():  # untimed: the destination's pages faulted in, every path warm
+            step()
+        gbps: dict = {k: [] for k in steps}
+        cpu: dict = {k: [] for k in steps}
         staged0, mapped0 = fx.staged_pieces(), fx.map_stats()[0]
+        order = list(steps)
         for rep in range(reps):
-            for first in (True, False) if rep % 2 == 0 else (False, True):
+            for k in order[rep % len(order) :] + order[: rep % len(order)]:  # rotated: drift falls on all
                 t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-                res = engines[first].read_chunks(
-                    chunks, scratch.address, verify=True, direct=True, lock=True, mapped=compare == "mapped" and first
-                )
+                steps[k]()
                 t, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
-                bad = [r for r in res if r[0] != fx.CHUNK_OK]
-                if bad:
-                    raise SystemExit(f"reads failed: {bad[:3]}")
-                gbps[first].append(round(count * n / t / 1e9, 3))
+                gbps[k].append(round(count * n / t / 1e9, 3))
                 used = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
-                cpu[first].append(round(used / (count * n / 1e9), 4))
+                cpu[k].append(round(used / (count * n / 1e9), 4))
         staged_pieces = fx.staged_pieces() - staged0
         mapped_pieces = fx.map_stats()[0] - mapped0
         for e in set(engines.values()):
             e.close()
         os.close(rootfd)
     finally:
+        if fs_native:
+            fs_native.close()
+        pool.shutdown()
         shutil.rmtree(root, ignore_errors=True)
-    ratios = [a / b for a, b in zip(gbps[True], gbps[False])]
+
+    def ratio(x, y) -> float:  # median over reps of x's figure over y's in the same rep
+        return round(statistics.median(a / b for a, b in zip(gbps[x], gbps[y])), 3)
+
     a, b = SIDES[compare]
+    pairs = [x / y for x, y in zip(gbps[True], gbps[False])]
     return {
         "chunks": f"{count} x {chunk_mib} MiB",
         f"{a}_gbps": statistics.median(gbps[True]),
         f"{b}_gbps": statistics.median(gbps[False]),
+        "fs_native_gbps": statistics.median(gbps["fs_native"]),
+        "copy_limit_gbps": statistics.median(gbps["copy"]),
         f"{a}_cpu_s_per_gb": statistics.median(cpu[True]),
         f"{b}_cpu_s_per_gb": statistics.median(cpu[False]),
-        "pair_ratio_median": round(statistics.median(ratios), 3),
-        "pair_ratio_min": round(min(ratios), 3),
-        "pair_ratio_max": round(max(ratios), 3),
+        "fs_native_cpu_s_per_gb": statistics.median(cpu["fs_native"]),
+        "pair_ratio_median": round(statistics.median(pairs), 3),
+        "pair_ratio_min": round(min(pairs), 3),
+        "pair_ratio_max": round(max(pairs), 3),
+        f"{a}_over_fs_native": ratio(True, "fs_native"),
+        f"{b}_over_fs_native": ratio(False, "fs_native"),
+        f"{a}_over_copy_limit": ratio(True, "copy"),
+        "fs_native_over_copy_limit": ratio("fs_native", "copy"),
         "staged_pieces": staged_pieces,
         "mapped_pieces": mapped_pieces,
         f"{a}_gbps_each": gbps[True],
         f"{b}_gbps_each": gbps[False],
+        "fs_native_gbps_each": gbps["fs_native"],
+        "copy_limit_gbps_each": gbps["copy"],
     }
 
 
@@ -157,7 +209,10 @@ def main() -> None:
                 print(
                     f"{p['chunks']}: {first} {p[first + '_gbps']:.2f} GB/s {p[first + '_cpu_s_per_gb']:.3f} CPU s/GB"
                     f" | {second} {p[second + '_gbps']:.2f} GB/s {p[second + '_cpu_s_per_gb']:.3f} | pair ratio "
-                    f"median {p['pair_ratio_median']:.2f} ({p['pair_ratio_min']:.2f}-{p['pair_ratio_max']:.2f})",
+                    f"median {p['pair_ratio_median']:.2f} ({p['pair_ratio_min']:.2f}-{p['pair_ratio_max']:.2f})"
+                    f" | fs_native {p['fs_native_gbps']:.2f} GB/s ({first} at {p[first + '_over_fs_native']:.2f}×)"
+                    f" | copy alone {p['copy_limit_gbps']:.2f} GB/s ({first} at {p[first + '_over_copy_limit']:.2f}×,"
+                    f" fs_native at {p['fs_native_over_copy_limit']:.2f}×)",
                     flush=True,
                 )
     medium = a.dir or ("a tmpfs mounted huge=within_size" if a.compare == "mapped" else "/dev/shm")
