@@ -122,8 +122,14 @@ def probe(directory: str, chunk_mib: int, reps: int, compare: str = "staged") ->
             if not all(fs_native.get(keys, views)):
                 raise SystemExit("fs_native missed a chunk")
 
+        # count * n bytes in one share per CPU, one call each (a task per
+        # chunk left a CPU idle at the end of 7 chunks on 2; a task per MiB
+        # costs Python's overhead per task).
+        share = -(-(count * n) // (os.cpu_count() or 1) // 4096) * 4096
+        shares = [(o, min(share, count * n - o)) for o in range(0, count * n, share)]
+
         def copy_alone() -> None:
-            list(pool.map(lambda i: fx.crc32c_copy(dest.address + i * span, src.address + i * span, n), range(count)))
+            list(pool.map(lambda p: fx.crc32c_copy(dest.address + p[0], src.address + p[0], p[1]), shares))
 
         steps = {True: lambda: fx_read(True), False: lambda: fx_read(False), "fs_native": fs_native_read}
         steps["copy"] = copy_alone
