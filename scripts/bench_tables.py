@@ -5,6 +5,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py docs/bench-xfs-64m.json
     python scripts/bench_tables.py --ratios docs/bench-xfs-64m.json docs/bench-repeats/xfs-64m-run*.json
     python scripts/bench_tables.py --runs fx-unmapped docs/bench-repeats/mapped-reads/huge-*.json
+    python scripts/bench_tables.py --probe docs/mapped-probe.json      # scripts/staged_probe.py's rounds
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -258,7 +259,33 @@ def mixed_runs_table(groups: list[tuple[str, list[str]]]) -> str:
     return "\n".join(rows)
 
 
+def probe_table(d: dict) -> str:
+    """The rounds of a scripts/staged_probe.py JSON: its two sides, fs_native
+    and the copy alone (GB/s, medians of the round's reps), the ratios of the
+    same reps, and CPU per GB."""
+    a, b = d["compare"].split(" against ")
+    rows = [
+        f"| chunks | round | {a} GB/s | {b} GB/s | fs_native GB/s | copy alone GB/s | {a} / {b} (pairs) "
+        f"| {a} / fs_native | {a} / copy alone | fs_native / copy alone | CPU s/GB: {a} · {b} · fs_native |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
+    ]
+    for r in sorted(d["rounds"], key=lambda r: (-int(r["chunks"].split(" x ")[1].split()[0]), r["round"])):
+        rows.append(
+            f"| {r['chunks'].replace(' x ', ' × ')} | {r['round']} | {r[a + '_gbps']:.2f} | {r[b + '_gbps']:.2f} "
+            f"| {r['fs_native_gbps']:.2f} | {r['copy_limit_gbps']:.2f} | {r['pair_ratio_median']:.2f}× "
+            f"({r['pair_ratio_min']:.2f}–{r['pair_ratio_max']:.2f}) | {r[a + '_over_fs_native']:.2f}× "
+            f"| {r[a + '_over_copy_limit']:.2f}× | {r['fs_native_over_copy_limit']:.2f}× "
+            f"| {r[a + '_cpu_s_per_gb']:.3f} · {r[b + '_cpu_s_per_gb']:.3f} · {r['fs_native_cpu_s_per_gb']:.3f} |"
+        )
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--probe"]:
+        for path in sys.argv[2:]:
+            with open(path) as f:
+                print(probe_table(json.load(f)))
+        sys.exit(0)
     if sys.argv[1:2] == ["--ratios"]:
         print(ratios_table(sys.argv[2:]))
         sys.exit(0)

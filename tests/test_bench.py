@@ -519,6 +519,25 @@ def test_docs_tables_are_rendered_from_the_committed_json():
                 assert f"{e['ratio_to_best_peer']['tier_read']:.2f}×" in line
 
 
+def test_docs_probe_tables_are_the_committed_json():
+    """docs/benchmarks.md's tables of scripts/staged_probe.py's rounds are what
+    `bench_tables.py --probe` renders from the committed JSON, row for row."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        page = f.read()
+    for name, sides in (("staged-probe.json", ("staged", "direct")), ("mapped-probe.json", ("mapped", "unmapped"))):
+        with open(os.path.join(ROOT, "docs", name)) as f:
+            d = json.load(f)
+        table = mod.probe_table(d)
+        assert f"| {sides[0]} GB/s | {sides[1]} GB/s |" in table.splitlines()[0]
+        assert len(table.splitlines()) == 2 + len(d["rounds"])
+        assert table in page, f"docs/benchmarks.md's table of {name} is not the JSON's"
+
+
 def test_zero_fills_with_one_memset_and_refuses_strided_tensors():
     """The bench zeroes destinations before a timed read without torch's
     zero_(), whose spinning intra-op threads were counted in the next
