@@ -363,6 +363,60 @@ SECCOMP_DOCTOR = textwrap.dedent("""
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the seccomp filter uses x86_64 syscall numbers")
+def test_doctor_says_what_a_memory_store_reads_with(capsys, tmp_path):
+    """A store on a tmpfs: doctor says whether reads copy from mappings
+    (mapped_reads) and, on 4 KiB pages, which mount would read faster; a
+    disk directory gets no such line; mapped_reads: true off memory is a
+    failure that names the key and the fix. As root, the hint's remount is
+    carried out on a tmpfs of our own, and the same check then says the
+    reads are mapped (where the CPU has the one-pass copy)."""
+    from lmcache_fx.core.store import huge_page_tmpfs
+    from lmcache_fx.tools.common import fs_info
+    from lmcache_fx.tools.doctor import check_memory_fs
+
+    shm = os.path.join("/dev/shm", f"fx-doctor-{os.getpid()}")
+    os.makedirs(shm)
+    try:
+        rc, obj, _ = cli_json(capsys, "doctor", "--path", shm)
+        checks = {c["name"]: c for c in obj["checks"]}
+        c = checks["memory fs"]
+        if huge_page_tmpfs([shm]):  # a host that forces huge pages on every tmpfs
+            assert c["data"]["mapped_reads"] == bool(_fxio.CRC32C_COPY_ONE_PASS)
+        else:
+            assert c["status"] == "info" and "4 KiB pages" in c["summary"] and not c["data"]["mapped_reads"]
+            assert "huge=within_size" in c["fix"]
+            rc, out, _ = cli(capsys, "doctor", "--path", shm)
+            assert "hint: mount -t tmpfs" in out
+    finally:
+        os.rmdir(shm)
+    disk = tmp_path / "s"
+    disk.mkdir()
+    if fs_info(str(disk))["fstype"] not in ("tmpfs", "ramfs"):
+        rc, obj, _ = cli_json(capsys, "doctor", "--path", disk)
+        assert "memory fs" not in {c["name"] for c in obj["checks"]}
+        bad = check_memory_fs(str(disk), fs_info(str(disk)), FxOptions(path=str(disk), mapped_reads="true"), "")
+        assert bad.status == "fail" and "mapped_reads: true" in bad.summary and "auto" in bad.fix
+    if os.geteuid() != 0:
+        return  # the remount below needs root
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("could not mount a tmpfs")
+    try:
+        opts = FxOptions(path=str(mnt))
+        if huge_page_tmpfs([str(mnt)]):
+            pytest.skip("this host forces huge pages on every tmpfs: no 4 KiB-page tmpfs to remount")
+        before = check_memory_fs(str(mnt), fs_info(str(mnt)), opts, "")
+        assert before.status == "info" and "remount,huge=within_size" in before.fix
+        remount = before.fix.split("(or, for files written from then on: ")[1].rstrip(")")
+        assert subprocess.run(remount.split()).returncode == 0, remount
+        after = check_memory_fs(str(mnt), fs_info(str(mnt)), opts, "")
+        assert after.data["mapped_reads"] == bool(_fxio.CRC32C_COPY_ONE_PASS)
+        assert after.status == ("ok" if _fxio.CRC32C_COPY_ONE_PASS else "info")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
 def test_doctor_explains_io_uring_blocked_by_seccomp(tmp_path):
     if not _fxio.io_uring_status()[0]:
         pytest.skip("io_uring is not usable here to begin with")

@@ -20,7 +20,7 @@ from test_engine_chunks import body_of, read, run_child, write_chunk
 from lmcache_fx import _fxio as fx
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta
 from lmcache_fx.core.options import ConfigError, FxOptions
-from lmcache_fx.core.store import ChunkStore, _huge_page_tmpfs, _page_cache_fs
+from lmcache_fx.core.store import ChunkStore, _page_cache_fs, huge_page_tmpfs
 
 URING_OK, URING_WHY = fx.io_uring_status()
 KINDS = [pytest.param("io_uring", marks=pytest.mark.skipif(not URING_OK, reason=URING_WHY)), "threads"]
@@ -211,7 +211,7 @@ def test_mapped_reads_option_follows_the_medium(shm_root, tmp_path):
     ConfigError that names the key and the fix."""
     st = _store(shm_root)
     try:
-        assert st.mapped_reads == (_huge_page_tmpfs([shm_root]) and bool(fx.CRC32C_COPY_ONE_PASS))
+        assert st.mapped_reads == (huge_page_tmpfs([shm_root]) and bool(fx.CRC32C_COPY_ONE_PASS))
     finally:
         st.close()
     for mode, want in (("true", True), ("false", False)):
@@ -233,7 +233,7 @@ def test_a_store_on_a_huge_page_tmpfs_maps_its_reads(huge_tmpfs):
     """On a tmpfs mounted huge=within_size the default (auto) maps: chunks
     written and read back through the store are exact, copied from their
     mappings, and a chunk cut short on disk is a miss."""
-    assert _huge_page_tmpfs([huge_tmpfs])
+    assert huge_page_tmpfs([huge_tmpfs])
     root = os.path.join(huge_tmpfs, "store")
     st = _store(root, verify=True)
     try:

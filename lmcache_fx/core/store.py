@@ -151,7 +151,7 @@ def _page_cache_fs(roots: list[str]) -> bool:
     return bool(_fs_magics(roots) & MEMORY_FS_MAGICS)
 
 
-def _huge_page_tmpfs(roots: list[str]) -> bool:
+def huge_page_tmpfs(roots: list[str]) -> bool:
     """Whether every root is on a tmpfs that keeps files in huge pages: mounted
     huge=always or huge=within_size, or every tmpfs forced to (shmem_enabled)."""
     try:
@@ -176,6 +176,31 @@ def _huge_page_tmpfs(roots: list[str]) -> bool:
         if forced or "huge=always" in opts or "huge=within_size" in opts:
             huge.add(os.makedev(int(major), int(minor)))
     return devs <= huge
+
+
+def decide_mapped_reads(mode: str, roots: list[str]) -> tuple[bool, str]:
+    """Whether payloads are copied from file mappings (read_chunks' `mapped`)
+    under option mapped_reads = mode, and why (doctor says it): on memory
+    filesystems only; by default where their huge pages make the copy from
+    a mapping, summed in the same pass, faster than read() then a CRC32C
+    (docs/benchmarks.md, "Mapped reads"), on a CPU that copies and sums in
+    one pass. ConfigError for `true` off memory filesystems."""
+    if mode == "false":
+        return False, "mapped_reads: false"
+    magics = _fs_magics(roots)
+    memory = bool(magics) and magics <= MEMORY_FS_MAGICS  # every root on tmpfs or ramfs
+    if not memory:
+        if mode == "true":
+            raise ConfigError(f"mapped_reads: true, but {','.join(roots)!r} is not all on tmpfs or ramfs; use auto")
+        return False, "not a memory filesystem"
+    if mode == "true":
+        return True, "mapped_reads: true"
+    # auto also needs the one-pass copy: elsewhere it is a copy and then a sum, as read() then a CRC32C is
+    if not _fxio.CRC32C_COPY_ONE_PASS:
+        return False, "this CPU has no one-pass copy and sum (AVX-512 VPCLMULQDQ)"
+    if not huge_page_tmpfs(roots):
+        return False, "a memory filesystem of 4 KiB pages, where read() is faster than a mapping"
+    return True, "a tmpfs with huge pages, on a CPU that copies and sums in one pass"
 
 
 def _locks_reads(roots: list[str]) -> bool:
@@ -479,22 +504,7 @@ class ChunkStore:
         self._root_gid[root] = st.st_gid
 
     def _decide_mapped_reads(self) -> bool:
-        """Payloads copied from file mappings (read_chunks' `mapped`): on memory
-        filesystems only; by default where their huge pages make the copy from
-        a mapping, summed in the same pass, faster than read() then a CRC32C
-        (docs/benchmarks.md, "Mapped reads"), on a CPU that copies and sums in
-        one pass."""
-        mode = self.options.mapped_reads
-        if mode == "false":
-            return False
-        magics = _fs_magics(self.roots)
-        memory = bool(magics) and magics <= MEMORY_FS_MAGICS  # every root on tmpfs or ramfs
-        if mode == "true" and not memory:
-            raise ConfigError(
-                f"mapped_reads: true, but {','.join(self.roots)!r} is not all on tmpfs or ramfs; use auto"
-            )
-        # auto also needs the one-pass copy: elsewhere it is a copy and then a sum, as read() then a CRC32C is
-        return memory and (mode == "true" or (bool(_fxio.CRC32C_COPY_ONE_PASS) and _huge_page_tmpfs(self.roots)))
+        return decide_mapped_reads(self.options.mapped_reads, self.roots)[0]
 
     def _decide_odirect(self) -> bool:
         mode = self.options.odirect
