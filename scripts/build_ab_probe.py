@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""This tree's C engine against another build's, in one process: the same
+chunk files on XFS on a RAM-backed loop device, cold (page cache dropped
+before every read), read with Engine.read_chunks of each build's extension
+(verification on, O_DIRECT, locks, io_uring, one registered huge-page
+destination), the two alternating rep by rep with their order swapped every
+rep. Both extensions are loaded side by side (each its own module object and
+C state), so the host's drift falls on both and each rep's pair gives a
+ratio: whether a change of the read path moved its speed or CPU, apart from
+the host's state between bench rounds. Root.
+
+    git worktree add /work/old 1c5677d && (cd /work/old && python setup.py build_ext --inplace)
+    .venv/bin/python scripts/build_ab_probe.py --other /work/old --reps 11 --json docs/build-ab-probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from lmcache_fx import _fxio  # noqa: E402
+from lmcache_fx.core import store as store_mod  # noqa: E402
+from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest  # noqa: E402
+from lmcache_fx.core.options import FxOptions  # noqa: E402
+from lmcache_fx.testing.loopfs import drop_caches, xfs_loop  # noqa: E402
+
+MIB = 1 << 20
+
+
+def load_extension(tree: str):
+    """The _fxio extension built in `tree`, as a module object of its own."""
+    found = glob.glob(os.path.join(tree, "lmcache_fx", "_fxio*.so"))
+    if not found:
+        raise SystemExit(f"no built lmcache_fx/_fxio*.so in {tree} (python setup.py build_ext --inplace there)")
+    spec = importlib.util.spec_from_file_location("lmcache_fx._fxio", found[0])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def commit_of(tree: str) -> str:
+    r = subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"], capture_output=True)
+    return r.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def probe(mnt: str, builds: dict, chunk_mib: int, reps: int) -> dict:
+    cb = chunk_mib * MIB
+    n = max(7, (448 * MIB) // cb)
+    src = _fxio.HostBuffer(cb * n, hugepages=True)
+    memoryview(src)[:] = os.urandom(MIB) * (cb * n // MIB)
+    d = os.path.join(mnt, f"c{chunk_mib}")
+    s = store_mod.ChunkStore(FxOptions(path=d, max_capacity_gb=1e6))
+    keys = [f"k{chunk_mib}-{i}" for i in range(n)]
+    meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
+    if not all(s.write([(k, src.address + i * cb, cb, meta) for i, k in enumerate(keys)])):
+        raise SystemExit("the store could not write the probe's chunks")
+    names = [os.path.relpath(s.path_for(chunk_digest(k)), d) for k in keys]
+    s.close()
+    span = -(-(cb + HEADER_SIZE) // 4096) * 4096
+    dst = _fxio.HostBuffer(n * span, hugepages=True)
+    memoryview(dst)[:] = bytes(n * span)  # faulted in before any timed read
+    scratch = _fxio.HostBuffer(HEADER_SIZE * n, hugepages=False)
+    rootfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    chunks = [(rootfd, name, dst.address + i * span, cb) for i, name in enumerate(names)]
+    engines = {}
+    gbps: dict = {b: [] for b in builds}
+    cpu: dict = {b: [] for b in builds}
+    try:
+        for b, mod in builds.items():
+            engines[b] = mod.Engine("io_uring", 32, MIB)
+            engines[b].register_buffer(dst.address, n * span)
+        order = list(builds)
+        for rep in range(reps):
+            for b in order if rep % 2 == 0 else order[::-1]:
+                drop_caches()
+                t0, c0 = time.perf_counter(), cpu_seconds()
+                res = engines[b].read_chunks(chunks, scratch.address, verify=True, direct=True, lock=True)
+                t, c = time.perf_counter() - t0, cpu_seconds() - c0
+                bad = [r for r in res if r[0] != 0]
+                if bad:
+                    raise SystemExit(f"{b}: reads failed: {bad[:3]}")
+                gbps[b].append(round(n * cb / t / 1e9, 3))
+                cpu[b].append(round(c / (n * cb / 1e9), 4))
+    finally:
+        for e in engines.values():
+            e.close()
+        os.close(rootfd)
+    a, o = order
+    pairs = [x / y for x, y in zip(gbps[a], gbps[o])]
+    cpu_pairs = [x / y for x, y in zip(cpu[a], cpu[o])]
+    return {
+        "chunks": f"{n} x {chunk_mib} MiB",
+        "gbps": {b: statistics.median(v) for b, v in gbps.items()},
+        "cpu_s_per_gb": {b: statistics.median(v) for b, v in cpu.items()},
+        "read_pair_ratio": {
+            "median": round(statistics.median(pairs), 3),
+            "min": round(min(pairs), 3),
+            "max": round(max(pairs), 3),
+        },
+        "cpu_pair_ratio_median": round(statistics.median(cpu_pairs), 3),
+        "gbps_each": gbps,
+        "cpu_s_per_gb_each": cpu,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--other", required=True, help="a tree with another build of the extension (built in place)")
+    ap.add_argument("--sizes", default="64,10,2", help="chunk sizes in MiB")
+    ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    here, other = commit_of(ROOT), commit_of(a.other)
+    # This tree's first: each rep's pair ratio is this build's figure over the other's.
+    builds = {"this": load_extension(ROOT), "other": load_extension(a.other)}
+    cases = []
+    with xfs_loop("3G") as mnt:
+        for size in (int(x) for x in a.sizes.split(",")):
+            c = probe(mnt, builds, size, a.reps)
+            cases.append(c)
+            print(
+                f"{c['chunks']}: this {c['gbps']['this']:.2f} GB/s {c['cpu_s_per_gb']['this']:.4f} CPU s/GB | other "
+                f"{c['gbps']['other']:.2f} GB/s {c['cpu_s_per_gb']['other']:.4f} | read pairs median "
+                f"{c['read_pair_ratio']['median']:.3f} ({c['read_pair_ratio']['min']:.2f}-"
+                f"{c['read_pair_ratio']['max']:.2f}), CPU pairs median {c['cpu_pair_ratio_median']:.3f}",
+                flush=True,
+            )
+    doc = {
+        "command": "python scripts/build_ab_probe.py --other <tree at the other commit>"
+        + f" --sizes {a.sizes} --reps {a.reps}"
+        + (f" --json {a.json}" if a.json else ""),
+        "this_commit": here,
+        "other_commit": other,
+        "cpus": os.cpu_count(),
+        "loadavg_end": os.getloadavg(),
+        "medium": "XFS on a 3 GiB RAM-backed loop device, cold; verify on, O_DIRECT, io_uring, QD 32, 1 MiB pieces",
+        "cases": cases,
+    }
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
