@@ -125,11 +125,18 @@ def main() -> None:
     ap.add_argument("--other", required=True, help="a tree with another build of the extension (built in place)")
     ap.add_argument("--sizes", default="64,10,2", help="chunk sizes in MiB")
     ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument(
+        "--other-first",
+        action="store_true",
+        help="load the other build's extension first (the load order is kept in the JSON; run both ways)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     here, other = commit_of(ROOT), commit_of(a.other)
-    # This tree's first: each rep's pair ratio is this build's figure over the other's.
-    builds = {"this": load_extension(ROOT), "other": load_extension(a.other)}
+    # Each rep's pair ratio is this build's figure over the other's, whichever was loaded first.
+    loaded = [("other", a.other), ("this", ROOT)] if a.other_first else [("this", ROOT), ("other", a.other)]
+    mods = {name: load_extension(tree) for name, tree in loaded}
+    builds = {"this": mods["this"], "other": mods["other"]}
     cases = []
     with xfs_loop("3G") as mnt:
         for size in (int(x) for x in a.sizes.split(",")):
@@ -144,10 +151,12 @@ def main() -> None:
             )
     doc = {
         "command": "python scripts/build_ab_probe.py --other <tree at the other commit>"
+        + (" --other-first" if a.other_first else "")
         + f" --sizes {a.sizes} --reps {a.reps}"
         + (f" --json {a.json}" if a.json else ""),
         "this_commit": here,
         "other_commit": other,
+        "loaded_first": loaded[0][0],
         "cpus": os.cpu_count(),
         "loadavg_end": os.getloadavg(),
         "medium": "XFS on a 3 GiB RAM-backed loop device, cold; verify on, O_DIRECT, io_uring, QD 32, 1 MiB pieces",
