@@ -26,7 +26,7 @@ from typing import Optional
 from .. import _fxio
 from ..core.layout import probe_odirect, root_problem
 from ..core.options import GIB, ConfigError, FxOptions
-from ..core.store import decide_mapped_reads
+from ..core.store import decide_mapped_reads, huge_page_tmpfs
 from .common import fs_info, human_bytes, quiet_broken_pipe
 from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
 
@@ -510,10 +510,10 @@ def check_memory_fs(where: str, fi: dict, opts: FxOptions, tag: str) -> Optional
             f"in the same pass ({why})",
             data=data,
         )
-    if "4 KiB pages" in why:
+    if not huge_page_tmpfs([where]):
         # docs/benchmarks.md, "Staged reads from memory": on 4 KiB pages every
         # reader, fx's and LMCache's alike, is held by the kernel's read path
-        # per page at about half the speed of a plain copy from memory.
+        # per page, at a third to a half of the speed of a plain copy from memory.
         return Check(
             f"{tag}memory fs",
             "info",
