@@ -20,9 +20,7 @@ import glob
 import importlib.util
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 
@@ -34,6 +32,8 @@ from lmcache_fx.core import store as store_mod  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest  # noqa: E402
 from lmcache_fx.core.options import FxOptions  # noqa: E402
 from lmcache_fx.testing.loopfs import drop_caches, xfs_loop  # noqa: E402
+from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
+from lmcache_fx.tools.bench.workload import cpu_seconds  # noqa: E402
 
 MIB = 1 << 20
 
@@ -47,17 +47,6 @@ def load_extension(tree: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def commit_of(tree: str) -> str:
-    r = subprocess.run(["git", "-C", tree, "rev-parse", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"], capture_output=True)
-    return r.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def probe(mnt: str, builds: dict, chunk_mib: int, reps: int) -> dict:
@@ -132,7 +121,7 @@ def main() -> None:
     )
     ap.add_argument("--json")
     a = ap.parse_args()
-    here, other = commit_of(ROOT), commit_of(a.other)
+    here, other = git_commit(ROOT), git_commit(a.other)
     # Each rep's pair ratio is this build's figure over the other's, whichever was loaded first.
     loaded = [("other", a.other), ("this", ROOT)] if a.other_first else [("this", ROOT), ("other", a.other)]
     mods = {name: load_extension(tree) for name, tree in loaded}

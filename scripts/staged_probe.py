@@ -32,7 +32,6 @@ import random
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from chunk_overhead import FsNative  # noqa: E402
 
 from lmcache_fx import _fxio as fx  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta, encode_header  # noqa: E402
+from lmcache_fx.testing.loopfs import tmpfs  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 
 MIB = 1 << 20
@@ -56,18 +56,12 @@ SIDES = {"staged": ("staged", "direct"), "mapped": ("mapped", "unmapped")}
 
 @contextlib.contextmanager
 def huge_page_tmpfs():
-    """A tmpfs mounted huge=within_size in a temporary directory (root)."""
-    mnt = tempfile.mkdtemp(prefix="fx-huge-")
+    """A 2 GiB tmpfs mounted huge=within_size for the run (root)."""
     try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g,huge=within_size", "tmpfs", mnt])
-        if r.returncode != 0:
-            raise SystemExit("could not mount a tmpfs with huge=within_size (root needed): give --dir")
-        try:
+        with tmpfs("size=2g,huge=within_size") as mnt:
             yield mnt
-        finally:
-            subprocess.run(["umount", "-l", mnt], check=False)
-    finally:
-        os.rmdir(mnt)
+    except RuntimeError as e:
+        raise SystemExit(f"{e}: give --dir") from None
 
 
 def probe(directory: str, chunk_mib: int, reps: int, compare: str = "staged") -> dict:

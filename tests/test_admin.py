@@ -1,6 +1,7 @@
 """Operator tools (doctor, ls, stat, fsck, gc, metrics) against a real store
 written by the plugin through a real LMCacheEngine, then damaged on purpose."""
 
+import contextlib
 import json
 import os
 import platform
@@ -371,6 +372,7 @@ def test_doctor_says_what_a_memory_store_reads_with(capsys, tmp_path):
     carried out on a tmpfs of our own, and the same check then says the
     reads are mapped (where the CPU has the one-pass copy)."""
     from lmcache_fx.core.store import huge_page_tmpfs
+    from lmcache_fx.testing.loopfs import tmpfs
     from lmcache_fx.tools.common import fs_info
     from lmcache_fx.tools.doctor import check_memory_fs
 
@@ -398,23 +400,21 @@ def test_doctor_says_what_a_memory_store_reads_with(capsys, tmp_path):
         assert bad.status == "fail" and "mapped_reads: true" in bad.summary and "auto" in bad.fix
     if os.geteuid() != 0:
         return  # the remount below needs root
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)]).returncode != 0:
-        pytest.skip("could not mount a tmpfs")
-    try:
-        opts = FxOptions(path=str(mnt))
-        if huge_page_tmpfs([str(mnt)]):
+    with contextlib.ExitStack() as stack:
+        try:
+            mnt = stack.enter_context(tmpfs("size=16m"))
+        except RuntimeError as e:
+            pytest.skip(f"could not mount a tmpfs ({e})")
+        opts = FxOptions(path=mnt)
+        if huge_page_tmpfs([mnt]):
             pytest.skip("this host forces huge pages on every tmpfs: no 4 KiB-page tmpfs to remount")
-        before = check_memory_fs(str(mnt), fs_info(str(mnt)), opts, "")
+        before = check_memory_fs(mnt, fs_info(mnt), opts, "")
         assert before.status == "info" and "remount,huge=within_size" in before.fix
         remount = before.fix.split("(or, for files written from then on: ")[1].rstrip(")")
         assert subprocess.run(remount.split()).returncode == 0, remount
-        after = check_memory_fs(str(mnt), fs_info(str(mnt)), opts, "")
+        after = check_memory_fs(mnt, fs_info(mnt), opts, "")
         assert after.data["mapped_reads"] == bool(_fxio.CRC32C_COPY_ONE_PASS)
         assert after.status == ("ok" if _fxio.CRC32C_COPY_ONE_PASS else "info")
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_doctor_explains_io_uring_blocked_by_seccomp(tmp_path):

@@ -8,6 +8,7 @@ Real files on a real tmpfs (/dev/shm; a tmpfs mounted with huge pages when
 root), both engines. A file truncated under a live mapping raises a real
 SIGBUS in a child interpreter: it must be a miss, not a crash."""
 
+import contextlib
 import os
 import random
 import signal
@@ -21,6 +22,7 @@ from lmcache_fx import _fxio as fx
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta
 from lmcache_fx.core.options import ConfigError, FxOptions
 from lmcache_fx.core.store import ChunkStore, _page_cache_fs, huge_page_tmpfs
+from lmcache_fx.testing.loopfs import tmpfs
 
 URING_OK, URING_WHY = fx.io_uring_status()
 KINDS = [pytest.param("io_uring", marks=pytest.mark.skipif(not URING_OK, reason=URING_WHY)), "threads"]
@@ -39,17 +41,16 @@ def shm_root():
 
 
 @pytest.fixture
-def huge_tmpfs(tmp_path):
+def huge_tmpfs():
     """A tmpfs mounted with huge=within_size (root only)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs with huge pages needs root")
-    mnt = tmp_path / "huge"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m,huge=within_size", "tmpfs", str(mnt)])
-    if r.returncode != 0:
-        pytest.skip("this kernel refused a tmpfs with huge=within_size")
-    yield str(mnt)
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with contextlib.ExitStack() as stack:
+        try:
+            mnt = stack.enter_context(tmpfs("size=256m,huge=within_size"))
+        except RuntimeError as e:
+            pytest.skip(f"this kernel refused a tmpfs with huge=within_size ({e})")
+        yield mnt
 
 
 def _rootfd(root):

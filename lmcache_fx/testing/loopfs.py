@@ -1,7 +1,9 @@
 """XFS on a RAM-backed loop device: a fast, stable stand-in for NVMe that
 supports O_DIRECT (tmpfs does not). Root only; used by tests and the bench.
+And a tmpfs of one's own, with mount options (huge pages, a size).
 
     with xfs_loop("4G") as mnt: ...
+    with tmpfs("size=256m,huge=within_size") as mnt: ...
 """
 
 from __future__ import annotations
@@ -68,6 +70,26 @@ def xfs_loop(size="2G", mountpoint: str | None = None):
             os.unlink(img)
         if mountpoint is None:
             shutil.rmtree(mnt, ignore_errors=True)
+
+
+@contextmanager
+def tmpfs(options: str):
+    """Mounts a tmpfs with `options` on a new temporary directory, yields it,
+    and unmounts and removes it afterwards. RuntimeError, saying why, when
+    not root or when the kernel refuses the options."""
+    if os.geteuid() != 0:
+        raise RuntimeError("mounting a tmpfs needs root")
+    mnt = tempfile.mkdtemp(prefix="lmcache-fx-tmpfs-")
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", mnt], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"mount -t tmpfs -o {options} refused: {r.stderr.strip()}")
+        try:
+            yield mnt
+        finally:
+            subprocess.run(["umount", "-l", mnt], check=False)
+    finally:
+        os.rmdir(mnt)
 
 
 def drop_caches() -> bool:

@@ -157,8 +157,10 @@ def _ints(s: str, conv=int) -> list:
     return [conv(x) for x in s.split(",") if x.strip()]
 
 
-def _git_commit() -> Optional[str]:
-    here = os.path.dirname(os.path.abspath(__file__))
+def _git_commit(where: Optional[str] = None) -> Optional[str]:
+    """HEAD of the checkout at `where` (this package's by default), with
+    "+dirty" when tracked files differ from it; None outside a checkout."""
+    here = where or os.path.dirname(os.path.abspath(__file__))
     try:
         r = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         sha = r.stdout.strip()
