@@ -44,17 +44,20 @@ struct fx_uring {
      * one slot per started MiB (SLOT_BYTES, at most qd), so bigger pieces
      * keep the bytes in flight, and with them the wait of a request that
      * arrives behind them, at what qd 1 MiB pieces hold; a write piece takes
-     * one. Fairly: a batch that still has pieces to queue ("wanting") holds
-     * at most its share, qd / wanting (rounded up), so a batch that started
-     * first cannot keep nearly all the slots while later ones trickle on one
-     * each; a batch holding none waits for its slots in arrival order
-     * (tickets). */
+     * one. Which batch gets a free slot: one holding none waits for its
+     * first in arrival order (tickets), so every batch keeps a piece in
+     * flight; beyond that, slots go to the batch with the fewest slots'
+     * worth left to queue (the earliest to arrive among equals). A burst of
+     * equal requests is then served in turn, most of them done well before
+     * the last, where equal shares ended them all together with the last;
+     * a short request arriving behind long ones still goes first. */
     pthread_mutex_t slot_mu;
     pthread_cond_t slot_cv;
     unsigned slots_used;
     unsigned slot_waiters;
-    unsigned wanting;
     unsigned long ticket_next, ticket_serve;
+    struct run_state *wanting; /* batches with pieces left to queue */
+    unsigned long arrivals;
     unsigned gen; /* process generation it was made in (fork guard) */
 };
 
@@ -395,7 +398,7 @@ static int queue_piece(fx_uring *u, fx_ring *s, const fx_batch *b, fx_piece *p)
     return fx_ring_queue(s, &io);
 }
 
-typedef struct {
+typedef struct run_state {
     fx_batch *b;
     int64_t *done;      /* bytes done per piece, across short transfers */
     unsigned char *fin; /* piece finished */
@@ -403,7 +406,12 @@ typedef struct {
     int64_t *landed_res;
     unsigned nlanded;
     unsigned held; /* engine-wide slots this batch holds (queued or in flight) */
-    int wanting;   /* counted in the engine's wanting: pieces left to queue */
+    /* In the engine's wanting list (pieces left to queue), under slot_mu:
+     * slots' worth of pieces not yet queued, and when it arrived. */
+    int wanting;
+    uint64_t left;
+    unsigned long arrival;
+    struct run_state *prev, *next;
 } run_state;
 
 #define SLOT_BYTES (1u << 20)
@@ -419,11 +427,20 @@ static unsigned piece_slots(const fx_uring *u, const fx_batch *b, const fx_piece
     return n < 1 ? 1 : n > u->qd ? u->qd : (unsigned)n;
 }
 
-/* Engine-wide slots for a new piece. A batch holding none waits for them,
- * in arrival order; a batch holding some takes more only within its share
- * and while no batch waits (it reaps its own completions meanwhile), so
- * every request progresses at about the same rate. Returns 0 when the
- * caller should reap its own completions first. */
+/* Whether st comes first for free slots: the fewest slots' worth left to
+ * queue, the earliest arrival among equals (under slot_mu). */
+static int leads(const fx_uring *u, const run_state *st)
+{
+    for (const run_state *o = u->wanting; o; o = o->next)
+        if (o != st && (o->left < st->left || (o->left == st->left && o->arrival < st->arrival)))
+            return 0;
+    return 1;
+}
+
+/* Engine-wide slots for a new piece (see fx_uring.slots_used). A batch
+ * holding none waits for them, in arrival order; a batch holding some takes
+ * more only while no batch waits and no other comes before it. Returns 0
+ * when the caller should reap its own completions first. */
 static int take_slot(fx_uring *u, run_state *st, unsigned n)
 {
     int ok = 0;
@@ -440,29 +457,41 @@ static int take_slot(fx_uring *u, run_state *st, unsigned n)
         if (u->slot_waiters)
             pthread_cond_broadcast(&u->slot_cv); /* the next ticket may go */
         ok = 1;
-    } else if (u->slots_used + n <= u->qd && !u->slot_waiters) {
-        unsigned w = u->wanting ? u->wanting : 1;
-
-        ok = st->held + n <= (u->qd + w - 1) / w;
+    } else {
+        ok = u->slots_used + n <= u->qd && !u->slot_waiters && leads(u, st);
     }
     if (ok) {
         u->slots_used += n;
         st->held += n;
+        st->left = st->left > n ? st->left - n : 0;
     }
     pthread_mutex_unlock(&u->slot_mu);
     return ok;
 }
 
-/* Enters (1) or leaves (0) the set of batches with pieces left to queue. */
+/* Enters (1) or leaves (0) the engine's list of batches with pieces left to
+ * queue; entering, left is what the batch will queue in all. */
 static void set_wanting(fx_uring *u, run_state *st, int on)
 {
     if (st->wanting == on)
         return;
     pthread_mutex_lock(&u->slot_mu);
-    if (on)
-        u->wanting++;
-    else
-        u->wanting--;
+    if (on) {
+        st->arrival = u->arrivals++;
+        st->prev = NULL;
+        st->next = u->wanting;
+        if (u->wanting)
+            u->wanting->prev = st;
+        u->wanting = st;
+    } else {
+        if (st->prev)
+            st->prev->next = st->next;
+        else
+            u->wanting = st->next;
+        if (st->next)
+            st->next->prev = st->prev;
+        st->prev = st->next = NULL;
+    }
     st->wanting = on;
     pthread_cond_broadcast(&u->slot_cv);
     pthread_mutex_unlock(&u->slot_mu);
@@ -761,6 +790,8 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
         ret = -ENOMEM;
         goto out;
     }
+    for (size_t i = 0; i < b->npieces; i++)
+        st.left += piece_slots(u, b, &b->pieces[i]);
     set_wanting(u, &st, 1);
     while (next < b->npieces || fx_ring_inflight(s) || fx_ring_queued(s)) {
         unsigned ended = 0;
