@@ -6,6 +6,11 @@ cache dropped before each case. Each thread owns one chunk file and a 2 MiB-alig
 ``split_bytes`` pieces. Per engine and per in-flight count: p50/p99 of the request latencies and the
 aggregate GB/s. Rounds interleave the engines; the figures reported are medians over rounds.
 
+With ``--bursts``, each round also releases bursts from idle: as many requests as the largest in-flight
+count, started together, one per thread, each read once (a batch of prompts after a pause); and the same
+with every other request a short one (``--short-mib``), to see whether a short read waits behind long ones.
+Per burst: the mean, p50 and slowest request (the short and the long ones apart).
+
     python scripts/latency_probe.py --label after --out docs/latency-probe.json
 
 The JSON keeps earlier labels (e.g. "before") and records the command and ``git rev-parse HEAD``.
@@ -78,6 +83,45 @@ def _case(engine, fds, bufs, chunk: int, seconds: float) -> dict:
     }
 
 
+def _burst(engine, fds, bufs, sizes: list[int]) -> dict:
+    """One burst: a thread per request, released together, each reading
+    sizes[i] bytes of its file once; every request's latency in ms."""
+    lat = [0.0] * len(fds)
+    start = threading.Barrier(len(fds) + 1)
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        start.wait()
+        t0 = time.perf_counter()
+        r = engine.read([(fds[i], 0, sizes[i], bufs[i].address)])
+        lat[i] = time.perf_counter() - t0
+        if r[0] != sizes[i]:
+            errors.append(f"thread {i}: {r[0]}")
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(len(fds))]
+    for t in ts:
+        t.start()
+    loopfs.drop_caches()
+    start.wait()
+    for t in ts:
+        t.join()
+    if errors:
+        raise RuntimeError("; ".join(errors))
+
+    def figures(xs: list[float]) -> dict:
+        return {
+            "mean_ms": round(statistics.mean(xs) * 1e3, 2),
+            "p50_ms": round(statistics.median(xs) * 1e3, 2),
+            "max_ms": round(max(xs) * 1e3, 2),
+        }
+
+    out = {"ms": [round(x * 1e3, 2) for x in lat], **figures(lat)}
+    if len(set(sizes)) > 1:
+        out["short"] = figures([x for x, n in zip(lat, sizes) if n < max(sizes)])
+        out["long"] = figures([x for x, n in zip(lat, sizes) if n == max(sizes)])
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--inflight", default="1,4,16", help="threads (requests in flight), comma list")
@@ -87,6 +131,8 @@ def main() -> int:
     ap.add_argument("--queue-depth", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=4.0, help="per case and round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bursts", action="store_true", help="also bursts from idle, equal and mixed sizes")
+    ap.add_argument("--short-mib", type=int, default=2, help="the short requests of a mixed burst")
     ap.add_argument("--label", default="run")
     ap.add_argument("--out", default="docs/latency-probe.json")
     a = ap.parse_args()
@@ -110,6 +156,9 @@ def main() -> int:
         ).stdout.strip()
     )
     raw: dict[str, dict[int, list[dict]]] = {e: {n: [] for n in inflight} for e in engines}
+    bursts: dict[str, dict[str, list[dict]]] = {e: {"equal": [], "mixed": []} for e in engines}
+    equal = [chunk] * nfiles
+    mixed = [chunk if i % 2 == 0 else a.short_mib * MIB for i in range(nfiles)]
     with loopfs.xfs_loop(size) as mnt:
         fds, bufs = [], []
         pattern = os.urandom(MIB)
@@ -128,6 +177,12 @@ def main() -> int:
                         r = _case(engs[e], fds[:n], bufs[:n], chunk, a.seconds)
                         raw[e][n].append(r)
                         print(f"round {rnd} {e:8s} {n:2d} in flight: {r}", flush=True)
+                if a.bursts:
+                    for kind, sizes in (("equal", equal), ("mixed", mixed)):
+                        for e in engines:
+                            b = _burst(engs[e], fds, bufs, sizes)
+                            bursts[e][kind].append(b)
+                            print(f"round {rnd} {e:8s} {kind} burst of {nfiles}: {b}", flush=True)
         finally:
             for eng in engs.values():
                 eng.close()
@@ -145,6 +200,20 @@ def main() -> int:
                 "p99_over_p50": round(statistics.median(r["p99_ms"] / r["p50_ms"] for r in rs), 2),
                 "gbps": round(statistics.median(r["gbps"] for r in rs), 3),
             }
+    burst_summary: dict[str, dict[str, dict]] = {}
+    if a.bursts:
+        for e in engines:
+            burst_summary[e] = {}
+            for kind in ("equal", "mixed"):
+                bs = bursts[e][kind]
+                med = {k: round(statistics.median(b[k] for b in bs), 2) for k in ("mean_ms", "p50_ms", "max_ms")}
+                for part in ("short", "long"):
+                    if all(part in b for b in bs):
+                        med[part] = {
+                            k: round(statistics.median(b[part][k] for b in bs), 2) for k in ("mean_ms", "max_ms")
+                        }
+                burst_summary[e][kind] = med
+                print(f"{a.label}: {e:8s} {kind} burst of {nfiles} (medians over rounds): {med}")
     for e in engines:
         for n in inflight:
             s = summary[e][str(n)]
@@ -171,6 +240,10 @@ def main() -> int:
         "summary (medians over rounds)": summary,
         "rounds_raw": {e: {str(n): raw[e][n] for n in inflight} for e in engines},
     }
+    if a.bursts:
+        doc["runs"][a.label]["short_mib"] = a.short_mib
+        doc["runs"][a.label]["bursts (medians over rounds)"] = burst_summary
+        doc["runs"][a.label]["bursts_raw"] = bursts
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
