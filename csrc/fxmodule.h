@@ -1,5 +1,6 @@
-/* Python-facing pieces shared between module.c and other Python-aware
- * files of the C core (gpu.c). Include after Python.h. */
+/* Python-facing pieces of the C core: what module.c (the engine, its
+ * types and functions) gives gpu.c (the GPU pipeline, which drives the
+ * same engines), and what init.c puts together. Include after Python.h. */
 #ifndef FXMODULE_H
 #define FXMODULE_H
 
@@ -19,7 +20,10 @@ fx_pool *fx_engine_pool(PyObject *engine);
 uint64_t fx_engine_split_bytes(PyObject *engine);
 unsigned fx_engine_queue_depth(PyObject *engine);
 
-/* csrc/gpu.c: adds the GPU staging/DMA types to the module; 0 or -1. */
-int fx_gpu_module_init(PyObject *module, PyTypeObject *engine_type);
+/* csrc/module.c: the _fxio module with the core's types, functions and
+ * constants; NULL with an exception set. */
+PyObject *fx_core_module_create(void);
+/* csrc/gpu.c: adds the GPU staging/DMA types and functions; 0 or -1. */
+int fx_gpu_module_init(PyObject *module);
 
 #endif

@@ -1509,9 +1509,8 @@ static PyMethodDef gpu_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int fx_gpu_module_init(PyObject *module, PyTypeObject *engine_type)
+int fx_gpu_module_init(PyObject *module)
 {
-    (void)engine_type;
     pthread_once(&atfork_once, atfork_install);
     if (PyType_Ready(&GpuStagingType) < 0)
         return -1;

@@ -1459,7 +1459,9 @@ static int add_chunk_constants(PyObject *m)
     return PyModule_AddIntConstant(m, "CHUNK_HEADER_SIZE", FX_HDR_SIZE);
 }
 
-PyMODINIT_FUNC PyInit__fxio(void)
+/* The module with the core's types, functions and constants (csrc/init.c
+ * adds the GPU pipeline's), or NULL with an exception set. */
+PyObject *fx_core_module_create(void)
 {
     PyObject *m;
 
@@ -1480,8 +1482,7 @@ PyMODINIT_FUNC PyInit__fxio(void)
         PyModule_AddIntConstant(m, "HAVE_LIBURING", fx_uring_available()) < 0 ||
         PyModule_AddStringConstant(m, "CRC32C_IMPL", fx_crc32c_impl()) < 0 ||
         PyModule_AddIntConstant(m, "CRC32C_COPY_ONE_PASS", fx_crc32c_copy_one_pass()) < 0 ||
-        add_chunk_constants(m) < 0 ||
-        fx_gpu_module_init(m, &EngineType) < 0) {
+        add_chunk_constants(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }
