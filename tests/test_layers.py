@@ -1,7 +1,8 @@
 """The architecture's rules, checked on every run (README: Architecture):
 core/ imports neither torch nor LMCache, no import cycles, the operator
 commands start without torch or LMCache, ruff and mypy are clean, and the C
-core compiles warning-free with -Werror. Each checker is also shown to fail
+core compiles warning-free with -Werror, no C file calling back into itself
+through others. Each checker is also shown to fail
 on a planted violation, so a green run means something."""
 
 from __future__ import annotations
@@ -133,3 +134,59 @@ def test_c_warning_check_can_fail(tmp_path):
     src = tmp_path / "unused.c"
     src.write_text("int f(int a) { int unused; return a; }\n")
     assert _run(gcc, *_c_flags(), str(src)).returncode != 0
+
+
+def _c_call_cycles(sources: list[str], objdir) -> list[list[str]]:
+    """Compiles each C file to an object and returns the loops among them:
+    A -> B when A uses a symbol that B defines (nm)."""
+    gcc = shutil.which("gcc") or pytest.skip("gcc not found")
+    nm = shutil.which("nm") or pytest.skip("nm not found")
+    flags = [f for f in _c_flags() if f != "-fsyntax-only"]
+    defined: dict[str, str] = {}
+    used: dict[str, set[str]] = {}
+    for src in sources:
+        name = os.path.basename(src)
+        obj = os.path.join(str(objdir), name + ".o")
+        r = _run(gcc, *flags, "-fPIC", "-c", src, "-o", obj)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = _run(nm, "-P", obj).stdout.split("\n")
+        rows = [line.split() for line in out if line.strip()]
+        used[name] = {row[0] for row in rows if len(row) > 1 and row[1] == "U"}
+        for row in rows:
+            if len(row) > 1 and row[1] in "TDBR":
+                defined[row[0]] = name
+    edges = {a: {defined[s] for s in syms if defined.get(s, a) != a} for a, syms in used.items()}
+    cycles, seen = [], set()
+
+    def walk(node, path):
+        if node in path:
+            loop = path[path.index(node) :]
+            key = frozenset(loop)
+            if key not in seen:
+                seen.add(key)
+                cycles.append(loop + [node])
+            return
+        for nxt in sorted(edges.get(node, ())):
+            walk(nxt, path + [node])
+
+    for start in sorted(edges):
+        walk(start, [])
+    return cycles
+
+
+def test_c_units_do_not_call_each_other_in_a_loop(tmp_path):
+    """Each C file stands above what it calls: none calls, through others,
+    back into itself (module.c defines the engine, gpu.c drives it, init.c
+    puts the module together)."""
+    sources = sorted(glob.glob(os.path.join(ROOT, "csrc", "*.c")))
+    assert _c_call_cycles(sources, tmp_path) == []
+
+
+def test_c_call_loop_check_can_fail(tmp_path):
+    (tmp_path / "a.c").write_text("int b(void);\nint a(void) { return b(); }\n")
+    (tmp_path / "b.c").write_text("int a(void);\nint b(void) { return a() + 1; }\n")
+    (tmp_path / "c.c").write_text("int a(void);\nint c(void) { return a(); }\n")
+    objs = tmp_path / "o"
+    objs.mkdir()
+    cycles = _c_call_cycles([str(tmp_path / n) for n in ("a.c", "b.c", "c.c")], objs)
+    assert [sorted(set(c)) for c in cycles] == [["a.c", "b.c"]]
