@@ -27,7 +27,7 @@ from ...core.chunkfile import HEADER_SIZE
 from ...core.layout import round_up
 from ..models import GB, MIB
 from .readers import Reader
-from .workload import LATENCY_REQUESTS_PER_THREAD, Skip, cpu_seconds, crc_of, latency_figures, zero
+from .workload import Skip, cpu_seconds, crc_of, latency_figures, latency_requests, zero
 
 BENCH_MODEL = "lmcache-fx-bench"
 
@@ -289,7 +289,7 @@ class L2Reader(Reader):
             drop_caches()
         self.lookup_lock(keys)
         n = len(keys)
-        n_req = max(n, LATENCY_REQUESTS_PER_THREAD * conc)
+        n_req = latency_requests(n, conc)
         a, fd = self.adapter, self.adapter.get_load_event_fd()
         pending: dict = {}
         lat: list[float] = []

@@ -16,7 +16,6 @@ from typing import Callable, Optional
 
 from ..models import GB, MIB, Geometry
 from .workload import (
-    LATENCY_REQUESTS_PER_THREAD,
     BenchConfig,
     Skip,
     Workload,
@@ -24,6 +23,7 @@ from .workload import (
     cpu_seconds,
     crc_of,
     latency_figures,
+    latency_requests,
     zero,
 )
 
@@ -241,7 +241,7 @@ class LMCacheReader(Reader):
     def latency(self, conc: int) -> Optional[dict]:
         """p50/p99 of one-chunk requests with `conc` in flight: `conc` threads
         call the backend's batched_get_blocking([key]) over the stored chunks
-        (cycled, LATENCY_REQUESTS_PER_THREAD per thread at least; O_DIRECT tiers re-read the
+        (cycled, latency_requests of them; O_DIRECT tiers re-read the
         device, others after a page-cache drop only the first time)."""
         w = self.w
         tokens = w.tokens(10_000 + conc)
@@ -252,7 +252,7 @@ class LMCacheReader(Reader):
             from ...testing.loopfs import drop_caches
 
             drop_caches()
-        n_req = max(len(keys), LATENCY_REQUESTS_PER_THREAD * conc)
+        n_req = latency_requests(len(keys), conc)
         reqs = [[keys[i % len(keys)]] for i in range(n_req)]
         lat: list[float] = []
         lock = threading.Lock()

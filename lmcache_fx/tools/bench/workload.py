@@ -137,9 +137,18 @@ class Skip(Exception):
     """A reader that cannot run here; the message says why."""
 
 
-# Requests per thread (per slot in flight) of a latency case: 16 gives 256
-# requests at 16 in flight, so p99 is the 4th slowest, not the slowest.
+# Requests of a latency case: 16 per thread (per request in flight), and at
+# least 400 in all, so that p99 (nearest rank) is at least the 5th slowest at
+# every count in flight; with 16 per thread alone, 1 and 4 in flight made 16
+# and 64 requests, where p99 was the slowest one: a single pause of the host.
 LATENCY_REQUESTS_PER_THREAD = 16
+LATENCY_MIN_REQUESTS = 400
+
+
+def latency_requests(n_keys: int, conc: int) -> int:
+    """How many requests a latency case sends: every stored chunk at least
+    once, LATENCY_REQUESTS_PER_THREAD per thread, LATENCY_MIN_REQUESTS."""
+    return max(n_keys, LATENCY_REQUESTS_PER_THREAD * conc, LATENCY_MIN_REQUESTS)
 
 
 def latency_figures(lat: list) -> dict:
@@ -195,8 +204,10 @@ class BenchConfig:
 
 __all__ = [
     "GB",
+    "LATENCY_MIN_REQUESTS",
     "LATENCY_REQUESTS_PER_THREAD",
     "latency_figures",
+    "latency_requests",
     "MIB",
     "BenchConfig",
     "Skip",
