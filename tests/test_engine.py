@@ -736,7 +736,7 @@ def test_concurrent_batches_from_threads(make_engine, payload, tmp_path):
 
 @pytest.mark.parametrize("nthreads", [4, 16])
 def test_concurrent_chunk_batches_complete_bit_exact(make_engine, payload, tmp_path, nthreads):
-    """More batches in flight than the engine-wide queue depth (the fair-share
+    """More batches in flight than the engine-wide queue depth (the slot-sharing
     and waiting paths of the io_uring engine): each thread reads one
     many-piece chunk as one op, over and over, some as submitted Batches;
     every read completes whole and bit-exact."""

@@ -8,6 +8,7 @@ on a planted violation, so a green run means something."""
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -136,9 +137,17 @@ def test_c_warning_check_can_fail(tmp_path):
     assert _run(gcc, *_c_flags(), str(src)).returncode != 0
 
 
+def _check_layers():
+    spec = importlib.util.spec_from_file_location("check_layers", CHECK)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _c_call_cycles(sources: list[str], objdir) -> list[list[str]]:
-    """Compiles each C file to an object and returns the loops among them:
-    A -> B when A uses a symbol that B defines (nm)."""
+    """Compiles each C file to an object and returns the loops among them
+    (check_layers.cycles, as for Python imports): A -> B when A uses a
+    symbol that B defines (nm)."""
     gcc = shutil.which("gcc") or pytest.skip("gcc not found")
     nm = shutil.which("nm") or pytest.skip("nm not found")
     flags = [f for f in _c_flags() if f != "-fsyntax-only"]
@@ -156,22 +165,7 @@ def _c_call_cycles(sources: list[str], objdir) -> list[list[str]]:
             if len(row) > 1 and row[1] in "TDBR":
                 defined[row[0]] = name
     edges = {a: {defined[s] for s in syms if defined.get(s, a) != a} for a, syms in used.items()}
-    cycles, seen = [], set()
-
-    def walk(node, path):
-        if node in path:
-            loop = path[path.index(node) :]
-            key = frozenset(loop)
-            if key not in seen:
-                seen.add(key)
-                cycles.append(loop + [node])
-            return
-        for nxt in sorted(edges.get(node, ())):
-            walk(nxt, path + [node])
-
-    for start in sorted(edges):
-        walk(start, [])
-    return cycles
+    return _check_layers().cycles(edges)
 
 
 def test_c_units_do_not_call_each_other_in_a_loop(tmp_path):
