@@ -57,7 +57,10 @@ def latency_table(d: dict) -> str:
         cells = []
         for c in concs:
             v = x.get(str(c)) or {}
-            cells.append(f"{v['p50_ms']:.1f} / {v['p99_ms']:.1f}" if "p50_ms" in v else "–")
+            cell = f"{v['p50_ms']:.1f} / {v['p99_ms']:.1f}" if "p50_ms" in v else "–"
+            if v.get("p99_over_p50") is not None:  # runs with --latency-rounds: medians over the rounds
+                cell += f" ({v['p99_over_p50']:.2f}×)"
+            cells.append(cell)
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

@@ -42,7 +42,18 @@ from .run import (
     run_per_chunk,
     run_sweep,
 )
-from .workload import BenchConfig, Skip, Workload, geometry_from_args, median, percentile, plan_chunks, ratio, summarize
+from .workload import (
+    LATENCY_ROUNDS,
+    BenchConfig,
+    Skip,
+    Workload,
+    geometry_from_args,
+    median,
+    percentile,
+    plan_chunks,
+    ratio,
+    summarize,
+)
 
 PER_CHUNK_READERS = "fx,fx-l2,fs_native,raw_block"
 
@@ -94,6 +105,14 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
     p.add_argument("--latency", action="store_true", help="also p50/p99 at --concurrency requests in flight")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument(
+        "--latency-rounds",
+        type=int,
+        default=LATENCY_ROUNDS,
+        metavar="N",
+        help=f"run each latency case N times, readers interleaved; p50, p99 and p99/p50 are medians over the "
+        f"rounds (default {LATENCY_ROUNDS})",
+    )
+    p.add_argument(
         "--mixed",
         action="store_true",
         help="also stores while loads run (the L2 adapters): each loads its chunks while storing as many new "
@@ -141,6 +160,8 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
         p.error("--split-bytes must be a multiple of 4096")
     if getattr(args, "fs_native_workers", 4) < 1:
         p.error("--fs-native-workers must be >= 1")
+    if getattr(args, "latency_rounds", 1) < 1:
+        p.error("--latency-rounds must be >= 1")
     if getattr(args, "per_chunk", 0) < 0:
         p.error("--per-chunk must be >= 0")
     if args.full_store and args.mixed:
@@ -315,6 +336,7 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             verify=not args.no_verify,
             latency=args.latency,
             concurrency=tuple(_ints(args.concurrency)),
+            latency_rounds=args.latency_rounds,
             mixed=args.mixed,
             full_store=args.full_store,
             fs_native_workers=args.fs_native_workers,

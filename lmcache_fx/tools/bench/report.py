@@ -100,13 +100,16 @@ def format_table(results: dict) -> str:
     lat = [(e["label"], e["latency"]) for e in results["readers"].values() if e.get("latency")]
     if lat:
         concs = sorted({int(k) for _, L in lat for k in L})
-        out += "\n\nlatency per request, p50 / p99 ms, by concurrent requests\n"
-        out += "reader".ljust(30) + "".join(f"{c:>18}" for c in concs) + "\n"
+        out += "\n\nlatency per request, p50 / p99 ms (p99/p50), medians over the rounds, by concurrent requests\n"
+        out += "reader".ljust(30) + "".join(f"{c:>26}" for c in concs) + "\n"
         for label, L in lat:
             cells = []
             for cc in concs:
                 v = L.get(str(cc)) or {}
-                cells.append(f"{_f(v.get('p50_ms'), '{:.1f}')} / {_f(v.get('p99_ms'), '{:.1f}')}".rjust(18))
+                cell = f"{_f(v.get('p50_ms'), '{:.1f}')} / {_f(v.get('p99_ms'), '{:.1f}')}"
+                if v.get("p99_over_p50") is not None:
+                    cell += f" ({v['p99_over_p50']:.2f}x)"
+                cells.append(cell.rjust(26))
             out += label.ljust(30) + "".join(cells) + "\n"
     return out
 

@@ -19,7 +19,7 @@ from ..models import GB, MIB, Geometry
 from . import l2
 from . import readers as rd
 from .readers import Reader
-from .workload import BenchConfig, Skip, Workload, cpu_seconds, median, ratio, summarize
+from .workload import BenchConfig, Skip, Workload, combine_latency_rounds, cpu_seconds, median, ratio, summarize
 
 READER_LIST = [
     rd.FxReader,
@@ -244,7 +244,7 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
         gc.freeze()
         stack.callback(gc.unfreeze)
         results["machine"]["gc"] = "heap frozen after set-up" + ("" if gc.isenabled() else "; collector off")
-        lat_steps = len(live) * len(cfg.concurrency) if cfg.latency else 0
+        lat_steps = len(live) * len(cfg.concurrency) * cfg.latency_rounds if cfg.latency else 0
         prog = Progress(cfg.reps * len(live) + lat_steps, quiet)
         for rep in range(cfg.reps):
             for r in live:  # interleaved: A B C A B C ...
@@ -258,13 +258,20 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
                 prog.step(f"{r.name} rep {rep + 1}: " + (f"{tr:.2f} GB/s" if tr else res.get("error", "FAILED")))
         if cfg.latency:
             for conc in cfg.concurrency:
-                for r in live:
-                    try:
-                        lat = r.latency(conc)
-                    except Exception as e:
-                        lat = {"error": f"{type(e).__name__}: {e}"}
-                    results["readers"][r.name].setdefault("latency", {})[str(conc)] = lat
-                    prog.step(f"{r.name} latency @{conc}")
+                rounds: dict = {r.name: [] for r in live}
+                for rnd in range(cfg.latency_rounds):
+                    k = rnd % len(live)
+                    for r in live[k:] + live[:k]:  # interleaved, the order rotated every round
+                        try:
+                            lat = r.latency(conc)
+                        except Exception as e:
+                            lat = {"error": f"{type(e).__name__}: {e}"}
+                        if lat is not None:
+                            rounds[r.name].append(lat)
+                        prog.step(f"{r.name} latency @{conc}, round {rnd + 1}")
+                for name, rs in rounds.items():
+                    if rs:
+                        results["readers"][name].setdefault("latency", {})[str(conc)] = combine_latency_rounds(rs)
         prog.end()
         if cfg.mixed:
             run_mixed(cfg, live, results, quiet)

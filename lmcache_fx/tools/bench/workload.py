@@ -166,6 +166,37 @@ def latency_figures(lat: list) -> dict:
     }
 
 
+# Rounds of every latency case: the targets are medians of at least 5, and a
+# single case's p99 swings with the host (a pause of a few ms fails a 2 MiB
+# case for any reader), so one case per run says little.
+LATENCY_ROUNDS = 5
+
+
+def combine_latency_rounds(rounds: list) -> dict:
+    """One latency case from its rounds (each latency_figures() plus requests
+    and misses, or {"error": ...}): p50, p99 and p99/p50 as medians over the
+    rounds that ran, the ratio taken within each round (the same stretch of
+    the host's time), and every round kept."""
+    ok = [r for r in rounds if r and r.get("p50_ms")]
+    out: dict = {"rounds": rounds}
+    if not ok:
+        out["error"] = next((r["error"] for r in rounds if r and r.get("error")), "no round ran")
+        return out
+    each = [r["p99_ms"] / r["p50_ms"] for r in ok]
+    out.update(
+        p50_ms=median([r["p50_ms"] for r in ok]),
+        p99_ms=median([r["p99_ms"] for r in ok]),
+        p99_over_p50=median(each),
+        p99_over_p50_each=[round(x, 3) for x in each],
+        requests=ok[0].get("requests"),
+        chunks_per_request=ok[0].get("chunks_per_request", 1),
+        misses=sum(r.get("misses", 0) for r in ok),
+    )
+    if len(ok) < len(rounds):
+        out["failed_rounds"] = len(rounds) - len(ok)
+    return out
+
+
 @dataclass
 class BenchConfig:
     path: str
@@ -178,6 +209,7 @@ class BenchConfig:
     verify: bool = True
     latency: bool = False
     concurrency: tuple = (1, 4, 16)
+    latency_rounds: int = LATENCY_ROUNDS  # each latency case this many times, readers interleaved
     mixed: bool = False  # also: stores while loads run (L2 adapters)
     full_store: bool = False  # fx-l2 at its capacity: each chunk stored evicts one
     fs_native_workers: int = 8
@@ -206,6 +238,8 @@ __all__ = [
     "GB",
     "LATENCY_MIN_REQUESTS",
     "LATENCY_REQUESTS_PER_THREAD",
+    "LATENCY_ROUNDS",
+    "combine_latency_rounds",
     "latency_figures",
     "latency_requests",
     "MIB",
