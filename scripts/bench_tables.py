@@ -6,6 +6,8 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --ratios docs/bench-xfs-64m.json docs/bench-repeats/xfs-64m-run*.json
     python scripts/bench_tables.py --runs fx-unmapped docs/bench-repeats/mapped-reads/huge-*.json
     python scripts/bench_tables.py --probe docs/mapped-probe.json      # scripts/staged_probe.py's rounds
+    python scripts/bench_tables.py --latency-rounds "64 MiB" docs/bench-repeats/latency-rounds/*-64m-run1.json \
+        "2 MiB, run 1" docs/bench-repeats/latency-rounds/*-2m-run1.json   # --latency-rounds runs
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -262,6 +264,36 @@ def mixed_runs_table(groups: list[tuple[str, list[str]]]) -> str:
     return "\n".join(rows)
 
 
+def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
+    """Latency cases of runs with --latency-rounds (a label and a file each):
+    a row per label and count in flight, a column per reader, each cell the
+    median of the rounds' own p99/p50 (their range) and the medians of p50 /
+    p99 in ms."""
+    runs = []
+    for label, path in cases:
+        with open(path) as f:
+            runs.append((label, json.load(f)))
+    names = [n for n, e in runs[0][1]["readers"].items() if e.get("latency")]
+    rows = [
+        "| chunk, in flight | " + " | ".join(runs[0][1]["readers"][n]["label"] for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for label, d in runs:
+        concs = sorted({int(c) for n in names for c in d["readers"][n]["latency"]})
+        for c in concs:
+            cells = []
+            for n in names:
+                v = d["readers"][n]["latency"].get(str(c)) or {}
+                each = v.get("p99_over_p50_each") or []
+                cells.append(
+                    f"{v['p99_over_p50']:.2f} ({min(each):.2f}–{max(each):.2f}) · {v['p50_ms']:.1f} / {v['p99_ms']:.1f}"
+                    if each
+                    else "–"
+                )
+            rows.append(f"| {label}, {c} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def probe_table(d: dict) -> str:
     """The rounds of a scripts/staged_probe.py JSON: its two sides, fs_native
     and the copy alone (GB/s, medians of the round's reps), the ratios of the
@@ -294,6 +326,10 @@ if __name__ == "__main__":
         sys.exit(0)
     if sys.argv[1:2] == ["--runs"]:
         print(runs_table(sys.argv[3:], sys.argv[2]))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--latency-rounds"]:
+        args = sys.argv[2:]
+        print(latency_rounds_table(list(zip(args[::2], args[1::2]))))
         sys.exit(0)
     if sys.argv[1:2] == ["--mixed-runs"]:
         groups: list[tuple[str, list[str]]] = []

@@ -561,6 +561,38 @@ def test_docs_probe_tables_are_the_committed_json():
         assert table in page, f"docs/benchmarks.md's table of {name} is not the JSON's"
 
 
+def test_docs_latency_rounds_table_is_the_committed_json():
+    """docs/benchmarks.md's five-round latency table is what `bench_tables.py
+    --latency-rounds` renders from the committed runs, and each cell's
+    median is the median of the rounds the JSON keeps."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-rounds")
+    cases = [
+        (label, os.path.join(d, f"7dd7181-{name}.json"))
+        for label, name in (
+            ("64 MiB", "64m-run1"),
+            ("10 MiB", "10m-run1"),
+            ("2 MiB, run 1", "2m-run1"),
+            ("2 MiB, run 2", "2m-run2"),
+        )
+    ]
+    table = mod.latency_rounds_table(cases)
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        page = f.read()
+    assert "\n".join("    " + line for line in table.splitlines()) in page
+    assert len(table.splitlines()) == 2 + 3 * len(cases)
+    with open(cases[-1][1]) as f:
+        run = json.load(f)
+    case = run["readers"]["fx"]["latency"]["4"]
+    assert len(case["rounds"]) == 5
+    each = [r["p99_ms"] / r["p50_ms"] for r in case["rounds"]]
+    assert case["p99_over_p50"] == pytest.approx(statistics.median(each))
+
+
 def test_zero_fills_with_one_memset_and_refuses_strided_tensors():
     """The bench zeroes destinations before a timed read without torch's
     zero_(), whose spinning intra-op threads were counted in the next
