@@ -127,7 +127,7 @@ def main() -> None:
     mods = {name: load_extension(tree) for name, tree in loaded}
     builds = {"this": mods["this"], "other": mods["other"]}
     cases = []
-    with xfs_loop("3G") as mnt:
+    with xfs_loop("3G", touch=True) as mnt:
         for size in (int(x) for x in a.sizes.split(",")):
             c = probe(mnt, builds, size, a.reps)
             cases.append(c)

@@ -239,7 +239,7 @@ def main() -> int:
         ).stdout.strip()
     )
     results = []
-    with loopfs.xfs_loop("3G") as mnt:
+    with loopfs.xfs_loop("3G", touch=True) as mnt:
         for size, n in cases:
             results.append(run_case(mnt, size, n, args.reps, lambda m: print(m, file=sys.stderr, flush=True)))
     print(f"{'payload':>8} {'chunks':>6}  {'method':<28} {'us/chunk':>9} {'GB/s':>7} {'CPU s/GB':>9}")

@@ -149,7 +149,7 @@ def main() -> None:
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     media: dict = {}
-    with xfs_loop("3G") as mnt:
+    with xfs_loop("3G", touch=True) as mnt:
         media["XFS on a 3 GiB RAM-backed loop device (O_DIRECT)"] = {c: probe(mnt, c, args.reps, True) for c in CASES}
     shm = "/dev/shm/lmcache-fx-full-store-probe"
     os.makedirs(shm, exist_ok=True)

@@ -154,7 +154,7 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("large_store_probe: needs root (XFS on a RAM-backed loop device)")
     time_lock_holds(_holds.append)
-    with xfs_loop("4G") as mnt:
+    with xfs_loop("4G", touch=True) as mnt:
         res = probe(mnt, args.chunks, args.reps)
     res.update(
         command="python scripts/large_store_probe.py" + "".join(f" {a}" for a in sys.argv[1:]),

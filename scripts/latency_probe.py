@@ -159,7 +159,7 @@ def main() -> int:
     bursts: dict[str, dict[str, list[dict]]] = {e: {"equal": [], "mixed": []} for e in engines}
     equal = [chunk] * nfiles
     mixed = [chunk if i % 2 == 0 else a.short_mib * MIB for i in range(nfiles)]
-    with loopfs.xfs_loop(size) as mnt:
+    with loopfs.xfs_loop(size, touch=True) as mnt:
         fds, bufs = [], []
         pattern = os.urandom(MIB)
         for i in range(nfiles):

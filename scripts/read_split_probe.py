@@ -106,7 +106,7 @@ def main() -> None:
     qds = [int(x) for x in a.qd.split(",")]
     splits = [parse_size(x) for x in a.split.split(",")]
     results = {}
-    with tmpfs_dir() if a.tmpfs else xfs_loop("3G") as mnt:
+    with tmpfs_dir() if a.tmpfs else xfs_loop("3G", touch=True) as mnt:
         for label in a.sizes.split(","):
             results[label] = probe(mnt, label, a.reps, qds, splits, cold=not a.tmpfs)
             for r in sorted(results[label]["points"], key=lambda r: -r["gbps"]):

@@ -123,7 +123,7 @@ def main() -> None:
         media.append(("XFS on a 3 GiB RAM-backed loop device (O_DIRECT)", "xfs"))
     out: dict = {"chunk_bytes": CHUNK, "chunks_per_batch": PER_BATCH, "batches": args.batches, "media": {}}
     for label, kind in media:
-        with xfs_loop("3G") if kind else contextlib.nullcontext("/dev/shm") as base:
+        with xfs_loop("3G", touch=True) if kind else contextlib.nullcontext("/dev/shm") as base:
             rows = [one(os.path.join(base, f"fx-shared-probe-{os.getpid()}"), n, args.batches) for n in (1, 2, 4)]
         out["media"][label] = rows
         for r in rows:

@@ -270,7 +270,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
-    with xfs_loop("3G") as mnt:
+    with xfs_loop("3G", touch=True) as mnt:
         r = reads(mnt, args.reps)
         w = store_stages(mnt, args.reps)
     out = {

@@ -77,7 +77,7 @@ def main() -> int:
     geo = PRESETS[a.preset]
     n = max(1, int(a.total_gb * GB) // geo.chunk_bytes)
     out: dict = {}
-    with xfs_loop("5G") as mnt, ExitStack() as stack:
+    with xfs_loop("5G", touch=True) as mnt, ExitStack() as stack:
         cfg = BenchConfig(path=mnt, geo=geo, n_chunks=n, reps=a.reps)
         w = Workload(geo, n)
         readers = []

@@ -92,7 +92,7 @@ def main() -> None:
     src = _fxio.HostBuffer(N * CHUNK, hugepages=True)
     memoryview(src)[:] = os.urandom(MIB) * (N * CHUNK // MIB)
     meta = ChunkMeta(((CHUNK // 2,),), ("bfloat16",), "KV_2LTD")
-    with xfs_loop("6G") as mnt:
+    with xfs_loop("6G", touch=True) as mnt:
         # Write the loop image's pages once: no rep pays for the RAM behind the device.
         subprocess.run(
             ["dd", "if=/dev/zero", f"of={mnt}/fill", "bs=4M", "count=1400", "oflag=direct", "status=none"], check=True

@@ -36,3 +36,16 @@ def test_busy_mount_is_released_when_its_last_descriptor_closes():
     while any(img.split(" (deleted)")[0] in line for line in os.popen("losetup -a")):
         assert time.monotonic() < end, "loop device still attached after its last descriptor closed"
         time.sleep(0.1)
+
+
+def test_touched_image_keeps_every_page_after_mkfs():
+    """touch=True (the bench's images): the image is written through and
+    mkfs.xfs does not discard it, so every page of it is still there when
+    the filesystem is mounted; without it mkfs's discard punches the image
+    back into holes, whose first write later pays for the page."""
+    size = 320 << 20
+    with loopfs.xfs_loop(size, touch=True) as mnt:
+        st = os.stat(_image_of(mnt))
+        assert st.st_size == size and st.st_blocks * 512 == size
+    with loopfs.xfs_loop(size) as mnt:
+        assert os.stat(_image_of(mnt)).st_blocks * 512 < size // 2

@@ -3,6 +3,7 @@ supports O_DIRECT (tmpfs does not). Root only; used by tests and the bench.
 And a tmpfs of one's own, with mount options (huge pages, a size).
 
     with xfs_loop("4G") as mnt: ...
+    with xfs_loop("4G", touch=True) as mnt: ...   # for measurements (see xfs_loop)
     with tmpfs("size=256m,huge=within_size") as mnt: ...
 """
 
@@ -12,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 
@@ -39,10 +41,39 @@ def _bytes(size) -> int:
     return int(float(s[:-1] if mult != 1 else s) * mult)
 
 
+TOUCH_PIECE = 64 << 20
+
+
+def touch_image(path: str, size: int) -> None:
+    """Writes zeros over the whole of a (new) image file, so that every page
+    of it is allocated and written before the device is used."""
+    zeros = memoryview(bytes(TOUCH_PIECE))
+    fd = os.open(path, os.O_WRONLY)
+
+    def fill(off: int) -> None:
+        end = min(off + TOUCH_PIECE, size)
+        while off < end:
+            off += os.pwrite(fd, zeros[: end - off], off)
+
+    try:
+        with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+            list(pool.map(fill, range(0, size, TOUCH_PIECE)))
+    finally:
+        os.close(fd)
+
+
 @contextmanager
-def xfs_loop(size="2G", mountpoint: str | None = None):
+def xfs_loop(size="2G", mountpoint: str | None = None, touch: bool = False):
     """Builds XFS on a /dev/shm image, mounts it, yields the mount point, and
-    removes everything it made afterwards (only the device it attached)."""
+    removes everything it made afterwards (only the device it attached).
+
+    touch=True (for measurements): the image is written through with zeros
+    first and mkfs.xfs told not to discard (-K). mkfs discards a device by
+    default, which punches every page out of the image, so the first write
+    to each block afterwards pays for allocating its page (and, in a VM, for
+    the host faulting it in), not a cost of the medium; fallocate after mkfs
+    allocates the pages without touching them. scripts/loop_image_probe.py
+    measures the difference."""
     why = why_not_available()
     if why:
         raise RuntimeError(f"XFS loop filesystem unavailable: {why}")
@@ -51,10 +82,13 @@ def xfs_loop(size="2G", mountpoint: str | None = None):
     dev = None
     mounted = False
     try:
+        nbytes = _bytes(size)
         with open(img, "wb") as f:
-            f.truncate(_bytes(size))
+            f.truncate(nbytes)
+        if touch:
+            touch_image(img, nbytes)
         dev = _run("losetup", "-f", "--show", img)
-        _run("mkfs.xfs", "-q", "-f", dev)
+        _run("mkfs.xfs", "-q", "-f", *(["-K"] if touch else []), dev)
         os.makedirs(mnt, exist_ok=True)
         _run("mount", dev, mnt)
         mounted = True

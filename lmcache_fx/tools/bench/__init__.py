@@ -56,6 +56,12 @@ from .workload import (
 )
 
 PER_CHUNK_READERS = "fx,fx-l2,fs_native,raw_block"
+# How the bench's loop images are made (testing.loopfs.xfs_loop, touch=True):
+# every page written before mkfs, which is told not to discard them, so no
+# reader's first writes pay for the image's pages. Up to 604ffd9 the images
+# were fallocated after mkfs ("images preallocated"), which left the first
+# write to every page to fault it in.
+LOOP_IMAGE_WORDS = "image written through before mkfs, no discard"
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
@@ -198,27 +204,6 @@ def _git_commit(where: Optional[str] = None) -> Optional[str]:
         return None
 
 
-def preallocate_loop_image(mountpoint: str) -> bool:
-    """Allocates every page of the loop device's RAM-backed image up front.
-    The image is a sparse /dev/shm file: whoever first writes a block would
-    pay for allocating its pages, which is not a cost of the medium (a real
-    device has none). False where it could not be done."""
-    try:
-        src = subprocess.run(
-            ["findmnt", "-n", "-o", "SOURCE", "--target", mountpoint], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        with open(f"/sys/block/{os.path.basename(src)}/loop/backing_file") as f:
-            img = f.read().strip()
-        fd = os.open(img, os.O_RDWR)
-        try:
-            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)  # fills holes only; contents unchanged
-        finally:
-            os.close(fd)
-        return True
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
 @contextmanager
 def _signals_as_exit():
     """While the devices exist, Ctrl-C raises KeyboardInterrupt and SIGTERM /
@@ -274,12 +259,10 @@ def build_devices(parser, args, stack: ExitStack, geo, n_chunks: int, names: lis
     for i, size in enumerate(sizes):
         if not args.quiet:
             sys.stderr.write(f"bench: device {i + 1}/{n}: XFS on a {size / (1 << 30):.2f} GiB RAM-backed loop device\n")
-        m = stack.enter_context(xfs_loop(size))
-        preallocate_loop_image(m)
-        mounts.append(m)
+        mounts.append(stack.enter_context(xfs_loop(size, touch=True)))
     fs = (
         f"{n} x XFS on RAM-backed loop devices ({', '.join(f'{s / (1 << 30):.2f}' for s in sizes)} GiB, "
-        "images preallocated); fx striped over all, single-path peers on the first"
+        f"{LOOP_IMAGE_WORDS}); fx striped over all, single-path peers on the first"
     )
     return mounts[0], fs, tuple(mounts)
 
@@ -308,10 +291,10 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             why = why_not_available()
             if why:
                 parser.error(f"--mkfs-loop: {why}")
-            base = stack.enter_context(xfs_loop(args.mkfs_loop))
-            fs = f"XFS on a {args.mkfs_loop / (1 << 30):.1f} GiB RAM-backed loop device"
-            if preallocate_loop_image(base):
-                fs += " (image preallocated)"
+            if not args.quiet:
+                sys.stderr.write(f"bench: writing the {args.mkfs_loop / (1 << 30):.1f} GiB loop image through\n")
+            base = stack.enter_context(xfs_loop(args.mkfs_loop, touch=True))
+            fs = f"XFS on a {args.mkfs_loop / (1 << 30):.1f} GiB RAM-backed loop device ({LOOP_IMAGE_WORDS})"
         else:
             base, fs = args.path, None
         path = os.path.join(base, f"lmcache-fx-bench-{os.getpid()}")
