@@ -6,6 +6,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --ratios docs/bench-xfs-64m.json docs/bench-repeats/xfs-64m-run*.json
     python scripts/bench_tables.py --runs fx-unmapped docs/bench-repeats/mapped-reads/huge-*.json
     python scripts/bench_tables.py --probe docs/mapped-probe.json      # scripts/staged_probe.py's rounds
+    python scripts/bench_tables.py --l2-stores "64 MiB, run 1" docs/bench-repeats/l2-written-images/64m-run1.json ...
     python scripts/bench_tables.py --latency-rounds "64 MiB" docs/bench-repeats/latency-rounds/*-64m-run1.json \
         "2 MiB, run 1" docs/bench-repeats/latency-rounds/*-2m-run1.json   # --latency-rounds runs
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
@@ -264,6 +265,39 @@ def mixed_runs_table(groups: list[tuple[str, list[str]]]) -> str:
     return "\n".join(rows)
 
 
+def store_runs_table(cases: list[tuple[str, str]]) -> str:
+    """L2 stores and loads run by run (a label and a file each): each L2
+    reader's store and load GB/s (medians of the run's reps; the slowest
+    store rep in brackets), and fx-l2's over the best of the others."""
+    runs = []
+    for label, path in cases:
+        with open(path) as f:
+            runs.append((label, json.load(f)))
+    names = [n for n, e in runs[0][1]["readers"].items() if e.get("available")]
+    peers = [n for n in names if n != "fx-l2"]
+    rows = [
+        "| run | " + " | ".join(f"{n} store (slowest rep) · load" for n in names)
+        + " | fx-l2 / best peer: store · load |",
+        "|---|" + "---|" * (len(names) + 1),
+    ]  # fmt: skip
+    for label, d in runs:
+        r = d["readers"]
+
+        def med(n, k, r=r):
+            return r[n]["median"][k]
+
+        cells = [
+            f"{med(n, 'store_gbps'):.2f} ({min(x['store_gbps'] for x in r[n]['reps'] if x.get('store_gbps')):.2f})"
+            f" · {med(n, 'tier_read_gbps'):.2f}"
+            for n in names
+        ]
+        bs = max(med(n, "store_gbps") for n in peers)
+        bl = max(med(n, "tier_read_gbps") for n in peers)
+        cells.append(f"{med('fx-l2', 'store_gbps') / bs:.2f}× · {med('fx-l2', 'tier_read_gbps') / bl:.2f}×")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
     """Latency cases of runs with --latency-rounds (a label and a file each):
     a row per label and count in flight, a column per reader, each cell the
@@ -326,6 +360,10 @@ if __name__ == "__main__":
         sys.exit(0)
     if sys.argv[1:2] == ["--runs"]:
         print(runs_table(sys.argv[3:], sys.argv[2]))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--l2-stores"]:
+        args = sys.argv[2:]
+        print(store_runs_table(list(zip(args[::2], args[1::2]))))
         sys.exit(0)
     if sys.argv[1:2] == ["--latency-rounds"]:
         args = sys.argv[2:]

@@ -593,6 +593,28 @@ def test_docs_latency_rounds_table_is_the_committed_json():
     assert case["p99_over_p50"] == pytest.approx(statistics.median(each))
 
 
+def test_docs_l2_store_table_is_the_committed_json():
+    """docs/benchmarks.md's table of L2 stores on written-through loop images
+    is what `bench_tables.py --l2-stores` renders from the committed runs;
+    each run's images were made that way."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    d = os.path.join(ROOT, "docs", "bench-repeats", "l2-written-images")
+    cases = [(f"{s} MiB, run {r}", os.path.join(d, f"{s}m-run{r}.json")) for s in (64, 10, 2) for r in (1, 2)]
+    table = mod.store_runs_table(cases)
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        assert table in f.read()
+    for _, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        assert "written through" in run["machine"]["filesystem"]
+        fx = run["readers"]["fx-l2"]
+        assert fx["median"]["store_gbps"] == statistics.median(r["store_gbps"] for r in fx["reps"])
+
+
 def test_zero_fills_with_one_memset_and_refuses_strided_tensors():
     """The bench zeroes destinations before a timed read without torch's
     zero_(), whose spinning intra-op threads were counted in the next
