@@ -615,6 +615,28 @@ def test_docs_l2_store_table_is_the_committed_json():
         assert fx["median"]["store_gbps"] == statistics.median(r["store_gbps"] for r in fx["reps"])
 
 
+def test_docs_round_on_written_through_images_is_the_committed_json(monkeypatch):
+    """The XFS round at 7677dc9 in docs/benchmarks.md: each size's tables are
+    what `bench_tables.py --ratios` and `--runs fx-noverify` render from its
+    three committed runs, all made on written-through loop images."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        page = f.read()
+    monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
+    for size in ("64m", "10m", "2m"):
+        paths = sorted(glob.glob(f"docs/bench-repeats/round-7677dc9/xfs-{size}-run*.json"))
+        assert len(paths) == 3
+        assert mod.ratios_table(paths) in page and mod.runs_table(paths, "fx-noverify") in page
+        for p in paths:
+            with open(p) as f:
+                assert "written through" in json.load(f)["machine"]["filesystem"]
+
+
 def test_zero_fills_with_one_memset_and_refuses_strided_tensors():
     """The bench zeroes destinations before a timed read without torch's
     zero_(), whose spinning intra-op threads were counted in the next
