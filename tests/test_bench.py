@@ -637,6 +637,26 @@ def test_docs_round_on_written_through_images_is_the_committed_json(monkeypatch)
                 assert "written through" in json.load(f)["machine"]["filesystem"]
 
 
+def test_docs_mixed_table_on_written_through_images_is_the_committed_json():
+    """The --mixed runs on written-through loop images: the page's table is
+    what `bench_tables.py --mixed-runs` renders from the six committed runs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    d = os.path.join(ROOT, "docs", "bench-repeats", "mixed-written-images")
+    groups = [(f"{s} MiB", [os.path.join(d, f"mixed-{s}m-run{r}.json") for r in (1, 2, 3)]) for s in (64, 2)]
+    table = mod.mixed_runs_table(groups)
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        assert table in f.read()
+    for _, paths in groups:
+        for p in paths:
+            with open(p) as f:
+                run = json.load(f)
+            assert "written through" in run["machine"]["filesystem"] and run["readers"]["fx-l2"]["mixed"]["load_gbps"]
+
+
 def test_zero_fills_with_one_memset_and_refuses_strided_tensors():
     """The bench zeroes destinations before a timed read without torch's
     zero_(), whose spinning intra-op threads were counted in the next
