@@ -522,14 +522,20 @@ def test_devices_two_stripes_fx_and_labels_single_device_peers(tmp_path):
         assert not os.path.exists(os.path.dirname(dev_dir))
 
 
-def test_docs_tables_are_rendered_from_the_committed_json():
-    """scripts/bench_tables.py, which writes docs/benchmarks.md's tables:
-    every reader's median tier figure and fx's ratios appear as the JSON has them."""
+def _bench_tables():
+    """scripts/bench_tables.py, which writes docs/benchmarks.md's tables, as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_docs_tables_are_rendered_from_the_committed_json():
+    """scripts/bench_tables.py, which writes docs/benchmarks.md's tables:
+    every reader's median tier figure and fx's ratios appear as the JSON has them."""
+    mod = _bench_tables()
     with open(os.path.join(ROOT, "docs", "bench-xfs-64m.json")) as f:
         d = json.load(f)
     out = mod.render(d)
@@ -545,11 +551,7 @@ def test_docs_tables_are_rendered_from_the_committed_json():
 def test_docs_probe_tables_are_the_committed_json():
     """docs/benchmarks.md's tables of scripts/staged_probe.py's rounds are what
     `bench_tables.py --probe` renders from the committed JSON, row for row."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_tables()
     with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
         page = f.read()
     for name, sides in (("staged-probe.json", ("staged", "direct")), ("mapped-probe.json", ("mapped", "unmapped"))):
@@ -565,11 +567,7 @@ def test_docs_latency_rounds_table_is_the_committed_json():
     """docs/benchmarks.md's five-round latency table is what `bench_tables.py
     --latency-rounds` renders from the committed runs, and each cell's
     median is the median of the rounds the JSON keeps."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_tables()
     d = os.path.join(ROOT, "docs", "bench-repeats", "latency-rounds")
     cases = [
         (label, os.path.join(d, f"7dd7181-{name}.json"))
@@ -597,11 +595,7 @@ def test_docs_l2_store_table_is_the_committed_json():
     """docs/benchmarks.md's table of L2 stores on written-through loop images
     is what `bench_tables.py --l2-stores` renders from the committed runs;
     each run's images were made that way."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_tables()
     d = os.path.join(ROOT, "docs", "bench-repeats", "l2-written-images")
     cases = [(f"{s} MiB, run {r}", os.path.join(d, f"{s}m-run{r}.json")) for s in (64, 10, 2) for r in (1, 2)]
     table = mod.store_runs_table(cases)
@@ -621,11 +615,8 @@ def test_docs_round_on_written_through_images_is_the_committed_json(monkeypatch)
     --ratios` (and `--runs fx-noverify`) render from its three committed
     runs, all made on written-through loop images."""
     import glob
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_tables()
     with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
         page = f.read()
     monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
@@ -644,11 +635,7 @@ def test_docs_round_on_written_through_images_is_the_committed_json(monkeypatch)
 def test_docs_mixed_table_on_written_through_images_is_the_committed_json():
     """The --mixed runs on written-through loop images: the page's table is
     what `bench_tables.py --mixed-runs` renders from the six committed runs."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_tables", os.path.join(ROOT, "scripts", "bench_tables.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_tables()
     d = os.path.join(ROOT, "docs", "bench-repeats", "mixed-written-images")
     groups = [(f"{s} MiB", [os.path.join(d, f"mixed-{s}m-run{r}.json") for r in (1, 2, 3)]) for s in (64, 2)]
     table = mod.mixed_runs_table(groups)
