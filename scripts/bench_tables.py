@@ -265,14 +265,20 @@ def mixed_runs_table(groups: list[tuple[str, list[str]]]) -> str:
     return "\n".join(rows)
 
 
-def store_runs_table(cases: list[tuple[str, str]]) -> str:
-    """L2 stores and loads run by run (a label and a file each): each L2
-    reader's store and load GB/s (medians of the run's reps; the slowest
-    store rep in brackets), and fx-l2's over the best of the others."""
+def _labelled_runs(cases: list[tuple[str, str]]) -> list[tuple[str, dict]]:
+    """(label, JSON file) pairs, each file loaded."""
     runs = []
     for label, path in cases:
         with open(path) as f:
             runs.append((label, json.load(f)))
+    return runs
+
+
+def store_runs_table(cases: list[tuple[str, str]]) -> str:
+    """L2 stores and loads run by run (a label and a file each): each L2
+    reader's store and load GB/s (medians of the run's reps; the slowest
+    store rep in brackets), and fx-l2's over the best of the others."""
+    runs = _labelled_runs(cases)
     names = [n for n, e in runs[0][1]["readers"].items() if e.get("available")]
     peers = [n for n in names if n != "fx-l2"]
     rows = [
@@ -303,10 +309,7 @@ def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
     a row per label and count in flight, a column per reader, each cell the
     median of the rounds' own p99/p50 (their range) and the medians of p50 /
     p99 in ms."""
-    runs = []
-    for label, path in cases:
-        with open(path) as f:
-            runs.append((label, json.load(f)))
+    runs = _labelled_runs(cases)
     names = [n for n, e in runs[0][1]["readers"].items() if e.get("latency")]
     rows = [
         "| chunk, in flight | " + " | ".join(runs[0][1]["readers"][n]["label"] for n in names) + " |",
@@ -361,13 +364,10 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--runs"]:
         print(runs_table(sys.argv[3:], sys.argv[2]))
         sys.exit(0)
-    if sys.argv[1:2] == ["--l2-stores"]:
+    pair_tables = {"--l2-stores": store_runs_table, "--latency-rounds": latency_rounds_table}
+    if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]
-        print(store_runs_table(list(zip(args[::2], args[1::2]))))
-        sys.exit(0)
-    if sys.argv[1:2] == ["--latency-rounds"]:
-        args = sys.argv[2:]
-        print(latency_rounds_table(list(zip(args[::2], args[1::2]))))
+        print(pair_tables[sys.argv[1]](list(zip(args[::2], args[1::2]))))
         sys.exit(0)
     if sys.argv[1:2] == ["--mixed-runs"]:
         groups: list[tuple[str, list[str]]] = []

@@ -26,7 +26,6 @@ import json
 import mmap
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -34,7 +33,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from lmcache_fx.testing.loopfs import drop_caches, xfs_loop  # noqa: E402
+from lmcache_fx.testing.loopfs import drop_caches, image_of, xfs_loop  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 
 OLD = "fallocated after mkfs"
@@ -43,10 +42,7 @@ NEW = "written through, no discard"
 
 def fallocate_image(mnt: str) -> None:
     """The bench's old preparation: fallocate over the mounted device's image."""
-    dev = subprocess.run(["findmnt", "-n", "-o", "SOURCE", "--target", mnt], capture_output=True, text=True).stdout
-    with open(f"/sys/block/{os.path.basename(dev.strip())}/loop/backing_file") as f:
-        img = f.read().strip()
-    fd = os.open(img, os.O_RDWR)
+    fd = os.open(image_of(mnt), os.O_RDWR)
     try:
         os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
     finally:

@@ -17,15 +17,9 @@ def _mounted(path: str) -> bool:
         return any(line.split()[1] == path for line in f)
 
 
-def _image_of(mnt: str) -> str:
-    dev = [line.split()[0] for line in open("/proc/self/mounts") if line.split()[1] == mnt][0]
-    with open(f"/sys/block/{os.path.basename(dev)}/loop/backing_file") as f:
-        return f.read().strip()
-
-
 def test_busy_mount_is_released_when_its_last_descriptor_closes():
     with loopfs.xfs_loop("512M") as mnt:
-        img = _image_of(mnt)
+        img = loopfs.image_of(mnt)
         fd = os.open(os.path.join(mnt, "held"), os.O_CREAT | os.O_RDWR, 0o600)
     try:
         assert not _mounted(mnt)  # detached from the tree at once
@@ -45,7 +39,7 @@ def test_touched_image_keeps_every_page_after_mkfs():
     back into holes, whose first write later pays for the page."""
     size = 320 << 20
     with loopfs.xfs_loop(size, touch=True) as mnt:
-        st = os.stat(_image_of(mnt))
+        st = os.stat(loopfs.image_of(mnt))
         assert st.st_size == size and st.st_blocks * 512 == size
     with loopfs.xfs_loop(size) as mnt:
-        assert os.stat(_image_of(mnt)).st_blocks * 512 < size // 2
+        assert os.stat(loopfs.image_of(mnt)).st_blocks * 512 < size // 2

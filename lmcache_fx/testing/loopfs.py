@@ -41,6 +41,15 @@ def _bytes(size) -> int:
     return int(float(s[:-1] if mult != 1 else s) * mult)
 
 
+def image_of(mountpoint: str) -> str:
+    """The backing file of the loop device mounted at mountpoint, as the
+    kernel names it (with " (deleted)" once the file is unlinked)."""
+    with open("/proc/self/mounts") as f:
+        dev = next(line.split()[0] for line in f if line.split()[1] == mountpoint)
+    with open(f"/sys/block/{os.path.basename(dev)}/loop/backing_file") as f:
+        return f.read().strip()
+
+
 TOUCH_PIECE = 64 << 20
 
 
