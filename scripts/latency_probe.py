@@ -6,6 +6,11 @@ cache dropped before each case. Each thread owns one chunk file and a 2 MiB-alig
 ``split_bytes`` pieces. Per engine and per in-flight count: p50/p99 of the request latencies and the
 aggregate GB/s. Rounds interleave the engines; the figures reported are medians over rounds.
 
+Beside fx's engine (``io_uring``, ``threads``), ``pread`` reads each request with one blocking preadv on
+its thread, as fs_native's workers do: the medium's own spread of latencies under the same load. A
+``+crc`` suffix takes the CRC32C as well (fx's engine per piece as it lands, as its verified reads do;
+``pread+crc`` of the whole request after it).
+
 With ``--bursts``, each round also releases bursts from idle: as many requests as the largest in-flight
 count, started together, one per thread, each read once (a batch of prompts after a pause); and the same
 with every other request a short one (``--short-mib``), to see whether a short read waits behind long ones.
@@ -20,6 +25,7 @@ Timings belong here, never in tests.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -43,7 +49,43 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[k]
 
 
-def _case(engine, fds, bufs, chunk: int, seconds: float) -> dict:
+class PreadReader:
+    """The medium's floor beside the engine: one blocking O_DIRECT preadv of
+    the whole request on the calling thread (the GIL released), as
+    fs_native's workers read; with crc, then the CRC32C of what was read,
+    the least any reader that checks its data must add."""
+
+    def __init__(self, crc: bool):
+        self.crc = crc
+
+    def read(self, ops, crc: bool = False) -> list:
+        out = []
+        for fd, off, length, addr in ops:
+            got = os.preadv(fd, [_view(addr, length)], off)
+            out.append((got, _fxio.crc32c_at(addr, got)) if self.crc else got)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def _view(addr: int, length: int) -> memoryview:
+    return memoryview((ctypes.c_char * length).from_address(addr)).cast("B")
+
+
+def make_reader(name: str, queue_depth: int, split_bytes: int):
+    """An engine by its --engines name: io_uring or threads (fx's engine;
+    with +crc each piece's CRC32C is taken as it lands, as fx's verified
+    reads do), pread or pread+crc (PreadReader)."""
+    base, _, extra = name.partition("+")
+    if extra not in ("", "crc"):
+        raise SystemExit(f"--engines: unknown '{name}'; use io_uring, threads or pread, each with or without +crc")
+    if base == "pread":
+        return PreadReader(crc=bool(extra))
+    return _fxio.Engine(base, queue_depth=queue_depth, split_bytes=split_bytes)
+
+
+def _case(engine, fds, bufs, chunk: int, seconds: float, crc: bool = False) -> dict:
     lat: list[list[float]] = [[] for _ in fds]
     start = threading.Barrier(len(fds) + 1)
     stop = 0.0  # set just before the barrier releases the threads
@@ -54,8 +96,10 @@ def _case(engine, fds, bufs, chunk: int, seconds: float) -> dict:
         start.wait()
         while time.monotonic() < stop:
             t0 = time.perf_counter()
-            r = engine.read(op)
+            r = engine.read(op, crc=True) if crc else engine.read(op)
             lat[i].append(time.perf_counter() - t0)
+            if crc:
+                r = [x[0] for x in r]
             if r[0] != chunk:
                 errors.append(f"thread {i}: {r[0]}")
                 return
@@ -125,7 +169,11 @@ def _burst(engine, fds, bufs, sizes: list[int]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--inflight", default="1,4,16", help="threads (requests in flight), comma list")
-    ap.add_argument("--engines", default="io_uring,threads")
+    ap.add_argument(
+        "--engines",
+        default="io_uring,threads",
+        help="comma list of io_uring, threads (fx's engine), pread (plain blocking preads); +crc: take the CRC32C",
+    )
     ap.add_argument("--chunk-mib", type=int, default=64)
     ap.add_argument("--split-mib", type=int, default=1)
     ap.add_argument("--queue-depth", type=int, default=32)
@@ -169,12 +217,12 @@ def main() -> int:
                     f.write(pattern)
             fds.append(os.open(p, os.O_RDONLY | os.O_DIRECT))
             bufs.append(_fxio.HostBuffer(chunk))
-        engs = {e: _fxio.Engine(e, queue_depth=a.queue_depth, split_bytes=a.split_mib * MIB) for e in engines}
+        engs = {e: make_reader(e, a.queue_depth, a.split_mib * MIB) for e in engines}
         try:
             for rnd in range(a.rounds):
                 for n in inflight:
                     for e in engines:
-                        r = _case(engs[e], fds[:n], bufs[:n], chunk, a.seconds)
+                        r = _case(engs[e], fds[:n], bufs[:n], chunk, a.seconds, crc=e.endswith("+crc"))
                         raw[e][n].append(r)
                         print(f"round {rnd} {e:8s} {n:2d} in flight: {r}", flush=True)
                 if a.bursts:
