@@ -9,6 +9,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --l2-stores "64 MiB, run 1" docs/bench-repeats/l2-written-images/64m-run1.json ...
     python scripts/bench_tables.py --latency-rounds "64 MiB" docs/bench-repeats/latency-rounds/*-64m-run1.json \
         "2 MiB, run 1" docs/bench-repeats/latency-rounds/*-2m-run1.json   # --latency-rounds runs
+    python scripts/bench_tables.py --latency-probe docs/latency-probe.json floor-2m floor-10m   # its labels
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -331,6 +332,28 @@ def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
     return "\n".join(rows)
 
 
+def latency_probe_table(d: dict, labels: list[str]) -> str:
+    """Runs of scripts/latency_probe.py (labels of its JSON): a row per label
+    and count in flight, a column per engine, each cell the median of the
+    rounds' own p99/p50 (their range), the medians of p50 / p99 in ms and the
+    median GB/s."""
+    runs = [d["runs"][label] for label in labels]
+    engines = list(runs[0]["summary (medians over rounds)"])
+    rows = ["| chunk, in flight | " + " | ".join(engines) + " |", "|---|" + "---|" * len(engines)]
+    for r in runs:
+        summary = r["summary (medians over rounds)"]
+        for c in summary[engines[0]]:
+            cells = []
+            for e in engines:
+                s, each = summary[e][c], [x["p99_ms"] / x["p50_ms"] for x in r["rounds_raw"][e][c]]
+                cells.append(
+                    f"{s['p99_over_p50']:.2f} ({min(each):.2f}–{max(each):.2f}) · {s['p50_ms']:.1f} / {s['p99_ms']:.1f}"
+                    f" · {s['gbps']:.2f} GB/s"
+                )
+            rows.append(f"| {r['chunk_mib']} MiB, {c} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def probe_table(d: dict) -> str:
     """The rounds of a scripts/staged_probe.py JSON: its two sides, fs_native
     and the copy alone (GB/s, medians of the round's reps), the ratios of the
@@ -357,6 +380,10 @@ if __name__ == "__main__":
         for path in sys.argv[2:]:
             with open(path) as f:
                 print(probe_table(json.load(f)))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--latency-probe"]:  # FILE LABEL...
+        with open(sys.argv[2]) as f:
+            print(latency_probe_table(json.load(f), sys.argv[3:]))
         sys.exit(0)
     if sys.argv[1:2] == ["--ratios"]:
         print(ratios_table(sys.argv[2:]))

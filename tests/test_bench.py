@@ -591,6 +591,33 @@ def test_docs_latency_rounds_table_is_the_committed_json():
     assert case["p99_over_p50"] == pytest.approx(statistics.median(each))
 
 
+def test_docs_two_mib_latency_tables_are_the_committed_json():
+    """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
+    plain preads are what `bench_tables.py --latency-rounds` and
+    `--latency-probe` render from the committed runs; the probe's cells are
+    medians of its rounds' own ratios, and its baseline is plain preads."""
+    mod = _bench_tables()
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        page = f.read()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-peers")
+    cases = [(f"2 MiB, run {r}", os.path.join(d, f"ebd103a-2m-run{r}.json")) for r in (1, 2)]
+    peers = mod.latency_rounds_table(cases)
+    assert "LMCache LocalDiskBackend" in peers.splitlines()[0]
+    assert "\n".join("    " + line for line in peers.splitlines()) in page
+    with open(os.path.join(ROOT, "docs", "latency-probe.json")) as f:
+        probe = json.load(f)
+    floor = mod.latency_probe_table(probe, ["floor-2m", "floor-10m"])
+    assert floor.splitlines()[0] == "| chunk, in flight | io_uring+crc | threads+crc | pread | pread+crc |"
+    assert len(floor.splitlines()) == 2 + 2 * 2
+    assert "\n".join("    " + line for line in floor.splitlines()) in page
+    run = probe["runs"]["floor-2m"]
+    each = [x["p99_ms"] / x["p50_ms"] for x in run["rounds_raw"]["pread"]["4"]]
+    assert len(each) == run["rounds"] == 7
+    assert run["summary (medians over rounds)"]["pread"]["4"]["p99_over_p50"] == pytest.approx(
+        statistics.median(each), abs=0.006
+    )
+
+
 def test_docs_l2_store_table_is_the_committed_json():
     """docs/benchmarks.md's table of L2 stores on written-through loop images
     is what `bench_tables.py --l2-stores` renders from the committed runs;
