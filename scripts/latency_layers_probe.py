@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Where the plugin's 2 MiB tail comes from: the same stored chunks read with
+N requests in flight, one layer added at a time (root: XFS on a RAM-backed
+loop device, cold).
+
+One fx tier is set up the way `lmcache-fx bench` sets it up (a real
+LMCacheEngine, its CPU pool registered with fx's engine) and one workload is
+stored through it. Then N threads read one chunk per request, over the stored
+chunks in turn (the bench's latency case), in five ways, interleaved within
+each round and the order rotated every round:
+
+- ``engine``: fx's engine alone, each chunk file opened once beforehand, the
+  whole file read with each piece's CRC32C taken as it lands, into one buffer
+  per thread;
+- ``store-fixed``: ChunkStore.read (open, header check, CRC32C, close, the
+  index) into one object of LMCache's pool per thread, kept for every request;
+- ``store-rotating``: the same into pool objects taken in turn from a set
+  allocated beforehand (about 80 MiB of them, beyond this CPU's L3), with no
+  allocator call per request;
+- ``store-new``: the same into a new pool object per request, allocated and
+  freed by LMCache's allocator as the plugin does;
+- ``plugin``: the plugin's batched_get_blocking([key]), what the bench times.
+
+Per mode and count in flight: p50 and p99 of each round, and their medians
+over the rounds (p99/p50 taken within each round). Timings belong here, never
+in tests.
+
+    python scripts/latency_layers_probe.py --rounds 15 --json docs/latency-layers-probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from contextlib import ExitStack
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+
+from lmcache_fx import _fxio  # noqa: E402
+from lmcache_fx.testing.loopfs import drop_caches, why_not_available, xfs_loop  # noqa: E402
+from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
+from lmcache_fx.tools.bench.run import READER_CLASSES  # noqa: E402
+from lmcache_fx.tools.bench.workload import BenchConfig, Workload, latency_requests  # noqa: E402
+from lmcache_fx.tools.models import GB, PRESETS  # noqa: E402
+
+MODES = ("engine", "store-fixed", "store-rotating", "store-new", "plugin")
+ROTATING_BYTES = 80 << 20  # the set store-rotating cycles through: more than the 32 MiB L3 here
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+class Layers:
+    """The tier, its stored chunks, and one read of a chunk per mode."""
+
+    def __init__(self, reader, keys, chunk_bytes: int):
+        self.chunk_bytes = chunk_bytes
+        self.backend = reader.backend
+        self.store = self.backend.store
+        self.keys = keys
+        self.names = [k.to_string() for k in keys]
+        self.paths = [self.store._entry(n).path for n in self.names]
+        size = os.path.getsize(self.paths[0])
+        self.file_bytes = size
+        self.read_bytes = (size + 4095) // 4096 * 4096
+        metas: list = []
+        self.store.read(self.names[:1], lambda m: metas.append(m), lambda h: None)  # the meta, nothing read
+        self.meta = metas[0]
+        self.fds: list[int] = []
+        self.buffers: list = []
+
+    def allocate(self):
+        got = self.backend._allocate(self.meta)
+        if got is None:
+            raise RuntimeError("LMCache's pool gave no object")
+        return got
+
+    def prepare(self, mode: str, conc: int) -> list:
+        """Per-thread state: a buffer, a kept object, or a share of the rotating set."""
+        if mode == "engine":
+            self.fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in self.paths]
+            while len(self.buffers) < conc:  # kept across cases and faulted in now, outside any timing
+                b = _fxio.HostBuffer(self.read_bytes)
+                memoryview(b)[:] = bytes(len(b))
+                self.buffers.append(b)
+            return self.buffers[:conc]
+        if mode == "store-fixed":
+            return [[self.allocate()] for _ in range(conc)]
+        if mode == "store-rotating":
+            n = max(conc, ROTATING_BYTES // self.chunk_bytes)
+            objs = [self.allocate() for _ in range(n)]
+            return [objs[t::conc] for t in range(conc)]
+        return [None] * conc
+
+    def release(self, mode: str, state: list) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+        if mode in ("store-fixed", "store-rotating"):
+            for objs in state:
+                for o in objs:
+                    o[0].ref_count_down()
+
+    def read(self, mode: str, state, i: int, n: int) -> bool:
+        k = i % len(self.keys)
+        if mode == "engine":
+            got = self.store.engine.read([(self.fds[k], 0, self.read_bytes, state.address)], crc=True)
+            return got[0][0] >= self.file_bytes
+        if mode == "plugin":
+            objs = self.backend.batched_get_blocking([self.keys[k]])
+            for o in objs:
+                if o is not None:
+                    o.ref_count_down()
+            return objs[0] is not None
+        if mode == "store-new":
+            out = self.store.read([self.names[k]], self.backend._allocate, self.backend._release)
+            if out[0] is not None:
+                out[0].ref_count_down()
+            return out[0] is not None
+        dst = state[n % len(state)]
+        out = self.store.read([self.names[k]], lambda m: dst, lambda h: None)
+        return out[0] is not None
+
+
+def _case(layers: Layers, mode: str, conc: int) -> dict:
+    n_req = latency_requests(len(layers.keys), conc)
+    nxt = iter(range(n_req))
+    lock = threading.Lock()
+    lat: list[float] = []
+    errors: list[str] = []
+    state = layers.prepare(mode, conc)
+    drop_caches()
+
+    def worker(t: int) -> None:
+        done = 0
+        while True:
+            with lock:
+                i = next(nxt, None)
+            if i is None:
+                return
+            t0 = time.perf_counter()
+            ok = layers.read(mode, state[t], i, done)
+            dt = time.perf_counter() - t0
+            done += 1
+            with lock:
+                lat.append(dt)
+                if not ok:
+                    errors.append(f"request {i} missed")
+
+    try:
+        ths = [threading.Thread(target=worker, args=(t,)) for t in range(conc)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+    finally:
+        layers.release(mode, state)
+    if errors:
+        raise RuntimeError(f"{mode}: {errors[:3]}")
+    return {"requests": len(lat), "p50_ms": _pct(lat, 0.5) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="llama-3.2-1b-tp4")
+    ap.add_argument("--total-gb", type=float, default=0.5)
+    ap.add_argument("--inflight", default="4,16")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    why = why_not_available()
+    if why:
+        print(f"skipped: {why}")
+        return 0
+    modes = a.modes.split(",")
+    for m in modes:
+        if m not in MODES:
+            raise SystemExit(f"--modes: unknown '{m}'; use any of {', '.join(MODES)}")
+    concs = [int(x) for x in a.inflight.split(",")]
+    geo = PRESETS[a.preset]
+    n = max(1, int(a.total_gb * GB) // geo.chunk_bytes)
+    raw: dict = {m: {str(c): [] for c in concs} for m in modes}
+    with xfs_loop("5G", touch=True) as mnt, ExitStack() as stack:
+        cfg = BenchConfig(path=mnt, geo=geo, n_chunks=n, reps=1)
+        w = Workload(geo, n)
+        r = READER_CLASSES["fx"](cfg, w)
+        r.open(stack)
+        tokens = w.tokens(0)
+        keys = r.keys(tokens)
+        r.engine.store(tokens, kvcaches=w.src, slot_mapping=w.slot_mapping)
+        r.wait_stored(keys)
+        layers = Layers(r, keys, geo.chunk_bytes)
+        for rnd in range(a.rounds):
+            order = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
+            for c in concs:
+                for m in order:
+                    raw[m][str(c)].append(_case(layers, m, c))
+            print(f"round {rnd + 1}/{a.rounds} done", flush=True)
+    summary: dict = {}
+    for m in modes:
+        summary[m] = {}
+        for c in concs:
+            rs = raw[m][str(c)]
+            each = [x["p99_ms"] / x["p50_ms"] for x in rs]
+            s = summary[m][str(c)] = {
+                "p99_over_p50": statistics.median(each),
+                "p99_over_p50_min": min(each),
+                "p99_over_p50_max": max(each),
+                "p50_ms": statistics.median(x["p50_ms"] for x in rs),
+                "p99_ms": statistics.median(x["p99_ms"] for x in rs),
+            }
+            print(
+                f"{m:15s} {c:2d} in flight: p99/p50 {s['p99_over_p50']:.2f} ({min(each):.2f}–{max(each):.2f})  "
+                f"p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms"
+            )
+    if a.json:
+        doc = {
+            "command": "python scripts/latency_layers_probe.py " + " ".join(sys.argv[1:]),
+            "git_commit": git_commit(),
+            "medium": "XFS on a RAM-backed loop device (/dev/shm image written through), page cache dropped per case",
+            "workload": {"preset": a.preset, "chunks": n, "chunk_bytes": geo.chunk_bytes},
+            "rounds": a.rounds,
+            "statistic": "per round p50 and p99 of the requests (nearest rank); medians over rounds, "
+            "p99/p50 taken within each round",
+            "host": {"cpus": os.cpu_count(), "loadavg_at_end": list(os.getloadavg())},
+            "summary (medians over rounds)": summary,
+            "rounds_raw": raw,
+        }
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
