@@ -10,6 +10,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --latency-rounds "64 MiB" docs/bench-repeats/latency-rounds/*-64m-run1.json \
         "2 MiB, run 1" docs/bench-repeats/latency-rounds/*-2m-run1.json   # --latency-rounds runs
     python scripts/bench_tables.py --latency-probe docs/latency-probe.json floor-2m floor-10m   # its labels
+    python scripts/bench_tables.py --latency-layers "run 1" docs/bench-repeats/latency-layers/868fddf-run1.json ...
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -354,6 +355,28 @@ def latency_probe_table(d: dict, labels: list[str]) -> str:
     return "\n".join(rows)
 
 
+def latency_layers_table(cases: list[tuple[str, str]]) -> str:
+    """Runs of scripts/latency_layers_probe.py (a label and a file each): a
+    row per mode, a column per run and count in flight, each cell the median
+    of the rounds' own p99/p50 (their range) and the medians of p50 / p99 in ms."""
+    runs = _labelled_runs(cases)
+    first = runs[0][1]["summary (medians over rounds)"]
+    modes, concs = list(first), list(next(iter(first.values())))
+    cols = [(label, d["summary (medians over rounds)"], c) for label, d in runs for c in concs]
+    rows = ["| mode | " + " | ".join(f"{label}, {c} in flight" for label, _, c in cols) + " |"]
+    rows.append("|---|" + "---|" * len(cols))
+    for m in modes:
+        cells = []
+        for _, summary, c in cols:
+            v = summary[m][c]
+            cells.append(
+                f"{v['p99_over_p50']:.2f} ({v['p99_over_p50_min']:.2f}–{v['p99_over_p50_max']:.2f}) "
+                f"· {v['p50_ms']:.1f} / {v['p99_ms']:.1f}"
+            )
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def probe_table(d: dict) -> str:
     """The rounds of a scripts/staged_probe.py JSON: its two sides, fs_native
     and the copy alone (GB/s, medians of the round's reps), the ratios of the
@@ -391,7 +414,11 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--runs"]:
         print(runs_table(sys.argv[3:], sys.argv[2]))
         sys.exit(0)
-    pair_tables = {"--l2-stores": store_runs_table, "--latency-rounds": latency_rounds_table}
+    pair_tables = {
+        "--l2-stores": store_runs_table,
+        "--latency-rounds": latency_rounds_table,
+        "--latency-layers": latency_layers_table,
+    }
     if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]
         print(pair_tables[sys.argv[1]](list(zip(args[::2], args[1::2]))))

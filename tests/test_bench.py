@@ -618,6 +618,30 @@ def test_docs_two_mib_latency_tables_are_the_committed_json():
     )
 
 
+def test_docs_latency_layers_table_is_the_committed_json():
+    """docs/benchmarks.md's table of the plugin's 2 MiB tail layer by layer is
+    what `bench_tables.py --latency-layers` renders from the committed runs,
+    every mode in each run, each median the median of that run's rounds."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-layers")
+    cases = [(f"run {r}", os.path.join(d, f"868fddf-run{r}.json")) for r in (1, 2)]
+    table = mod.latency_layers_table(cases)
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        page = f.read()
+    assert "\n".join("    " + line for line in table.splitlines()) in page
+    modes = ("engine", "store-fixed", "store-rotating", "store-new", "plugin")
+    assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == list(modes)
+    for _, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        rounds = run["rounds_raw"]["store-new"]["16"]
+        assert len(rounds) == run["rounds"] == 15
+        each = [r["p99_ms"] / r["p50_ms"] for r in rounds]
+        assert run["summary (medians over rounds)"]["store-new"]["16"]["p99_over_p50"] == pytest.approx(
+            statistics.median(each)
+        )
+
+
 def test_docs_l2_store_table_is_the_committed_json():
     """docs/benchmarks.md's table of L2 stores on written-through loop images
     is what `bench_tables.py --l2-stores` renders from the committed runs;
