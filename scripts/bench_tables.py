@@ -11,6 +11,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
         "2 MiB, run 1" docs/bench-repeats/latency-rounds/*-2m-run1.json   # --latency-rounds runs
     python scripts/bench_tables.py --latency-probe docs/latency-probe.json floor-2m floor-10m   # its labels
     python scripts/bench_tables.py --latency-layers "run 1" docs/bench-repeats/latency-layers/868fddf-run1.json ...
+    python scripts/bench_tables.py --per-chunk-runs "run 1" docs/bench-repeats/per-chunk-written/77cbeb3-run1.json ...
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -377,6 +378,23 @@ def latency_layers_table(cases: list[tuple[str, str]]) -> str:
     return "\n".join(rows)
 
 
+def per_chunk_runs_table(cases: list[tuple[str, str]]) -> str:
+    """The cost-per-chunk case of several runs (a label and a file each): a
+    row per reader, a column per run, each cell µs per chunk of the tier read
+    and of the store (medians of the run's reps)."""
+    runs = _labelled_runs(cases)
+    readers = runs[0][1]["per_chunk"]["readers"]
+    rows = ["| reader | " + " | ".join(f"{label}: read · store µs" for label, _ in runs) + " |"]
+    rows.append("|---|" + "---:|" * len(runs))
+    for n, e in readers.items():
+        cells = []
+        for _, d in runs:
+            v = d["per_chunk"]["readers"][n]
+            cells.append(f"{_f(v.get('tier_us_per_chunk'), '{:.1f}')} · {_f(v.get('store_us_per_chunk'), '{:.1f}')}")
+        rows.append(f"| {e['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def probe_table(d: dict) -> str:
     """The rounds of a scripts/staged_probe.py JSON: its two sides, fs_native
     and the copy alone (GB/s, medians of the round's reps), the ratios of the
@@ -418,6 +436,7 @@ if __name__ == "__main__":
         "--l2-stores": store_runs_table,
         "--latency-rounds": latency_rounds_table,
         "--latency-layers": latency_layers_table,
+        "--per-chunk-runs": per_chunk_runs_table,
     }
     if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]

@@ -642,6 +642,27 @@ def test_docs_latency_layers_table_is_the_committed_json():
         )
 
 
+def test_docs_per_chunk_table_on_written_through_images_is_the_committed_json():
+    """docs/benchmarks.md's cost-per-chunk table of the runs on written-through
+    images is what `bench_tables.py --per-chunk-runs` renders from them, and
+    each run measured 1000 chunks of 4 KiB, cold, on such an image."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "per-chunk-written")
+    cases = [(f"run {r}", os.path.join(d, f"77cbeb3-run{r}.json")) for r in (1, 2, 3)]
+    table = mod.per_chunk_runs_table(cases)
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        page = f.read()
+    assert "\n".join("  " + line for line in table.splitlines()) in page
+    assert len(table.splitlines()) == 2 + 4
+    for _, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        pc = run["per_chunk"]
+        assert (pc["chunk_bytes"], pc["n_chunks"], pc["cold"]) == (4096, 1000, True)
+        assert "written through" in run["machine"]["filesystem"]
+        assert f"{pc['readers']['fs_native']['store_us_per_chunk']:.1f}" in table
+
+
 def test_docs_l2_store_table_is_the_committed_json():
     """docs/benchmarks.md's table of L2 stores on written-through loop images
     is what `bench_tables.py --l2-stores` renders from the committed runs;
