@@ -356,6 +356,13 @@ def latency_probe_table(d: dict, labels: list[str]) -> str:
     return "\n".join(rows)
 
 
+def _md_table(head: list[str], body: list[list[str]], align: str = "---") -> str:
+    """A markdown table: the first column left-aligned, the others by `align`."""
+    rows = ["| " + " | ".join(head) + " |", "|---|" + f"{align}|" * (len(head) - 1)]
+    rows += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(rows)
+
+
 def latency_layers_table(cases: list[tuple[str, str]]) -> str:
     """Runs of scripts/latency_layers_probe.py (a label and a file each): a
     row per mode, a column per run and count in flight, each cell the median
@@ -364,18 +371,17 @@ def latency_layers_table(cases: list[tuple[str, str]]) -> str:
     first = runs[0][1]["summary (medians over rounds)"]
     modes, concs = list(first), list(next(iter(first.values())))
     cols = [(label, d["summary (medians over rounds)"], c) for label, d in runs for c in concs]
-    rows = ["| mode | " + " | ".join(f"{label}, {c} in flight" for label, _, c in cols) + " |"]
-    rows.append("|---|" + "---|" * len(cols))
-    for m in modes:
-        cells = []
-        for _, summary, c in cols:
-            v = summary[m][c]
-            cells.append(
-                f"{v['p99_over_p50']:.2f} ({v['p99_over_p50_min']:.2f}–{v['p99_over_p50_max']:.2f}) "
-                f"· {v['p50_ms']:.1f} / {v['p99_ms']:.1f}"
-            )
-        rows.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+
+    def cell(v: dict) -> str:
+        return (
+            f"{v['p99_over_p50']:.2f} ({v['p99_over_p50_min']:.2f}–{v['p99_over_p50_max']:.2f}) "
+            f"· {v['p50_ms']:.1f} / {v['p99_ms']:.1f}"
+        )
+
+    return _md_table(
+        ["mode"] + [f"{label}, {c} in flight" for label, _, c in cols],
+        [[m] + [cell(summary[m][c]) for _, summary, c in cols] for m in modes],
+    )
 
 
 def per_chunk_runs_table(cases: list[tuple[str, str]]) -> str:
@@ -383,16 +389,16 @@ def per_chunk_runs_table(cases: list[tuple[str, str]]) -> str:
     row per reader, a column per run, each cell µs per chunk of the tier read
     and of the store (medians of the run's reps)."""
     runs = _labelled_runs(cases)
+
+    def cell(v: dict) -> str:
+        return f"{_f(v.get('tier_us_per_chunk'), '{:.1f}')} · {_f(v.get('store_us_per_chunk'), '{:.1f}')}"
+
     readers = runs[0][1]["per_chunk"]["readers"]
-    rows = ["| reader | " + " | ".join(f"{label}: read · store µs" for label, _ in runs) + " |"]
-    rows.append("|---|" + "---:|" * len(runs))
-    for n, e in readers.items():
-        cells = []
-        for _, d in runs:
-            v = d["per_chunk"]["readers"][n]
-            cells.append(f"{_f(v.get('tier_us_per_chunk'), '{:.1f}')} · {_f(v.get('store_us_per_chunk'), '{:.1f}')}")
-        rows.append(f"| {e['label']} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    return _md_table(
+        ["reader"] + [f"{label}: read · store µs" for label, _ in runs],
+        [[e["label"]] + [cell(d["per_chunk"]["readers"][n]) for _, d in runs] for n, e in readers.items()],
+        align="---:",
+    )
 
 
 def probe_table(d: dict) -> str:
