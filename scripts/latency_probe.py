@@ -50,19 +50,16 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 class PreadReader:
-    """The medium's floor beside the engine: one blocking O_DIRECT preadv of
-    the whole request on the calling thread (the GIL released), as
-    fs_native's workers read; with crc, then the CRC32C of what was read,
-    the least any reader that checks its data must add."""
-
-    def __init__(self, crc: bool):
-        self.crc = crc
+    """The medium's floor beside the engine, read as Engine.read is: one
+    blocking O_DIRECT preadv of the whole request on the calling thread (the
+    GIL released), as fs_native's workers read; with crc, then the CRC32C of
+    what was read, the least any reader that checks its data must add."""
 
     def read(self, ops, crc: bool = False) -> list:
         out = []
         for fd, off, length, addr in ops:
             got = os.preadv(fd, [_view(addr, length)], off)
-            out.append((got, _fxio.crc32c_at(addr, got)) if self.crc else got)
+            out.append((got, _fxio.crc32c_at(addr, got)) if crc else got)
         return out
 
     def close(self) -> None:
@@ -81,7 +78,7 @@ def make_reader(name: str, queue_depth: int, split_bytes: int):
     if extra not in ("", "crc"):
         raise SystemExit(f"--engines: unknown '{name}'; use io_uring, threads or pread, each with or without +crc")
     if base == "pread":
-        return PreadReader(crc=bool(extra))
+        return PreadReader()
     return _fxio.Engine(base, queue_depth=queue_depth, split_bytes=split_bytes)
 
 
@@ -96,7 +93,7 @@ def _case(engine, fds, bufs, chunk: int, seconds: float, crc: bool = False) -> d
         start.wait()
         while time.monotonic() < stop:
             t0 = time.perf_counter()
-            r = engine.read(op, crc=True) if crc else engine.read(op)
+            r = engine.read(op, crc=crc)
             lat[i].append(time.perf_counter() - t0)
             if crc:
                 r = [x[0] for x in r]
