@@ -277,6 +277,13 @@ def _labelled_runs(cases: list[tuple[str, str]]) -> list[tuple[str, dict]]:
     return runs
 
 
+def _md_table(head: list[str], body: list[list[str]], align: str = "---") -> str:
+    """A markdown table: the first column left-aligned, the others by `align`."""
+    rows = ["| " + " | ".join(head) + " |", "|---|" + f"{align}|" * (len(head) - 1)]
+    rows += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(rows)
+
+
 def store_runs_table(cases: list[tuple[str, str]]) -> str:
     """L2 stores and loads run by run (a label and a file each): each L2
     reader's store and load GB/s (medians of the run's reps; the slowest
@@ -284,11 +291,7 @@ def store_runs_table(cases: list[tuple[str, str]]) -> str:
     runs = _labelled_runs(cases)
     names = [n for n, e in runs[0][1]["readers"].items() if e.get("available")]
     peers = [n for n in names if n != "fx-l2"]
-    rows = [
-        "| run | " + " | ".join(f"{n} store (slowest rep) · load" for n in names)
-        + " | fx-l2 / best peer: store · load |",
-        "|---|" + "---|" * (len(names) + 1),
-    ]  # fmt: skip
+    body = []
     for label, d in runs:
         r = d["readers"]
 
@@ -303,8 +306,9 @@ def store_runs_table(cases: list[tuple[str, str]]) -> str:
         bs = max(med(n, "store_gbps") for n in peers)
         bl = max(med(n, "tier_read_gbps") for n in peers)
         cells.append(f"{med('fx-l2', 'store_gbps') / bs:.2f}× · {med('fx-l2', 'tier_read_gbps') / bl:.2f}×")
-        rows.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+        body.append([label] + cells)
+    head = ["run"] + [f"{n} store (slowest rep) · load" for n in names] + ["fx-l2 / best peer: store · load"]
+    return _md_table(head, body)
 
 
 def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
@@ -341,26 +345,21 @@ def latency_probe_table(d: dict, labels: list[str]) -> str:
     median GB/s."""
     runs = [d["runs"][label] for label in labels]
     engines = list(runs[0]["summary (medians over rounds)"])
-    rows = ["| chunk, in flight | " + " | ".join(engines) + " |", "|---|" + "---|" * len(engines)]
-    for r in runs:
-        summary = r["summary (medians over rounds)"]
-        for c in summary[engines[0]]:
-            cells = []
-            for e in engines:
-                s, each = summary[e][c], [x["p99_ms"] / x["p50_ms"] for x in r["rounds_raw"][e][c]]
-                cells.append(
-                    f"{s['p99_over_p50']:.2f} ({min(each):.2f}–{max(each):.2f}) · {s['p50_ms']:.1f} / {s['p99_ms']:.1f}"
-                    f" · {s['gbps']:.2f} GB/s"
-                )
-            rows.append(f"| {r['chunk_mib']} MiB, {c} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
 
+    def cell(s: dict, rounds: list) -> str:
+        each = [x["p99_ms"] / x["p50_ms"] for x in rounds]
+        return (
+            f"{s['p99_over_p50']:.2f} ({min(each):.2f}–{max(each):.2f}) · {s['p50_ms']:.1f} / {s['p99_ms']:.1f}"
+            f" · {s['gbps']:.2f} GB/s"
+        )
 
-def _md_table(head: list[str], body: list[list[str]], align: str = "---") -> str:
-    """A markdown table: the first column left-aligned, the others by `align`."""
-    rows = ["| " + " | ".join(head) + " |", "|---|" + f"{align}|" * (len(head) - 1)]
-    rows += ["| " + " | ".join(cells) + " |" for cells in body]
-    return "\n".join(rows)
+    body = [
+        [f"{r['chunk_mib']} MiB, {c}"]
+        + [cell(r["summary (medians over rounds)"][e][c], r["rounds_raw"][e][c]) for e in engines]
+        for r in runs
+        for c in r["summary (medians over rounds)"][engines[0]]
+    ]
+    return _md_table(["chunk, in flight"] + engines, body)
 
 
 def latency_layers_table(cases: list[tuple[str, str]]) -> str:
