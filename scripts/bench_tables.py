@@ -400,6 +400,25 @@ def per_chunk_runs_table(cases: list[tuple[str, str]]) -> str:
     )
 
 
+def store_check_table(cases: list[tuple[str, str]]) -> str:
+    """Runs of scripts/store_check_probe.py (a label and a file each): a row
+    per chunk size and writer, a column per run, each cell GB/s, the median
+    of each rep's speed over fs_native's and CPU s/GB (medians of the reps)."""
+    runs = _labelled_runs(cases)
+
+    def cell(v: dict) -> str:
+        return f"{v['gbps']:.2f} · {v['over_fs_native']:.2f}× · {v['cpu_s_per_gb']:.3f}"
+
+    body = []
+    for i, case in enumerate(runs[0][1]["cases"]):
+        for m in case["modes"]:
+            body.append([case["chunks"], m] + [cell(d["cases"][i]["modes"][m]) for _, d in runs])
+    head = ["chunks", "writer"] + [f"{label}: GB/s · over fs_native · CPU s/GB" for label, _ in runs]
+    rows = _md_table(head, body, align="---:").splitlines()
+    rows[1] = "|---|---|" + "---:|" * len(runs)
+    return "\n".join(rows)
+
+
 def probe_table(d: dict) -> str:
     """The rounds of a scripts/staged_probe.py JSON: its two sides, fs_native
     and the copy alone (GB/s, medians of the round's reps), the ratios of the
@@ -442,6 +461,7 @@ if __name__ == "__main__":
         "--latency-rounds": latency_rounds_table,
         "--latency-layers": latency_layers_table,
         "--per-chunk-runs": per_chunk_runs_table,
+        "--store-check": store_check_table,
     }
     if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]
