@@ -642,6 +642,33 @@ def test_docs_latency_layers_table_is_the_committed_json():
         )
 
 
+def test_docs_store_check_table_is_the_committed_json():
+    """docs/benchmarks.md's table of what the check costs a store is what
+    `bench_tables.py --store-check` renders from the committed runs: every
+    writer at every chunk size, each ratio to fs_native the median of that
+    run's per-rep ratios."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "store-check")
+    cases = [(f"run {r}", os.path.join(d, f"1018f14-run{r}.json")) for r in (1, 2, 3)]
+    table = mod.store_check_table(cases)
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        page = f.read()
+    assert table in page
+    assert len(table.splitlines()) == 2 + 3 * 5
+    for _, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        assert [c["chunks"] for c in run["cases"]] == ["7 x 64 MiB", "44 x 10 MiB", "224 x 2 MiB"]
+        for case in run["cases"]:
+            modes = case["modes"]
+            fsn = next(v for m, v in modes.items() if m.startswith("fs_native"))
+            fx = next(v for m, v in modes.items() if m.startswith("fx ChunkStore.write"))
+            assert len(fx["gbps_each"]) == len(fsn["gbps_each"]) == case["reps"] == 15
+            each = [a / b for a, b in zip(fx["gbps_each"], fsn["gbps_each"])]
+            assert fx["over_fs_native"] == pytest.approx(statistics.median(each), abs=0.01)
+            assert fx["gbps"] == pytest.approx(statistics.median(fx["gbps_each"]), abs=0.002)
+
+
 def test_docs_per_chunk_table_on_written_through_images_is_the_committed_json():
     """docs/benchmarks.md's cost-per-chunk table of the runs on written-through
     images is what `bench_tables.py --per-chunk-runs` renders from them, and
