@@ -454,3 +454,75 @@ def test_allocate_many_of_the_wrong_length_makes_the_batch_misses(root):
         assert sorted(released) == [0, 1, 2]  # what it gave is handed back, not leaked
     finally:
         st.close()
+
+
+def _same_sub_keys(st, prefix, n):
+    """n keys whose chunks share one fan-out directory."""
+    by_sub: dict = {}
+    for i in range(100000):
+        k = f"{prefix}-{i}"
+        by_sub.setdefault(os.path.dirname(st.path_for(store_mod.chunk_digest(k))), []).append(k)
+        for sub, ks in by_sub.items():
+            if len(ks) == n:
+                return sub, ks
+    raise AssertionError("no fan-out directory got enough keys")
+
+
+def _read_one(st, key, size):
+    dst = fx.HostBuffer(size)
+    out = st.read([key], lambda m: (0, dst.address, size), lambda h: None)
+    return bytes(dst) if out == [0] else None
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_write_after_fanout_directory_removed_between_batches(root, full):
+    """A fan-out directory removed after this process made it (fsck, an
+    operator): the next store into it makes it again and succeeds, also in
+    a full store (temporaries made under the reservation). Nothing is
+    written anywhere else."""
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 3 * SIZE / (1 << 30) if full else 1}))
+    try:
+        src = _filled(3, SIZE)
+        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+        sub, (a, b, c) = _same_sub_keys(st, f"gone{int(full)}", 3)
+        assert st.write([(a, src.address, SIZE, meta), (b, src.address + SIZE, SIZE, meta)]) == [True, True]
+        for name in os.listdir(sub):
+            os.unlink(os.path.join(sub, name))
+        os.rmdir(sub)
+        results = [st.write([(c, src.address + 2 * SIZE, SIZE, meta)])[0] for _ in range(2)]
+        assert results[-1] is True
+        assert results == [True, True]
+        assert os.path.isdir(sub) and not os.path.islink(sub)
+        assert _read_one(st, c, SIZE) == bytes([2]) * SIZE
+        assert sorted(os.listdir(sub)) == [os.path.basename(st.path_for(store_mod.chunk_digest(c)))]
+    finally:
+        st.close()
+
+
+def test_write_after_fanout_directory_swapped_between_batches(root, tmp_path):
+    """A fan-out directory moved away after this process stored into it, a
+    symlink planted at its path: no store goes through the link or leaves
+    a file in the moved directory, and once a real directory is back at the
+    path stores succeed there."""
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
+    try:
+        src = _filled(3, SIZE)
+        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+        sub, (a, b, c) = _same_sub_keys(st, "swap", 3)
+        assert st.write([(a, src.address, SIZE, meta)]) == [True]
+        moved = os.path.join(os.path.dirname(sub), "moved-away")
+        os.rename(sub, moved)
+        evil = tmp_path / "evil"
+        evil.mkdir()
+        os.symlink(str(evil), sub)
+        assert st.write([(b, src.address + SIZE, SIZE, meta)]) == [False]
+        assert st.write([(b, src.address + SIZE, SIZE, meta)]) == [False]
+        assert os.listdir(evil) == []
+        assert os.listdir(moved) == [os.path.basename(st.path_for(store_mod.chunk_digest(a)))]
+        assert not st.contains(b)
+        os.unlink(sub)
+        os.mkdir(sub)
+        assert st.write([(c, src.address + 2 * SIZE, SIZE, meta)]) == [True]
+        assert _read_one(st, c, SIZE) == bytes([2]) * SIZE
+    finally:
+        st.close()
