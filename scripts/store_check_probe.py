@@ -26,7 +26,6 @@ import json
 import os
 import select
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +38,8 @@ from lmcache_fx.core.chunkfile import ChunkMeta  # noqa: E402
 from lmcache_fx.core.options import FxOptions  # noqa: E402
 from lmcache_fx.core.store import ChunkStore  # noqa: E402
 from lmcache_fx.testing.loopfs import xfs_loop  # noqa: E402
-from lmcache_fx.tools.bench.workload import cpu_seconds  # noqa: E402
+from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
+from lmcache_fx.tools.bench.workload import cpu_seconds, host_ticks  # noqa: E402
 
 MIB = 1 << 20
 SEGMENT = 2 * MIB  # fx's segment of a large O_DIRECT payload (csrc/chunk_write.c)
@@ -110,12 +110,6 @@ class _FsNative:
         self.c.close()
 
 
-def _busy_ticks() -> tuple[int, int]:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return sum(v), v[3] + v[4]  # all, idle + iowait
-
-
 def _clear(d: str) -> None:
     for root, _dirs, files in os.walk(d):
         for f in files:
@@ -147,7 +141,7 @@ def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
         k = rep % len(order)
         for m, how in order[k:] + order[:k]:
             names = [f"r{rep + 1}c{i}" for i in range(n)]
-            b0, c0, t0 = _busy_ticks(), cpu_seconds(), time.perf_counter()
+            b0, c0, t0 = host_ticks(), cpu_seconds(), time.perf_counter()
             if how == "fsn":
                 fsn.write(names, src_mv, cb)
             elif how == "fx":
@@ -158,7 +152,7 @@ def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
             else:
                 _preads_shape(dirs[how], names, src.address, cb, {"plain": "", "crc": "whole", "seg": "segments"}[how])
             dt = time.perf_counter() - t0
-            c, b1 = cpu_seconds() - c0, _busy_ticks()
+            c, b1 = cpu_seconds() - c0, host_ticks()
             if how == "fx":
                 for key in fx_keys:
                     fx.remove(key)
@@ -214,10 +208,7 @@ def main() -> None:
                 )
     out = {
         "command": "python " + " ".join(["scripts/store_check_probe.py", *sys.argv[1:]]),
-        "git_commit": subprocess.run(
-            ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        or None,
+        "git_commit": git_commit(),  # "+dirty": uncommitted changes to tracked files
         "cpus": os.cpu_count(),
         "loadavg_end": list(os.getloadavg()),
         "medium": "XFS on a 3 GiB RAM-backed loop device (image written through)",

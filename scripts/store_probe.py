@@ -26,7 +26,6 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +38,8 @@ from lmcache_fx.core import store as store_mod  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest  # noqa: E402
 from lmcache_fx.core.options import FxOptions  # noqa: E402
 from lmcache_fx.testing.loopfs import drop_caches, xfs_loop  # noqa: E402
-from lmcache_fx.tools.bench.workload import cpu_seconds  # noqa: E402
+from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
+from lmcache_fx.tools.bench.workload import cpu_seconds, host_ticks  # noqa: E402
 
 MIB = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -62,13 +62,6 @@ def _threads_read(paths, dst: int, span: int, nthreads: int, crc: bool = False) 
 
     with ThreadPoolExecutor(nthreads) as ex:
         list(ex.map(one, range(len(paths))))
-
-
-def _busy_ticks() -> tuple[int, int]:
-    """(all, idle + iowait) CPU ticks of the host so far."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return sum(v), v[3] + v[4]
 
 
 class _CrcBeside:
@@ -127,7 +120,7 @@ def reads(mnt: str, reps: int) -> dict:
             if how is None or how == "crc" or isinstance(how, int):
                 drop_caches()
                 crc_beside = _CrcBeside(beside, how) if isinstance(how, int) else None
-                b0, c0, t0 = _busy_ticks(), cpu_seconds(), time.perf_counter()
+                b0, c0, t0 = host_ticks(), cpu_seconds(), time.perf_counter()
                 try:
                     _threads_read(paths, dst.address, span, 8, crc=how == "crc")
                 finally:
@@ -149,11 +142,11 @@ def reads(mnt: str, reps: int) -> dict:
 
                 st.read(keys, alloc, lambda h: None)  # learns the headers, as a running store has
                 drop_caches()
-                b0, c0, t0 = _busy_ticks(), cpu_seconds(), time.perf_counter()
+                b0, c0, t0 = host_ticks(), cpu_seconds(), time.perf_counter()
                 out = st.read(keys, alloc, lambda h: None)
                 dt = time.perf_counter() - t0
                 assert all(o is not None for o in out)
-            c, b1 = cpu_seconds() - c0, _busy_ticks()
+            c, b1 = cpu_seconds() - c0, host_ticks()
             if isinstance(how, tuple):
                 st.close()
                 eng.close()
@@ -275,10 +268,7 @@ def main() -> None:
         w = store_stages(mnt, args.reps)
     out = {
         "command": "python " + " ".join(["scripts/store_probe.py", *sys.argv[1:]]),
-        "git_commit": subprocess.run(
-            ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        or None,
+        "git_commit": git_commit(),  # "+dirty": uncommitted changes to tracked files
         "cpus": os.cpu_count(),
         "loadavg_end": list(os.getloadavg()),
         "medium": "XFS on a 3 GiB RAM-backed loop device",

@@ -78,6 +78,15 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def host_ticks() -> tuple[int, int]:
+    """(all, idle + iowait) CPU ticks of the whole host so far (/proc/stat):
+    the busy share of an interval counts the loop device's kernel workers,
+    which no process's CPU time includes."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v), v[3] + v[4]
+
+
 def children_cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
