@@ -176,6 +176,12 @@ def main() -> int:
     ap.add_argument("--inflight", default="4,16")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument(
+        "--switch-ms",
+        default="",
+        help="Python's GIL switch interval(s) in ms (sys.setswitchinterval; default: the process's, 5 ms); "
+        "with several, every mode runs at each, interleaved, as 'MODE @N ms'",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     why = why_not_available()
@@ -187,9 +193,18 @@ def main() -> int:
         if m not in MODES:
             raise SystemExit(f"--modes: unknown '{m}'; use any of {', '.join(MODES)}")
     concs = [int(x) for x in a.inflight.split(",")]
+    switch = [float(x) for x in a.switch_ms.split(",") if x.strip()]
+    # (label, mode, switch interval in s or None): one label per mode and interval
+    cases = [
+        (m if len(switch) < 2 else f"{m} @{ms:g} ms", m, ms / 1000 if switch else None)
+        for m in modes
+        for ms in (switch or [0])
+    ]
+    labels = [c[0] for c in cases]
+    default_switch = sys.getswitchinterval()
     geo = PRESETS[a.preset]
     n = max(1, int(a.total_gb * GB) // geo.chunk_bytes)
-    raw: dict = {m: {str(c): [] for c in concs} for m in modes}
+    raw: dict = {label: {str(c): [] for c in concs} for label in labels}
     with xfs_loop("5G", touch=True) as mnt, ExitStack() as stack:
         cfg = BenchConfig(path=mnt, geo=geo, n_chunks=n, reps=1)
         w = Workload(geo, n)
@@ -201,13 +216,17 @@ def main() -> int:
         r.wait_stored(keys)
         layers = Layers(r, keys, geo.chunk_bytes)
         for rnd in range(a.rounds):
-            order = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
+            order = cases[rnd % len(cases) :] + cases[: rnd % len(cases)]
             for c in concs:
-                for m in order:
-                    raw[m][str(c)].append(_case(layers, m, c))
+                for label, m, sw in order:
+                    sys.setswitchinterval(sw if sw is not None else default_switch)
+                    try:
+                        raw[label][str(c)].append(_case(layers, m, c))
+                    finally:
+                        sys.setswitchinterval(default_switch)
             print(f"round {rnd + 1}/{a.rounds} done", flush=True)
     summary: dict = {}
-    for m in modes:
+    for m in labels:
         summary[m] = {}
         for c in concs:
             rs = raw[m][str(c)]
@@ -220,7 +239,7 @@ def main() -> int:
                 "p99_ms": statistics.median(x["p99_ms"] for x in rs),
             }
             print(
-                f"{m:15s} {c:2d} in flight: p99/p50 {s['p99_over_p50']:.2f} ({min(each):.2f}–{max(each):.2f})  "
+                f"{m:24s} {c:2d} in flight: p99/p50 {s['p99_over_p50']:.2f} ({min(each):.2f}–{max(each):.2f})  "
                 f"p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms"
             )
     if a.json:
@@ -230,6 +249,7 @@ def main() -> int:
             "medium": "XFS on a RAM-backed loop device (/dev/shm image written through), page cache dropped per case",
             "workload": {"preset": a.preset, "chunks": n, "chunk_bytes": geo.chunk_bytes},
             "rounds": a.rounds,
+            "switch_interval_ms": switch or [default_switch * 1000],
             "statistic": "per round p50 and p99 of the requests (nearest rank); medians over rounds, "
             "p99/p50 taken within each round",
             "host": {"cpus": os.cpu_count(), "loadavg_at_end": list(os.getloadavg())},
