@@ -631,15 +631,25 @@ def test_docs_latency_layers_table_is_the_committed_json():
     assert "\n".join("    " + line for line in table.splitlines()) in page
     modes = ("engine", "store-fixed", "store-rotating", "store-new", "plugin")
     assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == list(modes)
+    switch = [(f"run {r}", os.path.join(d, f"2e3a072-switch-run{r}.json")) for r in (1, 2)]
+    table2 = mod.latency_layers_table(switch)
+    assert "\n".join("      " + line for line in table2.splitlines()) in page
+    assert [line.split(" | ")[0][2:] for line in table2.splitlines()[2:]] == [
+        f"{m} @{ms} ms" for m in ("store-rotating", "store-new", "plugin") for ms in ("5", "0.5")
+    ]
+    cases += switch
     for _, path in cases:
         with open(path) as f:
             run = json.load(f)
-        rounds = run["rounds_raw"]["store-new"]["16"]
-        assert len(rounds) == run["rounds"] == 15
-        each = [r["p99_ms"] / r["p50_ms"] for r in rounds]
-        assert run["summary (medians over rounds)"]["store-new"]["16"]["p99_over_p50"] == pytest.approx(
-            statistics.median(each)
-        )
+        new = [k for k in run["rounds_raw"] if k.startswith("store-new")]
+        assert new
+        for k in new:
+            rounds = run["rounds_raw"][k]["16"]
+            assert len(rounds) == run["rounds"] == 15
+            each = [r["p99_ms"] / r["p50_ms"] for r in rounds]
+            assert run["summary (medians over rounds)"][k]["16"]["p99_over_p50"] == pytest.approx(
+                statistics.median(each)
+            )
 
 
 def test_docs_store_check_table_is_the_committed_json():
