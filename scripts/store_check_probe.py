@@ -2,20 +2,22 @@
 """What recording a checksum costs a store on this medium (root: XFS on a
 RAM-backed loop device): fx's ChunkStore.write beside writers that do what
 fs_native does (a temporary, one O_DIRECT write of the whole payload, a
-rename) with and without a CRC32C of what they write, and beside fs_native
-itself (LMCache's C++ client, driven directly, 8 workers, O_DIRECT).
+rename) with and without a CRC32C of what they write, the same with fx's
+other file steps per chunk, and beside fs_native itself (LMCache's C++
+client, driven directly, 8 workers, O_DIRECT).
 
 The store side of scripts/store_probe.py's reads: on this VM the loop
 device's "device" is a copy on the same 2 cores, so a writer's own CPU and
 memory traffic are taken from the medium. If writers that checksum run as
 far behind plain writers as fx runs behind fs_native, the gap is the check's
-cost here, not fx's writer.
+cost here, not fx's writer; what fx runs behind the writer that also takes
+fx's file steps is its Python, ledger and lock.
 
 Every mode writes the same chunks from one huge-page source, interleaved in
 an order rotated each rep; each rep's files are removed (outside the timing)
 before the next mode writes.
 
-    .venv/bin/python scripts/store_check_probe.py --reps 9 --json docs/store-check-probe.json
+    .venv/bin/python scripts/store_check_probe.py --reps 15 --json docs/bench-repeats/store-check/<commit>-run1.json
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 from lmcache_fx.tools.bench.workload import cpu_seconds, host_ticks  # noqa: E402
 
 MIB = 1 << 20
+HEADER = 4096  # fx's chunk header
 SEGMENT = 2 * MIB  # fx's segment of a large O_DIRECT payload (csrc/chunk_write.c)
 THREADS = 8  # fs_native's workers in the bench, and fx's writer threads
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -55,29 +58,44 @@ def _pwrite_all(fd: int, addr: int, n: int, off: int) -> None:
         raise OSError(ctypes.get_errno(), f"pwrite returned {w} of {n}")
 
 
-def _preads_shape(d: str, names: list, src: int, cb: int, crc: str) -> None:
+def _preads_shape(d: str, names: list, src: int, cb: int, crc: str, hdr: int = 0) -> None:
     """fs_native's write shape on THREADS threads: a temporary opened
     O_DIRECT, the payload in one pwrite, close, rename. crc: "" none,
     "whole" the payload's CRC32C before its write, "segments" one per
-    SEGMENT just before that segment's write (fx's order)."""
+    SEGMENT just before that segment's write (fx's order), "steps" the
+    segments with fx's other steps per chunk on the same threads: a fan-out
+    directory, the file sized first, the payload after a 4 KiB header
+    written last (from `hdr`), the mtime set, the final name stat'ed."""
 
     def one(i: int) -> None:
-        tmp = os.path.join(d, names[i] + ".tmp")
+        sub = os.path.join(d, f"{i % 256:02x}") if crc == "steps" else d
+        tmp = os.path.join(sub, names[i] + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT | os.O_CLOEXEC, 0o644)
         try:
             a = src + i * cb
-            if crc == "segments":
+            base = HEADER if crc == "steps" else 0
+            if crc == "steps":
+                os.ftruncate(fd, HEADER + cb)
+            if crc in ("segments", "steps"):
                 for off in range(0, cb, SEGMENT):
                     k = min(SEGMENT, cb - off)
                     _fxio.crc32c_at(a + off, k)
-                    _pwrite_all(fd, a + off, k, off)
+                    _pwrite_all(fd, a + off, k, base + off)
             else:
                 if crc == "whole":
                     _fxio.crc32c_at(a, cb)
                 _pwrite_all(fd, a, cb, 0)
+            if crc == "steps":
+                _pwrite_all(fd, hdr, HEADER, 0)
+                os.utime(fd, ns=(i, i))
         finally:
             os.close(fd)
-        os.rename(tmp, os.path.join(d, names[i]))
+        if crc == "steps":
+            try:
+                os.stat(os.path.join(sub, names[i]), follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+        os.rename(tmp, os.path.join(sub, names[i]))
 
     with ThreadPoolExecutor(THREADS) as ex:
         list(ex.map(one, range(len(names))))
@@ -122,9 +140,12 @@ def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
     src_mv = memoryview(src)
     src_mv[:] = os.urandom(MIB) * (cb * n // MIB)
     meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
-    dirs = {m: os.path.join(mnt, m) for m in ("plain", "crc", "seg", "fsn", "fx")}
+    hdr = _fxio.HostBuffer(HEADER)
+    dirs = {m: os.path.join(mnt, m) for m in ("plain", "crc", "seg", "steps", "fsn", "fx")}
     for d in dirs.values():
         os.makedirs(d, exist_ok=True)
+    for j in range(256):  # fx's fan-out directories, made once as fx's are
+        os.makedirs(os.path.join(dirs["steps"], f"{j:02x}"), exist_ok=True)
     fsn = _FsNative(dirs["fsn"])
     fx = ChunkStore(FxOptions(path=dirs["fx"], max_capacity_gb=1e6))
     modes = {
@@ -132,6 +153,7 @@ def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
         "temporary, one O_DIRECT write, rename; 8 threads (fs_native's shape)": "plain",
         "the same, CRC32C of each payload before its write": "crc",
         "the same, CRC32C of each 2 MiB segment just before its write (fx's order)": "seg",
+        "the same, with fx's file steps per chunk (fan-out directory, sized first, header, mtime, stat)": "steps",
         "fx ChunkStore.write (defaults: header, CRC32C, crash-safe commit)": "fx",
     }
     raw: dict = {m: [] for m in modes}
@@ -150,7 +172,8 @@ def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
                 if not all(ok):
                     raise RuntimeError("fx store refused a chunk")
             else:
-                _preads_shape(dirs[how], names, src.address, cb, {"plain": "", "crc": "whole", "seg": "segments"}[how])
+                crc = {"plain": "", "crc": "whole", "seg": "segments", "steps": "steps"}[how]
+                _preads_shape(dirs[how], names, src.address, cb, crc, hdr.address)
             dt = time.perf_counter() - t0
             c, b1 = cpu_seconds() - c0, host_ticks()
             if how == "fx":
