@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fxmodule.h"
@@ -691,8 +692,19 @@ static int chunks_raise(int r)
 
 static char *chunk_kwlist[] = {"chunks", "scratch", "verify", "direct", "lock", "mapped", NULL};
 
+/* This thread's last read_chunks call: ns in the engine, and ns from the
+ * engine's return to holding the GIL again (the wait behind other Python
+ * threads: what a request waits for after its bytes are in). For probes. */
+static __thread uint64_t last_engine_ns, last_gil_ns;
+
+static uint64_t ns_between(const struct timespec *a, const struct timespec *b)
+{
+    return (uint64_t)((b->tv_sec - a->tv_sec) * 1000000000LL + (b->tv_nsec - a->tv_nsec));
+}
+
 static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject *kw)
 {
+    struct timespec t0, t1, t2;
     PyObject *chunks, *out = NULL;
     unsigned long long scratch;
     chunk_args a;
@@ -707,8 +719,13 @@ static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject
     if (begin_use(self) < 0)
         goto done;
     Py_BEGIN_ALLOW_THREADS
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     r = chunks_run(self, &a);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     Py_END_ALLOW_THREADS
+    clock_gettime(CLOCK_MONOTONIC, &t2);
+    last_engine_ns = ns_between(&t0, &t1);
+    last_gil_ns = ns_between(&t1, &t2);
     end_use(self);
     if (chunks_raise(r) == 0)
         out = chunk_results_to_list(&a);
@@ -1183,6 +1200,11 @@ static PyObject *mod_crc32c_impls(PyObject *m, PyObject *unused)
     return out;
 }
 
+static PyObject *mod_last_read_chunks_ns(PyObject *m, PyObject *unused)
+{
+    return Py_BuildValue("KK", (unsigned long long)last_engine_ns, (unsigned long long)last_gil_ns);
+}
+
 static PyObject *mod_crc_spread_runs(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -1412,6 +1434,9 @@ static PyMethodDef module_methods[] = {
      "map_stats() -> (pieces copied from a file mapping, copies whose source faulted and were read instead)"},
     {"staged_pieces", (PyCFunction)mod_staged_pieces, METH_NOARGS,
      "staged_pieces() -> int: pieces read from memory through a staging buffer and copied on with their CRC32C"},
+    {"last_read_chunks_ns", (PyCFunction)mod_last_read_chunks_ns, METH_NOARGS,
+     "last_read_chunks_ns() -> (engine_ns, gil_ns): this thread's last read_chunks call, its time in the engine "
+     "and its wait for the GIL after it"},
     {"crc_spread_runs", (PyCFunction)mod_crc_spread_runs, METH_NOARGS,
      "crc_spread_runs() -> int: io_uring batches whose landed pieces were checksummed on several threads"},
     {"crc32c_at", (PyCFunction)(void (*)(void))mod_crc32c_at, METH_VARARGS | METH_KEYWORDS,

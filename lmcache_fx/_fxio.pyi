@@ -172,6 +172,10 @@ def staged_pieces() -> int:
     """Pieces read from memory through a staging buffer of the reading
     thread's and copied on with their CRC32C, since the module was loaded."""
 
+def last_read_chunks_ns() -> tuple[int, int]:
+    """This thread's last Engine.read_chunks call: (ns in the engine, ns
+    waiting for the GIL after it)."""
+
 def crc_spread_runs() -> int:
     """io_uring batches whose landed pieces were checksummed on several threads."""
 

@@ -22,7 +22,9 @@ each round and the order rotated every round:
 - ``plugin``: the plugin's batched_get_blocking([key]), what the bench times.
 
 Per mode and count in flight: p50 and p99 of each round, and their medians
-over the rounds (p99/p50 taken within each round). Timings belong here, never
+over the rounds (p99/p50 taken within each round). With --gil, also where the
+requests near the p50 and the slowest 1 % spent their time: in fx's engine,
+waiting for the GIL after it (_fxio.last_read_chunks_ns), and the rest. Timings belong here, never
 in tests.
 
     python scripts/latency_layers_probe.py --rounds 15 --json docs/latency-layers-probe.json
@@ -131,11 +133,29 @@ class Layers:
         return out[0] is not None
 
 
-def _case(layers: Layers, mode: str, conc: int) -> dict:
+def _split(lat: list[float], parts: list[tuple[int, int]], p50: float, p99: float) -> dict:
+    """Where the requests near the p50 (within 10 %) and the slowest 1 %
+    (at or above the p99) spent their time, means in ms: in fx's engine (the
+    read_chunks call), waiting for the GIL after it, and the rest (Python
+    and the GIL waits elsewhere)."""
+    out = {}
+    for name, pick in (("near_p50", lambda x: abs(x - p50) <= 0.1 * p50), ("top_1pct", lambda x: x >= p99)):
+        sel = [(x, e, g) for x, (e, g) in zip(lat, parts) if pick(x)]
+        out[name] = {
+            "requests": len(sel),
+            "engine_ms": statistics.mean(e for _, e, _ in sel) / 1e6,
+            "gil_wait_ms": statistics.mean(g for _, _, g in sel) / 1e6,
+            "rest_ms": statistics.mean(x * 1e3 - (e + g) / 1e6 for x, e, g in sel),
+        }
+    return out
+
+
+def _case(layers: Layers, mode: str, conc: int, gil: bool = False) -> dict:
     n_req = latency_requests(len(layers.keys), conc)
     nxt = iter(range(n_req))
     lock = threading.Lock()
     lat: list[float] = []
+    parts: list[tuple[int, int]] = []  # with gil: (engine ns, GIL wait ns) of each request's read_chunks
     errors: list[str] = []
     state = layers.prepare(mode, conc)
     drop_caches()
@@ -150,9 +170,11 @@ def _case(layers: Layers, mode: str, conc: int) -> dict:
             t0 = time.perf_counter()
             ok = layers.read(mode, state[t], i, done)
             dt = time.perf_counter() - t0
+            part = _fxio.last_read_chunks_ns() if gil else (0, 0)
             done += 1
             with lock:
                 lat.append(dt)
+                parts.append(part)
                 if not ok:
                     errors.append(f"request {i} missed")
 
@@ -166,7 +188,10 @@ def _case(layers: Layers, mode: str, conc: int) -> dict:
         layers.release(mode, state)
     if errors:
         raise RuntimeError(f"{mode}: {errors[:3]}")
-    return {"requests": len(lat), "p50_ms": _pct(lat, 0.5) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3}
+    out = {"requests": len(lat), "p50_ms": _pct(lat, 0.5) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3}
+    if gil:
+        out["split"] = _split(lat, parts, _pct(lat, 0.5), _pct(lat, 0.99))
+    return out
 
 
 def main() -> int:
@@ -176,6 +201,12 @@ def main() -> int:
     ap.add_argument("--inflight", default="4,16")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument(
+        "--gil",
+        action="store_true",
+        help="also split each request's time: fx's engine (read_chunks), the wait for the GIL after it, the rest "
+        "(not for the engine mode, which calls Engine.read)",
+    )
     ap.add_argument(
         "--switch-ms",
         default="",
@@ -189,6 +220,8 @@ def main() -> int:
         print(f"skipped: {why}")
         return 0
     modes = a.modes.split(",")
+    if a.gil and "engine" in modes:
+        raise SystemExit("--gil: leave out the engine mode (it makes no read_chunks call to split)")
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"--modes: unknown '{m}'; use any of {', '.join(MODES)}")
@@ -221,7 +254,7 @@ def main() -> int:
                 for label, m, sw in order:
                     sys.setswitchinterval(sw if sw is not None else default_switch)
                     try:
-                        raw[label][str(c)].append(_case(layers, m, c))
+                        raw[label][str(c)].append(_case(layers, m, c, a.gil))
                     finally:
                         sys.setswitchinterval(default_switch)
             print(f"round {rnd + 1}/{a.rounds} done", flush=True)
@@ -238,10 +271,23 @@ def main() -> int:
                 "p50_ms": statistics.median(x["p50_ms"] for x in rs),
                 "p99_ms": statistics.median(x["p99_ms"] for x in rs),
             }
+            if a.gil:
+                s["split"] = {
+                    w: {
+                        k: statistics.median(x["split"][w][k] for x in rs)
+                        for k in ("engine_ms", "gil_wait_ms", "rest_ms")
+                    }
+                    for w in ("near_p50", "top_1pct")
+                }
             print(
                 f"{m:24s} {c:2d} in flight: p99/p50 {s['p99_over_p50']:.2f} ({min(each):.2f}–{max(each):.2f})  "
                 f"p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms"
             )
+            for w, v in s.get("split", {}).items():
+                print(
+                    f"{'':27s}{w:9s} engine {v['engine_ms']:.2f} ms, GIL wait after it {v['gil_wait_ms']:.2f} ms, "
+                    f"rest {v['rest_ms']:.2f} ms"
+                )
     if a.json:
         doc = {
             "command": "python scripts/latency_layers_probe.py " + " ".join(sys.argv[1:]),

@@ -17,6 +17,7 @@ import random
 import resource
 import signal
 import struct
+import threading
 
 import pytest
 from test_engine_faults import run_child as _run_child
@@ -251,6 +252,29 @@ def test_thousand_small_chunks_one_call(kind, store, rootfd):
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     eng.close()
+
+
+def test_last_read_chunks_ns_is_this_threads_last_call(store, rootfd):
+    """last_read_chunks_ns() gives this thread's last read_chunks call: its
+    time in the engine (at least the call's own wall time less Python's
+    part, so > 0) and its wait for the GIL after it; another thread's call
+    does not change it."""
+    payload = bytes(range(256)) * 64
+    write_chunk(store, "ab/t.fxkv", payload, key="t")
+    eng = fx.Engine("threads", queue_depth=4)
+    try:
+        res, datas, _ = read(eng, rootfd, [("ab/t.fxkv", len(payload))])
+        assert res[0][0] == 0 and datas == [payload]
+        mine = fx.last_read_chunks_ns()
+        assert len(mine) == 2 and mine[0] > 0 and mine[1] >= 0
+        other: list = []
+        t = threading.Thread(target=lambda: other.append(read(eng, rootfd, [("ab/t.fxkv", len(payload))])))
+        t.start()
+        t.join()
+        assert other and other[0][0][0][0] == 0
+        assert fx.last_read_chunks_ns() == mine
+    finally:
+        eng.close()
 
 
 # ---------------------------------------------------------------- damaged chunks
