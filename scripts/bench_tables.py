@@ -383,6 +383,29 @@ def latency_layers_table(cases: list[tuple[str, str]]) -> str:
     )
 
 
+def latency_gil_table(cases: list[tuple[str, str]]) -> str:
+    """Runs of scripts/latency_layers_probe.py --gil (a label and a file
+    each): a row per mode, a column per run and count in flight, each cell
+    where the requests near the p50 and the slowest 1 % spent their time (ms,
+    medians over the rounds): in fx's engine / waiting for the GIL after it /
+    the rest."""
+    runs = _labelled_runs(cases)
+    first = runs[0][1]["summary (medians over rounds)"]
+    modes, concs = list(first), list(next(iter(first.values())))
+
+    def cell(v: dict) -> str:
+        a, b = v["split"]["near_p50"], v["split"]["top_1pct"]
+        return (
+            f"{a['engine_ms']:.2f} / {a['gil_wait_ms']:.2f} / {a['rest_ms']:.2f} · "
+            f"{b['engine_ms']:.2f} / {b['gil_wait_ms']:.2f} / {b['rest_ms']:.2f}"
+        )
+
+    return _md_table(
+        ["mode"] + [f"{label}, {c} in flight" for label, _ in runs for c in concs],
+        [[m] + [cell(d["summary (medians over rounds)"][m][c]) for _, d in runs for c in concs] for m in modes],
+    )
+
+
 def per_chunk_runs_table(cases: list[tuple[str, str]]) -> str:
     """The cost-per-chunk case of several runs (a label and a file each): a
     row per reader, a column per run, each cell µs per chunk of the tier read
@@ -460,6 +483,7 @@ if __name__ == "__main__":
         "--l2-stores": store_runs_table,
         "--latency-rounds": latency_rounds_table,
         "--latency-layers": latency_layers_table,
+        "--latency-gil": latency_gil_table,
         "--per-chunk-runs": per_chunk_runs_table,
         "--store-check": store_check_table,
     }

@@ -638,6 +638,20 @@ def test_docs_latency_layers_table_is_the_committed_json():
         f"{m} @{ms} ms" for m in ("store-rotating", "store-new", "plugin") for ms in ("5", "0.5")
     ]
     cases += switch
+    gil = [(f"run {r}", os.path.join(d, f"de73921-gil-run{r}.json")) for r in (1, 2)]
+    table3 = mod.latency_gil_table(gil)
+    assert "\n".join("      " + line for line in table3.splitlines()) in page
+    assert [line.split(" | ")[0][2:] for line in table3.splitlines()[2:]] == ["store-rotating", "store-new", "plugin"]
+    for _, path in gil:
+        with open(path) as f:
+            run = json.load(f)
+        rounds = run["rounds_raw"]["plugin"]["16"]
+        top = run["summary (medians over rounds)"]["plugin"]["16"]["split"]["top_1pct"]
+        assert top["gil_wait_ms"] == pytest.approx(
+            statistics.median(r["split"]["top_1pct"]["gil_wait_ms"] for r in rounds)
+        )
+        assert all(r["split"]["top_1pct"]["requests"] >= 1 for r in rounds)
+    cases += gil
     for _, path in cases:
         with open(path) as f:
             run = json.load(f)
