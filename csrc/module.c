@@ -1202,6 +1202,8 @@ static PyObject *mod_crc32c_impls(PyObject *m, PyObject *unused)
 
 static PyObject *mod_last_read_chunks_ns(PyObject *m, PyObject *unused)
 {
+    (void)m;
+    (void)unused;
     return Py_BuildValue("KK", (unsigned long long)last_engine_ns, (unsigned long long)last_gil_ns);
 }
 
