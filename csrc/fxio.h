@@ -12,6 +12,16 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include <time.h>
+
+/* Monotonic clock in ns: the GPU pipeline's trace and stage times,
+ * read_chunks' engine and GIL-wait times. */
+static inline uint64_t fx_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* O_DIRECT alignment used for buffers, offsets and lengths.  4 KiB covers
  * every logical block size seen on NVMe, virtio and loop devices. */

@@ -64,13 +64,6 @@ typedef struct {
     int64_t val; /* bytes, or -errno / driver code */
 } trace_ev;
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* ------------------------------------------------------------- the slots */
 
 enum { S_FREE = 0, S_READING, S_COPYING };
@@ -133,11 +126,11 @@ static void tq_crc(void *actx, void *tag, int64_t res)
     slot_t *s = tag;
 
     if (res > 0) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = fx_now_ns();
         s->crc_len = landed_use(s, (uint64_t)res);
         s->crc = fx_crc32c(0, slot_addr(g, s->idx) + (s->use_off - s->rd_off), s->crc_len);
         s->crc_ready = 1;
-        s->crc_ns = now_ns() - t0;
+        s->crc_ns = fx_now_ns() - t0;
     }
 }
 
@@ -203,7 +196,7 @@ static void tr_add(GpuStagingObject *g, int kind, int slot, int64_t op, int64_t 
         g->trace = t;
         g->trace_cap = cap;
     }
-    g->trace[g->ntrace++] = (trace_ev){now_ns(), kind, slot, op, piece, val};
+    g->trace[g->ntrace++] = (trace_ev){fx_now_ns(), kind, slot, op, piece, val};
 }
 
 static void set_error(GpuStagingObject *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -681,9 +674,9 @@ static void read_landed(run_t *R, slot_t *s, int64_t res)
             pc->crc = s->crc;
             g->st_crc_ns += s->crc_ns;
         } else {
-            uint64_t t0 = now_ns();
+            uint64_t t0 = fx_now_ns();
             pc->crc = fx_crc32c(0, src, s->copied);
-            g->st_crc_ns += now_ns() - t0;
+            g->st_crc_ns += fx_now_ns() - t0;
         }
         g->st_crc_bytes += s->copied;
     }
@@ -808,7 +801,7 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
 {
     run_t R = {.g = g, .ops = ops, .nops = nops, .cancel_on_error = cancel_on_error, .want_crc = crcs != NULL};
     saved_ctx sc;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = fx_now_ns();
     int r;
 
     g->last_error[0] = 0;
@@ -939,7 +932,7 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
             crcs[i] = ops[i].crc;
     }
 out:
-    g->st_wall_ns = now_ns() - t0;
+    g->st_wall_ns = fx_now_ns() - t0;
     free(R.slots);
     free(R.fifo);
     free(R.pcrc);

@@ -19,7 +19,6 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "fxmodule.h"
@@ -697,14 +696,9 @@ static char *chunk_kwlist[] = {"chunks", "scratch", "verify", "direct", "lock", 
  * threads: what a request waits for after its bytes are in). For probes. */
 static __thread uint64_t last_engine_ns, last_gil_ns;
 
-static uint64_t ns_between(const struct timespec *a, const struct timespec *b)
-{
-    return (uint64_t)((b->tv_sec - a->tv_sec) * 1000000000LL + (b->tv_nsec - a->tv_nsec));
-}
-
 static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject *kw)
 {
-    struct timespec t0, t1, t2;
+    uint64_t t0, t1;
     PyObject *chunks, *out = NULL;
     unsigned long long scratch;
     chunk_args a;
@@ -719,13 +713,12 @@ static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject
     if (begin_use(self) < 0)
         goto done;
     Py_BEGIN_ALLOW_THREADS
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = fx_now_ns();
     r = chunks_run(self, &a);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    t1 = fx_now_ns();
     Py_END_ALLOW_THREADS
-    clock_gettime(CLOCK_MONOTONIC, &t2);
-    last_engine_ns = ns_between(&t0, &t1);
-    last_gil_ns = ns_between(&t1, &t2);
+    last_engine_ns = t1 - t0;
+    last_gil_ns = fx_now_ns() - t1;
     end_use(self);
     if (chunks_raise(r) == 0)
         out = chunk_results_to_list(&a);
