@@ -24,10 +24,10 @@ each round and the order rotated every round:
 Per mode and count in flight: p50 and p99 of each round, and their medians
 over the rounds (p99/p50 taken within each round). With --gil, also where the
 requests near the p50 and the slowest 1 % spent their time: in fx's engine,
-waiting for the GIL after it (_fxio.last_read_chunks_ns), and the rest. Timings belong here, never
-in tests.
+waiting for the GIL after it (_fxio.last_read_chunks_ns), and the rest.
+Timings belong here, never in tests.
 
-    python scripts/latency_layers_probe.py --rounds 15 --json docs/latency-layers-probe.json
+    python scripts/latency_layers_probe.py --rounds 15 --json docs/bench-repeats/latency-layers/<commit>-run1.json
 """
 
 from __future__ import annotations
@@ -49,16 +49,11 @@ from lmcache_fx import _fxio  # noqa: E402
 from lmcache_fx.testing.loopfs import drop_caches, why_not_available, xfs_loop  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 from lmcache_fx.tools.bench.run import READER_CLASSES  # noqa: E402
-from lmcache_fx.tools.bench.workload import BenchConfig, Workload, latency_requests  # noqa: E402
+from lmcache_fx.tools.bench.workload import BenchConfig, Workload, latency_requests, rank_at  # noqa: E402
 from lmcache_fx.tools.models import GB, PRESETS  # noqa: E402
 
 MODES = ("engine", "store-fixed", "store-rotating", "store-new", "plugin")
 ROTATING_BYTES = 80 << 20  # the set store-rotating cycles through: more than the 32 MiB L3 here
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
 class Layers:
@@ -188,9 +183,10 @@ def _case(layers: Layers, mode: str, conc: int, gil: bool = False) -> dict:
         layers.release(mode, state)
     if errors:
         raise RuntimeError(f"{mode}: {errors[:3]}")
-    out = {"requests": len(lat), "p50_ms": _pct(lat, 0.5) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3}
+    p50, p99 = rank_at(lat, 0.5), rank_at(lat, 0.99)
+    out = {"requests": len(lat), "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3}
     if gil:
-        out["split"] = _split(lat, parts, _pct(lat, 0.5), _pct(lat, 0.99))
+        out["split"] = _split(lat, parts, p50, p99)
     return out
 
 

@@ -38,15 +38,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from lmcache_fx import _fxio  # noqa: E402
 from lmcache_fx.testing import loopfs  # noqa: E402
+from lmcache_fx.tools.bench.workload import rank_at  # noqa: E402
 
 MIB = 1 << 20
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    k = min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))
-    return xs[k]
 
 
 class PreadReader:
@@ -117,8 +112,8 @@ def _case(engine, fds, bufs, chunk: int, seconds: float, crc: bool = False) -> d
     n = len(allv)
     return {
         "requests": n,
-        "p50_ms": round(_pct(allv, 0.50) * 1e3, 2),
-        "p99_ms": round(_pct(allv, 0.99) * 1e3, 2),
+        "p50_ms": round(rank_at(allv, 0.50) * 1e3, 2),
+        "p99_ms": round(rank_at(allv, 0.99) * 1e3, 2),
         "max_ms": round(max(allv) * 1e3, 2),
         "gbps": round(n * chunk / wall / 1e9, 3),
     }

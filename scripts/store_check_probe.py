@@ -58,7 +58,7 @@ def _pwrite_all(fd: int, addr: int, n: int, off: int) -> None:
         raise OSError(ctypes.get_errno(), f"pwrite returned {w} of {n}")
 
 
-def _preads_shape(d: str, names: list, src: int, cb: int, crc: str, hdr: int = 0) -> None:
+def _write_like_fs_native(d: str, names: list, src: int, cb: int, crc: str, hdr: int = 0) -> None:
     """fs_native's write shape on THREADS threads: a temporary opened
     O_DIRECT, the payload in one pwrite, close, rename. crc: "" none,
     "whole" the payload's CRC32C before its write, "segments" one per
@@ -116,13 +116,15 @@ class _FsNative:
         # LMCache's wire format for a key: model@kv_rank@group@chunk_hash
         keys = [f"probe@00000000@0@{nm.encode().hex()}" for nm in names]
         fid = int(self.c.submit_batch_set(keys, [src_mv[i * cb : (i + 1) * cb] for i in range(len(names))]))
-        while True:
+        end = time.monotonic() + 300  # the bench's wait for an L2 store task
+        while time.monotonic() < end:
             self.poll.poll(1000)
             for f, ok, err, bools in self.c.drain_completions():
                 if int(f) == fid:
                     if not ok or (bools is not None and not all(bools)):
                         raise RuntimeError(f"fs_native store failed: {err}")
                     return
+        raise RuntimeError("fs_native store not done after 300 s")
 
     def close(self) -> None:
         self.c.close()
@@ -173,7 +175,7 @@ def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
                     raise RuntimeError("fx store refused a chunk")
             else:
                 crc = {"plain": "", "crc": "whole", "seg": "segments", "steps": "steps"}[how]
-                _preads_shape(dirs[how], names, src.address, cb, crc, hdr.address)
+                _write_like_fs_native(dirs[how], names, src.address, cb, crc, hdr.address)
             dt = time.perf_counter() - t0
             c, b1 = cpu_seconds() - c0, host_ticks()
             if how == "fx":

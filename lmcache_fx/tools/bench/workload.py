@@ -54,6 +54,14 @@ def percentile(xs, p: float) -> Optional[float]:
     return xs[k]
 
 
+def rank_at(xs, q: float) -> float:
+    """The value at rank round(q * (n - 1)) of the sorted samples (q in
+    0..1): the latency probes' p50 and p99. It can differ from percentile()
+    by one rank; the probes' committed runs use this one."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
 METRICS = (
     "tier_read_gbps",
     "retrieve_gbps",
