@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Callable
 
 
 def _f(v, fmt: str) -> str:
@@ -277,9 +278,9 @@ def _labelled_runs(cases: list[tuple[str, str]]) -> list[tuple[str, dict]]:
     return runs
 
 
-def _md_table(head: list[str], body: list[list[str]], align: str = "---") -> str:
-    """A markdown table: the first column left-aligned, the others by `align`."""
-    rows = ["| " + " | ".join(head) + " |", "|---|" + f"{align}|" * (len(head) - 1)]
+def _md_table(head: list[str], body: list[list[str]], align: str = "---", left: int = 1) -> str:
+    """A markdown table: the first `left` columns left-aligned, the others by `align`."""
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * left + f"{align}|" * (len(head) - left)]
     rows += ["| " + " | ".join(cells) + " |" for cells in body]
     return "\n".join(rows)
 
@@ -362,14 +363,23 @@ def latency_probe_table(d: dict, labels: list[str]) -> str:
     return _md_table(["chunk, in flight"] + engines, body)
 
 
-def latency_layers_table(cases: list[tuple[str, str]]) -> str:
+def _layers_runs_table(cases: list[tuple[str, str]], cell: Callable[[dict], str]) -> str:
     """Runs of scripts/latency_layers_probe.py (a label and a file each): a
-    row per mode, a column per run and count in flight, each cell the median
-    of the rounds' own p99/p50 (their range) and the medians of p50 / p99 in ms."""
+    row per mode, a column per run and count in flight, each cell `cell` of
+    that mode's medians over the rounds."""
     runs = _labelled_runs(cases)
     first = runs[0][1]["summary (medians over rounds)"]
     modes, concs = list(first), list(next(iter(first.values())))
     cols = [(label, d["summary (medians over rounds)"], c) for label, d in runs for c in concs]
+    return _md_table(
+        ["mode"] + [f"{label}, {c} in flight" for label, _, c in cols],
+        [[m] + [cell(summary[m][c]) for _, summary, c in cols] for m in modes],
+    )
+
+
+def latency_layers_table(cases: list[tuple[str, str]]) -> str:
+    """The layers probe's runs, each cell the median of the rounds' own
+    p99/p50 (their range) and the medians of p50 / p99 in ms."""
 
     def cell(v: dict) -> str:
         return (
@@ -377,21 +387,13 @@ def latency_layers_table(cases: list[tuple[str, str]]) -> str:
             f"· {v['p50_ms']:.1f} / {v['p99_ms']:.1f}"
         )
 
-    return _md_table(
-        ["mode"] + [f"{label}, {c} in flight" for label, _, c in cols],
-        [[m] + [cell(summary[m][c]) for _, summary, c in cols] for m in modes],
-    )
+    return _layers_runs_table(cases, cell)
 
 
 def latency_gil_table(cases: list[tuple[str, str]]) -> str:
-    """Runs of scripts/latency_layers_probe.py --gil (a label and a file
-    each): a row per mode, a column per run and count in flight, each cell
-    where the requests near the p50 and the slowest 1 % spent their time (ms,
-    medians over the rounds): in fx's engine / waiting for the GIL after it /
-    the rest."""
-    runs = _labelled_runs(cases)
-    first = runs[0][1]["summary (medians over rounds)"]
-    modes, concs = list(first), list(next(iter(first.values())))
+    """The layers probe's --gil runs, each cell where the requests near the
+    p50 and the slowest 1 % spent their time (ms, medians over the rounds):
+    in fx's engine / waiting for the GIL after it / the rest."""
 
     def cell(v: dict) -> str:
         a, b = v["split"]["near_p50"], v["split"]["top_1pct"]
@@ -400,10 +402,7 @@ def latency_gil_table(cases: list[tuple[str, str]]) -> str:
             f"{b['engine_ms']:.2f} / {b['gil_wait_ms']:.2f} / {b['rest_ms']:.2f}"
         )
 
-    return _md_table(
-        ["mode"] + [f"{label}, {c} in flight" for label, _ in runs for c in concs],
-        [[m] + [cell(d["summary (medians over rounds)"][m][c]) for _, d in runs for c in concs] for m in modes],
-    )
+    return _layers_runs_table(cases, cell)
 
 
 def per_chunk_runs_table(cases: list[tuple[str, str]]) -> str:
@@ -437,9 +436,7 @@ def store_check_table(cases: list[tuple[str, str]]) -> str:
         for m in case["modes"]:
             body.append([case["chunks"], m] + [cell(d["cases"][i]["modes"][m]) for _, d in runs])
     head = ["chunks", "writer"] + [f"{label}: GB/s · over fs_native · CPU s/GB" for label, _ in runs]
-    rows = _md_table(head, body, align="---:").splitlines()
-    rows[1] = "|---|---|" + "---:|" * len(runs)
-    return "\n".join(rows)
+    return _md_table(head, body, align="---:", left=2)
 
 
 def probe_table(d: dict) -> str:
