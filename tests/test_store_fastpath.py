@@ -461,10 +461,11 @@ def _same_sub_keys(st, prefix, n):
     by_sub: dict = {}
     for i in range(100000):
         k = f"{prefix}-{i}"
-        by_sub.setdefault(os.path.dirname(st.path_for(store_mod.chunk_digest(k))), []).append(k)
-        for sub, ks in by_sub.items():
-            if len(ks) == n:
-                return sub, ks
+        sub = os.path.dirname(st.path_for(store_mod.chunk_digest(k)))
+        ks = by_sub.setdefault(sub, [])
+        ks.append(k)
+        if len(ks) == n:
+            return sub, ks
     raise AssertionError("no fan-out directory got enough keys")
 
 
