@@ -6,7 +6,7 @@ loop device, cold).
 One fx tier is set up the way `lmcache-fx bench` sets it up (a real
 LMCacheEngine, its CPU pool registered with fx's engine) and one workload is
 stored through it. Then N threads read one chunk per request, over the stored
-chunks in turn (the bench's latency case), in five ways, interleaved within
+chunks in turn (the bench's latency case), in six ways, interleaved within
 each round and the order rotated every round:
 
 - ``engine``: fx's engine alone, each chunk file opened once beforehand, the
@@ -19,7 +19,11 @@ each round and the order rotated every round:
   allocator call per request;
 - ``store-new``: the same into a new pool object per request, allocated and
   freed by LMCache's allocator as the plugin does;
-- ``plugin``: the plugin's batched_get_blocking([key]), what the bench times.
+- ``plugin``: the plugin's batched_get_blocking([key]), what the bench times;
+- ``plugin-reserve``: the same with the plugin's one-object allocations served
+  from pool objects taken ahead, RESERVE_BATCH at a time, by one call of
+  LMCache's batched_allocate (an experiment here, not what the plugin does):
+  LMCache's allocator leaves the request path, its release stays.
 
 Per mode and count in flight: p50 and p99 of each round, and their medians
 over the rounds (p99/p50 taken within each round). With --gil, also where the
@@ -46,14 +50,53 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 
 from lmcache_fx import _fxio  # noqa: E402
+from lmcache_fx.integration.common import allocate_from, allocate_many_from  # noqa: E402
 from lmcache_fx.testing.loopfs import drop_caches, why_not_available, xfs_loop  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 from lmcache_fx.tools.bench.run import READER_CLASSES  # noqa: E402
 from lmcache_fx.tools.bench.workload import BenchConfig, Workload, latency_requests, rank_at  # noqa: E402
 from lmcache_fx.tools.models import GB, PRESETS  # noqa: E402
 
-MODES = ("engine", "store-fixed", "store-rotating", "store-new", "plugin")
+MODES = ("engine", "store-fixed", "store-rotating", "store-new", "plugin", "plugin-reserve")
+DEFAULT_MODES = MODES[:5]  # plugin-reserve only when asked for (--modes)
 ROTATING_BYTES = 80 << 20  # the set store-rotating cycles through: more than the 32 MiB L3 here
+RESERVE_BATCH = 8  # pool objects plugin-reserve takes per batched_allocate
+
+
+class Reserve:
+    """plugin-reserve's allocator: pool objects of one meta taken ahead in
+    batches, handed out one per allocation; a thread that finds it empty
+    while another refills it allocates the plugin's way."""
+
+    def __init__(self, backend, meta):
+        self.backend, self.meta = backend, meta
+        self.objs: list = []
+        self.lock = threading.Lock()
+        self.counts = {"from_reserve": 0, "batches": 0, "one_by_one": 0}  # how the allocations were served
+
+    def allocate(self, meta, busy_loop: bool = True):
+        if meta == self.meta:
+            try:
+                got = self.objs.pop()
+                self.counts["from_reserve"] += 1  # a lost count under a race is harmless here
+                return got
+            except IndexError:
+                pass
+            if self.lock.acquire(blocking=False):
+                try:
+                    many = allocate_many_from(self.backend.local_cpu_backend, meta, RESERVE_BATCH)
+                    if many:
+                        self.counts["batches"] += 1
+                        self.objs.extend(many[1:])
+                        return many[0]
+                finally:
+                    self.lock.release()
+        self.counts["one_by_one"] += 1
+        return allocate_from(self.backend.local_cpu_backend, meta, busy_loop)
+
+    def release(self) -> None:
+        while self.objs:
+            self.objs.pop()[0].ref_count_down()
 
 
 class Layers:
@@ -96,12 +139,18 @@ class Layers:
             n = max(conc, ROTATING_BYTES // self.chunk_bytes)
             objs = [self.allocate() for _ in range(n)]
             return [objs[t::conc] for t in range(conc)]
+        if mode == "plugin-reserve":
+            self.reserve = Reserve(self.backend, self.meta)
+            self.backend._allocate = self.reserve.allocate  # this instance only; release() takes it away
         return [None] * conc
 
     def release(self, mode: str, state: list) -> None:
         for fd in self.fds:
             os.close(fd)
         self.fds = []
+        if mode == "plugin-reserve":
+            del self.backend._allocate  # the class's method again
+            self.reserve.release()
         if mode in ("store-fixed", "store-rotating"):
             for objs in state:
                 for o in objs:
@@ -112,7 +161,7 @@ class Layers:
         if mode == "engine":
             got = self.store.engine.read([(self.fds[k], 0, self.read_bytes, state.address)], crc=True)
             return got[0][0] >= self.file_bytes
-        if mode == "plugin":
+        if mode in ("plugin", "plugin-reserve"):
             objs = self.backend.batched_get_blocking([self.keys[k]])
             for o in objs:
                 if o is not None:
@@ -185,6 +234,8 @@ def _case(layers: Layers, mode: str, conc: int, gil: bool = False) -> dict:
         raise RuntimeError(f"{mode}: {errors[:3]}")
     p50, p99 = rank_at(lat, 0.5), rank_at(lat, 0.99)
     out = {"requests": len(lat), "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3}
+    if mode == "plugin-reserve":
+        out["allocations"] = dict(layers.reserve.counts)
     if gil:
         out["split"] = _split(lat, parts, p50, p99)
     return out
@@ -195,7 +246,7 @@ def main() -> int:
     ap.add_argument("--preset", default="llama-3.2-1b-tp4")
     ap.add_argument("--total-gb", type=float, default=0.5)
     ap.add_argument("--inflight", default="4,16")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES))
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument(
         "--gil",
