@@ -11,6 +11,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
         "2 MiB, run 1" docs/bench-repeats/latency-rounds/*-2m-run1.json   # --latency-rounds runs
     python scripts/bench_tables.py --latency-probe docs/latency-probe.json floor-2m floor-10m   # its labels
     python scripts/bench_tables.py --latency-layers "run 1" docs/bench-repeats/latency-layers/868fddf-run1.json ...
+        # and --latency-gil (the --gil runs), --latency-reserve (the runs with plugin-reserve, a row each)
     python scripts/bench_tables.py --per-chunk-runs "run 1" docs/bench-repeats/per-chunk-written/77cbeb3-run1.json ...
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
@@ -405,6 +406,30 @@ def latency_gil_table(cases: list[tuple[str, str]]) -> str:
     return _layers_runs_table(cases, cell)
 
 
+def latency_reserve_table(cases: list[tuple[str, str]]) -> str:
+    """The layers probe's runs with plugin-reserve (a label and a file
+    each), a row per run: p99/p50 at each count in flight of store-rotating,
+    the plugin and plugin-reserve (medians over the rounds), and at the most
+    in flight where the slowest 1 % of the plugin's and plugin-reserve's
+    requests spent their time, ms in fx's engine / waiting for the GIL after it."""
+    runs = _labelled_runs(cases)
+    modes = ("store-rotating", "plugin", "plugin-reserve")
+    first = runs[0][1]["summary (medians over rounds)"]
+    concs = list(first["plugin"])
+    top = concs[-1]
+    head = ["run"] + [f"{m}: p99/p50 at {' · '.join(concs)}" for m in modes]
+    head += [f"{m}: slowest 1 % at {top}, engine / GIL wait ms" for m in modes[1:]]
+    body = []
+    for label, d in runs:
+        s = d["summary (medians over rounds)"]
+        row = [label] + [" · ".join(f"{s[m][c]['p99_over_p50']:.2f}" for c in concs) for m in modes]
+        for m in modes[1:]:
+            t = s[m][top]["split"]["top_1pct"]
+            row.append(f"{t['engine_ms']:.1f} / {t['gil_wait_ms']:.1f}")
+        body.append(row)
+    return _md_table(head, body)
+
+
 def per_chunk_runs_table(cases: list[tuple[str, str]]) -> str:
     """The cost-per-chunk case of several runs (a label and a file each): a
     row per reader, a column per run, each cell µs per chunk of the tier read
@@ -481,6 +506,7 @@ if __name__ == "__main__":
         "--latency-rounds": latency_rounds_table,
         "--latency-layers": latency_layers_table,
         "--latency-gil": latency_gil_table,
+        "--latency-reserve": latency_reserve_table,
         "--per-chunk-runs": per_chunk_runs_table,
         "--store-check": store_check_table,
     }

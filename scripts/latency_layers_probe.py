@@ -26,9 +26,12 @@ each round and the order rotated every round:
   LMCache's allocator leaves the request path, its release stays.
 
 Per mode and count in flight: p50 and p99 of each round, and their medians
-over the rounds (p99/p50 taken within each round). With --gil, also where the
-requests near the p50 and the slowest 1 % spent their time: in fx's engine,
-waiting for the GIL after it (_fxio.last_read_chunks_ns), and the rest.
+over the rounds (p99/p50 taken within each round); the CPU time a request
+took on its requesting thread (thread_time: fx's engine call, Python, the
+allocator), the mean of each round and its median over the rounds. With
+--gil, also where the requests near the p50 and the slowest 1 % spent their
+time: in fx's engine, waiting for the GIL after it
+(_fxio.last_read_chunks_ns), and the rest.
 Timings belong here, never in tests.
 
     python scripts/latency_layers_probe.py --rounds 15 --json docs/bench-repeats/latency-layers/<commit>-run1.json
@@ -199,6 +202,7 @@ def _case(layers: Layers, mode: str, conc: int, gil: bool = False) -> dict:
     nxt = iter(range(n_req))
     lock = threading.Lock()
     lat: list[float] = []
+    cpus: list[float] = []  # the requesting thread's CPU time of each request
     parts: list[tuple[int, int]] = []  # with gil: (engine ns, GIL wait ns) of each request's read_chunks
     errors: list[str] = []
     state = layers.prepare(mode, conc)
@@ -211,13 +215,15 @@ def _case(layers: Layers, mode: str, conc: int, gil: bool = False) -> dict:
                 i = next(nxt, None)
             if i is None:
                 return
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             ok = layers.read(mode, state[t], i, done)
             dt = time.perf_counter() - t0
+            cpu = time.thread_time() - c0
             part = _fxio.last_read_chunks_ns() if gil else (0, 0)
             done += 1
             with lock:
                 lat.append(dt)
+                cpus.append(cpu)
                 parts.append(part)
                 if not ok:
                     errors.append(f"request {i} missed")
@@ -233,7 +239,12 @@ def _case(layers: Layers, mode: str, conc: int, gil: bool = False) -> dict:
     if errors:
         raise RuntimeError(f"{mode}: {errors[:3]}")
     p50, p99 = rank_at(lat, 0.5), rank_at(lat, 0.99)
-    out = {"requests": len(lat), "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3}
+    out = {
+        "requests": len(lat),
+        "p50_ms": p50 * 1e3,
+        "p99_ms": p99 * 1e3,
+        "thread_cpu_us_per_request": statistics.mean(cpus) * 1e6,
+    }
     if mode == "plugin-reserve":
         out["allocations"] = dict(layers.reserve.counts)
     if gil:
@@ -317,6 +328,7 @@ def main() -> int:
                 "p99_over_p50_max": max(each),
                 "p50_ms": statistics.median(x["p50_ms"] for x in rs),
                 "p99_ms": statistics.median(x["p99_ms"] for x in rs),
+                "thread_cpu_us_per_request": statistics.median(x["thread_cpu_us_per_request"] for x in rs),
             }
             if a.gil:
                 s["split"] = {
@@ -328,7 +340,8 @@ def main() -> int:
                 }
             print(
                 f"{m:24s} {c:2d} in flight: p99/p50 {s['p99_over_p50']:.2f} ({min(each):.2f}–{max(each):.2f})  "
-                f"p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms"
+                f"p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms  "
+                f"CPU of the requesting thread {s['thread_cpu_us_per_request']:.0f} µs a request"
             )
             for w, v in s.get("split", {}).items():
                 print(
