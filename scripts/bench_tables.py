@@ -411,7 +411,8 @@ def latency_reserve_table(cases: list[tuple[str, str]]) -> str:
     each), a row per run: p99/p50 at each count in flight of store-rotating,
     the plugin and plugin-reserve (medians over the rounds), and at the most
     in flight where the slowest 1 % of the plugin's and plugin-reserve's
-    requests spent their time, ms in fx's engine / waiting for the GIL after it."""
+    requests spent their time, ms in fx's engine / waiting for the GIL after
+    it; and the requesting thread's CPU per request (µs) of those two modes."""
     runs = _labelled_runs(cases)
     modes = ("store-rotating", "plugin", "plugin-reserve")
     first = runs[0][1]["summary (medians over rounds)"]
@@ -419,6 +420,7 @@ def latency_reserve_table(cases: list[tuple[str, str]]) -> str:
     top = concs[-1]
     head = ["run"] + [f"{m}: p99/p50 at {' · '.join(concs)}" for m in modes]
     head += [f"{m}: slowest 1 % at {top}, engine / GIL wait ms" for m in modes[1:]]
+    head += [f"{m}: CPU µs a request at {' · '.join(concs)}" for m in modes[1:]]
     body = []
     for label, d in runs:
         s = d["summary (medians over rounds)"]
@@ -426,6 +428,7 @@ def latency_reserve_table(cases: list[tuple[str, str]]) -> str:
         for m in modes[1:]:
             t = s[m][top]["split"]["top_1pct"]
             row.append(f"{t['engine_ms']:.1f} / {t['gil_wait_ms']:.1f}")
+        row += [" · ".join(f"{s[m][c]['thread_cpu_us_per_request']:.0f}" for c in concs) for m in modes[1:]]
         body.append(row)
     return _md_table(head, body)
 

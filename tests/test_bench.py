@@ -666,6 +666,43 @@ def test_docs_latency_layers_table_is_the_committed_json():
             )
 
 
+def test_docs_latency_reserve_table_is_the_committed_json():
+    """docs/benchmarks.md's table of the plugin with pool objects taken
+    ahead (the layers probe's plugin-reserve) is what `bench_tables.py
+    --latency-reserve` renders from the committed runs, a row each; in every
+    round the reserve served its allocations (none one by one once it ran
+    dry while another thread refilled it, beyond a few), and each median is
+    the median of that run's rounds."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-layers")
+    cases = [(f"run {r}", os.path.join(d, f"1ea3b6c-reserve-run{r}.json")) for r in (2, 3, 4, 5, 6)]
+    table = mod.latency_reserve_table(cases)
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        page = f.read()
+    assert "\n".join("      " + line for line in table.splitlines()) in page
+    assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == [label for label, _ in cases]
+    for _, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        assert list(run["rounds_raw"]) == ["store-rotating", "plugin", "plugin-reserve"]
+        for c in ("4", "16"):
+            rounds = run["rounds_raw"]["plugin-reserve"][c]
+            assert len(rounds) == run["rounds"] == 15
+            for r in rounds:
+                n = r["allocations"]
+                assert n["from_reserve"] + n["batches"] + n["one_by_one"] == r["requests"]
+                assert n["from_reserve"] > n["one_by_one"]
+            for m in ("plugin", "plugin-reserve"):
+                got = run["summary (medians over rounds)"][m][c]
+                each = run["rounds_raw"][m][c]
+                assert got["thread_cpu_us_per_request"] == pytest.approx(
+                    statistics.median(r["thread_cpu_us_per_request"] for r in each)
+                )
+                assert got["split"]["top_1pct"]["gil_wait_ms"] == pytest.approx(
+                    statistics.median(r["split"]["top_1pct"]["gil_wait_ms"] for r in each)
+                )
+
+
 def test_docs_store_check_table_is_the_committed_json():
     """docs/benchmarks.md's table of what the check costs a store is what
     `bench_tables.py --store-check` renders from the committed runs: every
