@@ -2,9 +2,9 @@
 """This tree's C engine against another build's, in one process: the same
 chunk files on XFS on a RAM-backed loop device, cold (page cache dropped
 before every read), read with Engine.read_chunks of each build's extension
-(verification on, O_DIRECT, locks, io_uring, one registered huge-page
-destination), the two alternating rep by rep with their order swapped every
-rep. Both extensions are loaded side by side (each its own module object and
+(verification on, or off with --no-verify; O_DIRECT, locks, io_uring, one
+registered huge-page destination), the two alternating rep by rep with
+their order swapped every rep. Both extensions are loaded side by side (each its own module object and
 C state), so the host's drift falls on both and each rep's pair gives a
 ratio: whether a change of the read path moved its speed or CPU, apart from
 the host's state between bench rounds. Root.
@@ -49,7 +49,7 @@ def load_extension(tree: str):
     return mod
 
 
-def probe(mnt: str, builds: dict, chunk_mib: int, reps: int) -> dict:
+def probe(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True) -> dict:
     cb = chunk_mib * MIB
     n = max(7, (448 * MIB) // cb)
     src = _fxio.HostBuffer(cb * n, hugepages=True)
@@ -80,7 +80,7 @@ def probe(mnt: str, builds: dict, chunk_mib: int, reps: int) -> dict:
             for b in order if rep % 2 == 0 else order[::-1]:
                 drop_caches()
                 t0, c0 = time.perf_counter(), cpu_seconds()
-                res = engines[b].read_chunks(chunks, scratch.address, verify=True, direct=True, lock=True)
+                res = engines[b].read_chunks(chunks, scratch.address, verify=verify, direct=True, lock=True)
                 t, c = time.perf_counter() - t0, cpu_seconds() - c0
                 bad = [r for r in res if r[0] != 0]
                 if bad:
@@ -119,6 +119,11 @@ def main() -> None:
         action="store_true",
         help="load the other build's extension first (the load order is kept in the JSON; run both ways)",
     )
+    ap.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="read without the CRC32C check (O_DIRECT pieces of at least 16 MiB then, as the engine reads unchecked)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     here, other = git_commit(ROOT), git_commit(a.other)
@@ -129,7 +134,7 @@ def main() -> None:
     cases = []
     with xfs_loop("3G", touch=True) as mnt:
         for size in (int(x) for x in a.sizes.split(",")):
-            c = probe(mnt, builds, size, a.reps)
+            c = probe(mnt, builds, size, a.reps, verify=not a.no_verify)
             cases.append(c)
             print(
                 f"{c['chunks']}: this {c['gbps']['this']:.2f} GB/s {c['cpu_s_per_gb']['this']:.4f} CPU s/GB | other "
@@ -142,13 +147,19 @@ def main() -> None:
         "command": "python scripts/build_ab_probe.py --other <tree at the other commit>"
         + (" --other-first" if a.other_first else "")
         + f" --sizes {a.sizes} --reps {a.reps}"
+        + (" --no-verify" if a.no_verify else "")
         + (f" --json {a.json}" if a.json else ""),
         "this_commit": here,
         "other_commit": other,
         "loaded_first": loaded[0][0],
         "cpus": os.cpu_count(),
         "loadavg_end": os.getloadavg(),
-        "medium": "XFS on a 3 GiB RAM-backed loop device, cold; verify on, O_DIRECT, io_uring, QD 32, 1 MiB pieces",
+        "medium": "XFS on a 3 GiB RAM-backed loop device, cold; "
+        + (
+            "verify off, O_DIRECT, io_uring, QD 32, pieces of at least 16 MiB"
+            if a.no_verify
+            else "verify on, O_DIRECT, io_uring, QD 32, 1 MiB pieces"
+        ),
         "cases": cases,
     }
     if a.json:
