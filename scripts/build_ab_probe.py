@@ -4,10 +4,10 @@ chunk files on XFS on a RAM-backed loop device, cold (page cache dropped
 before every read), read with Engine.read_chunks of each build's extension
 (verification on, or off with --no-verify; O_DIRECT, locks, io_uring, one
 registered huge-page destination), the two alternating rep by rep with
-their order swapped every rep. Both extensions are loaded side by side (each its own module object and
-C state), so the host's drift falls on both and each rep's pair gives a
-ratio: whether a change of the read path moved its speed or CPU, apart from
-the host's state between bench rounds. Root.
+their order swapped every rep. Both extensions are loaded side by side
+(each its own module object and C state), so the host's drift falls on both
+and each rep's pair gives a ratio: whether a change of the read path moved
+its speed or CPU, apart from the host's state between bench rounds. Root.
 
     git worktree add /work/old 1c5677d && (cd /work/old && python setup.py build_ext --inplace)
     .venv/bin/python scripts/build_ab_probe.py --other /work/old --reps 11 --json docs/build-ab-probe.json
