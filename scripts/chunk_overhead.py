@@ -8,6 +8,13 @@
                the same on the thread engine, without CRC32C checks, and with
                pieces of up to 16 MiB at 8 in flight (about one read per
                chunk, as fs_native does) instead of the 1 MiB x 32 default
+  store_noverify
+               the store's read path with verification off
+  preadv[_crc] fx's own files read by the simplest one-request-per-chunk
+               reader: open (O_DIRECT), one preadv of header and payload,
+               close, one file after another on one thread (no hand-offs,
+               nothing in flight but the one read), then with a CRC32C of the
+               payload checked: a floor for any reader that opens each file
   fs_native    LMCache's C++ reader (lmcache.lmcache_fs.LMCacheFSClient, one
                whole-file O_DIRECT read per file on worker threads), on files
                it wrote itself with the same payload sizes; best of 4 and 8
@@ -15,9 +22,12 @@
 
 For 4 KiB, 2 MiB and 64 MiB payloads on XFS on a RAM-backed loop device (root
 only), page cache dropped before every read, methods interleaved, medians of
---reps. Prints µs per chunk, GB/s and process CPU seconds per GB (all threads
-of this process, io_uring's io-wq workers included; the loop device's kernel
-worker is not) and writes --out (JSON with the command and commit).
+--reps, the order of the methods rotated every repetition. Prints µs per
+chunk, GB/s, process CPU seconds per GB (all threads of this process,
+io_uring's io-wq workers included; the loop device's kernel worker is not),
+its ratio to fs_native's in the same repetition, and the context switches of
+this process's threads per chunk (each one a sleep and a wake-up), and writes
+--out (JSON with the command and commit).
 
     sudo .venv/bin/python scripts/chunk_overhead.py [--reps 5] [--out docs/chunk-overhead.json]
 """
@@ -27,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import select
 import shlex
 import statistics
@@ -82,11 +93,17 @@ class FsNative:
         self.c.close()
 
 
+def _switches() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_nvcsw + r.ru_nivcsw
+
+
 def timed(fn):
+    """(seconds, CPU seconds, context switches) of fn on a dropped cache."""
     loopfs.drop_caches()
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, w0 = time.perf_counter(), time.process_time(), _switches()
     fn()
-    return time.perf_counter() - t0, time.process_time() - c0
+    return time.perf_counter() - t0, time.process_time() - c0, _switches() - w0
 
 
 def run_case(mnt: str, size: int, n: int, reps: int, log) -> dict:
@@ -110,17 +127,19 @@ def run_case(mnt: str, size: int, n: int, reps: int, log) -> dict:
     meta = ChunkMeta(((size,),), ("uint8",), "raw")
 
     store = ChunkStore(FxOptions.from_mapping({"path": fxdir, "max_capacity_gb": 100, "verify": True}))
+    unchecked = ChunkStore(FxOptions.from_mapping({"path": fxdir, "max_capacity_gb": 100, "verify": False}))
     clients: dict[int, FsNative] = {}
     try:
-        return _measure(store, clients, keys, meta, dest, mv, span, size, n, payloads, fsdir, reps, log)
+        return _measure(store, unchecked, clients, keys, meta, dest, mv, span, size, n, payloads, fsdir, reps, log)
     finally:
+        unchecked.close()
         store.close()
         for c in clients.values():
             c.close()
         subprocess.run(["rm", "-rf", base], check=False)
 
 
-def _measure(store, clients, keys, meta, dest, mv, span, size, n, payloads, fsdir, reps, log) -> dict:
+def _measure(store, unchecked, clients, keys, meta, dest, mv, span, size, n, payloads, fsdir, reps, log) -> dict:
     for s in range(0, n, 256):
         ok = store.write([(keys[i], dest.address + i * span, size, meta) for i in range(s, min(n, s + 256))])
         assert all(ok), "store write failed"
@@ -138,14 +157,14 @@ def _measure(store, clients, keys, meta, dest, mv, span, size, n, payloads, fsdi
             mv[i * span] = (i + 1) & 0xFF
 
     # (a) the store's read path (its index knows the chunks: a warm-up read first)
-    def store_read():
+    def store_read(st=store):
         idx = iter(range(n))
 
         def allocate(_meta):
             i = next(idx)
             return i, dest.address + i * span, size
 
-        out = store.read(keys, allocate, lambda h: None)
+        out = st.read(keys, allocate, lambda h: None)
         assert all(o is not None for o in out), "store miss"
 
     # (b) read_chunks on the same files, digests and names computed per call
@@ -166,12 +185,30 @@ def _measure(store, clients, keys, meta, dest, mv, span, size, n, payloads, fsdi
         bad = [r for r in res if r[0] != 0]
         assert not bad, f"read_chunks: {bad[:3]}"
 
+    # (c) one file after another: open, one preadv of header + payload, close
+    paths = [store.path_for(chunk_digest(k)) for k in keys]
+    hdr = memoryview(scratch)[:HEADER_SIZE]
+
+    def preadv_read(crc=False):
+        for i, path in enumerate(paths):
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+            try:
+                got = os.preadv(fd, [hdr, views[i]], 0)
+            finally:
+                os.close(fd)
+            assert got == HEADER_SIZE + size, f"short read of {path}: {got}"
+            if crc:
+                assert fx.crc32c_at(dest.address + i * span, size) == payloads[i], f"{path}: payload CRC32C differs"
+
     def fs_read(w):
         got = clients[w].get(keys, views)
         assert all(got), "fs_native miss"
 
     methods = {
         "store": store_read,
+        "store_noverify": lambda: store_read(unchecked),
+        "preadv": preadv_read,
+        "preadv_crc": lambda: preadv_read(crc=True),
         "read_chunks": lambda: chunks_read(eng),
         "read_chunks_threads": lambda: chunks_read(thr),
         "read_chunks_noverify": lambda: chunks_read(eng, verify=False),
@@ -185,8 +222,10 @@ def _measure(store, clients, keys, meta, dest, mv, span, size, n, payloads, fsdi
         fn()
         check()
     samples: dict[str, list] = {m: [] for m in methods}
+    order = list(methods.items())
     for rep in range(reps):
-        for name, fn in methods.items():
+        k = rep % len(order)  # rotated: the host's drift spreads over every method
+        for name, fn in order[k:] + order[:k]:
             clear()
             samples[name].append(timed(fn))
             check()
@@ -196,24 +235,22 @@ def _measure(store, clients, keys, meta, dest, mv, span, size, n, payloads, fsdi
     big.close()
 
     nbytes = size * n
+    # fs_native: the faster of 4 and 8 workers in each repetition
+    fsn = [a if a[0] <= b[0] else b for a, b in zip(samples["fs_native_4"], samples["fs_native_8"])]
+    samples["fs_native_best"] = fsn
     out = {}
     for name, s in samples.items():
         out[name] = {
-            "us_per_chunk": statistics.median(t for t, _ in s) / n * 1e6,
-            "GBps": statistics.median(nbytes / t / 1e9 for t, _ in s),
-            "cpu_s_per_GB": statistics.median(c / (nbytes / 1e9) for _, c in s),
-            "samples_s": [[round(t, 5), round(c, 5)] for t, c in s],
+            "us_per_chunk": statistics.median(t for t, _, _ in s) / n * 1e6,
+            "GBps": statistics.median(nbytes / t / 1e9 for t, _, _ in s),
+            "cpu_s_per_GB": statistics.median(c / (nbytes / 1e9) for _, c, _ in s),
+            "cpu_us_per_chunk": statistics.median(c for _, c, _ in s) / n * 1e6,
+            "switches_per_chunk": statistics.median(w for _, _, w in s) / n,
+            # each repetition's figure over fs_native's in the same repetition
+            "cpu_over_fs_native": statistics.median(c / f[1] for (_, c, _), f in zip(s, fsn)),
+            "speed_over_fs_native": statistics.median(f[0] / t for (t, _, _), f in zip(s, fsn)),
+            "samples_s": [[round(t, 5), round(c, 5), w] for t, c, w in s],
         }
-    best = {}
-    for m in ("us_per_chunk", "GBps", "cpu_s_per_GB"):  # fs_native: best of 4 and 8 workers per repetition
-        per_rep = []
-        for (t4, c4), (t8, c8) in zip(samples["fs_native_4"], samples["fs_native_8"]):
-            t, c = (t4, c4) if t4 <= t8 else (t8, c8)
-            per_rep.append(
-                {"us_per_chunk": t / n * 1e6, "GBps": nbytes / t / 1e9, "cpu_s_per_GB": c / (nbytes / 1e9)}[m]
-            )
-        best[m] = statistics.median(per_rep)
-    out["fs_native_best"] = best
     return {"payload_bytes": size, "chunks": n, "methods": out}
 
 
@@ -242,7 +279,10 @@ def main() -> int:
     with loopfs.xfs_loop("3G", touch=True) as mnt:
         for size, n in cases:
             results.append(run_case(mnt, size, n, args.reps, lambda m: print(m, file=sys.stderr, flush=True)))
-    print(f"{'payload':>8} {'chunks':>6}  {'method':<28} {'us/chunk':>9} {'GB/s':>7} {'CPU s/GB':>9}")
+    print(
+        f"{'payload':>8} {'chunks':>6}  {'method':<28} {'us/chunk':>9} {'GB/s':>7} {'CPU s/GB':>9} "
+        f"{'CPU/fs_native':>13} {'switches':>8}"
+    )
     for r in results:
         for name, m in r["methods"].items():
             if name in ("fs_native_4", "fs_native_8"):
@@ -251,7 +291,8 @@ def main() -> int:
             sz = r["payload_bytes"]
             print(
                 f"{(f'{sz // MiB} MiB' if sz >= MiB else f'{sz // KiB} KiB'):>8} {r['chunks']:>6}  {label:<28} "
-                f"{m['us_per_chunk']:9.1f} {m['GBps']:7.2f} {m['cpu_s_per_GB']:9.3f}"
+                f"{m['us_per_chunk']:9.1f} {m['GBps']:7.2f} {m['cpu_s_per_GB']:9.3f} "
+                f"{m['cpu_over_fs_native']:12.2f}× {m['switches_per_chunk']:8.2f}"
             )
     doc = {
         "command": " ".join(
@@ -263,7 +304,8 @@ def main() -> int:
         "medium": "XFS on a RAM-backed loop device (/dev/shm image), page cache dropped before every read",
         "reps": args.reps,
         "statistic": "median over repetitions; methods interleaved within each repetition",
-        "verify": "fx: CRC32C of every payload checked except the *_noverify rows; fs_native: none (it has none)",
+        "verify": "fx: CRC32C of every payload checked except the *_noverify rows; preadv_crc: CRC32C of each "
+        "payload after its read; preadv and fs_native: none (fs_native has none)",
         "host": {
             "cpus": os.cpu_count(),
             "loadavg_at_end": open("/proc/loadavg").read().split()[:3],
