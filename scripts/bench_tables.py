@@ -13,6 +13,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --latency-layers "run 1" docs/bench-repeats/latency-layers/868fddf-run1.json ...
         # and --latency-gil (the --gil runs), --latency-reserve (the runs with plugin-reserve, a row each)
     python scripts/bench_tables.py --per-chunk-runs "run 1" docs/bench-repeats/per-chunk-written/77cbeb3-run1.json ...
+    python scripts/bench_tables.py --chunk-overhead "run 1" docs/bench-repeats/chunk-overhead/41bcd7c-run1.json ...
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -467,6 +468,54 @@ def store_check_table(cases: list[tuple[str, str]]) -> str:
     return _md_table(head, body, align="---:", left=2)
 
 
+# scripts/chunk_overhead.py's methods in the table, in its order, and their labels
+CHUNK_OVERHEAD_ROWS = {
+    "store": "fx's store (`ChunkStore.read`)",
+    "store_noverify": "fx's store, verify off",
+    "read_chunks": "fx's engine alone (`read_chunks`)",
+    "read_chunks_noverify": "fx's engine alone, verify off",
+    "preadv": "open, one preadv, close, one file at a time",
+    "preadv_crc": "the same, then a CRC32C of the payload",
+    "fs_native_best": "fs_native (best of 4 and 8 workers each rep)",
+}
+
+
+def chunk_overhead_table(cases: list[tuple[str, str]]) -> str:
+    """Runs of scripts/chunk_overhead.py (a label and a file each): a row per
+    payload size and reader, a cell per run each of CPU µs per chunk, CPU
+    over fs_native's and speed over fs_native's (medians of the run's per-rep
+    ratios) and context switches per chunk."""
+    runs = _labelled_runs(cases)
+    body = []
+    for i, case in enumerate(runs[0][1]["results"]):
+        size = case["payload_bytes"]
+        chunks = f"{case['chunks']} × " + (f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB")
+        for m, label in CHUNK_OVERHEAD_ROWS.items():
+            vs = [d["results"][i]["methods"][m] for _, d in runs]
+            body.append(
+                [chunks, label]
+                + [
+                    " · ".join(f.format(v[k]) for v in vs)
+                    for k, f in (
+                        ("cpu_us_per_chunk", "{:.0f}"),
+                        ("cpu_over_fs_native", "{:.2f}×"),
+                        ("speed_over_fs_native", "{:.2f}×"),
+                        ("switches_per_chunk", "{:.2f}"),
+                    )
+                ]
+            )
+    n = " · ".join(label for label, _ in runs)
+    head = [
+        "chunks",
+        "reader",
+        f"CPU µs per chunk ({n})",
+        "CPU over fs_native",
+        "speed over fs_native",
+        "context switches per chunk",
+    ]
+    return _md_table(head, body, align="---:", left=2)
+
+
 def probe_table(d: dict) -> str:
     """The rounds of a scripts/staged_probe.py JSON: its two sides, fs_native
     and the copy alone (GB/s, medians of the round's reps), the ratios of the
@@ -512,6 +561,7 @@ if __name__ == "__main__":
         "--latency-reserve": latency_reserve_table,
         "--per-chunk-runs": per_chunk_runs_table,
         "--store-check": store_check_table,
+        "--chunk-overhead": chunk_overhead_table,
     }
     if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]

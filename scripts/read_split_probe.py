@@ -76,9 +76,9 @@ def probe(
         memoryview(dst)[:cb] = memoryview(src)
         for i in range(1, n):
             views[i][:] = views[0]
-        for wk in fs_workers:
-            fs_clients[wk] = FsNative(os.path.join(mnt, f"{label}-fs_native-{wk}"), wk)
-            assert all(fs_clients[wk].set(fs_keys, views)), "fs_native writes failed"
+        for wk in fs_workers:  # one set of files, read by each worker count
+            fs_clients[wk] = FsNative(os.path.join(mnt, f"{label}-fs_native"), wk)
+        assert all(fs_clients[fs_workers[0]].set(fs_keys, views)), "fs_native writes failed"
     points: list = [(qd, sb, v) for v in verifies for sb in splits for qd in qds]
     points += [("fs_native", wk, None) for wk in fs_workers]
     got: dict = {p: [] for p in points}
@@ -125,6 +125,8 @@ def probe(
         eng = s.engine
         s.close()
         eng.close()
+    for gone in (d, os.path.join(mnt, f"{label}-fs_native")):  # room for the next size
+        shutil.rmtree(gone, ignore_errors=True)
     base = got.get((32, MIB, True))
     fs_best = [max(x) for x in zip(*(got[("fs_native", wk, None)] for wk in fs_workers))] if fs_workers else None
     rows = []
