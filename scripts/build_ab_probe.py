@@ -11,6 +11,12 @@ its speed or CPU, apart from the host's state between bench rounds. Root.
 
     git worktree add /work/old 1c5677d && (cd /work/old && python setup.py build_ext --inplace)
     .venv/bin/python scripts/build_ab_probe.py --other /work/old --reps 11 --json docs/build-ab-probe.json
+
+--writes: the builds as writers instead. Every rep each build stores the
+chunks afresh (this tree's ChunkStore on that build's engine, timed), and
+this tree's engine then reads both builds' files, so a change of how files
+are laid out on the medium shows in both its stores and the reads after
+them; the JSON counts the extents of each build's chunk files (filefrag).
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ import glob
 import importlib.util
 import json
 import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -38,12 +47,16 @@ from lmcache_fx.tools.bench.workload import cpu_seconds  # noqa: E402
 MIB = 1 << 20
 
 
-def load_extension(tree: str):
-    """The _fxio extension built in `tree`, as a module object of its own."""
+def load_extension(tree: str, label: str):
+    """The _fxio extension built in `tree`, as a module object of its own.
+    Each under a name of its own (`fx_build_<label>._fxio`): loaded under the name
+    this tree's copy was imported as, the first load after that import came
+    back as that very module, so a run with --other-first compared this build
+    with itself (docs/bench-repeats/build-ab-probe-1c5677d-other-first.json)."""
     found = glob.glob(os.path.join(tree, "lmcache_fx", "_fxio*.so"))
     if not found:
         raise SystemExit(f"no built lmcache_fx/_fxio*.so in {tree} (python setup.py build_ext --inplace there)")
-    spec = importlib.util.spec_from_file_location("lmcache_fx._fxio", found[0])
+    spec = importlib.util.spec_from_file_location(f"fx_build_{label}._fxio", found[0])
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -109,6 +122,96 @@ def probe(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True
     }
 
 
+def _extents(paths: list[str]) -> float | None:
+    """Median extents per file, as filefrag counts them (None without it)."""
+    try:
+        out = subprocess.run(["filefrag", *paths], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    counts = [int(m.group(1)) for m in re.finditer(r": (\d+) extents? found", out)]
+    return statistics.median(counts) if counts else None
+
+
+def probe_writes(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True) -> dict:
+    """Each build stores the chunks afresh every rep; this tree's engine
+    reads each build's files after. Pairs as in probe()."""
+    cb = chunk_mib * MIB
+    n = max(7, (448 * MIB) // cb)
+    src = _fxio.HostBuffer(cb * n, hugepages=True)
+    memoryview(src)[:] = os.urandom(MIB) * (cb * n // MIB)
+    meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
+    keys = [f"k{chunk_mib}-{i}" for i in range(n)]
+    span = -(-(cb + HEADER_SIZE) // 4096) * 4096
+    dst = _fxio.HostBuffer(n * span, hugepages=True)
+    memoryview(dst)[:] = bytes(n * span)
+    scratch = _fxio.HostBuffer(HEADER_SIZE * n, hugepages=False)
+    reader = _fxio.Engine("io_uring", 32, MIB)
+    reader.register_buffer(dst.address, n * span)
+    stored: dict = {b: [] for b in builds}
+    gbps: dict = {b: [] for b in builds}
+    cpu: dict = {b: [] for b in builds}
+    extents: dict = {}
+    order = list(builds)
+    try:
+        for rep in range(reps):
+            now = order if rep % 2 == 0 else order[::-1]
+            names = {}
+            for b in now:
+                d = os.path.join(mnt, f"w{chunk_mib}-{b}")
+                shutil.rmtree(d, ignore_errors=True)
+                eng = builds[b].Engine("io_uring", 32, MIB)
+                s = store_mod.ChunkStore(FxOptions(path=d, max_capacity_gb=1e6), engine=eng)
+                t0 = time.perf_counter()
+                ok = s.write([(k, src.address + i * cb, cb, meta) for i, k in enumerate(keys)])
+                stored[b].append(round(n * cb / (time.perf_counter() - t0) / 1e9, 3))
+                if not all(ok):
+                    raise SystemExit(f"{b}: the store could not write the probe's chunks")
+                names[b] = [s.path_for(chunk_digest(k)) for k in keys]
+                s.close()
+                eng.close()
+                if rep == 0:
+                    extents[b] = _extents(names[b])
+            for b in now:
+                d = os.path.join(mnt, f"w{chunk_mib}-{b}")
+                rootfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+                chunks = [(rootfd, os.path.relpath(p, d), dst.address + i * span, cb) for i, p in enumerate(names[b])]
+                try:
+                    drop_caches()
+                    t0, c0 = time.perf_counter(), cpu_seconds()
+                    res = reader.read_chunks(chunks, scratch.address, verify=verify, direct=True, lock=True)
+                    t, c = time.perf_counter() - t0, cpu_seconds() - c0
+                finally:
+                    os.close(rootfd)
+                bad = [r for r in res if r[0] != 0]
+                if bad:
+                    raise SystemExit(f"{b}'s files: reads failed: {bad[:3]}")
+                gbps[b].append(round(n * cb / t / 1e9, 3))
+                cpu[b].append(round(c / (n * cb / 1e9), 4))
+    finally:
+        reader.close()
+        for b in builds:  # room for the next size
+            shutil.rmtree(os.path.join(mnt, f"w{chunk_mib}-{b}"), ignore_errors=True)
+    a, o = order
+
+    def pair(v: dict) -> dict:
+        r = [x / y for x, y in zip(v[a], v[o])]
+        return {"median": round(statistics.median(r), 3), "min": round(min(r), 3), "max": round(max(r), 3)}
+
+    return {
+        "chunks": f"{n} x {chunk_mib} MiB",
+        "extents_per_file": extents,
+        "store_gbps": {b: statistics.median(v) for b, v in stored.items()},
+        "store_pair_ratio": pair(stored),
+        "gbps": {b: statistics.median(v) for b, v in gbps.items()},
+        "cpu_s_per_gb": {b: statistics.median(v) for b, v in cpu.items()},
+        "read_pair_ratio": pair(gbps),
+        "cpu_pair_ratio_median": round(statistics.median(x / y for x, y in zip(cpu[a], cpu[o])), 3),
+        "store_gbps_each": stored,
+        "gbps_each": gbps,
+        "cpu_s_per_gb_each": cpu,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--other", required=True, help="a tree with another build of the extension (built in place)")
@@ -124,18 +227,29 @@ def main() -> None:
         action="store_true",
         help="read without the CRC32C check (O_DIRECT pieces of at least 16 MiB then, as the engine reads unchecked)",
     )
+    ap.add_argument("--writes", action="store_true", help="the builds as writers, this tree's engine reading (above)")
     ap.add_argument("--json")
     a = ap.parse_args()
     here, other = git_commit(ROOT), git_commit(a.other)
     # Each rep's pair ratio is this build's figure over the other's, whichever was loaded first.
     loaded = [("other", a.other), ("this", ROOT)] if a.other_first else [("this", ROOT), ("other", a.other)]
-    mods = {name: load_extension(tree) for name, tree in loaded}
+    mods = {name: load_extension(tree, name) for name, tree in loaded}
+    if os.path.realpath(mods["this"].__file__) == os.path.realpath(mods["other"].__file__):
+        raise SystemExit("both builds loaded from one file: nothing to compare")
     builds = {"this": mods["this"], "other": mods["other"]}
     cases = []
     with xfs_loop("3G", touch=True) as mnt:
         for size in (int(x) for x in a.sizes.split(",")):
-            c = probe(mnt, builds, size, a.reps, verify=not a.no_verify)
+            c = (probe_writes if a.writes else probe)(mnt, builds, size, a.reps, verify=not a.no_verify)
             cases.append(c)
+            if a.writes:
+                print(
+                    f"{c['chunks']}: extents per file this {c['extents_per_file'].get('this')} other "
+                    f"{c['extents_per_file'].get('other')}; stores this {c['store_gbps']['this']:.2f} other "
+                    f"{c['store_gbps']['other']:.2f} GB/s, pairs median {c['store_pair_ratio']['median']:.3f} "
+                    f"({c['store_pair_ratio']['min']:.2f}-{c['store_pair_ratio']['max']:.2f})",
+                    flush=True,
+                )
             print(
                 f"{c['chunks']}: this {c['gbps']['this']:.2f} GB/s {c['cpu_s_per_gb']['this']:.4f} CPU s/GB | other "
                 f"{c['gbps']['other']:.2f} GB/s {c['cpu_s_per_gb']['other']:.4f} | read pairs median "
@@ -148,13 +262,15 @@ def main() -> None:
         + (" --other-first" if a.other_first else "")
         + f" --sizes {a.sizes} --reps {a.reps}"
         + (" --no-verify" if a.no_verify else "")
+        + (" --writes" if a.writes else "")
         + (f" --json {a.json}" if a.json else ""),
         "this_commit": here,
         "other_commit": other,
         "loaded_first": loaded[0][0],
         "cpus": os.cpu_count(),
         "loadavg_end": os.getloadavg(),
-        "medium": "XFS on a 3 GiB RAM-backed loop device, cold; "
+        "medium": ("the builds write, this tree's engine reads; " if a.writes else "")
+        + "XFS on a 3 GiB RAM-backed loop device, cold; "
         + (
             "verify off, O_DIRECT, io_uring, QD 32, pieces of at least 16 MiB"
             if a.no_verify
