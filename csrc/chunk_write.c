@@ -99,8 +99,19 @@ static void write_one(void *ctx, size_t i)
             return;
         r->hdr = FX_HDR_SIZE;
     } else {
-        if (aligned)
+        if (aligned) {
+            /* Blocks for the whole file first: the writer threads write their
+             * chunks' segments at once, and a filesystem that allocates each
+             * segment as it is written (XFS, for O_DIRECT) interleaves the
+             * files, every chunk then in FX_WRITE_SEGMENT extents, its reads
+             * cut into that many requests. Where the filesystem cannot
+             * preallocate, the file is written as before. */
+            if (fallocate(c->fd, 0, 0, (off_t)(FX_HDR_SIZE + c->length)) < 0 && errno == ENOSPC) {
+                r->nbytes = -ENOSPC;
+                return;
+            }
             r->nbytes = write_segments(c, j->segment, &r->crc);
+        }
         else {
             r->nbytes = fx_io_sync(c->fd, 1, j->direct, (char *)c->src, c->length, FX_HDR_SIZE);
             /* After the write: where the kernel copied the source (buffered),

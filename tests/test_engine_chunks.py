@@ -593,6 +593,53 @@ def test_write_chunks_odirect_header_and_payload_in_one_request(kind, store, roo
         eng.close()
 
 
+def _extents(path: str) -> int:
+    """The file's extents as the filesystem maps them (FS_IOC_FIEMAP, a count only)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # struct fiemap: start, length, flags (FIEMAP_FLAG_SYNC), mapped extents (out), extent count 0: count only
+        out = fcntl.ioctl(fd, 0xC020660B, struct.pack("=QQIIII", 0, (1 << 64) - 1, 1, 0, 0, 0))
+    finally:
+        os.close(fd)
+    return struct.unpack("=QQIIII", out)[3]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_segmented_chunks_written_together_are_one_extent_each(kind, xfs_store):
+    """Payloads over 8 MiB go out in segments, one chunk per writer thread at
+    once; each file's blocks are allocated whole before its first segment, so
+    on XFS (which allocates O_DIRECT writes as they come) the chunks written
+    together are not interleaved on the device: one extent each, where they
+    were one per 2 MiB segment."""
+    store = xfs_store
+    os.makedirs(os.path.join(store, "ab"))
+    batch = [(10 << 20) + 12288] * 4
+    payloads, src, hdrs, offs = _write_sources(batch, 13)
+    name = os.path.join(store, "ab", f"extents-{kind}-%d")
+    eng = fx.Engine(kind)
+    fds = []
+    try:
+        for i, n in enumerate(batch):
+            fds.append(os.open(name % i + ".tmp", os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_DIRECT, 0o644))
+            os.ftruncate(fds[-1], HEADER_SIZE + span(n))  # as the store reserves: size set, no blocks
+            encode_header(memoryview(hdrs)[i * HEADER_SIZE : (i + 1) * HEADER_SIZE], f"k{i}", meta_for(n), n, 0, 7)
+        res = eng.write_chunks(
+            [(fd, src.address + offs[i], batch[i], hdrs.address + i * HEADER_SIZE, 0) for i, fd in enumerate(fds)],
+            direct=True,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+        eng.close()
+    assert [r[:3] for r in res] == [(n, HEADER_SIZE, fx.crc32c(p)) for n, p in zip(batch, payloads)]
+    assert [_extents(name % i + ".tmp") for i in range(len(batch))] == [1] * len(batch)
+    for i in range(len(batch)):
+        with open(name % i + ".tmp", "rb") as f:
+            assert f.read()[HEADER_SIZE : HEADER_SIZE + batch[i]] == payloads[i]
+
+
 # ---------------------------------------------------------------- faults and fork
 
 # Chunk files for the child bodies below (run_child prepends nothing of this).
