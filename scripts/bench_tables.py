@@ -14,6 +14,8 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
         # and --latency-gil (the --gil runs), --latency-reserve (the runs with plugin-reserve, a row each)
     python scripts/bench_tables.py --per-chunk-runs "run 1" docs/bench-repeats/per-chunk-written/77cbeb3-run1.json ...
     python scripts/bench_tables.py --chunk-overhead "run 1" docs/bench-repeats/chunk-overhead/41bcd7c-run1.json ...
+    python scripts/bench_tables.py --build-ab-writes "run 1" docs/bench-repeats/extents/63cb079-writes.json ...
+    python scripts/bench_tables.py --split-grid "run 1" docs/bench-repeats/inflight/50a45b7-run1.json ...
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -516,6 +518,54 @@ def chunk_overhead_table(cases: list[tuple[str, str]]) -> str:
     return _md_table(head, body, align="---:", left=2)
 
 
+def build_ab_writes_table(cases: list[tuple[str, str]]) -> str:
+    """Runs of scripts/build_ab_probe.py --writes (a label and a file each):
+    a row per run and chunk size, with each build's extents per chunk file
+    and the medians (and ranges) of the pairs' ratios, this build over the
+    other, of store speed, read speed and read CPU per GB."""
+    runs = _labelled_runs(cases)
+    body = []
+    for label, d in runs:
+        for c in d["cases"]:
+            e, sp, rp = c["extents_per_file"], c["store_pair_ratio"], c["read_pair_ratio"]
+            body.append(
+                [
+                    label,
+                    c["chunks"].replace(" x ", " × "),
+                    f"{_f(e.get('this'), '{:g}')} · {_f(e.get('other'), '{:g}')}",
+                    f"{sp['median']:.3f} ({sp['min']:.2f}–{sp['max']:.2f})",
+                    f"{rp['median']:.3f} ({rp['min']:.2f}–{rp['max']:.2f})",
+                    f"{c['cpu_pair_ratio_median']:.3f}",
+                ]
+            )
+    head = ["run", "chunks", "extents per file (this · other)", "store, this / other", "read after", "read CPU"]
+    return _md_table(head, body, align="---:", left=2)
+
+
+def split_grid_table(cases: list[tuple[str, str]]) -> str:
+    """Runs of scripts/read_split_probe.py --fs-native (a label and a file
+    each): a row per chunk size and point, a cell per run of GB/s, CPU s/GB
+    and the median of each rep's speed over the faster fs_native's."""
+    runs = _labelled_runs(cases)
+
+    def name(p: dict) -> str:
+        if "workers" in p:
+            return f"fs_native, {p['workers']} workers"
+        return f"fx, queue_depth {p['queue_depth']}, {p['split_bytes'] >> 20} MiB pieces, verify {'on' if p['verify'] else 'off'}"
+
+    body = []
+    for size, res in runs[0][1]["results"].items():
+        for i, p in enumerate(res["points"]):
+            cells = []
+            for _, d in runs:
+                q = d["results"][size]["points"][i]
+                assert name(q) == name(p), "runs with different grids"
+                cells.append(f"{q['gbps']:.2f} · {q['cpu_s_per_gb']:.3f} · {q['over_fs_native']:.2f}×")
+            body.append([res["chunks"].replace(" x ", " × "), name(p)] + cells)
+    head = ["chunks", "reader"] + [f"{label}: GB/s · CPU s/GB · over fs_native" for label, _ in runs]
+    return _md_table(head, body, align="---:", left=2)
+
+
 def probe_table(d: dict) -> str:
     """The rounds of a scripts/staged_probe.py JSON: its two sides, fs_native
     and the copy alone (GB/s, medians of the round's reps), the ratios of the
@@ -562,6 +612,8 @@ if __name__ == "__main__":
         "--per-chunk-runs": per_chunk_runs_table,
         "--store-check": store_check_table,
         "--chunk-overhead": chunk_overhead_table,
+        "--build-ab-writes": build_ab_writes_table,
+        "--split-grid": split_grid_table,
     }
     if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]

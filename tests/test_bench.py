@@ -703,6 +703,100 @@ def test_docs_latency_reserve_table_is_the_committed_json():
                 )
 
 
+def _page() -> str:
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        return f.read()
+
+
+def test_docs_chunk_overhead_table_is_the_committed_json():
+    """docs/benchmarks.md's per-chunk table at the store level is what
+    `bench_tables.py --chunk-overhead` renders from the three committed runs;
+    in each, every method's ratios to fs_native are the medians of its reps'
+    ratios to the faster fs_native of the same rep, recomputed from the
+    samples."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "chunk-overhead")
+    cases = [(f"run {r}", os.path.join(d, f"41bcd7c-run{r}.json")) for r in (1, 2, 3)]
+    table = mod.chunk_overhead_table(cases)
+    assert table in _page()
+    assert len(table.splitlines()) == 2 + 3 * len(mod.CHUNK_OVERHEAD_ROWS)
+    for _, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        assert [c["payload_bytes"] for c in run["results"]] == [4096, 2 << 20, 64 << 20]
+        for case in run["results"]:
+            m = case["methods"]
+            fsn = [
+                a if a[0] <= b[0] else b for a, b in zip(m["fs_native_4"]["samples_s"], m["fs_native_8"]["samples_s"])
+            ]
+            assert len(fsn) == run["reps"] == 9
+            for name, v in m.items():
+                s = v["samples_s"]
+                assert v["cpu_over_fs_native"] == pytest.approx(
+                    statistics.median(x[1] / f[1] for x, f in zip(s, fsn)), rel=0.01
+                ), name
+                assert v["speed_over_fs_native"] == pytest.approx(
+                    statistics.median(f[0] / x[0] for x, f in zip(s, fsn)), rel=0.01
+                ), name
+                assert v["switches_per_chunk"] == pytest.approx(statistics.median(x[2] for x in s) / case["chunks"])
+
+
+def test_docs_split_grid_table_is_the_committed_json():
+    """docs/benchmarks.md's grid of queue depth and piece size beside
+    fs_native is what `bench_tables.py --split-grid` renders from the two
+    committed runs; each point's ratio to fs_native is the median of its
+    reps' speed over the faster fs_native of the same rep."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "inflight")
+    cases = [(f"run {r}", os.path.join(d, f"50a45b7-run{r}.json")) for r in (1, 2)]
+    table = mod.split_grid_table(cases)
+    assert table in _page()
+    assert len(table.splitlines()) == 2 + 3 * 10
+    for _, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        for res in run["results"].values():
+            pts = res["points"]
+            fs = [p["gbps_each"] for p in pts if "workers" in p]
+            best = [max(x) for x in zip(*fs)]
+            assert len(fs) == 2 and len(best) == res["reps"] == 15
+            for p in pts:
+                each = [a / b for a, b in zip(p["gbps_each"], best)]
+                assert p["over_fs_native"] == pytest.approx(statistics.median(each), abs=0.002)
+
+
+def test_docs_one_extent_table_is_the_committed_json():
+    """docs/benchmarks.md's table of one-extent chunk files is what
+    `bench_tables.py --build-ab-writes` renders from the four committed runs;
+    in every run this build's chunk files are one extent each, the build
+    before's chunks over 8 MiB several, and the pair medians are recomputed
+    from the reps."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "extents")
+    names = ["", "-otherfirst", "-noverify", "-otherfirstnoverify"]
+    labels = ["verify on", "verify on, other loaded first", "verify off", "verify off, other loaded first"]
+    cases = [(lab, os.path.join(d, f"63cb079-writes{n}.json")) for lab, n in zip(labels, names)]
+    table = mod.build_ab_writes_table(cases)
+    assert table in _page()
+    for _, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        assert run["this_commit"].startswith("63cb079") and run["other_commit"].startswith("50a45b7")
+        for c in run["cases"]:
+            e = c["extents_per_file"]
+            assert e["this"] == 1
+            assert e["other"] > 1 if not c["chunks"].endswith(" 2 MiB") else e["other"] == 1
+            st = c["store_gbps_each"]
+            assert len(st["this"]) == 41
+            assert c["store_pair_ratio"]["median"] == pytest.approx(
+                statistics.median(a / b for a, b in zip(st["this"], st["other"])), abs=0.002
+            )
+            rd = c["gbps_each"]
+            assert c["read_pair_ratio"]["median"] == pytest.approx(
+                statistics.median(a / b for a, b in zip(rd["this"], rd["other"])), abs=0.002
+            )
+
+
 def test_docs_store_check_table_is_the_committed_json():
     """docs/benchmarks.md's table of what the check costs a store is what
     `bench_tables.py --store-check` renders from the committed runs: every
