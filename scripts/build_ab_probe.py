@@ -62,6 +62,18 @@ def load_extension(tree: str, label: str):
     return mod
 
 
+def timed_read(engine, chunks: list, scratch, verify: bool, nbytes: int, what: str) -> tuple[float, float]:
+    """One cold read_chunks of `chunks` (O_DIRECT, locks): (GB/s, CPU s/GB)."""
+    drop_caches()
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    res = engine.read_chunks(chunks, scratch.address, verify=verify, direct=True, lock=True)
+    t, c = time.perf_counter() - t0, cpu_seconds() - c0
+    bad = [r for r in res if r[0] != 0]
+    if bad:
+        raise SystemExit(f"{what}: reads failed: {bad[:3]}")
+    return round(nbytes / t / 1e9, 3), round(c / (nbytes / 1e9), 4)
+
+
 def probe(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True) -> dict:
     cb = chunk_mib * MIB
     n = max(7, (448 * MIB) // cb)
@@ -91,15 +103,9 @@ def probe(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True
         order = list(builds)
         for rep in range(reps):
             for b in order if rep % 2 == 0 else order[::-1]:
-                drop_caches()
-                t0, c0 = time.perf_counter(), cpu_seconds()
-                res = engines[b].read_chunks(chunks, scratch.address, verify=verify, direct=True, lock=True)
-                t, c = time.perf_counter() - t0, cpu_seconds() - c0
-                bad = [r for r in res if r[0] != 0]
-                if bad:
-                    raise SystemExit(f"{b}: reads failed: {bad[:3]}")
-                gbps[b].append(round(n * cb / t / 1e9, 3))
-                cpu[b].append(round(c / (n * cb / 1e9), 4))
+                g, c = timed_read(engines[b], chunks, scratch, verify, n * cb, b)
+                gbps[b].append(g)
+                cpu[b].append(c)
     finally:
         for e in engines.values():
             e.close()
@@ -176,17 +182,11 @@ def probe_writes(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool
                 rootfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
                 chunks = [(rootfd, os.path.relpath(p, d), dst.address + i * span, cb) for i, p in enumerate(names[b])]
                 try:
-                    drop_caches()
-                    t0, c0 = time.perf_counter(), cpu_seconds()
-                    res = reader.read_chunks(chunks, scratch.address, verify=verify, direct=True, lock=True)
-                    t, c = time.perf_counter() - t0, cpu_seconds() - c0
+                    g, c = timed_read(reader, chunks, scratch, verify, n * cb, f"{b}'s files")
                 finally:
                     os.close(rootfd)
-                bad = [r for r in res if r[0] != 0]
-                if bad:
-                    raise SystemExit(f"{b}'s files: reads failed: {bad[:3]}")
-                gbps[b].append(round(n * cb / t / 1e9, 3))
-                cpu[b].append(round(c / (n * cb / 1e9), 4))
+                gbps[b].append(g)
+                cpu[b].append(c)
     finally:
         reader.close()
         for b in builds:  # room for the next size
