@@ -16,6 +16,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --chunk-overhead "run 1" docs/bench-repeats/chunk-overhead/41bcd7c-run1.json ...
     python scripts/bench_tables.py --build-ab-writes "run 1" docs/bench-repeats/extents/63cb079-writes.json ...
     python scripts/bench_tables.py --split-grid "run 1" docs/bench-repeats/inflight/50a45b7-run1.json ...
+    python scripts/bench_tables.py --positions docs/loop-position-probe.json
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -566,6 +567,28 @@ def split_grid_table(cases: list[tuple[str, str]]) -> str:
     return _md_table(head, body, align="---:", left=2)
 
 
+def positions_table(d: dict) -> str:
+    """scripts/loop_position_probe.py's images: a row per offset into the
+    loop device, a column per image, GB/s of 64 MiB O_DIRECT reads there
+    (medians of the reps); then where each layout's files went and its GB/s."""
+    ims = d["images"]
+    body = [[f"{o} MiB"] + [f"{im['positions'][o]['gbps']:.2f}" for im in ims] for o in ims[0]["positions"]]
+    for s in ims[0]["layouts"]["sets"]:
+        body.append(
+            [f"7 × 64 MiB files, {s}"]
+            + [
+                f"{im['layouts']['sets'][s]['gbps']:.2f} (from "
+                + ", ".join(f"{b['offset_mib']}" for b in im["layouts"]["sets"][s]["first_blocks"][:3])
+                + " MiB …)"
+                for im in ims
+            ]
+        )
+    body.append(
+        ["second set over first (pairs' median)"] + [f"{im['layouts']['second_over_first']:.3f}×" for im in ims]
+    )
+    return _md_table(["where"] + [f"image {i + 1}: GB/s" for i in range(len(ims))], body, align="---:")
+
+
 def probe_table(d: dict) -> str:
     """The rounds of a scripts/staged_probe.py JSON: its two sides, fs_native
     and the copy alone (GB/s, medians of the round's reps), the ratios of the
@@ -596,6 +619,10 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--latency-probe"]:  # FILE LABEL...
         with open(sys.argv[2]) as f:
             print(latency_probe_table(json.load(f), sys.argv[3:]))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--positions"]:
+        with open(sys.argv[2]) as f:
+            print(positions_table(json.load(f)))
         sys.exit(0)
     if sys.argv[1:2] == ["--ratios"]:
         print(ratios_table(sys.argv[2:]))

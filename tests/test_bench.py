@@ -797,6 +797,28 @@ def test_docs_one_extent_table_is_the_committed_json():
             )
 
 
+def test_docs_loop_position_table_is_the_committed_json():
+    """docs/benchmarks.md's table of the loop device's speed by position is
+    what `bench_tables.py --positions` renders from the committed probe; in
+    every image each figure is the median of its reps, the image's start is
+    slower than the median of the offsets past 256 MiB (what the page says),
+    and the one-directory set starts at the image's start."""
+    mod = _bench_tables()
+    with open(os.path.join(ROOT, "docs", "loop-position-probe.json")) as f:
+        d = json.load(f)
+    assert mod.positions_table(d) in _page()
+    assert len(d["images"]) == 3
+    for im in d["images"]:
+        pos = im["positions"]
+        for v in pos.values():
+            assert len(v["gbps_each"]) == 9
+            assert v["gbps"] == pytest.approx(statistics.median(v["gbps_each"]), abs=0.002)
+        far = statistics.median(v["gbps"] for o, v in pos.items() if int(o) > 256)
+        assert pos["0"]["gbps"] < 0.8 * far
+        first = im["layouts"]["sets"]["one directory"]["first_blocks"]
+        assert first[0] == {"ag": 0, "offset_mib": 0}
+
+
 def test_docs_store_check_table_is_the_committed_json():
     """docs/benchmarks.md's table of what the check costs a store is what
     `bench_tables.py --store-check` renders from the committed runs: every
