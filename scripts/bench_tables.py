@@ -17,6 +17,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --build-ab-writes "run 1" docs/bench-repeats/extents/63cb079-writes.json ...
     python scripts/bench_tables.py --split-grid "run 1" docs/bench-repeats/inflight/50a45b7-run1.json ...
     python scripts/bench_tables.py --positions docs/loop-position-probe.json
+    python scripts/bench_tables.py --placement "run 1" docs/bench-repeats/placement/<commit>-run1.json ...
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -27,6 +28,7 @@ latency table and the cost-per-chunk table when the run has them."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from typing import Callable
 
@@ -589,6 +591,32 @@ def positions_table(d: dict) -> str:
     return _md_table(["where"] + [f"image {i + 1}: GB/s" for i in range(len(ims))], body, align="---:")
 
 
+def placement_table(cases: list[tuple[str, str]]) -> str:
+    """Runs of scripts/placement_probe.py (a label and a file each): a row per
+    reader and set of files, a cell per run of GB/s and the median of each
+    rep's speed over fs_native's; then the files read alone, grouped by where
+    they lie (the image's first 256 MiB or beyond) and by writer, the median
+    of their GB/s and how many there were."""
+    runs = _labelled_runs(cases)
+    body = []
+    for s in runs[0][1]["sets"]:
+        body.append([s] + [f"{d['sets'][s]['gbps']:.2f} · {d['sets'][s]['over_fs_native']:.3f}×" for _, d in runs])
+    groups = (
+        ("fx's files in the first 256 MiB, each alone", lambda f: f["writer"] == "fx" and f["offset_mib"] < 256),
+        ("fx's files beyond, each alone", lambda f: f["writer"] == "fx" and f["offset_mib"] >= 256),
+        ("fs_native's files in the first 256 MiB, each alone", lambda f: f["writer"] != "fx" and f["offset_mib"] < 256),
+        ("fs_native's files beyond, each alone", lambda f: f["writer"] != "fx" and f["offset_mib"] >= 256),
+    )
+    for name, pick in groups:
+        cells = []
+        for _, d in runs:
+            g = [f["gbps"] for f in d["files"] if pick(f)]
+            cells.append(f"{statistics.median(g):.2f} ({len(g)} files)" if g else "none")
+        body.append([name] + cells)
+    head = ["reader and files"] + [f"{label}: GB/s · over fs_native" for label, _ in runs]
+    return _md_table(head, body, align="---:")
+
+
 def probe_table(d: dict) -> str:
     """The rounds of a scripts/staged_probe.py JSON: its two sides, fs_native
     and the copy alone (GB/s, medians of the round's reps), the ratios of the
@@ -641,6 +669,7 @@ if __name__ == "__main__":
         "--chunk-overhead": chunk_overhead_table,
         "--build-ab-writes": build_ab_writes_table,
         "--split-grid": split_grid_table,
+        "--placement": placement_table,
     }
     if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]

@@ -819,6 +819,32 @@ def test_docs_loop_position_table_is_the_committed_json():
         assert first[0] == {"ag": 0, "offset_mib": 0}
 
 
+def test_docs_placement_table_is_the_committed_json():
+    """docs/benchmarks.md's table of where the files lie is what
+    `bench_tables.py --placement` renders from the two committed runs; in
+    each, every set's ratio is the median of its reps' ratios to fs_native's,
+    every file was read, and fx's files in the device's first 256 MiB read
+    slower than every other group's median (what the page says)."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "placement")
+    cases = [(f"run {r}", os.path.join(d, f"5779445-run{r}.json")) for r in (1, 2)]
+    assert mod.placement_table(cases) in _page()
+    for _, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        base = run["sets"]["fs_native (4 workers), its own files"]["gbps_each"]
+        for v in run["sets"].values():
+            assert len(v["gbps_each"]) == 15
+            assert v["over_fs_native"] == pytest.approx(
+                statistics.median(a / b for a, b in zip(v["gbps_each"], base)), abs=0.002
+            )
+        files = run["files"]
+        assert len(files) == 28 and sum(f["writer"] == "fx" for f in files) == 14
+        low = [f["gbps"] for f in files if f["writer"] == "fx" and f["offset_mib"] < 256]
+        rest = [f["gbps"] for f in files if f["offset_mib"] >= 256]
+        assert low and statistics.median(low) < statistics.median(rest)
+
+
 def test_docs_store_check_table_is_the_committed_json():
     """docs/benchmarks.md's table of what the check costs a store is what
     `bench_tables.py --store-check` renders from the committed runs: every
