@@ -828,7 +828,12 @@ def test_docs_placement_table_is_the_committed_json():
     mod = _bench_tables()
     d = os.path.join(ROOT, "docs", "bench-repeats", "placement")
     cases = [(f"run {r}", os.path.join(d, f"5779445-run{r}.json")) for r in (1, 2)]
+    filled = [(f"run {r}", os.path.join(d, f"de367d2-filled-run{r}.json")) for r in (1, 2)]
     assert mod.placement_table(cases) in _page()
+    assert mod.placement_table(filled) in _page()
+    for _, path in filled:  # the device's first eighth filled: no file there
+        with open(path) as fh:
+            assert all(f["offset_mib"] >= 256 for f in json.load(fh)["files"])
     for _, path in cases:
         with open(path) as f:
             run = json.load(f)

@@ -71,20 +71,6 @@ def touch_image(path: str, size: int) -> None:
         os.close(fd)
 
 
-SLOW_START = 512 << 20
-SLOW_START_FILE = ".lmcache-fx-slow-start"
-
-
-def fill_slow_start(mnt: str, nbytes: int) -> None:
-    """One file of nbytes allocated (not written) at the root of the fresh
-    filesystem at mnt: XFS takes it from the start of allocation group 0."""
-    fd = os.open(os.path.join(mnt, SLOW_START_FILE), os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-    finally:
-        os.close(fd)
-
-
 @contextmanager
 def xfs_loop(size="2G", mountpoint: str | None = None, touch: bool = False):
     """Builds XFS on a /dev/shm image, mounts it, yields the mount point, and
@@ -96,13 +82,7 @@ def xfs_loop(size="2G", mountpoint: str | None = None, touch: bool = False):
     to each block afterwards pays for allocating its page (and, in a VM, for
     the host faulting it in), not a cost of the medium; fallocate after mkfs
     allocates the pages without touching them. scripts/loop_image_probe.py
-    measures the difference. It also fills the device's first SLOW_START
-    bytes (at most an eighth of it) with one file at the filesystem's root,
-    SLOW_START_FILE: on these VMs a fresh loop device reads its first few
-    hundred MiB at 0.6-0.8x the rest (scripts/loop_position_probe.py), and
-    XFS puts the first files of allocation group 0 there, so readers whose
-    files landed there or not were compared across it
-    (scripts/placement_probe.py)."""
+    measures the difference."""
     why = why_not_available()
     if why:
         raise RuntimeError(f"XFS loop filesystem unavailable: {why}")
@@ -121,8 +101,6 @@ def xfs_loop(size="2G", mountpoint: str | None = None, touch: bool = False):
         os.makedirs(mnt, exist_ok=True)
         _run("mount", dev, mnt)
         mounted = True
-        if touch:
-            fill_slow_start(mnt, min(SLOW_START, nbytes // 8))
         yield mnt
     finally:
         if mounted and subprocess.run(["umount", mnt], capture_output=True, check=False).returncode != 0:

@@ -61,7 +61,7 @@ PER_CHUNK_READERS = "fx,fx-l2,fs_native,raw_block"
 # reader's first writes pay for the image's pages. Up to 604ffd9 the images
 # were fallocated after mkfs ("images preallocated"), which left the first
 # write to every page to fault it in.
-LOOP_IMAGE_WORDS = "image written through before mkfs, no discard; its slow first eighth, up to 512 MiB, filled"
+LOOP_IMAGE_WORDS = "image written through before mkfs, no discard"
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
