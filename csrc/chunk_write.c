@@ -111,8 +111,7 @@ static void write_one(void *ctx, size_t i)
                 return;
             }
             r->nbytes = write_segments(c, j->segment, &r->crc);
-        }
-        else {
+        } else {
             r->nbytes = fx_io_sync(c->fd, 1, j->direct, (char *)c->src, c->length, FX_HDR_SIZE);
             /* After the write: where the kernel copied the source (buffered),
              * it may still be in this core's cache. */

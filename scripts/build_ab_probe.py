@@ -74,25 +74,55 @@ def timed_read(engine, chunks: list, scratch, verify: bool, nbytes: int, what: s
     return round(nbytes / t / 1e9, 3), round(c / (nbytes / 1e9), 4)
 
 
+class Workload:
+    """The probe's chunks of one size: their source, keys and meta, and one
+    huge-page destination (faulted in before any timed read) with a header
+    scratch for reading them back."""
+
+    def __init__(self, chunk_mib: int):
+        self.cb = cb = chunk_mib * MIB
+        self.n = n = max(7, (448 * MIB) // cb)
+        self.src = _fxio.HostBuffer(cb * n, hugepages=True)
+        memoryview(self.src)[:] = os.urandom(MIB) * (cb * n // MIB)
+        self.keys = [f"k{chunk_mib}-{i}" for i in range(n)]
+        self.meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
+        self.span = span = -(-(cb + HEADER_SIZE) // 4096) * 4096
+        self.dst = _fxio.HostBuffer(n * span, hugepages=True)
+        memoryview(self.dst)[:] = bytes(n * span)
+        self.scratch = _fxio.HostBuffer(HEADER_SIZE * n, hugepages=False)
+
+    def store(self, d: str, engine=None) -> tuple[list[str], float]:
+        """Writes the chunks into a store at d (on `engine` if given): their
+        files' paths and the seconds the write call took."""
+        s = store_mod.ChunkStore(FxOptions(path=d, max_capacity_gb=1e6), engine=engine)
+        try:
+            t0 = time.perf_counter()
+            ok = s.write([(k, self.src.address + i * self.cb, self.cb, self.meta) for i, k in enumerate(self.keys)])
+            took = time.perf_counter() - t0
+            if not all(ok):
+                raise SystemExit("the store could not write the probe's chunks")
+            return [s.path_for(chunk_digest(k)) for k in self.keys], took
+        finally:
+            s.close()
+
+    def chunks(self, rootfd: int, d: str, paths: list[str]) -> list:
+        """read_chunks' tuples for the files `paths` under d, opened as rootfd."""
+        return [(rootfd, os.path.relpath(p, d), self.dst.address + i * self.span, self.cb) for i, p in enumerate(paths)]
+
+
+def pair_ratio(v: dict, a: str, o: str) -> dict:
+    """Median, min and max of each rep's a over o."""
+    r = [x / y for x, y in zip(v[a], v[o])]
+    return {"median": round(statistics.median(r), 3), "min": round(min(r), 3), "max": round(max(r), 3)}
+
+
 def probe(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True) -> dict:
-    cb = chunk_mib * MIB
-    n = max(7, (448 * MIB) // cb)
-    src = _fxio.HostBuffer(cb * n, hugepages=True)
-    memoryview(src)[:] = os.urandom(MIB) * (cb * n // MIB)
+    w = Workload(chunk_mib)
+    n, cb, span, dst, scratch = w.n, w.cb, w.span, w.dst, w.scratch
     d = os.path.join(mnt, f"c{chunk_mib}")
-    s = store_mod.ChunkStore(FxOptions(path=d, max_capacity_gb=1e6))
-    keys = [f"k{chunk_mib}-{i}" for i in range(n)]
-    meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
-    if not all(s.write([(k, src.address + i * cb, cb, meta) for i, k in enumerate(keys)])):
-        raise SystemExit("the store could not write the probe's chunks")
-    names = [os.path.relpath(s.path_for(chunk_digest(k)), d) for k in keys]
-    s.close()
-    span = -(-(cb + HEADER_SIZE) // 4096) * 4096
-    dst = _fxio.HostBuffer(n * span, hugepages=True)
-    memoryview(dst)[:] = bytes(n * span)  # faulted in before any timed read
-    scratch = _fxio.HostBuffer(HEADER_SIZE * n, hugepages=False)
+    paths, _ = w.store(d)
     rootfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    chunks = [(rootfd, name, dst.address + i * span, cb) for i, name in enumerate(names)]
+    chunks = w.chunks(rootfd, d, paths)
     engines = {}
     gbps: dict = {b: [] for b in builds}
     cpu: dict = {b: [] for b in builds}
@@ -111,18 +141,12 @@ def probe(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True
             e.close()
         os.close(rootfd)
     a, o = order
-    pairs = [x / y for x, y in zip(gbps[a], gbps[o])]
-    cpu_pairs = [x / y for x, y in zip(cpu[a], cpu[o])]
     return {
         "chunks": f"{n} x {chunk_mib} MiB",
         "gbps": {b: statistics.median(v) for b, v in gbps.items()},
         "cpu_s_per_gb": {b: statistics.median(v) for b, v in cpu.items()},
-        "read_pair_ratio": {
-            "median": round(statistics.median(pairs), 3),
-            "min": round(min(pairs), 3),
-            "max": round(max(pairs), 3),
-        },
-        "cpu_pair_ratio_median": round(statistics.median(cpu_pairs), 3),
+        "read_pair_ratio": pair_ratio(gbps, a, o),
+        "cpu_pair_ratio_median": pair_ratio(cpu, a, o)["median"],
         "gbps_each": gbps,
         "cpu_s_per_gb_each": cpu,
     }
@@ -141,16 +165,8 @@ def _extents(paths: list[str]) -> float | None:
 def probe_writes(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True) -> dict:
     """Each build stores the chunks afresh every rep; this tree's engine
     reads each build's files after. Pairs as in probe()."""
-    cb = chunk_mib * MIB
-    n = max(7, (448 * MIB) // cb)
-    src = _fxio.HostBuffer(cb * n, hugepages=True)
-    memoryview(src)[:] = os.urandom(MIB) * (cb * n // MIB)
-    meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
-    keys = [f"k{chunk_mib}-{i}" for i in range(n)]
-    span = -(-(cb + HEADER_SIZE) // 4096) * 4096
-    dst = _fxio.HostBuffer(n * span, hugepages=True)
-    memoryview(dst)[:] = bytes(n * span)
-    scratch = _fxio.HostBuffer(HEADER_SIZE * n, hugepages=False)
+    w = Workload(chunk_mib)
+    n, cb, span, dst, scratch = w.n, w.cb, w.span, w.dst, w.scratch
     reader = _fxio.Engine("io_uring", 32, MIB)
     reader.register_buffer(dst.address, n * span)
     stored: dict = {b: [] for b in builds}
@@ -166,23 +182,18 @@ def probe_writes(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool
                 d = os.path.join(mnt, f"w{chunk_mib}-{b}")
                 shutil.rmtree(d, ignore_errors=True)
                 eng = builds[b].Engine("io_uring", 32, MIB)
-                s = store_mod.ChunkStore(FxOptions(path=d, max_capacity_gb=1e6), engine=eng)
-                t0 = time.perf_counter()
-                ok = s.write([(k, src.address + i * cb, cb, meta) for i, k in enumerate(keys)])
-                stored[b].append(round(n * cb / (time.perf_counter() - t0) / 1e9, 3))
-                if not all(ok):
-                    raise SystemExit(f"{b}: the store could not write the probe's chunks")
-                names[b] = [s.path_for(chunk_digest(k)) for k in keys]
-                s.close()
-                eng.close()
+                try:
+                    names[b], took = w.store(d, eng)
+                finally:
+                    eng.close()
+                stored[b].append(round(n * cb / took / 1e9, 3))
                 if rep == 0:
                     extents[b] = _extents(names[b])
             for b in now:
                 d = os.path.join(mnt, f"w{chunk_mib}-{b}")
                 rootfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-                chunks = [(rootfd, os.path.relpath(p, d), dst.address + i * span, cb) for i, p in enumerate(names[b])]
                 try:
-                    g, c = timed_read(reader, chunks, scratch, verify, n * cb, f"{b}'s files")
+                    g, c = timed_read(reader, w.chunks(rootfd, d, names[b]), scratch, verify, n * cb, f"{b}'s files")
                 finally:
                     os.close(rootfd)
                 gbps[b].append(g)
@@ -192,20 +203,15 @@ def probe_writes(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool
         for b in builds:  # room for the next size
             shutil.rmtree(os.path.join(mnt, f"w{chunk_mib}-{b}"), ignore_errors=True)
     a, o = order
-
-    def pair(v: dict) -> dict:
-        r = [x / y for x, y in zip(v[a], v[o])]
-        return {"median": round(statistics.median(r), 3), "min": round(min(r), 3), "max": round(max(r), 3)}
-
     return {
         "chunks": f"{n} x {chunk_mib} MiB",
         "extents_per_file": extents,
         "store_gbps": {b: statistics.median(v) for b, v in stored.items()},
-        "store_pair_ratio": pair(stored),
+        "store_pair_ratio": pair_ratio(stored, a, o),
         "gbps": {b: statistics.median(v) for b, v in gbps.items()},
         "cpu_s_per_gb": {b: statistics.median(v) for b, v in cpu.items()},
-        "read_pair_ratio": pair(gbps),
-        "cpu_pair_ratio_median": round(statistics.median(x / y for x, y in zip(cpu[a], cpu[o])), 3),
+        "read_pair_ratio": pair_ratio(gbps, a, o),
+        "cpu_pair_ratio_median": pair_ratio(cpu, a, o)["median"],
         "store_gbps_each": stored,
         "gbps_each": gbps,
         "cpu_s_per_gb_each": cpu,

@@ -4,8 +4,9 @@ ChunkStore.read of ~0.47 GB (7 x 64 MiB, 47 x 10 MiB, 238 x 2 MiB) from XFS
 on a RAM-backed loop device, cold (page cache dropped before every read;
 --tmpfs: /dev/shm, warm),
 verification on, into one registered huge-page destination as the plugin's
-pool is, one engine and store per point, warmed by a read first. The points of one chunk size are interleaved and their order
-rotated every rep, so the host's drift spreads over all of them. Root.
+pool is, one engine and store per point, warmed by a read first. The points
+of one chunk size are interleaved and their order rotated every rep, so the
+host's drift spreads over all of them. Root.
 
 --verify off|both: the grid with verification off too (on a device, unchecked
 reads go in pieces of at least 16 MiB whatever split_bytes says, so points
@@ -88,37 +89,31 @@ def probe(
         return s.read(keys, lambda m: (lambda i: (i, dst.address + i * cb, cb))(next(slot)), lambda h: None)
 
     # One engine and store per point for the whole run, each warmed by a read (rings, threads, the index of
-    # headers a running store has), so that a timed read is what a running store's is.
+    # headers a running store has), so that a timed read is what a running store's is. Each point's reader
+    # returns whether every chunk came back.
     stores = {}
+    readers = {}
     for qd, sb, verify in points:
         if qd == "fs_native":
+            readers[(qd, sb, verify)] = lambda c=fs_clients[sb]: all(c.get(fs_keys, views))
             continue
         eng = _fxio.Engine("io_uring", qd, sb)
         eng.register_buffer(dst.address, n * cb)
         stores[(qd, sb, verify)] = s = ChunkStore(
             FxOptions(path=d, queue_depth=qd, split_bytes=sb, verify=verify, max_capacity_gb=1e6), engine=eng
         )
-        assert all(o is not None for o in read(s)), "warm-up read missed"
+        readers[(qd, sb, verify)] = lambda s=s: all(o is not None for o in read(s))
+        assert readers[(qd, sb, verify)](), "warm-up read missed"
     for rep in range(reps):
         k = rep % len(points)
-        for qd, sb, verify in points[k:] + points[:k]:
-            if qd == "fs_native":
-                if cold:
-                    drop_caches()
-                c0, t0 = cpu_seconds(), time.perf_counter()
-                ok = fs_clients[sb].get(fs_keys, views)
-                t, c = time.perf_counter() - t0, cpu_seconds() - c0
-                assert all(ok), f"fs_native {sb} workers: a chunk missed"
-                got[(qd, sb, verify)].append((n * cb / t / 1e9, c / (n * cb / 1e9)))
-                continue
-            s = stores[(qd, sb, verify)]
+        for p in points[k:] + points[:k]:
             if cold:
                 drop_caches()
             c0, t0 = cpu_seconds(), time.perf_counter()
-            out = read(s)
+            ok = readers[p]()
             t, c = time.perf_counter() - t0, cpu_seconds() - c0
-            assert all(o is not None for o in out), f"qd {qd} split {sb}: a chunk missed"
-            got[(qd, sb, verify)].append((n * cb / t / 1e9, c / (n * cb / 1e9)))
+            assert ok, f"{p}: a chunk missed"
+            got[p].append((n * cb / t / 1e9, c / (n * cb / 1e9)))
     for c in fs_clients.values():
         c.close()
     for s in stores.values():
