@@ -125,6 +125,10 @@ int fx_fd_in_memory(int fd, uint64_t dev, uint64_t *last_dev, int *last_mem);
 /* How many times landed pieces were checksummed on several threads (tests). */
 extern _Atomic unsigned long fx_crc_spread_runs;
 extern _Atomic unsigned long fx_uring_peak_inflight;
+/* Where this thread's last io_uring run ended: its engine's slots returned
+ * so far when it returned its last (tests: an order of ends that the
+ * scheduler's and the GIL's delays do not blur, as wall-clock ends do). */
+extern _Thread_local unsigned long fx_uring_last_end;
 /* Pieces copied from a mapping, copies whose source faulted, and pieces
  * read through a staging buffer (tests). */
 extern _Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;

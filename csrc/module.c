@@ -1228,6 +1228,13 @@ static PyObject *mod_uring_peak_inflight(PyObject *m, PyObject *unused)
     return PyLong_FromUnsignedLong(atomic_exchange(&fx_uring_peak_inflight, 0));
 }
 
+static PyObject *mod_uring_last_end(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyLong_FromUnsignedLong(fx_uring_last_end);
+}
+
 static PyObject *mod_io_uring_status(PyObject *m, PyObject *unused)
 {
     char why[256] = "";
@@ -1422,6 +1429,9 @@ static PyMethodDef module_methods[] = {
      "crc32c_impls() -> list of the CRC32C implementations this CPU runs, the one in use first"},
     {"_uring_peak_inflight", (PyCFunction)mod_uring_peak_inflight, METH_NOARGS,
      "_uring_peak_inflight() -> int: most pieces one io_uring run had out at once since the last call (tests)"},
+    {"_uring_last_end", (PyCFunction)mod_uring_last_end, METH_NOARGS,
+     "_uring_last_end() -> int: the engine's slots returned so far when this thread's last io_uring run "
+     "returned its last (tests)"},
     {"crc32c_copy", (PyCFunction)(void (*)(void))mod_crc32c_copy, METH_VARARGS | METH_KEYWORDS,
      "crc32c_copy(dst, src, length, value=0) -> int: copies length bytes (addresses) and returns their "
      "CRC32C, in one pass where CRC32C_COPY_ONE_PASS"},

@@ -58,6 +58,7 @@ struct fx_uring {
     unsigned long ticket_next, ticket_serve;
     struct run_state *wanting; /* batches with pieces left to queue */
     unsigned long arrivals;
+    unsigned long slots_freed; /* ever returned: the order batches ended in, in device work */
     unsigned gen; /* process generation it was made in (fork guard) */
 };
 
@@ -411,6 +412,7 @@ typedef struct run_state {
     int wanting;
     uint64_t left;
     unsigned long arrival;
+    unsigned long ended_at; /* slots_freed after this batch's last return */
     struct run_state *prev, *next;
 } run_state;
 
@@ -504,6 +506,8 @@ static void give_slots(fx_uring *u, run_state *st, unsigned n)
     pthread_mutex_lock(&u->slot_mu);
     u->slots_used -= n;
     st->held -= n;
+    u->slots_freed += n;
+    st->ended_at = u->slots_freed;
     pthread_cond_broadcast(&u->slot_cv);
     pthread_mutex_unlock(&u->slot_mu);
 }
@@ -831,6 +835,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
     }
     set_wanting(u, &st, 0);
     fx_uring_give_ring(u, s);
+    fx_uring_last_end = st.ended_at;
 out:
     free(st.done);
     free(st.fin);

@@ -164,6 +164,10 @@ def crc32c_copy(dst: int, src: int, length: int, value: int = 0) -> int:
 def _uring_peak_inflight() -> int:
     """Most pieces one io_uring run had out at once since the last call (tests)."""
 
+def _uring_last_end() -> int:
+    """The engine's slots returned so far when this thread's last io_uring
+    run returned its last: where it ended in the engine's work (tests)."""
+
 def map_stats() -> tuple[int, int]:
     """(pieces copied from a file mapping, copies whose source faulted and
     were read instead), since the module was loaded."""
