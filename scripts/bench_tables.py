@@ -588,7 +588,10 @@ def positions_table(d: dict) -> str:
     body.append(
         ["second set over first (pairs' median)"] + [f"{im['layouts']['second_over_first']:.3f}×" for im in ims]
     )
-    return _md_table(["where"] + [f"image {i + 1}: GB/s" for i in range(len(ims))], body, align="---:")
+    heads = [
+        f"image {i + 1}" + (f", {im['pages']} pages" if "pages" in im else "") + ": GB/s" for i, im in enumerate(ims)
+    ]
+    return _md_table(["where"] + heads, body, align="---:")
 
 
 def placement_table(cases: list[tuple[str, str]]) -> str:

@@ -14,7 +14,12 @@ fresh image (testing.loopfs.xfs_loop(touch=True), as the bench makes it):
 No lmcache-fx code on the timed path: this is the medium. Readers whose
 files land in different places are compared across that difference.
 
-    .venv/bin/python scripts/loop_position_probe.py --images 3 --json docs/loop-position-probe.json
+--image-pages 4k,huge makes each image twice: in /dev/shm's 4 KiB pages
+(the bench's medium until the image went to 2 MiB pages) and on a
+huge=always tmpfs of its own (xfs_loop's default for touched images now).
+
+    .venv/bin/python scripts/loop_position_probe.py --images 2 --image-pages 4k,huge \
+        --json docs/loop-position-probe.json
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from lmcache_fx import _fxio  # noqa: E402
-from lmcache_fx.testing.loopfs import drop_caches, xfs_loop  # noqa: E402
+from lmcache_fx.testing.loopfs import drop_caches, image_pages, xfs_loop  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 
 MIB = 1 << 20
@@ -138,32 +143,38 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=3, help="fresh images, one after another")
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--image-pages", default="4k,huge", help="4k (/dev/shm), huge (a huge=always tmpfs), or both")
     ap.add_argument("--json")
     a = ap.parse_args()
+    kinds = [k.strip() for k in a.image_pages.split(",")]
+    if not kinds or any(k not in ("4k", "huge") for k in kinds):
+        ap.error(f"--image-pages {a.image_pages!r}: give 4k, huge or 4k,huge")
     src = _fxio.HostBuffer(CHUNK, hugepages=True)
     memoryview(src)[:] = os.urandom(CHUNK)
     n = 7
     dst = _fxio.HostBuffer(n * CHUNK, hugepages=True)
     memoryview(dst)[:] = bytes(n * CHUNK)  # faulted in before any timed read
     images = []
-    for i in range(a.images):
-        with xfs_loop("3G", touch=True) as mnt:
-            im = {"positions": positions(mnt, dst, a.reps), "layouts": layouts(mnt, src, dst, n, a.reps)}
+    for i, kind in [(i, k) for i in range(a.images) for k in kinds]:
+        with xfs_loop("3G", touch=True, huge=kind == "huge") as mnt:
+            im = {"pages": "2 MiB" if kind == "huge" else "4 KiB", "image_pages": image_pages(mnt)}
+            im.update(positions=positions(mnt, dst, a.reps), layouts=layouts(mnt, src, dst, n, a.reps))
         images.append(im)
         pos = im["positions"]
-        print(f"image {i + 1}: " + " ".join(f"{o}M {v['gbps']:.2f}" for o, v in pos.items()), flush=True)
+        print(f"image {i + 1}, {im['pages']} pages: " + " ".join(f"{o}M {v['gbps']:.2f}" for o, v in pos.items()))
         for s, v in im["layouts"]["sets"].items():
             where = ", ".join(f"AG {b.get('ag')} @{b.get('offset_mib')}M" for b in v["first_blocks"][:3])
             print(f"  {s}: {v['gbps']:.2f} GB/s (first files at {where})", flush=True)
         print(f"  second set over first: {im['layouts']['second_over_first']:.3f}", flush=True)
     doc = {
         "command": "python scripts/loop_position_probe.py"
-        + f" --images {a.images} --reps {a.reps}"
+        + f" --images {a.images} --reps {a.reps} --image-pages {a.image_pages}"
         + (f" --json {a.json}" if a.json else ""),
         "git_commit": git_commit(),
         "cpus": os.cpu_count(),
         "loadavg_end": os.getloadavg(),
-        "medium": "XFS on a 3 GiB RAM-backed loop image in /dev/shm, written through before mkfs; cold",
+        "medium": "XFS on a 3 GiB RAM-backed loop image (each image's pages: its `pages`), written through "
+        "before mkfs; cold",
         "images": images,
     }
     if a.json:

@@ -518,6 +518,9 @@ def test_devices_two_stripes_fx_and_labels_single_device_peers(tmp_path):
             assert e["devices"] == 1 and e["label"].endswith("(1 of 2 devices)")
     assert d["readers"]["fio"]["label"].endswith("(1 job on each of 2 devices)")
     assert d["readers"]["fio"]["reps"][0]["jobs"] == 2
+    # each image's pages are recorded: 2 MiB pages where the kernel allows them, else /dev/shm's
+    images = d["machine"]["loop_images"]
+    assert len(images) == 2 and all(0.0 <= im["huge_share"] <= 1.0 and im["tmpfs"] for im in images), images
     for dev_dir in d["config"]["devices"]:  # ours unmounted, mount points and bench dirs gone
         assert not os.path.exists(os.path.dirname(dev_dir))
 

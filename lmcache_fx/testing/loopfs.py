@@ -9,12 +9,15 @@ And a tmpfs of one's own, with mount options (huge pages, a size).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+
+log = logging.getLogger(__name__)
 
 
 def why_not_available() -> str | None:
@@ -71,31 +74,92 @@ def touch_image(path: str, size: int) -> None:
         os.close(fd)
 
 
+HUGE = 2 << 20
+_image_pages: dict[str, dict] = {}
+
+
+def _shmem_huge_bytes() -> int:
+    """Bytes of tmpfs/shmem held in 2 MiB pages, host-wide."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("ShmemHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _compact_memory() -> None:
+    """Asks the kernel to gather free memory into 2 MiB blocks (root)."""
+    try:
+        with open("/proc/sys/vm/compact_memory", "w") as f:
+            f.write("1\n")
+    except OSError:
+        pass
+
+
+def image_pages(mountpoint: str) -> dict | None:
+    """How the image under an xfs_loop(touch=True) mount is held in memory:
+    {"tmpfs": its mount options, "huge_share": the part of the image in
+    2 MiB pages}; None for other mounts."""
+    return _image_pages.get(mountpoint)
+
+
 @contextmanager
-def xfs_loop(size="2G", mountpoint: str | None = None, touch: bool = False):
-    """Builds XFS on a /dev/shm image, mounts it, yields the mount point, and
+def xfs_loop(size="2G", mountpoint: str | None = None, touch: bool = False, huge: bool | None = None):
+    """Builds XFS on a RAM image, mounts it, yields the mount point, and
     removes everything it made afterwards (only the device it attached).
 
-    touch=True (for measurements): the image is written through with zeros
-    first and mkfs.xfs told not to discard (-K). mkfs discards a device by
-    default, which punches every page out of the image, so the first write
-    to each block afterwards pays for allocating its page (and, in a VM, for
-    the host faulting it in), not a cost of the medium; fallocate after mkfs
-    allocates the pages without touching them. scripts/loop_image_probe.py
-    measures the difference."""
+    touch=True (for measurements) makes a medium as fast at every position:
+    - The image lies on a tmpfs of its own mounted huge=always (memory
+      compacted first), so it is held in 2 MiB pages. In 4 KiB pages (/dev/shm)
+      its speed depended on where the page allocator had put each page: on
+      this VM 64 MiB reads of pages that lay scattered in physical memory ran
+      at 6-7.5 GB/s, of pages in runs at 11.5-12.5, in 2 MiB pages at 18-20
+      (scripts/loop_position_probe.py --image-pages), and the image's first
+      pages were the scattered ones, so files XFS put at the device's start
+      read slower. Where the kernel refuses huge pages, /dev/shm with one
+      warning; image_pages() says what the image got. huge=False keeps a
+      touched image in /dev/shm (to measure the difference).
+    - The image is written through with zeros first and mkfs.xfs told not
+      to discard (-K). mkfs discards a device by default, which punches every
+      page out of the image, so the first write to each block afterwards pays
+      for allocating its page (and, in a VM, for the host faulting it in), not
+      a cost of the medium; fallocate after mkfs allocates the pages without
+      touching them. scripts/loop_image_probe.py measures the difference."""
     why = why_not_available()
     if why:
         raise RuntimeError(f"XFS loop filesystem unavailable: {why}")
-    img = tempfile.mktemp(prefix="lmcache-fx-", suffix=".img", dir="/dev/shm")
     mnt = mountpoint or tempfile.mkdtemp(prefix="lmcache-fx-xfs-")
+    nbytes = _bytes(size)
     dev = None
     mounted = False
+    stack = ExitStack()
+    img = None
     try:
-        nbytes = _bytes(size)
+        image_dir, options = "/dev/shm", None
+        if touch if huge is None else huge:
+            options = f"size={(nbytes + 2 * HUGE - 1) // HUGE * HUGE},huge=always"
+            _compact_memory()
+            try:
+                image_dir = stack.enter_context(tmpfs(options))
+            except RuntimeError as e:
+                log.warning("loop image in /dev/shm's 4 KiB pages, whose speed varies by position: %s", e)
+                options = None
+        img = tempfile.mktemp(prefix="lmcache-fx-", suffix=".img", dir=image_dir)
         with open(img, "wb") as f:
             f.truncate(nbytes)
         if touch:
+            huge0 = _shmem_huge_bytes()
             touch_image(img, nbytes)
+            share = min(1.0, max(0.0, (_shmem_huge_bytes() - huge0) / nbytes)) if options else 0.0
+            if options and share < 0.9:
+                log.warning(
+                    "loop image only %.0f%% in 2 MiB pages (memory fragmented): its speed will vary by position",
+                    100 * share,
+                )
+            _image_pages[mnt] = {"tmpfs": options or "/dev/shm 4 KiB pages", "huge_share": round(share, 3)}
         dev = _run("losetup", "-f", "--show", img)
         _run("mkfs.xfs", "-q", "-f", *(["-K"] if touch else []), dev)
         os.makedirs(mnt, exist_ok=True)
@@ -109,8 +173,10 @@ def xfs_loop(size="2G", mountpoint: str | None = None, touch: bool = False):
             subprocess.run(["umount", "-l", mnt], check=False)
         if dev:
             subprocess.run(["losetup", "-d", dev], capture_output=True, check=False)  # autoclear if still held
-        if os.path.exists(img):
+        if img and os.path.exists(img):
             os.unlink(img)
+        stack.close()  # the image's own tmpfs, lazily: a busy loop device keeps it until released
+        _image_pages.pop(mnt, None)
         if mountpoint is None:
             shutil.rmtree(mnt, ignore_errors=True)
 
