@@ -17,6 +17,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --build-ab-writes "run 1" docs/bench-repeats/extents/63cb079-writes.json ...
     python scripts/bench_tables.py --split-grid "run 1" docs/bench-repeats/inflight/50a45b7-run1.json ...
     python scripts/bench_tables.py --positions docs/loop-position-probe.json
+    python scripts/bench_tables.py --image-memory docs/image-memory-probe.json
     python scripts/bench_tables.py --placement "run 1" docs/bench-repeats/placement/<commit>-run1.json ...
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
@@ -594,6 +595,17 @@ def positions_table(d: dict) -> str:
     return _md_table(["where"] + heads, body, align="---:")
 
 
+def image_memory_table(d: dict) -> str:
+    """scripts/image_memory_probe.py: a row per 256 MiB of the image file, a
+    cell per image of GB/s (median of the reps) and the share of the 64 MiB's
+    4 KiB pages that lie in runs in physical memory."""
+    ims = d["images"]
+    first = next(iter(ims.values()))
+    offs = [o for o in first if int(o) % 256 == 0]
+    body = [[f"{o} MiB"] + [f"{ims[n][o]['gbps']:.1f} · {ims[n][o]['pages_in_runs']:.2f}" for n in ims] for o in offs]
+    return _md_table(["where in the image"] + [f"{n}: GB/s · pages in runs" for n in ims], body, align="---:")
+
+
 def placement_table(cases: list[tuple[str, str]]) -> str:
     """Runs of scripts/placement_probe.py (a label and a file each): a row per
     reader and set of files, a cell per run of GB/s and the median of each
@@ -654,6 +666,10 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--positions"]:
         with open(sys.argv[2]) as f:
             print(positions_table(json.load(f)))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--image-memory"]:
+        with open(sys.argv[2]) as f:
+            print(image_memory_table(json.load(f)))
         sys.exit(0)
     if sys.argv[1:2] == ["--ratios"]:
         print(ratios_table(sys.argv[2:]))

@@ -755,6 +755,8 @@ def test_docs_split_grid_table_is_the_committed_json():
     table = mod.split_grid_table(cases)
     assert table in _page()
     assert len(table.splitlines()) == 2 + 3 * 10
+    huge = mod.split_grid_table([("run 1 (2 MiB pages)", os.path.join(d, "d737ccf-huge-run1.json"))])
+    assert huge in _page() and len(huge.splitlines()) == 2 + 2 * 7
     for _, path in cases:
         with open(path) as f:
             run = json.load(f)
@@ -803,23 +805,53 @@ def test_docs_one_extent_table_is_the_committed_json():
 def test_docs_loop_position_table_is_the_committed_json():
     """docs/benchmarks.md's table of the loop device's speed by position is
     what `bench_tables.py --positions` renders from the committed probe; in
-    every image each figure is the median of its reps, the image's start is
-    slower than the median of the offsets past 256 MiB (what the page says),
-    and the one-directory set starts at the image's start."""
+    every image each figure is the median of its reps and the one-directory
+    set starts at the image's start; in 4 KiB pages the start is slower than
+    the median of the offsets past 256 MiB, in 2 MiB pages (the bench's
+    images now) no position is far below the image's median (what the page
+    says)."""
     mod = _bench_tables()
     with open(os.path.join(ROOT, "docs", "loop-position-probe.json")) as f:
         d = json.load(f)
     assert mod.positions_table(d) in _page()
-    assert len(d["images"]) == 3
+    assert [im["pages"] for im in d["images"]] == ["4 KiB", "2 MiB"] * 2
     for im in d["images"]:
         pos = im["positions"]
         for v in pos.values():
-            assert len(v["gbps_each"]) == 9
+            assert len(v["gbps_each"]) == 7
             assert v["gbps"] == pytest.approx(statistics.median(v["gbps_each"]), abs=0.002)
-        far = statistics.median(v["gbps"] for o, v in pos.items() if int(o) > 256)
-        assert pos["0"]["gbps"] < 0.8 * far
+        if im["pages"] == "4 KiB":
+            far = statistics.median(v["gbps"] for o, v in pos.items() if int(o) > 256)
+            assert pos["0"]["gbps"] < 0.8 * far and im["image_pages"]["huge_share"] == 0.0
+        else:
+            mid = statistics.median(v["gbps"] for v in pos.values())
+            assert min(v["gbps"] for v in pos.values()) > 0.85 * mid and im["image_pages"]["huge_share"] == 1.0
         first = im["layouts"]["sets"]["one directory"]["first_blocks"]
         assert first[0] == {"ag": 0, "offset_mib": 0}
+
+
+def test_docs_image_memory_tables_are_the_committed_json():
+    """docs/benchmarks.md's tables of why the 4 KiB-page image was uneven are
+    what `bench_tables.py --image-memory` renders from the two committed
+    runs; in each, every figure is the median of its reps, the 4 KiB-page
+    image's stretches with scattered pages (under 0.9 in runs) read slower
+    than its stretches in runs, and the 2 MiB-page image beats every
+    position of the fresh 4 KiB one (what the page says)."""
+    mod = _bench_tables()
+    for r in (1, 2):
+        with open(os.path.join(ROOT, "docs", "bench-repeats", "image-memory", f"run{r}.json")) as f:
+            d = json.load(f)
+        assert mod.image_memory_table(d) in _page()
+        ims = d["images"]
+        assert list(ims) == ["shm", "shm, sponge", "huge"]
+        for pos in ims.values():
+            for v in pos.values():
+                assert v["gbps"] == pytest.approx(statistics.median(v["gbps_each"]), abs=0.002)
+        shm = ims["shm"].values()
+        scattered = [v["gbps"] for v in shm if v["pages_in_runs"] < 0.9]
+        in_runs = [v["gbps"] for v in shm if v["pages_in_runs"] >= 0.99]
+        assert scattered and in_runs and max(scattered) < statistics.median(in_runs)
+        assert min(v["gbps"] for v in ims["huge"].values()) > max(shm_v["gbps"] for shm_v in shm)
 
 
 def test_docs_placement_table_is_the_committed_json():
@@ -832,8 +864,17 @@ def test_docs_placement_table_is_the_committed_json():
     d = os.path.join(ROOT, "docs", "bench-repeats", "placement")
     cases = [(f"run {r}", os.path.join(d, f"5779445-run{r}.json")) for r in (1, 2)]
     filled = [(f"run {r}", os.path.join(d, f"de367d2-filled-run{r}.json")) for r in (1, 2)]
+    huge = [(f"run {r}", os.path.join(d, f"d737ccf-run{r}.json")) for r in (1, 2)]
     assert mod.placement_table(cases) in _page()
     assert mod.placement_table(filled) in _page()
+    assert mod.placement_table(huge) in _page()
+    for _, path in huge:  # 2 MiB pages: fx's files at the start read like the rest, preads of both sets alike
+        with open(path) as fh:
+            run = json.load(fh)
+        low = [f["gbps"] for f in run["files"] if f["writer"] == "fx" and f["offset_mib"] < 256]
+        rest = [f["gbps"] for f in run["files"] if f["offset_mib"] >= 256]
+        assert low and statistics.median(low) > 0.9 * statistics.median(rest)
+        assert run["sets"]["preads of fx's files (4 threads)"]["over_fs_native"] > 0.95
     for _, path in filled:  # the device's first eighth filled: no file there
         with open(path) as fh:
             assert all(f["offset_mib"] >= 256 for f in json.load(fh)["files"])
@@ -940,6 +981,45 @@ def test_docs_round_on_written_through_images_is_the_committed_json(monkeypatch)
         for p in paths:
             with open(p) as f:
                 assert "written through" in json.load(f)["machine"]["filesystem"]
+
+
+def test_docs_round_on_huge_page_images_is_the_committed_json(monkeypatch):
+    """The XFS round at d737ccf in docs/benchmarks.md: each size's tables are
+    what `bench_tables.py --ratios` and `--runs fx-noverify` render from its
+    three committed runs, every one on a loop image wholly in 2 MiB pages."""
+    import glob
+
+    mod = _bench_tables()
+    page = _page()
+    monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
+    for size in ("64m", "10m", "2m"):
+        paths = sorted(glob.glob(f"docs/bench-repeats/round-d737ccf/xfs-{size}-run*.json"))
+        assert len(paths) == 3
+        assert mod.ratios_table(paths) in page
+        assert mod.runs_table(paths, "fx-noverify") in page
+        for p in paths:
+            with open(p) as f:
+                m = json.load(f)["machine"]
+            assert "2 MiB pages" in m["filesystem"] and m["loop_images"][0]["huge_share"] == 1.0
+
+
+def test_readme_xfs_rows_are_run_1_of_the_round_on_huge_page_images():
+    """README.md's XFS rows are the tier read medians of run 1 of each size
+    at d737ccf, the fastest reader of each row in bold."""
+    cols = ["fx", "fx-l2", "local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block"]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    labels = {
+        "64m": "XFS on a RAM loop device, cold, 7 × 64 MiB",
+        "10m": "same, 47 × 10 MiB",
+        "2m": "same, 238 × 2 MiB",
+    }
+    for size, label in labels.items():
+        with open(os.path.join(ROOT, "docs", "bench-repeats", "round-d737ccf", f"xfs-{size}-run1.json")) as f:
+            d = json.load(f)
+        v = [d["readers"][c]["median"]["tier_read_gbps"] for c in cols]
+        cells = [f"**{x:.2f}**" if x == max(v) else f"{x:.2f}" for x in v]
+        assert f"| {label} | " + " | ".join(cells) + " |" in readme
 
 
 def test_docs_mixed_table_on_written_through_images_is_the_committed_json():
