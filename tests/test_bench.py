@@ -908,6 +908,8 @@ def test_docs_store_check_table_is_the_committed_json():
         page = f.read()
     assert table in page
     assert len(table.splitlines()) == 2 + 3 * 6
+    huge = mod.store_check_table([("run 1 (2 MiB pages)", os.path.join(d, "d737ccf-run1.json"))])
+    assert "\n".join("  " + line for line in huge.splitlines()) in page  # a list item's table
     for _, path in cases:
         with open(path) as f:
             run = json.load(f)
