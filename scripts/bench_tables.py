@@ -18,6 +18,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --split-grid "run 1" docs/bench-repeats/inflight/50a45b7-run1.json ...
     python scripts/bench_tables.py --positions docs/loop-position-probe.json
     python scripts/bench_tables.py --image-memory docs/image-memory-probe.json
+    python scripts/bench_tables.py --lmcache-l2 docs/bench-lmcache-l2.json     # LMCache's `lmcache bench l2`
     python scripts/bench_tables.py --placement "run 1" docs/bench-repeats/placement/<commit>-run1.json ...
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
@@ -606,6 +607,33 @@ def image_memory_table(d: dict) -> str:
     return _md_table(["where in the image"] + [f"{n}: GB/s · pages in runs" for n in ims], body, align="---:")
 
 
+def lmcache_l2_table(d: dict) -> str:
+    """scripts/lmcache_bench_l2.py: a row per object size, LMCache's own
+    `lmcache bench l2` figures for fs_native and fx (medians of the runs,
+    MB/s) and fx over fs_native run by run."""
+    names = {"65536k": "14 × 64 MiB", "2048k": "64 × 2 MiB"}
+    body = []
+    for case, c in d["cases"].items():
+        fs, fx, r = c["fs_native"], c["fx"], c["fx_over_fs_native"]
+        body.append(
+            [
+                names.get(case, case),
+                f"{fs['median_load_MBps']:.0f} / {fx['median_load_MBps']:.0f}",
+                ", ".join(f"{x:.2f}" for x in r["load_MBps"]),
+                f"{fs['median_store_MBps']:.0f} / {fx['median_store_MBps']:.0f}",
+                ", ".join(f"{x:.2f}" for x in r["store_MBps"]),
+            ]
+        )
+    heads = [
+        "objects",
+        "load MB/s fs_native / fx (medians)",
+        "load fx/fs_native per run",
+        "store MB/s fs_native / fx",
+        "store fx/fs_native per run",
+    ]
+    return _md_table(heads, body, align="---:")
+
+
 def placement_table(cases: list[tuple[str, str]]) -> str:
     """Runs of scripts/placement_probe.py (a label and a file each): a row per
     reader and set of files, a cell per run of GB/s and the median of each
@@ -666,6 +694,10 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--positions"]:
         with open(sys.argv[2]) as f:
             print(positions_table(json.load(f)))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--lmcache-l2"]:
+        with open(sys.argv[2]) as f:
+            print(lmcache_l2_table(json.load(f)))
         sys.exit(0)
     if sys.argv[1:2] == ["--image-memory"]:
         with open(sys.argv[2]) as f:

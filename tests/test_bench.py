@@ -1006,6 +1006,21 @@ def test_docs_round_on_huge_page_images_is_the_committed_json(monkeypatch):
             assert "2 MiB pages" in m["filesystem"] and m["loop_images"][0]["huge_share"] == 1.0
 
 
+def test_docs_lmcache_bench_l2_tables_are_the_committed_json():
+    """The two tables of LMCache's own `lmcache bench l2` are what
+    `bench_tables.py --lmcache-l2` renders from their JSON, each ratio the
+    run's fx figure over fs_native's of the same run."""
+    mod = _bench_tables()
+    for path in ("bench-lmcache-l2.json", os.path.join("bench-repeats", "lmcache-l2", "d737ccf.json")):
+        with open(os.path.join(ROOT, "docs", path)) as f:
+            d = json.load(f)
+        assert mod.lmcache_l2_table(d) in _page()
+        for c in d["cases"].values():
+            for what in ("load_MBps", "store_MBps"):
+                each = [a[what] / b[what] for a, b in zip(c["fx"]["runs"], c["fs_native"]["runs"])]
+                assert c["fx_over_fs_native"][what] == pytest.approx(each, abs=0.001)
+
+
 def test_readme_xfs_rows_are_run_1_of_the_round_on_huge_page_images():
     """README.md's XFS rows are the tier read medians of run 1 of each size
     at d737ccf, the fastest reader of each row in bold."""
