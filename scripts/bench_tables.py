@@ -19,6 +19,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --positions docs/loop-position-probe.json
     python scripts/bench_tables.py --image-memory docs/image-memory-probe.json
     python scripts/bench_tables.py --lmcache-l2 docs/bench-lmcache-l2.json     # LMCache's `lmcache bench l2`
+    python scripts/bench_tables.py --medium-limit docs/medium-limit-probe.json # fio over a grid
     python scripts/bench_tables.py --placement "run 1" docs/bench-repeats/placement/<commit>-run1.json ...
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
@@ -634,6 +635,23 @@ def lmcache_l2_table(d: dict) -> str:
     return _md_table(heads, body, align="---:")
 
 
+def medium_limit_table(d: dict) -> str:
+    """scripts/medium_limit_probe.py: a row per fio setting, ordered by the
+    MiB of buffers it reads into (block size x depth x jobs), GB/s (median
+    of the reps) with fio's buffers in plain memory and in huge pages."""
+    rows: dict = {}
+    for key, v in d["points"].items():
+        iomem, *fields = key.split()  # "shmhuge bs=1M qd=4 jobs=2"
+        bs, qd, jobs = (f.split("=")[1] for f in fields)
+        rows.setdefault((int(bs[:-1]), int(qd), int(jobs)), {})[iomem] = v["gbps"]
+    body = [
+        [f"{bs} MiB", str(qd), str(jobs), f"{bs * qd * jobs}"] + [f"{v[m]:.2f}" for m in ("malloc", "shmhuge")]
+        for (bs, qd, jobs), v in sorted(rows.items(), key=lambda kv: (kv[0][0] * kv[0][1] * kv[0][2], kv[0]))
+    ]
+    heads = ["block", "iodepth", "jobs", "MiB of buffers", "GB/s, 4 KiB-page buffers", "GB/s, huge-page buffers"]
+    return _md_table(heads, body, align="---:", left=1)
+
+
 def placement_table(cases: list[tuple[str, str]]) -> str:
     """Runs of scripts/placement_probe.py (a label and a file each): a row per
     reader and set of files, a cell per run of GB/s and the median of each
@@ -694,6 +712,10 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--positions"]:
         with open(sys.argv[2]) as f:
             print(positions_table(json.load(f)))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--medium-limit"]:
+        with open(sys.argv[2]) as f:
+            print(medium_limit_table(json.load(f)))
         sys.exit(0)
     if sys.argv[1:2] == ["--lmcache-l2"]:
         with open(sys.argv[2]) as f:

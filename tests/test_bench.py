@@ -1021,6 +1021,22 @@ def test_docs_lmcache_bench_l2_tables_are_the_committed_json():
                 assert c["fx_over_fs_native"][what] == pytest.approx(each, abs=0.001)
 
 
+def test_docs_medium_limit_table_is_the_committed_json():
+    """The page's table of fio over a grid is what `bench_tables.py
+    --medium-limit` renders from the committed probe: every point of the
+    grid in both buffer kinds, each the median of its reps, the best named
+    in the JSON the fastest point, on an image in 2 MiB pages."""
+    mod = _bench_tables()
+    with open(os.path.join(ROOT, "docs", "medium-limit-probe.json")) as f:
+        d = json.load(f)
+    assert mod.medium_limit_table(d) in _page()
+    pts = d["points"]
+    assert len(pts) == 2 * 3 * 3 * 3 and d["loop_image"]["huge_share"] == 1.0
+    for v in pts.values():
+        assert len(v["gbps_each"]) == 3 and v["gbps"] == pytest.approx(statistics.median(v["gbps_each"]), abs=0.002)
+    assert d["best"]["gbps"] == max(v["gbps"] for v in pts.values()) == pts[d["best"]["point"]]["gbps"]
+
+
 def test_readme_xfs_rows_are_run_1_of_the_round_on_huge_page_images():
     """README.md's XFS rows are the tier read medians of run 1 of each size
     at d737ccf, the fastest reader of each row in bold."""
