@@ -1037,6 +1037,21 @@ def test_docs_medium_limit_table_is_the_committed_json():
     assert d["best"]["gbps"] == max(v["gbps"] for v in pts.values()) == pts[d["best"]["point"]]["gbps"]
 
 
+def test_docs_crc_beside_copy_figures_are_the_committed_json():
+    """The page's figures of a CRC32C beside a memcpy are the committed
+    probe's: medians of its reps, each ratio together over alone."""
+    with open(os.path.join(ROOT, "docs", "crc-beside-copy-probe.json")) as f:
+        d = json.load(f)
+    c, page = d["cases"], _page()
+    for case in c.values():
+        for v in case.values():
+            assert len(v["gbps_each"]) == 7 and v["gbps"] == pytest.approx(statistics.median(v["gbps_each"]), abs=0.002)
+    for w in ("copy", "crc"):
+        alone, both = c[w][w]["gbps"], c["copy + crc"][w]["gbps"]
+        assert d["together_over_alone"][w] == pytest.approx(both / alone, abs=0.002)
+        assert f"{alone:.2f}" in page and f"{both:.2f}" in page and f"({d['together_over_alone'][w]:.2f}×)" in page
+
+
 def test_readme_xfs_rows_are_run_1_of_the_round_on_huge_page_images():
     """README.md's XFS rows are the tier read medians of run 1 of each size
     at d737ccf, the fastest reader of each row in bold."""
