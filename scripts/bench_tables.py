@@ -20,6 +20,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --image-memory docs/image-memory-probe.json
     python scripts/bench_tables.py --lmcache-l2 docs/bench-lmcache-l2.json     # LMCache's `lmcache bench l2`
     python scripts/bench_tables.py --medium-limit docs/medium-limit-probe.json # fio over a grid
+    python scripts/bench_tables.py --staged-direct "run 1" docs/bench-repeats/staged-direct/run1.json ...
     python scripts/bench_tables.py --placement "run 1" docs/bench-repeats/placement/<commit>-run1.json ...
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
@@ -652,6 +653,24 @@ def medium_limit_table(d: dict) -> str:
     return _md_table(heads, body, align="---:", left=1)
 
 
+def staged_direct_table(cases: list[tuple[str, str]]) -> str:
+    """Runs of scripts/staged_direct_probe.py (a label and a file each): a row
+    per way of reading, a cell per run of GB/s, CPU s/GB and the median of
+    each rep's speed over the direct checked read's."""
+    runs = _labelled_runs(cases)
+    body = [
+        [w]
+        + [
+            f"{d['ways'][w]['gbps']:.2f} · {d['ways'][w]['cpu_s_per_gb']:.3f} · {d['ways'][w]['over_direct_checked']:.3f}×"
+            for _, d in runs
+        ]
+        for w in runs[0][1]["ways"]
+    ]
+    return _md_table(
+        ["way"] + [f"{label}: GB/s · CPU s/GB · over direct checked" for label, _ in runs], body, align="---:"
+    )
+
+
 def placement_table(cases: list[tuple[str, str]]) -> str:
     """Runs of scripts/placement_probe.py (a label and a file each): a row per
     reader and set of files, a cell per run of GB/s and the median of each
@@ -743,6 +762,7 @@ if __name__ == "__main__":
         "--build-ab-writes": build_ab_writes_table,
         "--split-grid": split_grid_table,
         "--placement": placement_table,
+        "--staged-direct": staged_direct_table,
     }
     if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]

@@ -1052,6 +1052,27 @@ def test_docs_crc_beside_copy_figures_are_the_committed_json():
         assert f"{alone:.2f}" in page and f"{both:.2f}" in page and f"({d['together_over_alone'][w]:.2f}×)" in page
 
 
+def test_docs_staged_direct_table_is_the_committed_json():
+    """The page's table of checked reads through a staging buffer is what
+    `bench_tables.py --staged-direct` renders from the three committed runs;
+    each way's ratio is the median of its reps' speed over the direct checked
+    read's, and the best staged way beat the direct checked read in every run
+    (what the page says)."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "staged-direct")
+    cases = [(f"run {r}", os.path.join(d, f"run{r}.json")) for r in (1, 2, 3)]
+    assert mod.staged_direct_table(cases) in _page()
+    for _, path in cases:
+        with open(path) as f:
+            ways = json.load(f)["ways"]
+        base = ways["direct, checked (fx's default: QD 32, 1 MiB pieces)"]["gbps_each"]
+        for v in ways.values():
+            assert len(v["gbps_each"]) == 15
+            each = [a / b for a, b in zip(v["gbps_each"], base)]
+            assert v["over_direct_checked"] == pytest.approx(statistics.median(each), abs=0.002)
+        assert ways["staged, 4 threads, 2 MiB window each, QD 2: 8 MiB staging"]["over_direct_checked"] > 1.1
+
+
 def test_readme_xfs_rows_are_run_1_of_the_round_on_huge_page_images():
     """README.md's XFS rows are the tier read medians of run 1 of each size
     at d737ccf, the fastest reader of each row in bold."""
