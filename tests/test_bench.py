@@ -1096,16 +1096,19 @@ def test_docs_mixed_table_on_written_through_images_is_the_committed_json():
     """The --mixed runs on written-through loop images: the page's table is
     what `bench_tables.py --mixed-runs` renders from the six committed runs."""
     mod = _bench_tables()
-    d = os.path.join(ROOT, "docs", "bench-repeats", "mixed-written-images")
-    groups = [(f"{s} MiB", [os.path.join(d, f"mixed-{s}m-run{r}.json") for r in (1, 2, 3)]) for s in (64, 2)]
-    table = mod.mixed_runs_table(groups)
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        assert table in f.read()
-    for _, paths in groups:
-        for p in paths:
-            with open(p) as f:
-                run = json.load(f)
-            assert "written through" in run["machine"]["filesystem"] and run["readers"]["fx-l2"]["mixed"]["load_gbps"]
+    for where in ("mixed-written-images", "mixed-huge-pages"):  # 4 KiB-page images, then 2 MiB-page ones
+        d = os.path.join(ROOT, "docs", "bench-repeats", where)
+        groups = [(f"{s} MiB", [os.path.join(d, f"mixed-{s}m-run{r}.json") for r in (1, 2, 3)]) for s in (64, 2)]
+        table = mod.mixed_runs_table(groups)
+        assert table in _page()
+        for _, paths in groups:
+            for p in paths:
+                with open(p) as f:
+                    run = json.load(f)
+                assert (
+                    "written through" in run["machine"]["filesystem"] and run["readers"]["fx-l2"]["mixed"]["load_gbps"]
+                )
+                assert where != "mixed-huge-pages" or run["machine"]["loop_images"][0]["huge_share"] == 1.0
 
 
 def test_zero_fills_with_one_memset_and_refuses_strided_tensors():
