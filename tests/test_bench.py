@@ -976,6 +976,7 @@ def test_docs_round_on_written_through_images_is_the_committed_json(monkeypatch)
     monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
     rounds = [(f"round-7677dc9/xfs-{size}", True) for size in ("64m", "10m", "2m")]
     rounds += [(f"full-written-images/full-xfs-{size}", False) for size in ("64m", "2m")]
+    rounds += [(f"full-huge-pages/full-xfs-{size}", False) for size in ("64m", "2m")]  # 2 MiB-page images
     for stem, with_runs in rounds:
         paths = sorted(glob.glob(f"docs/bench-repeats/{stem}-run*.json"))
         assert len(paths) == 3
