@@ -728,21 +728,15 @@ if __name__ == "__main__":
         with open(sys.argv[2]) as f:
             print(latency_probe_table(json.load(f), sys.argv[3:]))
         sys.exit(0)
-    if sys.argv[1:2] == ["--positions"]:
+    one_file_tables = {  # FILE
+        "--positions": positions_table,
+        "--medium-limit": medium_limit_table,
+        "--lmcache-l2": lmcache_l2_table,
+        "--image-memory": image_memory_table,
+    }
+    if sys.argv[1:2] and sys.argv[1] in one_file_tables:
         with open(sys.argv[2]) as f:
-            print(positions_table(json.load(f)))
-        sys.exit(0)
-    if sys.argv[1:2] == ["--medium-limit"]:
-        with open(sys.argv[2]) as f:
-            print(medium_limit_table(json.load(f)))
-        sys.exit(0)
-    if sys.argv[1:2] == ["--lmcache-l2"]:
-        with open(sys.argv[2]) as f:
-            print(lmcache_l2_table(json.load(f)))
-        sys.exit(0)
-    if sys.argv[1:2] == ["--image-memory"]:
-        with open(sys.argv[2]) as f:
-            print(image_memory_table(json.load(f)))
+            print(one_file_tables[sys.argv[1]](json.load(f)))
         sys.exit(0)
     if sys.argv[1:2] == ["--ratios"]:
         print(ratios_table(sys.argv[2:]))
