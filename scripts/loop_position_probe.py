@@ -54,6 +54,18 @@ def _pread(fd: int, addr: int, n: int, off: int) -> None:
         raise OSError(ctypes.get_errno(), f"pread of {n} bytes at {off}: {got}")
 
 
+def write_direct(path: str, src, n: int) -> None:
+    """A new file of the first n bytes at src (a HostBuffer), its blocks
+    allocated first and the bytes written in one O_DIRECT write."""
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, n)
+        if _libc.pwrite(fd, ctypes.c_void_p(src.address), ctypes.c_size_t(n), ctypes.c_long(0)) != n:
+            raise OSError(ctypes.get_errno(), f"short write of {path}")
+    finally:
+        os.close(fd)
+
+
 def _device(mnt: str) -> str:
     return subprocess.run(["findmnt", "-n", "-o", "SOURCE", mnt], capture_output=True, text=True).stdout.strip()
 
@@ -93,13 +105,7 @@ def layouts(mnt: str, src, dst, n: int, reps: int) -> dict:
             d = os.path.join(base, f"{i:02x}") if per_dir else base
             os.makedirs(d, exist_ok=True)
             p = os.path.join(d, f"c{i}")
-            fd = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, CHUNK)
-                if _libc.pwrite(fd, ctypes.c_void_p(src.address), ctypes.c_size_t(CHUNK), ctypes.c_long(0)) != CHUNK:
-                    raise OSError(ctypes.get_errno(), f"short write of {p}")
-            finally:
-                os.close(fd)
+            write_direct(p, src, CHUNK)
             paths.append(p)
         sets[name] = paths
 

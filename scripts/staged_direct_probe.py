@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import threading
@@ -34,20 +33,19 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # loop_position_probe's file writer
+
+from loop_position_probe import write_direct  # noqa: E402
 
 from lmcache_fx import _fxio  # noqa: E402
 from lmcache_fx.testing.loopfs import drop_caches, image_pages, xfs_loop  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
+from lmcache_fx.tools.bench.workload import cpu_seconds  # noqa: E402
 
 MIB = 1 << 20
 CHUNK = 64 * MIB
 N = 7
 STAGED = ((2, 4, 4), (4, 4, 4), (4, 2, 2), (8, 2, 2), (4, 8, 8))  # threads, window MiB, queue depth
-
-
-def cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -63,13 +61,7 @@ def main() -> None:
         fds = []
         for i in range(N):
             p = os.path.join(mnt, f"c{i}")
-            fd = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, CHUNK)
-                if os.pwritev(fd, [memoryview(src)], 0) != CHUNK:
-                    raise OSError(f"short write of {p}")
-            finally:
-                os.close(fd)
+            write_direct(p, src, CHUNK)
             fds.append(os.open(p, os.O_RDONLY | os.O_DIRECT))
         dest = _fxio.HostBuffer(N * CHUNK, hugepages=True)
         memoryview(dest)[:] = bytes(N * CHUNK)
@@ -123,9 +115,9 @@ def main() -> None:
             k = rep % len(names)
             for n in names[k:] + names[:k]:
                 drop_caches()
-                c0, t0 = cpu_s(), time.perf_counter()
+                c0, t0 = cpu_seconds(), time.perf_counter()
                 ways[n]()
-                el, c = time.perf_counter() - t0, cpu_s() - c0
+                el, c = time.perf_counter() - t0, cpu_seconds() - c0
                 got[n]["gbps"].append(round(N * CHUNK / el / 1e9, 3))
                 got[n]["cpu"].append(round(c / (N * CHUNK / 1e9), 4))
         for f in fds:

@@ -115,11 +115,11 @@ def xfs_loop(size="2G", mountpoint: str | None = None, touch: bool = False, huge
     - The image lies on a tmpfs of its own mounted huge=always (memory
       compacted first), so it is held in 2 MiB pages. In 4 KiB pages (/dev/shm)
       its speed depended on where the page allocator had put each page: on
-      this VM 64 MiB reads of pages that lay scattered in physical memory ran
-      at 6-7.5 GB/s, of pages in runs at 11.5-12.5, in 2 MiB pages at 18-20
-      (scripts/loop_position_probe.py --image-pages), and the image's first
-      pages were the scattered ones, so files XFS put at the device's start
-      read slower. Where the kernel refuses huge pages, /dev/shm with one
+      this VM 64 MiB reads of stretches whose pages lay scattered in physical
+      memory ran at 4.9-6.6 GB/s, of stretches in runs at 7.1-8.9, of the same
+      file in 2 MiB pages at 14.0-15.7 (scripts/image_memory_probe.py), and
+      the image's first pages were the scattered ones, so files XFS put at the
+      device's start read slower (scripts/loop_position_probe.py --image-pages). Where the kernel refuses huge pages, /dev/shm with one
       warning; image_pages() says what the image got. huge=False keeps a
       touched image in /dev/shm (to measure the difference).
     - The image is written through with zeros first and mkfs.xfs told not
