@@ -39,7 +39,7 @@ _Atomic int fx_fault_on;
 _Atomic unsigned long fx_crc_spread_runs; /* counted by the io_uring engine; 0 without it */
 _Atomic unsigned long fx_uring_peak_inflight; /* most pieces one io_uring run had out at once */
 _Thread_local unsigned long fx_uring_last_end;
-_Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;
+_Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces, fx_direct_staged_pieces;
 static _Atomic long fault_left[FX_FAULT_NKINDS];
 static _Atomic long fault_fired[FX_FAULT_NKINDS];
 static const char *const fault_names[FX_FAULT_NKINDS] = {
@@ -253,6 +253,7 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
             p->hdr = hdr;
             p->mem = mem;
             p->summed = 0;
+            p->stage = NULL;
             hdr = NULL;
             b->prog[i].pending++;
             b->prog[i].count++;
@@ -295,6 +296,13 @@ void fx_batch_release(fx_batch *b)
 
 void fx_piece_checksum(const fx_batch *b, fx_piece *p, int64_t res)
 {
+    if (p->stage) {
+        /* Its bytes are in the staging slot, still in cache: moved on and
+         * summed in one pass. */
+        if (res > 0)
+            p->crc = fx_crc32c_copy(0, p->start, p->stage, (size_t)res);
+        return;
+    }
     if (b->want_crc && res > 0 && !p->summed)
         p->crc = fx_crc32c(0, p->start, (size_t)res);
 }

@@ -446,6 +446,7 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
             b.nops = m;
             b.res = res;
             b.want_crc = verify;
+            b.stage_direct = (how & FX_OPEN_STAGE) != 0;
             b.crc_pool = openers;
             b.crc_width = open_width;
             b.hdrs = hdrs;

@@ -65,6 +65,10 @@ typedef struct {
     int mem;
     unsigned slots; /* io_uring: engine-wide slots it holds while in flight */
     int summed;     /* crc was taken while copying (from a mapping) */
+    /* io_uring, a staged piece (fx_batch.stage_direct): the staging slot it
+     * reads into (buf points there); once it lands its bytes go on to start
+     * with their CRC32C in one pass (fx_piece_checksum). NULL: none. */
+    char *stage;
 } fx_piece;
 
 /* A piece is resubmitted at most this many times after -EAGAIN, -EINTR or a
@@ -107,6 +111,13 @@ typedef struct fx_batch {
     /* Pieces read from memory with a CRC32C go through a staging buffer of
      * the reading thread's (batch.c, run_staged); set by the engine. */
     int staged;
+    /* Checked O_DIRECT reads (not from memory) land in a staging buffer of
+     * the reaping thread's, small enough to stay in the CPU's cache, and go
+     * on to their destination with the one-pass copy and CRC32C: where the
+     * device's own transfer is a CPU copy (a loop device), one pass over
+     * memory fewer than a read into place and a sum of it. io_uring engine
+     * only (uring_engine.c, STAGE_BYTES); the caller chooses per medium. */
+    int stage_direct;
 } fx_batch;
 
 enum { FX_FDS_PROBE = 0, FX_FDS_BUFFERED = 1, FX_FDS_DIRECT = 2, FX_FDS_MEM = 4 /* | with DIRECT */ };
@@ -132,6 +143,8 @@ extern _Thread_local unsigned long fx_uring_last_end;
 /* Pieces copied from a mapping, copies whose source faulted, and pieces
  * read through a staging buffer (tests). */
 extern _Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;
+/* O_DIRECT pieces read through an io_uring staging slot (tests). */
+extern _Atomic unsigned long fx_direct_staged_pieces;
 
 /* Builds pieces and progress for a batch; returns 0 or -errno. */
 int fx_batch_prepare(fx_batch *b, uint64_t split_bytes);
@@ -302,6 +315,8 @@ struct fx_pool;
  * copied from a mapping of the file and summed in the same pass (see
  * csrc/mapped.c); where no mapping can be had, read as without it. */
 #define FX_OPEN_MAP 4
+/* Checked O_DIRECT payloads through a staging buffer (fx_batch.stage_direct). */
+#define FX_OPEN_STAGE 8
 #define FX_MAP_MIN ((uint64_t)2 << 20)
 /* Runs the whole list (in waves bounded by open files); no GIL. Opens run
  * on up to open_width threads of `openers` when given (a cold open reads

@@ -385,16 +385,16 @@ static void crc_helpers(EngineObject *e, fx_batch *b)
 
 static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int write)
 {
-    static char *kwlist[] = {"ops", "crc", "split", NULL};
+    static char *kwlist[] = {"ops", "crc", "split", "stage", NULL};
     PyObject *ops_obj, *out = NULL;
-    int want_crc = 0, r = 0;
+    int want_crc = 0, stage = 0, r = 0;
     unsigned long long split = 0;
     fx_batch b = {0};
     fx_op *ops;
     fx_result *res;
     size_t n = 0;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pK", kwlist, &ops_obj, &want_crc, &split))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pKp", kwlist, &ops_obj, &want_crc, &split, &stage))
         return NULL;
     if (split > (1ull << 30) || split % FX_DIO_ALIGN) {
         PyErr_Format(PyExc_ValueError, "split must be 0 or a multiple of 4096 up to 1 GiB, not %llu", split);
@@ -414,6 +414,7 @@ static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int
     b.res = res;
     b.write = write;
     b.want_crc = want_crc;
+    b.stage_direct = stage && !write;
     Py_BEGIN_ALLOW_THREADS
     crc_helpers(self, &b);
     r = fx_batch_prepare(&b, split ? split : self->split_bytes);
@@ -478,7 +479,7 @@ typedef struct {
     char *arena;
     size_t n;
     char *scratch;
-    int verify, direct, lock, mapped;
+    int verify, direct, lock, mapped, stage;
 } chunk_args;
 
 static void chunk_args_free(chunk_args *a)
@@ -649,7 +650,8 @@ static int chunks_run(EngineObject *e, chunk_args *a)
     fx_pool *openers = a->n > 1 ? chunk_openers(e, &width) : NULL;
 
     return fx_chunks_read(a->c, a->n, a->scratch,
-                          (a->direct ? FX_OPEN_DIRECT : 0) | (a->lock ? FX_OPEN_LOCK : 0) | (a->mapped ? FX_OPEN_MAP : 0),
+                          (a->direct ? FX_OPEN_DIRECT : 0) | (a->lock ? FX_OPEN_LOCK : 0) | (a->mapped ? FX_OPEN_MAP : 0) |
+                              (a->stage ? FX_OPEN_STAGE : 0),
                           a->verify, e->split_bytes,
                           run_engine_cb, e, openers, width, a->res);
 }
@@ -689,7 +691,7 @@ static int chunks_raise(int r)
     return 0;
 }
 
-static char *chunk_kwlist[] = {"chunks", "scratch", "verify", "direct", "lock", "mapped", NULL};
+static char *chunk_kwlist[] = {"chunks", "scratch", "verify", "direct", "lock", "mapped", "stage", NULL};
 
 /* This thread's last read_chunks call: ns in the engine, and ns from the
  * engine's return to holding the GIL again (the wait behind other Python
@@ -705,8 +707,8 @@ static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject
     int r;
 
     memset(&a, 0, sizeof(a));
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|pppp", chunk_kwlist, &chunks, &scratch, &a.verify,
-                                     &a.direct, &a.lock, &a.mapped))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|ppppp", chunk_kwlist, &chunks, &scratch, &a.verify,
+                                     &a.direct, &a.lock, &a.mapped, &a.stage))
         return NULL;
     if (parse_chunks(chunks, scratch, &a) < 0)
         return NULL;
@@ -932,11 +934,11 @@ static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObje
 {
     PyObject *chunks;
     unsigned long long scratch;
-    int verify = 0, direct = 0, lock = 0, mapped = 0;
+    int verify = 0, direct = 0, lock = 0, mapped = 0, stage = 0;
     BatchObject *bo;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|pppp", chunk_kwlist, &chunks, &scratch, &verify,
-                                     &direct, &lock, &mapped))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|ppppp", chunk_kwlist, &chunks, &scratch, &verify,
+                                     &direct, &lock, &mapped, &stage))
         return NULL;
     if (!(bo = batch_new(self, 1)))
         return NULL;
@@ -946,6 +948,7 @@ static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObje
     bo->chunks.direct = direct;
     bo->chunks.lock = lock;
     bo->chunks.mapped = mapped;
+    bo->chunks.stage = stage;
     return batch_start(self, bo);
 fail:
     Py_DECREF(bo);
@@ -1214,6 +1217,13 @@ static PyObject *mod_map_stats(PyObject *m, PyObject *unused)
     return Py_BuildValue("(kk)", (unsigned long)fx_map_pieces, (unsigned long)fx_map_faults);
 }
 
+static PyObject *mod_direct_staged_pieces(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyLong_FromUnsignedLong(fx_direct_staged_pieces);
+}
+
 static PyObject *mod_staged_pieces(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -1347,25 +1357,26 @@ static PyGetSetDef Engine_getset[] = {
 
 static PyMethodDef Engine_methods[] = {
     {"read", (PyCFunction)(void (*)(void))Engine_read, METH_VARARGS | METH_KEYWORDS,
-     "read(ops, crc=False, split=0) -> list: bytes read or -errno per op (with CRC32C if crc); "
-     "split: largest piece for this call (0: the engine's split_bytes)"},
+     "read(ops, crc=False, split=0, stage=False) -> list: bytes read or -errno per op (with CRC32C if crc); "
+     "split: largest piece for this call (0: the engine's split_bytes); stage: checked O_DIRECT pieces go "
+     "through a cache-sized staging buffer (io_uring engine)"},
     {"write", (PyCFunction)(void (*)(void))Engine_write, METH_VARARGS | METH_KEYWORDS,
      "write(ops, crc=False, split=0) -> list: bytes written or -errno per op; "
      "split: largest piece for this call (0: the engine's split_bytes)"},
     {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_VARARGS | METH_KEYWORDS,
      "submit(ops, write=False, crc=False) -> Batch running in the background"},
     {"read_chunks", (PyCFunction)(void (*)(void))Engine_read_chunks, METH_VARARGS | METH_KEYWORDS,
-     "read_chunks(chunks, scratch, verify=False, direct=False, lock=False, mapped=False) -> list of "
+     "read_chunks(chunks, scratch, verify=False, direct=False, lock=False, mapped=False, stage=False) -> list of "
      "(status, nbytes, st_dev, st_ino, st_size) per chunk (dir_fd, name, address, length[, expect]); "
      "mapped: payloads of 2 MiB files or more on a memory filesystem are copied (and summed) from a "
-     "mapping of the file"},
+     "mapping of the file; stage: verified O_DIRECT payloads go through a cache-sized staging buffer"},
     {"write_chunks", (PyCFunction)(void (*)(void))Engine_write_chunks, METH_VARARGS | METH_KEYWORDS,
      "write_chunks(chunks, direct=False) -> list of (payload bytes or -errno, header bytes or -errno, "
      "payload CRC32C, mtime set: 1, 0 or -errno); chunks are (fd, address, length, header_address, "
      "mtime_ns or 0)"},
     {"submit_chunks", (PyCFunction)(void (*)(void))Engine_submit_chunks,
      METH_VARARGS | METH_KEYWORDS,
-     "submit_chunks(chunks, scratch, verify=False, direct=False, lock=False, mapped=False) -> Batch whose "
+     "submit_chunks(chunks, scratch, verify=False, direct=False, lock=False, mapped=False, stage=False) -> Batch whose "
      "wait() returns "
      "read_chunks' results"},
     {"register_buffer", (PyCFunction)Engine_register_buffer, METH_VARARGS,
@@ -1437,6 +1448,8 @@ static PyMethodDef module_methods[] = {
      "CRC32C, in one pass where CRC32C_COPY_ONE_PASS"},
     {"map_stats", (PyCFunction)mod_map_stats, METH_NOARGS,
      "map_stats() -> (pieces copied from a file mapping, copies whose source faulted and were read instead)"},
+    {"direct_staged_pieces", (PyCFunction)mod_direct_staged_pieces, METH_NOARGS,
+     "direct_staged_pieces() -> int: O_DIRECT pieces the io_uring engine read through a staging slot (stage=True)"},
     {"staged_pieces", (PyCFunction)mod_staged_pieces, METH_NOARGS,
      "staged_pieces() -> int: pieces read from memory through a staging buffer and copied on with their CRC32C"},
     {"last_read_chunks_ns", (PyCFunction)mod_last_read_chunks_ns, METH_NOARGS,

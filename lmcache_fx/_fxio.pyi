@@ -67,11 +67,17 @@ class Engine:
         the CPU has that copy (CRC32C_COPY_ONE_PASS); False reads them into
         the destination and sums them there (for comparisons)."""
     @overload
-    def read(self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0) -> list[int]: ...
+    def read(
+        self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0, stage: bool = False
+    ) -> list[int]: ...
     @overload
-    def read(self, ops: Sequence[Op], crc: Literal[True], split: int = 0) -> list[tuple[int, int]]:
+    def read(self, ops: Sequence[Op], crc: Literal[True], split: int = 0, stage: bool = False) -> list[tuple[int, int]]:
         """With crc, each result is (bytes or -errno, CRC32C of the bytes).
-        split: the largest piece for this call (0: split_bytes)."""
+        split: the largest piece for this call (0: split_bytes). stage (io_uring
+        engine, with crc): pieces of 64 KiB or more from O_DIRECT fds not on a
+        memory filesystem are read into slots of a staging buffer of the
+        reaping thread's (8 MiB, in cache) and copied to their destination
+        with their CRC32C in one pass, as each lands."""
     @overload
     def write(self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0) -> list[int]: ...
     @overload
@@ -86,6 +92,7 @@ class Engine:
         direct: bool = False,
         lock: bool = False,
         mapped: bool = False,
+        stage: bool = False,
     ) -> list[ChunkResult]:
         """Reads whole chunk files (csrc/chunks.c), one call per batch, the GIL
         released. Per chunk (dir_fd, name, address, length[, expect]): opens
@@ -105,7 +112,9 @@ class Engine:
         `mapped`, files of 2 MiB or more read from memory (tmpfs, ramfs, the
         page cache) are mapped and their pieces copied from the mapping, each
         checksummed in the same pass; a piece whose source faults (the file
-        truncated meanwhile: SIGBUS, caught) is read as without it.
+        truncated meanwhile: SIGBUS, caught) is read as without it. With
+        `stage`, `verify` and `direct`, payload pieces go through the reaping
+        thread's staging buffer, as Engine.read's `stage` (io_uring engine).
         Opens run on a few threads (a cold open waits for its inode) while
         the previous files are read. Returns per chunk (status, payload bytes
         or -errno, st_dev, st_ino, st_size): status 0 (CHUNK_OK), -errno, or
@@ -129,6 +138,7 @@ class Engine:
         direct: bool = False,
         lock: bool = False,
         mapped: bool = False,
+        stage: bool = False,
     ) -> Batch:
         """read_chunks on a C thread; Batch.wait() returns its results."""
     def register_buffer(self, address: int, length: int) -> int:
@@ -171,6 +181,10 @@ def _uring_last_end() -> int:
 def map_stats() -> tuple[int, int]:
     """(pieces copied from a file mapping, copies whose source faulted and
     were read instead), since the module was loaded."""
+
+def direct_staged_pieces() -> int:
+    """O_DIRECT pieces the io_uring engine read through a staging slot
+    (stage=True), since the module was loaded."""
 
 def staged_pieces() -> int:
     """Pieces read from memory through a staging buffer of the reading

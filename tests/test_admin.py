@@ -299,6 +299,11 @@ def test_doctor_on_a_real_store(capsys, store_copy):
     expected = _fast_path_expected(path)
     assert obj["fast_path"] == expected and rc == (0 if expected else 1)
     assert checks["space"]["data"]["store_bytes"] > 0  # it counted the store's chunks
+    if checks["O_DIRECT"]["status"] == "ok":  # the store's choice of staged reads, with its reason
+        from lmcache_fx.core.store import decide_staged_reads
+
+        staged, why = decide_staged_reads("auto", [path], True, True)
+        assert checks["staged reads"]["data"] == {"staged_reads": staged} and why in checks["staged reads"]["summary"]
     assert not [f for f in os.listdir(path) if ".tmp." in f]  # the probe is gone
     rc, out, _ = cli(capsys, "doctor", "--path", path)
     assert ("fast path will be used" in out) == expected

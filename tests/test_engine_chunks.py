@@ -660,15 +660,15 @@ def write_chunk_files(root, prefix, payloads, damage=()):
             f.write(bytes(h) + bytes(body))
 
 
-def read_chunk_files(eng, rfd, prefix, sizes, direct):
-    # One read_chunks (verify on) of every file into 4 KiB-aligned slots of one buffer:
+def read_chunk_files(eng, rfd, prefix, sizes, direct, stage=False):
+    # One read_chunks (verify on; stage: through the staging slots) of every file into 4 KiB-aligned slots of one buffer:
     # (results, each payload's bytes as read, the buffer, the slots' offsets).
     span = [-(-n // 4096) * 4096 for n in sizes]
     offs = [sum(span[:i]) for i in range(len(sizes))]
     dest = fx.HostBuffer(sum(span), hugepages=False)
     sc = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
     chunks = [(rfd, f"ab/{prefix}{i}.fxkv", dest.address + offs[i], n) for i, n in enumerate(sizes)]
-    res = eng.read_chunks(chunks, sc.address, verify=True, direct=direct)
+    res = eng.read_chunks(chunks, sc.address, verify=True, direct=direct, stage=stage)
     mv = memoryview(dest)
     return res, [bytes(mv[o : o + n]) for o, n in zip(offs, sizes)], dest, offs
 """
@@ -686,9 +686,10 @@ fds0, thr0 = fd_count(), thread_count()
 rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
 eng = fx.Engine(ARGS["kind"], queue_depth=4, split_bytes=256 * 1024)
 report = []
+staged0 = fx.direct_staged_pieces()
 for direct in ARGS["directs"]:
     for rep in range(3):
-        res, got, _, _ = read_chunk_files(eng, rfd, "f", sizes, direct)
+        res, got, _, _ = read_chunk_files(eng, rfd, "f", sizes, direct, stage=ARGS.get("stage", False))
         for i, r in enumerate(res):
             report.append([direct, i, r[0], r[1], got[i] == pl[i]])
 eng.close()
@@ -697,23 +698,41 @@ import time
 end = time.monotonic() + 5  # io_uring's kernel workers and joined threads leave the task list asynchronously
 while thread_count() > thr0 and time.monotonic() < end:
     time.sleep(0.05)
-out(report=report, fired=fx._fault_counts(), fds=[fds0, fd_count()], threads=[thr0, thread_count()])
+out(report=report, fired=fx._fault_counts(), fds=[fds0, fd_count()], threads=[thr0, thread_count()],
+    staged=fx.direct_staged_pieces() - staged0)
 """
 )
 
 
-@pytest.mark.parametrize("kind", KINDS)
+def _staged_expected(store, stage: bool) -> bool:
+    """Whether O_DIRECT pieces of a stage=True read should go through staging slots here."""
+    return stage and True in directs(store) and not _page_cache_fs([store])
+
+
+STAGE_KINDS = [
+    pytest.param("io_uring", False, marks=needs_uring),
+    pytest.param("io_uring", True, marks=needs_uring, id="io_uring-staged"),
+    pytest.param("threads", False),
+]
+
+
+@pytest.mark.parametrize("kind,stage", STAGE_KINDS)
 @pytest.mark.parametrize("faults", ["short:40", "eintr:12,eagain:12", "short:20,eintr:10,wait_eintr:20"])
-def test_faults_keep_chunks_exact_or_failed(kind, faults, store, tmp_path):
+def test_faults_keep_chunks_exact_or_failed(kind, stage, faults, store, tmp_path):
     """Short transfers (also inside the header), EINTR and EAGAIN on fused
-    reads: every chunk is exact with status 0, or fails with a status; no
-    descriptor or thread is left behind."""
+    reads, read into place or through staging slots: every chunk is exact
+    with status 0, or fails with a status; no descriptor or thread is left
+    behind."""
     if kind == "threads" and "wait_eintr" in faults:
         faults = faults.replace(",wait_eintr:20", "")
     r = run_child(
-        FAULT_BODY, {"root": store, "kind": kind, "directs": directs(store)}, tmp_path, env={"LMCACHE_FX_FAULT": faults}
+        FAULT_BODY,
+        {"root": store, "kind": kind, "directs": directs(store), "stage": stage},
+        tmp_path,
+        env={"LMCACHE_FX_FAULT": faults},
     )
     assert sum(r["fired"].values()) > 0, r["fired"]
+    assert (r["staged"] > 0) == _staged_expected(store, stage), r["staged"]
     for direct, i, status, nbytes, exact in r["report"]:
         assert status != 0 or exact, (direct, i, status, nbytes)
         assert status == 0 or status < 0 or status == fx.CHUNK_SHORT, (direct, i, status)
@@ -723,13 +742,14 @@ def test_faults_keep_chunks_exact_or_failed(kind, faults, store, tmp_path):
 
 
 @needs_uring
-def test_ring_failure_fails_chunks_cleanly(store, tmp_path):
+@pytest.mark.parametrize("stage", [False, True], ids=["into-place", "staged"])
+def test_ring_failure_fails_chunks_cleanly(stage, store, tmp_path):
     """The ring fails midway (submit_fail): chunks whose reads were in flight
-    are reaped before the call returns; each is exact or failed; a second
-    call works; nothing leaks."""
+    are reaped before the call returns (a staged one's bytes moved on or
+    given up); each is exact or failed; a second call works; nothing leaks."""
     r = run_child(
         FAULT_BODY,
-        {"root": store, "kind": "io_uring", "directs": directs(store)},
+        {"root": store, "kind": "io_uring", "directs": directs(store), "stage": stage},
         tmp_path,
         env={"LMCACHE_FX_FAULT": "submit_fail:2,wait_eintr:4"},
     )
@@ -863,8 +883,9 @@ rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
 eng = fx.Engine("io_uring", queue_depth=16, split_bytes=256 * 1024)
 runs0 = fx.crc_spread_runs()
 report = []
+staged0 = fx.direct_staged_pieces()
 for direct in ARGS["directs"]:
-    res, got, _, _ = read_chunk_files(eng, rfd, "s", sizes, direct)
+    res, got, _, _ = read_chunk_files(eng, rfd, "s", sizes, direct, stage=ARGS["stage"])
     for i, r in enumerate(res):
         report.append([direct, i, r[0], got[i] == pl[i]])
 # Engine.write / read with crc=True: the same spread, CRCs against the plain function.
@@ -881,12 +902,11 @@ crcs = [w[0][1] == want, w[1][1] == fx.crc32c(bytes(memoryview(big)[4 << 20:])),
 os.close(fd)
 eng.close()
 os.close(rfd)
-out(report=report, crcs=crcs, runs=fx.crc_spread_runs() - runs0)
+out(report=report, crcs=crcs, runs=fx.crc_spread_runs() - runs0, staged=fx.direct_staged_pieces() - staged0)
 """
 )
 
 
-@needs_uring
 @needs_uring
 def test_unchecked_device_reads_go_in_large_pieces(store, rootfd):
     """With verify off, O_DIRECT chunk reads from a device go in pieces of at
@@ -915,15 +935,90 @@ def test_unchecked_device_reads_go_in_large_pieces(store, rootfd):
         eng.close()
 
 
-def test_checksums_spread_over_threads_are_exact(store, tmp_path):
+@needs_uring
+def test_staged_device_reads_are_exact_and_bounded_by_the_slots(store, rootfd):
+    """stage=True on O_DIRECT reads from a device: chunks of many sizes
+    (a tail shorter than a block, pieces under the 64 KiB floor, many
+    slots' worth, an empty one) come back exact, their payload pieces read
+    through the 8 MiB staging buffer (eight 1 MiB slots: no more than eight
+    pieces in flight at queue_depth 32), a damaged payload is a CRC
+    mismatch; Engine.read's CRCs equal the plain function's; without verify
+    or without stage nothing is staged."""
+    if True not in directs(store):
+        pytest.skip("no O_DIRECT on this filesystem")
+    if _page_cache_fs([store]):
+        pytest.skip("the store is in memory: nothing there is read O_DIRECT from a device")
+    rng = random.Random(21)
+    sizes = [24 << 20, 1, 5000, 60 << 10, (1 << 20) + 12345, 0, (3 << 20) + 4096, 8 << 20]
+    payloads = [rng.randbytes(n) for n in sizes]
+    names = []
+    for i, p in enumerate(payloads):
+        write_chunk(store, f"ab/st{i}.fxkv", p, key=f"st{i}")
+        names.append((f"ab/st{i}.fxkv", len(p)))
+    bad = bytearray(payloads[6])
+    bad[len(bad) // 3] ^= 0x40
+    write_chunk(store, "ab/stbad.fxkv", bytes(bad), pcrc=fx.crc32c(payloads[6]))
+    eng = fx.Engine("io_uring", queue_depth=32, split_bytes=1 << 20)
+    try:
+        n0 = fx.direct_staged_pieces()
+        res, datas, _ = read_staged(eng, rootfd, names + [("ab/stbad.fxkv", len(bad))])
+        staged = fx.direct_staged_pieces() - n0
+        assert [r[0] for r in res] == [0] * len(sizes) + [fx.CHUNK_PAYLOAD_CRC], res
+        assert datas[: len(sizes)] == payloads
+        # every 1 MiB payload piece (those under 64 KiB and unaligned tails are not): 24 + 1 + 3 + 8, the damaged 3
+        assert staged == 24 + 1 + 3 + 8 + 3, staged
+        # only 1 MiB pieces: as many in flight as there are slots (unstaged, 32)
+        for stage, peak in ((True, 8), (False, 32)):
+            fx._uring_peak_inflight()
+            res, datas, _ = read_staged(eng, rootfd, [names[0], names[7]], stage=stage)
+            assert [r[0] for r in res] == [0, 0] and datas == [payloads[0], payloads[7]], stage
+            assert fx._uring_peak_inflight() == peak, stage
+        for verify, stage in ((False, True), (True, False)):
+            n0 = fx.direct_staged_pieces()
+            res, datas, _ = read_staged(eng, rootfd, names, verify=verify, stage=stage)
+            assert [r[0] for r in res] == [0] * len(sizes) and datas == payloads, (verify, stage)
+            assert fx.direct_staged_pieces() == n0, (verify, stage)
+        # Engine.read(crc=True, stage=True) on an O_DIRECT fd: CRC and bytes, 3 MiB at an odd 4 KiB offset
+        fd = os.open(os.path.join(store, "ab/st6.fxkv"), os.O_RDONLY | os.O_DIRECT)
+        try:
+            dest = fx.HostBuffer(3 << 20, hugepages=False)
+            n0 = fx.direct_staged_pieces()
+            got = eng.read([(fd, HEADER_SIZE, 3 << 20, dest.address)], crc=True, stage=True)
+            assert got == [(3 << 20, fx.crc32c(payloads[6][: 3 << 20]))]
+            assert bytes(dest) == payloads[6][: 3 << 20]
+            assert fx.direct_staged_pieces() - n0 == 3
+        finally:
+            os.close(fd)
+    finally:
+        eng.close()
+
+
+def read_staged(eng, rootfd, names_lens, verify=True, stage=True):
+    """read() with direct=True and read_chunks' stage."""
+    total = sum(span(n) for _, n in names_lens)
+    dest = fx.HostBuffer(total + ALIGN, hugepages=False)
+    scratch = fx.HostBuffer(HEADER_SIZE * len(names_lens), hugepages=False)
+    chunks, offs, off = [], [], 0
+    for name, n in names_lens:
+        chunks.append((rootfd, name, dest.address + off, n))
+        offs.append(off)
+        off += span(n)
+    res = eng.read_chunks(chunks, scratch.address, verify=verify, direct=True, stage=stage)
+    mv = memoryview(dest)
+    return res, [bytes(mv[o : o + n]) for o, (_, n) in zip(offs, names_lens)], bytes(scratch)
+
+
+@pytest.mark.parametrize("stage", [False, True], ids=["into-place", "staged"])
+def test_checksums_spread_over_threads_are_exact(stage, store, tmp_path):
     """With several CPUs, the io_uring engine checksums landed pieces on a
     few threads at once (forced here for every landing with LMCACHE_FX_CRC_WIDTH=2 and
     LMCACHE_FX_CRC_MIN=0: which pieces land together is up to timing): every
     good chunk is exact with status 0, the damaged one is a payload CRC
-    mismatch, and Engine.write/read CRCs equal the plain function's."""
+    mismatch, and Engine.write/read CRCs equal the plain function's. Staged,
+    the copies out of the staging slots are what is spread."""
     r = run_child(
         SPREAD_BODY,
-        {"root": store, "directs": directs(store)},
+        {"root": store, "directs": directs(store), "stage": stage},
         tmp_path,
         env={"LMCACHE_FX_CRC_WIDTH": "2", "LMCACHE_FX_CRC_MIN": "0"},
     )
@@ -934,3 +1029,4 @@ def test_checksums_spread_over_threads_are_exact(store, tmp_path):
         else:
             assert status == 0 and exact, (direct, i, status)
     assert all(r["crcs"]), r["crcs"]
+    assert (r["staged"] > 0) == _staged_expected(store, stage), r["staged"]  # staged: copies spread too

@@ -33,16 +33,18 @@ async def await_batch(batch, loop: asyncio.AbstractEventLoop) -> list:
 
 def is_chunks_step(step) -> bool:
     """A read_steps step is (ops, crc): engine.read of (fd, offset, length,
-    address) ops; or ("chunks", chunks, scratch, verify, direct, lock, mapped):
-    engine.read_chunks of whole chunk files, headers into the HostBuffer
-    `scratch`."""
-    return len(step) == 7 and step[0] == "chunks"
+    address) ops; or ("chunks", chunks, scratch, verify, direct, lock, mapped,
+    stage): engine.read_chunks of whole chunk files, headers into the
+    HostBuffer `scratch`."""
+    return len(step) == 8 and step[0] == "chunks"
 
 
 def _run_step(engine, step) -> list:
     if is_chunks_step(step):
-        _, chunks, scratch, verify, direct, lock, mapped = step
-        return engine.read_chunks(chunks, scratch.address, verify=verify, direct=direct, lock=lock, mapped=mapped)
+        _, chunks, scratch, verify, direct, lock, mapped, stage = step
+        return engine.read_chunks(
+            chunks, scratch.address, verify=verify, direct=direct, lock=lock, mapped=mapped, stage=stage
+        )
     ops, crc = step
     return engine.read(ops, crc=crc)
 
@@ -50,8 +52,10 @@ def _run_step(engine, step) -> list:
 def submit_step(engine, step):
     """Starts one read_steps step on the engine; returns its Batch."""
     if is_chunks_step(step):
-        _, chunks, scratch, verify, direct, lock, mapped = step
-        return engine.submit_chunks(chunks, scratch.address, verify=verify, direct=direct, lock=lock, mapped=mapped)
+        _, chunks, scratch, verify, direct, lock, mapped, stage = step
+        return engine.submit_chunks(
+            chunks, scratch.address, verify=verify, direct=direct, lock=lock, mapped=mapped, stage=stage
+        )
     ops, crc = step
     return engine.submit(ops, write=False, crc=crc)
 

@@ -228,6 +228,16 @@ class FxOptions:
         "CPU copies and sums in one pass (AVX-512 VPCLMULQDQ), where that beats read(); true: on any tmpfs or ramfs",
         _choice("auto", "true", "false"),
     )
+    staged_reads: str = _opt(
+        "auto",
+        "auto | true | false",
+        "with verify and O_DIRECT, read payload pieces into a staging buffer of the reading thread's that stays in "
+        "the CPU's cache (8 MiB) and copy them on with their CRC32C in one pass, instead of reading them into place "
+        "and summing them there; auto: on loop devices (whose transfer is itself a CPU copy, sharing memory "
+        "bandwidth with the check) on a CPU that copies and sums in one pass (AVX-512 VPCLMULQDQ); true: on every "
+        "device (io_uring engine only)",
+        _choice("auto", "true", "false"),
+    )
     verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss", _boolean)
     reuse_evicted: bool = _opt(
         True,

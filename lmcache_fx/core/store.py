@@ -203,6 +203,40 @@ def decide_mapped_reads(mode: str, roots: list[str]) -> tuple[bool, str]:
     return True, "a tmpfs with huge pages, on a CPU that copies and sums in one pass"
 
 
+def _loop_backed(root: str) -> bool:
+    """Whether root lies on a loop device (or a partition of one): its
+    /sys/dev/block entry, or its parent's, has a loop/ directory."""
+    try:
+        dev = os.stat(root).st_dev
+    except OSError:
+        return False
+    sys_dev = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+    return os.path.isdir(os.path.join(sys_dev, "loop")) or os.path.isdir(os.path.join(sys_dev, "..", "loop"))
+
+
+def decide_staged_reads(mode: str, roots: list[str], odirect: bool, verify: bool) -> tuple[bool, str]:
+    """Whether checked O_DIRECT payloads go through the reading thread's
+    staging buffer (read_chunks' `stage`) under option staged_reads = mode,
+    and why (doctor says it). Only with verify and O_DIRECT (it is how the
+    check is taken). By default on loop devices, where the device's transfer
+    is a copy on a core and a sum of the bytes in place competes with it for
+    memory bandwidth (docs/benchmarks.md, "Staged checked reads"); on drives
+    that DMA the data it adds a copy, and is not measured there."""
+    if mode == "false":
+        return False, "staged_reads: false"
+    if not verify:
+        return False, "verify: false (staging is how the check is taken)"
+    if not odirect:
+        return False, "no O_DIRECT (buffered reads from the page cache are staged already)"
+    if mode == "true":
+        return True, "staged_reads: true"
+    if not _fxio.CRC32C_COPY_ONE_PASS:
+        return False, "this CPU has no one-pass copy and sum (AVX-512 VPCLMULQDQ)"
+    if not all(_loop_backed(r) for r in roots):
+        return False, "not a loop device (a drive that DMAs the data would pay a copy)"
+    return True, "a loop device, on a CPU that copies and sums in one pass"
+
+
 def _locks_reads(roots: list[str]) -> bool:
     """Whether reads take a file lock per chunk (layout.read_lock), which lets
     full stores reuse evicted files with other processes reading: on local
@@ -438,6 +472,10 @@ class ChunkStore:
             self.engine = engine or make_engine(options)
             self.odirect = self._decide_odirect()
             self.mapped_reads = self._decide_mapped_reads()
+            self.staged_reads = (
+                decide_staged_reads(self.options.staged_reads, self.roots, self.odirect, self.options.verify)[0]
+                and getattr(self.engine, "kind", "") == "io_uring"
+            )
             direct = os.O_DIRECT if self.odirect else 0
             self._reuse_flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | direct
             self._tmp_flags = self._reuse_flags | os.O_CREAT | os.O_EXCL
@@ -1858,7 +1896,16 @@ class ChunkStore:
             slots.append(i)
         scratch = self._take_scratch(len(slots))
         held.append(scratch)
-        res = yield "chunks", batch, scratch, self.options.verify, self.odirect, self.lock_reads, self.mapped_reads
+        res = yield (
+            "chunks",
+            batch,
+            scratch,
+            self.options.verify,
+            self.odirect,
+            self.lock_reads,
+            self.mapped_reads,
+            self.staged_reads,
+        )
         out: list[Optional[object]] = [None] * n
         nbytes = 0
         hit_entries = []

@@ -26,7 +26,7 @@ from typing import Optional
 from .. import _fxio
 from ..core.layout import probe_odirect, root_problem
 from ..core.options import GIB, ConfigError, FxOptions
-from ..core.store import decide_mapped_reads, huge_page_tmpfs
+from ..core.store import decide_mapped_reads, decide_staged_reads, huge_page_tmpfs
 from .common import fs_info, human_bytes, quiet_broken_pipe
 from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
 
@@ -436,6 +436,20 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
         ok, why = probe_odirect(root if os.path.isdir(root) else where)
         if ok:
             out.append(Check(f"{tag}O_DIRECT", "ok", f"works on {fi['fstype']} (4 KiB written and read back)"))
+            staged, why = decide_staged_reads(opts.staged_reads, [where], True, opts.verify)
+            out.append(
+                Check(
+                    f"{tag}staged reads",
+                    "info",
+                    (
+                        "checked reads go through a cache-sized staging buffer, copied on with the check in one pass"
+                        if staged
+                        else "checked reads land in place and are summed there"
+                    )
+                    + f" ({why})",
+                    data={"staged_reads": staged},
+                )
+            )
         else:
             out.append(
                 Check(

@@ -357,6 +357,16 @@ class FxUnmappedReader(FxReader):
     fx_options = {"mapped_reads": False}
 
 
+class FxUnstagedReader(FxReader):
+    """fx with staged_reads off: checked O_DIRECT pieces read into place and
+    then summed, what staged reads are measured against (they differ only
+    where staging is on: on a loop device by default)."""
+
+    name = "fx-unstaged"
+    label = "lmcache-fx (io_uring, no staged reads)"
+    fx_options = {"staged_reads": False}
+
+
 class LocalDiskReader(LMCacheReader):
     name = "local_disk"
     label = "LMCache LocalDiskBackend"

@@ -26,6 +26,7 @@ READER_LIST = [
     rd.FxThreadsReader,
     rd.FxNoVerifyReader,
     rd.FxUnmappedReader,
+    rd.FxUnstagedReader,
     rd.LocalDiskReader,
     rd.FSConnectorReader,
     rd.RustRawBlockReader,
@@ -36,8 +37,9 @@ READER_LIST = [
 ]
 READER_CLASSES = {c.name: c for c in READER_LIST}
 ALL_READERS = [c.name for c in READER_LIST]
-# Run unless --readers says otherwise: fx-unmapped only where mapped reads are on (a tmpfs with huge pages).
-DEFAULT_READERS = [n for n in ALL_READERS if n != "fx-unmapped"]
+# Run unless --readers says otherwise: fx-unmapped and fx-unstaged, the A/B halves of mapped and staged
+# reads, only where those are on (a tmpfs with huge pages; a loop device).
+DEFAULT_READERS = [n for n in ALL_READERS if n not in ("fx-unmapped", "fx-unstaged")]
 READER_LABELS = {c.name: c.label for c in READER_LIST}
 
 # ------------------------------------------------------------------ --devices N: sizes and memory
@@ -48,6 +50,7 @@ LMCACHE_ENGINE_READERS = {
     "fx-threads",
     "fx-noverify",
     "fx-unmapped",
+    "fx-unstaged",
     "local_disk",
     "fs_connector",
     "rust_raw_block",

@@ -1,0 +1,120 @@
+"""Option staged_reads: checked O_DIRECT reads through the reading thread's
+staging buffer (csrc/uring_engine.c, fx_batch.stage_direct), chosen per
+medium by the store. The engine-level checks (exact bytes, faults, slots)
+are in tests/test_engine_chunks.py; here the store's choice and a real
+store's reads on a loop device (XFS on a RAM-backed loop, root) and on a
+disk filesystem that is not one."""
+
+import os
+import random
+
+import pytest
+
+from lmcache_fx import _fxio as fx
+from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta
+from lmcache_fx.core.options import ConfigError, FxOptions
+from lmcache_fx.core.store import ChunkStore, _loop_backed, _page_cache_fs, decide_staged_reads
+
+URING_OK, URING_WHY = fx.io_uring_status()
+
+
+def _store(root, **opts):
+    return ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1, **opts}))
+
+
+def test_the_choice_and_its_reasons(tmp_path):
+    """false, verify false and no O_DIRECT never stage, each saying why;
+    true stages wherever checked O_DIRECT reads run; auto only on a loop
+    device, on a CPU with the one-pass copy."""
+    root = str(tmp_path)
+    assert decide_staged_reads("false", [root], True, True) == (False, "staged_reads: false")
+    assert decide_staged_reads("true", [root], True, False)[1].startswith("verify: false")
+    assert decide_staged_reads("auto", [root], False, True)[1].startswith("no O_DIRECT")
+    assert decide_staged_reads("true", [root], True, True) == (True, "staged_reads: true")
+    on, why = decide_staged_reads("auto", [root], True, True)
+    if not fx.CRC32C_COPY_ONE_PASS:
+        assert (on, why) == (False, "this CPU has no one-pass copy and sum (AVX-512 VPCLMULQDQ)")
+    else:
+        assert on == _loop_backed(root), why
+        assert on or why.startswith("not a loop device"), why
+    with pytest.raises(ConfigError, match="staged_reads"):
+        FxOptions.from_mapping({"staged_reads": "sometimes"})
+
+
+def _write_and_read(st, n, size, seed):
+    src = fx.HostBuffer(n * size)
+    mv = memoryview(src)
+    rng = random.Random(seed)
+    for i in range(n):
+        mv[i * size : (i + 1) * size] = rng.randbytes(size)
+    meta = ChunkMeta(((size,),), ("uint8",), "raw")
+    keys = [f"staged-{seed}-{i}" for i in range(n)]
+    assert all(st.write([(k, src.address + i * size, size, meta) for i, k in enumerate(keys)]))
+    dst = fx.HostBuffer(n * size)
+
+    def read():
+        it = iter(range(n))
+        return st.read(keys, lambda m: (lambda i: (i, dst.address + i * size, size))(next(it)), lambda h: None)
+
+    return src, dst, read
+
+
+@pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable here: {URING_WHY}")
+def test_a_store_on_a_loop_device_stages_its_checked_reads(xfs_store):
+    """On XFS on a loop device the default (auto) stages where the CPU has
+    the one-pass copy (else true is used, to run the path): chunks read back
+    through the store are exact, their pieces counted through the slots; a
+    payload byte flipped on disk is a miss, never wrong data; with verify
+    off nothing is staged."""
+    assert _loop_backed(xfs_store)
+    st = _store(xfs_store)
+    try:
+        assert st.odirect and st.staged_reads == bool(fx.CRC32C_COPY_ONE_PASS)
+        if not st.staged_reads:
+            st.close()
+            st = _store(xfs_store, staged_reads="true")
+            assert st.staged_reads
+        size, n = 3 << 20, 4
+        src, dst, read = _write_and_read(st, n, size, 1)
+        before = fx.direct_staged_pieces()
+        assert read() == list(range(n))
+        assert bytes(dst) == bytes(src)
+        assert fx.direct_staged_pieces() - before == n * 3  # 1 MiB pieces (split_bytes)
+        victim = sorted(os.path.join(d, f) for d, _, fs in os.walk(xfs_store) for f in fs if f.endswith(".fxkv"))[0]
+        with open(victim, "r+b") as f:
+            f.seek(HEADER_SIZE + (2 << 20) + 77)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([b[0] ^ 0x20]))
+        fd = os.open(victim, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the O_DIRECT read must meet the flipped byte
+        os.close(fd)
+        memoryview(dst)[:] = bytes(len(dst))
+        out = read()
+        assert sum(o is None for o in out) == 1, out
+        for i, o in enumerate(out):
+            if o is not None:
+                assert bytes(memoryview(dst)[i * size : (i + 1) * size]) == bytes(
+                    memoryview(src)[i * size : (i + 1) * size]
+                )
+    finally:
+        st.close()
+    st = _store(xfs_store, verify=False, staged_reads="true")
+    try:
+        assert not st.staged_reads
+    finally:
+        st.close()
+
+
+def test_a_disk_store_off_a_loop_device_reads_in_place(tmp_path):
+    """On a filesystem that is no loop device (the temporary directory's),
+    auto does not stage: a drive that DMAs the data would pay a copy."""
+    root = str(tmp_path / "store")
+    os.makedirs(root)
+    if _page_cache_fs([root]) or _loop_backed(root):
+        pytest.skip("the temporary directory is a memory filesystem or on a loop device")
+    st = _store(root)
+    try:
+        assert not st.staged_reads
+    finally:
+        st.close()
