@@ -399,50 +399,54 @@ static int queue_piece(fx_uring *u, fx_ring *s, const fx_batch *b, fx_piece *p)
     return fx_ring_queue(s, &io);
 }
 
-/* Staging for checked O_DIRECT reads (fx_batch.stage_direct): each reaping
- * thread keeps one buffer of STAGE_BYTES, cut into slots of the batch's
- * largest piece; a staged piece reads into a free slot, and a batch keeps no
- * more staged pieces in flight than it has slots. 8 MiB stays in a server's
+/* Staging for checked O_DIRECT reads (fx_batch.stage_direct): a running
+ * batch holds one buffer of STAGE_BYTES, cut into slots of its largest
+ * piece; a staged piece reads into a free slot, and a batch keeps no more
+ * staged pieces in flight than it has slots. 8 MiB stays in a server's
  * last-level cache with room for a second reader; in the probe
  * (scripts/staged_direct_probe.py) 8-16 MiB staged in all read 1.04-1.25x a
- * checked read into place on the loop medium, 32 MiB 0.88-0.96x. */
+ * checked read into place on the loop medium, 32 MiB 0.88-0.96x. Buffers
+ * come from a small process-wide pool, not per thread: submit_chunks runs
+ * each batch on a thread of its own, which would allocate and fault in a
+ * buffer per batch. */
 #define STAGE_BYTES ((size_t)8 << 20)
 #define STAGE_SLOTS_MAX 32
 #define STAGE_PIECE_MIN (64u << 10) /* below it a hand-off through a slot gains nothing */
+#define STAGE_POOL_MAX 8            /* buffers kept for the next batches; more are freed */
 
-static pthread_key_t stage_key;
-static pthread_once_t stage_once = PTHREAD_ONCE_INIT;
-static int stage_key_ok;
+static pthread_mutex_t stage_mu = PTHREAD_MUTEX_INITIALIZER;
+static fx_mem stage_pool[STAGE_POOL_MAX];
+static unsigned stage_pooled;
+static unsigned stage_gen; /* process generation of the pooled buffers */
 
-static void stage_free(void *m)
+/* A staging buffer for a batch (to give back with stage_give), or 0. */
+static int stage_take(fx_mem *m)
 {
-    fx_mem_free(m);
-    free(m);
+    int got = 0;
+
+    pthread_mutex_lock(&stage_mu);
+    if (stage_gen != fx_fork_gen) {
+        stage_pooled = 0; /* a forked child: the parent's buffers are not mapped here (MADV_DONTFORK) */
+        stage_gen = fx_fork_gen;
+    }
+    if (stage_pooled) {
+        *m = stage_pool[--stage_pooled];
+        got = 1;
+    }
+    pthread_mutex_unlock(&stage_mu);
+    return got || fx_mem_alloc(m, STAGE_BYTES, 1, -1, 1) == 0;
 }
 
-static void stage_key_init(void) { stage_key_ok = pthread_key_create(&stage_key, stage_free) == 0; }
-
-/* This thread's staging buffer (freed when the thread ends), or NULL. */
-static char *stage_buffer(void)
+static void stage_give(fx_mem *m)
 {
-    fx_mem *m;
-
-    pthread_once(&stage_once, stage_key_init);
-    if (!stage_key_ok)
-        return NULL;
-    if ((m = pthread_getspecific(stage_key)))
-        return m->addr;
-    if (!(m = calloc(1, sizeof(*m))))
-        return NULL;
-    if (fx_mem_alloc(m, STAGE_BYTES, 1, -1, 1) < 0) {
-        free(m);
-        return NULL;
+    pthread_mutex_lock(&stage_mu);
+    if (stage_gen == fx_fork_gen && stage_pooled < STAGE_POOL_MAX) {
+        stage_pool[stage_pooled++] = *m;
+        m = NULL;
     }
-    if (pthread_setspecific(stage_key, m)) {
-        stage_free(m);
-        return NULL;
-    }
-    return m->addr;
+    pthread_mutex_unlock(&stage_mu);
+    if (m)
+        fx_mem_free(m);
 }
 
 typedef struct run_state {
@@ -465,6 +469,7 @@ typedef struct run_state {
     char *stage_free[STAGE_SLOTS_MAX];
     unsigned nstage, stage_top;
     uint64_t stage_slot;
+    fx_mem stage_mem; /* the batch's staging buffer, from stage_take */
 } run_state;
 
 #define SLOT_BYTES (1u << 20)
@@ -576,7 +581,6 @@ static void stage_setup(run_state *st)
 {
     const fx_batch *b = st->b;
     uint64_t slot = 0;
-    char *buf;
 
     if (!b->stage_direct || b->write || !b->want_crc)
         return;
@@ -584,14 +588,22 @@ static void stage_setup(run_state *st)
         if (b->pieces[i].direct && !b->pieces[i].mem && b->pieces[i].length > slot)
             slot = b->pieces[i].length;
     slot = (slot + FX_DIO_ALIGN - 1) & ~(uint64_t)(FX_DIO_ALIGN - 1);
-    if (slot < STAGE_PIECE_MIN || slot > STAGE_BYTES / 2 || !(buf = stage_buffer()))
+    if (slot < STAGE_PIECE_MIN || slot > STAGE_BYTES / 2 || !stage_take(&st->stage_mem))
         return;
     st->stage_slot = slot;
     st->nstage = (unsigned)(STAGE_BYTES / slot);
     if (st->nstage > STAGE_SLOTS_MAX)
         st->nstage = STAGE_SLOTS_MAX;
     for (unsigned i = 0; i < st->nstage; i++)
-        st->stage_free[st->stage_top++] = buf + (size_t)i * slot;
+        st->stage_free[st->stage_top++] = st->stage_mem.addr + (size_t)i * slot;
+}
+
+/* After the batch: every piece is done, so every slot is free. */
+static void stage_release(run_state *st)
+{
+    if (st->nstage)
+        stage_give(&st->stage_mem);
+    st->nstage = st->stage_top = 0;
 }
 
 /* Gives a staged piece's slot back (its bytes moved on or given up). */
@@ -942,6 +954,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
     fx_uring_give_ring(u, s);
     fx_uring_last_end = st.ended_at;
 out:
+    stage_release(&st);
     free(st.done);
     free(st.fin);
     free(st.landed);

@@ -993,6 +993,46 @@ def test_staged_device_reads_are_exact_and_bounded_by_the_slots(store, rootfd):
         eng.close()
 
 
+@needs_uring
+def test_staged_reads_in_a_forked_child_use_buffers_of_its_own(store, tmp_path):
+    """Staging buffers are pooled for the process and never inherited
+    (MADV_DONTFORK): after the parent's staged reads left buffers in the
+    pool, a forked child's new engine reads staged, exact, with buffers
+    of its own (the parent's are not mapped there: a use would fault)."""
+    if not _staged_expected(store, True):
+        pytest.skip("no O_DIRECT reads from a device here")
+    r = run_child(
+        CHILD_CHUNKS
+        + """
+import random
+root = ARGS["root"]
+pl = [random.Random(i).randbytes((3 << 20) + 4096) for i in range(3)]
+write_chunk_files(root, "k", pl)
+rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+eng = fx.Engine("io_uring", queue_depth=8, split_bytes=1 << 20)
+res, got, _, _ = read_chunk_files(eng, rfd, "k", [len(p) for p in pl], True, stage=True)
+parent_ok = [x[0] for x in res] == [0, 0, 0] and got == pl
+rd, wr = os.pipe()
+pid = os.fork()
+if pid == 0:
+    n0 = fx.direct_staged_pieces()
+    e2 = fx.Engine("io_uring", queue_depth=8, split_bytes=1 << 20)
+    res, got, _, _ = read_chunk_files(e2, rfd, "k", [len(p) for p in pl], True, stage=True)
+    ok = [x[0] for x in res] == [0, 0, 0] and got == pl and fx.direct_staged_pieces() - n0 == 9  # 3 x 1 MiB each
+    e2.close()
+    os.write(wr, b"1" if ok else b"0")
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+child = os.read(rd, 1)
+eng.close()
+out(parent_ok=parent_ok, child=child.decode(), status=status)
+""",
+        {"root": store},
+        tmp_path,
+    )
+    assert r["parent_ok"] and r["status"] == 0 and r["child"] == "1", r
+
+
 def read_staged(eng, rootfd, names_lens, verify=True, stage=True):
     """read() with direct=True and read_chunks' stage."""
     total = sum(span(n) for _, n in names_lens)
