@@ -143,8 +143,10 @@ extern _Thread_local unsigned long fx_uring_last_end;
 /* Pieces copied from a mapping, copies whose source faulted, and pieces
  * read through a staging buffer (tests). */
 extern _Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;
-/* O_DIRECT pieces read through an io_uring staging slot (tests). */
+/* O_DIRECT pieces read through an io_uring staging slot, and the staging
+ * buffers the process has made (at most 2, kept; tests). */
 extern _Atomic unsigned long fx_direct_staged_pieces;
+unsigned fx_stage_buffers(void);
 
 /* Builds pieces and progress for a batch; returns 0 or -errno. */
 int fx_batch_prepare(fx_batch *b, uint64_t split_bytes);

@@ -1224,6 +1224,13 @@ static PyObject *mod_direct_staged_pieces(PyObject *m, PyObject *unused)
     return PyLong_FromUnsignedLong(fx_direct_staged_pieces);
 }
 
+static PyObject *mod_stage_buffers(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyLong_FromUnsignedLong(fx_stage_buffers());
+}
+
 static PyObject *mod_staged_pieces(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -1450,6 +1457,8 @@ static PyMethodDef module_methods[] = {
      "map_stats() -> (pieces copied from a file mapping, copies whose source faulted and were read instead)"},
     {"direct_staged_pieces", (PyCFunction)mod_direct_staged_pieces, METH_NOARGS,
      "direct_staged_pieces() -> int: O_DIRECT pieces the io_uring engine read through a staging slot (stage=True)"},
+    {"_stage_buffers", (PyCFunction)mod_stage_buffers, METH_NOARGS,
+     "_stage_buffers() -> int: staging buffers the io_uring engine has made in this process (at most 2; tests)"},
     {"staged_pieces", (PyCFunction)mod_staged_pieces, METH_NOARGS,
      "staged_pieces() -> int: pieces read from memory through a staging buffer and copied on with their CRC32C"},
     {"last_read_chunks_ns", (PyCFunction)mod_last_read_chunks_ns, METH_NOARGS,

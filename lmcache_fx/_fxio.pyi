@@ -186,6 +186,10 @@ def direct_staged_pieces() -> int:
     """O_DIRECT pieces the io_uring engine read through a staging slot
     (stage=True), since the module was loaded."""
 
+def _stage_buffers() -> int:
+    """Staging buffers the io_uring engine has made in this process (at most
+    2, kept for its life; a batch finding none free reads in place)."""
+
 def staged_pieces() -> int:
     """Pieces read from memory through a staging buffer of the reading
     thread's and copied on with their CRC32C, since the module was loaded."""

@@ -994,6 +994,46 @@ def test_staged_device_reads_are_exact_and_bounded_by_the_slots(store, rootfd):
 
 
 @needs_uring
+def test_concurrent_staged_reads_share_two_buffers_and_stay_exact(store, rootfd):
+    """Six threads read staged at once, on one engine and on engines of
+    their own, eight times each: every chunk exact; the process never makes
+    more than two staging buffers (batches that find none free read in
+    place), and some pieces still went through them."""
+    if not _staged_expected(store, True):
+        pytest.skip("no O_DIRECT reads from a device here")
+    rng = random.Random(33)
+    payloads = [rng.randbytes((2 << 20) + 4096 * i) for i in range(6)]
+    names = []
+    for i, p in enumerate(payloads):
+        write_chunk(store, f"ab/cc{i}.fxkv", p, key=f"cc{i}")
+        names.append((f"ab/cc{i}.fxkv", len(p)))
+    shared = fx.Engine("io_uring", queue_depth=32, split_bytes=1 << 20)
+    own = [fx.Engine("io_uring", queue_depth=8, split_bytes=256 << 10) for _ in range(3)]
+    bad: list = []
+    n0 = fx.direct_staged_pieces()
+
+    def reader(t: int) -> None:
+        eng = shared if t % 2 else own[t // 2]
+        for _ in range(8):
+            res, datas, _ = read_staged(eng, rootfd, names[t:] + names[:t])
+            if [r[0] for r in res] != [0] * 6 or datas != payloads[t:] + payloads[:t]:
+                bad.append(t)
+
+    ts = [threading.Thread(target=reader, args=(t,)) for t in range(6)]
+    try:
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        for e in [shared] + own:
+            e.close()
+    assert not bad, bad
+    assert 1 <= fx._stage_buffers() <= 2, fx._stage_buffers()
+    assert fx.direct_staged_pieces() > n0
+
+
+@needs_uring
 def test_staged_reads_in_a_forked_child_use_buffers_of_its_own(store, tmp_path):
     """Staging buffers are pooled for the process and never inherited
     (MADV_DONTFORK): after the parent's staged reads left buffers in the
