@@ -595,6 +595,30 @@ def test_docs_latency_rounds_table_is_the_committed_json():
         assert case["p99_over_p50"] == pytest.approx(statistics.median(each))
 
 
+def test_docs_staged_latency_rounds_are_the_committed_json():
+    """The five-round latency tables with staged reads (121dae4, then with the
+    staging buffers capped at f19f646) are what `bench_tables.py
+    --latency-rounds` renders from their runs, fx-unstaged beside fx; and the
+    regression the page names is in the JSON: fx's 2 MiB p99/p50 at 16 in
+    flight above 5x at 121dae4, below 4x at f19f646."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-rounds")
+    page = _page()
+    at = {}
+    for commit in ("121dae4", "f19f646"):
+        cases = [
+            (label, os.path.join(d, f"{commit}-{n}-run1.json"))
+            for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
+        ]
+        table = mod.latency_rounds_table(cases)
+        assert "\n".join("    " + line for line in table.splitlines()) in page
+        with open(cases[-1][1]) as f:
+            run = json.load(f)
+        assert run["readers"]["fx-unstaged"]["available"]
+        at[commit] = run["readers"]["fx"]["latency"]["16"]["p99_over_p50"]
+    assert at["121dae4"] > 5 and at["f19f646"] < 4, at
+
+
 def test_docs_two_mib_latency_tables_are_the_committed_json():
     """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
     plain preads are what `bench_tables.py --latency-rounds` and
@@ -1007,6 +1031,32 @@ def test_docs_round_on_huge_page_images_is_the_committed_json(monkeypatch):
             assert "2 MiB pages" in m["filesystem"] and m["loop_images"][0]["huge_share"] == 1.0
 
 
+def test_docs_staged_round_is_the_committed_json(monkeypatch):
+    """The XFS round with staged reads at 121dae4: each size's tables are what
+    `bench_tables.py --ratios` and `--runs fx-unstaged` render from its three
+    committed runs (every one on a loop image wholly in 2 MiB pages, fx-unstaged
+    beside fx), and the first try's 10 MiB table at fc4b832 is its JSON too."""
+    import glob
+
+    mod = _bench_tables()
+    page = _page()
+    monkeypatch.chdir(ROOT)
+    for size in ("64m", "10m", "2m"):
+        paths = sorted(glob.glob(f"docs/bench-repeats/round-121dae4/xfs-{size}-run*.json"))
+        assert len(paths) == 3
+        assert mod.ratios_table(paths) in page
+        assert mod.runs_table(paths, "fx-unstaged") in page
+        for p in paths:
+            with open(p) as f:
+                d = json.load(f)
+            assert d["git_commit"].startswith("121dae4") and d["machine"]["loop_images"][0]["huge_share"] == 1.0
+            assert d["readers"]["fx-unstaged"]["available"]
+    first = sorted(glob.glob("docs/bench-repeats/round-fc4b832/xfs-10m-run*.json"))
+    assert len(first) == 3 and mod.runs_table(first, "fx-unstaged") in page
+    again = [f"docs/bench-repeats/round-f19f646/xfs-{size}-run1.json" for size in ("64m", "10m", "2m")]
+    assert mod.runs_table(again, "fx-unstaged") in page
+
+
 def test_docs_lmcache_bench_l2_tables_are_the_committed_json():
     """The two tables of LMCache's own `lmcache bench l2` are what
     `bench_tables.py --lmcache-l2` renders from their JSON, each ratio the
@@ -1072,11 +1122,18 @@ def test_docs_staged_direct_table_is_the_committed_json():
             each = [a / b for a, b in zip(v["gbps_each"], base)]
             assert v["over_direct_checked"] == pytest.approx(statistics.median(each), abs=0.002)
         assert ways["staged, 4 threads, 2 MiB window each, QD 2: 8 MiB staging"]["over_direct_checked"] > 1.1
+    # the engine's own staged read beside them (121dae4): faster than reading in place in both runs
+    cases = [(f"run {r}", os.path.join(d, f"121dae4-run{r}.json")) for r in (1, 2)]
+    assert mod.staged_direct_table(cases) in _page()
+    for _, path in cases:
+        with open(path) as f:
+            ways = json.load(f)["ways"]
+        assert ways["engine staged (stage=True: QD 32, 1 MiB pieces, 8 MiB of slots)"]["over_direct_checked"] > 1.1
 
 
 def test_readme_xfs_rows_are_run_1_of_the_round_on_huge_page_images():
     """README.md's XFS rows are the tier read medians of run 1 of each size
-    at d737ccf, the fastest reader of each row in bold."""
+    at 121dae4 (staged reads), the fastest reader of each row in bold."""
     cols = ["fx", "fx-l2", "local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block"]
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = f.read()
@@ -1086,7 +1143,7 @@ def test_readme_xfs_rows_are_run_1_of_the_round_on_huge_page_images():
         "2m": "same, 238 × 2 MiB",
     }
     for size, label in labels.items():
-        with open(os.path.join(ROOT, "docs", "bench-repeats", "round-d737ccf", f"xfs-{size}-run1.json")) as f:
+        with open(os.path.join(ROOT, "docs", "bench-repeats", "round-121dae4", f"xfs-{size}-run1.json")) as f:
             d = json.load(f)
         v = [d["readers"][c]["median"]["tier_read_gbps"] for c in cols]
         cells = [f"**{x:.2f}**" if x == max(v) else f"{x:.2f}" for x in v]
