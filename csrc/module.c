@@ -1203,13 +1203,6 @@ static PyObject *mod_last_read_chunks_ns(PyObject *m, PyObject *unused)
     return Py_BuildValue("KK", (unsigned long long)last_engine_ns, (unsigned long long)last_gil_ns);
 }
 
-static PyObject *mod_crc_spread_runs(PyObject *m, PyObject *unused)
-{
-    (void)m;
-    (void)unused;
-    return PyLong_FromUnsignedLong(fx_crc_spread_runs);
-}
-
 static PyObject *mod_map_stats(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -1217,40 +1210,21 @@ static PyObject *mod_map_stats(PyObject *m, PyObject *unused)
     return Py_BuildValue("(kk)", (unsigned long)fx_map_pieces, (unsigned long)fx_map_faults);
 }
 
-static PyObject *mod_direct_staged_pieces(PyObject *m, PyObject *unused)
-{
-    (void)m;
-    (void)unused;
-    return PyLong_FromUnsignedLong(fx_direct_staged_pieces);
-}
+/* The core's counters, for tests and probes: one function each. */
+#define COUNTER_FN(fn, value)                                   \
+    static PyObject *fn(PyObject *m, PyObject *unused)          \
+    {                                                           \
+        (void)m;                                                \
+        (void)unused;                                           \
+        return PyLong_FromUnsignedLong(value);                  \
+    }
 
-static PyObject *mod_stage_buffers(PyObject *m, PyObject *unused)
-{
-    (void)m;
-    (void)unused;
-    return PyLong_FromUnsignedLong(fx_stage_buffers());
-}
-
-static PyObject *mod_staged_pieces(PyObject *m, PyObject *unused)
-{
-    (void)m;
-    (void)unused;
-    return PyLong_FromUnsignedLong(fx_staged_pieces);
-}
-
-static PyObject *mod_uring_peak_inflight(PyObject *m, PyObject *unused)
-{
-    (void)m;
-    (void)unused;
-    return PyLong_FromUnsignedLong(atomic_exchange(&fx_uring_peak_inflight, 0));
-}
-
-static PyObject *mod_uring_last_end(PyObject *m, PyObject *unused)
-{
-    (void)m;
-    (void)unused;
-    return PyLong_FromUnsignedLong(fx_uring_last_end);
-}
+COUNTER_FN(mod_crc_spread_runs, fx_crc_spread_runs)
+COUNTER_FN(mod_direct_staged_pieces, fx_direct_staged_pieces)
+COUNTER_FN(mod_stage_buffers, fx_stage_buffers())
+COUNTER_FN(mod_staged_pieces, fx_staged_pieces)
+COUNTER_FN(mod_uring_peak_inflight, atomic_exchange(&fx_uring_peak_inflight, 0))
+COUNTER_FN(mod_uring_last_end, fx_uring_last_end)
 
 static PyObject *mod_io_uring_status(PyObject *m, PyObject *unused)
 {

@@ -1015,20 +1015,30 @@ def test_docs_round_on_huge_page_images_is_the_committed_json(monkeypatch):
     """The XFS round at d737ccf in docs/benchmarks.md: each size's tables are
     what `bench_tables.py --ratios` and `--runs fx-noverify` render from its
     three committed runs, every one on a loop image wholly in 2 MiB pages."""
+    monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
+    for d in _round_tables_in_page("round-d737ccf", "fx-noverify"):
+        m = d["machine"]
+        assert "2 MiB pages" in m["filesystem"] and m["loop_images"][0]["huge_share"] == 1.0
+
+
+def _round_tables_in_page(round_dir: str, over: str) -> list:
+    """Asserts each size's `--ratios` and `--runs over` tables of the three runs
+    in docs/bench-repeats/<round_dir>/ (cwd: the repository) are on the page;
+    returns the runs' JSON."""
     import glob
 
     mod = _bench_tables()
     page = _page()
-    monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
+    runs = []
     for size in ("64m", "10m", "2m"):
-        paths = sorted(glob.glob(f"docs/bench-repeats/round-d737ccf/xfs-{size}-run*.json"))
+        paths = sorted(glob.glob(f"docs/bench-repeats/{round_dir}/xfs-{size}-run*.json"))
         assert len(paths) == 3
         assert mod.ratios_table(paths) in page
-        assert mod.runs_table(paths, "fx-noverify") in page
+        assert mod.runs_table(paths, over) in page
         for p in paths:
             with open(p) as f:
-                m = json.load(f)["machine"]
-            assert "2 MiB pages" in m["filesystem"] and m["loop_images"][0]["huge_share"] == 1.0
+                runs.append(json.load(f))
+    return runs
 
 
 def test_docs_staged_round_is_the_committed_json(monkeypatch):
@@ -1041,16 +1051,9 @@ def test_docs_staged_round_is_the_committed_json(monkeypatch):
     mod = _bench_tables()
     page = _page()
     monkeypatch.chdir(ROOT)
-    for size in ("64m", "10m", "2m"):
-        paths = sorted(glob.glob(f"docs/bench-repeats/round-121dae4/xfs-{size}-run*.json"))
-        assert len(paths) == 3
-        assert mod.ratios_table(paths) in page
-        assert mod.runs_table(paths, "fx-unstaged") in page
-        for p in paths:
-            with open(p) as f:
-                d = json.load(f)
-            assert d["git_commit"].startswith("121dae4") and d["machine"]["loop_images"][0]["huge_share"] == 1.0
-            assert d["readers"]["fx-unstaged"]["available"]
+    for d in _round_tables_in_page("round-121dae4", "fx-unstaged"):
+        assert d["git_commit"].startswith("121dae4") and d["machine"]["loop_images"][0]["huge_share"] == 1.0
+        assert d["readers"]["fx-unstaged"]["available"]
     first = sorted(glob.glob("docs/bench-repeats/round-fc4b832/xfs-10m-run*.json"))
     assert len(first) == 3 and mod.runs_table(first, "fx-unstaged") in page
     again = [f"docs/bench-repeats/round-f19f646/xfs-{size}-run1.json" for size in ("64m", "10m", "2m")]
