@@ -1065,7 +1065,11 @@ def test_docs_lmcache_bench_l2_tables_are_the_committed_json():
     `bench_tables.py --lmcache-l2` renders from their JSON, each ratio the
     run's fx figure over fs_native's of the same run."""
     mod = _bench_tables()
-    for path in ("bench-lmcache-l2.json", os.path.join("bench-repeats", "lmcache-l2", "d737ccf.json")):
+    for path in (
+        "bench-lmcache-l2.json",
+        os.path.join("bench-repeats", "lmcache-l2", "d737ccf.json"),
+        os.path.join("bench-repeats", "lmcache-l2", "26ef09e.json"),
+    ):
         with open(os.path.join(ROOT, "docs", path)) as f:
             d = json.load(f)
         assert mod.lmcache_l2_table(d) in _page()
