@@ -111,8 +111,8 @@ typedef struct fx_batch {
     /* Pieces read from memory with a CRC32C go through a staging buffer of
      * the reading thread's (batch.c, run_staged); set by the engine. */
     int staged;
-    /* Checked O_DIRECT reads (not from memory) land in a staging buffer of
-     * the reaping thread's, small enough to stay in the CPU's cache, and go
+    /* Checked O_DIRECT reads (not from memory) land in a staging buffer
+     * (one of the process's, small enough to stay in the CPU's cache) and go
      * on to their destination with the one-pass copy and CRC32C: where the
      * device's own transfer is a CPU copy (a loop device), one pass over
      * memory fewer than a read into place and a sum of it. io_uring engine

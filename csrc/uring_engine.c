@@ -419,17 +419,20 @@ static int queue_piece(fx_uring *u, fx_ring *s, const fx_batch *b, fx_piece *p)
 static pthread_mutex_t stage_mu = PTHREAD_MUTEX_INITIALIZER;
 static fx_mem stage_pool[STAGE_BUFFERS_MAX];
 static unsigned stage_pooled, stage_made;
-static unsigned stage_gen; /* process generation of the buffers */
 
-/* Resets the pool in a forked child, where the parent's buffers are not
- * mapped (MADV_DONTFORK). Under stage_mu. */
-static void stage_fork_check(void)
+static pthread_once_t stage_fork_once = PTHREAD_ONCE_INIT;
+
+/* In a forked child: the parent's buffers are not mapped here
+ * (MADV_DONTFORK), and another thread of the parent may have held the lock
+ * at the fork. */
+static void stage_fork_child(void)
 {
-    if (stage_gen != fx_fork_gen) {
-        stage_pooled = stage_made = 0;
-        stage_gen = fx_fork_gen;
-    }
+    pthread_mutex_init(&stage_mu, NULL);
+    stage_pooled = stage_made = 0;
 }
+
+/* Installed before the first buffer is made (a child with none needs none). */
+static void stage_fork_install(void) { pthread_atfork(NULL, NULL, stage_fork_child); }
 
 /* A staging buffer for a batch (to give back with stage_give), or 0: every
  * one is in use (or none could be made), and the batch reads in place. */
@@ -437,8 +440,8 @@ static int stage_take(fx_mem *m)
 {
     int make = 0;
 
+    pthread_once(&stage_fork_once, stage_fork_install);
     pthread_mutex_lock(&stage_mu);
-    stage_fork_check();
     if (stage_pooled) {
         *m = stage_pool[--stage_pooled];
         pthread_mutex_unlock(&stage_mu);
@@ -463,7 +466,6 @@ static int stage_take(fx_mem *m)
 static void stage_give(fx_mem *m)
 {
     pthread_mutex_lock(&stage_mu);
-    stage_fork_check();
     if (stage_pooled < STAGE_BUFFERS_MAX) {
         stage_pool[stage_pooled++] = *m;
         m = NULL;
@@ -478,7 +480,6 @@ unsigned fx_stage_buffers(void)
     unsigned n;
 
     pthread_mutex_lock(&stage_mu);
-    stage_fork_check();
     n = stage_made;
     pthread_mutex_unlock(&stage_mu);
     return n;
@@ -610,8 +611,9 @@ static int stages(const run_state *st, const fx_piece *p)
            !fx_piece_needs_bounce(p);
 }
 
-/* Cuts this thread's staging buffer into slots for the batch, when it
- * stages: slots of its largest stageable piece, at least two of them. */
+/* Cuts a staging buffer from the pool into slots for the batch, when it
+ * stages: slots of its largest stageable piece (pieces over half the buffer
+ * read in place), at least two of them; none when no piece stages. */
 static void stage_setup(run_state *st)
 {
     const fx_batch *b = st->b;
@@ -619,11 +621,14 @@ static void stage_setup(run_state *st)
 
     if (!b->stage_direct || b->write || !b->want_crc)
         return;
-    for (size_t i = 0; i < b->npieces; i++)
-        if (b->pieces[i].direct && !b->pieces[i].mem && b->pieces[i].length > slot)
-            slot = b->pieces[i].length;
-    slot = (slot + FX_DIO_ALIGN - 1) & ~(uint64_t)(FX_DIO_ALIGN - 1);
-    if (slot < STAGE_PIECE_MIN || slot > STAGE_BYTES / 2 || !stage_take(&st->stage_mem))
+    for (size_t i = 0; i < b->npieces; i++) {
+        const fx_piece *p = &b->pieces[i];
+
+        if (p->direct && !p->mem && p->length >= STAGE_PIECE_MIN && p->length <= STAGE_BYTES / 2 &&
+            p->length > slot && !fx_piece_needs_bounce(p))
+            slot = p->length;
+    }
+    if (!slot || !stage_take(&st->stage_mem))
         return;
     st->stage_slot = slot;
     st->nstage = (unsigned)(STAGE_BYTES / slot);

@@ -74,10 +74,11 @@ class Engine:
     def read(self, ops: Sequence[Op], crc: Literal[True], split: int = 0, stage: bool = False) -> list[tuple[int, int]]:
         """With crc, each result is (bytes or -errno, CRC32C of the bytes).
         split: the largest piece for this call (0: split_bytes). stage (io_uring
-        engine, with crc): pieces of 64 KiB or more from O_DIRECT fds not on a
-        memory filesystem are read into slots of a staging buffer of the
-        reaping thread's (8 MiB, in cache) and copied to their destination
-        with their CRC32C in one pass, as each lands."""
+        engine, with crc): pieces of 64 KiB to 4 MiB from O_DIRECT fds not on
+        a memory filesystem are read into slots of a staging buffer (8 MiB,
+        in cache; the process has two, and a batch that finds none free
+        reads in place) and copied to their destination with their CRC32C in
+        one pass, as each lands."""
     @overload
     def write(self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0) -> list[int]: ...
     @overload

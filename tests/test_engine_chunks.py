@@ -1034,6 +1034,37 @@ def test_concurrent_staged_reads_share_two_buffers_and_stay_exact(store, rootfd)
 
 
 @needs_uring
+def test_a_batch_with_nothing_to_stage_takes_no_buffer(store, tmp_path):
+    """In a fresh process, staged reads of chunks whose pieces are all under
+    64 KiB (or read from memory) take none of the two staging buffers;
+    one with 1 MiB pieces makes the first."""
+    if not _staged_expected(store, True):
+        pytest.skip("no O_DIRECT reads from a device here")
+    r = run_child(
+        CHILD_CHUNKS
+        + """
+import random
+root = ARGS["root"]
+small = [random.Random(i).randbytes(60 << 10) for i in range(4)]
+big = [random.Random(9).randbytes(2 << 20)]
+write_chunk_files(root, "sm", small)
+write_chunk_files(root, "bg", big)
+rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+eng = fx.Engine("io_uring", queue_depth=8, split_bytes=1 << 20)
+res, got, _, _ = read_chunk_files(eng, rfd, "sm", [len(p) for p in small], True, stage=True)
+after_small = [fx._stage_buffers(), [x[0] for x in res] == [0] * 4 and got == small]
+res, got, _, _ = read_chunk_files(eng, rfd, "bg", [len(big[0])], True, stage=True)
+after_big = [fx._stage_buffers(), [x[0] for x in res] == [0] and got == big]
+eng.close()
+out(after_small=after_small, after_big=after_big)
+""",
+        {"root": store},
+        tmp_path,
+    )
+    assert r["after_small"] == [0, True] and r["after_big"] == [1, True], r
+
+
+@needs_uring
 def test_staged_reads_in_a_forked_child_use_buffers_of_its_own(store, tmp_path):
     """Staging buffers are pooled for the process and never inherited
     (MADV_DONTFORK): after the parent's staged reads left buffers in the

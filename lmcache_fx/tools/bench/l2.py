@@ -388,6 +388,19 @@ class FxL2Reader(L2Reader):
         }
 
 
+class FxL2UnstagedReader(FxL2Reader):
+    """FxL2Adapter with staged_reads false: checked O_DIRECT pieces read into
+    place, the A/B half of staged reads at the L2 level."""
+
+    name = "fx-l2-unstaged"
+    label = "lmcache-fx FxL2Adapter (L2, no staged reads)"
+
+    def adapter_spec(self):
+        spec = super().adapter_spec()
+        spec["adapter_params"]["staged_reads"] = False
+        return spec
+
+
 class RawBlockL2Reader(L2Reader):
     """LMCache's raw_block L2 adapter on a preallocated file on the measured
     filesystem (its docs: a raw device or a pre-sized file), O_DIRECT,

@@ -32,6 +32,7 @@ READER_LIST = [
     rd.RustRawBlockReader,
     l2.FsNativeReader,
     l2.FxL2Reader,
+    l2.FxL2UnstagedReader,
     l2.RawBlockL2Reader,
     rd.FioReader,
 ]
@@ -39,7 +40,7 @@ READER_CLASSES = {c.name: c for c in READER_LIST}
 ALL_READERS = [c.name for c in READER_LIST]
 # Run unless --readers says otherwise: fx-unmapped and fx-unstaged, the A/B halves of mapped and staged
 # reads, only where those are on (a tmpfs with huge pages; a loop device).
-DEFAULT_READERS = [n for n in ALL_READERS if n not in ("fx-unmapped", "fx-unstaged")]
+DEFAULT_READERS = [n for n in ALL_READERS if n not in ("fx-unmapped", "fx-unstaged", "fx-l2-unstaged")]
 READER_LABELS = {c.name: c.label for c in READER_LIST}
 
 # ------------------------------------------------------------------ --devices N: sizes and memory
@@ -55,7 +56,7 @@ LMCACHE_ENGINE_READERS = {
     "fs_connector",
     "rust_raw_block",
 }
-L2_READERS = {"fs_native", "fx-l2", "raw_block"}
+L2_READERS = {"fs_native", "fx-l2", "fx-l2-unstaged", "raw_block"}
 
 
 def plan_devices(cfg: BenchConfig, readers: list[str], n: int) -> list[int]:
