@@ -143,10 +143,16 @@ int fx_chunks_write(const fx_wchunk *c, size_t n, int direct, struct fx_pool *po
     if (writers * FX_WRITE_SEGMENT < FX_WRITE_IN_FLIGHT)
         j.segment = FX_WRITE_IN_FLIGHT / writers / FX_WRITE_SEGMENT * FX_WRITE_SEGMENT;
 
+    int r = 0;
+
     memset(out, 0, n * sizeof(*out));
-    if (writers > 1)
-        return fx_pool_parallel(pool, n, write_one, &j, width);
-    for (size_t i = 0; i < n; i++)
-        write_one(&j, i);
-    return 0;
+    fx_chunk_writes_running++;
+    if (writers > 1) {
+        r = fx_pool_parallel(pool, n, write_one, &j, width);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            write_one(&j, i);
+    }
+    fx_chunk_writes_running--;
+    return r;
 }

@@ -147,6 +147,8 @@ extern _Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;
  * buffers the process has made (at most 2, kept; tests). */
 extern _Atomic unsigned long fx_direct_staged_pieces;
 unsigned fx_stage_buffers(void);
+/* fx_chunks_write calls running in this process (a store beside a load). */
+extern _Atomic int fx_chunk_writes_running;
 
 /* Builds pieces and progress for a batch; returns 0 or -errno. */
 int fx_batch_prepare(fx_batch *b, uint64_t split_bytes);
