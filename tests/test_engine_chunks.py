@@ -1034,6 +1034,58 @@ def test_concurrent_staged_reads_share_two_buffers_and_stay_exact(store, rootfd)
 
 
 @needs_uring
+def test_staged_reads_beside_chunk_writes_keep_more_in_flight(store, rootfd):
+    """While Engine.write_chunks runs in the process (a store beside a load),
+    a staged batch whose eight slots are busy reads its further pieces in
+    place instead of waiting for a slot: more than eight in flight, and the
+    chunks still exact. Alone it keeps to its slots (the test above)."""
+    if not _staged_expected(store, True):
+        pytest.skip("no O_DIRECT reads from a device here")
+    rng = random.Random(44)
+    payloads = [rng.randbytes(24 << 20) for _ in range(2)]
+    names = []
+    for i, p in enumerate(payloads):
+        write_chunk(store, f"ab/bw{i}.fxkv", p, key=f"bw{i}")
+        names.append((f"ab/bw{i}.fxkv", len(p)))
+    wpay, src, hdrs, offs = _write_sources([32 << 20], 45)
+    encode_header(memoryview(hdrs)[:HEADER_SIZE], "w", meta_for(32 << 20), 32 << 20, 0, 7)
+    wfd = os.open(os.path.join(store, "ab", "bw-write.tmp"), os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o644)
+    writer_eng = fx.Engine("io_uring")
+    eng = fx.Engine("io_uring", queue_depth=32, split_bytes=1 << 20)
+    stop, started = threading.Event(), threading.Event()
+    errors: list = []
+
+    def writer() -> None:
+        while not stop.is_set():
+            started.set()
+            r = writer_eng.write_chunks([(wfd, src.address, 32 << 20, hdrs.address, 0)], direct=True)
+            if r[0][0] != 32 << 20:
+                errors.append(r)
+                return
+
+    t = threading.Thread(target=writer)
+    peaks = []
+    try:
+        t.start()
+        assert started.wait(10)
+        for _ in range(6):
+            fx._uring_peak_inflight()
+            res, datas, _ = read_staged(eng, rootfd, names)
+            assert [r[0] for r in res] == [0, 0] and datas == payloads
+            peaks.append(fx._uring_peak_inflight())
+            if peaks[-1] > 8:
+                break
+    finally:
+        stop.set()
+        t.join()
+        os.close(wfd)
+        eng.close()
+        writer_eng.close()
+    assert not errors, errors
+    assert max(peaks) > 8, peaks
+
+
+@needs_uring
 def test_a_batch_with_nothing_to_stage_takes_no_buffer(store, tmp_path):
     """In a fresh process, staged reads of chunks whose pieces are all under
     64 KiB (or read from memory) take none of the two staging buffers;
