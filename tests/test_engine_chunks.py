@@ -1085,18 +1085,23 @@ def test_staged_reads_beside_chunk_writes_keep_more_in_flight(store, rootfd):
     assert max(peaks) > 8, peaks
 
 
+def _staged_child(store, tmp_path, body: str) -> dict:
+    """Runs body in a child interpreter (CHILD_CHUNKS' helpers, `random` and
+    `root` at hand), skipping where nothing is read O_DIRECT from a device."""
+    if not _staged_expected(store, True):
+        pytest.skip("no O_DIRECT reads from a device here")
+    return run_child(CHILD_CHUNKS + 'import random\nroot = ARGS["root"]\n' + body, {"root": store}, tmp_path)
+
+
 @needs_uring
 def test_a_batch_with_nothing_to_stage_takes_no_buffer(store, tmp_path):
     """In a fresh process, staged reads of chunks whose pieces are all under
     64 KiB (or read from memory) take none of the two staging buffers;
     one with 1 MiB pieces makes the first."""
-    if not _staged_expected(store, True):
-        pytest.skip("no O_DIRECT reads from a device here")
-    r = run_child(
-        CHILD_CHUNKS
-        + """
-import random
-root = ARGS["root"]
+    r = _staged_child(
+        store,
+        tmp_path,
+        """
 small = [random.Random(i).randbytes(60 << 10) for i in range(4)]
 big = [random.Random(9).randbytes(2 << 20)]
 write_chunk_files(root, "sm", small)
@@ -1110,8 +1115,6 @@ after_big = [fx._stage_buffers(), [x[0] for x in res] == [0] and got == big]
 eng.close()
 out(after_small=after_small, after_big=after_big)
 """,
-        {"root": store},
-        tmp_path,
     )
     assert r["after_small"] == [0, True] and r["after_big"] == [1, True], r
 
@@ -1122,13 +1125,10 @@ def test_staged_reads_in_a_forked_child_use_buffers_of_its_own(store, tmp_path):
     (MADV_DONTFORK): after the parent's staged reads left buffers in the
     pool, a forked child's new engine reads staged, exact, with buffers
     of its own (the parent's are not mapped there: a use would fault)."""
-    if not _staged_expected(store, True):
-        pytest.skip("no O_DIRECT reads from a device here")
-    r = run_child(
-        CHILD_CHUNKS
-        + """
-import random
-root = ARGS["root"]
+    r = _staged_child(
+        store,
+        tmp_path,
+        """
 pl = [random.Random(i).randbytes((3 << 20) + 4096) for i in range(3)]
 write_chunk_files(root, "k", pl)
 rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
@@ -1150,8 +1150,6 @@ child = os.read(rd, 1)
 eng.close()
 out(parent_ok=parent_ok, child=child.decode(), status=status)
 """,
-        {"root": store},
-        tmp_path,
     )
     assert r["parent_ok"] and r["status"] == 0 and r["child"] == "1", r
 
