@@ -137,13 +137,12 @@ int fx_chunks_write(const fx_wchunk *c, size_t n, int direct, struct fx_pool *po
 {
     write_job j = {.c = c, .out = out, .direct = direct, .segment = FX_WRITE_SEGMENT};
     size_t writers = pool && n > 1 && width > 1 ? ((size_t)width < n ? (size_t)width : n) : 1;
+    int r = 0;
 
     /* Too few writers to keep FX_WRITE_IN_FLIGHT in flight: larger segments,
      * still a multiple of FX_WRITE_SEGMENT (so 4 KiB-aligned). */
     if (writers * FX_WRITE_SEGMENT < FX_WRITE_IN_FLIGHT)
         j.segment = FX_WRITE_IN_FLIGHT / writers / FX_WRITE_SEGMENT * FX_WRITE_SEGMENT;
-
-    int r = 0;
 
     memset(out, 0, n * sizeof(*out));
     fx_chunk_writes_running++;

@@ -414,7 +414,7 @@ static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int
     b.res = res;
     b.write = write;
     b.want_crc = want_crc;
-    b.stage_direct = stage && !write;
+    b.stage_direct = stage; /* reads only: the engine stages no write */
     Py_BEGIN_ALLOW_THREADS
     crc_helpers(self, &b);
     r = fx_batch_prepare(&b, split ? split : self->split_bytes);

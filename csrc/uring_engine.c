@@ -604,12 +604,14 @@ static void give_slots(fx_uring *u, run_state *st, unsigned n)
     pthread_mutex_unlock(&u->slot_mu);
 }
 
-/* Whether a piece goes through a staging slot. */
-static int stages(const run_state *st, const fx_piece *p)
+/* Whether a piece could go through a slot of max_len bytes. */
+static int stageable(const fx_piece *p, uint64_t max_len)
 {
-    return st->nstage && p->direct && !p->mem && p->length >= STAGE_PIECE_MIN && p->length <= st->stage_slot &&
-           !fx_piece_needs_bounce(p);
+    return p->direct && !p->mem && p->length >= STAGE_PIECE_MIN && p->length <= max_len && !fx_piece_needs_bounce(p);
 }
+
+/* Whether a piece goes through one of the batch's staging slots. */
+static int stages(const run_state *st, const fx_piece *p) { return st->nstage && stageable(p, st->stage_slot); }
 
 /* Cuts a staging buffer from the pool into slots for the batch, when it
  * stages: slots of its largest stageable piece (pieces over half the buffer
@@ -621,13 +623,9 @@ static void stage_setup(run_state *st)
 
     if (!b->stage_direct || b->write || !b->want_crc)
         return;
-    for (size_t i = 0; i < b->npieces; i++) {
-        const fx_piece *p = &b->pieces[i];
-
-        if (p->direct && !p->mem && p->length >= STAGE_PIECE_MIN && p->length <= STAGE_BYTES / 2 &&
-            p->length > slot && !fx_piece_needs_bounce(p))
-            slot = p->length;
-    }
+    for (size_t i = 0; i < b->npieces; i++)
+        if (b->pieces[i].length > slot && stageable(&b->pieces[i], STAGE_BYTES / 2))
+            slot = b->pieces[i].length;
     if (!slot || !stage_take(&st->stage_mem))
         return;
     st->stage_slot = slot;
@@ -891,18 +889,15 @@ static void fill(fx_uring *u, fx_ring *s, run_state *st, size_t *next)
         if (!take_slot(u, st, n))
             break;
         p->slots = n;
-        if (staged) {
+        if (staged)
             p->stage = p->buf = st->stage_free[--st->stage_top];
-            fx_direct_staged_pieces++;
-        }
         if (queue_piece(u, s, b, p) < 0) {
-            if (staged) {
-                unstage(st, p);
-                fx_direct_staged_pieces--;
-            }
+            unstage(st, p);
             give_slots(u, st, n);
             break;
         }
+        if (staged)
+            fx_direct_staged_pieces++;
         {
             unsigned long out = fx_ring_inflight(s) + fx_ring_queued(s);
             unsigned long peak = atomic_load_explicit(&fx_uring_peak_inflight, memory_order_relaxed);

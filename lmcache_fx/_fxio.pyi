@@ -114,8 +114,8 @@ class Engine:
         page cache) are mapped and their pieces copied from the mapping, each
         checksummed in the same pass; a piece whose source faults (the file
         truncated meanwhile: SIGBUS, caught) is read as without it. With
-        `stage`, `verify` and `direct`, payload pieces go through the reaping
-        thread's staging buffer, as Engine.read's `stage` (io_uring engine).
+        `stage`, `verify` and `direct`, payload pieces go through a staging
+        buffer, as Engine.read's `stage` (io_uring engine).
         Opens run on a few threads (a cold open waits for its inode) while
         the previous files are read. Returns per chunk (status, payload bytes
         or -errno, st_dev, st_ino, st_size): status 0 (CHUNK_OK), -errno, or

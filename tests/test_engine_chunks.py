@@ -105,7 +105,7 @@ def span(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def read(eng, rootfd, names_lens, verify=True, direct=False, expects=None, submit=False, mapped=False):
+def read(eng, rootfd, names_lens, verify=True, direct=False, expects=None, submit=False, mapped=False, stage=False):
     """Reads chunks into one aligned buffer; returns (results, [payload bytes], scratch)."""
     total = sum(span(n) for _, n in names_lens) or ALIGN
     dest = fx.HostBuffer(total + ALIGN, hugepages=False)
@@ -120,9 +120,11 @@ def read(eng, rootfd, names_lens, verify=True, direct=False, expects=None, submi
         offs.append(off)
         off += span(n)
     if submit:
-        res = eng.submit_chunks(chunks, scratch.address, verify=verify, direct=direct, mapped=mapped).wait()
+        res = eng.submit_chunks(
+            chunks, scratch.address, verify=verify, direct=direct, mapped=mapped, stage=stage
+        ).wait()
     else:
-        res = eng.read_chunks(chunks, scratch.address, verify=verify, direct=direct, mapped=mapped)
+        res = eng.read_chunks(chunks, scratch.address, verify=verify, direct=direct, mapped=mapped, stage=stage)
     mv = memoryview(dest)
     datas = [bytes(mv[o : o + n]) for o, (_, n) in zip(offs, names_lens)]
     return res, datas, bytes(scratch)
@@ -961,7 +963,7 @@ def test_staged_device_reads_are_exact_and_bounded_by_the_slots(store, rootfd):
     eng = fx.Engine("io_uring", queue_depth=32, split_bytes=1 << 20)
     try:
         n0 = fx.direct_staged_pieces()
-        res, datas, _ = read_staged(eng, rootfd, names + [("ab/stbad.fxkv", len(bad))])
+        res, datas, _ = read(eng, rootfd, names + [("ab/stbad.fxkv", len(bad))], direct=True, stage=True)
         staged = fx.direct_staged_pieces() - n0
         assert [r[0] for r in res] == [0] * len(sizes) + [fx.CHUNK_PAYLOAD_CRC], res
         assert datas[: len(sizes)] == payloads
@@ -970,12 +972,12 @@ def test_staged_device_reads_are_exact_and_bounded_by_the_slots(store, rootfd):
         # only 1 MiB pieces: as many in flight as there are slots (unstaged, 32)
         for stage, peak in ((True, 8), (False, 32)):
             fx._uring_peak_inflight()
-            res, datas, _ = read_staged(eng, rootfd, [names[0], names[7]], stage=stage)
+            res, datas, _ = read(eng, rootfd, [names[0], names[7]], direct=True, stage=stage)
             assert [r[0] for r in res] == [0, 0] and datas == [payloads[0], payloads[7]], stage
             assert fx._uring_peak_inflight() == peak, stage
         for verify, stage in ((False, True), (True, False)):
             n0 = fx.direct_staged_pieces()
-            res, datas, _ = read_staged(eng, rootfd, names, verify=verify, stage=stage)
+            res, datas, _ = read(eng, rootfd, names, verify=verify, direct=True, stage=stage)
             assert [r[0] for r in res] == [0] * len(sizes) and datas == payloads, (verify, stage)
             assert fx.direct_staged_pieces() == n0, (verify, stage)
         # Engine.read(crc=True, stage=True) on an O_DIRECT fd: CRC and bytes, 3 MiB at an odd 4 KiB offset
@@ -1015,7 +1017,7 @@ def test_concurrent_staged_reads_share_two_buffers_and_stay_exact(store, rootfd)
     def reader(t: int) -> None:
         eng = shared if t % 2 else own[t // 2]
         for _ in range(8):
-            res, datas, _ = read_staged(eng, rootfd, names[t:] + names[:t])
+            res, datas, _ = read(eng, rootfd, names[t:] + names[:t], direct=True, stage=True)
             if [r[0] for r in res] != [0] * 6 or datas != payloads[t:] + payloads[:t]:
                 bad.append(t)
 
@@ -1070,7 +1072,7 @@ def test_staged_reads_beside_chunk_writes_keep_more_in_flight(store, rootfd):
         assert started.wait(10)
         for _ in range(6):
             fx._uring_peak_inflight()
-            res, datas, _ = read_staged(eng, rootfd, names)
+            res, datas, _ = read(eng, rootfd, names, direct=True, stage=True)
             assert [r[0] for r in res] == [0, 0] and datas == payloads
             peaks.append(fx._uring_peak_inflight())
             if peaks[-1] > 8:
@@ -1152,21 +1154,6 @@ out(parent_ok=parent_ok, child=child.decode(), status=status)
 """,
     )
     assert r["parent_ok"] and r["status"] == 0 and r["child"] == "1", r
-
-
-def read_staged(eng, rootfd, names_lens, verify=True, stage=True):
-    """read() with direct=True and read_chunks' stage."""
-    total = sum(span(n) for _, n in names_lens)
-    dest = fx.HostBuffer(total + ALIGN, hugepages=False)
-    scratch = fx.HostBuffer(HEADER_SIZE * len(names_lens), hugepages=False)
-    chunks, offs, off = [], [], 0
-    for name, n in names_lens:
-        chunks.append((rootfd, name, dest.address + off, n))
-        offs.append(off)
-        off += span(n)
-    res = eng.read_chunks(chunks, scratch.address, verify=verify, direct=True, stage=stage)
-    mv = memoryview(dest)
-    return res, [bytes(mv[o : o + n]) for o, (_, n) in zip(offs, names_lens)], bytes(scratch)
 
 
 @pytest.mark.parametrize("stage", [False, True], ids=["into-place", "staged"])

@@ -9,17 +9,14 @@ import os
 import random
 
 import pytest
+from test_mapped_reads import _store
 
 from lmcache_fx import _fxio as fx
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta
 from lmcache_fx.core.options import ConfigError, FxOptions
-from lmcache_fx.core.store import ChunkStore, _loop_backed, _page_cache_fs, decide_staged_reads
+from lmcache_fx.core.store import _loop_backed, _page_cache_fs, decide_staged_reads
 
 URING_OK, URING_WHY = fx.io_uring_status()
-
-
-def _store(root, **opts):
-    return ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1, **opts}))
 
 
 def test_the_choice_and_its_reasons(tmp_path):

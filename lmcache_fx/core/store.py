@@ -215,8 +215,8 @@ def _loop_backed(root: str) -> bool:
 
 
 def decide_staged_reads(mode: str, roots: list[str], odirect: bool, verify: bool) -> tuple[bool, str]:
-    """Whether checked O_DIRECT payloads go through the reading thread's
-    staging buffer (read_chunks' `stage`) under option staged_reads = mode,
+    """Whether checked O_DIRECT payloads go through the engine's staging
+    buffers (read_chunks' `stage`) under option staged_reads = mode,
     and why (doctor says it). Only with verify and O_DIRECT (it is how the
     check is taken). By default on loop devices, where the device's transfer
     is a copy on a core and a sum of the bytes in place competes with it for

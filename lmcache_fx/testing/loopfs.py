@@ -119,7 +119,8 @@ def xfs_loop(size="2G", mountpoint: str | None = None, touch: bool = False, huge
       memory ran at 4.9-6.6 GB/s, of stretches in runs at 7.1-8.9, of the same
       file in 2 MiB pages at 14.0-15.7 (scripts/image_memory_probe.py), and
       the image's first pages were the scattered ones, so files XFS put at the
-      device's start read slower (scripts/loop_position_probe.py --image-pages). Where the kernel refuses huge pages, /dev/shm with one
+      device's start read slower (scripts/loop_position_probe.py
+      --image-pages). Where the kernel refuses huge pages, /dev/shm with one
       warning; image_pages() says what the image got. huge=False keeps a
       touched image in /dev/shm (to measure the difference).
     - The image is written through with zeros first and mkfs.xfs told not
