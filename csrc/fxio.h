@@ -111,12 +111,12 @@ typedef struct fx_batch {
     /* Pieces read from memory with a CRC32C go through a staging buffer of
      * the reading thread's (batch.c, run_staged); set by the engine. */
     int staged;
-    /* Checked O_DIRECT reads (not from memory) land in a staging buffer
-     * (one of the process's, small enough to stay in the CPU's cache) and go
+    /* Checked O_DIRECT reads (not from memory) land in a staging slot (of
+     * the process's pool, small enough to stay in the CPU's cache) and go
      * on to their destination with the one-pass copy and CRC32C: where the
      * device's own transfer is a CPU copy (a loop device), one pass over
      * memory fewer than a read into place and a sum of it. io_uring engine
-     * only (uring_engine.c, STAGE_BYTES); the caller chooses per medium. */
+     * only (uring_engine.c, STAGE_SLOT); the caller chooses per medium. */
     int stage_direct;
 } fx_batch;
 

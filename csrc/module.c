@@ -1340,7 +1340,7 @@ static PyMethodDef Engine_methods[] = {
     {"read", (PyCFunction)(void (*)(void))Engine_read, METH_VARARGS | METH_KEYWORDS,
      "read(ops, crc=False, split=0, stage=False) -> list: bytes read or -errno per op (with CRC32C if crc); "
      "split: largest piece for this call (0: the engine's split_bytes); stage: checked O_DIRECT pieces go "
-     "through a cache-sized staging buffer (io_uring engine)"},
+     "through slots of a cache-sized staging pool (io_uring engine)"},
     {"write", (PyCFunction)(void (*)(void))Engine_write, METH_VARARGS | METH_KEYWORDS,
      "write(ops, crc=False, split=0) -> list: bytes written or -errno per op; "
      "split: largest piece for this call (0: the engine's split_bytes)"},
@@ -1350,7 +1350,7 @@ static PyMethodDef Engine_methods[] = {
      "read_chunks(chunks, scratch, verify=False, direct=False, lock=False, mapped=False, stage=False) -> list of "
      "(status, nbytes, st_dev, st_ino, st_size) per chunk (dir_fd, name, address, length[, expect]); "
      "mapped: payloads of 2 MiB files or more on a memory filesystem are copied (and summed) from a "
-     "mapping of the file; stage: verified O_DIRECT payloads go through a cache-sized staging buffer"},
+     "mapping of the file; stage: verified O_DIRECT payloads go through slots of a cache-sized staging pool"},
     {"write_chunks", (PyCFunction)(void (*)(void))Engine_write_chunks, METH_VARARGS | METH_KEYWORDS,
      "write_chunks(chunks, direct=False) -> list of (payload bytes or -errno, header bytes or -errno, "
      "payload CRC32C, mtime set: 1, 0 or -errno); chunks are (fd, address, length, header_address, "
@@ -1432,7 +1432,7 @@ static PyMethodDef module_methods[] = {
     {"direct_staged_pieces", (PyCFunction)mod_direct_staged_pieces, METH_NOARGS,
      "direct_staged_pieces() -> int: O_DIRECT pieces the io_uring engine read through a staging slot (stage=True)"},
     {"_stage_buffers", (PyCFunction)mod_stage_buffers, METH_NOARGS,
-     "_stage_buffers() -> int: staging buffers the io_uring engine has made in this process (at most 2; tests)"},
+     "_stage_buffers() -> int: 8 MiB buffers of staging slots the io_uring engine has made in this process (at most 2; tests)"},
     {"staged_pieces", (PyCFunction)mod_staged_pieces, METH_NOARGS,
      "staged_pieces() -> int: pieces read from memory through a staging buffer and copied on with their CRC32C"},
     {"last_read_chunks_ns", (PyCFunction)mod_last_read_chunks_ns, METH_NOARGS,

@@ -399,26 +399,34 @@ static int queue_piece(fx_uring *u, fx_ring *s, const fx_batch *b, fx_piece *p)
     return fx_ring_queue(s, &io);
 }
 
-/* Staging for checked O_DIRECT reads (fx_batch.stage_direct): a running
- * batch holds one buffer of STAGE_BYTES, cut into slots of its largest
- * piece; a staged piece reads into a free slot, and a batch keeps no more
- * staged pieces in flight than it has slots. In the probe
+/* Staging for checked O_DIRECT reads (fx_batch.stage_direct): a staged
+ * piece reads into a 1 MiB slot of a process-wide pool and, as it lands, is
+ * copied to its place while summed (fx_piece_checksum). In the probe
  * (scripts/staged_direct_probe.py) 8-16 MiB staged in all read 1.04-1.25x a
  * checked read into place on the loop medium, 32 MiB 0.88-0.96x: staging
- * pays while it stays in the CPU's cache. So the process has at most
- * STAGE_BUFFERS_MAX of them, made on first use and kept (not per thread:
- * submit_chunks runs each batch on a thread of its own); a batch that finds
- * none free reads in place. Making and freeing one per concurrent batch
- * instead (16 in flight: a 2 MiB page allocation, often a compaction, and
- * 8 MiB zeroed per batch) put p99 at 10.8x p50 for 2 MiB chunks. */
-#define STAGE_BYTES ((size_t)8 << 20)
-#define STAGE_SLOTS_MAX 32
+ * pays while it stays in the CPU's cache. So the pool is at most
+ * STAGE_BUFFERS_MAX buffers of STAGE_BUFFER_BYTES, made on first use and
+ * kept (not per thread: submit_chunks runs each batch on a thread of its
+ * own; made and freed per batch, a 2 MiB page allocation and 8 MiB zeroed
+ * each, p99 was 10.8x p50 for 2 MiB chunks at 16 in flight), and a batch
+ * keeps at most STAGE_BATCH_MAX staged pieces in flight.
+ *
+ * Slots go to pieces, not buffers to batches: with a buffer per batch the
+ * first two of 16 concurrent requests held both, while the engine's slot
+ * order served the others, which then all read in place (64 MiB at 16 in
+ * flight: staged 1.05x the time of reading in place). A piece that finds
+ * no slot free waits for one of its batch's own staged pieces to land, or,
+ * when the batch has none in flight, reads in place. */
+#define STAGE_SLOT ((size_t)1 << 20) /* the default split_bytes; larger pieces read in place */
+#define STAGE_BUFFER_BYTES ((size_t)8 << 20)
+#define STAGE_BUFFERS_MAX 2 /* 16 MiB in all */
+#define STAGE_SLOTS_PER_BUFFER (STAGE_BUFFER_BYTES / STAGE_SLOT)
+#define STAGE_BATCH_MAX 8 /* a lone batch stages as before: 8 MiB in flight */
 #define STAGE_PIECE_MIN (64u << 10) /* below it a hand-off through a slot gains nothing */
-#define STAGE_BUFFERS_MAX 2         /* 16 MiB in all */
 
 static pthread_mutex_t stage_mu = PTHREAD_MUTEX_INITIALIZER;
-static fx_mem stage_pool[STAGE_BUFFERS_MAX];
-static unsigned stage_pooled, stage_made;
+static char *stage_free[STAGE_BUFFERS_MAX * STAGE_SLOTS_PER_BUFFER];
+static unsigned stage_nfree, stage_made;
 
 static pthread_once_t stage_fork_once = PTHREAD_ONCE_INIT;
 
@@ -428,51 +436,50 @@ static pthread_once_t stage_fork_once = PTHREAD_ONCE_INIT;
 static void stage_fork_child(void)
 {
     pthread_mutex_init(&stage_mu, NULL);
-    stage_pooled = stage_made = 0;
+    stage_nfree = stage_made = 0;
 }
 
 /* Installed before the first buffer is made (a child with none needs none). */
 static void stage_fork_install(void) { pthread_atfork(NULL, NULL, stage_fork_child); }
 
-/* A staging buffer for a batch (to give back with stage_give), or 0: every
- * one is in use (or none could be made), and the batch reads in place. */
-static int stage_take(fx_mem *m)
+/* A free staging slot (to give back with stage_give), or NULL: every one is
+ * in use and no more buffers may be made (or none could be). */
+static char *stage_take(void)
 {
-    int make = 0;
+    char *slot = NULL;
+    fx_mem m;
 
     pthread_once(&stage_fork_once, stage_fork_install);
     pthread_mutex_lock(&stage_mu);
-    if (stage_pooled) {
-        *m = stage_pool[--stage_pooled];
+    if (stage_nfree) {
+        slot = stage_free[--stage_nfree];
         pthread_mutex_unlock(&stage_mu);
-        return 1;
+        return slot;
     }
-    if (stage_made < STAGE_BUFFERS_MAX) {
-        stage_made++; /* reserved; made outside the lock */
-        make = 1;
+    if (stage_made >= STAGE_BUFFERS_MAX) {
+        pthread_mutex_unlock(&stage_mu);
+        return NULL;
     }
+    stage_made++; /* reserved; made outside the lock */
     pthread_mutex_unlock(&stage_mu);
-    if (!make)
-        return 0;
-    if (fx_mem_alloc(m, STAGE_BYTES, 1, -1, 1) == 0)
-        return 1;
-    pthread_mutex_lock(&stage_mu);
-    if (stage_made)
+    if (fx_mem_alloc(&m, STAGE_BUFFER_BYTES, 1, -1, 1) != 0) {
+        pthread_mutex_lock(&stage_mu);
         stage_made--;
+        pthread_mutex_unlock(&stage_mu);
+        return NULL;
+    }
+    pthread_mutex_lock(&stage_mu);
+    for (size_t i = 1; i < STAGE_SLOTS_PER_BUFFER; i++)
+        stage_free[stage_nfree++] = m.addr + i * STAGE_SLOT;
     pthread_mutex_unlock(&stage_mu);
-    return 0;
+    return m.addr;
 }
 
-static void stage_give(fx_mem *m)
+static void stage_give(char *slot)
 {
     pthread_mutex_lock(&stage_mu);
-    if (stage_pooled < STAGE_BUFFERS_MAX) {
-        stage_pool[stage_pooled++] = *m;
-        m = NULL;
-    }
+    stage_free[stage_nfree++] = slot;
     pthread_mutex_unlock(&stage_mu);
-    if (m)
-        fx_mem_free(m);
 }
 
 unsigned fx_stage_buffers(void)
@@ -500,12 +507,8 @@ typedef struct run_state {
     unsigned long arrival;
     unsigned long ended_at; /* slots_freed after this batch's last return */
     struct run_state *prev, *next;
-    /* Staging slots (fx_batch.stage_direct): free ones on a stack; none
-     * (nstage 0) when the batch stages nothing. */
-    char *stage_free[STAGE_SLOTS_MAX];
-    unsigned nstage, stage_top;
-    uint64_t stage_slot;
-    fx_mem stage_mem; /* the batch's staging buffer, from stage_take */
+    int stage_on;       /* the batch stages (fx_batch.stage_direct on a checked read) */
+    unsigned staged_out; /* its pieces holding a staging slot */
 } run_state;
 
 #define SLOT_BYTES (1u << 20)
@@ -610,46 +613,16 @@ static int stageable(const fx_piece *p, uint64_t max_len)
     return p->direct && !p->mem && p->length >= STAGE_PIECE_MIN && p->length <= max_len && !fx_piece_needs_bounce(p);
 }
 
-/* Whether a piece goes through one of the batch's staging slots. */
-static int stages(const run_state *st, const fx_piece *p) { return st->nstage && stageable(p, st->stage_slot); }
-
-/* Cuts a staging buffer from the pool into slots for the batch, when it
- * stages: slots of its largest stageable piece (pieces over half the buffer
- * read in place), at least two of them; none when no piece stages. */
-static void stage_setup(run_state *st)
-{
-    const fx_batch *b = st->b;
-    uint64_t slot = 0;
-
-    if (!b->stage_direct || b->write || !b->want_crc)
-        return;
-    for (size_t i = 0; i < b->npieces; i++)
-        if (b->pieces[i].length > slot && stageable(&b->pieces[i], STAGE_BYTES / 2))
-            slot = b->pieces[i].length;
-    if (!slot || !stage_take(&st->stage_mem))
-        return;
-    st->stage_slot = slot;
-    st->nstage = (unsigned)(STAGE_BYTES / slot);
-    if (st->nstage > STAGE_SLOTS_MAX)
-        st->nstage = STAGE_SLOTS_MAX;
-    for (unsigned i = 0; i < st->nstage; i++)
-        st->stage_free[st->stage_top++] = st->stage_mem.addr + (size_t)i * slot;
-}
-
-/* After the batch: every piece is done, so every slot is free. */
-static void stage_release(run_state *st)
-{
-    if (st->nstage)
-        stage_give(&st->stage_mem);
-    st->nstage = st->stage_top = 0;
-}
+/* Whether a piece of the batch goes through a staging slot. */
+static int stages(const run_state *st, const fx_piece *p) { return st->stage_on && stageable(p, STAGE_SLOT); }
 
 /* Gives a staged piece's slot back (its bytes moved on or given up). */
 static void unstage(run_state *st, fx_piece *p)
 {
     if (!p->stage)
         return;
-    st->stage_free[st->stage_top++] = p->stage;
+    stage_give(p->stage);
+    st->staged_out--;
     p->stage = NULL;
     p->buf = p->start; /* as if never staged */
 }
@@ -874,29 +847,36 @@ static void fill(fx_uring *u, fx_ring *s, run_state *st, size_t *next)
             continue;
         }
         unsigned n = piece_slots(u, b, p); /* taken now, while length is the whole piece */
-        int staged = stages(st, p);
+        char *slot = NULL;
 
-        if (staged && !st->stage_top) {
-            /* Every slot in flight or landed: wait for one, unless chunk
-             * writes share the device. Their requests queue beside this
-             * batch's, so a batch capped at its slots' worth in flight got
-             * 0.50-0.62x of reading in place while a store ran (the bench's
-             * --mixed case); reading the rest in place keeps its share. */
-            if (!fx_chunk_writes_running)
+        if (stages(st, p)) {
+            if (st->staged_out < STAGE_BATCH_MAX)
+                slot = stage_take();
+            /* No slot: wait for one of this batch's own to come back,
+             * unless chunk writes share the device. Their requests queue
+             * beside this batch's, so a batch capped at its slots' worth in
+             * flight got 0.50-0.62x of reading in place while a store ran
+             * (the bench's --mixed case); reading the rest in place keeps
+             * its share. A batch with none in flight reads in place. */
+            if (!slot && st->staged_out && !fx_chunk_writes_running)
                 break;
-            staged = 0;
         }
-        if (!take_slot(u, st, n))
+        if (!take_slot(u, st, n)) {
+            if (slot)
+                stage_give(slot);
             break;
+        }
         p->slots = n;
-        if (staged)
-            p->stage = p->buf = st->stage_free[--st->stage_top];
+        if (slot) {
+            p->stage = p->buf = slot;
+            st->staged_out++;
+        }
         if (queue_piece(u, s, b, p) < 0) {
             unstage(st, p);
             give_slots(u, st, n);
             break;
         }
-        if (staged)
+        if (slot)
             fx_direct_staged_pieces++;
         {
             unsigned long out = fx_ring_inflight(s) + fx_ring_queued(s);
@@ -955,7 +935,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
     }
     for (size_t i = 0; i < b->npieces; i++)
         st.left += piece_slots(u, b, &b->pieces[i]);
-    stage_setup(&st);
+    st.stage_on = b->stage_direct && !b->write && b->want_crc;
     set_wanting(u, &st, 1);
     while (next < b->npieces || fx_ring_inflight(s) || fx_ring_queued(s)) {
         unsigned ended = 0;
@@ -997,7 +977,6 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
     fx_uring_give_ring(u, s);
     fx_uring_last_end = st.ended_at;
 out:
-    stage_release(&st);
     free(st.done);
     free(st.fin);
     free(st.landed);

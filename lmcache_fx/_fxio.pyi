@@ -74,10 +74,11 @@ class Engine:
     def read(self, ops: Sequence[Op], crc: Literal[True], split: int = 0, stage: bool = False) -> list[tuple[int, int]]:
         """With crc, each result is (bytes or -errno, CRC32C of the bytes).
         split: the largest piece for this call (0: split_bytes). stage (io_uring
-        engine, with crc): pieces of 64 KiB to 4 MiB from O_DIRECT fds not on
-        a memory filesystem are read into slots of a staging buffer (8 MiB,
-        in cache; the process has two, and a batch that finds none free
-        reads in place) and copied to their destination with their CRC32C in
+        engine, with crc): pieces of 64 KiB to 1 MiB from O_DIRECT fds not on
+        a memory filesystem are read into 1 MiB slots of the process's
+        staging pool (16 MiB, in cache, shared by concurrent reads; at most
+        8 a read; a piece finding none free waits for one of its read's own,
+        or reads in place when the read holds none) and copied to their destination with their CRC32C in
         one pass, as each lands."""
     @overload
     def write(self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0) -> list[int]: ...
@@ -114,8 +115,8 @@ class Engine:
         page cache) are mapped and their pieces copied from the mapping, each
         checksummed in the same pass; a piece whose source faults (the file
         truncated meanwhile: SIGBUS, caught) is read as without it. With
-        `stage`, `verify` and `direct`, payload pieces go through a staging
-        buffer, as Engine.read's `stage` (io_uring engine).
+        `stage`, `verify` and `direct`, payload pieces go through staging
+        slots, as Engine.read's `stage` (io_uring engine).
         Opens run on a few threads (a cold open waits for its inode) while
         the previous files are read. Returns per chunk (status, payload bytes
         or -errno, st_dev, st_ino, st_size): status 0 (CHUNK_OK), -errno, or
@@ -188,8 +189,8 @@ def direct_staged_pieces() -> int:
     (stage=True), since the module was loaded."""
 
 def _stage_buffers() -> int:
-    """Staging buffers the io_uring engine has made in this process (at most
-    2, kept for its life; a batch finding none free reads in place)."""
+    """8 MiB buffers of staging slots the io_uring engine has made in this
+    process (at most 2, made as reads need their slots, kept for its life)."""
 
 def staged_pieces() -> int:
     """Pieces read from memory through a staging buffer of the reading

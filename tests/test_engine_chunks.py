@@ -998,9 +998,10 @@ def test_staged_device_reads_are_exact_and_bounded_by_the_slots(store, rootfd):
 @needs_uring
 def test_concurrent_staged_reads_share_two_buffers_and_stay_exact(store, rootfd):
     """Six threads read staged at once, on one engine and on engines of
-    their own, eight times each: every chunk exact; the process never makes
-    more than two staging buffers (batches that find none free read in
-    place), and some pieces still went through them."""
+    their own, eight times each: every chunk exact; the pieces share the
+    process's staging slots, from never more than two buffers (a piece
+    finding none free waits for its batch's own or reads in place), and
+    some went through them."""
     if not _staged_expected(store, True):
         pytest.skip("no O_DIRECT reads from a device here")
     rng = random.Random(33)
