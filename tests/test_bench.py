@@ -619,6 +619,34 @@ def test_docs_staged_latency_rounds_are_the_committed_json():
     assert at["121dae4"] > 5 and at["f19f646"] < 4, at
 
 
+def test_docs_shared_staging_slots_rounds_are_the_committed_json():
+    """The latency and check rounds at 6038525 (staging slots shared by
+    concurrent reads): their tables are what `bench_tables.py
+    --latency-rounds` and `--runs fx-unstaged` render from the committed
+    runs, and the finding the page names is in the JSON: with 16 requests in
+    flight fx's p50 is below reading in place's at 64 and 10 MiB in every run."""
+    mod = _bench_tables()
+    page = _page()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-rounds")
+    cases = [
+        (f"{label}, run {r}", os.path.join(d, f"6038525-{n}-run{r}.json"))
+        for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
+        for r in (1, 2)
+    ]
+    table = mod.latency_rounds_table(cases)
+    assert "\n".join("    " + line for line in table.splitlines()) in page
+    for label, path in cases[:4]:
+        with open(path) as f:
+            rd = json.load(f)["readers"]
+        assert rd["fx"]["latency"]["16"]["p50_ms"] < rd["fx-unstaged"]["latency"]["16"]["p50_ms"], label
+    rounds = [
+        os.path.join(ROOT, "docs", "bench-repeats", "round-6038525", f"xfs-{n}-run{r}.json")
+        for n in ("64m", "10m", "2m")
+        for r in (1, 2)
+    ]
+    assert mod.runs_table(rounds, "fx-unstaged") in page
+
+
 def test_docs_two_mib_latency_tables_are_the_committed_json():
     """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
     plain preads are what `bench_tables.py --latency-rounds` and
