@@ -415,18 +415,21 @@ static int queue_piece(fx_uring *u, fx_ring *s, const fx_batch *b, fx_piece *p)
  * first two of 16 concurrent requests held both, while the engine's slot
  * order served the others, which then all read in place (64 MiB at 16 in
  * flight: staged 1.05x the time of reading in place). A piece that finds
- * no slot free waits for one of its batch's own staged pieces to land, or,
- * when the batch has none in flight, reads in place. */
+ * no slot free waits until one of its batch's own staged pieces is done, or,
+ * when the batch holds none, reads in place. Every staged piece takes a
+ * whole slot, so pieces under 1 MiB (split_bytes below the default) stage
+ * fewer bytes in all. */
 #define STAGE_SLOT ((size_t)1 << 20) /* the default split_bytes; larger pieces read in place */
 #define STAGE_BUFFER_BYTES ((size_t)8 << 20)
 #define STAGE_BUFFERS_MAX 2 /* 16 MiB in all */
 #define STAGE_SLOTS_PER_BUFFER (STAGE_BUFFER_BYTES / STAGE_SLOT)
-#define STAGE_BATCH_MAX 8 /* a lone batch stages as before: 8 MiB in flight */
+#define STAGE_BATCH_MAX 8 /* 8 MiB in flight for a lone batch of 1 MiB pieces; 16 read level (build_ab_probe) */
 #define STAGE_PIECE_MIN (64u << 10) /* below it a hand-off through a slot gains nothing */
 
 static pthread_mutex_t stage_mu = PTHREAD_MUTEX_INITIALIZER;
 static char *stage_free[STAGE_BUFFERS_MAX * STAGE_SLOTS_PER_BUFFER];
 static unsigned stage_nfree, stage_made;
+static int stage_failed; /* a buffer could not be made: not tried again */
 
 static pthread_once_t stage_fork_once = PTHREAD_ONCE_INIT;
 
@@ -437,6 +440,7 @@ static void stage_fork_child(void)
 {
     pthread_mutex_init(&stage_mu, NULL);
     stage_nfree = stage_made = 0;
+    stage_failed = 0;
 }
 
 /* Installed before the first buffer is made (a child with none needs none). */
@@ -456,7 +460,7 @@ static char *stage_take(void)
         pthread_mutex_unlock(&stage_mu);
         return slot;
     }
-    if (stage_made >= STAGE_BUFFERS_MAX) {
+    if (stage_made >= STAGE_BUFFERS_MAX || stage_failed) {
         pthread_mutex_unlock(&stage_mu);
         return NULL;
     }
@@ -465,6 +469,7 @@ static char *stage_take(void)
     if (fx_mem_alloc(&m, STAGE_BUFFER_BYTES, 1, -1, 1) != 0) {
         pthread_mutex_lock(&stage_mu);
         stage_made--;
+        stage_failed = 1; /* else every piece would try the mapping again */
         pthread_mutex_unlock(&stage_mu);
         return NULL;
     }
@@ -603,6 +608,18 @@ static void give_slots(fx_uring *u, run_state *st, unsigned n)
     st->held -= n;
     u->slots_freed += n;
     st->ended_at = u->slots_freed;
+    pthread_cond_broadcast(&u->slot_cv);
+    pthread_mutex_unlock(&u->slot_mu);
+}
+
+/* Gives back the slots take_slot just took for a piece that is not queued
+ * after all (it waits for a staging slot): as if never taken. */
+static void untake_slot(fx_uring *u, run_state *st, unsigned n)
+{
+    pthread_mutex_lock(&u->slot_mu);
+    u->slots_used -= n;
+    st->held -= n;
+    st->left += n;
     pthread_cond_broadcast(&u->slot_cv);
     pthread_mutex_unlock(&u->slot_mu);
 }
@@ -847,28 +864,33 @@ static void fill(fx_uring *u, fx_ring *s, run_state *st, size_t *next)
             continue;
         }
         unsigned n = piece_slots(u, b, p); /* taken now, while length is the whole piece */
-        char *slot = NULL;
+        int staged = stages(st, p);
+        char *stage = NULL;
 
-        if (stages(st, p)) {
-            if (st->staged_out < STAGE_BATCH_MAX)
-                slot = stage_take();
-            /* No slot: wait for one of this batch's own to come back,
-             * unless chunk writes share the device. Their requests queue
-             * beside this batch's, so a batch capped at its slots' worth in
-             * flight got 0.50-0.62x of reading in place while a store ran
-             * (the bench's --mixed case); reading the rest in place keeps
-             * its share. A batch with none in flight reads in place. */
-            if (!slot && st->staged_out && !fx_chunk_writes_running)
-                break;
-        }
-        if (!take_slot(u, st, n)) {
-            if (slot)
-                stage_give(slot);
+        /* A staged piece with no slot to be had waits until one of this
+         * batch's own staged pieces is done, unless chunk writes share the
+         * device. Their requests queue beside this batch's, so a batch
+         * capped at its slots' worth in flight got 0.50-0.62x of reading in
+         * place while a store ran (the bench's --mixed case); reading the
+         * rest in place keeps its share. A batch holding none reads in
+         * place. */
+        int may_wait = st->staged_out && !fx_chunk_writes_running;
+
+        if (staged && st->staged_out >= STAGE_BATCH_MAX && may_wait)
+            break;
+        /* The engine's slots first: a batch waiting for them (its first
+         * piece, in ticket order) holds no staging slot meanwhile. */
+        if (!take_slot(u, st, n))
+            break;
+        if (staged && st->staged_out < STAGE_BATCH_MAX)
+            stage = stage_take();
+        if (staged && !stage && may_wait) {
+            untake_slot(u, st, n);
             break;
         }
         p->slots = n;
-        if (slot) {
-            p->stage = p->buf = slot;
+        if (stage) {
+            p->stage = p->buf = stage;
             st->staged_out++;
         }
         if (queue_piece(u, s, b, p) < 0) {
@@ -876,7 +898,7 @@ static void fill(fx_uring *u, fx_ring *s, run_state *st, size_t *next)
             give_slots(u, st, n);
             break;
         }
-        if (slot)
+        if (stage)
             fx_direct_staged_pieces++;
         {
             unsigned long out = fx_ring_inflight(s) + fx_ring_queued(s);

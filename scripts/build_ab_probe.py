@@ -62,11 +62,15 @@ def load_extension(tree: str, label: str):
     return mod
 
 
+STAGE = False  # --stage: checked payloads through the staging slots (read_chunks' stage)
+
+
 def timed_read(engine, chunks: list, scratch, verify: bool, nbytes: int, what: str) -> tuple[float, float]:
-    """One cold read_chunks of `chunks` (O_DIRECT, locks): (GB/s, CPU s/GB)."""
+    """One cold read_chunks of `chunks` (O_DIRECT, locks; staged with
+    --stage): (GB/s, CPU s/GB)."""
     drop_caches()
     t0, c0 = time.perf_counter(), cpu_seconds()
-    res = engine.read_chunks(chunks, scratch.address, verify=verify, direct=True, lock=True)
+    res = engine.read_chunks(chunks, scratch.address, verify=verify, direct=True, lock=True, stage=STAGE and verify)
     t, c = time.perf_counter() - t0, cpu_seconds() - c0
     bad = [r for r in res if r[0] != 0]
     if bad:
@@ -234,8 +238,11 @@ def main() -> None:
         help="read without the CRC32C check (O_DIRECT pieces of at least 16 MiB then, as the engine reads unchecked)",
     )
     ap.add_argument("--writes", action="store_true", help="the builds as writers, this tree's engine reading (above)")
+    ap.add_argument("--stage", action="store_true", help="checked reads through the staging slots (staged_reads)")
     ap.add_argument("--json")
     a = ap.parse_args()
+    global STAGE
+    STAGE = a.stage
     here, other = git_commit(ROOT), git_commit(a.other)
     # Each rep's pair ratio is this build's figure over the other's, whichever was loaded first.
     loaded = [("other", a.other), ("this", ROOT)] if a.other_first else [("this", ROOT), ("other", a.other)]
@@ -269,6 +276,7 @@ def main() -> None:
         + f" --sizes {a.sizes} --reps {a.reps}"
         + (" --no-verify" if a.no_verify else "")
         + (" --writes" if a.writes else "")
+        + (" --stage" if a.stage else "")
         + (f" --json {a.json}" if a.json else ""),
         "this_commit": here,
         "other_commit": other,
@@ -280,7 +288,7 @@ def main() -> None:
         + (
             "verify off, O_DIRECT, io_uring, QD 32, pieces of at least 16 MiB"
             if a.no_verify
-            else "verify on, O_DIRECT, io_uring, QD 32, 1 MiB pieces"
+            else "verify on, O_DIRECT, io_uring, QD 32, 1 MiB pieces" + (", staged" if a.stage else "")
         ),
         "cases": cases,
     }
