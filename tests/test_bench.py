@@ -621,7 +621,7 @@ def test_docs_staged_latency_rounds_are_the_committed_json():
 
 def test_docs_shared_staging_slots_rounds_are_the_committed_json():
     """The latency and check rounds at 6038525 (staging slots shared by
-    concurrent reads): their tables are what `bench_tables.py
+    concurrent reads) and the latency round at 7a20aeb: their tables are what `bench_tables.py
     --latency-rounds` and `--runs fx-unstaged` render from the committed
     runs, and the finding the page names is in the JSON: with 16 requests in
     flight fx's p50 is below reading in place's at 64 and 10 MiB in every run."""
@@ -635,7 +635,10 @@ def test_docs_shared_staging_slots_rounds_are_the_committed_json():
     ]
     table = mod.latency_rounds_table(cases)
     assert "\n".join("    " + line for line in table.splitlines()) in page
-    for label, path in cases[:4]:
+    again = [(label, os.path.join(d, f"7a20aeb-{n}-run1.json")) for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"))]
+    again_table = mod.latency_rounds_table(again + [("2 MiB", os.path.join(d, "7a20aeb-2m-run1.json"))])
+    assert "\n".join("    " + line for line in again_table.splitlines()) in page
+    for label, path in cases[:4] + again:
         with open(path) as f:
             rd = json.load(f)["readers"]
         assert rd["fx"]["latency"]["16"]["p50_ms"] < rd["fx-unstaged"]["latency"]["16"]["p50_ms"], label
