@@ -54,7 +54,15 @@ def test_path_and_mkfs_loop_are_exclusive_and_one_is_needed():
 
 
 @pytest.mark.parametrize(
-    "bad", [["--readers", "fx,nope"], ["--reps", "0"], ["--split-bytes", "5000"], ["--full-store", "--mixed"]]
+    "bad",
+    [
+        ["--readers", "fx,nope"],
+        ["--reps", "0"],
+        ["--split-bytes", "5000"],
+        ["--full-store", "--mixed"],
+        ["--mixed-store-lead", "5"],  # without --mixed
+        ["--mixed", "--mixed-store-lead", "-1"],
+    ],
 )
 def test_bad_arguments_are_refused(bad):
     p, a = parse("--path", "/x", *bad)
@@ -394,6 +402,8 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
             "--per-chunk-readers",
             "fx-l2,fs_native",
             "--mixed",
+            "--mixed-store-lead",
+            "1",
             "--latency",
             "--concurrency",
             "2",
@@ -432,6 +442,7 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
         m = d["readers"][name]["mixed"]
         assert m["reps_ok"] == 2 and m["load_gbps"] > 0 and m["store_gbps"] > 0, d["readers"][name]["mixed_reps"]
     assert "mixed" not in d["readers"]["fx"]  # an engine-level reader has no mixed mode
+    assert d["config"]["mixed_store_lead_ms"] == 1.0  # the load submitted 1 ms after the store
     pc = d["per_chunk"]["readers"]
     assert pc["fs_native"]["tier_us_per_chunk"] > 0 and pc["fx-l2"]["tier_us_per_chunk"] > 0
     assert not os.listdir(odirect_tmp) or all(not n.startswith("lmcache-fx-bench-") for n in os.listdir(odirect_tmp))

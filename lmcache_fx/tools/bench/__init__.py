@@ -127,6 +127,14 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
         "ones, both timed, against the same reader alone",
     )
     p.add_argument(
+        "--mixed-store-lead",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="--mixed: submit the load MS milliseconds after the store (default 0: together), so that the load "
+        "starts beside writes already running; the load is timed from its own submission",
+    )
+    p.add_argument(
         "--full-store",
         action="store_true",
         help="fx-l2's store is full, as a cache that has run a while: every chunk it stores evicts one (inside "
@@ -174,6 +182,8 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
         p.error("--per-chunk must be >= 0")
     if args.full_store and args.mixed:
         p.error("--full-store and --mixed measure different stores: run them apart")
+    if args.mixed_store_lead < 0 or (args.mixed_store_lead and not args.mixed):
+        p.error("--mixed-store-lead takes milliseconds >= 0, with --mixed")
     devices = getattr(args, "devices", None)
     if devices is not None and not 1 <= devices <= 64:
         p.error("--devices must be 1..64")
@@ -329,6 +339,7 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             concurrency=tuple(_ints(args.concurrency)),
             latency_rounds=args.latency_rounds,
             mixed=args.mixed,
+            mixed_store_lead_ms=args.mixed_store_lead,
             full_store=args.full_store,
             fs_native_workers=args.fs_native_workers,
             stripe=stripe,

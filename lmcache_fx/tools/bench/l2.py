@@ -224,7 +224,9 @@ class L2Reader(Reader):
     def mixed_rep(self, rep: int) -> dict:
         """Stores the workload's chunks under one set of keys, drops the page
         cache, then submits a store of as many new chunks and the load of the
-        first set at the same moment; each timed to its own completion. The
+        first set at the same moment (or the load cfg.mixed_store_lead_ms
+        later, so that it starts beside running writes); the store timed from
+        its submission, the load from its own, each to its completion. The
         loaded bytes are checked."""
         w, cfg = self.w, self.cfg
         n, nb = cfg.n_chunks, w.nbytes
@@ -240,6 +242,9 @@ class L2Reader(Reader):
         a = self.adapter
         t0 = time.perf_counter()
         st = a.submit_store_task(new, self.src_objs)
+        if cfg.mixed_store_lead_ms:
+            time.sleep(max(0.0, t0 + cfg.mixed_store_lead_ms / 1e3 - time.perf_counter()))
+        tl = time.perf_counter()
         lt = a.submit_load_task(old, self.dst_objs)
         store_s = load_s = None
         stored, loaded = False, 0
@@ -252,7 +257,7 @@ class L2Reader(Reader):
             if load_s is None:
                 bm = a.query_load_result(lt)
                 if bm is not None:
-                    load_s, loaded = time.perf_counter() - t0, bm.popcount()
+                    load_s, loaded = time.perf_counter() - tl, bm.popcount()
             if time.monotonic() > end:
                 raise RuntimeError(f"{self.name}: mixed rep did not finish")
             if store_s is None or load_s is None:

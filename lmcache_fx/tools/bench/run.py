@@ -214,6 +214,7 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
             "split_bytes": cfg.split_bytes,
             "devices": list(cfg.stripe) or [cfg.path],
             "full_store": cfg.full_store,
+            "mixed_store_lead_ms": cfg.mixed_store_lead_ms,
         },
         "machine": {**machine_info(cfg.path), "loadavg_start": list(os.getloadavg())},
         "readers": {},

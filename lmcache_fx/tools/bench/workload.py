@@ -228,6 +228,7 @@ class BenchConfig:
     concurrency: tuple = (1, 4, 16)
     latency_rounds: int = LATENCY_ROUNDS  # each latency case this many times, readers interleaved
     mixed: bool = False  # also: stores while loads run (L2 adapters)
+    mixed_store_lead_ms: float = 0.0  # --mixed: the load submitted this long after the store
     full_store: bool = False  # fx-l2 at its capacity: each chunk stored evicts one
     fs_native_workers: int = 8
     # --devices N: one bench directory per device, cfg.path being the first.
