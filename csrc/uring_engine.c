@@ -624,14 +624,12 @@ static void untake_slot(fx_uring *u, run_state *st, unsigned n)
     pthread_mutex_unlock(&u->slot_mu);
 }
 
-/* Whether a piece could go through a slot of max_len bytes. */
-static int stageable(const fx_piece *p, uint64_t max_len)
-{
-    return p->direct && !p->mem && p->length >= STAGE_PIECE_MIN && p->length <= max_len && !fx_piece_needs_bounce(p);
-}
-
 /* Whether a piece of the batch goes through a staging slot. */
-static int stages(const run_state *st, const fx_piece *p) { return st->stage_on && stageable(p, STAGE_SLOT); }
+static int stages(const run_state *st, const fx_piece *p)
+{
+    return st->stage_on && p->direct && !p->mem && p->length >= STAGE_PIECE_MIN && p->length <= STAGE_SLOT &&
+           !fx_piece_needs_bounce(p);
+}
 
 /* Gives a staged piece's slot back (its bytes moved on or given up). */
 static void unstage(run_state *st, fx_piece *p)

@@ -78,8 +78,8 @@ class Engine:
         a memory filesystem are read into 1 MiB slots of the process's
         staging pool (16 MiB, in cache, shared by concurrent reads; at most
         8 a read; a piece finding none free waits for one of its read's own,
-        or reads in place when the read holds none) and copied to their destination with their CRC32C in
-        one pass, as each lands."""
+        or reads in place when the read holds none) and copied to their
+        destination with their CRC32C in one pass, as each lands."""
     @overload
     def write(self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0) -> list[int]: ...
     @overload

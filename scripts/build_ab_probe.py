@@ -62,15 +62,14 @@ def load_extension(tree: str, label: str):
     return mod
 
 
-STAGE = False  # --stage: checked payloads through the staging slots (read_chunks' stage)
-
-
-def timed_read(engine, chunks: list, scratch, verify: bool, nbytes: int, what: str) -> tuple[float, float]:
-    """One cold read_chunks of `chunks` (O_DIRECT, locks; staged with
-    --stage): (GB/s, CPU s/GB)."""
+def timed_read(
+    engine, chunks: list, scratch, verify: bool, nbytes: int, what: str, stage: bool = False
+) -> tuple[float, float]:
+    """One cold read_chunks of `chunks` (O_DIRECT, locks; checked payloads
+    through the staging slots with `stage`): (GB/s, CPU s/GB)."""
     drop_caches()
     t0, c0 = time.perf_counter(), cpu_seconds()
-    res = engine.read_chunks(chunks, scratch.address, verify=verify, direct=True, lock=True, stage=STAGE and verify)
+    res = engine.read_chunks(chunks, scratch.address, verify=verify, direct=True, lock=True, stage=stage and verify)
     t, c = time.perf_counter() - t0, cpu_seconds() - c0
     bad = [r for r in res if r[0] != 0]
     if bad:
@@ -120,7 +119,7 @@ def pair_ratio(v: dict, a: str, o: str) -> dict:
     return {"median": round(statistics.median(r), 3), "min": round(min(r), 3), "max": round(max(r), 3)}
 
 
-def probe(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True) -> dict:
+def probe(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True, stage: bool = False) -> dict:
     w = Workload(chunk_mib)
     n, cb, span, dst, scratch = w.n, w.cb, w.span, w.dst, w.scratch
     d = os.path.join(mnt, f"c{chunk_mib}")
@@ -137,7 +136,7 @@ def probe(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True
         order = list(builds)
         for rep in range(reps):
             for b in order if rep % 2 == 0 else order[::-1]:
-                g, c = timed_read(engines[b], chunks, scratch, verify, n * cb, b)
+                g, c = timed_read(engines[b], chunks, scratch, verify, n * cb, b, stage)
                 gbps[b].append(g)
                 cpu[b].append(c)
     finally:
@@ -166,7 +165,7 @@ def _extents(paths: list[str]) -> float | None:
     return statistics.median(counts) if counts else None
 
 
-def probe_writes(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True) -> dict:
+def probe_writes(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool = True, stage: bool = False) -> dict:
     """Each build stores the chunks afresh every rep; this tree's engine
     reads each build's files after. Pairs as in probe()."""
     w = Workload(chunk_mib)
@@ -197,7 +196,9 @@ def probe_writes(mnt: str, builds: dict, chunk_mib: int, reps: int, verify: bool
                 d = os.path.join(mnt, f"w{chunk_mib}-{b}")
                 rootfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
                 try:
-                    g, c = timed_read(reader, w.chunks(rootfd, d, names[b]), scratch, verify, n * cb, f"{b}'s files")
+                    g, c = timed_read(
+                        reader, w.chunks(rootfd, d, names[b]), scratch, verify, n * cb, f"{b}'s files", stage
+                    )
                 finally:
                     os.close(rootfd)
                 gbps[b].append(g)
@@ -241,8 +242,6 @@ def main() -> None:
     ap.add_argument("--stage", action="store_true", help="checked reads through the staging slots (staged_reads)")
     ap.add_argument("--json")
     a = ap.parse_args()
-    global STAGE
-    STAGE = a.stage
     here, other = git_commit(ROOT), git_commit(a.other)
     # Each rep's pair ratio is this build's figure over the other's, whichever was loaded first.
     loaded = [("other", a.other), ("this", ROOT)] if a.other_first else [("this", ROOT), ("other", a.other)]
@@ -253,7 +252,7 @@ def main() -> None:
     cases = []
     with xfs_loop("3G", touch=True) as mnt:
         for size in (int(x) for x in a.sizes.split(",")):
-            c = (probe_writes if a.writes else probe)(mnt, builds, size, a.reps, verify=not a.no_verify)
+            c = (probe_writes if a.writes else probe)(mnt, builds, size, a.reps, verify=not a.no_verify, stage=a.stage)
             cases.append(c)
             if a.writes:
                 print(

@@ -596,7 +596,7 @@ def test_docs_latency_rounds_table_is_the_committed_json():
             )
         ]
         table = mod.latency_rounds_table(cases)
-        assert "\n".join("    " + line for line in table.splitlines()) in page
+        assert _indented(table) in page
         assert len(table.splitlines()) == 2 + 3 * len(cases)
         with open(cases[-1][1]) as f:
             run = json.load(f)
@@ -622,7 +622,7 @@ def test_docs_staged_latency_rounds_are_the_committed_json():
             for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
         ]
         table = mod.latency_rounds_table(cases)
-        assert "\n".join("    " + line for line in table.splitlines()) in page
+        assert _indented(table) in page
         with open(cases[-1][1]) as f:
             run = json.load(f)
         assert run["readers"]["fx-unstaged"]["available"]
@@ -645,10 +645,10 @@ def test_docs_shared_staging_slots_rounds_are_the_committed_json():
         for r in (1, 2)
     ]
     table = mod.latency_rounds_table(cases)
-    assert "\n".join("    " + line for line in table.splitlines()) in page
+    assert _indented(table) in page
     again = [(label, os.path.join(d, f"7a20aeb-{n}-run1.json")) for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"))]
     again_table = mod.latency_rounds_table(again + [("2 MiB", os.path.join(d, "7a20aeb-2m-run1.json"))])
-    assert "\n".join("    " + line for line in again_table.splitlines()) in page
+    assert _indented(again_table) in page
     for label, path in cases[:4] + again:
         with open(path) as f:
             rd = json.load(f)["readers"]
@@ -673,13 +673,13 @@ def test_docs_two_mib_latency_tables_are_the_committed_json():
     cases = [(f"2 MiB, run {r}", os.path.join(d, f"ebd103a-2m-run{r}.json")) for r in (1, 2)]
     peers = mod.latency_rounds_table(cases)
     assert "LMCache LocalDiskBackend" in peers.splitlines()[0]
-    assert "\n".join("    " + line for line in peers.splitlines()) in page
+    assert _indented(peers) in page
     with open(os.path.join(ROOT, "docs", "latency-probe.json")) as f:
         probe = json.load(f)
     floor = mod.latency_probe_table(probe, ["floor-2m", "floor-10m"])
     assert floor.splitlines()[0] == "| chunk, in flight | io_uring+crc | threads+crc | pread | pread+crc |"
     assert len(floor.splitlines()) == 2 + 2 * 2
-    assert "\n".join("    " + line for line in floor.splitlines()) in page
+    assert _indented(floor) in page
     run = probe["runs"]["floor-2m"]
     each = [x["p99_ms"] / x["p50_ms"] for x in run["rounds_raw"]["pread"]["4"]]
     assert len(each) == run["rounds"] == 7
@@ -698,7 +698,7 @@ def test_docs_latency_layers_table_is_the_committed_json():
     table = mod.latency_layers_table(cases)
     with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
         page = f.read()
-    assert "\n".join("    " + line for line in table.splitlines()) in page
+    assert _indented(table) in page
     modes = ("engine", "store-fixed", "store-rotating", "store-new", "plugin")
     assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == list(modes)
     switch = [(f"run {r}", os.path.join(d, f"2e3a072-switch-run{r}.json")) for r in (1, 2)]
@@ -771,6 +771,11 @@ def test_docs_latency_reserve_table_is_the_committed_json():
                 assert got["split"]["top_1pct"]["gil_wait_ms"] == pytest.approx(
                     statistics.median(r["split"]["top_1pct"]["gil_wait_ms"] for r in each)
                 )
+
+
+def _indented(table: str) -> str:
+    """A table as the page has it inside a bullet: each line indented by four spaces."""
+    return "\n".join("    " + line for line in table.splitlines())
 
 
 def _page() -> str:
