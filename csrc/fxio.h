@@ -147,6 +147,9 @@ extern _Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;
  * buffers the process has made (at most 2, kept; tests). */
 extern _Atomic unsigned long fx_direct_staged_pieces;
 unsigned fx_stage_buffers(void);
+/* Makes every staging buffer now (a store that stages, at open); returns
+ * how many the process has. */
+unsigned fx_stage_prepare(void);
 /* fx_chunks_write calls running in this process (a store beside a load). */
 extern _Atomic int fx_chunk_writes_running;
 

@@ -1226,6 +1226,18 @@ COUNTER_FN(mod_staged_pieces, fx_staged_pieces)
 COUNTER_FN(mod_uring_peak_inflight, atomic_exchange(&fx_uring_peak_inflight, 0))
 COUNTER_FN(mod_uring_last_end, fx_uring_last_end)
 
+static PyObject *mod_stage_prepare(PyObject *m, PyObject *unused)
+{
+    unsigned n;
+
+    (void)m;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    n = fx_stage_prepare();
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLong(n);
+}
+
 static PyObject *mod_io_uring_status(PyObject *m, PyObject *unused)
 {
     char why[256] = "";
@@ -1431,6 +1443,9 @@ static PyMethodDef module_methods[] = {
      "map_stats() -> (pieces copied from a file mapping, copies whose source faulted and were read instead)"},
     {"direct_staged_pieces", (PyCFunction)mod_direct_staged_pieces, METH_NOARGS,
      "direct_staged_pieces() -> int: O_DIRECT pieces the io_uring engine read through a staging slot (stage=True)"},
+    {"stage_prepare", (PyCFunction)mod_stage_prepare, METH_NOARGS,
+     "stage_prepare() -> int: makes the io_uring engine's staging buffers now (a store that stages its reads "
+     "calls it when it opens, so no read waits for their pages); returns how many this process has"},
     {"_stage_buffers", (PyCFunction)mod_stage_buffers, METH_NOARGS,
      "_stage_buffers() -> int: 8 MiB buffers of staging slots the io_uring engine has made in this process (at most 2; tests)"},
     {"staged_pieces", (PyCFunction)mod_staged_pieces, METH_NOARGS,

@@ -188,9 +188,15 @@ def direct_staged_pieces() -> int:
     """O_DIRECT pieces the io_uring engine read through a staging slot
     (stage=True), since the module was loaded."""
 
+def stage_prepare() -> int:
+    """Makes the io_uring engine's staging buffers now, rather than at the
+    first staged read (their 2 MiB pages may need the kernel to compact
+    memory first); returns how many this process has (0 without io_uring)."""
+
 def _stage_buffers() -> int:
     """8 MiB buffers of staging slots the io_uring engine has made in this
-    process (at most 2, made as reads need their slots, kept for its life)."""
+    process (at most 2, made as reads need their slots or by stage_prepare, kept for
+    its life)."""
 
 def staged_pieces() -> int:
     """Pieces read from memory through a staging buffer of the reading

@@ -5,8 +5,11 @@ are in tests/test_engine_chunks.py; here the store's choice and a real
 store's reads on a loop device (XFS on a RAM-backed loop, root) and on a
 disk filesystem that is not one."""
 
+import json
 import os
 import random
+import subprocess
+import sys
 
 import pytest
 from test_mapped_reads import _store
@@ -101,6 +104,39 @@ def test_a_store_on_a_loop_device_stages_its_checked_reads(xfs_store):
         assert not st.staged_reads
     finally:
         st.close()
+
+
+_OPEN_IN_A_CHILD = """
+import json, sys
+from lmcache_fx import _fxio as fx
+from lmcache_fx.core.options import FxOptions
+from lmcache_fx.core.store import ChunkStore
+before = fx._stage_buffers()
+st = ChunkStore(FxOptions.from_mapping({"path": sys.argv[1], "max_capacity_gb": 1, "staged_reads": sys.argv[2]}))
+print(json.dumps({"before": before, "after_open": fx._stage_buffers(), "staged": st.staged_reads}))
+st.close()
+"""
+
+
+@pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable here: {URING_WHY}")
+@pytest.mark.parametrize("mode", ["true", "false"])
+def test_a_store_that_stages_makes_its_staging_buffers_when_it_opens(xfs_store, mode):
+    """In a fresh process, opening a store that stages its reads makes both
+    staging buffers before any read (their huge pages cost the first load
+    20-25 ms when made on demand); one that does not stage makes none."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fx.__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run(
+        [sys.executable, "-c", _OPEN_IN_A_CHILD, xfs_store, mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"] == 0 and got["staged"] == (mode == "true"), got
+    assert got["after_open"] == (2 if mode == "true" else 0), got
 
 
 def test_a_disk_store_off_a_loop_device_reads_in_place(tmp_path):
