@@ -661,6 +661,34 @@ def test_docs_shared_staging_slots_rounds_are_the_committed_json():
     assert mod.runs_table(rounds, "fx-unstaged") in page
 
 
+def test_docs_range_ends_round_is_the_committed_json():
+    """The round at the ends of the issue's range of chunk sizes (1.5 and
+    192 MiB, at 84a1633): its tables are what `bench_tables.py --runs
+    fx-noverify` and `--l2-stores` render from the committed runs, each run
+    is of the size its name says, and the findings the page names hold in
+    the JSON: fx's checked reads within 0.9-1.15x the best peer, fx-l2's
+    stores below the best L2 adapter's in every run."""
+    mod = _bench_tables()
+    page = _page()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "round-84a1633")
+    runs = [
+        (f"{label} run {r}", os.path.join(d, f"xfs-{n}-run{r}.json"))
+        for label, n in (("1.5 MiB", "1.5m"), ("192 MiB", "192m"))
+        for r in (1, 2)
+    ]
+    assert mod.runs_table([p for _, p in runs], "fx-noverify") in page
+    assert mod.store_runs_table(runs) in page
+    for label, path in runs:
+        with open(path) as f:
+            run = json.load(f)
+        mib = float(label.split()[0])
+        assert run["config"]["chunk_bytes"] == int(mib * (1 << 20)), label
+        assert run["git_commit"].startswith("84a1633"), label
+        ratios = {n: run["readers"][n]["ratio_to_best_peer"] for n in ("fx", "fx-l2")}
+        assert 0.9 <= ratios["fx"]["tier_read"] <= 1.15, (label, ratios)
+        assert ratios["fx-l2"]["store"] < 0.85, (label, ratios)
+
+
 def test_docs_two_mib_latency_tables_are_the_committed_json():
     """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
     plain preads are what `bench_tables.py --latency-rounds` and
