@@ -47,6 +47,7 @@ static const char *const fault_names[FX_FAULT_NKINDS] = {
     [FX_FAULT_WAIT_EINTR] = "wait_eintr", [FX_FAULT_SUBMIT_FAIL] = "submit_fail",
     [FX_FAULT_EAGAIN] = "eagain",         [FX_FAULT_EINTR] = "eintr",
     [FX_FAULT_SHORT] = "short",           [FX_FAULT_MAP_TRUNCATE] = "map_truncate",
+    [FX_FAULT_NO_CLONE] = "no_clone",
 };
 
 long fx_fault_hit(int kind)
@@ -79,7 +80,7 @@ int fx_fault_setup(const char *spec, char *why, size_t whylen)
                 break;
         if (k == FX_FAULT_NKINDS || p[n] != ':') {
             snprintf(why, whylen, "LMCACHE_FX_FAULT: expected kind:count with kind one of "
-                                  "wait_eintr, submit_fail, eagain, eintr, short; got '%.*s'",
+                                  "wait_eintr, submit_fail, eagain, eintr, short, map_truncate, no_clone; got '%.*s'",
                      (int)strcspn(p, ","), p);
             return -1;
         }

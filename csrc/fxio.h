@@ -229,7 +229,10 @@ int fx_fork_guard_init(void);
  *   short        a read/write transfers about half of what it asked for
  *   map_truncate a piece about to be copied from a mapping has its file cut
  *                to its header first (a real truncation under the live
- *                mapping, as another process could make: the copy faults) */
+ *                mapping, as another process could make: the copy faults)
+ *   no_clone     a ring's fixed buffers are not cloned from the engine's
+ *                table (IORING_REGISTER_CLONE_BUFFERS refused, as on
+ *                kernels before 6.12) */
 enum {
     FX_FAULT_WAIT_EINTR,
     FX_FAULT_SUBMIT_FAIL,
@@ -237,6 +240,7 @@ enum {
     FX_FAULT_EINTR,
     FX_FAULT_SHORT,
     FX_FAULT_MAP_TRUNCATE,
+    FX_FAULT_NO_CLONE,
     FX_FAULT_NKINDS
 };
 extern _Atomic int fx_fault_on;
@@ -470,10 +474,16 @@ int fx_uring_give_ring(fx_uring *u, fx_ring *r);
 fx_uring *fx_uring_create(unsigned queue_depth, char *why, size_t whylen);
 void fx_uring_destroy(fx_uring *u);
 int fx_uring_run(fx_uring *u, fx_batch *b);
-/* Registers [addr, addr+len) as a fixed buffer on every ring; 0 or -errno.
+/* Registers [addr, addr+len) as a fixed buffer on every ring; 0 or -errno
+ * (-EOPNOTSUPP: the table is too large to pin again on each ring, and the
+ * kernel cannot share one registration among them, before Linux 6.12).
  * (Region 0 of the table; NULL removes it.) */
 int fx_uring_register(fx_uring *u, void *addr, size_t len);
 int fx_uring_registered(const fx_uring *u);
+/* The largest table registered on every ring where the kernel cannot
+ * clone one ring's registration into another; and whether it can. */
+#define FX_FIXED_PER_RING_MAX ((size_t)256 << 20)
+int fx_uring_shares_registration(void);
 /* Room for more than one registration per ring: regions 1.. of the same
  * table (a GPU staging pool beside LMCache's pool). A handle > 0, or -errno
  * (-ENOSPC: none free; a refusal leaves the other regions registered).

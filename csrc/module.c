@@ -1238,6 +1238,18 @@ static PyObject *mod_stage_prepare(PyObject *m, PyObject *unused)
     return PyLong_FromUnsignedLong(n);
 }
 
+static PyObject *mod_io_uring_shares_buffers(PyObject *m, PyObject *unused)
+{
+    int ok;
+
+    (void)m;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    ok = fx_uring_shares_registration();
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(ok);
+}
+
 static PyObject *mod_io_uring_status(PyObject *m, PyObject *unused)
 {
     char why[256] = "";
@@ -1443,6 +1455,9 @@ static PyMethodDef module_methods[] = {
      "map_stats() -> (pieces copied from a file mapping, copies whose source faulted and were read instead)"},
     {"direct_staged_pieces", (PyCFunction)mod_direct_staged_pieces, METH_NOARGS,
      "direct_staged_pieces() -> int: O_DIRECT pieces the io_uring engine read through a staging slot (stage=True)"},
+    {"io_uring_shares_buffers", (PyCFunction)mod_io_uring_shares_buffers, METH_NOARGS,
+     "io_uring_shares_buffers() -> bool: whether the kernel clones one ring's fixed buffers into another "
+     "(Linux 6.12+); without it a table over FIXED_PER_RING_MAX is not registered"},
     {"stage_prepare", (PyCFunction)mod_stage_prepare, METH_NOARGS,
      "stage_prepare() -> int: makes the io_uring engine's staging buffers now (a store that stages its reads "
      "calls it when it opens, so no read waits for their pages); returns how many this process has"},
@@ -1523,6 +1538,7 @@ PyObject *fx_core_module_create(void)
         PyModule_AddIntConstant(m, "HAVE_LIBURING", fx_uring_available()) < 0 ||
         PyModule_AddStringConstant(m, "CRC32C_IMPL", fx_crc32c_impl()) < 0 ||
         PyModule_AddIntConstant(m, "CRC32C_COPY_ONE_PASS", fx_crc32c_copy_one_pass()) < 0 ||
+        PyModule_AddIntConstant(m, "FIXED_PER_RING_MAX", (long)FX_FIXED_PER_RING_MAX) < 0 ||
         add_chunk_constants(m) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -135,15 +135,60 @@ struct fx_clone_buffers {
     uint32_t src_fd, flags, src_off, dst_off, nr, pad[3];
 };
 
-static int clone_registration(fx_uring *u, fx_ring *s)
+static int clone_from(const fx_ring *donor, fx_ring *s)
 {
     struct fx_clone_buffers arg;
 
-    if (!u->donor)
-        return -ENOENT;
+    if (FX_FAULT(FX_FAULT_NO_CLONE))
+        return -EINVAL; /* tests: a kernel before 6.12 */
     memset(&arg, 0, sizeof(arg));
-    arg.src_fd = (uint32_t)u->donor->ring.ring_fd;
+    arg.src_fd = (uint32_t)donor->ring.ring_fd;
     return io_uring_register((unsigned)s->ring.ring_fd, FX_REGISTER_CLONE_BUFFERS, &arg, 1);
+}
+
+static int clone_registration(fx_uring *u, fx_ring *s) { return u->donor ? clone_from(u->donor, s) : -ENOENT; }
+
+/* Without the clone, every ring pins the whole table again, one ring at a
+ * time under the engine's lock: with a 4 GiB pool of 4 KiB pages, 16 reads
+ * at once after start-up took 1.46 s instead of 12 ms (each ring ~0.1 s of
+ * pinning, and each counted again against RLIMIT_MEMLOCK). So without it a
+ * table larger than this is not registered at all (plain reads, whose pages
+ * the kernel pins per request); a smaller one, such as a GPU staging pool,
+ * is registered on each ring. */
+#define NOCLONE_TABLE_MAX FX_FIXED_PER_RING_MAX
+
+static size_t table_bytes(const fx_uring *u)
+{
+    size_t n = 0;
+
+    for (int i = 0; i < FX_URING_REGIONS; i++)
+        if (REG_LIVE(u, i))
+            n += u->reg[i].len;
+    return n;
+}
+
+/* Whether this kernel clones one ring's registration into another: tried
+ * once with a page of its own (kept for the process while no fault points
+ * are armed), so a table it could not share is not pinned just to learn. */
+static int clone_supported(void)
+{
+    static char page[4096] __attribute__((aligned(4096)));
+    static int known = -1;
+    struct iovec iov = {.iov_base = page, .iov_len = sizeof(page)};
+    fx_ring *a, *b = NULL;
+    int err, ok = 0;
+
+    if (known >= 0 && !fx_fault_on)
+        return known;
+    if (!(a = fx_ring_new(1, 0, &err)))
+        return 0;
+    if (fx_ring_register_buffers(a, &iov, 1) == 0 && (b = fx_ring_new(1, 0, &err)))
+        ok = clone_from(a, b) == 0;
+    fx_ring_discard(b);
+    fx_ring_discard(a);
+    if (!fx_fault_on)
+        known = ok;
+    return ok;
 }
 
 /* Brings a ring's fixed buffers in line with the engine's current region. */
@@ -155,7 +200,7 @@ static void sync_registration(fx_uring *u, fx_ring *s)
         io_uring_unregister_buffers(&s->ring);
     s->reg_gen = 0;
     if (any_region(u) && u->reg_ok &&
-        (clone_registration(u, s) == 0 || register_region(u, s) == 0))
+        (clone_registration(u, s) == 0 || (table_bytes(u) <= NOCLONE_TABLE_MAX && register_region(u, s) == 0)))
         s->reg_gen = u->reg_gen;
 }
 
@@ -281,7 +326,8 @@ void fx_uring_destroy(fx_uring *u)
  * the new table on a small ring of its own (so a refusal, ENOMEM without
  * CAP_IPC_LOCK, is reported here); pool rings clone it when next taken. If
  * the table is refused, region i is left out (the others stay registered)
- * and the refusal returned. */
+ * and the refusal returned: also -EOPNOTSUPP for a table over
+ * NOCLONE_TABLE_MAX on a kernel that cannot clone it. */
 static int set_region(fx_uring *u, int i, void *addr, size_t len)
 {
     fx_ring *d = NULL;
@@ -301,7 +347,10 @@ static int set_region(fx_uring *u, int i, void *addr, size_t len)
     u->reg[i].len = addr ? len : 0;
     u->reg_gen++;
     u->reg_ok = 0;
-    r = d ? register_region(u, d) : 0;
+    if (addr && table_bytes(u) > NOCLONE_TABLE_MAX && !clone_supported())
+        r = -EOPNOTSUPP; /* each ring would pin it again: see NOCLONE_TABLE_MAX */
+    else
+        r = d ? register_region(u, d) : 0;
     if (r < 0 && addr) {
         u->reg[i].base = NULL; /* without it, then */
         u->reg[i].len = 0;
@@ -349,6 +398,8 @@ void fx_uring_unregister_extra(fx_uring *u, int handle)
 }
 
 int fx_uring_registered(const fx_uring *u) { return u->reg[0].base && u->reg_ok; }
+
+int fx_uring_shares_registration(void) { return clone_supported(); }
 
 int fx_ring_fixed_index(const fx_uring *u, const fx_ring *s, const void *addr, uint64_t len)
 {
@@ -1058,6 +1109,7 @@ int fx_uring_registered(const fx_uring *u)
     (void)u;
     return 0;
 }
+int fx_uring_shares_registration(void) { return 0; }
 fx_ring *fx_uring_take_ring(fx_uring *u)
 {
     (void)u;

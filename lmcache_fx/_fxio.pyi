@@ -39,6 +39,7 @@ CHUNK_HEADER_SIZE: int  # 4096
 DIO_ALIGN: int  # 4096
 HAVE_LIBURING: int  # 1 when built with liburing (io_uring engine present)
 CRC32C_COPY_ONE_PASS: int  # 1: mapped reads copy and sum in one pass (512-bit folding, streaming stores)
+FIXED_PER_RING_MAX: int  # largest table registered on every ring where the kernel cannot clone one (256 MiB)
 CRC32C_IMPL: str  # best first: "vpclmulqdq+crc32q", "pclmulqdq+crc32q", "sse4.2", "armv8-pmull", "armv8-crc", "table"
 
 def _fault_counts() -> dict[str, int]: ...  # tests: times each LMCACHE_FX_FAULT point fired
@@ -146,7 +147,9 @@ class Engine:
     def register_buffer(self, address: int, length: int) -> int:
         """Registers memory as io_uring fixed buffers (pieces inside it use
         READ_FIXED). 0 or -errno (-ENOMEM without CAP_IPC_LOCK, -ENOSYS on
-        the thread engine); failure only means plain reads. (0, 0) clears."""
+        the thread engine, -EOPNOTSUPP for more than 256 MiB in all on a
+        kernel before 6.12, where each ring would pin it again); failure
+        only means plain reads. (0, 0) clears."""
     def close(self) -> None:
         """Waits for running batches, then frees rings and threads."""
 
@@ -187,6 +190,12 @@ def map_stats() -> tuple[int, int]:
 def direct_staged_pieces() -> int:
     """O_DIRECT pieces the io_uring engine read through a staging slot
     (stage=True), since the module was loaded."""
+
+def io_uring_shares_buffers() -> bool:
+    """Whether the kernel clones one io_uring ring's fixed buffers into
+    another (IORING_REGISTER_CLONE_BUFFERS, Linux 6.12+). Without it each
+    ring would pin a registration again, so a table over FIXED_PER_RING_MAX
+    is not registered (register_buffer: -EOPNOTSUPP)."""
 
 def stage_prepare() -> int:
     """Makes the io_uring engine's staging buffers now, rather than at the

@@ -309,6 +309,31 @@ def test_doctor_on_a_real_store(capsys, store_copy):
     assert ("fast path will be used" in out) == expected
 
 
+@pytest.mark.skipif(not _fxio.io_uring_status()[0], reason="io_uring unusable here")
+def test_doctor_says_a_large_pool_is_not_registered_where_rings_cannot_share_it(monkeypatch):
+    """Where the kernel cannot clone one ring's fixed buffers into another
+    (the no_clone fault point stands in for a kernel before 6.12), the
+    fixed-buffers check says LMCache's pool over 256 MiB will not be
+    registered, why, and what would register it; a pool under that, or a
+    kernel that clones, gets no such line."""
+    from lmcache_fx.tools import doctor
+
+    big = 8 << 30
+    monkeypatch.setenv("LMCACHE_FX_FAULT", "no_clone:1000")  # armed by the Engine the check makes
+    fixed = [c for c in doctor.check_memlock(big) if c.name == "fixed buffers"]
+    small = [c for c in doctor.check_memlock(64 << 20) if c.name == "fixed buffers"]
+    monkeypatch.delenv("LMCACHE_FX_FAULT")
+    plain = [c for c in doctor.check_memlock(big) if c.name == "fixed buffers"]
+    assert len(fixed) == 1 and len(small) == 1 and len(plain) == 1
+    if fixed[0].data["result"] == 0 and "memlock limit" not in fixed[0].summary:  # where the pool could register
+        assert fixed[0].data["rings_share_registration"] is False, fixed
+        assert fixed[0].status == "info" and "8.0 GiB is not registered" in fixed[0].summary, fixed
+        assert "6.12" in fixed[0].fix, fixed
+        assert "not registered" not in small[0].summary, small
+        if plain[0].data["rings_share_registration"]:
+            assert plain[0].status == "ok" and "not registered" not in plain[0].summary, plain
+
+
 def test_doctor_checks_the_plugin_config(capsys, tmp_path):
     import yaml
 

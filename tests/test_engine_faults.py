@@ -3,8 +3,9 @@ real io_uring and real files.
 
 Faults come from the fault points compiled into the core, armed by
 LMCACHE_FX_FAULT="kind:count,..." when an Engine is created (kinds:
-wait_eintr, submit_fail, eagain, eintr, short; see csrc/fxio.h), and from the
-real thing: signals sent to the reading thread, a low RLIMIT_NOFILE, fork().
+wait_eintr, submit_fail, eagain, eintr, short, map_truncate, no_clone; see
+csrc/fxio.h), and from the real thing: signals sent to the reading thread, a
+low RLIMIT_NOFILE, fork().
 
 Every case runs in a child interpreter with a timeout, so a hang fails the test
 instead of hanging pytest. The child prints one line `RESULT <json>`. What must
@@ -589,3 +590,66 @@ def test_bad_fault_spec_is_refused(tmp_path, data_file):
         env={"LMCACHE_FX_FAULT": "eagain:3,bogus:1"},
     )
     assert "LMCACHE_FX_FAULT" in r["msg"] and "bogus" in r["msg"]
+
+
+# ------------------------------------------------------------------ fixed buffers without the clone
+
+NO_CLONE_BODY = """
+import errno
+fd = open_data(False)
+
+def burst(eng, buf, n=4):
+    # n reads at once: a ring each, so each new ring takes the registration
+    bad = []
+    def one(i):
+        off = i * MiB
+        res = eng.read([(fd, off, MiB, buf.address + off)])
+        if res != [MiB] or memoryview(buf)[off:off + MiB] != DATA[off:off + MiB]:
+            bad.append(i)
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    return bad
+
+eng = fx.Engine("io_uring", queue_depth=8, split_bytes=MiB)
+big = fx.HostBuffer(300 * MiB, hugepages=False)
+r_big = eng.register_buffer(big.address, len(big))
+reg_big = eng.registered
+bad_big = burst(eng, big)
+small = fx.HostBuffer(8 * MiB, hugepages=False)
+r_small = eng.register_buffer(small.address, len(small))
+reg_small = eng.registered
+bad_small = burst(eng, small)
+eng.close()
+out(r_big=r_big, reg_big=reg_big, bad_big=bad_big, r_small=r_small, reg_small=reg_small, bad_small=bad_small)
+"""
+
+
+def _kernel_clones() -> bool:
+    """IORING_REGISTER_CLONE_BUFFERS came with Linux 6.12."""
+    nums = os.uname().release.split("-")[0].split(".")
+    try:
+        return (int(nums[0]), int(nums[1])) >= (6, 12)
+    except (IndexError, ValueError):
+        return False
+
+
+@needs_uring
+def test_without_the_clone_a_large_table_is_not_pinned_on_every_ring(data_file, tmp_path):
+    """On a kernel that cannot clone one ring's fixed buffers into another
+    (before 6.12; here the no_clone fault point), each new ring would pin
+    the whole table again, one after another (16 reads at once after
+    start-up, a 4 GiB pool: 1.46 s): a table over 256 MiB is refused with
+    EOPNOTSUPP, and reads into it are plain and exact; a small one is still
+    registered on every ring, reads through several rings exact. Where the
+    kernel clones, the large table registers."""
+    faulted = run_child(NO_CLONE_BODY, {"path": data_file[0]}, tmp_path, env={"LMCACHE_FX_FAULT": "no_clone:100000"})
+    assert faulted["r_big"] == -errno.EOPNOTSUPP and not faulted["reg_big"], faulted
+    assert faulted["r_small"] == 0 and faulted["reg_small"], faulted
+    assert faulted["bad_big"] == [] and faulted["bad_small"] == [], faulted
+    plain = run_child(NO_CLONE_BODY, {"path": data_file[0]}, tmp_path)
+    assert plain["bad_big"] == [] and plain["bad_small"] == [], plain
+    if _kernel_clones():
+        assert plain["r_big"] == 0 and plain["reg_big"], plain
+    else:
+        assert plain["r_big"] == -errno.EOPNOTSUPP, plain

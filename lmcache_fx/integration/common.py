@@ -4,6 +4,7 @@ hit prefix of a read, and registering LMCache's pool with the engine."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -159,6 +160,15 @@ def register_memory(engine, addr: int, size: int, what: str) -> bool:
         return False
     _fxio.advise_hugepages(addr, size)
     r = engine.register_buffer(addr, size)
+    if r == -errno.EOPNOTSUPP:
+        log.info(
+            "lmcache-fx: %s (%.1f GiB) not registered as fixed buffers: this kernel cannot share one registration "
+            "among io_uring rings (IORING_REGISTER_CLONE_BUFFERS, Linux 6.12+), and pinning it again for each "
+            "ring would hold up the first concurrent reads; plain reads are used",
+            what,
+            size / (1 << 30),
+        )
+        return False
     if r < 0:
         log.info("lmcache-fx: %s not registered as fixed buffers (%s); plain reads are used", what, os.strerror(-r))
         return False

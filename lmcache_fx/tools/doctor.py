@@ -263,6 +263,21 @@ def check_memlock(pool_bytes: Optional[int]) -> list[Check]:
                 data,
             )
         ]
+    shares = _fxio.io_uring_shares_buffers()
+    data["rings_share_registration"] = shares
+    if pool_bytes and pool_bytes > _fxio.FIXED_PER_RING_MAX and not shares:
+        return out + [
+            Check(
+                "fixed buffers",
+                "info",
+                f"a {size >> 20} MiB buffer registers, but this kernel cannot share one registration among io_uring "
+                f"rings (IORING_REGISTER_CLONE_BUFFERS), so LMCache's pool of {pool_bytes / GIB:.1f} GiB is not "
+                "registered: pinning it again for each new ring held up the first concurrent reads, each ring as "
+                "long as the whole pool takes to pin; reads pin their pages per request instead (more CPU per GB)",
+                "Linux 6.12 or later registers the pool once for every ring",
+                data,
+            )
+        ]
     note = "" if pool_bytes is None else f"; LMCache's pool ({pool_bytes / GIB:.1f} GiB) fits the limit"
     return out + [
         Check("fixed buffers", "ok", f"io_uring fixed buffers register ({size >> 20} MiB tried){note}", data=data)
