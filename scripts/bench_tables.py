@@ -598,6 +598,23 @@ def positions_table(d: dict) -> str:
     return _md_table(["where"] + heads, body, align="---:")
 
 
+def first_burst_table(d: dict) -> str:
+    """scripts/first_burst_probe.py: per case, the pool, whether it was
+    registered, what registering it took, and the first and later bursts
+    (medians over the fresh processes)."""
+    rows = [
+        "| case | pool | registered | register ms | first burst: wall ms · p50 ms | later bursts: wall ms |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for name, c in d["cases"].items():
+        reg = c["registered"]
+        rows.append(
+            f"| {name} | {c['pool_bytes'] / (1 << 20):.0f} MiB | {sum(reg)} of {len(reg)} | {c['register_ms']:.1f} "
+            f"| {c['first_burst_wall_ms']:.1f} · {c['first_burst_p50_ms']:.1f} | {c['later_burst_wall_ms']:.1f} |"
+        )
+    return "\n".join(rows)
+
+
 def image_memory_table(d: dict) -> str:
     """scripts/image_memory_probe.py: a row per 256 MiB of the image file, a
     cell per image of GB/s (median of the reps) and the share of the 64 MiB's
@@ -733,6 +750,7 @@ if __name__ == "__main__":
         "--medium-limit": medium_limit_table,
         "--lmcache-l2": lmcache_l2_table,
         "--image-memory": image_memory_table,
+        "--first-burst": first_burst_table,
     }
     if sys.argv[1:2] and sys.argv[1] in one_file_tables:
         with open(sys.argv[2]) as f:

@@ -689,6 +689,26 @@ def test_docs_range_ends_round_is_the_committed_json():
         assert ratios["fx-l2"]["store"] < 0.85, (label, ratios)
 
 
+def test_docs_first_burst_table_is_the_committed_json():
+    """The first-burst table is what `bench_tables.py --first-burst` renders
+    from the committed probe; the findings the page names hold in it: without
+    the clone the 4 GiB pool is never registered and costs nothing to refuse,
+    where the clone works it is registered every time, and the per-ring
+    256 MiB table makes the first burst slower than either."""
+    mod = _bench_tables()
+    with open(os.path.join(ROOT, "docs", "first-burst-probe.json")) as f:
+        d = json.load(f)
+    assert mod.first_burst_table(d) in _page()
+    c = d["cases"]
+    assert not any(c["no_clone"]["registered"]) and c["no_clone"]["register_ms"] < 5
+    assert all(c["clone"]["registered"]) and all(c["no_clone-max"]["registered"])
+    assert c["no_clone-max"]["first_burst_wall_ms"] > max(
+        c["clone"]["first_burst_wall_ms"], c["no_clone"]["first_burst_wall_ms"]
+    )
+    assert sum(x["misses"] for x in c.values()) == 0
+    assert d["git_commit"].startswith("7e2420a")
+
+
 def test_docs_two_mib_latency_tables_are_the_committed_json():
     """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
     plain preads are what `bench_tables.py --latency-rounds` and
