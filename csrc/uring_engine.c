@@ -152,11 +152,9 @@ static int clone_registration(fx_uring *u, fx_ring *s) { return u->donor ? clone
  * time under the engine's lock: with a 4 GiB pool of 4 KiB pages, 16 reads
  * at once after start-up took 1.46 s instead of 12 ms (each ring ~0.1 s of
  * pinning, and each counted again against RLIMIT_MEMLOCK). So without it a
- * table larger than this is not registered at all (plain reads, whose pages
- * the kernel pins per request); a smaller one, such as a GPU staging pool,
- * is registered on each ring. */
-#define NOCLONE_TABLE_MAX FX_FIXED_PER_RING_MAX
-
+ * table over FX_FIXED_PER_RING_MAX is not registered at all (plain reads,
+ * whose pages the kernel pins per request); a smaller one, such as a GPU
+ * staging pool, is registered on each ring. */
 static size_t table_bytes(const fx_uring *u)
 {
     size_t n = 0;
@@ -173,7 +171,7 @@ static size_t table_bytes(const fx_uring *u)
 static int clone_supported(void)
 {
     static char page[4096] __attribute__((aligned(4096)));
-    static int known = -1;
+    static _Atomic int known = -1;
     struct iovec iov = {.iov_base = page, .iov_len = sizeof(page)};
     fx_ring *a, *b = NULL;
     int err, ok = 0;
@@ -200,7 +198,7 @@ static void sync_registration(fx_uring *u, fx_ring *s)
         io_uring_unregister_buffers(&s->ring);
     s->reg_gen = 0;
     if (any_region(u) && u->reg_ok &&
-        (clone_registration(u, s) == 0 || (table_bytes(u) <= NOCLONE_TABLE_MAX && register_region(u, s) == 0)))
+        (clone_registration(u, s) == 0 || (table_bytes(u) <= FX_FIXED_PER_RING_MAX && register_region(u, s) == 0)))
         s->reg_gen = u->reg_gen;
 }
 
@@ -327,7 +325,7 @@ void fx_uring_destroy(fx_uring *u)
  * CAP_IPC_LOCK, is reported here); pool rings clone it when next taken. If
  * the table is refused, region i is left out (the others stay registered)
  * and the refusal returned: also -EOPNOTSUPP for a table over
- * NOCLONE_TABLE_MAX on a kernel that cannot clone it. */
+ * FX_FIXED_PER_RING_MAX on a kernel that cannot clone it. */
 static int set_region(fx_uring *u, int i, void *addr, size_t len)
 {
     fx_ring *d = NULL;
@@ -347,8 +345,8 @@ static int set_region(fx_uring *u, int i, void *addr, size_t len)
     u->reg[i].len = addr ? len : 0;
     u->reg_gen++;
     u->reg_ok = 0;
-    if (addr && table_bytes(u) > NOCLONE_TABLE_MAX && !clone_supported())
-        r = -EOPNOTSUPP; /* each ring would pin it again: see NOCLONE_TABLE_MAX */
+    if (addr && table_bytes(u) > FX_FIXED_PER_RING_MAX && !clone_supported())
+        r = -EOPNOTSUPP; /* each ring would pin it again: see FX_FIXED_PER_RING_MAX */
     else
         r = d ? register_region(u, d) : 0;
     if (r < 0 && addr) {
@@ -457,7 +455,8 @@ static int queue_piece(fx_uring *u, fx_ring *s, const fx_batch *b, fx_piece *p)
  * checked read into place on the loop medium, 32 MiB 0.88-0.96x: staging
  * pays while it stays in the CPU's cache. So the pool is at most
  * STAGE_BUFFERS_MAX buffers of STAGE_BUFFER_BYTES, made when a store that
- * stages opens (fx_stage_prepare) or else on first use, and kept (not per thread: submit_chunks runs each batch on a thread of its
+ * stages opens (fx_stage_prepare) or else on first use, and kept (not per
+ * thread: submit_chunks runs each batch on a thread of its
  * own; made and freed per batch, a 2 MiB page allocation and 8 MiB zeroed
  * each, p99 was 10.8x p50 for 2 MiB chunks at 16 in flight), and a batch
  * keeps at most STAGE_BATCH_MAX staged pieces in flight.
@@ -539,7 +538,8 @@ static char *stage_take(void)
         if (slot)
             return slot;
         if (stage_grow() < 0)
-            return NULL; /* a new buffer's slots taken by others meanwhile: try again */
+            return NULL;
+        /* Taken again: other threads may have emptied the new buffer meanwhile. */
     }
 }
 
