@@ -709,6 +709,32 @@ def test_docs_first_burst_table_is_the_committed_json():
     assert d["git_commit"].startswith("7e2420a")
 
 
+def test_docs_latency_round_at_505836c_is_the_committed_json():
+    """The latency round at 505836c: its table is what `bench_tables.py
+    --latency-rounds` renders from the six committed runs, and the findings
+    the page and the targets table name hold in the JSON: fx's p50 at 16 in
+    flight within 0.8-1.06x fs_native's, below reading in place's at 64 and
+    10 MiB; p99/p50 under 2x at 64 and 10 MiB, over it at 2 MiB."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-rounds")
+    cases = [
+        (f"{label}, run {r}", os.path.join(d, f"505836c-{n}-run{r}.json"))
+        for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
+        for r in (1, 2)
+    ]
+    assert _indented(mod.latency_rounds_table(cases)) in _page()
+    for label, path in cases:
+        with open(path) as f:
+            rd = json.load(f)["readers"]
+        fx16 = rd["fx"]["latency"]["16"]
+        assert 0.8 <= fx16["p50_ms"] / rd["fs_native"]["latency"]["16"]["p50_ms"] <= 1.06, label
+        worst = max(rd["fx"]["latency"][c]["p99_over_p50"] for c in ("4", "16"))
+        if label.startswith("2 MiB"):
+            assert worst > 2, label
+        else:
+            assert worst < 2 and fx16["p50_ms"] < rd["fx-unstaged"]["latency"]["16"]["p50_ms"], label
+
+
 def test_docs_two_mib_latency_tables_are_the_committed_json():
     """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
     plain preads are what `bench_tables.py --latency-rounds` and
