@@ -661,6 +661,33 @@ def test_docs_shared_staging_slots_rounds_are_the_committed_json():
     assert mod.runs_table(rounds, "fx-unstaged") in page
 
 
+def test_docs_check_round_at_aeef989_is_the_committed_json():
+    """The check round at aeef989: its tables are what `bench_tables.py
+    --runs fx-unstaged` and `--l2-stores` render from the six committed
+    runs, and what the page says of it holds in the JSON: fx's checked
+    reads at 0.94-1.03x the best peer, staged faster than in place in every
+    run, fx-l2's stores behind the best L2 adapter's."""
+    mod = _bench_tables()
+    page = _page()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "round-aeef989")
+    runs = [
+        (f"{label} run {r}", os.path.join(d, f"xfs-{n}-run{r}.json"))
+        for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
+        for r in (1, 2)
+    ]
+    assert mod.runs_table([p for _, p in runs], "fx-unstaged") in page
+    assert mod.store_runs_table(runs) in page
+    for label, path in runs:
+        with open(path) as f:
+            run = json.load(f)
+        rd = run["readers"]
+        assert run["git_commit"].startswith("aeef989"), label
+        assert 0.935 <= rd["fx"]["ratio_to_best_peer"]["tier_read"] <= 1.035, label
+        med = {n: rd[n]["median"]["tier_read_gbps"] for n in ("fx", "fx-unstaged")}
+        assert med["fx"] > med["fx-unstaged"], label
+        assert rd["fx-l2"]["ratio_to_best_peer"]["store"] < 0.9, label
+
+
 def test_docs_range_ends_round_is_the_committed_json():
     """The round at the ends of the issue's range of chunk sizes (1.5 and
     192 MiB, at 84a1633): its tables are what `bench_tables.py --runs

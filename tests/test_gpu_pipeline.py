@@ -550,6 +550,30 @@ def test_fixed_buffer_refusal_is_reported(fake_gpu_driver_so, tmp_path):
     assert "lmcache-fx: GPU reads on a slow path" in out.stderr
 
 
+def test_large_staging_is_not_registered_per_ring_where_rings_cannot_share_it(fake_gpu_driver_so):
+    """On a kernel that cannot clone one ring's fixed buffers into another
+    (the no_clone fault point), staging slots over 256 MiB in all are not
+    registered on the store engine's rings (each would pin them again):
+    fixed_error and GpuReader.degraded say why; a small pool still is."""
+    if not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    code = (
+        "from lmcache_fx import _fxio, gpu\n"
+        "eng = _fxio.Engine('io_uring', 128, 1 << 20)\n"  # the store's engine (a read per slot): its rings
+        "rd = gpu.GpuReader(device=0, engine=eng, slots=65, slot_bytes=4 << 20, io_engine='io_uring')\n"
+        "print('FIXED', rd.staging.fixed_buffers, rd.degraded)\n"
+        "rd.close()\n"
+        "small = gpu.GpuReader(device=0, engine=eng, slots=2, slot_bytes=1 << 20, io_engine='io_uring')\n"
+        "print('SMALL', small.staging.fixed_buffers)\n"
+    )
+    env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=fake_gpu_driver_so, LMCACHE_FX_FAULT="no_clone:1000")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    line = [x for x in out.stdout.splitlines() if x.startswith("FIXED")][0]
+    assert line.startswith("FIXED False") and "before 6.12" in line, line
+    assert [x for x in out.stdout.splitlines() if x.startswith("SMALL")] == ["SMALL True"], out.stdout
+
+
 def test_primary_context_released_with_the_device_handle(drv):
     """cuDevicePrimaryCtxRelease takes the CUdevice from cuDeviceGet, not the
     ordinal (the stand-in's handles are 100 + ordinal)."""
