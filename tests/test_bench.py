@@ -686,6 +686,7 @@ def test_docs_check_round_at_aeef989_is_the_committed_json():
         med = {n: rd[n]["median"]["tier_read_gbps"] for n in ("fx", "fx-unstaged")}
         assert med["fx"] > med["fx-unstaged"], label
         assert rd["fx-l2"]["ratio_to_best_peer"]["store"] < 0.9, label
+        assert 0.925 <= rd["fx"]["ratio_to_best_peer"]["store_same_level"] <= 1.045, label
 
 
 def test_docs_range_ends_round_is_the_committed_json():
