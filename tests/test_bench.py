@@ -639,11 +639,7 @@ def test_docs_shared_staging_slots_rounds_are_the_committed_json():
     mod = _bench_tables()
     page = _page()
     d = os.path.join(ROOT, "docs", "bench-repeats", "latency-rounds")
-    cases = [
-        (f"{label}, run {r}", os.path.join(d, f"6038525-{n}-run{r}.json"))
-        for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
-        for r in (1, 2)
-    ]
+    cases = _runs_by_size("latency-rounds", "6038525-{n}-run{r}.json")
     table = mod.latency_rounds_table(cases)
     assert _indented(table) in page
     again = [(label, os.path.join(d, f"7a20aeb-{n}-run1.json")) for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"))]
@@ -653,11 +649,7 @@ def test_docs_shared_staging_slots_rounds_are_the_committed_json():
         with open(path) as f:
             rd = json.load(f)["readers"]
         assert rd["fx"]["latency"]["16"]["p50_ms"] < rd["fx-unstaged"]["latency"]["16"]["p50_ms"], label
-    rounds = [
-        os.path.join(ROOT, "docs", "bench-repeats", "round-6038525", f"xfs-{n}-run{r}.json")
-        for n in ("64m", "10m", "2m")
-        for r in (1, 2)
-    ]
+    rounds = [p for _, p in _runs_by_size("round-6038525", "xfs-{n}-run{r}.json")]
     assert mod.runs_table(rounds, "fx-unstaged") in page
 
 
@@ -669,12 +661,7 @@ def test_docs_check_round_at_aeef989_is_the_committed_json():
     run, fx-l2's stores behind the best L2 adapter's."""
     mod = _bench_tables()
     page = _page()
-    d = os.path.join(ROOT, "docs", "bench-repeats", "round-aeef989")
-    runs = [
-        (f"{label} run {r}", os.path.join(d, f"xfs-{n}-run{r}.json"))
-        for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
-        for r in (1, 2)
-    ]
+    runs = _runs_by_size("round-aeef989", "xfs-{n}-run{r}.json", sep=" ")
     assert mod.runs_table([p for _, p in runs], "fx-unstaged") in page
     assert mod.store_runs_table(runs) in page
     for label, path in runs:
@@ -698,12 +685,7 @@ def test_docs_range_ends_round_is_the_committed_json():
     stores below the best L2 adapter's in every run."""
     mod = _bench_tables()
     page = _page()
-    d = os.path.join(ROOT, "docs", "bench-repeats", "round-84a1633")
-    runs = [
-        (f"{label} run {r}", os.path.join(d, f"xfs-{n}-run{r}.json"))
-        for label, n in (("1.5 MiB", "1.5m"), ("192 MiB", "192m"))
-        for r in (1, 2)
-    ]
+    runs = _runs_by_size("round-84a1633", "xfs-{n}-run{r}.json", (("1.5 MiB", "1.5m"), ("192 MiB", "192m")), " ")
     assert mod.runs_table([p for _, p in runs], "fx-noverify") in page
     assert mod.store_runs_table(runs) in page
     for label, path in runs:
@@ -744,12 +726,7 @@ def test_docs_latency_round_at_505836c_is_the_committed_json():
     flight within 0.8-1.06x fs_native's, below reading in place's at 64 and
     10 MiB; p99/p50 under 2x at 64 and 10 MiB, over it at 2 MiB."""
     mod = _bench_tables()
-    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-rounds")
-    cases = [
-        (f"{label}, run {r}", os.path.join(d, f"505836c-{n}-run{r}.json"))
-        for label, n in (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
-        for r in (1, 2)
-    ]
+    cases = _runs_by_size("latency-rounds", "505836c-{n}-run{r}.json")
     assert _indented(mod.latency_rounds_table(cases)) in _page()
     for label, path in cases:
         with open(path) as f:
@@ -873,6 +850,16 @@ def test_docs_latency_reserve_table_is_the_committed_json():
                 assert got["split"]["top_1pct"]["gil_wait_ms"] == pytest.approx(
                     statistics.median(r["split"]["top_1pct"]["gil_wait_ms"] for r in each)
                 )
+
+
+SIZES = (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
+
+
+def _runs_by_size(folder: str, name: str, sizes=SIZES, sep: str = ", ") -> list[tuple[str, str]]:
+    """(label, path) for runs 1 and 2 of each size under docs/bench-repeats/folder;
+    name is a file name with {n} (the size's short name) and {r} (the run)."""
+    d = os.path.join(ROOT, "docs", "bench-repeats", folder)
+    return [(f"{label}{sep}run {r}", os.path.join(d, name.format(n=n, r=r))) for label, n in sizes for r in (1, 2)]
 
 
 def _indented(table: str) -> str:
