@@ -411,7 +411,7 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
                      strerror(-r),
                      r == -ENOSPC                 ? " (every registration slot of the engine's rings is taken)"
                      : r == -ENOMEM || r == -EPERM ? " (RLIMIT_MEMLOCK too low without CAP_IPC_LOCK?)"
-                     : r == -EOPNOTSUPP            ? " (over 256 MiB registered in all, on a kernel before 6.12 that "
+                     : r == -EOPNOTSUPP            ? " (too large to pin on every ring, on a kernel before 6.12 that "
                                                      "cannot share one registration among rings)"
                                                    : "");
     } else if (want_uring) {

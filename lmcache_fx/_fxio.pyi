@@ -204,8 +204,8 @@ def stage_prepare() -> int:
 
 def _stage_buffers() -> int:
     """8 MiB buffers of staging slots the io_uring engine has made in this
-    process (at most 2, made as reads need their slots or by stage_prepare, kept for
-    its life)."""
+    process (at most 2, made as reads need their slots or by stage_prepare,
+    kept for its life)."""
 
 def staged_pieces() -> int:
     """Pieces read from memory through a staging buffer of the reading

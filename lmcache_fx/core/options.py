@@ -232,10 +232,11 @@ class FxOptions:
         "auto",
         "auto | true | false",
         "with verify and O_DIRECT, read payload pieces of up to 1 MiB into slots of a 16 MiB staging pool that "
-        "stays in the CPU's cache (one per process, made when the store opens, shared by concurrent reads; a piece finding no slot free waits "
-        "for one of its read's own, or reads in place when that read has none) and copy them on with their CRC32C "
-        "in one pass, instead of reading them into place and summing them there; auto: on loop devices (whose transfer is itself a CPU copy, sharing memory "
-        "bandwidth with the check) on a CPU that copies and sums in one pass (AVX-512 VPCLMULQDQ); true: on every "
+        "stays in the CPU's cache (one per process, made when the store opens, shared by concurrent reads; a piece "
+        "finding no slot free waits for one of its read's own, or reads in place when that read has none) and copy "
+        "them on with their CRC32C in one pass, instead of reading them into place and summing them there; auto: on "
+        "loop devices (whose transfer is itself a CPU copy, sharing memory bandwidth with the check) on a CPU that "
+        "copies and sums in one pass (AVX-512 VPCLMULQDQ); true: on every "
         "device (io_uring engine only)",
         _choice("auto", "true", "false"),
     )
