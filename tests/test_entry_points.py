@@ -463,6 +463,43 @@ def test_l2_load_task_misses_only_the_bad_keys(tmp_path):
         ad.close()
 
 
+def test_l2_load_tasks_beyond_the_reader_threads_all_land_and_close_waits_for_them(tmp_path):
+    """More one-key load tasks in flight than LOAD_THREADS: the later ones
+    wait their turn; close() right after submitting lets every one finish
+    (LMCache may free an L1 object once close returns), each bit-exact in its
+    own object, each result there to collect."""
+    from lmcache.v1.distributed.api import ObjectKey
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    from lmcache_fx import l2_adapter
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    nb, n = 256 << 10, 4 * l2_adapter.LOAD_THREADS + 3
+    arena = torch.zeros(2 * n * nb, dtype=torch.uint8)
+
+    def obj(i):
+        t = arena[i * nb : (i + 1) * nb]
+        meta = MemoryObjMetadata(
+            shape=t.shape, dtype=torch.uint8, address=i * nb, phy_size=nb, fmt=MemoryFormat.KV_2LTD, ref_count=1
+        )
+        return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
+
+    g = torch.Generator().manual_seed(5)
+    arena[: n * nb] = torch.randint(0, 256, (n * nb,), generator=g, dtype=torch.uint8)
+    keys = [ObjectKey(chunk_hash=bytes([i + 1]) * 32, model_name="org/m", kv_rank=0) for i in range(n)]
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+    st = _l2_task(
+        ad, ad.submit_store_task, lambda t: ad.pop_completed_store_tasks().get(t), ad.get_store_event_fd(),
+        keys, [obj(i) for i in range(n)],
+    )  # fmt: skip
+    assert st.is_successful()
+    tids = [ad.submit_load_task([keys[i]], [obj(n + i)]) for i in range(n)]
+    ad.close()
+    results = {t: ad.query_load_result(t) for t in tids}
+    assert all(bm is not None and bm.get_indices_list() == [0] for bm in results.values()), results
+    assert torch.equal(arena[n * nb :], arena[: n * nb])
+
+
 @pytest.mark.parametrize(
     "params,needle",
     [
