@@ -740,6 +740,29 @@ def test_docs_latency_round_at_505836c_is_the_committed_json():
             assert worst < 2 and fx16["p50_ms"] < rd["fx-unstaged"]["latency"]["16"]["p50_ms"], label
 
 
+def test_docs_latency_round_at_9c0b182_is_the_committed_json():
+    """The latency round at 9c0b182 (L2 load tasks on reader threads): its
+    table is what `bench_tables.py --latency-rounds` renders from the runs,
+    and the finding the page names holds in the JSON: at 2 MiB fx-l2's p50
+    over fs_native's is at most 1.25x at every concurrency of both runs,
+    where at 505836c it was at least 1.45x."""
+    mod = _bench_tables()
+    cases = _runs_by_size("latency-rounds", "9c0b182-{n}-run{r}.json")
+    assert _indented(mod.latency_rounds_table(cases)) in _page()
+
+    def l2_over_fs(commit):
+        out = []
+        for _, path in _runs_by_size("latency-rounds", commit + "-{n}-run{r}.json", sizes=[("2 MiB", "2m")]):
+            with open(path) as f:
+                rd = json.load(f)["readers"]
+            out += [
+                rd["fx-l2"]["latency"][c]["p50_ms"] / rd["fs_native"]["latency"][c]["p50_ms"] for c in "1 4 16".split()
+            ]
+        return out
+
+    assert max(l2_over_fs("9c0b182")) <= 1.25 and min(l2_over_fs("505836c")) >= 1.45
+
+
 def test_docs_two_mib_latency_tables_are_the_committed_json():
     """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
     plain preads are what `bench_tables.py --latency-rounds` and
