@@ -762,6 +762,19 @@ def test_docs_latency_round_at_9c0b182_is_the_committed_json():
 
     assert max(l2_over_fs("9c0b182")) <= 1.25 and min(l2_over_fs("505836c")) >= 1.45
 
+    # The three-reader check right after: fx's p50 at 16 in flight within 10 % of fs_native's, checked
+    # or not, each figure the page quotes read from its run.
+    page = _page()
+    for r in (1, 2):
+        with open(os.path.join(ROOT, "docs", "bench-repeats", "latency-check", f"13ab25e-64m-run{r}.json")) as f:
+            rd = json.load(f)["readers"]
+        fs = rd["fs_native"]["latency"]["16"]["p50_ms"]
+        for name in ("fx", "fx-noverify"):
+            p50 = rd[name]["latency"]["16"]["p50_ms"]
+            assert 1.0 <= p50 / fs <= 1.1, (r, name)
+            assert f"{p50 / fs:.2f}×" in page, (r, name)
+        assert f"{rd['fx']['latency']['16']['p50_ms']:.1f}" in page and f"{fs:.1f}" in page
+
 
 def test_docs_two_mib_latency_tables_are_the_committed_json():
     """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
