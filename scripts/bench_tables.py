@@ -222,11 +222,13 @@ def runs_table(paths: list[str], over: str) -> str:
     names = [n for n, e in runs[0][1]["readers"].items() if e.get("available")]
     fx_names = [n for n in names if n.startswith("fx")]
     peers = [n for n in names if not n.startswith("fx") and n != "fio"]
-    cpu_of = [n for n in ("fx", over, "fs_native") if n in names]
+    first = "fx" if "fx" in names else fx_names[0]
+    cpu_of = list(dict.fromkeys(n for n in (first, over, "fs_native") if n in names))
+    fx_over = "fx" in names and over in names  # runs of fx's L2 adapter alone have no fx column to divide
     rows = [
-        "| run | " + " | ".join(fx_names) + f" | fx / {over} | " + " | ".join(peers)
+        "| run | " + " | ".join(fx_names) + (f" | fx / {over}" if fx_over else "") + " | " + " | ".join(peers)
         + " | best peer | tier CPU s/GB (" + " / ".join(cpu_of) + ") |",
-        "|---|" + "---:|" * (len(fx_names) + 1 + len(peers)) + "---|---|",
+        "|---|" + "---:|" * (len(fx_names) + fx_over + len(peers)) + "---|---|",
     ]  # fmt: skip
     for label, d in runs:
         r = d["readers"]
@@ -236,7 +238,8 @@ def runs_table(paths: list[str], over: str) -> str:
             return r[n]["median"]["tier_read_gbps"]
 
         cells = [f"{gbps(n):.2f} ({gbps(n) / best['value']:.2f}×)" for n in fx_names]
-        cells.append(f"{gbps('fx') / gbps(over):.2f}×")
+        if fx_over:
+            cells.append(f"{gbps('fx') / gbps(over):.2f}×")
         cells += [f"{gbps(n):.2f}" for n in peers]
         cells.append(best["reader"])
         cells.append(" / ".join(f"{r[n]['median']['tier_cpu_s_per_gb']:.3f}" for n in cpu_of))

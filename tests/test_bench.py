@@ -676,6 +676,54 @@ def test_docs_check_round_at_aeef989_is_the_committed_json():
         assert 0.925 <= rd["fx"]["ratio_to_best_peer"]["store_same_level"] <= 1.045, label
 
 
+def test_docs_check_round_at_7a021a4_is_the_committed_json():
+    """The check round at 7a021a4: its tables are what `bench_tables.py
+    --runs fx-unstaged` and `--l2-stores` render from the six runs, and the
+    ranges the page gives hold in the JSON: fx's checked reads at 0.80-0.94x
+    the best peer, fx-l2's at 0.88-0.98x, the engine-level stores at
+    0.90-1.04x the best engine-level tier, staged faster than in place."""
+    mod = _bench_tables()
+    page = _page()
+    runs = _runs_by_size("round-7a021a4", "xfs-{n}-run{r}.json", sep=" ")
+    assert mod.runs_table([p for _, p in runs], "fx-unstaged") in page
+    assert mod.store_runs_table(runs) in page
+    for label, path in runs:
+        with open(path) as f:
+            run = json.load(f)
+        rd = run["readers"]
+        assert run["git_commit"].startswith("7a021a4"), label
+        assert 0.795 <= rd["fx"]["ratio_to_best_peer"]["tier_read"] <= 0.945, label
+        assert 0.875 <= rd["fx-l2"]["ratio_to_best_peer"]["tier_read"] <= 0.985, label
+        assert 0.895 <= rd["fx"]["ratio_to_best_peer"]["store_same_level"] <= 1.045, label
+        med = {n: rd[n]["median"]["tier_read_gbps"] for n in ("fx", "fx-unstaged")}
+        assert med["fx"] > med["fx-unstaged"], label
+
+
+def test_docs_l2_reader_threads_pairs_are_the_committed_json():
+    """The before/after pairs of the L2 adapter's reader threads: the tables
+    are what `bench_tables.py --runs fs_native` and `--mixed-runs` render
+    from the committed runs, each run from the commit its name says, and fx-l2's
+    loads beside a store ahead of fs_native's in every one."""
+    mod = _bench_tables()
+    page = _page()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "l2-reader-threads")
+    reads = [os.path.join(d, f"reads-{c}-64m-pair{i}.json") for c in ("2aafad5", "13ab25e") for i in (1, 2, 3)]
+    assert mod.runs_table(reads, "fs_native") in page
+    groups = [
+        (f"{label}, {c}", [os.path.join(d, f"mixed-{c}-{n}.json")])
+        for label, n in (("2 MiB", "2m"), ("64 MiB", "64m"))
+        for c in ("2aafad5", "13ab25e")
+    ]
+    assert mod.mixed_runs_table(groups) in page
+    for path in reads + [p for _, ps in groups for p in ps]:
+        with open(path) as f:
+            run = json.load(f)
+        assert run["git_commit"].startswith(os.path.basename(path).split("-")[1]), path
+        if "mixed" in path:
+            rd = run["readers"]
+            assert rd["fx-l2"]["mixed"]["load_gbps"] > rd["fs_native"]["mixed"]["load_gbps"], path
+
+
 def test_docs_range_ends_round_is_the_committed_json():
     """The round at the ends of the issue's range of chunk sizes (1.5 and
     192 MiB, at 84a1633): its tables are what `bench_tables.py --runs
