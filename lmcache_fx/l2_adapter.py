@@ -51,10 +51,10 @@ log = logging.getLogger("lmcache_fx")
 WHERE = "adapter_params."
 SWEEP_SECONDS = 60.0  # _report_evictions checks every key it knows at most this often
 # Load tasks read at once; later ones wait their turn, in order. Each task is one engine batch,
-# parallel inside, so a few threads keep the device busy between tasks; 16 were slower than 4
-# here. One-chunk loads at 16 in flight, p50 over fs_native's: 1.67x (2 MiB) and 1.28x (10 MiB)
-# when an asyncio loop awaited each batch on a thread started for it, 1.15x and 0.93x with 4
-# reader threads (ad hoc, in the commit message).
+# parallel inside, so a few threads keep the device busy between tasks (16 were slower than 4
+# here). Awaited on an asyncio loop instead, each batch on a thread started for it, one-chunk
+# 2 MiB loads took 1.49-1.81x fs_native's p50; on these threads 0.94-1.22x
+# (docs/bench-repeats/latency-rounds/505836c-2m-*, 9c0b182-2m-*).
 LOAD_THREADS = 4
 
 
