@@ -62,6 +62,7 @@ def test_path_and_mkfs_loop_are_exclusive_and_one_is_needed():
         ["--full-store", "--mixed"],
         ["--mixed-store-lead", "5"],  # without --mixed
         ["--mixed", "--mixed-store-lead", "-1"],
+        ["--l2-store-task-chunks", "-1"],
     ],
 )
 def test_bad_arguments_are_refused(bad):
@@ -446,6 +447,26 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     pc = d["per_chunk"]["readers"]
     assert pc["fs_native"]["tier_us_per_chunk"] > 0 and pc["fx-l2"]["tier_us_per_chunk"] > 0
     assert not os.listdir(odirect_tmp) or all(not n.startswith("lmcache-fx-bench-") for n in os.listdir(odirect_tmp))
+
+
+def test_bench_l2_stores_as_one_chunk_tasks(odirect_tmp, tmp_path):
+    """--l2-store-task-chunks 1: each rep's L2 store goes as one task per
+    chunk, all submitted at once; every task must succeed for the store to
+    count, and every rep reads back verified, for fx-l2 and fs_native."""
+    out = tmp_path / "r.json"
+    # fmt: off
+    rc = bench.main([
+        "--path", str(odirect_tmp), "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "16",
+        "--total-gb", "0.0001", "--reps", "2", "--readers", "fx-l2,fs_native", "--l2-store-task-chunks", "1",
+        "--warm", "--quiet", "--json", str(out),
+    ])
+    # fmt: on
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["config"]["l2_store_task_chunks"] == 1 and d["config"]["n_chunks"] > 1
+    for name in ("fx-l2", "fs_native"):
+        e = d["readers"][name]
+        assert e["all_ok"] and all(r["store_ok"] and r["crc_ok"] for r in e["reps"]), name
 
 
 def test_bench_full_store_evicts_into_reused_files(odirect_tmp, tmp_path):

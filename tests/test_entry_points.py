@@ -500,6 +500,67 @@ def test_l2_load_tasks_beyond_the_reader_threads_all_land_and_close_waits_for_th
     assert torch.equal(arena[n * nb :], arena[: n * nb])
 
 
+def test_l2_store_tasks_waiting_are_written_together(tmp_path):
+    """Store tasks that wait while the writer is busy are written as one
+    store.write (one engine batch, parallel inside) when it comes round: a
+    key in two of them is written once, and every task gets its own result;
+    the chunks read back bit-exact."""
+    import threading
+
+    from lmcache.v1.distributed.api import ObjectKey
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    nb, n = 128 << 10, 12
+    arena = torch.zeros(2 * n * nb, dtype=torch.uint8)
+
+    def obj(i):
+        t = arena[i * nb : (i + 1) * nb]
+        meta = MemoryObjMetadata(
+            shape=t.shape, dtype=torch.uint8, address=i * nb, phy_size=nb, fmt=MemoryFormat.KV_2LTD, ref_count=1
+        )
+        return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
+
+    g = torch.Generator().manual_seed(9)
+    arena[: n * nb] = torch.randint(0, 256, (n * nb,), generator=g, dtype=torch.uint8)
+    keys = [ObjectKey(chunk_hash=bytes([i + 1]) * 32, model_name="org/m", kv_rank=0) for i in range(n)]
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+    calls, go = [], threading.Event()
+    write = ad.store.write
+
+    def held_write(items):
+        calls.append([it[0] for it in items])
+        if len(calls) == 1:
+            go.wait(30)  # the writer is busy: the other tasks queue meanwhile
+        return write(items)
+
+    ad.store.write = held_write
+    try:
+        tids = [ad.submit_store_task([keys[0]], [obj(0)])]
+        while not calls:
+            time.sleep(0.01)
+        tids += [ad.submit_store_task([keys[i]], [obj(i)]) for i in range(1, n)]
+        tids.append(ad.submit_store_task([keys[3], keys[5]], [obj(3), obj(5)]))  # keys of two other tasks
+        go.set()
+        results: dict = {}
+        end = time.monotonic() + 60
+        while len(results) < len(tids):
+            results.update(ad.pop_completed_store_tasks())
+            assert time.monotonic() < end, "store tasks not done"
+            time.sleep(0.01)
+        assert all(results[t].is_successful() for t in tids)
+        assert len(calls) == 2 and len(calls[1]) == n - 1 == len(set(calls[1])), calls
+        bm = _l2_task(
+            ad, ad.submit_load_task, ad.query_load_result, ad.get_load_event_fd(), keys, [obj(n + i) for i in range(n)]
+        )
+        assert bm.popcount() == n
+        assert torch.equal(arena[n * nb :], arena[: n * nb])
+    finally:
+        go.set()
+        ad.close()
+
+
 @pytest.mark.parametrize(
     "params,needle",
     [

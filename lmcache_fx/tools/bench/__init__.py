@@ -110,6 +110,14 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
         default=8,
         help="fs_native num_workers (default 8: faster than LMCache's default 4 here, see docs/benchmarks.md)",
     )
+    p.add_argument(
+        "--l2-store-task-chunks",
+        type=int,
+        default=0,
+        metavar="K",
+        help="L2 adapters: submit each rep's store as tasks of K chunks, all at once, as LMCache's store "
+        "controller does when several requests finish together (default 0: one task for all)",
+    )
     p.add_argument("--latency", action="store_true", help="also p50/p99 at --concurrency requests in flight")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument(
@@ -174,6 +182,8 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
         p.error("--total-gb must be > 0")
     if args.split_bytes % 4096:
         p.error("--split-bytes must be a multiple of 4096")
+    if getattr(args, "l2_store_task_chunks", 0) < 0:
+        p.error("--l2-store-task-chunks must be >= 0")
     if getattr(args, "fs_native_workers", 4) < 1:
         p.error("--fs-native-workers must be >= 1")
     if getattr(args, "latency_rounds", 1) < 1:
@@ -342,6 +352,7 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             mixed_store_lead_ms=args.mixed_store_lead,
             full_store=args.full_store,
             fs_native_workers=args.fs_native_workers,
+            l2_store_task_chunks=args.l2_store_task_chunks,
             stripe=stripe,
         )
         results = run_bench(cfg, names, quiet=args.quiet)

@@ -121,17 +121,25 @@ class L2Reader(Reader):
         ]
 
     # ------------------------------------------------------------ the three calls, awaited on eventfds
-    def store(self, keys, objs, timeout=300.0) -> bool:
+    def store(self, keys, objs, timeout=300.0, per_task: int = 0) -> bool:
+        """Stores keys as one task, or (per_task > 0) as tasks of that many
+        keys submitted all at once; True when every task succeeded."""
         a = self.adapter
-        tid = a.submit_store_task(keys, objs)
+        k = per_task or len(keys) or 1
+        tids = {a.submit_store_task(keys[i : i + k], objs[i : i + k]) for i in range(0, len(keys), k)}
+        ok = True
         end = time.monotonic() + timeout
-        while True:
-            done = a.pop_completed_store_tasks()
-            if tid in done:
-                return bool(done[tid].is_successful())
+        while tids:
+            for tid, res in a.pop_completed_store_tasks().items():
+                if tid in tids:
+                    tids.discard(tid)
+                    ok = ok and bool(res.is_successful())
+            if not tids:
+                break
             if time.monotonic() > end:
                 raise RuntimeError(f"{self.name}: store task not done after {timeout:.0f} s")
             _wait_fd(a.get_store_event_fd(), 1.0)
+        return ok
 
     def lookup_lock(self, keys, timeout=120.0) -> int:
         from lmcache.v1.distributed.api import MemoryLayoutDesc
@@ -171,7 +179,7 @@ class L2Reader(Reader):
         n, nb = cfg.n_chunks, w.nbytes
         keys = self.keys(rep)
         t0 = time.perf_counter()
-        stored = self.store(keys, self.src_objs)
+        stored = self.store(keys, self.src_objs, per_task=cfg.l2_store_task_chunks)
         store_s = time.perf_counter() - t0
         spread = self.files_per_device() if len(self.dirs) > 1 else None
         if cfg.cold:

@@ -212,6 +212,7 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
             "reps": cfg.reps,
             "queue_depth": cfg.queue_depth,
             "split_bytes": cfg.split_bytes,
+            "l2_store_task_chunks": cfg.l2_store_task_chunks,
             "devices": list(cfg.stripe) or [cfg.path],
             "full_store": cfg.full_store,
             "mixed_store_lead_ms": cfg.mixed_store_lead_ms,

@@ -231,6 +231,7 @@ class BenchConfig:
     mixed_store_lead_ms: float = 0.0  # --mixed: the load submitted this long after the store
     full_store: bool = False  # fx-l2 at its capacity: each chunk stored evicts one
     fs_native_workers: int = 8
+    l2_store_task_chunks: int = 0  # L2 stores submitted as tasks of this many chunks, all at once (0: one task)
     # --devices N: one bench directory per device, cfg.path being the first.
     # Readers that take a path list (fx) stripe over all of them, fio runs one
     # job per device, the single-path peers use cfg.path (one device).
