@@ -720,6 +720,21 @@ def test_docs_check_round_at_7a021a4_is_the_committed_json():
         assert med["fx"] > med["fx-unstaged"], label
 
 
+def test_docs_store_tasks_table_is_the_committed_json():
+    """The one-chunk store tasks at 43f7405: the table is what `bench_tables.py
+    --l2-stores` renders from the four runs, each run stored one task per
+    chunk, and fx-l2's stores sit at 0.72-0.89x the best L2 adapter's, as the
+    page says."""
+    mod = _bench_tables()
+    runs = _runs_by_size("store-tasks", "43f7405-{n}-k1-run{r}.json", (("2 MiB", "2m"), ("10 MiB", "10m")), " ")
+    assert mod.store_runs_table(runs) in _page()
+    for label, path in runs:
+        with open(path) as f:
+            run = json.load(f)
+        assert run["config"]["l2_store_task_chunks"] == 1 and run["git_commit"].startswith("43f7405"), label
+        assert 0.715 <= run["readers"]["fx-l2"]["ratio_to_best_peer"]["store"] <= 0.895, label
+
+
 def test_docs_l2_reader_threads_pairs_are_the_committed_json():
     """The before/after pairs of the L2 adapter's reader threads: the tables
     are what `bench_tables.py --runs fs_native` and `--mixed-runs` render
