@@ -412,17 +412,12 @@ def _l2_task(adapter, submit, result, efd, *args, timeout=60):
     return r
 
 
-def test_l2_load_task_misses_only_the_bad_keys(tmp_path):
-    """One load task is one engine batch for all its keys: a damaged chunk,
-    a removed file, an unknown key and a destination of another dtype miss,
-    each alone; every other key lands bit-exact in its own object."""
+def _l2_objects(n: int, nb: int, seed: int):
+    """An arena of 2 x n chunks of nb bytes, the first n random; obj(i)
+    (optionally of another dtype) a TensorMemoryObj over chunk i; n ObjectKeys."""
     from lmcache.v1.distributed.api import ObjectKey
     from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
 
-    from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
-    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig, object_key_string
-
-    nb, n = 64 << 10, 8
     arena = torch.zeros(2 * n * nb, dtype=torch.uint8)
 
     def obj(i, dtype=torch.uint8):
@@ -432,16 +427,31 @@ def test_l2_load_task_misses_only_the_bad_keys(tmp_path):
         )
         return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
 
-    g = torch.Generator().manual_seed(11)
+    g = torch.Generator().manual_seed(seed)
     arena[: n * nb] = torch.randint(0, 256, (n * nb,), generator=g, dtype=torch.uint8)
-    keys = [ObjectKey(chunk_hash=bytes([i]) * 32, model_name="org/m", kv_rank=0) for i in range(n)]
+    keys = [ObjectKey(chunk_hash=bytes([i + 1]) * 32, model_name="org/m", kv_rank=0) for i in range(n)]
+    return arena, obj, keys
+
+
+def _l2_store(ad, keys, objs):
+    """One store task through the adapter, waited for; its L2StoreResult."""
+    return _l2_task(
+        ad, ad.submit_store_task, lambda t: ad.pop_completed_store_tasks().get(t), ad.get_store_event_fd(), keys, objs
+    )
+
+
+def test_l2_load_task_misses_only_the_bad_keys(tmp_path):
+    """One load task is one engine batch for all its keys: a damaged chunk,
+    a removed file, an unknown key and a destination of another dtype miss,
+    each alone; every other key lands bit-exact in its own object."""
+    from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig, object_key_string
+
+    nb, n = 64 << 10, 8
+    arena, obj, keys = _l2_objects(n, nb, 11)
     ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
     try:
-        st = _l2_task(
-            ad, ad.submit_store_task, lambda t: ad.pop_completed_store_tasks().get(t), ad.get_store_event_fd(),
-            keys[:7], [obj(i) for i in range(7)],
-        )  # fmt: skip
-        assert st.is_successful()
+        assert _l2_store(ad, keys[:7], [obj(i) for i in range(7)]).is_successful()
         damaged = ad.store.path_for(chunk_digest(object_key_string(keys[2])))
         with open(damaged, "r+b") as f:
             f.seek(HEADER_SIZE + 1000)
@@ -468,31 +478,13 @@ def test_l2_load_tasks_beyond_the_reader_threads_all_land_and_close_waits_for_th
     wait their turn; close() right after submitting lets every one finish
     (LMCache may free an L1 object once close returns), each bit-exact in its
     own object, each result there to collect."""
-    from lmcache.v1.distributed.api import ObjectKey
-    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
-
     from lmcache_fx import l2_adapter
     from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
 
     nb, n = 256 << 10, 4 * l2_adapter.LOAD_THREADS + 3
-    arena = torch.zeros(2 * n * nb, dtype=torch.uint8)
-
-    def obj(i):
-        t = arena[i * nb : (i + 1) * nb]
-        meta = MemoryObjMetadata(
-            shape=t.shape, dtype=torch.uint8, address=i * nb, phy_size=nb, fmt=MemoryFormat.KV_2LTD, ref_count=1
-        )
-        return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
-
-    g = torch.Generator().manual_seed(5)
-    arena[: n * nb] = torch.randint(0, 256, (n * nb,), generator=g, dtype=torch.uint8)
-    keys = [ObjectKey(chunk_hash=bytes([i + 1]) * 32, model_name="org/m", kv_rank=0) for i in range(n)]
+    arena, obj, keys = _l2_objects(n, nb, 5)
     ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
-    st = _l2_task(
-        ad, ad.submit_store_task, lambda t: ad.pop_completed_store_tasks().get(t), ad.get_store_event_fd(),
-        keys, [obj(i) for i in range(n)],
-    )  # fmt: skip
-    assert st.is_successful()
+    assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
     tids = [ad.submit_load_task([keys[i]], [obj(n + i)]) for i in range(n)]
     ad.close()
     results = {t: ad.query_load_result(t) for t in tids}
@@ -507,24 +499,10 @@ def test_l2_store_tasks_waiting_are_written_together(tmp_path):
     the chunks read back bit-exact."""
     import threading
 
-    from lmcache.v1.distributed.api import ObjectKey
-    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
-
     from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
 
     nb, n = 128 << 10, 12
-    arena = torch.zeros(2 * n * nb, dtype=torch.uint8)
-
-    def obj(i):
-        t = arena[i * nb : (i + 1) * nb]
-        meta = MemoryObjMetadata(
-            shape=t.shape, dtype=torch.uint8, address=i * nb, phy_size=nb, fmt=MemoryFormat.KV_2LTD, ref_count=1
-        )
-        return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
-
-    g = torch.Generator().manual_seed(9)
-    arena[: n * nb] = torch.randint(0, 256, (n * nb,), generator=g, dtype=torch.uint8)
-    keys = [ObjectKey(chunk_hash=bytes([i + 1]) * 32, model_name="org/m", kv_rank=0) for i in range(n)]
+    arena, obj, keys = _l2_objects(n, nb, 9)
     ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
     calls, go = [], threading.Event()
     write = ad.store.write
