@@ -680,16 +680,8 @@ def test_docs_check_round_at_aeef989_is_the_committed_json():
     runs, and what the page says of it holds in the JSON: fx's checked
     reads at 0.94-1.03x the best peer, staged faster than in place in every
     run, fx-l2's stores behind the best L2 adapter's."""
-    mod = _bench_tables()
-    page = _page()
-    runs = _runs_by_size("round-aeef989", "xfs-{n}-run{r}.json", sep=" ")
-    assert mod.runs_table([p for _, p in runs], "fx-unstaged") in page
-    assert mod.store_runs_table(runs) in page
-    for label, path in runs:
-        with open(path) as f:
-            run = json.load(f)
+    for label, run in _check_round("round-aeef989", "aeef989", "fx-unstaged"):
         rd = run["readers"]
-        assert run["git_commit"].startswith("aeef989"), label
         assert 0.935 <= rd["fx"]["ratio_to_best_peer"]["tier_read"] <= 1.035, label
         med = {n: rd[n]["median"]["tier_read_gbps"] for n in ("fx", "fx-unstaged")}
         assert med["fx"] > med["fx-unstaged"], label
@@ -703,16 +695,8 @@ def test_docs_check_round_at_7a021a4_is_the_committed_json():
     ranges the page gives hold in the JSON: fx's checked reads at 0.80-0.94x
     the best peer, fx-l2's at 0.88-0.98x, the engine-level stores at
     0.90-1.04x the best engine-level tier, staged faster than in place."""
-    mod = _bench_tables()
-    page = _page()
-    runs = _runs_by_size("round-7a021a4", "xfs-{n}-run{r}.json", sep=" ")
-    assert mod.runs_table([p for _, p in runs], "fx-unstaged") in page
-    assert mod.store_runs_table(runs) in page
-    for label, path in runs:
-        with open(path) as f:
-            run = json.load(f)
+    for label, run in _check_round("round-7a021a4", "7a021a4", "fx-unstaged"):
         rd = run["readers"]
-        assert run["git_commit"].startswith("7a021a4"), label
         assert 0.795 <= rd["fx"]["ratio_to_best_peer"]["tier_read"] <= 0.945, label
         assert 0.875 <= rd["fx-l2"]["ratio_to_best_peer"]["tier_read"] <= 0.985, label
         assert 0.895 <= rd["fx"]["ratio_to_best_peer"]["store_same_level"] <= 1.045, label
@@ -767,17 +751,10 @@ def test_docs_range_ends_round_is_the_committed_json():
     is of the size its name says, and the findings the page names hold in
     the JSON: fx's checked reads within 0.9-1.15x the best peer, fx-l2's
     stores below the best L2 adapter's in every run."""
-    mod = _bench_tables()
-    page = _page()
-    runs = _runs_by_size("round-84a1633", "xfs-{n}-run{r}.json", (("1.5 MiB", "1.5m"), ("192 MiB", "192m")), " ")
-    assert mod.runs_table([p for _, p in runs], "fx-noverify") in page
-    assert mod.store_runs_table(runs) in page
-    for label, path in runs:
-        with open(path) as f:
-            run = json.load(f)
+    sizes = (("1.5 MiB", "1.5m"), ("192 MiB", "192m"))
+    for label, run in _check_round("round-84a1633", "84a1633", "fx-noverify", sizes):
         mib = float(label.split()[0])
         assert run["config"]["chunk_bytes"] == int(mib * (1 << 20)), label
-        assert run["git_commit"].startswith("84a1633"), label
         ratios = {n: run["readers"][n]["ratio_to_best_peer"] for n in ("fx", "fx-l2")}
         assert 0.9 <= ratios["fx"]["tier_read"] <= 1.15, (label, ratios)
         assert ratios["fx-l2"]["store"] < 0.85, (label, ratios)
@@ -990,6 +967,25 @@ def _indented(table: str) -> str:
 def _page() -> str:
     with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
         return f.read()
+
+
+def _check_round(folder: str, commit: str, over: str, sizes=SIZES) -> list[tuple[str, dict]]:
+    """A round of bench runs (runs 1 and 2 of each size under
+    docs/bench-repeats/folder): asserts its two tables, `bench_tables.py
+    --runs <over>` and `--l2-stores`, are on the page and each run is from
+    `commit`; returns (label, run JSON) per run."""
+    mod = _bench_tables()
+    page = _page()
+    runs = _runs_by_size(folder, "xfs-{n}-run{r}.json", sizes, " ")
+    assert mod.runs_table([p for _, p in runs], over) in page
+    assert mod.store_runs_table(runs) in page
+    out = []
+    for label, path in runs:
+        with open(path) as f:
+            run = json.load(f)
+        assert run["git_commit"].startswith(commit), label
+        out.append((label, run))
+    return out
 
 
 def test_docs_chunk_overhead_table_is_the_committed_json():
