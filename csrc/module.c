@@ -1226,29 +1226,23 @@ COUNTER_FN(mod_staged_pieces, fx_staged_pieces)
 COUNTER_FN(mod_uring_peak_inflight, atomic_exchange(&fx_uring_peak_inflight, 0))
 COUNTER_FN(mod_uring_last_end, fx_uring_last_end)
 
-static PyObject *mod_stage_prepare(PyObject *m, PyObject *unused)
-{
-    unsigned n;
+/* A call without arguments that may block (faults pages in, makes rings),
+ * made with the GIL released; its result converted by to_py. */
+#define RELEASED_CALL_FN(fn, ctype, call, to_py)                \
+    static PyObject *fn(PyObject *m, PyObject *unused)          \
+    {                                                           \
+        ctype v;                                                \
+                                                                \
+        (void)m;                                                \
+        (void)unused;                                           \
+        Py_BEGIN_ALLOW_THREADS                                  \
+        v = call;                                               \
+        Py_END_ALLOW_THREADS                                    \
+        return to_py(v);                                        \
+    }
 
-    (void)m;
-    (void)unused;
-    Py_BEGIN_ALLOW_THREADS
-    n = fx_stage_prepare();
-    Py_END_ALLOW_THREADS
-    return PyLong_FromUnsignedLong(n);
-}
-
-static PyObject *mod_io_uring_shares_buffers(PyObject *m, PyObject *unused)
-{
-    int ok;
-
-    (void)m;
-    (void)unused;
-    Py_BEGIN_ALLOW_THREADS
-    ok = fx_uring_shares_registration();
-    Py_END_ALLOW_THREADS
-    return PyBool_FromLong(ok);
-}
+RELEASED_CALL_FN(mod_stage_prepare, unsigned long, fx_stage_prepare(), PyLong_FromUnsignedLong)
+RELEASED_CALL_FN(mod_io_uring_shares_buffers, long, fx_uring_shares_registration(), PyBool_FromLong)
 
 static PyObject *mod_io_uring_status(PyObject *m, PyObject *unused)
 {
