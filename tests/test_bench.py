@@ -63,6 +63,7 @@ def test_path_and_mkfs_loop_are_exclusive_and_one_is_needed():
         ["--mixed-store-lead", "5"],  # without --mixed
         ["--mixed", "--mixed-store-lead", "-1"],
         ["--l2-store-task-chunks", "-1"],
+        ["--latency-awaited"],  # without --latency
     ],
 )
 def test_bad_arguments_are_refused(bad):
@@ -467,6 +468,30 @@ def test_bench_l2_stores_as_one_chunk_tasks(odirect_tmp, tmp_path):
     for name in ("fx-l2", "fs_native"):
         e = d["readers"][name]
         assert e["all_ok"] and all(r["store_ok"] and r["crc_ok"] for r in e["reps"]), name
+
+
+def test_bench_latency_awaited_goes_through_lmcaches_loop(odirect_tmp, tmp_path):
+    """--latency --latency-awaited: fx and LocalDiskBackend are each driven
+    through batched_async_contains + batched_get_non_blocking on LMCache's
+    own event loop (LocalDiskBackend's disk worker is bound to it); every
+    request a hit, the case marked as awaited in the JSON and the table."""
+    out = tmp_path / "r.json"
+    # fmt: off
+    rc = bench.main([
+        "--path", str(odirect_tmp), "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "16",
+        "--total-gb", "0.0001", "--reps", "1", "--readers", "fx,local_disk", "--latency", "--latency-awaited",
+        "--latency-rounds", "1", "--concurrency", "1,4", "--warm", "--quiet", "--json", str(out),
+    ])
+    # fmt: on
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["config"]["latency_awaited"] is True
+    for name in ("fx", "local_disk"):
+        for conc in ("1", "4"):
+            case = d["readers"][name]["latency"][conc]
+            (rnd,) = case["rounds"]
+            assert rnd["path"] == "awaited" and rnd["requests"] > 0 and case["misses"] == 0, (name, conc, case)
+    assert "awaited on LMCache's event loop" in bench.format_table(d)
 
 
 def test_bench_full_store_evicts_into_reused_files(odirect_tmp, tmp_path):

@@ -129,6 +129,13 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
         f"rounds (default {LATENCY_ROUNDS})",
     )
     p.add_argument(
+        "--latency-awaited",
+        action="store_true",
+        help="--latency through LMCache's async path: --concurrency requests in flight as coroutines on LMCache's "
+        "event loop, each awaiting batched_async_contains then batched_get_non_blocking (the get timed), as async loading "
+        "and every remote-backend read do; the L2 adapters and fio are driven as without it",
+    )
+    p.add_argument(
         "--mixed",
         action="store_true",
         help="also stores while loads run (the L2 adapters): each loads its chunks while storing as many new "
@@ -188,6 +195,8 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
         p.error("--fs-native-workers must be >= 1")
     if getattr(args, "latency_rounds", 1) < 1:
         p.error("--latency-rounds must be >= 1")
+    if getattr(args, "latency_awaited", False) and not args.latency:
+        p.error("--latency-awaited is a way to run --latency: give both")
     if getattr(args, "per_chunk", 0) < 0:
         p.error("--per-chunk must be >= 0")
     if args.full_store and args.mixed:
@@ -348,6 +357,7 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             latency=args.latency,
             concurrency=tuple(_ints(args.concurrency)),
             latency_rounds=args.latency_rounds,
+            latency_awaited=args.latency_awaited,
             mixed=args.mixed,
             mixed_store_lead_ms=args.mixed_store_lead,
             full_store=args.full_store,

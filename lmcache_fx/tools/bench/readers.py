@@ -239,10 +239,12 @@ class LMCacheReader(Reader):
 
     # -------------------------------------------------------------- latency
     def latency(self, conc: int) -> Optional[dict]:
-        """p50/p99 of one-chunk requests with `conc` in flight: `conc` threads
-        call the backend's batched_get_blocking([key]) over the stored chunks
-        (cycled, latency_requests of them; O_DIRECT tiers re-read the
-        device, others after a page-cache drop only the first time)."""
+        """p50/p99 of one-chunk requests with `conc` in flight over the
+        stored chunks (cycled, latency_requests of them; O_DIRECT tiers
+        re-read the device, others after a page-cache drop only the first
+        time): `conc` threads calling the backend's batched_get_blocking([key]),
+        or with cfg.latency_awaited `conc` coroutines on LMCache's event loop,
+        each awaiting batched_async_contains then batched_get_non_blocking (timed)."""
         w = self.w
         tokens = w.tokens(10_000 + conc)
         keys = self.keys(tokens)
@@ -255,9 +257,23 @@ class LMCacheReader(Reader):
         n_req = latency_requests(len(keys), conc)
         reqs = [[keys[i % len(keys)]] for i in range(n_req)]
         lat: list[float] = []
+        errors: list = []
+        if self.cfg.latency_awaited:
+            self._latency_awaited(reqs, conc, lat, errors)
+        else:
+            self._latency_threads(reqs, conc, lat, errors)
+        self.cleanup(keys)
+        return {
+            "requests": len(lat),
+            "chunks_per_request": 1,
+            "misses": len(errors),
+            "path": "awaited" if self.cfg.latency_awaited else "blocking",
+            **latency_figures(lat),
+        }
+
+    def _latency_threads(self, reqs: list, conc: int, lat: list, errors: list) -> None:
         lock = threading.Lock()
         nxt = iter(reqs)
-        errors = []
 
         def worker():
             while True:
@@ -270,9 +286,7 @@ class LMCacheReader(Reader):
                 dt = time.perf_counter() - t
                 if any(o is None for o in objs):
                     errors.append(r)
-                for o in objs:
-                    if o is not None:
-                        o.ref_count_down()
+                _drop(objs)
                 with lock:
                     lat.append(dt)
 
@@ -281,13 +295,43 @@ class LMCacheReader(Reader):
             t.start()
         for t in ths:
             t.join()
-        self.cleanup(keys)
-        return {
-            "requests": len(lat),
-            "chunks_per_request": 1,
-            "misses": len(errors),
-            **latency_figures(lat),
-        }
+
+    def _latency_awaited(self, reqs: list, conc: int, lat: list, errors: list) -> None:
+        import asyncio
+
+        backend, nxt = self.backend, iter(enumerate(reqs))
+
+        async def worker():
+            for i, r in nxt:  # one iterator: each coroutine takes the next request
+                lid = f"fxbench-{i}"
+                if await backend.batched_async_contains(lid, r, True) < len(r):
+                    errors.append(r)
+                    continue
+                t = time.perf_counter()
+                objs = await backend.batched_get_non_blocking(lid, r)
+                dt = time.perf_counter() - t
+                if len(objs) < len(r) or any(o is None for o in objs):
+                    errors.append(r)
+                _drop(objs)
+                lat.append(dt)
+
+        async def main():
+            await asyncio.gather(*(worker() for _ in range(conc)))
+
+        # LMCache's own loop (its storage-manager thread), as async loading runs them: LocalDiskBackend's
+        # disk worker is bound to it.
+        asyncio.run_coroutine_threadsafe(main(), self.engine.storage_manager.loop).result()
+
+
+def _drop(objs) -> None:
+    """Lets go of the objects a get returned: LocalDiskBackend's async get
+    pins them for LMCache's retrieve to unpin; every tier's carry one reference."""
+    for o in objs:
+        if o is None:
+            continue
+        if getattr(o, "is_pinned", False):
+            o.unpin()
+        o.ref_count_down()
 
 
 def _base_config(cfg: BenchConfig) -> dict:

@@ -101,6 +101,8 @@ def format_table(results: dict) -> str:
     if lat:
         concs = sorted({int(k) for _, L in lat for k in L})
         out += "\n\nlatency per request, p50 / p99 ms (p99/p50), medians over the rounds, by concurrent requests\n"
+        if results.get("config", {}).get("latency_awaited"):
+            out += "(LMCache tiers awaited on LMCache's event loop: batched_get_non_blocking; L2 adapters and fio as ever)\n"
         out += "reader".ljust(30) + "".join(f"{c:>26}" for c in concs) + "\n"
         for label, L in lat:
             cells = []

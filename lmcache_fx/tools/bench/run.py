@@ -216,6 +216,7 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
             "devices": list(cfg.stripe) or [cfg.path],
             "full_store": cfg.full_store,
             "mixed_store_lead_ms": cfg.mixed_store_lead_ms,
+            "latency_awaited": cfg.latency_awaited,
         },
         "machine": {**machine_info(cfg.path), "loadavg_start": list(os.getloadavg())},
         "readers": {},

@@ -227,6 +227,7 @@ class BenchConfig:
     latency: bool = False
     concurrency: tuple = (1, 4, 16)
     latency_rounds: int = LATENCY_ROUNDS  # each latency case this many times, readers interleaved
+    latency_awaited: bool = False  # LMCache tiers' latency through batched_get_non_blocking on an event loop
     mixed: bool = False  # also: stores while loads run (L2 adapters)
     mixed_store_lead_ms: float = 0.0  # --mixed: the load submitted this long after the store
     full_store: bool = False  # fx-l2 at its capacity: each chunk stored evicts one
