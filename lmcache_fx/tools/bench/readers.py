@@ -419,9 +419,10 @@ class LocalDiskReader(LMCacheReader):
         d = _base_config(self.cfg)
         d["local_disk"] = f"file://{self.dir}/"
         # LMCache 0.5.6's LocalDiskBackend.remove() does not lower current_cache_size,
-        # so every store/remove round uses up capacity for good: room for all rounds.
-        rounds = self.cfg.reps + len(self.cfg.concurrency) + 2
-        d["max_local_disk_size"] = max(1.0, 2 * rounds * self.cfg.total_bytes / (1 << 30))
+        # so every store/remove round uses up capacity for good: room for all rounds, each latency round's too.
+        cfg = self.cfg
+        rounds = cfg.reps + (len(cfg.concurrency) * cfg.latency_rounds if cfg.latency else 0) + 2
+        d["max_local_disk_size"] = max(1.0, 2 * rounds * cfg.total_bytes / (1 << 30))
         # LMCache docs: use_odirect for disks that support it; disk_io_threads left at its default (4).
         d["extra_config"] = {"use_odirect": True}
         return d
