@@ -132,7 +132,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
         "--latency-awaited",
         action="store_true",
         help="--latency through LMCache's async path: --concurrency requests in flight as coroutines on LMCache's "
-        "event loop, each awaiting batched_async_contains then batched_get_non_blocking (the get timed), as async loading "
+        "event loop, each awaiting batched_async_contains then batched_get_non_blocking (both timed), as async loading "
         "and every remote-backend read do; the L2 adapters and fio are driven as without it",
     )
     p.add_argument(

@@ -244,7 +244,8 @@ class LMCacheReader(Reader):
         re-read the device, others after a page-cache drop only the first
         time): `conc` threads calling the backend's batched_get_blocking([key]),
         or with cfg.latency_awaited `conc` coroutines on LMCache's event loop,
-        each awaiting batched_async_contains then batched_get_non_blocking (timed)."""
+        each awaiting batched_async_contains then batched_get_non_blocking,
+        timed together (a tier whose lookup is slow has fewer loads in flight)."""
         w = self.w
         tokens = w.tokens(10_000 + conc)
         keys = self.keys(tokens)
@@ -304,10 +305,10 @@ class LMCacheReader(Reader):
         async def worker():
             for i, r in nxt:  # one iterator: each coroutine takes the next request
                 lid = f"fxbench-{i}"
+                t = time.perf_counter()
                 if await backend.batched_async_contains(lid, r, True) < len(r):
                     errors.append(r)
                     continue
-                t = time.perf_counter()
                 objs = await backend.batched_get_non_blocking(lid, r)
                 dt = time.perf_counter() - t
                 if len(objs) < len(r) or any(o is None for o in objs):
