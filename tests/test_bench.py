@@ -862,6 +862,56 @@ def test_docs_latency_round_at_9c0b182_is_the_committed_json():
         assert f"{rd['fx']['latency']['16']['p50_ms']:.1f}" in page and f"{fs:.1f}" in page
 
 
+def test_docs_awaited_latency_round_is_the_committed_json():
+    """The awaited latency round at 78b9c23 (LMCache's async path): its
+    table is what `bench_tables.py --latency-rounds` renders from the six
+    runs, every request a hit through the awaited path, and the findings the
+    page names hold: fx's p50 at 16 in flight within 0.95-1.3x the best
+    tier's, its p99/p50 under 2x at 64 and 10 MiB, every tier over 2x at
+    2 MiB with 4 in flight. The reader-pool pairs: the pool's runs are the
+    dirty tree, and its p50 over RustRawBlockBackend's is above a26ffe2's in
+    both pairs at 4 and at 16 in flight."""
+    mod = _bench_tables()
+    page = _page()
+    cases = _runs_by_size("latency-awaited", "78b9c23-{n}-run{r}.json")
+    assert mod.latency_rounds_table(cases) in page
+    for label, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        assert run["git_commit"].startswith("78b9c23") and run["config"]["latency_awaited"], label
+        rd = run["readers"]
+        for name, e in rd.items():
+            for c, case in e["latency"].items():
+                assert case["misses"] == 0 and all(r["path"] == "awaited" for r in case["rounds"]), (label, name, c)
+        best16 = min(e["latency"]["16"]["p50_ms"] for n, e in rd.items() if n != "fx")
+        ratio = rd["fx"]["latency"]["16"]["p50_ms"] / best16
+        assert 0.95 <= ratio <= 1.3 and f"{ratio:.2f}×" in page, label
+        worst = max(rd["fx"]["latency"][c]["p99_over_p50"] for c in ("1", "4", "16"))
+        if label.startswith("2 MiB"):
+            assert min(e["latency"]["4"]["p99_over_p50"] for e in rd.values()) > 2, label
+        else:
+            assert worst < 2, label
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-awaited", "reader-pool")
+    pairs = [
+        (f"2 MiB, {kind}, pair {i}", os.path.join(d, f"{name}-2m-pair{i}.json"))
+        for i in (1, 2)
+        for kind, name in (("a26ffe2", "a26ffe2"), ("reader pool", "reader-pool"))
+    ]
+    assert mod.latency_rounds_table(pairs) in page
+
+    def fx_over_rrb(path, c):
+        with open(path) as f:
+            run = json.load(f)
+        rd = run["readers"]
+        return run["git_commit"], rd["fx"]["latency"][c]["p50_ms"] / rd["rust_raw_block"]["latency"][c]["p50_ms"]
+
+    for i in (0, 2):
+        for c in ("4", "16"):
+            (c0, before), (c1, pool) = fx_over_rrb(pairs[i][1], c), fx_over_rrb(pairs[i + 1][1], c)
+            assert c0.startswith("a26ffe2") and not c0.endswith("+dirty") and c1.endswith("+dirty")
+            assert pool > before and f"{pool:.2f}×" in page and f"{before:.2f}×" in page, (i, c)
+
+
 def test_docs_two_mib_latency_tables_are_the_committed_json():
     """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
     plain preads are what `bench_tables.py --latency-rounds` and
