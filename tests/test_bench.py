@@ -893,6 +893,15 @@ def test_docs_awaited_latency_round_is_the_committed_json():
             assert min(e["latency"]["4"]["p99_over_p50"] for e in rd.values()) > 2, label
         else:
             assert worst < 2, label
+    # The 2 MiB case with two readers only: table and each quoted ratio from its JSON.
+    two = _runs_by_size("latency-awaited/two-readers", "69b25f2-{n}-run{r}.json", sizes=[("2 MiB", "2m")])
+    assert _indented(mod.latency_rounds_table(two)) in page
+    for label, path in two:
+        with open(path) as f:
+            rd = json.load(f)["readers"]
+        for c in ("1", "4", "16"):
+            r = rd["fx"]["latency"][c]["p50_ms"] / rd["rust_raw_block"]["latency"][c]["p50_ms"]
+            assert 0.9 <= r <= 1.2 and f"{r:.2f}×" in page, (label, c)
     d = os.path.join(ROOT, "docs", "bench-repeats", "latency-awaited", "reader-pool")
     pairs = [
         (f"2 MiB, {kind}, pair {i}", os.path.join(d, f"{name}-2m-pair{i}.json"))
