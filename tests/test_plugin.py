@@ -17,6 +17,7 @@ from lmcache_fx.core.options import ConfigError
 from lmcache_fx.testing.cpu_engine import (
     KV,
     Geometry,
+    async_lookup,
     config_from_dict,
     fx_backend,
     fx_config,
@@ -125,6 +126,70 @@ def _flip(path, offset):
         b = f.read(1)
         f.seek(offset)
         f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_async_loading_end_to_end(tmp_path):
+    """LMCache's async loading (enable_async_loading) as vLLM drives it: the
+    scheduler's lookup client asks the worker's lookup server over ZMQ, the
+    storage manager's loop awaits fx's batched_async_contains and
+    batched_get_non_blocking, and retrieve(req_id=...) takes what was
+    prefetched. Every hit lands bit-exact through the awaited path (never the
+    blocking one), no lookup pin outlives its load, and a chunk damaged after
+    the lookup is a miss: the reported hit and the retrieve stop before it,
+    nothing of it written."""
+    from lmcache_fx.core.chunkfile import chunk_digest
+
+    geo = GEOMETRIES["bf16-gqa"]
+    store = tmp_path / "store"
+    cfg = config_from_dict({**fx_config(store), "enable_async_loading": True}, tmp_path)
+    tokens, more = torch.arange(1024), torch.arange(1536)
+    kv = KV(geo, 1536, seed=11)
+    with lmcache_engine(cfg, geo, async_lookup=True) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, tokens, kv, be)
+        calls = {"blocking": 0, "awaited": 0}
+        blocking, awaited = be.batched_get_blocking, be.batched_get_non_blocking
+
+        def counted_blocking(*a, **k):
+            calls["blocking"] += 1
+            return blocking(*a, **k)
+
+        async def counted_awaited(*a, **k):
+            calls["awaited"] += 1
+            return await awaited(*a, **k)
+
+        be.batched_get_blocking, be.batched_get_non_blocking = counted_blocking, counted_awaited
+        hits0 = be.store.stats.snapshot()["hits"]
+        # Four stored chunks of six asked for: the hit is the four.
+        assert async_lookup(eng, more, "req-1") == 1024
+        got = kv.empty_like()
+        mask = eng.retrieve(more, kvcaches=got.caches, slot_mapping=got.slot_mapping, req_id="req-1")
+        assert int(mask.sum()) == 1024 and kv.tokens_equal(got, 1024)
+        assert calls == {"blocking": 0, "awaited": 1}
+        assert be.store.stats.snapshot()["hits"] - hits0 == 4
+        assert be.store._pins == {} and be._lookup_pins == {}
+
+        # The third chunk damaged between the lookup's check and the load: loaded up to it, no further.
+        key2 = list(eng.token_database.process_tokens(tokens=tokens))[2][2]
+        victim = be.store.path_for(chunk_digest(key2.to_string()))
+        real_contains = be.batched_async_contains
+
+        async def damage_after_lookup(*a, **k):
+            n = await real_contains(*a, **k)
+            _flip(victim, HEADER_SIZE + 4096)
+            return n
+
+        be.batched_async_contains = damage_after_lookup
+        assert async_lookup(eng, tokens, "req-2") == 512
+        got2 = kv.empty_like()
+        mask = eng.retrieve(tokens, kvcaches=got2.caches, slot_mapping=got2.slot_mapping, req_id="req-2")
+        assert int(mask.sum()) == 512 and kv.tokens_equal(got2, 512)
+        assert be.store.stats.corrupt == 1 and not os.path.exists(victim)
+        s = kv.slot_mapping[512:1024]
+        assert all(
+            torch.count_nonzero(c.view(c.shape[0], -1, c.shape[-2] * c.shape[-1])[:, s]) == 0 for c in got2.caches
+        )
+        assert be.store._pins == {} and be._lookup_pins == {}
 
 
 @pytest.mark.parametrize("damage", ["payload-bit", "header-bit", "truncated", "empty", "other-key"])

@@ -9,6 +9,7 @@ mapping into LMCache's chunk objects ([kv_size, layers, tokens, heads*dim]).
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from contextlib import contextmanager
 
@@ -140,11 +141,25 @@ class KV:
 
 
 @contextmanager
-def engine_on_cpu(cfg: LMCacheEngineConfig, connector, kv_dtype, kv_shape, use_mla, chunk_size, model, prefix="fx"):
+def engine_on_cpu(
+    cfg: LMCacheEngineConfig,
+    connector,
+    kv_dtype,
+    kv_shape,
+    use_mla,
+    chunk_size,
+    model,
+    prefix="fx",
+    async_lookup=False,
+):
     """A single-worker LMCacheEngine with the given connector, destroyed on
     exit (an engine left alive keeps a non-daemon thread and hangs exit).
-    LMCache's usage reporting is turned off unless the caller chose."""
+    LMCache's usage reporting is turned off unless the caller chose. With
+    `async_lookup` (and enable_async_loading in cfg) the engine gets LMCache's
+    async lookup server, and engine.fx_lookup_client is the scheduler side's
+    client talking to it over ZMQ, as vLLM's scheduler would."""
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+    iid = f"{prefix}-{uuid.uuid4().hex[:8]}"
     md = LMCacheMetadata(
         model_name=model,
         world_size=1,
@@ -156,21 +171,53 @@ def engine_on_cpu(cfg: LMCacheEngineConfig, connector, kv_dtype, kv_shape, use_m
         use_mla=use_mla,
         role="worker",
         chunk_size=chunk_size,
+        engine_id=iid,  # names the lookup client's and server's ZMQ sockets
     )
-    iid = f"{prefix}-{uuid.uuid4().hex[:8]}"
     engine = LMCacheEngineBuilder.get_or_create(iid, cfg, md, connector, lambda *a, **k: None, lambda *a, **k: None)
+    server = client = None
     try:
-        engine.post_init()
+        if async_lookup:
+            from lmcache.v1.lookup_client.lmcache_async_lookup_client import (
+                LMCacheAsyncLookupClient,
+                LMCacheAsyncLookupServer,
+            )
+
+            server = LMCacheAsyncLookupServer(engine, md)
+            engine.post_init(async_lookup_server=server)
+            client = engine.fx_lookup_client = LMCacheAsyncLookupClient(cfg, md)
+        else:
+            engine.post_init()
         yield engine
     finally:
+        for end in (client, server):
+            if end is not None:
+                end.close()
         LMCacheEngineBuilder.destroy(iid)
 
 
 @contextmanager
-def lmcache_engine(cfg: LMCacheEngineConfig, geo: Geometry, model="fx-test-model"):
+def lmcache_engine(cfg: LMCacheEngineConfig, geo: Geometry, model="fx-test-model", async_lookup=False):
     conn = PagedCPUConnector(geo.layers, geo.kv_size, geo.kv_heads, geo.head_dim)
-    with engine_on_cpu(cfg, conn, geo.dtype, geo.kv_shape(), geo.mla, geo.chunk, model) as engine:
+    with engine_on_cpu(
+        cfg, conn, geo.dtype, geo.kv_shape(), geo.mla, geo.chunk, model, async_lookup=async_lookup
+    ) as engine:
         yield engine
+
+
+def async_lookup(engine, tokens, lookup_id: str, timeout: float = 30.0) -> int:
+    """LMCache's async loading as vLLM's scheduler drives it: register the
+    lookup, send it to the worker's lookup server, poll until the worker has
+    looked up and prefetched; returns the hit tokens it reported."""
+    client = engine.fx_lookup_client
+    if client.lookup_cache(lookup_id) != -1:
+        raise RuntimeError(f"lookup {lookup_id} already known")
+    client.lookup(tokens, lookup_id)
+    end = time.monotonic() + timeout
+    while (n := client.lookup_cache(lookup_id)) is None:
+        if time.monotonic() > end:
+            raise TimeoutError(f"async lookup {lookup_id} not answered in {timeout:.0f} s")
+        time.sleep(0.005)
+    return n
 
 
 def fx_backend(engine, name="fx"):
