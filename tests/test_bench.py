@@ -1566,3 +1566,59 @@ def test_zero_fills_with_one_memset_and_refuses_strided_tensors():
     assert bool((t[0] == 7).all()) and int(t[1:].count_nonzero()) == 0
     with pytest.raises(ValueError, match="contiguous"):
         zero(t[:, ::2])
+
+
+def test_docs_awaited_cost_probe_is_the_committed_json():
+    """The page's table and figures of what an awaited load costs LMCache's
+    loop are the committed probe's: each median the median of its rounds,
+    each ratio the median of the rounds' own ratios, every request a hit, and
+    the differences the page quotes taken from those medians."""
+    with open(os.path.join(ROOT, "docs", "awaited-cost-probe.json")) as f:
+        runs = json.load(f)["runs"]
+    page = _page()
+    assert set(runs) == {"run1", "run2"}
+    for label, r in runs.items():
+        assert r["chunk_bytes"] == 2 * MIB and r["rounds"] == 5 and r["git_commit"].startswith("2830252")
+        raw, tiers = r["tier_rounds"], r["tiers (medians over rounds)"]
+        ratios = r["fx over rust_raw_block (medians of each round's ratio)"]
+        for way, v in r["handoff (medians over rounds)"].items():
+            each = [x[way]["loop_cpu_us"] for x in r["handoff_rounds"]]
+            assert len(each) == 5 and v["loop_cpu_us"] == pytest.approx(statistics.median(each), abs=0.001)
+            assert f"{v['loop_cpu_us']}" in page
+        for n in ("1", "16"):
+            f, b = tiers["fx"][n], tiers["rust_raw_block"][n]
+            for name in ("fx", "rust_raw_block"):
+                rs = raw[name][n]
+                assert len(rs) == 5 and all(x["misses"] == 0 and x["requests"] == 400 for x in rs)
+                for k in ("loop_cpu_us", "process_cpu_us", "p50_ms"):
+                    assert tiers[name][n][k] == pytest.approx(statistics.median(x[k] for x in rs), abs=0.001)
+            for k in ("loop_cpu_us", "process_cpu_us", "p50_ms"):
+                each = [x[k] / y[k] for x, y in zip(raw["fx"][n], raw["rust_raw_block"][n])]
+                assert ratios[n][k] == pytest.approx(statistics.median(each), abs=0.001)
+            q = ratios[n]
+            row = (
+                f"| run {label[-1]}, {n} | {f['loop_cpu_us']:.1f} / {b['loop_cpu_us']:.1f} | "
+                f"{f['process_cpu_us']:.1f} / {b['process_cpu_us']:.1f} | {f['p50_ms']:.2f} / {b['p50_ms']:.2f} | "
+                f"{q['loop_cpu_us']:.2f}× · {q['process_cpu_us']:.2f}× · {q['p50_ms']:.2f}× |"
+            )
+            assert row in page
+        assert ratios["1"]["p50_ms"] < 1 < ratios["16"]["p50_ms"]  # ahead with one in flight, behind at 16
+    # what the findings quote of 16 in flight, both runs: the extra CPU per request, it eight times over
+    # (16 requests on 2 cores), the p50 gap, and the loop thread's share
+    f1, b1 = (runs["run1"]["tiers (medians over rounds)"][t]["16"] for t in ("fx", "rust_raw_block"))
+    f2, b2 = (runs["run2"]["tiers (medians over rounds)"][t]["16"] for t in ("fx", "rust_raw_block"))
+    extra = [f["process_cpu_us"] - b["process_cpu_us"] for f, b in ((f1, b1), (f2, b2))]
+    gap = [f["p50_ms"] - b["p50_ms"] for f, b in ((f1, b1), (f2, b2))]
+    loop = [f["loop_cpu_us"] - b["loop_cpu_us"] for f, b in ((f1, b1), (f2, b2))]
+    text = " ".join(page.split())
+    assert f"spends {extra[0]:.0f} and {extra[1]:.0f} µs more of the process's CPU per request" in text
+    assert f"eight times over: {extra[0] * 8 / 1000:.2f} and {extra[1] * 8 / 1000:.2f} ms" in text
+    assert f"against p50 gaps of {gap[0]:.2f} and {gap[1]:.2f} ms" in text
+    assert f"{loop[0]:.0f} and {loop[1]:.0f} µs more there" in text
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    q1, q2 = (runs[r]["fx over rust_raw_block (medians of each round's ratio)"] for r in ("run1", "run2"))
+    assert f"fx's p50 is the lower ({q1['1']['p50_ms']:.2f}×, {q2['1']['p50_ms']:.2f}×)" in readme
+    assert f"at 16 it is {q1['16']['p50_ms']:.2f}× and {q2['16']['p50_ms']:.2f}×" in readme
+    assert f"spending {q1['16']['process_cpu_us']:.2f}× and {q2['16']['process_cpu_us']:.2f}×" in readme
+    assert f"loop thread {q1['16']['loop_cpu_us']:.2f}× and {q2['16']['loop_cpu_us']:.2f}×" in readme
