@@ -133,20 +133,6 @@ def _cpu_flags():
     return None
 
 
-def _zen_3_or_4():
-    """AMD family 19h, where 512-bit folding is not chosen (csrc/crc32c.c)."""
-    info = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if ":" in line:
-                    k, v = line.split(":", 1)
-                    info.setdefault(k.strip(), v.strip())
-    except OSError:
-        return False
-    return info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25"
-
-
 def test_implementation_is_the_fastest_the_cpu_allows():
     """The start-up self-test rejects a fast path that disagrees with the
     table code; a fallback here means such a path is broken."""
@@ -157,7 +143,7 @@ def test_implementation_is_the_fastest_the_cpu_allows():
     if flags is None:
         pytest.skip("no /proc/cpuinfo")
     if machine == "x86_64":
-        if {"pclmulqdq", "sse4_2", "avx2", "vpclmulqdq", "avx512f", "avx512vl"} <= flags and not _zen_3_or_4():
+        if {"pclmulqdq", "sse4_2", "avx2", "vpclmulqdq", "avx512f", "avx512vl"} <= flags:
             assert impl == "vpclmulqdq-512"
         elif {"pclmulqdq", "sse4_2", "avx2", "vpclmulqdq"} <= flags:
             assert impl == "vpclmulqdq+crc32q"
