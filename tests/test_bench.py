@@ -421,6 +421,11 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     d = json.loads(out.read_text())
     assert d["git_commit"] is None or len(d["git_commit"]) >= 40
     assert d["machine"]["mount_options"].split(",")[0] in ("rw", "ro")  # the measured mount's options, as findmnt says
+    # which CRC32C path ran, and whether checked reads could be staged: the figures depend on both
+    from lmcache_fx import _fxio
+
+    assert d["machine"]["crc32c"] == _fxio.CRC32C_IMPL
+    assert d["machine"]["crc32c_copy_one_pass"] == bool(_fxio.CRC32C_COPY_ONE_PASS)
     for name in ("fx", "fx-l2"):  # each latency, in completion order, engine level and L2 level
         case = d["readers"][name]["latency"]["2"]
         assert len(case["rounds"]) == 2 and case["misses"] == 0 and case["requests"] == 400

@@ -152,10 +152,15 @@ def machine_info(path: str) -> dict:
     info = {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version()}
     try:
         with open("/proc/cpuinfo") as f:
+            # A VM may mask the model name ("AMD EPYC"): family and model say which core it is, and the
+            # CRC32C path chosen (below) follows from them.
+            names = {"model name": "cpu", "cpu family": "cpu_family", "model": "cpu_model"}
             for line in f:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
+                if not line.strip():
+                    break  # the first CPU's entry only
+                k, _, v = line.partition(":")
+                if k.strip() in names:
+                    info[names[k.strip()]] = v.strip()
         with open("/proc/meminfo") as f:
             info["mem_gib"] = round(int(f.readline().split()[1]) / (1 << 20), 1)
     except OSError:
@@ -180,6 +185,8 @@ def machine_info(path: str) -> dict:
         from ... import _fxio
 
         info["io_uring"] = _fxio.io_uring_status()
+        info["crc32c"] = _fxio.CRC32C_IMPL  # fx's checked reads and stores depend on it
+        info["crc32c_copy_one_pass"] = bool(_fxio.CRC32C_COPY_ONE_PASS)  # staged_reads: auto needs it
     except Exception:
         pass
     return info
