@@ -1627,3 +1627,95 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     assert f"at 16 it is {q1['16']['p50_ms']:.2f}× and {q2['16']['p50_ms']:.2f}×" in readme
     assert f"spending {q1['16']['process_cpu_us']:.2f}× and {q2['16']['process_cpu_us']:.2f}×" in readme
     assert f"loop thread {q1['16']['loop_cpu_us']:.2f}× and {q2['16']['loop_cpu_us']:.2f}×" in readme
+
+
+def test_docs_zen4_crc512_round_is_the_committed_json():
+    """The Zen 4 round before and after bc570db: its table is what
+    `bench_tables.py --runs fx-unstaged` renders from the 24 runs, each run
+    is from the commit its name gives, the before runs could not stage (no
+    one-pass copy) and the after runs did, and every figure the page quotes
+    of it (ratios per run, medians, ranges) is the JSON's."""
+    mod = _bench_tables()
+    page = _page()
+    text = " ".join(page.split())
+    d = os.path.join(ROOT, "docs", "bench-repeats", "zen4-crc512")
+    sizes = {"64m": "64 MiB", "10m": "10 MiB", "2m": "2 MiB"}
+    paths = [
+        os.path.join(d, f"{c}-{s}-run{r}.json") for s in sizes for c in ("a1320bb", "bc570db") for r in (1, 2, 3, 4)
+    ]
+    assert mod.runs_table(paths, "fx-unstaged") in page
+    runs = {}
+    for p in paths:
+        with open(p) as f:
+            runs[os.path.basename(p)[:-5]] = json.load(f)
+    for name, run in runs.items():
+        assert run["git_commit"].startswith(name.split("-")[0]), name
+        assert "--reps 5" in run["command"] and run["cold"], name
+    ahead = 0
+    for s, words in sizes.items():
+        parts = []
+        for c, when in (("a1320bb", "before"), ("bc570db", "after")):
+            rs = [runs[f"{c}-{s}-run{r}"]["readers"] for r in (1, 2, 3, 4)]
+            rat = [r["fx"]["ratio_to_best_peer"]["tier_read"] for r in rs]
+            parts.append(f"{', '.join(f'{x:.2f}×' for x in rat)} {when}")
+            if c == "a1320bb":
+                assert max(rat) < 1.0, s  # behind in every run before
+            else:
+                ahead += sum(x > 1.0 for x in rat)
+                # staged faster than in place in every run after
+                assert all(
+                    r["fx"]["median"]["tier_read_gbps"] > r["fx-unstaged"]["median"]["tier_read_gbps"] for r in rs
+                )
+            med = statistics.median(rat)
+            parts[-1] += f" ({'median ' if (s, c) == ('64m', 'a1320bb') else ''}{med:.2f}×)"
+        assert f"{words}: {parts[0]}; {parts[1]}" in text, s
+    assert f"ahead in {['no', 'one', 'two', 'three', 'four', 'five', 'six', 'seven'][ahead]} runs of twelve" in text
+
+    def each(c, s, fn):
+        return [fn(runs[f"{c}-{s}-run{r}"]["readers"]) for r in (1, 2, 3, 4)]
+
+    def span(xs, fmt):
+        return f"{min(xs):{fmt}}–{max(xs):{fmt}}"
+
+    def fx_gbps(r):
+        return r["fx"]["median"]["tier_read_gbps"]
+
+    def staged(r):
+        return fx_gbps(r) / r["fx-unstaged"]["median"]["tier_read_gbps"]
+
+    def cpu(r):
+        return r["fx"]["median"]["tier_cpu_s_per_gb"]
+
+    med = {(c, s): statistics.median(each(c, s, fx_gbps)) for c in ("a1320bb", "bc570db") for s in sizes}
+    assert (
+        f"rose from {med['a1320bb', '64m']:.2f} to {med['bc570db', '64m']:.2f} GB/s at 64 MiB, "
+        f"{med['a1320bb', '10m']:.2f} to {med['bc570db', '10m']:.2f} at 10 MiB, and "
+        f"{med['a1320bb', '2m']:.2f} to {med['bc570db', '2m']:.2f} at 2 MiB" in text
+    )
+    for c, fn, fmt in (
+        ("bc570db", staged, ".2f"),
+        ("a1320bb", staged, ".2f"),
+        ("bc570db", cpu, ".3f"),
+        ("a1320bb", cpu, ".3f"),
+    ):
+        unit = "×" if fn is staged else ""
+        quoted = ", ".join(f"{span(each(c, s, fn), fmt)}{unit}" for s in ("64m", "10m"))
+        assert f"{quoted} and {span(each(c, '2m', fn), fmt)}{unit}" in text, (c, fn.__name__)
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    meds = {
+        c: ", ".join(
+            f"{statistics.median(runs[f'{c}-{s}-run{r}']['readers']['fx']['ratio_to_best_peer']['tier_read'] for r in (1, 2, 3, 4)):.2f}×"
+            for s in sizes
+        )
+        for c in ("a1320bb", "bc570db")
+    }
+    assert f"checked reads ran at {meds['a1320bb']} the best peer" in readme
+    assert f"Now the CPU's features alone decide: {meds['bc570db']}, ahead in" in readme
+    with open(os.path.join(ROOT, "docs", "crc32c-speed-zen4.json")) as f:
+        crc = json.load(f)
+    assert crc["cpu"]["cpu family"] == "25" and crc["implementation"] == "vpclmulqdq-512"
+    gb = {(r["impl"].split(" (")[1].split(",")[0].rstrip(")"), r["size"]): r["gbps"] for r in crc["rows"]}
+    assert f"{gb[('vpclmulqdq-512', '1 MiB')]:.2f} GB/s in a core's cache (1 MiB)" in text
+    assert f"and {gb[('vpclmulqdq-512', '64 MiB')]:.2f} from memory (64 MiB)" in text
+    assert f"ran at {gb[('vpclmulqdq+crc32q', '1 MiB')]:.2f} and {gb[('vpclmulqdq+crc32q', '64 MiB')]:.2f}" in text
