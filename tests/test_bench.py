@@ -1701,6 +1701,20 @@ def test_docs_zen4_crc512_round_is_the_committed_json():
         unit = "×" if fn is staged else ""
         quoted = ", ".join(f"{span(each(c, s, fn), fmt)}{unit}" for s in ("64m", "10m"))
         assert f"{quoted} and {span(each(c, '2m', fn), fmt)}{unit}" in text, (c, fn.__name__)
+
+    def listed(xs):
+        return ", ".join(xs[:-1]) + " and " + xs[-1]
+
+    def ratio(reader, k):
+        return lambda r: r[reader]["ratio_to_best_peer"][k]
+
+    for fn, fmt, unit, lead in (
+        (ratio("fx", "tier_cpu"), ".1f", "×", "Over the lowest peer's CPU per GB:** "),
+        (ratio("fx-l2", "tier_read"), ".2f", "×", "fx-l2's reads** over the best peer: "),
+        (ratio("fx", "store_same_level"), ".2f", "×", "over the best tier: "),
+    ):
+        after, before = (listed([f"{span(each(c, s, fn), fmt)}{unit}" for s in sizes]) for c in ("bc570db", "a1320bb"))
+        assert f"{lead}{after} after, against {before} before" in text, lead
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = " ".join(f.read().split())
     meds = {
