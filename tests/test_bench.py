@@ -1743,3 +1743,48 @@ def test_docs_zen4_crc512_round_is_the_committed_json():
     assert f"{gb[('vpclmulqdq-512', '1 MiB')]:.2f} GB/s in a core's cache (1 MiB)" in text
     assert f"and {gb[('vpclmulqdq-512', '64 MiB')]:.2f} from memory (64 MiB)" in text
     assert f"ran at {gb[('vpclmulqdq+crc32q', '1 MiB')]:.2f} and {gb[('vpclmulqdq+crc32q', '64 MiB')]:.2f}" in text
+
+
+def test_docs_zen4_tmpfs_round_is_the_committed_json():
+    """The tmpfs check on the Zen 4 host: its two tables are what
+    `bench_tables.py --ratios` renders from each size's four runs at 7731420,
+    on a family-19h CPU with the 512-bit CRC32C; the per-run ratios the page
+    and the targets table quote are the JSON's, and the target (1.2x) held
+    at 64 MiB in two runs of four and at 2 MiB in none, as the page says."""
+    mod = _bench_tables()
+    page = _page()
+    text = " ".join(page.split())
+    d = os.path.join(ROOT, "docs", "bench-repeats", "zen4-tmpfs")
+    for size, held in (("64m", 2), ("2m", 0)):
+        paths = [
+            os.path.join("docs", "bench-repeats", "zen4-tmpfs", f"7731420-tmpfs-{size}-run{r}.json")
+            for r in (1, 2, 3, 4)
+        ]
+        assert mod.ratios_table(paths) in page
+        runs = []
+        for r in (1, 2, 3, 4):
+            with open(os.path.join(d, f"7731420-tmpfs-{size}-run{r}.json")) as f:
+                runs.append(json.load(f))
+        for run in runs:
+            assert run["git_commit"].startswith("7731420") and not run["cold"]
+            assert run["machine"]["cpu_family"] == "25" and run["machine"]["crc32c"] == "vpclmulqdq-512"
+        rat = [run["readers"]["fx"]["ratio_to_best_peer"]["tier_read"] for run in runs]
+        assert sum(x >= 1.2 for x in rat) == held, size
+        quoted = ", ".join(f"{x:.2f}×" for x in rat)
+        assert f"{quoted} at {size[:-1]} MiB" in text
+    with open(os.path.join(ROOT, "docs", "crc32c-speed-zen4.json")) as f:
+        zen4 = json.load(f)
+    with open(os.path.join(ROOT, "docs", "crc32c-speed.json")) as f:
+        zen5 = json.load(f)
+
+    def in_use(doc):
+        return next(r["gbps"] for r in doc["rows"] if "in use" in r["impl"] and r["size"] == "1 MiB")
+
+    assert f"{in_use(zen4):.2f} against {in_use(zen5):.2f} GB/s on 1 MiB in cache" in text
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    rat2 = []
+    for r in (1, 2, 3, 4):
+        with open(os.path.join(d, f"7731420-tmpfs-2m-run{r}.json")) as f:
+            rat2.append(json.load(f)["readers"]["fx"]["ratio_to_best_peer"]["tier_read"])
+    assert f"{min(rat2):.2f}–{max(rat2):.2f}× the best peer at 2 MiB" in readme
