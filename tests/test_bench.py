@@ -1788,3 +1788,32 @@ def test_docs_zen4_tmpfs_round_is_the_committed_json():
         with open(os.path.join(d, f"7731420-tmpfs-2m-run{r}.json")) as f:
             rat2.append(json.load(f)["readers"]["fx"]["ratio_to_best_peer"]["tier_read"])
     assert f"{min(rat2):.2f}–{max(rat2):.2f}× the best peer at 2 MiB" in readme
+
+
+def test_docs_zen4_fresh_tmpfs_probe_is_the_committed_json():
+    """What the Zen 4 tmpfs section says of fresh files is staged_probe.py's
+    committed rounds on that CPU: each round's staged / fs_native, the CPU
+    per GB ranges and the staged / direct pair medians, each pair median the
+    median of its reps' ratios."""
+    with open(os.path.join(ROOT, "docs", "bench-repeats", "staged-probe-zen4.json")) as f:
+        d = json.load(f)
+    assert d["git_commit"].startswith("65cbf07") and d["crc32c_impl"] == "vpclmulqdq-512"
+    rs = d["rounds"]
+    assert len(rs) == 6 and all(r["staged_pieces"] > 0 for r in rs)
+    for r in rs:
+        each = [a / b for a, b in zip(r["staged_gbps_each"], r["direct_gbps_each"])]
+        assert len(each) == 15 and r["pair_ratio_median"] == pytest.approx(statistics.median(each), abs=0.002)
+    text = " ".join(_page().split())
+
+    def each(chunks, k):
+        return ", ".join(f"{r[k]:.2f}×" for r in rs if r["chunks"] == chunks)
+
+    assert f"at {each('240 x 2 MiB', 'staged_over_fs_native')} fs_native's at 2 MiB" in text
+    assert f"and {each('7 x 64 MiB', 'staged_over_fs_native')} at 64 MiB" in text
+    cpu = [r["staged_cpu_s_per_gb"] for r in rs]
+    fs = [r["fs_native_cpu_s_per_gb"] for r in rs]
+    pr = [r["pair_ratio_median"] for r in rs]
+    assert f"at {min(cpu):.2f}–{max(cpu):.2f} CPU s/GB against fs_native's {min(fs):.2f}–{max(fs):.2f}" in text
+    assert f"direct {min(pr):.2f}–{max(pr):.2f}× (pair medians)" in text
+    so = [r["staged_over_fs_native"] for r in rs]
+    assert f"on the Zen 4 {min(so):.2f}–{max(so):.2f}×, `staged-probe-zen4.json`" in text
