@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -190,6 +191,11 @@ def test_async_loading_end_to_end(tmp_path):
             torch.count_nonzero(c.view(c.shape[0], -1, c.shape[-2] * c.shape[-1])[:, s]) == 0 for c in got2.caches
         )
         assert be.store._pins == {} and be._lookup_pins == {}
+    # The lookup client's and server's threads left before their ZMQ sockets closed (engine_on_cpu wakes them:
+    # closing a socket under a thread blocked in its recv() aborted the process once).
+    assert eng.fx_lookup_threads_at_close == []
+    lookup_threads = ("async-lookup-client-thread", "async-lookup-server-thread")
+    assert not [t.name for t in threading.enumerate() if t.name in lookup_threads and t.is_alive()]
 
 
 @pytest.mark.parametrize("damage", ["payload-bit", "header-bit", "truncated", "empty", "other-key"])

@@ -189,10 +189,34 @@ def engine_on_cpu(
             engine.post_init()
         yield engine
     finally:
+        if client is not None and server is not None:
+            # the threads still running when their sockets close (tests check it is none)
+            engine.fx_lookup_threads_at_close = _stop_lookup_threads(client, server)
         for end in (client, server):
             if end is not None:
                 end.close()
         LMCacheEngineBuilder.destroy(iid)
+
+
+def _stop_lookup_threads(client, server, timeout: float = 5.0) -> list:
+    """Lets the async lookup client's and server's threads leave before
+    their sockets close. LMCache's close() only clears `running` and joins
+    for 1 s while each thread sits in a blocking recv(), then closes the
+    socket under it; a ZMQ socket used from two threads at once aborts the
+    process (seen once in CI, in this teardown). Each thread is woken by one
+    harmless message: the server by a cleanup for a lookup id nobody used,
+    the client by a response for it. Returns the names of those still
+    running after `timeout`."""
+    lookup_id = f"fx-shutdown-{uuid.uuid4().hex[:8]}"
+    client.running = server.running = False
+    try:
+        client._send_cleanup_message(lookup_id)
+        server.send_response_to_scheduler(lookup_id, 0)
+    except Exception:  # a socket already gone: nothing of that end to wake
+        pass
+    for end in (client, server):
+        end.thread.join(timeout)
+    return [end.thread.name for end in (client, server) if end.thread.is_alive()]
 
 
 @contextmanager
