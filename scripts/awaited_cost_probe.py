@@ -7,8 +7,8 @@ measures only time.
 
 - ``tiers``: real LMCacheEngines on CPU with fx's plugin and RustRawBlockBackend (the bench's readers),
   on XFS on a RAM-backed loop device (root), O_DIRECT. Per reader and in-flight count, ``--requests``
-  one-chunk requests as coroutines on that engine's own loop, each awaiting batched_async_contains(pin)
-  then batched_get_non_blocking, every request a hit: the loop thread's CPU per request (its
+  one-chunk requests sent as the bench's awaited latency case sends them (coroutines on that engine's
+  own loop, each awaiting batched_async_contains(pin) then batched_get_non_blocking), every request a hit: the loop thread's CPU per request (its
   thread_time over the case), the process's, p50 and p99. Rounds interleave the readers.
 - ``handoff``: on an event loop of its own, what any awaited read through fx's C engine pays before a
   byte moves: Engine.submit_chunks of an empty batch awaited through its eventfd (drive.await_batch),
@@ -93,40 +93,29 @@ def handoff_round(n: int) -> dict:
     return out
 
 
-def tier_case(reader, keys: list, conc: int, n_req: int, tag: str) -> dict:
-    """`n_req` one-chunk requests, `conc` in flight, on the reader's LMCache loop."""
-    backend = reader.backend
+def tier_case(reader, keys: list, conc: int, n_req: int) -> dict:
+    """`n_req` one-chunk requests, `conc` in flight, sent by the bench's own
+    awaited latency case (LMCacheReader._latency_awaited) on the reader's
+    LMCache loop; the loop thread's CPU is read on that thread before and after."""
     loop = reader.engine.storage_manager.loop
+
+    async def loop_cpu() -> float:
+        return time.thread_time()
+
+    reqs = [[keys[i % len(keys)]] for i in range(n_req)]
     lat: list[float] = []
-    misses = [0]
-    nxt = iter(range(n_req))
-
-    async def worker() -> None:
-        for i in nxt:
-            req = [keys[i % len(keys)]]
-            lid = f"{tag}-{i}"
-            t = time.perf_counter()
-            if await backend.batched_async_contains(lid, req, True) < 1:
-                misses[0] += 1
-                continue
-            objs = await backend.batched_get_non_blocking(lid, req)
-            lat.append(time.perf_counter() - t)
-            if len(objs) < 1 or objs[0] is None:
-                misses[0] += 1
-            bench_readers._drop(objs)
-
-    async def main() -> tuple[float, float, float]:
-        c, p, t = time.thread_time(), time.process_time(), time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(conc)))
-        return time.thread_time() - c, time.process_time() - p, time.perf_counter() - t
-
-    loop_cpu, proc_cpu, wall = asyncio.run_coroutine_threadsafe(main(), loop).result()
+    errors: list = []
+    c0 = asyncio.run_coroutine_threadsafe(loop_cpu(), loop).result()
+    p, t = time.process_time(), time.perf_counter()
+    reader._latency_awaited(reqs, conc, lat, errors)
+    proc_cpu, wall = time.process_time() - p, time.perf_counter() - t
+    loop_cpu_s = asyncio.run_coroutine_threadsafe(loop_cpu(), loop).result() - c0
     return {
         "requests": n_req,
-        "misses": misses[0],
-        "loop_cpu_us": round(loop_cpu / n_req * 1e6, 1),
+        "misses": len(errors),
+        "loop_cpu_us": round(loop_cpu_s / n_req * 1e6, 1),
         "process_cpu_us": round(proc_cpu / n_req * 1e6, 1),
-        "loop_busy": round(loop_cpu / wall, 3),
+        "loop_busy": round(loop_cpu_s / wall, 3),
         "p50_ms": round(percentile(lat, 50) * 1e3, 3),
         "p99_ms": round(percentile(lat, 99) * 1e3, 3),
     }
@@ -191,7 +180,7 @@ def main() -> int:
                 for n in inflight:
                     for name in names if rnd % 2 == 0 else names[::-1]:
                         r, keys = opened[name]
-                        res = tier_case(r, keys, n, a.requests, f"r{rnd}-{n}")
+                        res = tier_case(r, keys, n, a.requests)
                         raw[name][str(n)].append(res)
                         print(f"round {rnd} {name:15s} {n:2d} in flight: {res}", flush=True)
 
