@@ -54,6 +54,7 @@ typedef struct {
 
 static PyTypeObject EngineType;
 static PyTypeObject BatchType;
+static PyTypeObject NotifierType;
 static PyTypeObject HostBufferType;
 
 /* ---------------------------------------------------------------- helpers */
@@ -817,7 +818,65 @@ typedef struct {
     unsigned gen; /* process generation (fork guard) */
     int is_chunks;   /* submit_chunks: runs chunk files, not ops */
     chunk_args chunks;
+    PyObject *notifier; /* a Notifier whose eventfd efd is (not owned), or NULL */
 } BatchObject;
+
+/* ---------------------------------------------------------------- Notifier */
+
+/* One eventfd that many batches signal, so an event loop watches one
+ * descriptor for all of them: no eventfd made, registered with epoll and
+ * removed per batch. Each batch holds a reference, so the descriptor stays
+ * open until every batch thread that may write it has been joined. */
+typedef struct {
+    PyObject_HEAD
+    int efd;
+} NotifierObject;
+
+static PyObject *Notifier_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {NULL};
+    NotifierObject *no;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "", kwlist))
+        return NULL;
+    if (!(no = (NotifierObject *)type->tp_alloc(type, 0)))
+        return NULL;
+    no->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (no->efd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        Py_DECREF(no);
+        return NULL;
+    }
+    return (PyObject *)no;
+}
+
+static void Notifier_dealloc(NotifierObject *no)
+{
+    if (no->efd >= 0)
+        close(no->efd);
+    Py_TYPE(no)->tp_free((PyObject *)no);
+}
+
+static PyObject *Notifier_fileno(NotifierObject *no, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromLong(no->efd);
+}
+
+/* Resets the eventfd; returns how many signals it held (0: none). */
+static PyObject *Notifier_drain(NotifierObject *no, PyObject *unused)
+{
+    uint64_t n = 0;
+
+    (void)unused;
+    while (read(no->efd, &n, sizeof(n)) < 0) {
+        if (errno == EAGAIN)
+            return PyLong_FromLong(0);
+        if (errno != EINTR)
+            return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromUnsignedLongLong(n);
+}
 
 static void *batch_thread(void *arg)
 {
@@ -873,14 +932,24 @@ static BatchObject *batch_new(EngineObject *self, int is_chunks)
     memset(&bo->b, 0, sizeof(bo->b));
     memset(&bo->chunks, 0, sizeof(bo->chunks));
     atomic_init(&bo->finished, 0);
+    bo->notifier = NULL;
     return bo;
 }
 
 /* Starts a prepared batch on its own thread, signalled through an eventfd
  * when done; consumes the reference to bo on failure. */
-static PyObject *batch_start(EngineObject *self, BatchObject *bo)
+static PyObject *batch_start(EngineObject *self, BatchObject *bo, PyObject *notify)
 {
-    bo->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (notify && notify != Py_None) {
+        if (!PyObject_TypeCheck(notify, &NotifierType)) {
+            PyErr_SetString(PyExc_TypeError, "notify must be an lmcache_fx._fxio.Notifier or None");
+            goto fail;
+        }
+        bo->notifier = Py_NewRef(notify);
+        bo->efd = ((NotifierObject *)notify)->efd;
+    } else {
+        bo->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    }
     if (bo->efd < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto fail;
@@ -901,13 +970,13 @@ fail:
 
 static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"ops", "write", "crc", NULL};
-    PyObject *ops_obj;
+    static char *kwlist[] = {"ops", "write", "crc", "notify", NULL};
+    PyObject *ops_obj, *notify = NULL;
     int write = 0, want_crc = 0;
     BatchObject *bo;
     size_t n = 0;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp", kwlist, &ops_obj, &write, &want_crc))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ppO", kwlist, &ops_obj, &write, &want_crc, &notify))
         return NULL;
     if (!(bo = batch_new(self, 0)))
         return NULL;
@@ -924,7 +993,7 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
     bo->b.write = write;
     bo->b.want_crc = want_crc;
     crc_helpers(self, &bo->b);
-    return batch_start(self, bo);
+    return batch_start(self, bo, notify);
 fail:
     Py_DECREF(bo);
     return NULL;
@@ -932,13 +1001,14 @@ fail:
 
 static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObject *kw)
 {
-    PyObject *chunks;
+    static char *kwlist[] = {"chunks", "scratch", "verify", "direct", "lock", "mapped", "stage", "notify", NULL};
+    PyObject *chunks, *notify = NULL;
     unsigned long long scratch;
     int verify = 0, direct = 0, lock = 0, mapped = 0, stage = 0;
     BatchObject *bo;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|ppppp", chunk_kwlist, &chunks, &scratch, &verify,
-                                     &direct, &lock, &mapped, &stage))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|pppppO", kwlist, &chunks, &scratch, &verify, &direct,
+                                     &lock, &mapped, &stage, &notify))
         return NULL;
     if (!(bo = batch_new(self, 1)))
         return NULL;
@@ -949,7 +1019,7 @@ static PyObject *Engine_submit_chunks(EngineObject *self, PyObject *args, PyObje
     bo->chunks.lock = lock;
     bo->chunks.mapped = mapped;
     bo->chunks.stage = stage;
-    return batch_start(self, bo);
+    return batch_start(self, bo, notify);
 fail:
     Py_DECREF(bo);
     return NULL;
@@ -958,8 +1028,9 @@ fail:
 static void Batch_dealloc(BatchObject *bo)
 {
     batch_join(bo); /* the thread writes into memory this object owns */
-    if (bo->efd >= 0)
+    if (bo->efd >= 0 && !bo->notifier)
         close(bo->efd);
+    Py_XDECREF(bo->notifier); /* after the join: its eventfd outlives the thread's write */
     chunk_args_free(&bo->chunks);
     PyMem_Free(bo->ops);
     PyMem_Free(bo->res);
@@ -1413,6 +1484,22 @@ static PyTypeObject BatchType = {
     .tp_methods = Batch_methods,
 };
 
+static PyMethodDef Notifier_methods[] = {
+    {"fileno", (PyCFunction)Notifier_fileno, METH_NOARGS, "the eventfd the batches given it signal"},
+    {"drain", (PyCFunction)Notifier_drain, METH_NOARGS, "drain() -> signals since the last drain (0: none)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject NotifierType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "lmcache_fx._fxio.Notifier",
+    .tp_basicsize = sizeof(NotifierObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Notifier(): one eventfd signalled by every batch submitted with notify=it",
+    .tp_new = Notifier_new,
+    .tp_dealloc = (destructor)Notifier_dealloc,
+    .tp_methods = Notifier_methods,
+};
+
 static PyBufferProcs HostBuffer_as_buffer = {(getbufferproc)HostBuffer_getbuffer, NULL};
 static PySequenceMethods HostBuffer_as_seq = {.sq_length = (lenfunc)HostBuffer_len};
 static PyGetSetDef HostBuffer_getset[] = {
@@ -1520,13 +1607,14 @@ PyObject *fx_core_module_create(void)
         return NULL;
     }
     if (PyType_Ready(&EngineType) < 0 || PyType_Ready(&BatchType) < 0 ||
-        PyType_Ready(&HostBufferType) < 0)
+        PyType_Ready(&NotifierType) < 0 || PyType_Ready(&HostBufferType) < 0)
         return NULL;
     m = PyModule_Create(&fxio_module);
     if (!m)
         return NULL;
     if (PyModule_AddObjectRef(m, "Engine", (PyObject *)&EngineType) < 0 ||
         PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0 ||
+        PyModule_AddObjectRef(m, "Notifier", (PyObject *)&NotifierType) < 0 ||
         PyModule_AddObjectRef(m, "HostBuffer", (PyObject *)&HostBufferType) < 0 ||
         PyModule_AddIntConstant(m, "DIO_ALIGN", FX_DIO_ALIGN) < 0 ||
         PyModule_AddIntConstant(m, "HAVE_LIBURING", fx_uring_available()) < 0 ||

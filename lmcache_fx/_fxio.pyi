@@ -85,8 +85,11 @@ class Engine:
     def write(self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0) -> list[int]: ...
     @overload
     def write(self, ops: Sequence[Op], crc: Literal[True], split: int = 0) -> list[tuple[int, int]]: ...
-    def submit(self, ops: Sequence[Op], write: bool = False, crc: bool = False) -> Batch:
-        """Runs the batch on a C thread; await Batch.fileno() becoming readable."""
+    def submit(
+        self, ops: Sequence[Op], write: bool = False, crc: bool = False, notify: Notifier | None = None
+    ) -> Batch:
+        """Runs the batch on a C thread; await Batch.fileno() becoming readable
+        (with `notify`, the Notifier's eventfd, shared with other batches)."""
     def read_chunks(
         self,
         chunks: Sequence[Chunk],
@@ -142,8 +145,10 @@ class Engine:
         lock: bool = False,
         mapped: bool = False,
         stage: bool = False,
+        notify: Notifier | None = None,
     ) -> Batch:
-        """read_chunks on a C thread; Batch.wait() returns its results."""
+        """read_chunks on a C thread; Batch.wait() returns its results.
+        `notify` as for submit()."""
     def register_buffer(self, address: int, length: int) -> int:
         """Registers memory as io_uring fixed buffers (pieces inside it use
         READ_FIXED). 0 or -errno (-ENOMEM without CAP_IPC_LOCK, -ENOSYS on
@@ -155,10 +160,19 @@ class Engine:
 
 class Batch:
     def fileno(self) -> int:
-        """An eventfd that becomes readable when the batch is done."""
+        """An eventfd that becomes readable when the batch is done: its own,
+        or the Notifier's it was submitted with."""
     def done(self) -> bool: ...
     def wait(self) -> list[int] | list[tuple[int, int]] | list[ChunkResult]:
         """Blocks (without the GIL) until done; returns the results."""
+
+class Notifier:
+    """One eventfd that every batch submitted with notify=it signals when
+    done, so an event loop watches one descriptor for all of them; each such
+    batch holds a reference, so it stays open until they are joined."""
+    def fileno(self) -> int: ...
+    def drain(self) -> int:
+        """Resets the eventfd; the signals since the last drain (0: none, without blocking)."""
 
 class HostBuffer(Buffer):
     """Anonymous memory, 4 KiB-aligned; 2 MiB-aligned with MADV_HUGEPAGE

@@ -40,7 +40,7 @@ from contextlib import ExitStack
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from lmcache_fx import _fxio  # noqa: E402
-from lmcache_fx.core.drive import await_batch  # noqa: E402
+from lmcache_fx.core.drive import _loop_waiter, await_batch  # noqa: E402
 from lmcache_fx.testing import loopfs  # noqa: E402
 from lmcache_fx.tools.bench import readers as bench_readers  # noqa: E402
 from lmcache_fx.tools.bench.workload import BenchConfig, Workload, percentile  # noqa: E402
@@ -62,6 +62,11 @@ def handoff_round(n: int) -> dict:
         async def awaited() -> None:
             await await_batch(eng.submit_chunks([], scratch.address), loop)
 
+        waiter = _loop_waiter(eng, loop)
+
+        async def awaited_shared() -> None:
+            await waiter.wait(eng.submit_chunks([], scratch.address, notify=waiter.notifier), loop)
+
         async def waited() -> None:
             eng.submit_chunks([], scratch.address).wait()
 
@@ -72,6 +77,7 @@ def handoff_round(n: int) -> dict:
 
         ways = {
             "engine batch, awaited (eventfd)": awaited,
+            "engine batch, awaited (the loop's shared eventfd)": awaited_shared,
             "engine batch, waited blocking": waited,
             "python thread, call_soon_threadsafe": thread_wake,
         }

@@ -930,6 +930,65 @@ def test_submit_asyncio(make_engine, payload, tmp_path, fds):
         assert bufs[i] == chunk
 
 
+def test_batches_signal_a_shared_notifier(make_engine, payload, tmp_path, fds):
+    """Batches submitted with notify= signal the Notifier's one eventfd (none
+    of their own), which stays open while a batch holds it."""
+    eng = make_engine(queue_depth=4, split_bytes=64 * KiB)
+    data = payload[: 2 * MiB]
+    fd = fds(write_file(tmp_path / "n.bin", data))
+    dst = fx.HostBuffer(2 * MiB)
+    notifier = fx.Notifier()
+    efd = notifier.fileno()
+    assert notifier.drain() == 0  # nothing signalled yet, and it does not block
+    batches = [eng.submit([(fd, i * MiB, MiB, dst.address + i * MiB)], crc=True, notify=notifier) for i in range(2)]
+    assert all(b.fileno() == efd for b in batches)
+    for batch in batches:
+        batch.wait()
+    r, _, _ = select.select([efd], [], [], 30)
+    assert r == [efd] and notifier.drain() == 2 and notifier.drain() == 0
+    assert [b.wait() for b in batches] == [[(MiB, fx.crc32c(data[:MiB]))], [(MiB, fx.crc32c(data[MiB:]))]]
+    # the batch keeps the eventfd open after the last other reference goes
+    b3 = eng.submit_chunks([], fx.HostBuffer(4096).address, notify=notifier)
+    del notifier
+    assert b3.wait() == [] and os.readlink(f"/proc/self/fd/{efd}") == "anon_inode:[eventfd]"
+    del b3, batches, batch
+    try:  # the last holder closed it (the number may have been taken again since, not by an eventfd)
+        assert os.readlink(f"/proc/self/fd/{efd}") != "anon_inode:[eventfd]"
+    except FileNotFoundError:
+        pass
+    with pytest.raises(TypeError, match="Notifier"):
+        eng.submit([], notify=object())
+
+
+def test_awaited_reads_share_one_eventfd_per_loop(make_engine, payload, tmp_path, fds):
+    """drive_async awaits a C engine's batches through one Notifier per loop,
+    registered once; concurrent reads each get their own results."""
+    from lmcache_fx.core import drive
+
+    eng = make_engine(queue_depth=4, split_bytes=32 * KiB)
+    data = payload[: 2 * MiB]
+    fd = fds(write_file(tmp_path / "w.bin", data))
+    n, part = 8, (2 * MiB) // 8
+    bufs = [bytearray(part) for _ in range(n)]
+
+    def steps(i):
+        res = yield ([(fd, i * part, part, addr_of(bufs[i]))], True)
+        return res, []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        out = await asyncio.gather(*(drive.drive_async(eng, steps(i), None) for i in range(n)))
+        waiter = drive._waiters[loop]
+        registered = loop._selector.get_key(waiter.notifier.fileno()).fd  # type: ignore[attr-defined]
+        return out, waiter, registered
+
+    results, waiter, registered = asyncio.run(main())
+    assert registered == waiter.notifier.fileno() and waiter._pending == {}
+    for i, res in enumerate(results):
+        assert res == [(part, fx.crc32c(data[i * part : (i + 1) * part]))]
+        assert bufs[i] == data[i * part : (i + 1) * part]
+
+
 def test_batch_cannot_be_built_directly():
     with pytest.raises(TypeError):
         fx.Batch()

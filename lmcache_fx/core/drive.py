@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 
 from .. import _fxio
 from .options import ConfigError, FxOptions
@@ -31,6 +32,56 @@ async def await_batch(batch, loop: asyncio.AbstractEventLoop) -> list:
     return batch.wait()
 
 
+class _LoopWaiter:
+    """The C engine's batches awaited on one event loop through one eventfd
+    they all signal (a Notifier), watched by the loop for as long as it
+    lives: a batch then costs the loop no eventfd of its own, no epoll
+    registration and removal, and completions that land together are taken
+    in one wake-up. Only the loop's thread touches it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.notifier = _fxio.Notifier()
+        self._pending: dict = {}  # Batch -> the future its awaiting task waits on
+        loop.add_reader(self.notifier.fileno(), self._ready)
+
+    def _ready(self) -> None:
+        self.notifier.drain()
+        for batch in [b for b in self._pending if b.done()]:
+            fut = self._pending.pop(batch)
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait(self, batch, loop: asyncio.AbstractEventLoop) -> list:
+        """The results of a batch submitted with notify=self.notifier."""
+        if not batch.done():
+            fut = loop.create_future()
+            self._pending[batch] = fut
+            try:
+                await fut
+            finally:
+                self._pending.pop(batch, None)
+        return batch.wait()
+
+
+# One waiter per loop, gone with it (a waiter holds no reference to its loop).
+_waiters: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaiter]" = weakref.WeakKeyDictionary()
+
+
+def _loop_waiter(engine, loop: asyncio.AbstractEventLoop):
+    """This loop's waiter for batches of a C Engine; None for stand-ins (the
+    GPU router's thread batches, test wrappers) and for loops that cannot
+    watch a descriptor, which await each batch's own eventfd."""
+    if not isinstance(engine, _fxio.Engine):
+        return None
+    w = _waiters.get(loop)
+    if w is None:
+        try:
+            w = _waiters[loop] = _LoopWaiter(loop)
+        except (NotImplementedError, TypeError):
+            return None
+    return w
+
+
 def is_chunks_step(step) -> bool:
     """A read_steps step is (ops, crc): engine.read of (fd, offset, length,
     address) ops; or ("chunks", chunks, scratch, verify, direct, lock, mapped,
@@ -49,15 +100,17 @@ def _run_step(engine, step) -> list:
     return engine.read(ops, crc=crc)
 
 
-def submit_step(engine, step):
-    """Starts one read_steps step on the engine; returns its Batch."""
+def submit_step(engine, step, notify=None):
+    """Starts one read_steps step on the engine; returns its Batch. With
+    `notify` (a Notifier; C engines only) the batch signals its eventfd."""
+    kw = {} if notify is None else {"notify": notify}
     if is_chunks_step(step):
         _, chunks, scratch, verify, direct, lock, mapped, stage = step
         return engine.submit_chunks(
-            chunks, scratch.address, verify=verify, direct=direct, lock=lock, mapped=mapped, stage=stage
+            chunks, scratch.address, verify=verify, direct=direct, lock=lock, mapped=mapped, stage=stage, **kw
         )
     ops, crc = step
-    return engine.submit(ops, write=False, crc=crc)
+    return engine.submit(ops, write=False, crc=crc, **kw)
 
 
 def drive_blocking(engine, gen, release) -> list:
@@ -115,14 +168,19 @@ async def drive_async(engine, gen, release) -> list:
     files and the handles are released (no read lands after this returns),
     releases every handle, hits included, and re-raises CancelledError."""
     loop = asyncio.get_running_loop()
+    waiter = _loop_waiter(engine, loop)
     cancelled = None
     try:
         step = next(gen)
         while True:
             batch = None
             try:
-                batch = submit_step(engine, step)
-                res = await await_batch(batch, loop)
+                if waiter is None:
+                    batch = submit_step(engine, step)
+                    res = await await_batch(batch, loop)
+                else:
+                    batch = submit_step(engine, step, waiter.notifier)
+                    res = await waiter.wait(batch, loop)
             except asyncio.CancelledError as c:
                 cancelled = c
                 if batch is not None:
