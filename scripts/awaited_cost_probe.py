@@ -5,18 +5,19 @@ storage manager's thread). With many requests in flight on a small host that thr
 is what the requests queue behind, so this probe measures it where the bench's awaited latency case
 measures only time.
 
-- ``tiers``: real LMCacheEngines on CPU with fx's plugin and RustRawBlockBackend (the bench's readers),
-  on XFS on a RAM-backed loop device (root), O_DIRECT. Per reader and in-flight count, ``--requests``
-  one-chunk requests sent as the bench's awaited latency case sends them (coroutines on that engine's
-  own loop, each awaiting batched_async_contains(pin) then batched_get_non_blocking), every request a hit: the loop thread's CPU per request (its
-  thread_time over the case), the process's, p50 and p99. Rounds interleave the readers.
+- ``tiers``: real LMCacheEngines on CPU with fx's plugin and RustRawBlockBackend (the bench's readers; with
+  ``--readers fx,fx-noverify,rust_raw_block`` also fx without its CRC32C check), on XFS on a RAM-backed loop
+  device (root), O_DIRECT. Per reader and in-flight count, ``--requests`` one-chunk requests sent as the bench's
+  awaited latency case sends them (coroutines on that engine's own loop, each awaiting
+  batched_async_contains(pin) then batched_get_non_blocking), every request a hit: the loop thread's CPU per
+  request (its thread_time over the case), the process's, p50 and p99. Rounds interleave the readers.
 - ``handoff``: on an event loop of its own, what any awaited read through fx's C engine pays before a
-  byte moves: Engine.submit_chunks of an empty batch awaited through its eventfd (drive.await_batch),
-  the same waited for blocking, and for scale a Python thread that wakes the loop with
-  call_soon_threadsafe (a completion handed back the way pure-Python readers hand it). Loop CPU and
-  wall per call.
+  byte moves: Engine.submit_chunks of an empty batch awaited through its own eventfd (drive.await_batch) and
+  through the loop's shared one (a Notifier, as drive_async awaits the C engine's batches since 6635808), the
+  same waited for blocking, and for scale a Python thread that wakes the loop with call_soon_threadsafe (a
+  completion handed back the way pure-Python readers hand it). Loop CPU and wall per call.
 
-Medians over rounds; the fx / RustRawBlock ratios are taken within each round, then the median.
+Medians over rounds; each reader's ratios over RustRawBlock are taken within each round, then the median.
 
     python scripts/awaited_cost_probe.py --label before --out docs/awaited-cost-probe.json
 
@@ -47,7 +48,11 @@ from lmcache_fx.tools.bench.workload import BenchConfig, Workload, percentile  #
 from lmcache_fx.tools.models import PRESETS  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-READERS = {"fx": bench_readers.FxReader, "rust_raw_block": bench_readers.RustRawBlockReader}
+READERS = {
+    "fx": bench_readers.FxReader,
+    "fx-noverify": bench_readers.FxNoVerifyReader,  # fx without its CRC32C check: what the check costs
+    "rust_raw_block": bench_readers.RustRawBlockReader,
+}
 
 
 def handoff_round(n: int) -> dict:
@@ -202,20 +207,26 @@ def main() -> int:
                 k: _median_of(rs, k) for k in ("loop_cpu_us", "process_cpu_us", "loop_busy", "p50_ms", "p99_ms")
             }
             tiers[name][n]["misses"] = sum(x["misses"] for x in rs)
-    ratios: dict = {}
-    if "fx" in names and "rust_raw_block" in names:
-        for n in raw["fx"]:
-            ratios[n] = {
-                k: round(statistics.median(f[k] / b[k] for f, b in zip(raw["fx"][n], raw["rust_raw_block"][n])), 3)
-                for k in ("loop_cpu_us", "process_cpu_us", "p50_ms")
+    ratios: dict = {}  # reader -> in flight -> figure -> median of the rounds' ratios
+    if "rust_raw_block" in names:
+        for name in names:
+            if name == "rust_raw_block":
+                continue
+            ratios[name] = {
+                n: {
+                    k: round(statistics.median(f[k] / b[k] for f, b in zip(rs, raw["rust_raw_block"][n])), 3)
+                    for k in ("loop_cpu_us", "process_cpu_us", "p50_ms")
+                }
+                for n, rs in raw[name].items()
             }
     for way, v in handoff.items():
         print(f"{a.label}: handoff {way:38s} loop CPU {v['loop_cpu_us']:6.1f} us, wall {v['wall_us']:6.1f} us")
     for name in names:
         for n, v in tiers[name].items():
             print(f"{a.label}: {name:15s} {n:>2s} in flight: {v}")
-    for n, v in ratios.items():
-        print(f"{a.label}: fx / rust_raw_block at {n} in flight: {v}")
+    for name, by_n in ratios.items():
+        for n, v in by_n.items():
+            print(f"{a.label}: {name} / rust_raw_block at {n} in flight: {v}")
 
     out_path = os.path.join(ROOT, a.out) if not os.path.isabs(a.out) else a.out
     doc: dict = {}
@@ -232,7 +243,7 @@ def main() -> int:
         "rounds": a.rounds,
         "handoff (medians over rounds)": handoff,
         "tiers (medians over rounds)": tiers,
-        "fx over rust_raw_block (medians of each round's ratio)": ratios,
+        **{f"{name} over rust_raw_block (medians of each round's ratio)": v for name, v in ratios.items()},
         "handoff_rounds": handoff_raw,
         "tier_rounds": raw,
     }
