@@ -5,8 +5,8 @@ storage manager's thread). With many requests in flight on a small host that thr
 is what the requests queue behind, so this probe measures it where the bench's awaited latency case
 measures only time.
 
-- ``tiers``: real LMCacheEngines on CPU with fx's plugin and RustRawBlockBackend (the bench's readers; with
-  ``--readers fx,fx-noverify,rust_raw_block`` also fx without its CRC32C check), on XFS on a RAM-backed loop
+- ``tiers``: real LMCacheEngines on CPU with fx's plugin and RustRawBlockBackend (the bench's readers; in
+  ``--readers`` also ``fx-noverify``, fx without its CRC32C check, and ``fx-unstaged``), on XFS on a RAM-backed loop
   device (root), O_DIRECT. Per reader and in-flight count, ``--requests`` one-chunk requests sent as the bench's
   awaited latency case sends them (coroutines on that engine's own loop, each awaiting
   batched_async_contains(pin) then batched_get_non_blocking), every request a hit: the loop thread's CPU per
@@ -51,6 +51,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 READERS = {
     "fx": bench_readers.FxReader,
     "fx-noverify": bench_readers.FxNoVerifyReader,  # fx without its CRC32C check: what the check costs
+    "fx-unstaged": bench_readers.FxUnstagedReader,  # checked in place, not through staging slots
     "rust_raw_block": bench_readers.RustRawBlockReader,
 }
 
