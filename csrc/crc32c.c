@@ -33,7 +33,8 @@
  * sums is never in this core's cache (a device or another core has just
  * written it), and there the streams' extra memory traffic costs more than
  * they add (a 512-bit hybrid, tried on AMD Zen 5 and not kept, was faster
- * only on data in L2 and slower from L3 and from memory).
+ * only on data in L2 and slower from L3 and from memory; on Zen 4, tried
+ * with crc32c_speed.py, no faster in L2 or L3 and slower from memory).
  *
  * fx_crc32c_copy copies while it sums: the 512-bit folding stores every 64
  * bytes it loads to the destination with streaming stores, so a copy out of
