@@ -127,7 +127,7 @@ class FxRemoteConnector(RemoteConnector):
 
     async def _read(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
         # One engine batch (two when headers are new to this process), awaited
-        # through the batch's eventfd: the loop is free while the engine reads.
+        # through the loop's shared eventfd: the loop is free while the engine reads.
         return await self.store.read_async(
             [k.to_string() for k in keys], self._allocate, self._release, allocate_many=self._allocate_many
         )
