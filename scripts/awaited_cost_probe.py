@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -43,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from lmcache_fx import _fxio  # noqa: E402
 from lmcache_fx.core.drive import _loop_waiter, await_batch  # noqa: E402
 from lmcache_fx.testing import loopfs  # noqa: E402
+from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 from lmcache_fx.tools.bench import readers as bench_readers  # noqa: E402
 from lmcache_fx.tools.bench.workload import BenchConfig, Workload, percentile  # noqa: E402
 from lmcache_fx.tools.models import PRESETS  # noqa: E402
@@ -157,15 +157,7 @@ def main() -> int:
     inflight = [int(x) for x in a.inflight.split(",")]
     geo = PRESETS[a.preset]
     n_chunks = 64
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = bool(
-        subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "csrc", "lmcache_fx"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        ).stdout.strip()
-    )
+    commit = git_commit(ROOT, ("csrc", "lmcache_fx"))
 
     handoff_raw = []
     for rnd in range(a.rounds):
@@ -236,7 +228,7 @@ def main() -> int:
             doc = json.load(f)
     doc.setdefault("runs", {})[a.label] = {
         "command": "python scripts/awaited_cost_probe.py " + " ".join(sys.argv[1:]),
-        "git_commit": head + ("+dirty" if dirty else ""),
+        "git_commit": commit,
         "date": time.strftime("%Y-%m-%d"),
         "preset": a.preset,
         "chunk_bytes": geo.chunk_bytes,

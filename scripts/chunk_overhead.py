@@ -54,6 +54,7 @@ from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest  # no
 from lmcache_fx.core.options import FxOptions  # noqa: E402
 from lmcache_fx.core.store import ChunkStore  # noqa: E402
 from lmcache_fx.testing import loopfs  # noqa: E402
+from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 CASES = [(4 * KiB, 4096), (2 * MiB, 256), (64 * MiB, 14)]  # payload bytes, chunks
@@ -266,15 +267,8 @@ def main() -> int:
         return 2
     want = {s.strip().upper() for s in args.sizes.split(",")}
     cases = [(s, n) for s, n in CASES if {4 * KiB: "4K", 2 * MiB: "2M", 64 * MiB: "64M"}[s] in want]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = bool(
-        subprocess.run(
-            ["git", "status", "--porcelain", "--", "csrc", "lmcache_fx", "scripts"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
+    commit = git_commit(ROOT, ("csrc", "lmcache_fx", "scripts")) or ""
+    commit, dirty = commit.removesuffix("+dirty"), commit.endswith("+dirty")
     results = []
     with loopfs.xfs_loop("3G", touch=True) as mnt:
         for size, n in cases:

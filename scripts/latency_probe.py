@@ -29,7 +29,6 @@ import ctypes
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from lmcache_fx import _fxio  # noqa: E402
 from lmcache_fx.testing import loopfs  # noqa: E402
+from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 from lmcache_fx.tools.bench.workload import rank_at  # noqa: E402
 
 MIB = 1 << 20
@@ -186,15 +186,8 @@ def main() -> int:
     chunk = a.chunk_mib * MIB
     nfiles = max(inflight)
     size = f"{(nfiles * a.chunk_mib + 256) // 1024 + 1}G"
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = bool(
-        subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "csrc"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        ).stdout.strip()
-    )
+    commit = git_commit(ROOT, ("csrc",)) or ""
+    head, dirty = commit.removesuffix("+dirty"), commit.endswith("+dirty")
     raw: dict[str, dict[int, list[dict]]] = {e: {n: [] for n in inflight} for e in engines}
     bursts: dict[str, dict[str, list[dict]]] = {e: {"equal": [], "mixed": []} for e in engines}
     equal = [chunk] * nfiles

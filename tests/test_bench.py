@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 
 import pytest
 
@@ -1878,3 +1879,27 @@ def test_docs_zen4_fresh_tmpfs_probe_is_the_committed_json():
     assert f"direct {min(pr):.2f}–{max(pr):.2f}× (pair medians)" in text
     so = [r["staged_over_fs_native"] for r in rs]
     assert f"on the Zen 4 {min(so):.2f}–{max(so):.2f}×, `staged-probe-zen4.json`" in text
+
+
+def test_git_commit_names_head_and_dirty_only_under_the_paths_asked(tmp_path):
+    """The commit the bench and the probes record: HEAD, "+dirty" when a
+    tracked file differs, or with paths only when one under them does."""
+    from lmcache_fx.tools.bench import _git_commit
+
+    def git(*a):
+        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
+
+    git("init", "-q")
+    for d in ("code", "docs"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "f.txt").write_text("one\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert _git_commit(str(tmp_path)) == head.strip()
+    (tmp_path / "docs" / "f.txt").write_text("two\n")  # a probe rewrote its JSON
+    (tmp_path / "code" / "new.txt").write_text("untracked\n")
+    assert _git_commit(str(tmp_path)) == head.strip() + "+dirty"
+    assert _git_commit(str(tmp_path), ("code",)) == head.strip()
+    assert _git_commit(str(tmp_path), ("docs",)) == head.strip() + "+dirty"
+    assert _git_commit(str(tmp_path / "code" / "..")) is not None and _git_commit("/") is None

@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 from contextlib import ExitStack, contextmanager
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..models import GB, MIB, PRESETS, Geometry, parse_size
 from . import readers
@@ -215,9 +215,11 @@ def _ints(s: str, conv=int) -> list:
     return [conv(x) for x in s.split(",") if x.strip()]
 
 
-def _git_commit(where: Optional[str] = None) -> Optional[str]:
+def _git_commit(where: Optional[str] = None, paths: Sequence[str] = ()) -> Optional[str]:
     """HEAD of the checkout at `where` (this package's by default), with
-    "+dirty" when tracked files differ from it; None outside a checkout."""
+    "+dirty" when tracked files differ from it (only those under `paths`,
+    relative to `where`, when given: a probe that rewrites its own JSON under
+    docs/ names the code it measures); None outside a checkout."""
     here = where or os.path.dirname(os.path.abspath(__file__))
     try:
         r = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
@@ -225,7 +227,7 @@ def _git_commit(where: Optional[str] = None) -> Optional[str]:
         if r.returncode != 0 or not sha:
             return None
         d = subprocess.run(
-            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no", "--", *paths],
             capture_output=True,
             text=True,
             timeout=10,
