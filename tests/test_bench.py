@@ -929,6 +929,68 @@ def test_docs_awaited_latency_round_is_the_committed_json():
             assert pool > before and f"{pool:.2f}×" in page and f"{before:.2f}×" in page, (i, c)
 
 
+def test_docs_awaited_latency_round_at_6b66324_is_the_committed_json():
+    """The awaited round at 6b66324 (three runs a size, a clean checkout):
+    its table is what `bench_tables.py --latency-rounds` renders from the
+    nine runs, every request a hit through the awaited path, and each ratio
+    and p99/p50 the page, the targets table and the README quote is the
+    JSON's: fx ahead of every tier at 64 MiB, behind at 2 MiB at 16 in
+    flight in at least one run."""
+    mod = _bench_tables()
+    page = _page()
+    text = " ".join(page.split())
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-awaited")
+    sizes = (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
+    cases = [
+        (f"{label}, run {r}", os.path.join(d, f"6b66324-{n}-run{r}.json")) for label, n in sizes for r in (1, 2, 3)
+    ]
+    assert mod.latency_rounds_table(cases) in page
+    ratio: dict = {}
+    worst: dict = {}
+    for label, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        assert run["git_commit"].startswith("6b66324") and not run["git_commit"].endswith("+dirty"), label
+        assert run["config"]["latency_awaited"], label
+        rd = run["readers"]
+        assert set(rd) == {"fx", "local_disk", "fs_connector", "rust_raw_block"}, label
+        for name, e in rd.items():
+            for c, case in e["latency"].items():
+                assert case["misses"] == 0 and all(r["path"] == "awaited" for r in case["rounds"]), (label, name, c)
+        size = label.split(",")[0]
+        for c in ("1", "4", "16"):
+            best = min(e["latency"][c]["p50_ms"] for n, e in rd.items() if n != "fx")
+            ratio.setdefault((size, c), []).append(f"{rd['fx']['latency'][c]['p50_ms'] / best:.2f}×")
+            worst.setdefault((size, c), []).append(rd["fx"]["latency"][c]["p99_over_p50"])
+    r1, r4, r16 = (", ".join(ratio[("64 MiB", c)]) for c in ("1", "4", "16"))
+    assert f"64 MiB: {r1} at 1 in flight; {r4} at 4; {r16} at 16." in text
+    for size in ("10 MiB", "2 MiB"):
+        line = "; ".join(", ".join(ratio[(size, c)]) for c in ("1", "4", "16"))
+        assert f"{size}: {line}." in text, size
+    assert all(float(x[:-1]) < 1 for c in ("1", "4", "16") for x in ratio[("64 MiB", c)])
+    assert max(float(x[:-1]) for x in ratio[("2 MiB", "16")]) > 1
+    top = max(max(worst[(s, c)]) for s in ("64 MiB", "10 MiB") for c in ("4", "16"))
+    assert top < 2 and f"at most {top:.2f}× at 64 MiB" in text
+    m10 = max(max(worst[("10 MiB", c)]) for c in ("4", "16"))
+    assert f"at most {top:.2f}× at 64 MiB and {m10:.2f}× at 10 MiB" in text
+    at4, at16 = (", ".join(f"{v:.2f}×" for v in worst[("2 MiB", c)]) for c in ("4", "16"))
+    assert f"At 2 MiB {' and '.join(at4.rsplit(', ', 1))} at 4, and {' and '.join(at16.rsplit(', ', 1))} at 16" in text
+    assert f"at 2 MiB {at4} at 4 and {at16} at 16" in text  # the targets table's p99 row
+    p50_16 = {s: ", ".join(ratio[(s, "16")]) for s in ("64 MiB", "10 MiB", "2 MiB")}
+    row = (
+        f"{p50_16['64 MiB']} the best tier's at 64 MiB, {p50_16['10 MiB']} at 10 MiB, {p50_16['2 MiB']} at 2 MiB; "
+        "awaited on LMCache's loop at `78b9c23`"
+    )
+    assert row in text
+    and3 = {s: " and ".join(p50_16[s].rsplit(", ", 1)) for s in p50_16}
+    assert (
+        f"fx's p50 at 16 in flight is {and3['64 MiB']} the best tier's at 64 MiB, {and3['10 MiB']} at 10 MiB, "
+        f"{and3['2 MiB']} at 2 MiB; p99/p50 at most {top:.2f}× at 64 and 10 MiB" in readme
+    )
+
+
 def test_docs_two_mib_latency_tables_are_the_committed_json():
     """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
     plain preads are what `bench_tables.py --latency-rounds` and
