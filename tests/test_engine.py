@@ -989,6 +989,32 @@ def test_awaited_reads_share_one_eventfd_per_loop(make_engine, payload, tmp_path
         assert bufs[i] == data[i * part : (i + 1) * part]
 
 
+def test_a_loops_shared_eventfd_goes_with_the_loop(make_engine):
+    """The per-loop waiter holds no reference to its loop: once a loop is
+    closed and dropped, its eventfd is closed too (no descriptor per
+    asyncio.run left behind)."""
+    import gc
+
+    from lmcache_fx.core import drive
+
+    eng = make_engine()
+
+    def steps():
+        res = yield ([], False)
+        return res, []
+
+    async def one():
+        return await drive.drive_async(eng, steps(), None), len(drive._waiters)
+
+    assert asyncio.run(one()) == ([], 1)
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        assert asyncio.run(one())[0] == []
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before and len(drive._waiters) == 0
+
+
 def test_batch_cannot_be_built_directly():
     with pytest.raises(TypeError):
         fx.Batch()
