@@ -1759,6 +1759,79 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     assert f"loop thread {q1['16']['loop_cpu_us']:.2f}× and {q2['16']['loop_cpu_us']:.2f}×" in readme
 
 
+def test_docs_zen4_check_round_at_f76a7b1_is_the_committed_json():
+    """The check round at f76a7b1: its table is `bench_tables.py --runs
+    fx-unstaged` over the twelve runs, all from a clean f76a7b1, and every
+    figure the page quotes (ratios per run, medians, ranges, the run whose
+    staged reads were slow at first and the four runs after it) is the
+    JSON's."""
+    mod = _bench_tables()
+    page = _page()
+    text = " ".join(page.split())
+    d = os.path.join(ROOT, "docs", "bench-repeats", "zen4-check")
+    sizes = {"64m": "64 MiB", "10m": "10 MiB", "2m": "2 MiB"}
+    paths = [os.path.join(d, f"f76a7b1-{s}-run{r}.json") for s in sizes for r in (1, 2, 3, 4)]
+    assert mod.runs_table(paths, "fx-unstaged") in page
+    runs = {}
+    for p in paths:
+        with open(p) as f:
+            runs[os.path.basename(p)[:-5]] = json.load(f)
+    for name, run in runs.items():
+        assert run["git_commit"] == run["git_commit"][:40] and run["git_commit"].startswith("f76a7b1"), name
+        assert "--reps 5" in run["command"] and run["cold"] and run["machine"]["crc32c_copy_one_pass"], name
+
+    def rng(v, fmt="{:.2f}"):
+        return f"{fmt.format(min(v))}–{fmt.format(max(v))}"
+
+    reads, meds, ahead = [], [], 0
+    cpu, stores, l2s, l2r, staged = [], [], [], [], []
+    for s, words in sizes.items():
+        rs = [runs[f"f76a7b1-{s}-run{r}"]["readers"] for r in (1, 2, 3, 4)]
+        q = [r["fx"]["ratio_to_best_peer"] for r in rs]
+        rat = [x["tier_read"] for x in q]
+        reads.append(f"{words}: {', '.join(f'{x:.2f}×' for x in rat)}")
+        meds.append(f"{statistics.median(rat):.2f}×")
+        ahead += sum(x > 1.0 for x in rat)
+        cpu.append(rng([x["tier_cpu"] for x in q], "{:.1f}") + "×")
+        stores.append(rng([x["store_same_level"] for x in q]) + "×")
+        l2 = [r["fx-l2"]["ratio_to_best_peer"] for r in rs]
+        l2s.append(rng([x["store_same_level"] for x in l2]) + "×")
+        l2r.append(rng([x["tier_read"] for x in l2]) + "×")
+        ratio = [r["fx"]["median"]["tier_read_gbps"] / r["fx-unstaged"]["median"]["tier_read_gbps"] for r in rs]
+        staged.append(f"{statistics.median(ratio):.2f}×")
+    assert f"fx's checked reads over the best peer:** {'; '.join(reads)}." in text
+    assert f"Medians {meds[0]}, {meds[1]} and {meds[2]}, ahead in five runs of twelve" in text and ahead == 5
+    assert f"again level at `f76a7b1` (medians {', '.join(meds)}," in text
+    assert f"Staged over reading in place:** medians {', '.join(staged)}." in text
+    assert f"Tier CPU over the lowest peer's:** {', '.join(cpu)}." in text
+    assert f"through LMCache's engine {', '.join(stores)}; fx-l2 {', '.join(l2s)} the best L2 adapter's" in text
+    assert f"fx-l2's reads {', '.join(l2r)}." in text
+    # the run whose staged reads were slow at first, and the four runs after it
+    rd = runs["f76a7b1-64m-run1"]["readers"]
+    reps = {n: [x["tier_read_gbps"] for x in rd[n]["reps"]] for n in rd}
+    fx, l2 = reps["fx"], reps["fx-l2"]
+    assert max(fx[:3]) < 4 < 12 < min(fx[3:]) and max(l2[:2]) < 4 < 10 < min(l2[2:])
+    assert (
+        f"fx's first three reps ran at {fx[0]:.2f}, {fx[1]:.2f} and {fx[2]:.2f} GB/s and its last two at "
+        f"{fx[3]:.2f} and {fx[4]:.2f}; fx-l2's first two at {l2[0]:.2f} and {l2[1]:.2f}, then {l2[2]:.2f}, "
+        f"{l2[3]:.2f} and {l2[4]:.2f}." in text
+    )
+    assert f"fx-unstaged {rng(reps['fx-unstaged'])}, fs_native {rng(reps['fs_native'][:4])} in its first four" in text
+    again = []
+    for i in (1, 2, 3, 4):
+        with open(os.path.join(d, f"f76a7b1-64m-again{i}.json")) as f:
+            a = json.load(f)
+        assert a["git_commit"].startswith("f76a7b1") and "qwen2.5-32b" in a["command"]
+        assert ("fx-l2" in a["readers"]) == (i > 2)
+        again += [x["tier_read_gbps"] for x in a["readers"]["fx"]["reps"]]
+    assert f"fx's reps ran at {rng(again)} GB/s" in text and min(again) > 8
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    slow = fx[:3] + l2[:2]
+    assert f"at medians of {meds[0]}, {meds[1]}, {meds[2]} the best peer" in readme
+    assert f"staged reads ran at {min(slow):.1f}–{max(slow):.1f} GB/s for their first reps" in readme
+
+
 def test_docs_zen4_crc512_round_is_the_committed_json():
     """The Zen 4 round before and after bc570db: its table is what
     `bench_tables.py --runs fx-unstaged` renders from the 24 runs, each run
