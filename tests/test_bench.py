@@ -941,11 +941,7 @@ def test_docs_awaited_latency_round_at_6b66324_is_the_committed_json():
     text = " ".join(page.split())
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = " ".join(f.read().split())
-    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-awaited")
-    sizes = (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
-    cases = [
-        (f"{label}, run {r}", os.path.join(d, f"6b66324-{n}-run{r}.json")) for label, n in sizes for r in (1, 2, 3)
-    ]
+    cases = _runs_by_size("latency-awaited", "6b66324-{n}-run{r}.json", runs=(1, 2, 3))
     assert mod.latency_rounds_table(cases) in page
     ratio: dict = {}
     worst: dict = {}
@@ -1106,11 +1102,23 @@ def test_docs_latency_reserve_table_is_the_committed_json():
 SIZES = (("64 MiB", "64m"), ("10 MiB", "10m"), ("2 MiB", "2m"))
 
 
-def _runs_by_size(folder: str, name: str, sizes=SIZES, sep: str = ", ") -> list[tuple[str, str]]:
-    """(label, path) for runs 1 and 2 of each size under docs/bench-repeats/folder;
-    name is a file name with {n} (the size's short name) and {r} (the run)."""
+def _runs_by_size(folder: str, name: str, sizes=SIZES, sep: str = ", ", runs=(1, 2)) -> list[tuple[str, str]]:
+    """(label, path) for the runs (1 and 2 unless given) of each size under
+    docs/bench-repeats/folder; name is a file name with {n} (the size's short
+    name) and {r} (the run)."""
     d = os.path.join(ROOT, "docs", "bench-repeats", folder)
-    return [(f"{label}{sep}run {r}", os.path.join(d, name.format(n=n, r=r))) for label, n in sizes for r in (1, 2)]
+    return [(f"{label}{sep}run {r}", os.path.join(d, name.format(n=n, r=r))) for label, n in sizes for r in runs]
+
+
+def _runs_table_in_page(paths: list[str], over: str) -> dict:
+    """Asserts `bench_tables.py --runs <over>` over `paths` is on the page;
+    returns each run's JSON by its file name without .json."""
+    assert _bench_tables().runs_table(paths, over) in _page()
+    runs = {}
+    for p in paths:
+        with open(p) as f:
+            runs[os.path.basename(p)[:-5]] = json.load(f)
+    return runs
 
 
 def _indented(table: str) -> str:
@@ -1765,17 +1773,12 @@ def test_docs_zen4_check_round_at_f76a7b1_is_the_committed_json():
     figure the page quotes (ratios per run, medians, ranges, the run whose
     staged reads were slow at first and the four runs after it) is the
     JSON's."""
-    mod = _bench_tables()
     page = _page()
     text = " ".join(page.split())
     d = os.path.join(ROOT, "docs", "bench-repeats", "zen4-check")
     sizes = {"64m": "64 MiB", "10m": "10 MiB", "2m": "2 MiB"}
     paths = [os.path.join(d, f"f76a7b1-{s}-run{r}.json") for s in sizes for r in (1, 2, 3, 4)]
-    assert mod.runs_table(paths, "fx-unstaged") in page
-    runs = {}
-    for p in paths:
-        with open(p) as f:
-            runs[os.path.basename(p)[:-5]] = json.load(f)
+    runs = _runs_table_in_page(paths, "fx-unstaged")
     for name, run in runs.items():
         assert run["git_commit"] == run["git_commit"][:40] and run["git_commit"].startswith("f76a7b1"), name
         assert "--reps 5" in run["command"] and run["cold"] and run["machine"]["crc32c_copy_one_pass"], name
@@ -1838,7 +1841,6 @@ def test_docs_zen4_crc512_round_is_the_committed_json():
     is from the commit its name gives, the before runs could not stage (no
     one-pass copy) and the after runs did, and every figure the page quotes
     of it (ratios per run, medians, ranges) is the JSON's."""
-    mod = _bench_tables()
     page = _page()
     text = " ".join(page.split())
     d = os.path.join(ROOT, "docs", "bench-repeats", "zen4-crc512")
@@ -1846,11 +1848,7 @@ def test_docs_zen4_crc512_round_is_the_committed_json():
     paths = [
         os.path.join(d, f"{c}-{s}-run{r}.json") for s in sizes for c in ("a1320bb", "bc570db") for r in (1, 2, 3, 4)
     ]
-    assert mod.runs_table(paths, "fx-unstaged") in page
-    runs = {}
-    for p in paths:
-        with open(p) as f:
-            runs[os.path.basename(p)[:-5]] = json.load(f)
+    runs = _runs_table_in_page(paths, "fx-unstaged")
     for name, run in runs.items():
         assert run["git_commit"].startswith(name.split("-")[0]), name
         assert "--reps 5" in run["command"] and run["cold"], name
