@@ -393,6 +393,13 @@ int64_t fx_io_sync(int fd, int write, int direct, char *buf, uint64_t len, uint6
  * -errno (-ENOSPC for a short write). */
 int64_t fx_write_fused(int fd, char *hdr, const char *src, uint64_t len);
 
+/* ---- runners (runner.c): the threads batches run on, kept between batches ---- */
+typedef void (*fx_runner_fn)(void *arg);
+/* Runs fn(arg) and then done(arg) on an idle runner or a new one, which is
+ * listed idle again between the two; 0, or -EAGAIN. */
+int fx_runner_start(fx_runner_fn fn, fx_runner_fn done, void *arg);
+unsigned fx_runners_idle(void);
+
 /* ---- thread engine ---- */
 typedef struct fx_pool fx_pool;
 fx_pool *fx_pool_create(int nthreads);

@@ -1,8 +1,9 @@
 /* lmcache_fx._fxio: the Python face of the C core.
  *
  * Engine.read/write take a list of (fd, offset, length, address) and run the
- * batch with the GIL released; Engine.submit runs it on a C thread and
- * signals an eventfd, so asyncio code can await it. HostBuffer is aligned
+ * batch with the GIL released; Engine.submit runs it on a C thread (a
+ * runner kept between batches: runner.c) and signals an eventfd, so asyncio
+ * code can await it. HostBuffer is aligned
  * anonymous memory (huge pages when large) for headers and staging.
  *
  * Fork: an Engine, Batch or HostBuffer belongs to the process that made it.
@@ -812,8 +813,12 @@ typedef struct {
     fx_batch b;
     int efd;
     int status; /* 0 or -errno from the run */
-    pthread_t thread;
-    int started, joined;
+    int started;
+    /* Set (under mu) by the runner after its last touch of this object:
+     * what wait() and dealloc wait for, as a join waits for a thread. */
+    int released;
+    pthread_mutex_t mu;
+    pthread_cond_t released_cv;
     atomic_int finished;
     unsigned gen; /* process generation (fork guard) */
     int is_chunks;   /* submit_chunks: runs chunk files, not ops */
@@ -826,7 +831,7 @@ typedef struct {
 /* One eventfd that many batches signal, so an event loop watches one
  * descriptor for all of them: no eventfd made, registered with epoll and
  * removed per batch. Each batch holds a reference, so the descriptor stays
- * open until every batch thread that may write it has been joined. */
+ * open until every runner that may write it is done with its batch. */
 typedef struct {
     PyObject_HEAD
     int efd;
@@ -878,10 +883,9 @@ static PyObject *Notifier_drain(NotifierObject *no, PyObject *unused)
     return PyLong_FromUnsignedLongLong(n);
 }
 
-static void *batch_thread(void *arg)
+static void batch_run(void *arg)
 {
     BatchObject *bo = arg;
-    uint64_t one = 1;
     int r;
 
     if (bo->is_chunks) {
@@ -897,21 +901,36 @@ static void *batch_thread(void *arg)
     /* The engine is no longer touched: let close() proceed even if nobody
      * ever waits for this batch. */
     end_use(bo->engine);
-    while (write(bo->efd, &one, sizeof(one)) < 0 && errno == EINTR)
-        ;
-    return NULL;
 }
 
+/* The batch's last step on its runner: signals its eventfd and lets wait()
+ * and dealloc go on. */
+static void batch_done(void *arg)
+{
+    BatchObject *bo = arg;
+    uint64_t one = 1;
+
+    while (write(bo->efd, &one, sizeof(one)) < 0 && errno == EINTR)
+        ;
+    pthread_mutex_lock(&bo->mu);
+    bo->released = 1;
+    pthread_cond_signal(&bo->released_cv);
+    pthread_mutex_unlock(&bo->mu); /* bo may be freed from here on */
+}
+
+/* Waits until the batch's runner is done with it. */
 static void batch_join(BatchObject *bo)
 {
     if (FX_FORKED(bo->gen))
-        return; /* the batch thread is the parent's: nothing to join here */
-    if (bo->started && !bo->joined) {
-        Py_BEGIN_ALLOW_THREADS
-        pthread_join(bo->thread, NULL);
-        Py_END_ALLOW_THREADS
-        bo->joined = 1;
-    }
+        return; /* the runner is the parent's: nothing to wait for here */
+    if (!bo->started)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&bo->mu);
+    while (!bo->released)
+        pthread_cond_wait(&bo->released_cv, &bo->mu);
+    pthread_mutex_unlock(&bo->mu);
+    Py_END_ALLOW_THREADS
 }
 
 /* A Batch object of this engine, nothing allocated or started yet. */
@@ -926,7 +945,9 @@ static BatchObject *batch_new(EngineObject *self, int is_chunks)
     bo->res = NULL;
     bo->efd = -1;
     bo->status = 0;
-    bo->started = bo->joined = 0;
+    bo->started = bo->released = 0;
+    pthread_mutex_init(&bo->mu, NULL);
+    pthread_cond_init(&bo->released_cv, NULL);
     bo->gen = fx_fork_gen;
     bo->is_chunks = is_chunks;
     memset(&bo->b, 0, sizeof(bo->b));
@@ -956,12 +977,13 @@ static PyObject *batch_start(EngineObject *self, BatchObject *bo, PyObject *noti
     }
     if (begin_use(self) < 0)
         goto fail;
-    if (pthread_create(&bo->thread, NULL, batch_thread, bo)) {
+    bo->started = 1; /* before the runner can see it */
+    if (fx_runner_start(batch_run, batch_done, bo) < 0) {
+        bo->started = 0;
         end_use(self);
         PyErr_SetString(PyExc_OSError, "could not start a batch thread");
         goto fail;
     }
-    bo->started = 1;
     return (PyObject *)bo;
 fail:
     Py_DECREF(bo);
@@ -1030,7 +1052,11 @@ static void Batch_dealloc(BatchObject *bo)
     batch_join(bo); /* the thread writes into memory this object owns */
     if (bo->efd >= 0 && !bo->notifier)
         close(bo->efd);
-    Py_XDECREF(bo->notifier); /* after the join: its eventfd outlives the thread's write */
+    Py_XDECREF(bo->notifier); /* after the join: its eventfd outlives the runner's write */
+    if (!FX_FORKED(bo->gen)) { /* a parent's runner may have held them at fork */
+        pthread_cond_destroy(&bo->released_cv);
+        pthread_mutex_destroy(&bo->mu);
+    }
     chunk_args_free(&bo->chunks);
     PyMem_Free(bo->ops);
     PyMem_Free(bo->res);
@@ -1296,6 +1322,7 @@ COUNTER_FN(mod_stage_buffers, fx_stage_buffers())
 COUNTER_FN(mod_staged_pieces, fx_staged_pieces)
 COUNTER_FN(mod_uring_peak_inflight, atomic_exchange(&fx_uring_peak_inflight, 0))
 COUNTER_FN(mod_uring_last_end, fx_uring_last_end)
+COUNTER_FN(mod_runners_idle, fx_runners_idle())
 
 /* A call without arguments that may block (faults pages in, makes rings),
  * made with the GIL released; its result converted by to_py. */
@@ -1534,6 +1561,8 @@ static PyMethodDef module_methods[] = {
      "CRC32C, in one pass where CRC32C_COPY_ONE_PASS"},
     {"map_stats", (PyCFunction)mod_map_stats, METH_NOARGS,
      "map_stats() -> (pieces copied from a file mapping, copies whose source faulted and were read instead)"},
+    {"_runners_idle", (PyCFunction)mod_runners_idle, METH_NOARGS,
+     "_runners_idle() -> int: batch runner threads waiting for the next submit (tests)"},
     {"direct_staged_pieces", (PyCFunction)mod_direct_staged_pieces, METH_NOARGS,
      "direct_staged_pieces() -> int: O_DIRECT pieces the io_uring engine read through a staging slot (stage=True)"},
     {"io_uring_shares_buffers", (PyCFunction)mod_io_uring_shares_buffers, METH_NOARGS,

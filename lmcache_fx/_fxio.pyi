@@ -197,6 +197,9 @@ def _uring_last_end() -> int:
     """The engine's slots returned so far when this thread's last io_uring
     run returned its last: where it ended in the engine's work (tests)."""
 
+def _runners_idle() -> int:
+    """Batch runner threads waiting for the next submit (tests)."""
+
 def map_stats() -> tuple[int, int]:
     """(pieces copied from a file mapping, copies whose source faulted and
     were read instead), since the module was loaded."""

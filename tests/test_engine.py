@@ -1015,6 +1015,30 @@ def test_a_loops_shared_eventfd_goes_with_the_loop(make_engine):
     assert len(os.listdir("/proc/self/fd")) <= before and len(drive._waiters) == 0
 
 
+def _task_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_batches_run_on_runners_kept_between_batches(make_engine, payload, tmp_path, fds):
+    """Submitted batches run on runner threads that wait for the next batch
+    instead of exiting: one after another they take one runner (the one that
+    ran the last is listed idle before its batch's wait() returns), so no
+    thread is started per batch. (Batches in flight together each get a
+    runner of their own: the concurrency tests below run through them.)"""
+    eng = make_engine(queue_depth=4, split_bytes=64 * KiB)
+    data = payload[:MiB]
+    fd = fds(write_file(tmp_path / "r.bin", data))
+    dst = fx.HostBuffer(MiB)
+    eng.submit([(fd, 0, MiB, dst.address)]).wait()
+    idle, tasks = fx._runners_idle(), _task_count()
+    assert idle >= 1
+    for _ in range(200):
+        assert eng.submit([(fd, 0, 64 * KiB, dst.address)], crc=True).wait() == [
+            (64 * KiB, fx.crc32c(data[: 64 * KiB]))
+        ]
+    assert fx._runners_idle() == idle and _task_count() == tasks  # not one thread more
+
+
 def test_batch_cannot_be_built_directly():
     with pytest.raises(TypeError):
         fx.Batch()

@@ -517,8 +517,11 @@ def test_fork_child_gets_a_clear_error(kind, data_file, tmp_path):
                     e2 = fx.Engine(io_engine=ARGS["kind"])
                     buf = bytearray(MiB)
                     res = e2.read([(fd, 0, MiB, ctypes.addressof(ctypes.c_char.from_buffer(buf)))])
+                    # submitted: a runner of the child's own (the parent's idle ones are not here)
+                    buf2 = bytearray(MiB)
+                    sub = e2.submit([(fd, MiB, MiB, ctypes.addressof(ctypes.c_char.from_buffer(buf2)))]).wait()
                     e2.close()
-                    return res == [MiB] and bytes(buf) == DATA[:MiB]
+                    return res == [MiB] and bytes(buf) == DATA[:MiB] and sub == [MiB] and bytes(buf2) == DATA[MiB:2 * MiB]
                 attempt("fresh", fresh)
                 attempt("close", eng.close)
                 del batch

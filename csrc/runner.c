@@ -1,0 +1,174 @@
+/* Runners: the threads Engine.submit runs batches on, kept between batches.
+ *
+ * A batch goes to an idle runner, or to a new thread when none is idle, so
+ * batches still run as concurrently as with a thread each; what goes is the
+ * thread's creation per batch, paid by the submitter (LMCache's event loop,
+ * for awaited reads): pthread_create costs ~24 µs of the caller's CPU on the
+ * 2-core VMs here, waking a sleeping runner ~10, handing work to one not yet
+ * asleep next to nothing. A runner idle for RUNNER_IDLE_S exits; at most
+ * RUNNER_IDLE_MAX wait at a time. */
+#include <errno.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "fxio.h"
+
+#define RUNNER_IDLE_S 10
+#define RUNNER_IDLE_MAX 64
+
+typedef struct fx_runner {
+    pthread_cond_t cv; /* CLOCK_MONOTONIC */
+    fx_runner_fn fn;   /* the work handed over, NULL while idle */
+    fx_runner_fn done; /* its last step, after the runner is listed idle */
+    void *arg;
+    struct fx_runner *next; /* in the idle list */
+} fx_runner;
+
+static pthread_mutex_t runners_mu = PTHREAD_MUTEX_INITIALIZER;
+static fx_runner *idle;
+static unsigned nidle;
+static pthread_once_t runners_once = PTHREAD_ONCE_INIT;
+
+/* A forked child has none of the parent's threads: the idle list names
+ * runners that do not exist there (their memory is left, not freed: a
+ * parent thread may have been mid-way through it). */
+static void runners_fork_child(void)
+{
+    pthread_mutex_init(&runners_mu, NULL);
+    idle = NULL;
+    nidle = 0;
+}
+
+static void runners_init(void) { pthread_atfork(NULL, NULL, runners_fork_child); }
+
+static void unlink_idle(fx_runner *r)
+{
+    for (fx_runner **p = &idle; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            nidle--;
+            return;
+        }
+}
+
+/* Lists the runner as idle (runners_mu held): -1 when enough are. */
+static int list_idle(fx_runner *r, struct timespec *until)
+{
+    r->fn = NULL;
+    if (nidle >= RUNNER_IDLE_MAX)
+        return -1;
+    r->next = idle;
+    idle = r;
+    nidle++;
+    clock_gettime(CLOCK_MONOTONIC, until);
+    until->tv_sec += RUNNER_IDLE_S;
+    return 0;
+}
+
+/* Waits for the next work (runners_mu held): 0 when it came, -1 when none
+ * came before `until` (the runner is then unlisted and should exit). */
+static int await_work(fx_runner *r, const struct timespec *until)
+{
+    while (!r->fn)
+        if (pthread_cond_timedwait(&r->cv, &runners_mu, until) == ETIMEDOUT && !r->fn) {
+            unlink_idle(r);
+            return -1;
+        }
+    return 0;
+}
+
+/* Runs work, and lists itself idle before the work's `done` step: the
+ * caller that `done` wakes may submit again at once and should find this
+ * runner, awake, rather than start another thread. */
+static void *runner_main(void *arg)
+{
+    fx_runner *r = arg;
+    struct timespec until;
+    int listed;
+
+    for (;;) {
+        void *work = r->arg;
+        fx_runner_fn done = r->done;
+
+        r->fn(work);
+        pthread_mutex_lock(&runners_mu);
+        listed = list_idle(r, &until) == 0;
+        pthread_mutex_unlock(&runners_mu);
+        done(work); /* may free `work` */
+        if (!listed)
+            break;
+        pthread_mutex_lock(&runners_mu);
+        if (await_work(r, &until) < 0) {
+            pthread_mutex_unlock(&runners_mu);
+            break;
+        }
+        pthread_mutex_unlock(&runners_mu);
+    }
+    pthread_cond_destroy(&r->cv);
+    free(r);
+    return NULL;
+}
+
+static fx_runner *runner_new(fx_runner_fn fn, fx_runner_fn done, void *arg)
+{
+    fx_runner *r = calloc(1, sizeof(*r));
+    pthread_condattr_t ca;
+    pthread_attr_t ta;
+    pthread_t t;
+    int ok;
+
+    if (!r)
+        return NULL;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    ok = pthread_cond_init(&r->cv, &ca) == 0;
+    pthread_condattr_destroy(&ca);
+    if (!ok) {
+        free(r);
+        return NULL;
+    }
+    r->fn = fn;
+    r->done = done;
+    r->arg = arg;
+    pthread_attr_init(&ta);
+    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    ok = pthread_create(&t, &ta, runner_main, r) == 0;
+    pthread_attr_destroy(&ta);
+    if (!ok) {
+        pthread_cond_destroy(&r->cv);
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+int fx_runner_start(fx_runner_fn fn, fx_runner_fn done, void *arg)
+{
+    fx_runner *r;
+
+    pthread_once(&runners_once, runners_init);
+    pthread_mutex_lock(&runners_mu);
+    r = idle;
+    if (r) {
+        idle = r->next;
+        nidle--;
+        r->fn = fn;
+        r->done = done;
+        r->arg = arg;
+        pthread_cond_signal(&r->cv);
+    }
+    pthread_mutex_unlock(&runners_mu);
+    if (r)
+        return 0;
+    return runner_new(fn, done, arg) ? 0 : -EAGAIN;
+}
+
+unsigned fx_runners_idle(void)
+{
+    unsigned n;
+
+    pthread_mutex_lock(&runners_mu);
+    n = nidle;
+    pthread_mutex_unlock(&runners_mu);
+    return n;
+}
