@@ -1655,7 +1655,17 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     first = ("run1", "run2", "5160a3c-run1", "5160a3c-run2")
     before = [f"6a8edac-ab{i}" for i in (1, 4, 6, 8, 9)]  # the shared eventfd's A/B, interleaved
     after = [f"6635808-ab{i}" for i in (2, 3, 5, 7, 10)]
-    assert set(runs) == {*first, *before, *after, "d60ce2f-noverify1", "d60ce2f-noverify2"}
+    runners_before = [f"2f433e0-ab{i}" for i in (2, 3, 6, 8, 9)]  # runners kept between batches: the A/B
+    runners_after = [f"0901c5e-ab{i}" for i in (1, 4, 5, 7, 10)]
+    assert set(runs) == {
+        *first,
+        *before,
+        *after,
+        "d60ce2f-noverify1",
+        "d60ce2f-noverify2",
+        *runners_before,
+        *runners_after,
+    }
     for label, r in runs.items():
         commit = label.split("-")[0] if "-" in label else "2830252"
         assert r["chunk_bytes"] == 2 * MIB and r["rounds"] == 5 and r["git_commit"] == r["git_commit"].split("+")[0]
@@ -1756,6 +1766,61 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
         f"{t16[0]['fx-noverify']['process_cpu_us']:.1f} and {t16[1]['fx-noverify']['process_cpu_us']:.1f}" in text
     )
     assert f"{cost[0]:.0f} and {cost[1]:.0f} µs per 2 MiB request on 2 cores" in text
+
+    # runners kept between batches (0901c5e) against a thread per batch (2f433e0): five runs a side
+    def over_of(labels, reader, n, k):
+        v = [runs[x][f"{reader} over rust_raw_block (medians of each round's ratio)"][n][k] for x in labels]
+        return statistics.median(v), min(v), max(v)
+
+    def fmt(t, unit="×"):
+        return f"{t[0]:.2f}{unit} ({t[1]:.2f}–{t[2]:.2f})"
+
+    for label in runners_before + runners_after:
+        assert set(runs[label]["tier_rounds"]) == {"fx", "fx-noverify", "rust_raw_block"}
+        for n in ("1", "16"):
+            assert all(x["misses"] == 0 for x in runs[label]["tier_rounds"]["fx-noverify"][n])
+    for way, name in (
+        (shared, "an empty batch awaited through the loop's eventfd"),
+        ("engine batch, waited blocking", "the same waited for blocking"),
+    ):
+        rb, ra = handoff(runners_before, way), handoff(runners_after, way)
+        assert f"| handoff: {name}, loop CPU µs | {fmt(rb, '')} | {fmt(ra, '')} |" in page
+    for reader, who in (("fx", "fx"), ("fx-noverify", "fx without its check")):
+        for k, name in (("loop_cpu_us", "loop CPU"), ("process_cpu_us", "process CPU"), ("p50_ms", "p50")):
+            b, a = over_of(runners_before, reader, "16", k), over_of(runners_after, reader, "16", k)
+            assert f"| {who} / RustRawBlock at 16 in flight: {name} | {fmt(b)} | {fmt(a)} |" in page
+    b1, a1 = (
+        f"{over_of(x, 'fx', '1', 'loop_cpu_us')[0]:.2f}× · {over_of(x, 'fx', '1', 'p50_ms')[0]:.2f}×"
+        for x in (runners_before, runners_after)
+    )
+    assert f"| fx / RustRawBlock at 1 in flight: loop CPU · p50 | {b1} | {a1} |" in page
+    m = {
+        (r, k, side): over_of(labels, r, "16", k)[0]
+        for r in ("fx", "fx-noverify")
+        for k in ("loop_cpu_us", "process_cpu_us", "p50_ms")
+        for side, labels in (("b", runners_before), ("a", runners_after))
+    }
+    # "fell by a tenth with the check and by a fifth without it, and the process's by 8 % and 19 %"
+    assert 0.85 < m["fx", "loop_cpu_us", "a"] / m["fx", "loop_cpu_us", "b"] < 0.95
+    assert 0.75 < m["fx-noverify", "loop_cpu_us", "a"] / m["fx-noverify", "loop_cpu_us", "b"] < 0.85
+    for r, pct in (("fx", 8), ("fx-noverify", 19)):
+        assert round(100 * (1 - m[r, "process_cpu_us", "a"] / m[r, "process_cpu_us", "b"])) == pct
+    nb, na = m["fx-noverify", "p50_ms", "b"], m["fx-noverify", "p50_ms", "a"]
+    fb, fa = m["fx", "p50_ms", "b"], m["fx", "p50_ms", "a"]
+    assert f"Without its check fx's p50 went further ahead ({nb:.2f}× → {na:.2f}×)" in text
+    assert f"with it the p50 did not move ({fb:.2f}× → {fa:.2f}×)" in text
+    assert abs(fa - fb) < 0.05 and na < nb < 1
+    ob, oa = over_of(runners_before, "fx", "1", "p50_ms")[0], over_of(runners_after, "fx", "1", "p50_ms")[0]
+    assert f"fx's p50 went from level to ahead ({ob:.2f}× → {oa:.2f}×)" in text and oa < 0.95 < ob < 1.05
+    e_b = handoff(runners_before, shared)[0]
+    assert f"the same empty batch: {e_b:.2f} µs here at `2f433e0`, {ha[0]:.2f} there" in text
+    lb2, la2 = m["fx", "loop_cpu_us", "b"], m["fx", "loop_cpu_us", "a"]
+    pb2, pa2 = m["fx", "process_cpu_us", "b"], m["fx", "process_cpu_us", "a"]
+    assert (
+        f"the loop's CPU per request {lb2:.2f}× → {la2:.2f}× RustRawBlock's and the process's {pb2:.2f}× → "
+        f"{pa2:.2f}× (five runs each), the p50 again did not move ({fb:.2f}× → {fa:.2f}×); without the check fx's "
+        f"p50 {nb:.2f}× → {na:.2f}×" in text
+    )
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = " ".join(f.read().split())
     assert f"({lb:.2f}× → {la:.2f}× RustRawBlockBackend's, five runs each)" in readme
@@ -1765,6 +1830,11 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     assert f"at 16 it is {q1['16']['p50_ms']:.2f}× and {q2['16']['p50_ms']:.2f}×" in readme
     assert f"spending {q1['16']['process_cpu_us']:.2f}× and {q2['16']['process_cpu_us']:.2f}×" in readme
     assert f"loop thread {q1['16']['loop_cpu_us']:.2f}× and {q2['16']['loop_cpu_us']:.2f}×" in readme
+    assert (
+        f"the loop's CPU per request is {la2:.2f}× RustRawBlockBackend's ({lb2:.2f}× before) and the process's "
+        f"{pa2:.2f}× ({pb2:.2f}×), five interleaved runs each; the p50 still did not move ({fb:.2f}× → {fa:.2f}×)"
+        in readme
+    )
 
 
 def test_docs_zen4_check_round_at_f76a7b1_is_the_committed_json():
