@@ -399,6 +399,7 @@ typedef void (*fx_runner_fn)(void *arg);
  * listed idle again between the two; 0, or -EAGAIN. */
 int fx_runner_start(fx_runner_fn fn, fx_runner_fn done, void *arg);
 unsigned fx_runners_idle(void);
+unsigned long fx_runners_started(void);
 
 /* ---- thread engine ---- */
 typedef struct fx_pool fx_pool;

@@ -1323,6 +1323,7 @@ COUNTER_FN(mod_staged_pieces, fx_staged_pieces)
 COUNTER_FN(mod_uring_peak_inflight, atomic_exchange(&fx_uring_peak_inflight, 0))
 COUNTER_FN(mod_uring_last_end, fx_uring_last_end)
 COUNTER_FN(mod_runners_idle, fx_runners_idle())
+COUNTER_FN(mod_runners_started, fx_runners_started())
 
 /* A call without arguments that may block (faults pages in, makes rings),
  * made with the GIL released; its result converted by to_py. */
@@ -1563,6 +1564,8 @@ static PyMethodDef module_methods[] = {
      "map_stats() -> (pieces copied from a file mapping, copies whose source faulted and were read instead)"},
     {"_runners_idle", (PyCFunction)mod_runners_idle, METH_NOARGS,
      "_runners_idle() -> int: batch runner threads waiting for the next submit (tests)"},
+    {"_runners_started", (PyCFunction)mod_runners_started, METH_NOARGS,
+     "_runners_started() -> int: batch runner threads started in this process so far (tests)"},
     {"direct_staged_pieces", (PyCFunction)mod_direct_staged_pieces, METH_NOARGS,
      "direct_staged_pieces() -> int: O_DIRECT pieces the io_uring engine read through a staging slot (stage=True)"},
     {"io_uring_shares_buffers", (PyCFunction)mod_io_uring_shares_buffers, METH_NOARGS,

@@ -200,6 +200,9 @@ def _uring_last_end() -> int:
 def _runners_idle() -> int:
     """Batch runner threads waiting for the next submit (tests)."""
 
+def _runners_started() -> int:
+    """Batch runner threads started in this process so far (tests)."""
+
 def map_stats() -> tuple[int, int]:
     """(pieces copied from a file mapping, copies whose source faulted and
     were read instead), since the module was loaded."""
