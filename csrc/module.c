@@ -957,8 +957,9 @@ static BatchObject *batch_new(EngineObject *self, int is_chunks)
     return bo;
 }
 
-/* Starts a prepared batch on its own thread, signalled through an eventfd
- * when done; consumes the reference to bo on failure. */
+/* Starts a prepared batch on a runner thread of its own (runner.c),
+ * signalled through an eventfd when done; consumes the reference to bo on
+ * failure. */
 static PyObject *batch_start(EngineObject *self, BatchObject *bo, PyObject *notify)
 {
     if (notify && notify != Py_None) {
@@ -981,7 +982,7 @@ static PyObject *batch_start(EngineObject *self, BatchObject *bo, PyObject *noti
     if (fx_runner_start(batch_run, batch_done, bo) < 0) {
         bo->started = 0;
         end_use(self);
-        PyErr_SetString(PyExc_OSError, "could not start a batch thread");
+        PyErr_SetString(PyExc_OSError, "could not start a batch runner thread");
         goto fail;
     }
     return (PyObject *)bo;

@@ -88,7 +88,7 @@ class Engine:
     def submit(
         self, ops: Sequence[Op], write: bool = False, crc: bool = False, notify: Notifier | None = None
     ) -> Batch:
-        """Runs the batch on a C thread; await Batch.fileno() becoming readable
+        """Runs the batch on a C thread (a runner kept between batches); await Batch.fileno() becoming readable
         (with `notify`, the Notifier's eventfd, shared with other batches)."""
     def read_chunks(
         self,
