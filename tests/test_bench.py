@@ -929,26 +929,21 @@ def test_docs_awaited_latency_round_is_the_committed_json():
             assert pool > before and f"{pool:.2f}×" in page and f"{before:.2f}×" in page, (i, c)
 
 
-def test_docs_awaited_latency_round_at_6b66324_is_the_committed_json():
-    """The awaited round at 6b66324 (three runs a size, a clean checkout):
-    its table is what `bench_tables.py --latency-rounds` renders from the
-    nine runs, every request a hit through the awaited path, and each ratio
-    and p99/p50 the page, the targets table and the README quote is the
-    JSON's: fx ahead of every tier at 64 MiB, behind at 2 MiB at 16 in
-    flight in at least one run."""
-    mod = _bench_tables()
-    page = _page()
-    text = " ".join(page.split())
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
-    cases = _runs_by_size("latency-awaited", "6b66324-{n}-run{r}.json", runs=(1, 2, 3))
-    assert mod.latency_rounds_table(cases) in page
+def _awaited_round(commit: str) -> tuple[dict, dict]:
+    """An awaited latency round of three runs a size from a clean checkout
+    of `commit` (`--latency --latency-awaited`, four engine-level readers):
+    asserts its table is what `bench_tables.py --latency-rounds` renders from
+    the nine runs and every request a hit through the awaited path; returns
+    fx's p50 over the best tier's ("0.95×") and fx's p99/p50, each a list
+    over the runs by (size, in flight)."""
+    cases = _runs_by_size("latency-awaited", commit + "-{n}-run{r}.json", runs=(1, 2, 3))
+    assert _bench_tables().latency_rounds_table(cases) in _page()
     ratio: dict = {}
     worst: dict = {}
     for label, path in cases:
         with open(path) as f:
             run = json.load(f)
-        assert run["git_commit"].startswith("6b66324") and not run["git_commit"].endswith("+dirty"), label
+        assert run["git_commit"].startswith(commit) and not run["git_commit"].endswith("+dirty"), label
         assert run["config"]["latency_awaited"], label
         rd = run["readers"]
         assert set(rd) == {"fx", "local_disk", "fs_connector", "rust_raw_block"}, label
@@ -960,6 +955,18 @@ def test_docs_awaited_latency_round_at_6b66324_is_the_committed_json():
             best = min(e["latency"][c]["p50_ms"] for n, e in rd.items() if n != "fx")
             ratio.setdefault((size, c), []).append(f"{rd['fx']['latency'][c]['p50_ms'] / best:.2f}×")
             worst.setdefault((size, c), []).append(rd["fx"]["latency"][c]["p99_over_p50"])
+    return ratio, worst
+
+
+def test_docs_awaited_latency_round_at_6b66324_is_the_committed_json():
+    """The awaited round at 6b66324 (three runs a size, a clean checkout):
+    each ratio and p99/p50 the page, the targets table and the README quote
+    is the JSON's: fx ahead of every tier at 64 MiB, behind at 2 MiB at 16
+    in flight in at least one run."""
+    text = " ".join(_page().split())
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    ratio, worst = _awaited_round("6b66324")
     r1, r4, r16 = (", ".join(ratio[("64 MiB", c)]) for c in ("1", "4", "16"))
     assert f"64 MiB: {r1} at 1 in flight; {r4} at 4; {r16} at 16." in text
     for size in ("10 MiB", "2 MiB"):
@@ -985,6 +992,80 @@ def test_docs_awaited_latency_round_at_6b66324_is_the_committed_json():
         f"fx's p50 at 16 in flight is {and3['64 MiB']} the best tier's at 64 MiB, {and3['10 MiB']} at 10 MiB, "
         f"{and3['2 MiB']} at 2 MiB; p99/p50 at most {top:.2f}× at 64 and 10 MiB" in readme
     )
+
+
+def test_docs_awaited_latency_round_at_2efd4bb_and_its_ab_are_the_committed_json():
+    """The awaited round at 2efd4bb (three runs a size, a clean checkout) and
+    the three 10 MiB pairs of 2f433e0 and 2efd4bb beside it: the tables are
+    bench_tables' over the JSONs, and every ratio, p99/p50, range and p50 the
+    page, the targets table and the README quote is the JSON's; the runners
+    build is no worse than the thread-per-batch one in the median."""
+    page = _page()
+    text = " ".join(page.split())
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    ratio, worst = _awaited_round("2efd4bb")
+    for size in ("64 MiB", "10 MiB", "2 MiB"):
+        line = "; ".join(", ".join(ratio[(size, c)]) for c in ("1", "4", "16"))
+        assert f"- {size}: {line}." in text, size
+    behind = [float(x[:-1]) for s in ("64 MiB", "10 MiB") for c in ("4", "16") for x in ratio[(s, c)]]
+    assert min(behind) > 1
+    span = f"({min(behind):.2f}–{max(behind):.2f}× at 4 and 16 in flight)"
+    assert f"behind at both at `2efd4bb` on a slower host day {span}" in text
+    assert f"fx was behind at 64 and 10 MiB {span}" in readme
+    two16 = ratio[("2 MiB", "16")]
+    assert f"closer than there ({', '.join(two16)} against 1.16×, 1.00×, 1.31×)" in text
+    assert f"and at {' and '.join(', '.join(two16).rsplit(', ', 1))} at 2 MiB with 16 in flight" in readme
+    w64 = max(max(worst[("64 MiB", c)]) for c in ("4", "16"))
+    w10 = max(max(worst[("10 MiB", c)]) for c in ("4", "16"))
+    at4, at16 = (", ".join(f"{v:.2f}×" for v in worst[("2 MiB", c)]) for c in ("4", "16"))
+    assert f"at most {w64:.2f}× at 64 MiB and {w10:.2f}× at 10 MiB; at 2 MiB {at4} at 4 and {at16} at 16" in text
+    over64 = [v for c in ("4", "16") for v in worst[("64 MiB", c)] if v > 2]
+    assert len(over64) == 1 and f"not at 64 MiB in one run of three ({over64[0]:.2f}×)" in text
+    assert f"nor at 10 MiB with 4 in flight (up to {max(worst[('10 MiB', '4')]):.2f}×)" in text
+    # every reader slower than at 6b66324 (64 MiB, 16 in flight, run 1), as the page quotes
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-awaited")
+    p50 = {}
+    for tag in ("6b66324", "2efd4bb"):
+        with open(os.path.join(d, f"{tag}-64m-run1.json")) as f:
+            p50[tag] = {n: e["latency"]["16"]["p50_ms"] for n, e in json.load(f)["readers"].items()}
+    assert all(p50["2efd4bb"][n] > p50["6b66324"][n] for n in p50["6b66324"])
+    for n, who in (("rust_raw_block", "RustRawBlockBackend's p50 was"), ("fs_connector", "FSConnector's")):
+        assert f"{who} {p50['2efd4bb'][n]:.1f}" in text and f"against {p50['6b66324'][n]:.1f}" in text
+    assert f"fx's {p50['2efd4bb']['fx']:.1f} against {p50['6b66324']['fx']:.1f}" in text
+    # both builds side by side at 10 MiB
+    ab = os.path.join(d, "runners-ab")
+    pairs = [
+        (f"10 MiB, {c}, pair {i}", os.path.join(ab, f"{c}-10m-pair{i}.json"))
+        for i in (1, 2, 3)
+        for c in ("2f433e0", "2efd4bb")
+    ]
+    table = _bench_tables().latency_rounds_table(pairs)
+    assert "\n".join("  " + line for line in table.splitlines()) in page  # inside a top-level bullet
+    got: dict = {}
+    for label, path in pairs:
+        with open(path) as f:
+            run = json.load(f)
+        c = label.split(", ")[1]
+        assert run["git_commit"].startswith(c) and not run["git_commit"].endswith("+dirty"), label
+        assert run["config"]["latency_awaited"] and f"/tmp/ab10/{c}-10m-pair" in run["command"], label
+        rd = run["readers"]
+        for k in ("1", "4", "16"):
+            best = min(e["latency"][k]["p50_ms"] for n, e in rd.items() if n != "fx")
+            got.setdefault((c, k), []).append(rd["fx"]["latency"][k]["p50_ms"] / best)
+
+    def each(c, k):
+        return ", ".join(f"{v:.2f}×" for v in got[(c, k)])
+
+    def med(c, k):
+        return statistics.median(got[(c, k)])
+
+    assert f"at 4 in flight {each('2f433e0', '4')} before and {each('2efd4bb', '4')} after" in text
+    assert f"(medians {med('2f433e0', '4'):.2f}× and {med('2efd4bb', '4'):.2f}×)" in text
+    assert f"at 16 {each('2f433e0', '16')} and {each('2efd4bb', '16')} ({med('2f433e0', '16'):.2f}× and" in text
+    assert f"at 1 {each('2f433e0', '1')} and {each('2efd4bb', '1')}." in text
+    assert all(med("2efd4bb", k) <= med("2f433e0", k) for k in ("1", "4", "16"))  # "no worse with the runners"
+    assert all(med(c, k) > 1 for c in ("2f433e0", "2efd4bb") for k in ("4", "16"))  # "behind ... with either build"
 
 
 def test_docs_two_mib_latency_tables_are_the_committed_json():
