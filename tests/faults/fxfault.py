@@ -213,8 +213,10 @@ def rings() -> int:
 
 def os_threads() -> int:
     """Threads of this process, without io_uring's kernel workers (iou-wrk-*,
-    which the kernel starts and retires on its own)."""
-    n = 0
+    which the kernel starts and retires on its own) and without the engine's
+    idle batch runners (kept for the next submit and retired after 10 s idle,
+    as the engine pools its rings: csrc/runner.c)."""
+    n = -_fxio._runners_idle()
     for t in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{t}/comm") as f:
@@ -229,8 +231,9 @@ def os_threads() -> int:
 def os_threads_at_rest(settle: float = 0.3, limit: float = 10.0) -> int:
     """os_threads() once the count holds still for `settle` s. pthread_join
     (and Thread.join) return when the thread has cleared its tid, a moment
-    before the kernel drops its task from /proc/self/task; at rest the count
-    can only fall, so a stable reading is the true one."""
+    before the kernel drops its task from /proc/self/task, and a runner that
+    retires leaves the idle count a moment before its task goes; so a stable
+    reading is the true one."""
     n, since, t_end = os_threads(), time.monotonic(), time.monotonic() + limit
     while time.monotonic() < t_end:
         time.sleep(0.05)
