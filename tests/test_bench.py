@@ -1066,6 +1066,18 @@ def test_docs_awaited_latency_round_at_2efd4bb_and_its_ab_are_the_committed_json
     assert f"at 1 {each('2f433e0', '1')} and {each('2efd4bb', '1')}." in text
     assert all(med("2efd4bb", k) <= med("2f433e0", k) for k in ("1", "4", "16"))  # "no worse with the runners"
     assert all(med(c, k) > 1 for c in ("2f433e0", "2efd4bb") for k in ("4", "16"))  # "behind ... with either build"
+    # "three 10 MiB runs at 5d60e8d with fx reading in place beside it ... had the two level"
+    un = []
+    for i in (1, 2, 3):
+        with open(os.path.join(d, "unstaged-check", f"5d60e8d-10m-run{i}.json")) as f:
+            run = json.load(f)
+        assert run["git_commit"].startswith("5d60e8d") and not run["git_commit"].endswith("+dirty")
+        assert f"/tmp/unst/run{i}.json" in run["command"] and run["config"]["latency_awaited"]
+        rd = run["readers"]
+        assert {"fx", "fx-unstaged", "rust_raw_block"} <= set(rd)
+        un += [rd["fx-unstaged"]["latency"][c]["p50_ms"] / rd["fx"]["latency"][c]["p50_ms"] for c in ("4", "16")]
+    assert all(0.9 < x < 1.1 for x in un) and statistics.median(un) > 0.95, un
+    assert "committed as `latency-awaited/unstaged-check/`) had the two level" in text
 
 
 def test_docs_two_mib_latency_tables_are_the_committed_json():
