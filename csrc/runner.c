@@ -38,6 +38,7 @@ static void runners_fork_child(void)
     pthread_mutex_init(&runners_mu, NULL);
     idle = NULL;
     nidle = 0;
+    nstarted = 0; /* counts this process's threads */
 }
 
 static void runners_init(void) { pthread_atfork(NULL, NULL, runners_fork_child); }
