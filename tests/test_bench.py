@@ -952,8 +952,7 @@ def _awaited_round(commit: str) -> tuple[dict, dict]:
                 assert case["misses"] == 0 and all(r["path"] == "awaited" for r in case["rounds"]), (label, name, c)
         size = label.split(",")[0]
         for c in ("1", "4", "16"):
-            best = min(e["latency"][c]["p50_ms"] for n, e in rd.items() if n != "fx")
-            ratio.setdefault((size, c), []).append(f"{rd['fx']['latency'][c]['p50_ms'] / best:.2f}×")
+            ratio.setdefault((size, c), []).append(f"{_fx_p50_over_best(rd, c):.2f}×")
             worst.setdefault((size, c), []).append(rd["fx"]["latency"][c]["p99_over_p50"])
     return ratio, worst
 
@@ -1040,8 +1039,7 @@ def test_docs_awaited_latency_round_at_2efd4bb_and_its_ab_are_the_committed_json
         for i in (1, 2, 3)
         for c in ("2f433e0", "2efd4bb")
     ]
-    table = _bench_tables().latency_rounds_table(pairs)
-    assert "\n".join("  " + line for line in table.splitlines()) in page  # inside a top-level bullet
+    assert _indented(_bench_tables().latency_rounds_table(pairs), by=2) in page  # inside a top-level bullet
     got: dict = {}
     for label, path in pairs:
         with open(path) as f:
@@ -1051,8 +1049,7 @@ def test_docs_awaited_latency_round_at_2efd4bb_and_its_ab_are_the_committed_json
         assert run["config"]["latency_awaited"] and f"/tmp/ab10/{c}-10m-pair" in run["command"], label
         rd = run["readers"]
         for k in ("1", "4", "16"):
-            best = min(e["latency"][k]["p50_ms"] for n, e in rd.items() if n != "fx")
-            got.setdefault((c, k), []).append(rd["fx"]["latency"][k]["p50_ms"] / best)
+            got.setdefault((c, k), []).append(_fx_p50_over_best(rd, k))
 
     def each(c, k):
         return ", ".join(f"{v:.2f}×" for v in got[(c, k)])
@@ -1214,9 +1211,16 @@ def _runs_table_in_page(paths: list[str], over: str) -> dict:
     return runs
 
 
-def _indented(table: str) -> str:
-    """A table as the page has it inside a bullet: each line indented by four spaces."""
-    return "\n".join("    " + line for line in table.splitlines())
+def _indented(table: str, by: int = 4) -> str:
+    """A table as the page has it inside a bullet: each line indented by `by`
+    spaces (four in a nested bullet, two in a top-level one)."""
+    return "\n".join(" " * by + line for line in table.splitlines())
+
+
+def _fx_p50_over_best(readers: dict, c: str) -> float:
+    """fx's p50 over the best other engine-level reader's, at `c` in flight."""
+    best = min(e["latency"][c]["p50_ms"] for n, e in readers.items() if not n.startswith("fx"))
+    return readers["fx"]["latency"][c]["p50_ms"] / best
 
 
 def _page() -> str:
