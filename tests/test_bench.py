@@ -9,6 +9,7 @@ import json
 import os
 import statistics
 import subprocess
+import time
 
 import pytest
 
@@ -169,6 +170,41 @@ def test_latency_rounds_combine_as_medians_with_the_ratio_taken_within_each_roun
     # the median of the rounds' own ratios, not p99 median over p50 median (2.0)
     assert c["p99_over_p50"] == pytest.approx(1.6) and c["p99_over_p50_each"] == [3.0, 1.5, 1.6]
     assert combine_latency_rounds([{"error": "x"}]) == {"rounds": [{"error": "x"}], "error": "x"}
+    assert "process_cpu_us_per_request" not in c  # rounds that measured no CPU give no CPU figure
+
+
+def test_latency_rounds_cpu_figures_combine_as_medians_of_the_rounds_that_have_them():
+    from lmcache_fx.tools.bench.workload import combine_latency_rounds
+
+    def rnd(p50, cpu, steal, loop=None):
+        r = {"requests": 400, "misses": 0, "p50_ms": p50, "p99_ms": 2 * p50}
+        r.update(process_cpu_us_per_request=cpu, host_busy_us_per_request=2 * cpu, host_steal_share=steal)
+        if loop is not None:
+            r["loop_cpu_us_per_request"] = loop
+        return r
+
+    c = combine_latency_rounds([rnd(1.0, 300.0, 0.0, 90.0), rnd(1.2, 100.0, 0.2), rnd(1.1, 200.0, 0.1, 70.0)])
+    assert c["process_cpu_us_per_request"] == 200.0 and c["host_busy_us_per_request"] == 400.0
+    assert c["host_steal_share"] == 0.1
+    assert c["loop_cpu_us_per_request"] == 80.0  # the median of the two rounds that measured the loop
+
+
+def test_cpu_span_counts_this_process_and_the_host():
+    """CpuSpan: CPU burnt in this process shows in its process figure and in
+    the host's busy time (whole /proc/stat ticks, so with a tick's slack)."""
+    from lmcache_fx import _fxio
+    from lmcache_fx.tools.bench.workload import CpuSpan
+
+    buf = bytes(range(256)) * 4096  # 1 MiB
+    span = CpuSpan()
+    c0 = time.process_time()
+    while time.process_time() - c0 < 0.3:
+        _fxio.crc32c(buf)
+    burnt = time.process_time() - c0
+    f = span.figures(10)
+    assert f["process_cpu_us_per_request"] >= burnt / 10 * 1e6 * 0.99
+    assert f["host_busy_us_per_request"] >= (burnt - 0.05) / 10 * 1e6  # 0.05 s: a few 10 ms ticks at each end
+    assert 0.0 <= f["host_steal_share"] <= 1.0
 
 
 def test_summary_medians_and_ratio_to_fio():
@@ -433,6 +469,7 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
         assert case["p50_ms"] == statistics.median(r["p50_ms"] for r in case["rounds"])
         for lat in case["rounds"]:
             assert len(lat["ms"]) == lat["requests"] == 400 and lat["misses"] == 0  # latency_requests: at least 400
+            assert lat["process_cpu_us_per_request"] > 0 and "loop_cpu_us_per_request" not in lat  # not awaited
             assert max(lat["ms"]) + 0.001 >= lat["p99_ms"] >= lat["p50_ms"] > 0  # "ms" is rounded to 1 us
             slow, two = set(lat["over_2x_p50"]), 2 * lat["p50_ms"]
             assert all((x >= two - 0.001) if i in slow else (x <= two + 0.001) for i, x in enumerate(lat["ms"]))
@@ -497,7 +534,12 @@ def test_bench_latency_awaited_goes_through_lmcaches_loop(odirect_tmp, tmp_path)
             case = d["readers"][name]["latency"][conc]
             (rnd,) = case["rounds"]
             assert rnd["path"] == "awaited" and rnd["requests"] > 0 and case["misses"] == 0, (name, conc, case)
-    assert "awaited on LMCache's event loop" in bench.format_table(d)
+            # the loop thread's CPU is part of the process's, measured over a span inside the process's
+            assert 0 < rnd["loop_cpu_us_per_request"] <= rnd["process_cpu_us_per_request"], rnd
+            assert case["process_cpu_us_per_request"] == rnd["process_cpu_us_per_request"]
+    table = bench.format_table(d)
+    assert "awaited on LMCache's event loop" in table
+    assert "CPU per request in those cases" in table
 
 
 def test_bench_full_store_evicts_into_reused_files(odirect_tmp, tmp_path):

@@ -27,7 +27,7 @@ from ...core.chunkfile import HEADER_SIZE
 from ...core.layout import round_up
 from ..models import GB, MIB
 from .readers import Reader
-from .workload import Skip, cpu_seconds, crc_of, latency_figures, latency_requests, zero
+from .workload import CpuSpan, Skip, cpu_seconds, crc_of, latency_figures, latency_requests, zero
 
 BENCH_MODEL = "lmcache-fx-bench"
 
@@ -309,6 +309,7 @@ class L2Reader(Reader):
         misses = 0
         nxt = 0
         end = time.monotonic() + 600
+        span = CpuSpan()
         while len(lat) < n_req:
             while nxt < n_req and len(pending) < conc:
                 i = nxt % n
@@ -322,6 +323,7 @@ class L2Reader(Reader):
                     misses += 1 - bm.popcount()
             if time.monotonic() > end:
                 raise RuntimeError(f"{self.name}: latency run did not finish")
+        cpu = span.figures(n_req)
         try:
             a.submit_unlock(keys)
         except Exception:
@@ -332,6 +334,7 @@ class L2Reader(Reader):
             "chunks_per_request": 1,
             "misses": misses,
             **latency_figures(lat),
+            **cpu,
         }
 
 

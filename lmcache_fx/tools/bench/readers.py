@@ -17,6 +17,7 @@ from typing import Callable, Optional
 from ..models import GB, MIB, Geometry
 from .workload import (
     BenchConfig,
+    CpuSpan,
     Skip,
     Workload,
     children_cpu_seconds,
@@ -259,10 +260,13 @@ class LMCacheReader(Reader):
         reqs = [[keys[i % len(keys)]] for i in range(n_req)]
         lat: list[float] = []
         errors: list = []
+        span, cpu = CpuSpan(), {}
         if self.cfg.latency_awaited:
-            self._latency_awaited(reqs, conc, lat, errors)
+            loop_s = self._latency_awaited(reqs, conc, lat, errors)
+            cpu["loop_cpu_us_per_request"] = round(loop_s / max(len(reqs), 1) * 1e6, 1)
         else:
             self._latency_threads(reqs, conc, lat, errors)
+        cpu.update(span.figures(len(reqs)))
         self.cleanup(keys)
         return {
             "requests": len(lat),
@@ -270,6 +274,7 @@ class LMCacheReader(Reader):
             "misses": len(errors),
             "path": "awaited" if self.cfg.latency_awaited else "blocking",
             **latency_figures(lat),
+            **cpu,
         }
 
     def _latency_threads(self, reqs: list, conc: int, lat: list, errors: list) -> None:
@@ -297,7 +302,9 @@ class LMCacheReader(Reader):
         for t in ths:
             t.join()
 
-    def _latency_awaited(self, reqs: list, conc: int, lat: list, errors: list) -> None:
+    def _latency_awaited(self, reqs: list, conc: int, lat: list, errors: list) -> float:
+        """Runs the requests on LMCache's loop; returns the loop thread's CPU
+        seconds over them (its own work and the tier's on it)."""
         import asyncio
 
         backend, nxt = self.backend, iter(enumerate(reqs))
@@ -316,12 +323,14 @@ class LMCacheReader(Reader):
                 _drop(objs)
                 lat.append(dt)
 
-        async def main():
+        async def main() -> float:
+            c = time.thread_time()
             await asyncio.gather(*(worker() for _ in range(conc)))
+            return time.thread_time() - c
 
         # LMCache's own loop (its storage-manager thread), as async loading runs them: LocalDiskBackend's
         # disk worker is bound to it.
-        asyncio.run_coroutine_threadsafe(main(), self.engine.storage_manager.loop).result()
+        return asyncio.run_coroutine_threadsafe(main(), self.engine.storage_manager.loop).result()
 
 
 def _drop(objs) -> None:

@@ -113,6 +113,30 @@ def format_table(results: dict) -> str:
                     cell += f" ({v['p99_over_p50']:.2f}x)"
                 cells.append(cell.rjust(26))
             out += label.ljust(30) + "".join(cells) + "\n"
+        out += _latency_cpu_table(lat, concs)
+    return out
+
+
+def _latency_cpu_table(lat: list, concs: list) -> str:
+    """The latency cases' CPU per request (medians over the rounds): the
+    process's, LMCache's loop thread's (awaited), the host's busy time, and
+    the host's stolen share; empty when no case measured them."""
+    if not any(v.get("process_cpu_us_per_request") is not None for _, L in lat for v in L.values()):
+        return ""
+    out = "\nCPU per request in those cases, us: process / loop thread (awaited) / host busy; host steal share\n"
+    out += "reader".ljust(30) + "".join(f"{c:>26}" for c in concs) + "\n"
+    for label, L in lat:
+        cells = []
+        for cc in concs:
+            v = L.get(str(cc)) or {}
+            cell = "/".join(
+                _f(v.get(k), "{:.0f}")
+                for k in ("process_cpu_us_per_request", "loop_cpu_us_per_request", "host_busy_us_per_request")
+            )
+            steal = v.get("host_steal_share")
+            cell += f"; {_f(steal * 100 if steal is not None else None, '{:.1f}')}%"
+            cells.append(cell.rjust(26))
+        out += label.ljust(30) + "".join(cells) + "\n"
     return out
 
 

@@ -4,6 +4,7 @@ configuration, CPU clocks and the statistics (medians, ratios, percentiles)."""
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 from dataclasses import asdict, dataclass
@@ -93,6 +94,39 @@ def host_ticks() -> tuple[int, int]:
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     return sum(v), v[3] + v[4]
+
+
+def _host_cpu_line() -> list[int]:
+    """user, nice, system, idle, iowait, irq, softirq, steal ticks of the
+    whole host so far (/proc/stat's first line; guest time is inside user)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
+class CpuSpan:
+    """The CPU one stretch of the bench took, per request: this process's
+    (every thread), the whole host's busy time (the loop device's kernel
+    workers included, which no process's time counts; other work on the host
+    too) and the host's stolen share (a VM's CPU its hypervisor gave to
+    others). A slower host day shows in the stolen share or in every reader's
+    figures alike, a reader's own cost in its process figure. The host's
+    ticks are 1/CLK_TCK s (10 ms), coarse for a short round."""
+
+    def __init__(self) -> None:
+        self.cpu0, self.host0 = cpu_seconds(), _host_cpu_line()
+
+    def figures(self, requests: int) -> dict:
+        cpu = cpu_seconds() - self.cpu0
+        d = [b - a for a, b in zip(self.host0, _host_cpu_line())]
+        total, steal = sum(d), d[7]
+        busy = total - d[3] - d[4] - steal
+        tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
+        n = max(requests, 1)
+        return {
+            "process_cpu_us_per_request": round(cpu / n * 1e6, 1),
+            "host_busy_us_per_request": round(busy * tick_us / n, 1),
+            "host_steal_share": round(steal / total, 4) if total else None,
+        }
 
 
 def children_cpu_seconds() -> float:
@@ -189,11 +223,20 @@ def latency_figures(lat: list) -> dict:
 LATENCY_ROUNDS = 5
 
 
+# CpuSpan's figures, and the awaited path's LMCache loop thread CPU, per request.
+LATENCY_CPU_FIGURES = (
+    "process_cpu_us_per_request",
+    "loop_cpu_us_per_request",
+    "host_busy_us_per_request",
+    "host_steal_share",
+)
+
+
 def combine_latency_rounds(rounds: list) -> dict:
     """One latency case from its rounds (each latency_figures() plus requests
     and misses, or {"error": ...}): p50, p99 and p99/p50 as medians over the
     rounds that ran, the ratio taken within each round (the same stretch of
-    the host's time), and every round kept."""
+    the host's time), the rounds' CPU figures as medians, and every round kept."""
     ok = [r for r in rounds if r and r.get("p50_ms")]
     out: dict = {"rounds": rounds}
     if not ok:
@@ -209,6 +252,10 @@ def combine_latency_rounds(rounds: list) -> dict:
         chunks_per_request=ok[0].get("chunks_per_request", 1),
         misses=sum(r.get("misses", 0) for r in ok),
     )
+    for k in LATENCY_CPU_FIGURES:  # where the rounds measured them
+        vals = [r[k] for r in ok if r.get(k) is not None]
+        if vals:
+            out[k] = median(vals)
     if len(ok) < len(rounds):
         out["failed_rounds"] = len(rounds) - len(ok)
     return out
