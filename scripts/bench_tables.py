@@ -12,6 +12,8 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --latency-probe docs/latency-probe.json floor-2m floor-10m   # its labels
     python scripts/bench_tables.py --latency-layers "run 1" docs/bench-repeats/latency-layers/868fddf-run1.json ...
         # and --latency-gil (the --gil runs), --latency-reserve (the runs with plugin-reserve, a row each)
+    python scripts/bench_tables.py --latency-cpu "10 MiB, run 1" docs/bench-repeats/latency-awaited/5028bcf-10m-run1.json ...
+        # --latency-rounds runs' CPU per request (runs since 5028bcf)
     python scripts/bench_tables.py --per-chunk-runs "run 1" docs/bench-repeats/per-chunk-written/77cbeb3-run1.json ...
     python scripts/bench_tables.py --chunk-overhead "run 1" docs/bench-repeats/chunk-overhead/41bcd7c-run1.json ...
     python scripts/bench_tables.py --build-ab-writes "run 1" docs/bench-repeats/extents/63cb079-writes.json ...
@@ -351,6 +353,28 @@ def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
                 )
             rows.append(f"| {label}, {c} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def latency_cpu_table(cases: list[tuple[str, str]]) -> str:
+    """The CPU per request of the latency cases (runs since 5028bcf; a label
+    and a file each): a row per label and count in flight, a column per
+    reader, each cell the medians over the rounds of the process's / LMCache
+    loop thread's (awaited runs) / the host's busy µs per request, and the
+    host's stolen share."""
+    runs = _labelled_runs(cases)
+    names = [n for n, e in runs[0][1]["readers"].items() if e.get("latency")]
+    keys = ("process_cpu_us_per_request", "loop_cpu_us_per_request", "host_busy_us_per_request")
+    body = []
+    for label, d in runs:
+        for c in sorted({int(c) for n in names for c in d["readers"][n]["latency"]}):
+            cells = []
+            for n in names:
+                v = d["readers"][n]["latency"].get(str(c)) or {}
+                steal = v.get("host_steal_share")
+                cpu = " / ".join(_f(v.get(k), "{:.0f}") for k in keys)
+                cells.append(f"{cpu}; {_f(None if steal is None else steal * 100, '{:.1f}')} %")
+            body.append([f"{label}, {c}"] + cells)
+    return _md_table(["chunk, in flight"] + [runs[0][1]["readers"][n]["label"] for n in names], body)
 
 
 def latency_probe_table(d: dict, labels: list[str]) -> str:
@@ -768,6 +792,7 @@ if __name__ == "__main__":
     pair_tables = {
         "--l2-stores": store_runs_table,
         "--latency-rounds": latency_rounds_table,
+        "--latency-cpu": latency_cpu_table,
         "--latency-layers": latency_layers_table,
         "--latency-gil": latency_gil_table,
         "--latency-reserve": latency_reserve_table,

@@ -1119,6 +1119,103 @@ def test_docs_awaited_latency_round_at_2efd4bb_and_its_ab_are_the_committed_json
     assert "committed as `latency-awaited/unstaged-check/`) had the two level" in text
 
 
+def test_docs_awaited_round_at_5028bcf_and_its_cpu_are_the_committed_json():
+    """The awaited round at 5028bcf, the first with CPU per request, and two
+    runs a size with fx-unstaged beside fx: the tables are bench_tables' over
+    the JSONs, and every ratio, CPU range and stolen share the page, the
+    targets table and the README quote is the JSON's; fx needs more host CPU
+    per request than the lowest tier at 4 and 16 in flight in every run, and
+    reading in place does not change that."""
+    text = " ".join(_page().split())
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    ratio, worst = _awaited_round("5028bcf")
+    cases = _runs_by_size("latency-awaited", "5028bcf-{n}-run{r}.json", runs=(1, 2, 3))
+    assert _bench_tables().latency_cpu_table(cases) in _page()
+    for size in ("64 MiB", "10 MiB", "2 MiB"):
+        line = "; ".join(", ".join(ratio[(size, c)]) for c in ("1", "4", "16"))
+        assert f"- {size}: {line}." in text, size
+
+    def span(xs: list, unit: str = "×") -> str:
+        return f"{min(xs):.2f}–{max(xs):.2f}{unit}"
+
+    def at(size: str) -> list:
+        return [float(x[:-1]) for c in ("4", "16") for x in ratio[(size, c)]]
+
+    level64, behind10 = span(at("64 MiB")), span(at("10 MiB"))
+    assert 0.95 < min(at("64 MiB")) and max(at("64 MiB")) < 1.1 and min(at("10 MiB")) > 1
+    assert f"fx is level again ({level64}, against 1.09–1.33× there)" in text
+    assert f"still behind ({behind10}, against 1.05–1.47×)" in text
+    host: dict = {}
+    proc: dict = {}
+    extra64 = []
+    steal = []  # (share, label, in flight)
+    for label, path in cases:
+        with open(path) as f:
+            rd = json.load(f)["readers"]
+        size = label.split(",")[0]
+        for e in rd.values():
+            steal += [(v["host_steal_share"], label, c) for c, v in e["latency"].items()]
+        for c in ("4", "16"):
+            fx = rd["fx"]["latency"][c]
+            peers = [e["latency"][c] for n, e in rd.items() if n != "fx"]
+            low_host = min(v["host_busy_us_per_request"] for v in peers)
+            low_proc = min(v["process_cpu_us_per_request"] for v in peers)
+            host.setdefault(size, []).append(fx["host_busy_us_per_request"] / low_host)
+            proc.setdefault(size, []).append(fx["process_cpu_us_per_request"] / low_proc)
+            if size == "64 MiB":
+                extra64.append((fx["process_cpu_us_per_request"] - low_proc) / 1e3)
+    sizes = ("64 MiB", "10 MiB", "2 MiB")
+    assert min(min(v) for v in host.values()) > 1  # more host CPU per request in every case at 4 and 16
+    assert "; ".join(f"{span(host[s])} at {s}" for s in sizes) in text
+    assert "; ".join(f"{span(proc[s])} at {s}" for s in sizes) in text
+    both = span(host["64 MiB"] + host["10 MiB"])
+    assert f"fx needs {both} the lowest tier's host CPU per request there" in text
+    assert f"it needs {both} the lowest tier's host CPU per request there" in readme
+    with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
+        changelog = " ".join(f.read().split())
+    every = span([x for s in sizes for x in host[s]])
+    assert f"it needs {every} the lowest tier's host CPU per request, its check" in changelog
+    assert f"level again at 64 MiB at `5028bcf` ({level64}), behind at 10 MiB ({behind10})" in text
+    assert f"fx is level again at 64 MiB ({level64} at 4 and 16 in flight) and behind at 10 MiB ({behind10})" in readme
+    # "1.5–2.7 ms more CPU per 64 MiB request ...; the CRC32C of 64 MiB from memory alone takes 2.38 ms"
+    assert f"took {min(extra64):.1f}–{max(extra64):.1f} ms more CPU per 64 MiB request" in text
+    with open(os.path.join(ROOT, "docs", "crc32c-speed-zen4.json")) as f:
+        rows = json.load(f)["rows"]
+    (crc,) = [r for r in rows if r["impl"].endswith("in use)") and r["size"] == "64 MiB"]
+    assert f"64 MiB from memory alone takes {crc['cpu_ns_per_byte'] * 64 * MIB / 1e6:.2f} ms" in text
+    # the stolen share: high for every reader at 1 and 4 in flight in the 2 MiB runs 2 and 3, low elsewhere
+    hit = [x for x in steal if x[1] in ("2 MiB, run 2", "2 MiB, run 3") and x[2] in ("1", "4")]
+    rest = [x for x in steal if x not in hit]
+    assert (
+        f"{min(hit)[0] * 100:.1f}–{max(hit)[0] * 100:.1f} % for every reader with 1 and 4 in flight in the 2 MiB "
+        f"runs 2 and 3, at most {max(rest)[0] * 100:.1f} % in every other case" in text
+    )
+    w64, w10 = (max(max(worst[(s, c)]) for c in ("4", "16")) for s in ("64 MiB", "10 MiB"))
+    at4, at16 = (", ".join(f"{v:.2f}×" for v in worst[("2 MiB", c)]) for c in ("4", "16"))
+    assert f"at most {w64:.2f}× at 64 MiB and {w10:.2f}× at 10 MiB; at 2 MiB {at4} at 4 and {at16} at 16" in text
+    assert f"at `5028bcf` up to {w64:.2f}× at 64 MiB and {w10:.2f}× at 10 MiB" in text
+    # fx-unstaged beside fx, two runs a size: level in host CPU per request
+    un: dict = {"host": [], "proc": [], "p50": []}
+    keys = {"host": "host_busy_us_per_request", "proc": "process_cpu_us_per_request", "p50": "p50_ms"}
+    for _label, path in _runs_by_size("latency-awaited/unstaged-cpu", "5028bcf-{n}-run{r}.json"):
+        with open(path) as f:
+            run = json.load(f)
+        assert run["git_commit"].startswith("5028bcf") and not run["git_commit"].endswith("+dirty")
+        assert "--readers fx,fx-unstaged,fs_connector,rust_raw_block" in run["command"]
+        assert "/work/scratch/unst/" in run["command"] and run["config"]["latency_awaited"]
+        for c in ("4", "16"):
+            a, b = run["readers"]["fx-unstaged"]["latency"][c], run["readers"]["fx"]["latency"][c]
+            assert a["misses"] == b["misses"] == 0
+            for k, field in keys.items():
+                un[k].append(a[field] / b[field])
+    assert 0.85 < min(un["host"]) and max(un["host"]) < 1.15
+    assert (
+        f"host busy time per request {span(un['host'])}, the process's {span(un['proc'])}, p50 {span(un['p50'])}"
+        in text
+    )
+
+
 def test_docs_two_mib_latency_tables_are_the_committed_json():
     """The 2 MiB latency tables beside LMCache's engine-level tiers and beside
     plain preads are what `bench_tables.py --latency-rounds` and
