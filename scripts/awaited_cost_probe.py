@@ -10,7 +10,8 @@ measures only time.
   device (root), O_DIRECT. Per reader and in-flight count, ``--requests`` one-chunk requests sent as the bench's
   awaited latency case sends them (coroutines on that engine's own loop, each awaiting
   batched_async_contains(pin) then batched_get_non_blocking), every request a hit: the loop thread's CPU per
-  request (its thread_time over the case), the process's, p50 and p99. Rounds interleave the readers.
+  request (its thread_time over the case), the process's, p50 and p99; since 5028bcf also the whole host's busy
+  time per request (the loop device's kernel workers included) and its stolen share. Rounds interleave the readers.
 - ``handoff``: on an event loop of its own, what any awaited read through fx's C engine pays before a
   byte moves: Engine.submit_chunks of an empty batch awaited through its own eventfd (drive.await_batch) and
   through the loop's shared one (a Notifier, as drive_async awaits the C engine's batches since 6635808), the
@@ -44,7 +45,7 @@ from lmcache_fx.core.drive import _loop_waiter, await_batch  # noqa: E402
 from lmcache_fx.testing import loopfs  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 from lmcache_fx.tools.bench import readers as bench_readers  # noqa: E402
-from lmcache_fx.tools.bench.workload import BenchConfig, Workload, percentile  # noqa: E402
+from lmcache_fx.tools.bench.workload import BenchConfig, CpuSpan, Workload, percentile  # noqa: E402
 from lmcache_fx.tools.models import PRESETS  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -107,26 +108,23 @@ def handoff_round(n: int) -> dict:
 
 def tier_case(reader, keys: list, conc: int, n_req: int) -> dict:
     """`n_req` one-chunk requests, `conc` in flight, sent by the bench's own
-    awaited latency case (LMCacheReader._latency_awaited) on the reader's
-    LMCache loop; the loop thread's CPU is read on that thread before and after."""
-    loop = reader.engine.storage_manager.loop
-
-    async def loop_cpu() -> float:
-        return time.thread_time()
-
+    awaited latency case (LMCacheReader._latency_awaited, which returns the
+    loop thread's CPU over them) on the reader's LMCache loop; the process's
+    CPU and the host's (CpuSpan) around it."""
     reqs = [[keys[i % len(keys)]] for i in range(n_req)]
     lat: list[float] = []
     errors: list = []
-    c0 = asyncio.run_coroutine_threadsafe(loop_cpu(), loop).result()
-    p, t = time.process_time(), time.perf_counter()
-    reader._latency_awaited(reqs, conc, lat, errors)
-    proc_cpu, wall = time.process_time() - p, time.perf_counter() - t
-    loop_cpu_s = asyncio.run_coroutine_threadsafe(loop_cpu(), loop).result() - c0
+    span, t = CpuSpan(), time.perf_counter()
+    loop_cpu_s = reader._latency_awaited(reqs, conc, lat, errors)
+    wall = time.perf_counter() - t
+    cpu = span.figures(n_req)
     return {
         "requests": n_req,
         "misses": len(errors),
         "loop_cpu_us": round(loop_cpu_s / n_req * 1e6, 1),
-        "process_cpu_us": round(proc_cpu / n_req * 1e6, 1),
+        "process_cpu_us": cpu["process_cpu_us_per_request"],
+        "host_busy_us": cpu["host_busy_us_per_request"],
+        "host_steal_share": cpu["host_steal_share"],
         "loop_busy": round(loop_cpu_s / wall, 3),
         "p50_ms": round(percentile(lat, 50) * 1e3, 3),
         "p99_ms": round(percentile(lat, 99) * 1e3, 3),
@@ -197,7 +195,16 @@ def main() -> int:
         tiers[name] = {}
         for n, rs in raw[name].items():
             tiers[name][n] = {
-                k: _median_of(rs, k) for k in ("loop_cpu_us", "process_cpu_us", "loop_busy", "p50_ms", "p99_ms")
+                k: _median_of(rs, k)
+                for k in (
+                    "loop_cpu_us",
+                    "process_cpu_us",
+                    "host_busy_us",
+                    "host_steal_share",
+                    "loop_busy",
+                    "p50_ms",
+                    "p99_ms",
+                )
             }
             tiers[name][n]["misses"] = sum(x["misses"] for x in rs)
     ratios: dict = {}  # reader -> in flight -> figure -> median of the rounds' ratios
@@ -208,7 +215,7 @@ def main() -> int:
             ratios[name] = {
                 n: {
                     k: round(statistics.median(f[k] / b[k] for f, b in zip(rs, raw["rust_raw_block"][n])), 3)
-                    for k in ("loop_cpu_us", "process_cpu_us", "p50_ms")
+                    for k in ("loop_cpu_us", "process_cpu_us", "host_busy_us", "p50_ms")
                 }
                 for n, rs in raw[name].items()
             }
