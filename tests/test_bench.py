@@ -1893,6 +1893,7 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     after = [f"6635808-ab{i}" for i in (2, 3, 5, 7, 10)]
     runners_before = [f"2f433e0-ab{i}" for i in (2, 3, 6, 8, 9)]  # runners kept between batches: the A/B
     runners_after = [f"0901c5e-ab{i}" for i in (1, 4, 5, 7, 10)]
+    host_cpu = [f"d38e416-cpu{i}" for i in (1, 2, 3)]  # with the host's busy time per request
     assert set(runs) == {
         *first,
         *before,
@@ -1901,6 +1902,7 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
         "d60ce2f-noverify2",
         *runners_before,
         *runners_after,
+        *host_cpu,
     }
     for label, r in runs.items():
         commit = label.split("-")[0] if "-" in label else "2830252"
@@ -2071,6 +2073,37 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
         f"{pa2:.2f}× ({pb2:.2f}×), five interleaved runs each; the p50 still did not move ({fb:.2f}× → {fa:.2f}×)"
         in readme
     )
+    # the host's CPU per request (d38e416): the table's ratios, the check's host time, the CRC's cost
+    rows = {"fx": "fx", "fx-unstaged": "fx, read in place", "fx-noverify": "fx without its check"}
+    for reader, who in rows.items():
+        q = [runs[x][f"{reader} over rust_raw_block (medians of each round's ratio)"]["16"] for x in host_cpu]
+        cells = [
+            ", ".join(f"{r[k]:.2f}×" for r in q) for k in ("host_busy_us", "process_cpu_us", "loop_cpu_us", "p50_ms")
+        ]
+        assert f"| {who} | " + " | ".join(cells) + " |" in page, who
+    for x in host_cpu:
+        for reader in rows:
+            rs = runs[x]["tier_rounds"][reader]["16"]
+            assert all(r["misses"] == 0 for r in rs)
+            med = statistics.median(r["host_busy_us"] for r in rs)
+            assert runs[x]["tiers (medians over rounds)"][reader]["16"]["host_busy_us"] == pytest.approx(med, abs=0.001)
+    t16 = [runs[x]["tiers (medians over rounds)"] for x in host_cpu]
+    check = [t["fx"]["16"]["host_busy_us"] - t["fx-noverify"]["16"]["host_busy_us"] for t in t16]
+    assert f"Its check takes {check[0]:.0f}, {check[1]:.0f} and {check[2]:.0f} µs of host time per request" in text
+    with open(os.path.join(ROOT, "docs", "crc32c-speed-zen4.json")) as f:
+        (crc,) = [r for r in json.load(f)["rows"] if r["impl"].endswith("in use)") and r["size"] == "64 MiB"]
+    crc_us = crc["cpu_ns_per_byte"] * 2 * MIB / 1e3
+    assert min(check) > crc_us and f"2 MiB from memory costs on this CPU ({crc_us:.0f} µs" in text
+    loop = [runs[x]["fx over rust_raw_block (medians of each round's ratio)"]["16"]["loop_cpu_us"] for x in host_cpu]
+    assert f"does {min(loop):.2f}–{max(loop):.2f}× RustRawBlockBackend's work" in text
+    fxq = [runs[x]["fx over rust_raw_block (medians of each round's ratio)"]["16"] for x in host_cpu]
+    host_fx = ", ".join(f"{r['host_busy_us']:.2f}×" for r in fxq)
+    p50_fx = ", ".join(f"{r['p50_ms']:.2f}×" for r in fxq)
+    span = f"{min(check):.0f}–{max(check):.0f} µs"
+    # the targets table's p50 row
+    assert f"was level with RustRawBlockBackend's ({host_fx}, the loop device's workers included)" in text
+    assert f"while its p50 stayed behind ({p50_fx}); the check took {span} of host time a request" in text
+    assert f"at 16 in flight is level with RustRawBlockBackend's ({host_fx}) while its p50 is {p50_fx}." in readme
 
 
 def test_docs_zen4_check_round_at_f76a7b1_is_the_committed_json():
