@@ -11,7 +11,7 @@ measures only time.
   awaited latency case sends them (coroutines on that engine's own loop, each awaiting
   batched_async_contains(pin) then batched_get_non_blocking), every request a hit: the loop thread's CPU per
   request (its thread_time over the case), the process's, p50 and p99; since 5028bcf also the whole host's busy
-  time per request (the loop device's kernel workers included) and its stolen share. Rounds interleave the readers.
+  time per request (the loop device's kernel workers included), its busy share and its stolen share. Rounds interleave the readers.
 - ``handoff``: on an event loop of its own, what any awaited read through fx's C engine pays before a
   byte moves: Engine.submit_chunks of an empty batch awaited through its own eventfd (drive.await_batch) and
   through the loop's shared one (a Notifier, as drive_async awaits the C engine's batches since 6635808), the
@@ -125,6 +125,7 @@ def tier_case(reader, keys: list, conc: int, n_req: int) -> dict:
         "process_cpu_us": cpu["process_cpu_us_per_request"],
         "host_busy_us": cpu["host_busy_us_per_request"],
         "host_steal_share": cpu["host_steal_share"],
+        "host_busy_share": cpu["host_busy_share"],
         "loop_busy": round(loop_cpu_s / wall, 3),
         "p50_ms": round(percentile(lat, 50) * 1e3, 3),
         "p99_ms": round(percentile(lat, 99) * 1e3, 3),
@@ -201,6 +202,7 @@ def main() -> int:
                     "process_cpu_us",
                     "host_busy_us",
                     "host_steal_share",
+                    "host_busy_share",
                     "loop_busy",
                     "p50_ms",
                     "p99_ms",

@@ -205,6 +205,8 @@ def test_cpu_span_counts_this_process_and_the_host():
     assert f["process_cpu_us_per_request"] >= burnt / 10 * 1e6 * 0.99
     assert f["host_busy_us_per_request"] >= (burnt - 0.05) / 10 * 1e6  # 0.05 s: a few 10 ms ticks at each end
     assert 0.0 <= f["host_steal_share"] <= 1.0
+    # one of the host's CPUs (at most a few) was busy burning: a share of every CPU's time, above 0.25 with two
+    assert 0.25 / (os.cpu_count() / 2) < f["host_busy_share"] <= 1.0
 
 
 def test_summary_medians_and_ratio_to_fio():

@@ -109,8 +109,9 @@ class CpuSpan:
     workers included, which no process's time counts; other work on the host
     too) and the host's stolen share (a VM's CPU its hypervisor gave to
     others). A slower host day shows in the stolen share or in every reader's
-    figures alike, a reader's own cost in its process figure. The host's
-    ticks are 1/CLK_TCK s (10 ms), coarse for a short round."""
+    figures alike, a reader's own cost in its process figure; and the share
+    of the host's CPU time that was busy. The host's ticks are 1/CLK_TCK s
+    (10 ms), coarse for a short round."""
 
     def __init__(self) -> None:
         self.cpu0, self.host0 = cpu_seconds(), _host_cpu_line()
@@ -126,6 +127,9 @@ class CpuSpan:
             "process_cpu_us_per_request": round(cpu / n * 1e6, 1),
             "host_busy_us_per_request": round(busy * tick_us / n, 1),
             "host_steal_share": round(steal / total, 4) if total else None,
+            # the share of every CPU's time it was busy: below 1 with requests still waiting, some step of
+            # theirs waits for something other than a CPU
+            "host_busy_share": round(busy / total, 4) if total else None,
         }
 
 
@@ -229,6 +233,7 @@ LATENCY_CPU_FIGURES = (
     "loop_cpu_us_per_request",
     "host_busy_us_per_request",
     "host_steal_share",
+    "host_busy_share",
 )
 
 
