@@ -1896,6 +1896,7 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     runners_before = [f"2f433e0-ab{i}" for i in (2, 3, 6, 8, 9)]  # runners kept between batches: the A/B
     runners_after = [f"0901c5e-ab{i}" for i in (1, 4, 5, 7, 10)]
     host_cpu = [f"d38e416-cpu{i}" for i in (1, 2, 3)]  # with the host's busy time per request
+    busy = [f"ced738f-busy{i}" for i in (1, 2, 3)]  # with the host's busy share
     assert set(runs) == {
         *first,
         *before,
@@ -1905,6 +1906,7 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
         *runners_before,
         *runners_after,
         *host_cpu,
+        *busy,
     }
     for label, r in runs.items():
         commit = label.split("-")[0] if "-" in label else "2830252"
@@ -2106,6 +2108,36 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     assert f"was level with RustRawBlockBackend's ({host_fx}, the loop device's workers included)" in text
     assert f"while its p50 stayed behind ({p50_fx}); the check took {span} of host time a request" in text
     assert f"at 16 in flight is level with RustRawBlockBackend's ({host_fx}) while its p50 is {p50_fx}." in readme
+
+    # the host's busy share (ced738f): fx's ways leave the CPUs idle, RustRawBlockBackend hardly
+    def share(reader):
+        return [runs[x]["tiers (medians over rounds)"][reader]["16"]["host_busy_share"] for x in busy]
+
+    said = {"fx": "fx", "fx-unstaged": "read in place", "fx-noverify": "without its check"}
+    for reader, who in (*said.items(), ("rust_raw_block", "RustRawBlockBackend")):
+        assert f"{who} {', '.join(f'{v:.2f}' for v in share(reader))}" in text, who
+        for x in busy:
+            rs = runs[x]["tier_rounds"][reader]["16"]
+            med = statistics.median(r["host_busy_share"] for r in rs)
+            assert runs[x]["tiers (medians over rounds)"][reader]["16"]["host_busy_share"] == pytest.approx(
+                med, abs=0.001
+            )
+    idle_fx = [1 - v for reader in rows for v in share(reader)]
+    idle_rrb = [1 - v for v in share("rust_raw_block")]
+    assert max(idle_rrb) < min(idle_fx)
+    assert (
+        f"fx's three ways leave the CPUs idle {round(100 * min(idle_fx))}–{round(100 * max(idle_fx))} % of the time, "
+        f"RustRawBlockBackend {round(100 * min(idle_rrb))}–{round(100 * max(idle_rrb))} %" in text
+    )
+    fxb = [runs[x]["fx over rust_raw_block (medians of each round's ratio)"]["16"] for x in busy]
+    p50b = ", ".join(f"{r['p50_ms']:.2f}×" for r in fxb)
+    assert f"(fx's p50 over its in these runs: {p50b})" in text
+    lo, hi = round(100 * min(idle_fx)), round(100 * max(idle_fx))
+    rlo, rhi = round(100 * min(idle_rrb)), round(100 * max(idle_rrb))
+    assert (
+        f"at `ced738f` fx's reads left the CPUs idle {lo}–{hi} % of the time there, RustRawBlockBackend's {rlo}–{rhi} %"
+        in text
+    )
 
 
 def test_docs_zen4_check_round_at_f76a7b1_is_the_committed_json():
