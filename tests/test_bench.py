@@ -2125,15 +2125,12 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     idle_fx = [1 - v for reader in rows for v in share(reader)]
     idle_rrb = [1 - v for v in share("rust_raw_block")]
     assert max(idle_rrb) < min(idle_fx)
-    assert (
-        f"fx's three ways leave the CPUs idle {round(100 * min(idle_fx))}–{round(100 * max(idle_fx))} % of the time, "
-        f"RustRawBlockBackend {round(100 * min(idle_rrb))}–{round(100 * max(idle_rrb))} %" in text
-    )
+    lo, hi = round(100 * min(idle_fx)), round(100 * max(idle_fx))
+    rlo, rhi = round(100 * min(idle_rrb)), round(100 * max(idle_rrb))
+    assert f"fx's three ways leave the CPUs idle {lo}–{hi} % of the time, RustRawBlockBackend {rlo}–{rhi} %" in text
     fxb = [runs[x]["fx over rust_raw_block (medians of each round's ratio)"]["16"] for x in busy]
     p50b = ", ".join(f"{r['p50_ms']:.2f}×" for r in fxb)
     assert f"(fx's p50 over its in these runs: {p50b})" in text
-    lo, hi = round(100 * min(idle_fx)), round(100 * max(idle_fx))
-    rlo, rhi = round(100 * min(idle_rrb)), round(100 * max(idle_rrb))
     assert (
         f"at `ced738f` fx's reads left the CPUs idle {lo}–{hi} % of the time there, RustRawBlockBackend's {rlo}–{rhi} %"
         in text

@@ -87,20 +87,20 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _host_cpu_line() -> list[int]:
+    """Every field of /proc/stat's first line: user, nice, system, idle,
+    iowait, irq, softirq, steal (then guest and guest_nice, which user and
+    nice include already) ticks of the whole host so far."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
 def host_ticks() -> tuple[int, int]:
     """(all, idle + iowait) CPU ticks of the whole host so far (/proc/stat):
     the busy share of an interval counts the loop device's kernel workers,
     which no process's CPU time includes."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
+    v = _host_cpu_line()
     return sum(v), v[3] + v[4]
-
-
-def _host_cpu_line() -> list[int]:
-    """user, nice, system, idle, iowait, irq, softirq, steal ticks of the
-    whole host so far (/proc/stat's first line; guest time is inside user)."""
-    with open("/proc/stat") as f:
-        return [int(x) for x in f.readline().split()[1:9]]
 
 
 class CpuSpan:
@@ -114,11 +114,11 @@ class CpuSpan:
     (10 ms), coarse for a short round."""
 
     def __init__(self) -> None:
-        self.cpu0, self.host0 = cpu_seconds(), _host_cpu_line()
+        self.cpu0, self.host0 = cpu_seconds(), _host_cpu_line()[:8]  # up to steal
 
     def figures(self, requests: int) -> dict:
         cpu = cpu_seconds() - self.cpu0
-        d = [b - a for a, b in zip(self.host0, _host_cpu_line())]
+        d = [b - a for a, b in zip(self.host0, _host_cpu_line()[:8])]
         total, steal = sum(d), d[7]
         busy = total - d[3] - d[4] - steal
         tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
