@@ -45,6 +45,7 @@ typedef struct {
     uint64_t split_bytes;
     int staged; /* reads from memory go through a staging buffer (batch.c, run_staged) */
     int nthreads;
+    int runner_nice; /* submitted batches' runners run this many priority steps below the submitter */
     fx_uring *uring;
     fx_pool *pool;
     fx_pool *openers; /* io_uring engine: threads that open chunk files (read_chunks) */
@@ -232,17 +233,18 @@ static PyObject *results_to_list(const fx_result *res, size_t n, int want_crc)
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"io_engine", "queue_depth", "split_bytes", "threads", "staged", NULL};
+    static char *kwlist[] = {"io_engine", "queue_depth", "split_bytes", "threads", "staged", "runner_nice", NULL};
     const char *engine = "auto";
     long long qd = 32, split = 1 << 20;
-    int threads = 0, staged = 1;
+    int threads = 0, staged = 1, runner_nice = 0;
     char why[256] = "";
 
     if (self->kind >= 0 && (self->uring || self->pool)) {
         PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sLLip", kwlist, &engine, &qd, &split, &threads, &staged))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sLLipi", kwlist, &engine, &qd, &split, &threads, &staged,
+                                     &runner_nice))
         return -1;
     self->staged = staged;
     if (strcmp(engine, "auto") && strcmp(engine, "io_uring") && strcmp(engine, "threads")) {
@@ -264,6 +266,11 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
         PyErr_Format(PyExc_ValueError, "threads must be in 0..1024, not %d", threads);
         return -1;
     }
+    if (runner_nice < 0 || runner_nice > 19) {
+        PyErr_Format(PyExc_ValueError, "runner_nice must be in 0..19, not %d", runner_nice);
+        return -1;
+    }
+    self->runner_nice = runner_nice;
     {
         const char *spec = getenv("LMCACHE_FX_FAULT");
         if (fx_fault_setup(spec, why, sizeof(why)) < 0) {
@@ -979,7 +986,7 @@ static PyObject *batch_start(EngineObject *self, BatchObject *bo, PyObject *noti
     if (begin_use(self) < 0)
         goto fail;
     bo->started = 1; /* before the runner can see it */
-    if (fx_runner_start(batch_run, batch_done, bo) < 0) {
+    if (fx_runner_start(batch_run, batch_done, bo, self->runner_nice) < 0) {
         bo->started = 0;
         end_use(self);
         PyErr_SetString(PyExc_OSError, "could not start a batch runner thread");
@@ -1443,11 +1450,19 @@ static PyObject *Engine_get_closed(EngineObject *e, void *c)
     return PyBool_FromLong(e->closed);
 }
 
+static PyObject *Engine_get_runner_nice(EngineObject *e, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(e->runner_nice);
+}
+
 static PyGetSetDef Engine_getset[] = {
     {"kind", (getter)Engine_get_kind, NULL, "'io_uring' or 'threads'", NULL},
     {"queue_depth", (getter)Engine_get_qd, NULL, "pieces in flight per batch", NULL},
     {"split_bytes", (getter)Engine_get_split, NULL, "largest piece", NULL},
     {"threads", (getter)Engine_get_threads, NULL, "I/O threads (thread engine)", NULL},
+    {"runner_nice", (getter)Engine_get_runner_nice, NULL,
+     "priority steps a submitted batch's runner thread runs below the submitter", NULL},
     {"fallback_reason", (getter)Engine_get_reason, NULL, "why io_uring is not used, or None", NULL},
     {"registered", (getter)Engine_get_registered, NULL, "a fixed buffer is registered", NULL},
     {"closed", (getter)Engine_get_closed, NULL, "close() was called", NULL},

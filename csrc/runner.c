@@ -6,10 +6,21 @@
  * for awaited reads): pthread_create costs ~24 µs of the caller's CPU on the
  * 2-core VMs here, waking a sleeping runner ~10, handing work to one not yet
  * asleep next to nothing. A runner idle for RUNNER_IDLE_S exits; at most
- * RUNNER_IDLE_MAX wait at a time. */
+ * RUNNER_IDLE_MAX wait at a time.
+ *
+ * A runner runs some priority steps (runner_nice) below the thread that
+ * started it: for awaited reads that is LMCache's event loop, which at equal
+ * priority on a host short of CPU waits behind the runners' copies and
+ * checksums with finished reads to hand back (docs/benchmarks.md, "Runner
+ * priority"). Only idle runners at the nice value a batch asks for are
+ * reused, since an unprivileged thread cannot raise its priority again. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fxio.h"
 
@@ -21,6 +32,7 @@ typedef struct fx_runner {
     fx_runner_fn fn;   /* the work handed over, NULL while idle */
     fx_runner_fn done; /* its last step, after the runner is listed idle */
     void *arg;
+    int nice;               /* its nice value: its starter's plus the steps asked */
     struct fx_runner *next; /* in the idle list */
 } fx_runner;
 
@@ -42,6 +54,27 @@ static void runners_fork_child(void)
 }
 
 static void runners_init(void) { pthread_atfork(NULL, NULL, runners_fork_child); }
+
+/* The calling thread's nice value (Linux: per thread). */
+static int thread_nice(void)
+{
+    int now;
+
+    errno = 0;
+    now = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    return now == -1 && errno ? 0 : now;
+}
+
+/* Sets the calling runner's nice to `nice`, at or below the priority it
+ * inherited from its starter. Linux lets any thread lower its own priority,
+ * so a failure (a seccomp filter refusing setpriority) only leaves it at the
+ * starter's, as before. */
+static void set_nice(int nice)
+{
+    pthread_setname_np(pthread_self(), "fx-runner");
+    if (nice != thread_nice())
+        (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice);
+}
 
 static void unlink_idle(fx_runner *r)
 {
@@ -88,6 +121,7 @@ static void *runner_main(void *arg)
     struct timespec until;
     int listed;
 
+    set_nice(r->nice);
     for (;;) {
         void *work = r->arg;
         fx_runner_fn done = r->done;
@@ -111,7 +145,7 @@ static void *runner_main(void *arg)
     return NULL;
 }
 
-static fx_runner *runner_new(fx_runner_fn fn, fx_runner_fn done, void *arg)
+static fx_runner *runner_new(fx_runner_fn fn, fx_runner_fn done, void *arg, int nice)
 {
     fx_runner *r = calloc(1, sizeof(*r));
     pthread_condattr_t ca;
@@ -132,6 +166,7 @@ static fx_runner *runner_new(fx_runner_fn fn, fx_runner_fn done, void *arg)
     r->fn = fn;
     r->done = done;
     r->arg = arg;
+    r->nice = nice;
     pthread_attr_init(&ta);
     pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
     ok = pthread_create(&t, &ta, runner_main, r) == 0;
@@ -144,16 +179,19 @@ static fx_runner *runner_new(fx_runner_fn fn, fx_runner_fn done, void *arg)
     return r;
 }
 
-int fx_runner_start(fx_runner_fn fn, fx_runner_fn done, void *arg)
+int fx_runner_start(fx_runner_fn fn, fx_runner_fn done, void *arg, int steps)
 {
+    int nice = thread_nice() + steps;
     fx_runner *r;
 
+    if (nice > 19)
+        nice = 19;
     pthread_once(&runners_once, runners_init);
     pthread_mutex_lock(&runners_mu);
-    r = idle;
+    for (r = idle; r && r->nice != nice; r = r->next)
+        ;
     if (r) {
-        idle = r->next;
-        nidle--;
+        unlink_idle(r);
         r->fn = fn;
         r->done = done;
         r->arg = arg;
@@ -162,7 +200,7 @@ int fx_runner_start(fx_runner_fn fn, fx_runner_fn done, void *arg)
     pthread_mutex_unlock(&runners_mu);
     if (r)
         return 0;
-    if (!runner_new(fn, done, arg))
+    if (!runner_new(fn, done, arg, nice))
         return -EAGAIN;
     __atomic_fetch_add(&nstarted, 1, __ATOMIC_RELAXED);
     return 0;

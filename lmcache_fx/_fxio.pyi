@@ -49,6 +49,7 @@ class Engine:
     queue_depth: int
     split_bytes: int
     threads: int  # I/O threads of the thread engine, else 0
+    runner_nice: int  # priority steps a submitted batch's runner thread runs below the submitter
     fallback_reason: str | None  # why io_engine="auto" is not using io_uring
     registered: bool  # a fixed buffer is registered with io_uring
     closed: bool
@@ -59,6 +60,7 @@ class Engine:
         split_bytes: int = 1 << 20,
         threads: int = 0,
         staged: bool = True,
+        runner_nice: int = 0,
     ) -> None:
         """'io_uring' raises OSError when io_uring cannot be set up; 'auto'
         falls back to the thread engine and records fallback_reason.
@@ -66,7 +68,9 @@ class Engine:
         read from memory with a CRC32C are read through a staging buffer of
         the reading thread's and copied on with their sum in one pass, where
         the CPU has that copy (CRC32C_COPY_ONE_PASS); False reads them into
-        the destination and sums them there (for comparisons)."""
+        the destination and sums them there (for comparisons). runner_nice
+        (0..19): a submitted batch runs on a runner thread (named fx-runner)
+        that many priority steps below the thread that submitted it."""
     @overload
     def read(
         self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0, stage: bool = False

@@ -6,7 +6,7 @@ is what the requests queue behind, so this probe measures it where the bench's a
 measures only time.
 
 - ``tiers``: real LMCacheEngines on CPU with fx's plugin and RustRawBlockBackend (the bench's readers; in
-  ``--readers`` also ``fx-noverify``, fx without its CRC32C check, and ``fx-unstaged``), on XFS on a RAM-backed loop
+  ``--readers`` also ``fx-noverify``, fx without its CRC32C check, ``fx-unstaged`` and ``fx-nice0``), on XFS on a RAM-backed loop
   device (root), O_DIRECT. Per reader and in-flight count, ``--requests`` one-chunk requests sent as the bench's
   awaited latency case sends them (coroutines on that engine's own loop, each awaiting
   batched_async_contains(pin) then batched_get_non_blocking), every request a hit: the loop thread's CPU per
@@ -53,6 +53,7 @@ READERS = {
     "fx": bench_readers.FxReader,
     "fx-noverify": bench_readers.FxNoVerifyReader,  # fx without its CRC32C check: what the check costs
     "fx-unstaged": bench_readers.FxUnstagedReader,  # checked in place, not through staging slots
+    "fx-nice0": bench_readers.FxNice0Reader,  # runners at the loop's priority (runner_nice 0)
     "rust_raw_block": bench_readers.RustRawBlockReader,
 }
 

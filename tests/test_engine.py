@@ -1035,6 +1035,61 @@ def test_batches_run_on_runners_kept_between_batches(make_engine, payload, tmp_p
     assert fx._runners_idle() >= 1
 
 
+def runner_nices() -> list[int]:
+    """The nice value of each of this process's runner threads (named fx-runner)."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:  # a runner that just exited
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if name == "fx-runner":
+            out.append(int(stat[stat.rindex(")") + 2 :].split()[16]))  # field 19, nice
+    return out
+
+
+def test_runners_run_runner_nice_steps_below_the_submitter(make_engine, payload, tmp_path, fds):
+    """A submitted batch runs on a runner `runner_nice` priority steps below
+    the thread that submitted it, counted from that thread's own priority;
+    idle runners are reused only by batches that want the same steps (a
+    thread cannot raise its priority back), so runner_nice=0 keeps the
+    submitter's priority."""
+    data = payload[:MiB]
+    fd = fds(write_file(tmp_path / "n.bin", data))
+    dst = fx.HostBuffer(MiB)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert base <= 5, "the test needs a process nice of at most 5"
+    low = make_engine(queue_depth=4, runner_nice=7)
+    plain = make_engine(queue_depth=4)
+    assert (low.runner_nice, plain.runner_nice) == (7, 0)
+    assert low.submit([(fd, 0, MiB, dst.address)], crc=True).wait() == [(MiB, fx.crc32c(data))]
+    assert base + 7 in runner_nices()
+    started = fx._runners_started()
+    for _ in range(20):  # one after another: the same nice-7 runner, no thread more
+        assert low.submit([(fd, 0, 4096, dst.address)]).wait() == [4096]
+    assert fx._runners_started() == started
+    # a plain engine's batch does not take the nice-7 runner
+    assert plain.submit([(fd, 0, MiB, dst.address)]).wait() == [MiB]
+    assert base in runner_nices()
+
+    # counted from the submitter: a thread at nice base+3 gets runners at base+10
+    seen = []
+
+    def submit_at_3():
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), base + 3)
+        seen.append(low.submit([(fd, 0, MiB, dst.address)]).wait())
+
+    t = threading.Thread(target=submit_at_3)
+    t.start()
+    t.join()
+    assert seen == [[MiB]] and base + 10 in runner_nices()
+    for bad in (-1, 20):
+        with pytest.raises(ValueError, match="runner_nice must be in 0..19"):
+            fx.Engine(runner_nice=bad)
+
+
 def test_batch_cannot_be_built_directly():
     with pytest.raises(TypeError):
         fx.Batch()

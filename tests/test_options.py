@@ -51,3 +51,19 @@ def test_paths_split_and_strip():
     assert FxOptions.from_mapping({"path": " /a , /b ,"}).paths == ["/a", "/b"]
     with pytest.raises(ConfigError, match="path: no directory given"):
         FxOptions.from_mapping({"path": " , "})
+
+
+def test_runner_nice_reaches_the_engine_and_is_checked(tmp_path):
+    """runner_nice goes from the option table to the C engine the store
+    builds (the default 10, or what is set); out of 0..19 it is refused,
+    naming the option."""
+    from lmcache_fx.core.store import ChunkStore
+
+    for values, want in (({}, 10), ({"runner_nice": 0}, 0), ({"runner_nice": "3"}, 3)):
+        store = ChunkStore(FxOptions.from_mapping({"path": str(tmp_path / f"s{want}"), **values}))
+        try:
+            assert store.engine.runner_nice == want
+        finally:
+            store.close()
+    with pytest.raises(ConfigError, match=r"x\.runner_nice: 20 is out of range \[0, 19\]"):
+        FxOptions.from_mapping({"runner_nice": 20}, where="x.")

@@ -209,7 +209,12 @@ _engine_warned: set[str] = set()
 def make_engine(options: FxOptions):
     """Builds the C engine; warns once per reason when io_uring is not used."""
     try:
-        eng = _fxio.Engine(options.io_engine, options.queue_depth, options.split_bytes)  # type: ignore[arg-type]
+        eng = _fxio.Engine(
+            options.io_engine,  # type: ignore[arg-type]
+            options.queue_depth,
+            options.split_bytes,
+            runner_nice=options.runner_nice,
+        )
     except OSError as e:
         raise ConfigError(f"io_engine: {e}; use io_engine: auto to fall back to the thread engine") from None
     if eng.fallback_reason and eng.fallback_reason not in _engine_warned:

@@ -240,6 +240,14 @@ class FxOptions:
         "device (io_uring engine only)",
         _choice("auto", "true", "false"),
     )
+    runner_nice: int = _opt(
+        10,
+        "0..19",
+        "priority steps (nice) below the submitting thread at which awaited reads run on the engine's runner threads, "
+        "so that on a busy host LMCache's event loop gets a CPU before the runners' copies and checksums; "
+        "0: the submitter's priority",
+        _int(0, 19),
+    )
     verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss", _boolean)
     reuse_evicted: bool = _opt(
         True,

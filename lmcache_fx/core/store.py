@@ -569,7 +569,9 @@ class ChunkStore:
         if getattr(self.engine, "kind", "") == "threads" or (self.odirect and not _page_cache_fs(self.roots)):
             return self.engine
         try:
-            return _fxio.Engine("threads", self.options.queue_depth, self.options.split_bytes)
+            return _fxio.Engine(
+                "threads", self.options.queue_depth, self.options.split_bytes, runner_nice=self.options.runner_nice
+            )
         except (OSError, AttributeError):
             return self.engine
 

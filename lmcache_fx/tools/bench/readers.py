@@ -421,6 +421,16 @@ class FxUnstagedReader(FxReader):
     fx_options = {"staged_reads": False}
 
 
+class FxNice0Reader(FxReader):
+    """fx with runner_nice 0: awaited reads' runner threads at the priority of
+    LMCache's event loop, what the default's lower priority is measured
+    against (they differ only in awaited reads on a host short of CPU)."""
+
+    name = "fx-nice0"
+    label = "lmcache-fx (io_uring, runner_nice 0)"
+    fx_options = {"runner_nice": 0}
+
+
 class LocalDiskReader(LMCacheReader):
     name = "local_disk"
     label = "LMCache LocalDiskBackend"

@@ -27,6 +27,7 @@ READER_LIST = [
     rd.FxNoVerifyReader,
     rd.FxUnmappedReader,
     rd.FxUnstagedReader,
+    rd.FxNice0Reader,
     rd.LocalDiskReader,
     rd.FSConnectorReader,
     rd.RustRawBlockReader,
@@ -38,9 +39,11 @@ READER_LIST = [
 ]
 READER_CLASSES = {c.name: c for c in READER_LIST}
 ALL_READERS = [c.name for c in READER_LIST]
-# Run unless --readers says otherwise: fx-unmapped and fx-unstaged, the A/B halves of mapped and staged
-# reads, only where those are on (a tmpfs with huge pages; a loop device).
-DEFAULT_READERS = [n for n in ALL_READERS if n not in ("fx-unmapped", "fx-unstaged", "fx-l2-unstaged")]
+# Run unless --readers says otherwise: fx-unmapped, fx-unstaged and fx-nice0, the A/B halves of mapped and
+# staged reads and of runner_nice, only where those matter (a tmpfs with huge pages; a loop device; awaited
+# reads on a busy host).
+A_B_READERS = ("fx-unmapped", "fx-unstaged", "fx-l2-unstaged", "fx-nice0")
+DEFAULT_READERS = [n for n in ALL_READERS if n not in A_B_READERS]
 READER_LABELS = {c.name: c.label for c in READER_LIST}
 
 # ------------------------------------------------------------------ --devices N: sizes and memory
@@ -52,6 +55,7 @@ LMCACHE_ENGINE_READERS = {
     "fx-noverify",
     "fx-unmapped",
     "fx-unstaged",
+    "fx-nice0",
     "local_disk",
     "fs_connector",
     "rust_raw_block",
