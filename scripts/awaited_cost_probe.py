@@ -110,19 +110,21 @@ def handoff_round(n: int) -> dict:
 def tier_case(reader, keys: list, conc: int, n_req: int) -> dict:
     """`n_req` one-chunk requests, `conc` in flight, sent by the bench's own
     awaited latency case (LMCacheReader._latency_awaited, which returns the
-    loop thread's CPU over them) on the reader's LMCache loop; the process's
-    CPU and the host's (CpuSpan) around it."""
+    loop thread's CPU over them and the time it waited for a CPU) on the
+    reader's LMCache loop; the process's CPU and the host's (CpuSpan) around it."""
     reqs = [[keys[i % len(keys)]] for i in range(n_req)]
     lat: list[float] = []
     errors: list = []
     span, t = CpuSpan(), time.perf_counter()
-    loop_cpu_s = reader._latency_awaited(reqs, conc, lat, errors)
+    loop_cpu_s, loop_wait_s = reader._latency_awaited(reqs, conc, lat, errors)
     wall = time.perf_counter() - t
     cpu = span.figures(n_req)
     return {
         "requests": n_req,
         "misses": len(errors),
         "loop_cpu_us": round(loop_cpu_s / n_req * 1e6, 1),
+        # since d766fae: the loop thread's run-queue wait, ready to run with no CPU
+        "loop_wait_us": None if loop_wait_s is None else round(loop_wait_s / n_req * 1e6, 1),
         "process_cpu_us": cpu["process_cpu_us_per_request"],
         "host_busy_us": cpu["host_busy_us_per_request"],
         "host_steal_share": cpu["host_steal_share"],
@@ -133,8 +135,10 @@ def tier_case(reader, keys: list, conc: int, n_req: int) -> dict:
     }
 
 
-def _median_of(rs: list[dict], k: str) -> float:
-    return round(statistics.median(r[k] for r in rs), 3)
+def _median_of(rs: list[dict], k: str):
+    """The median of the rounds' figure k, over the rounds that have it (None when none do)."""
+    v = [r[k] for r in rs if r.get(k) is not None]
+    return round(statistics.median(v), 3) if v else None
 
 
 def main() -> int:
@@ -200,6 +204,7 @@ def main() -> int:
                 k: _median_of(rs, k)
                 for k in (
                     "loop_cpu_us",
+                    "loop_wait_us",
                     "process_cpu_us",
                     "host_busy_us",
                     "host_steal_share",

@@ -9,6 +9,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 import pytest
@@ -207,6 +208,41 @@ def test_cpu_span_counts_this_process_and_the_host():
     assert 0.0 <= f["host_steal_share"] <= 1.0
     # one of the host's CPUs (at most a few) was busy burning: a share of every CPU's time, above 0.25 with two
     assert 0.25 / (os.cpu_count() / 2) < f["host_busy_share"] <= 1.0
+
+
+def test_thread_runq_wait_counts_time_waiting_for_a_cpu():
+    """thread_runq_wait_s: a thread sharing one CPU with a busy process for
+    0.4 s of wall time spends a good part of it waiting for that CPU; alone on
+    it, next to none."""
+    from lmcache_fx.tools.bench.workload import thread_runq_wait_s
+
+    if thread_runq_wait_s() is None:
+        pytest.skip("this kernel keeps no /proc/thread-self/schedstat")
+    cpu = min(os.sched_getaffinity(0))
+    old = os.sched_getaffinity(0)
+
+    def spin_for(wall: float) -> float:
+        w0, t = thread_runq_wait_s(), time.perf_counter()
+        while time.perf_counter() - t < wall:
+            pass
+        return thread_runq_wait_s() - w0
+
+    os.sched_setaffinity(0, {cpu})  # this thread only
+    try:
+        alone = spin_for(0.4)
+        hog = subprocess.Popen(
+            [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+        )
+        try:
+            time.sleep(0.2)  # the hog is pinned and spinning
+            shared = spin_for(0.4)
+        finally:
+            hog.kill()
+            hog.wait()
+    finally:
+        os.sched_setaffinity(0, old)
+    assert shared > 0.1, (alone, shared)  # about half the 0.4 s at equal priority
+    assert alone < shared / 2, (alone, shared)
 
 
 def test_summary_medians_and_ratio_to_fio():
@@ -538,6 +574,7 @@ def test_bench_latency_awaited_goes_through_lmcaches_loop(odirect_tmp, tmp_path)
             assert rnd["path"] == "awaited" and rnd["requests"] > 0 and case["misses"] == 0, (name, conc, case)
             # the loop thread's CPU is part of the process's, measured over a span inside the process's
             assert 0 < rnd["loop_cpu_us_per_request"] <= rnd["process_cpu_us_per_request"], rnd
+            assert rnd["loop_wait_us_per_request"] >= 0, rnd  # the loop's run-queue wait: a difference of two reads
             assert case["process_cpu_us_per_request"] == rnd["process_cpu_us_per_request"]
     table = bench.format_table(d)
     assert "awaited on LMCache's event loop" in table

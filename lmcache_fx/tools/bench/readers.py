@@ -25,6 +25,7 @@ from .workload import (
     crc_of,
     latency_figures,
     latency_requests,
+    thread_runq_wait_s,
     zero,
 )
 
@@ -262,8 +263,10 @@ class LMCacheReader(Reader):
         errors: list = []
         span, cpu = CpuSpan(), {}
         if self.cfg.latency_awaited:
-            loop_s = self._latency_awaited(reqs, conc, lat, errors)
+            loop_s, wait_s = self._latency_awaited(reqs, conc, lat, errors)
             cpu["loop_cpu_us_per_request"] = round(loop_s / max(len(reqs), 1) * 1e6, 1)
+            if wait_s is not None:
+                cpu["loop_wait_us_per_request"] = round(wait_s / max(len(reqs), 1) * 1e6, 1)
         else:
             self._latency_threads(reqs, conc, lat, errors)
         cpu.update(span.figures(len(reqs)))
@@ -302,9 +305,10 @@ class LMCacheReader(Reader):
         for t in ths:
             t.join()
 
-    def _latency_awaited(self, reqs: list, conc: int, lat: list, errors: list) -> float:
+    def _latency_awaited(self, reqs: list, conc: int, lat: list, errors: list) -> tuple:
         """Runs the requests on LMCache's loop; returns the loop thread's CPU
-        seconds over them (its own work and the tier's on it)."""
+        seconds over them (its own work and the tier's on it) and the seconds
+        it waited for a CPU while ready to run (None where not kept)."""
         import asyncio
 
         backend, nxt = self.backend, iter(enumerate(reqs))
@@ -323,10 +327,11 @@ class LMCacheReader(Reader):
                 _drop(objs)
                 lat.append(dt)
 
-        async def main() -> float:
-            c = time.thread_time()
+        async def main() -> tuple:
+            c, w = time.thread_time(), thread_runq_wait_s()
             await asyncio.gather(*(worker() for _ in range(conc)))
-            return time.thread_time() - c
+            w2 = thread_runq_wait_s()
+            return time.thread_time() - c, (None if w is None or w2 is None else w2 - w)
 
         # LMCache's own loop (its storage-manager thread), as async loading runs them: LocalDiskBackend's
         # disk worker is bound to it.

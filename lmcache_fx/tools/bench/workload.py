@@ -133,6 +133,17 @@ class CpuSpan:
         }
 
 
+def thread_runq_wait_s() -> Optional[float]:
+    """Seconds the calling thread has spent runnable but waiting for a CPU
+    (the second figure of /proc/thread-self/schedstat); None where the kernel
+    does not keep it."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def children_cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -227,10 +238,12 @@ def latency_figures(lat: list) -> dict:
 LATENCY_ROUNDS = 5
 
 
-# CpuSpan's figures, and the awaited path's LMCache loop thread CPU, per request.
+# CpuSpan's figures, and the awaited path's LMCache loop thread CPU and run-queue wait (time it was ready
+# to run and waited for a CPU), per request.
 LATENCY_CPU_FIGURES = (
     "process_cpu_us_per_request",
     "loop_cpu_us_per_request",
+    "loop_wait_us_per_request",
     "host_busy_us_per_request",
     "host_steal_share",
     "host_busy_share",
