@@ -18,6 +18,8 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --chunk-overhead "run 1" docs/bench-repeats/chunk-overhead/41bcd7c-run1.json ...
     python scripts/bench_tables.py --build-ab-writes "run 1" docs/bench-repeats/extents/63cb079-writes.json ...
     python scripts/bench_tables.py --split-grid "run 1" docs/bench-repeats/inflight/50a45b7-run1.json ...
+    python scripts/bench_tables.py --awaited-probe docs/awaited-cost-probe.json 7e41988-nice1 ...
+        # runs of scripts/awaited_cost_probe.py with the loop's run-queue wait (since 7e41988)
     python scripts/bench_tables.py --positions docs/loop-position-probe.json
     python scripts/bench_tables.py --image-memory docs/image-memory-probe.json
     python scripts/bench_tables.py --lmcache-l2 docs/bench-lmcache-l2.json     # LMCache's `lmcache bench l2`
@@ -399,6 +401,34 @@ def latency_probe_table(d: dict, labels: list[str]) -> str:
         for c in r["summary (medians over rounds)"][engines[0]]
     ]
     return _md_table(["chunk, in flight"] + engines, body)
+
+
+def awaited_probe_table(d: dict, labels: list[str]) -> str:
+    """Runs of scripts/awaited_cost_probe.py (labels of its JSON) with the
+    loop thread's run-queue wait (since 7e41988): a row per label and count in
+    flight, a column per reader, each cell the medians over the rounds of p50 /
+    p99 ms · the loop's wait for a CPU / its CPU, µs per request · the host's
+    busy share; then each reader's p50 over RustRawBlockBackend's (medians of
+    the rounds' own ratios)."""
+    runs = [(label, d["runs"][label]) for label in labels]
+    names = list(runs[0][1]["tiers (medians over rounds)"])
+    others = [n for n in names if n != "rust_raw_block"]
+
+    def cell(v: dict) -> str:
+        return (
+            f"{v['p50_ms']:.2f} / {v['p99_ms']:.2f} · {v['loop_wait_us']:.0f} / {v['loop_cpu_us']:.0f} · "
+            f"{v['host_busy_share']:.2f}"
+        )
+
+    body = []
+    for label, r in runs:
+        tiers = r["tiers (medians over rounds)"]
+        for c in tiers[names[0]]:
+            ratios = [r[f"{n} over rust_raw_block (medians of each round's ratio)"][c]["p50_ms"] for n in others]
+            body.append(
+                [f"{label}, {c}"] + [cell(tiers[n][c]) for n in names] + [" · ".join(f"{x:.2f}×" for x in ratios)]
+            )
+    return _md_table(["run, in flight"] + names + [" · ".join(others) + " p50 / RustRawBlock's"], body)
 
 
 def _layers_runs_table(cases: list[tuple[str, str]], cell: Callable[[dict], str]) -> str:
@@ -785,6 +815,10 @@ if __name__ == "__main__":
         sys.exit(0)
     if sys.argv[1:2] == ["--ratios"]:
         print(ratios_table(sys.argv[2:]))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--awaited-probe"]:  # FILE LABEL ...
+        with open(sys.argv[2]) as f:
+            print(awaited_probe_table(json.load(f), sys.argv[3:]))
         sys.exit(0)
     if sys.argv[1:2] == ["--runs"]:
         print(runs_table(sys.argv[3:], sys.argv[2]))

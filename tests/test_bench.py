@@ -1158,6 +1158,154 @@ def test_docs_awaited_latency_round_at_2efd4bb_and_its_ab_are_the_committed_json
     assert "committed as `latency-awaited/unstaged-check/`) had the two level" in text
 
 
+def test_docs_runner_nice_round_and_probe_are_the_committed_json():
+    """runner_nice (d766fae): the awaited round at 7e41988 with fx-nice0 (the
+    old priority) beside fx, and the probe's runs at 2 and 10 MiB. Both tables
+    are bench_tables' over the committed JSON, every request a hit, and every
+    figure the page, the targets table, the README and the CHANGELOG quote is
+    recomputed here; the loop waits less for a CPU in every case with 4 and 16
+    in flight, and fx's p50 at 2 MiB with 16 in flight is below fx-nice0's in
+    every run."""
+    page = _page()
+    text = " ".join(page.split())
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
+        changelog = " ".join(f.read().split())
+    mod = _bench_tables()
+    runs_of = {"64m": (1, 2, 3), "10m": (1, 2, 3, 4, 5, 6), "2m": (1, 2, 3)}
+    cases = [
+        case
+        for label, n in SIZES
+        for case in _runs_by_size("latency-awaited", "7e41988-{n}-run{r}.json", ((label, n),), runs=runs_of[n])
+    ]
+    assert mod.latency_rounds_table(cases) in page
+    rd: dict = {}
+    for label, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        assert run["git_commit"].startswith("7e41988") and not run["git_commit"].endswith("+dirty"), label
+        assert run["config"]["latency_awaited"], label
+        assert set(run["readers"]) == {"fx", "fx-nice0", "local_disk", "fs_connector", "rust_raw_block"}, label
+        for name, e in run["readers"].items():
+            for c, case in e["latency"].items():
+                assert case["misses"] == 0 and all(r["path"] == "awaited" for r in case["rounds"]), (label, name, c)
+                assert all(r["loop_wait_us_per_request"] >= 0 for r in case["rounds"]), (label, name, c)
+        rd[label] = run["readers"]
+
+    def each(size: str, c: str, f) -> list:
+        return [f(r) for label, r in rd.items() if label.startswith(size + ",")]
+
+    def best(r: dict, c: str) -> float:
+        return min(e["latency"][c]["p50_ms"] for n, e in r.items() if not n.startswith("fx"))
+
+    def xs(v: list) -> str:
+        return ", ".join(f"{x:.2f}×" for x in v)
+
+    def over_best(size, c, who="fx"):
+        return each(size, c, lambda r: r[who]["latency"][c]["p50_ms"] / best(r, c))
+
+    def over_nice0(size, c):
+        return each(size, c, lambda r: r["fx"]["latency"][c]["p50_ms"] / r["fx-nice0"]["latency"][c]["p50_ms"])
+
+    def tail(size, c, who="fx"):
+        return each(size, c, lambda r: r[who]["latency"][c]["p99_over_p50"])
+
+    waits = [
+        r["fx"]["latency"][c]["loop_wait_us_per_request"] / r["fx-nice0"]["latency"][c]["loop_wait_us_per_request"]
+        for r in rd.values()
+        for c in ("4", "16")
+    ]
+    assert max(waits) < 1  # every case: the loop waits less for a CPU
+    assert (
+        f"fx's loop thread waited {min(waits):.2f}–{max(waits):.2f}× the time per request that fx-nice0's did" in text
+    )
+    assert f"the loop waited {min(waits):.2f}–{max(waits):.2f}× as long" in readme
+    assert f"the loop waited {min(waits):.2f}–{max(waits):.2f}× as long" in changelog
+    n16_2 = over_nice0("2 MiB", "16")
+    assert max(n16_2) < 1
+    assert f"fx's p50 over fx-nice0's at 16 in flight: {xs(n16_2)}." in text
+    b4, nb4 = over_best("2 MiB", "4"), over_best("2 MiB", "4", "fx-nice0")
+    b16, nb16 = over_best("2 MiB", "16"), over_best("2 MiB", "16", "fx-nice0")
+    assert f"fx at 4 in flight {xs(b4)} (fx-nice0 {xs(nb4)}), and at 16 {xs(b16)} (fx-nice0 {xs(nb16)})" in text
+    assert f"at 2 MiB with 16 in flight is {b16[0]:.2f}×, {b16[1]:.2f}× and {b16[2]:.2f}× the best tier's" in readme
+    assert f"(fx-nice0 {xs(nb16)})" in readme
+    assert f"16 in flight went to {xs(b16)} the best tier's (fx-nice0 {xs(nb16)})" in changelog
+    assert f"level or ahead since the runners' lower priority (`d766fae`): {xs(b16)} at `7e41988`" in text
+    assert f"fx-nice0 {xs(nb16)} in the same runs" in text
+    assert max(b16) < 1.05 and min(nb16) > 1.05  # "level or ahead", fx-nice0 behind
+    assert (
+        f"At 64 MiB there is no difference.** fx over fx-nice0 at 16 in flight: {xs(over_nice0('64 MiB', '16'))}."
+        in text
+    )
+    n10 = over_nice0("10 MiB", "16")
+    assert f"fx over fx-nice0 at 16 in flight, six runs: {xs(n10)}." in text
+    b10, nb10 = over_best("10 MiB", "16"), over_best("10 MiB", "16", "fx-nice0")
+    assert f"best tier: {xs(b10)} (fx-nice0 {xs(nb10)})" in text
+    rest10 = [x for i, x in enumerate(b10) if i != 2]
+    assert f"at 10 MiB {min(rest10):.2f}–{max(rest10):.2f}× in five runs of six and {b10[2]:.2f}× in one" in text
+    assert max(n10) == n10[2] and sum(x > 1.1 for x in n10) == 1  # one run against it
+    assert f"{n10[2]:.2f}× behind it in one" in readme
+    b64 = over_best("64 MiB", "16")
+    assert f"at 64 MiB {min(b64):.2f}–{max(b64):.2f}× ([runner priority]" in text
+    r3 = rd["10 MiB, run 3"]
+    fx3, n03 = ([x["p50_ms"] for x in r3[w]["latency"]["16"]["rounds"]] for w in ("fx", "fx-nice0"))
+    busy3 = [x["host_busy_share"] for x in r3["fx"]["latency"]["16"]["rounds"]]
+    assert min(fx3) > max(n03)  # behind in all five rounds
+    assert (
+        f"at {min(fx3):.1f}–{max(fx3):.1f} ms against fx-nice0's {min(n03):.1f}–{max(n03):.1f}, with the host's "
+        f"CPUs busy {min(busy3):.2f}–{max(busy3):.2f} of the time" in text
+    )
+    t16, nt16, t4 = tail("2 MiB", "16"), tail("2 MiB", "16", "fx-nice0"), tail("2 MiB", "4")
+    assert max(t16) < 2 < min(t4)
+    assert (
+        f"fx holds 2× in all three runs ({xs(t16)}; fx-nice0 {xs(nt16)}). At 4 in flight it does not ({xs(t4)})" in text
+    )
+    assert f"its p99/p50 under 2× in all three runs ({xs(t16)})" in readme
+    assert (
+        f"met at 2 MiB with 16 in flight in three runs of three ({xs(t16)}), not with 4 ({min(t4):.2f}–{max(t4):.2f}×)"
+        in text
+    )
+    t64, nt64 = tail("64 MiB", "4"), tail("64 MiB", "4", "fx-nice0")
+    assert sum(x > 2 for x in t64) == 2
+    assert f"two runs of three are over 2× ({xs(t64)}), against fx-nice0's {xs(nt64)}" in text
+    assert f"at 64 MiB with 4 in flight {t64[0]:.2f}× and {t64[1]:.2f}× in two runs of three" in text
+
+    # the probe's runs: table, medians, ratios
+    with open(os.path.join(ROOT, "docs", "awaited-cost-probe.json")) as f:
+        probe = json.load(f)["runs"]
+    labels2 = [f"7e41988-nice{i}" for i in (1, 2, 3)]
+    labels10 = [f"7e41988-nice10m{i}" for i in (1, 2, 3)]
+    assert mod.awaited_probe_table({"runs": probe}, labels2 + labels10) in page
+    for label in labels2 + labels10:
+        r = probe[label]
+        assert r["git_commit"].startswith("7e41988") and not r["git_commit"].endswith("+dirty")
+        assert r["rounds"] == 5 and r["chunk_bytes"] == (2 if label in labels2 else 10) * MIB
+        raw, tiers = r["tier_rounds"], r["tiers (medians over rounds)"]
+        assert set(raw) == {"fx", "fx-nice0", "rust_raw_block"}
+        for name, by_n in raw.items():
+            for n, rs in by_n.items():
+                assert len(rs) == 5 and all(x["misses"] == 0 and x["requests"] == 400 for x in rs)
+                for k in ("p50_ms", "loop_wait_us", "host_busy_share"):
+                    assert tiers[name][n][k] == pytest.approx(statistics.median(x[k] for x in rs), abs=0.001)
+        for name in ("fx", "fx-nice0"):
+            for n in ("4", "16"):
+                q = [x["p50_ms"] / y["p50_ms"] for x, y in zip(raw[name][n], raw["rust_raw_block"][n])]
+                got = r[f"{name} over rust_raw_block (medians of each round's ratio)"][n]["p50_ms"]
+                assert got == pytest.approx(statistics.median(q), abs=0.001)
+
+    def probe16(labels, who):
+        return xs(
+            [probe[x][f"{who} over rust_raw_block (medians of each round's ratio)"]["16"]["p50_ms"] for x in labels]
+        )
+
+    assert (
+        f"fx over RustRawBlockBackend at 16 in flight {probe16(labels2, 'fx')}, fx-nice0 {probe16(labels2, 'fx-nice0')}."
+        in text
+    )
+    assert f"in flight {probe16(labels10, 'fx')}, fx-nice0 {probe16(labels10, 'fx-nice0')}." in text
+
+
 def test_docs_awaited_round_at_5028bcf_and_its_cpu_are_the_committed_json():
     """The awaited round at 5028bcf, the first with CPU per request, and two
     runs a size with fx-unstaged beside fx: the tables are bench_tables' over
@@ -1934,7 +2082,10 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     runners_after = [f"0901c5e-ab{i}" for i in (1, 4, 5, 7, 10)]
     host_cpu = [f"d38e416-cpu{i}" for i in (1, 2, 3)]  # with the host's busy time per request
     busy = [f"ced738f-busy{i}" for i in (1, 2, 3)]  # with the host's busy share
+    # runner_nice's A/B at 2 and 10 MiB, at 4 and 16 in flight: its own test
+    nice = [f"7e41988-nice{i}" for i in (1, 2, 3)] + [f"7e41988-nice10m{i}" for i in (1, 2, 3)]
     assert set(runs) == {
+        *nice,
         *first,
         *before,
         *after,
@@ -1946,6 +2097,8 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
         *busy,
     }
     for label, r in runs.items():
+        if label in nice:
+            continue
         commit = label.split("-")[0] if "-" in label else "2830252"
         assert r["chunk_bytes"] == 2 * MIB and r["rounds"] == 5 and r["git_commit"] == r["git_commit"].split("+")[0]
         assert r["git_commit"].startswith(commit)
