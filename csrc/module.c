@@ -290,6 +290,16 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
         Py_END_ALLOW_THREADS
         if (self->uring) {
             self->kind = KIND_URING;
+            if (runner_nice > 0) {
+                /* The openers' threads (opens, memory reads, spread checksums)
+                 * serve blocking and awaited reads alike: started here, at the
+                 * priority of the engine's creator, not at a runner's lower one,
+                 * as they would be if an awaited read were the first to need them. */
+                int width;
+                Py_BEGIN_ALLOW_THREADS
+                (void)chunk_openers(self, &width);
+                Py_END_ALLOW_THREADS
+            }
             return 0;
         }
         if (strcmp(engine, "io_uring") == 0) {
@@ -621,8 +631,9 @@ static int run_engine_cb(void *ctx, fx_batch *b) { return engine_run((EngineObje
 
 /* Side pools of chunk work: the thread engine's own threads; for io_uring
  * a few of their own per kind of work (openers, writers), each started on
- * first use. A cold open waits for its inode to be read, so opens run in
- * parallel as the reads do. */
+ * first use (the openers when the engine is made, with runner_nice above 0).
+ * A cold open waits for its inode to be read, so opens run in parallel as
+ * the reads do. */
 #define OPENERS_MAX 8
 
 static fx_pool *engine_side_pool(EngineObject *e, fx_pool **slot, int *width)

@@ -1,6 +1,7 @@
 /* The thread engine: a pool of pthreads doing pread/pwrite on pieces. Used
  * when io_uring cannot be had (old kernel, io_uring_disabled, a seccomp
  * profile) or when asked for. Plain C threads, so no GIL convoy. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
 #include <time.h>
@@ -110,6 +111,7 @@ static void *worker(void *arg)
 {
     fx_pool *pool = arg;
 
+    pthread_setname_np(pthread_self(), "fx-io");
     pthread_mutex_lock(&pool->mu);
     for (;;) {
         fx_job *job;

@@ -1035,19 +1035,23 @@ def test_batches_run_on_runners_kept_between_batches(make_engine, payload, tmp_p
     assert fx._runners_idle() >= 1
 
 
-def runner_nices() -> list[int]:
-    """The nice value of each of this process's runner threads (named fx-runner)."""
-    out = []
+def thread_nices(name: str) -> dict[int, int]:
+    """thread id -> nice value of this process's threads called `name`."""
+    out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
                 stat = f.read()
-        except FileNotFoundError:  # a runner that just exited
+        except FileNotFoundError:  # a thread that just exited
             continue
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if name == "fx-runner":
-            out.append(int(stat[stat.rindex(")") + 2 :].split()[16]))  # field 19, nice
+        if stat[stat.index("(") + 1 : stat.rindex(")")] == name:
+            out[int(tid)] = int(stat[stat.rindex(")") + 2 :].split()[16])  # field 19, nice
     return out
+
+
+def runner_nices() -> list[int]:
+    """The nice value of each of this process's runner threads (named fx-runner)."""
+    return list(thread_nices("fx-runner").values())
 
 
 def test_runners_run_runner_nice_steps_below_the_submitter(make_engine, payload, tmp_path, fds):
@@ -1088,6 +1092,26 @@ def test_runners_run_runner_nice_steps_below_the_submitter(make_engine, payload,
     for bad in (-1, 20):
         with pytest.raises(ValueError, match="runner_nice must be in 0..19"):
             fx.Engine(runner_nice=bad)
+
+
+def test_openers_run_at_the_engine_creators_priority():
+    """With runner_nice, an io_uring engine starts its openers' threads
+    (opens, memory reads, spread checksums: shared by blocking and awaited
+    reads) when it is made, at its creator's priority, so that an awaited
+    read needing them first does not leave them at a runner's lower one."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    before = set(thread_nices("fx-io"))
+    eng = fx.Engine(io_engine="io_uring", queue_depth=8, runner_nice=7)
+    try:
+        deadline = time.monotonic() + 5
+        while True:  # a new thread names itself as it starts
+            new = {t: n for t, n in thread_nices("fx-io").items() if t not in before}
+            if len(new) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert len(new) >= 2 and set(new.values()) == {base}, new
+    finally:
+        eng.close()
 
 
 def test_batch_cannot_be_built_directly():
