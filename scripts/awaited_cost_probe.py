@@ -45,7 +45,14 @@ from lmcache_fx.core.drive import _loop_waiter, await_batch  # noqa: E402
 from lmcache_fx.testing import loopfs  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 from lmcache_fx.tools.bench import readers as bench_readers  # noqa: E402
-from lmcache_fx.tools.bench.workload import BenchConfig, CpuSpan, Workload, percentile  # noqa: E402
+from lmcache_fx.tools.bench.workload import (  # noqa: E402
+    BenchConfig,
+    CpuSpan,
+    Workload,
+    named_threads_runq_wait_s,
+    percentile,
+    runq_wait_since,
+)
 from lmcache_fx.tools.models import PRESETS  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -115,16 +122,19 @@ def tier_case(reader, keys: list, conc: int, n_req: int) -> dict:
     reqs = [[keys[i % len(keys)]] for i in range(n_req)]
     lat: list[float] = []
     errors: list = []
-    span, t = CpuSpan(), time.perf_counter()
+    span, t, runners0 = CpuSpan(), time.perf_counter(), named_threads_runq_wait_s("fx-runner")
     loop_cpu_s, loop_wait_s = reader._latency_awaited(reqs, conc, lat, errors)
     wall = time.perf_counter() - t
     cpu = span.figures(n_req)
+    runner_wait_s = runq_wait_since(runners0, "fx-runner") if reader.name.startswith("fx") else None
     return {
         "requests": n_req,
         "misses": len(errors),
         "loop_cpu_us": round(loop_cpu_s / n_req * 1e6, 1),
         # since d766fae: the loop thread's run-queue wait, ready to run with no CPU
         "loop_wait_us": None if loop_wait_s is None else round(loop_wait_s / n_req * 1e6, 1),
+        # since c3549cf: fx's runner threads' run-queue wait
+        "runner_wait_us": None if runner_wait_s is None else round(runner_wait_s / n_req * 1e6, 1),
         "process_cpu_us": cpu["process_cpu_us_per_request"],
         "host_busy_us": cpu["host_busy_us_per_request"],
         "host_steal_share": cpu["host_steal_share"],
@@ -205,6 +215,7 @@ def main() -> int:
                 for k in (
                     "loop_cpu_us",
                     "loop_wait_us",
+                    "runner_wait_us",
                     "process_cpu_us",
                     "host_busy_us",
                     "host_steal_share",

@@ -575,6 +575,8 @@ def test_bench_latency_awaited_goes_through_lmcaches_loop(odirect_tmp, tmp_path)
             # the loop thread's CPU is part of the process's, measured over a span inside the process's
             assert 0 < rnd["loop_cpu_us_per_request"] <= rnd["process_cpu_us_per_request"], rnd
             assert rnd["loop_wait_us_per_request"] >= 0, rnd  # the loop's run-queue wait: a difference of two reads
+            # fx's runner threads' run-queue wait: fx's awaited reads run on them, LocalDiskBackend's do not
+            assert (rnd.get("runner_wait_us_per_request", -1) >= 0) == (name == "fx"), rnd
             assert case["process_cpu_us_per_request"] == rnd["process_cpu_us_per_request"]
     table = bench.format_table(d)
     assert "awaited on LMCache's event loop" in table

@@ -25,6 +25,8 @@ from .workload import (
     crc_of,
     latency_figures,
     latency_requests,
+    named_threads_runq_wait_s,
+    runq_wait_since,
     thread_runq_wait_s,
     zero,
 )
@@ -262,6 +264,7 @@ class LMCacheReader(Reader):
         lat: list[float] = []
         errors: list = []
         span, cpu = CpuSpan(), {}
+        runners0 = named_threads_runq_wait_s("fx-runner")
         if self.cfg.latency_awaited:
             loop_s, wait_s = self._latency_awaited(reqs, conc, lat, errors)
             cpu["loop_cpu_us_per_request"] = round(loop_s / max(len(reqs), 1) * 1e6, 1)
@@ -270,6 +273,9 @@ class LMCacheReader(Reader):
         else:
             self._latency_threads(reqs, conc, lat, errors)
         cpu.update(span.figures(len(reqs)))
+        runner_wait = runq_wait_since(runners0, "fx-runner") if self.name.startswith("fx") else None
+        if runner_wait is not None:  # fx's awaited reads: how long its runner threads waited for a CPU
+            cpu["runner_wait_us_per_request"] = round(runner_wait / max(len(reqs), 1) * 1e6, 1)
         self.cleanup(keys)
         return {
             "requests": len(lat),

@@ -144,6 +144,37 @@ def thread_runq_wait_s() -> Optional[float]:
         return None
 
 
+def named_threads_runq_wait_s(name: str) -> dict[int, float]:
+    """Thread id -> seconds it has waited for a CPU, for this process's
+    threads called `name` (fx's runners are fx-runner); empty where the kernel
+    keeps no schedstat."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):  # a thread that just exited
+            continue
+    return out
+
+
+def runq_wait_since(before: dict[int, float], name: str) -> Optional[float]:
+    """Seconds the threads called `name` waited for a CPU since `before`
+    (named_threads_runq_wait_s then): threads started since count whole,
+    threads gone since are lost; None when there are none."""
+    now = named_threads_runq_wait_s(name)
+    if not now:
+        return None
+    return sum(w - before.get(tid, 0.0) for tid, w in now.items())
+
+
 def children_cpu_seconds() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -238,12 +269,13 @@ def latency_figures(lat: list) -> dict:
 LATENCY_ROUNDS = 5
 
 
-# CpuSpan's figures, and the awaited path's LMCache loop thread CPU and run-queue wait (time it was ready
-# to run and waited for a CPU), per request.
+# CpuSpan's figures, the awaited path's LMCache loop thread CPU and run-queue wait (time it was ready to
+# run and waited for a CPU), and fx's runner threads' run-queue wait (since c3549cf), per request.
 LATENCY_CPU_FIGURES = (
     "process_cpu_us_per_request",
     "loop_cpu_us_per_request",
     "loop_wait_us_per_request",
+    "runner_wait_us_per_request",
     "host_busy_us_per_request",
     "host_steal_share",
     "host_busy_share",
