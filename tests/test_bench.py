@@ -1273,6 +1273,34 @@ def test_docs_runner_nice_round_and_probe_are_the_committed_json():
     assert f"two runs of three are over 2× ({xs(t64)}), against fx-nice0's {xs(nt64)}" in text
     assert f"at 64 MiB with 4 in flight {t64[0]:.2f}× and {t64[1]:.2f}× in two runs of three" in text
 
+    # what the runners pay (d1b062a): two runs each at 10 and 64 MiB with their run-queue wait
+    rw: dict = {"1": [], "4": [], "16": []}
+    lw, p16 = [], {"10m": [], "64m": []}
+    for size in ("10m", "64m"):
+        for r in (1, 2):
+            path = os.path.join(
+                ROOT, "docs", "bench-repeats", "latency-awaited", "runner-wait", f"d1b062a-{size}-run{r}.json"
+            )
+            with open(path) as f:
+                run = json.load(f)
+            assert run["git_commit"].startswith("d1b062a") and not run["git_commit"].endswith("+dirty")
+            assert run["config"]["latency_awaited"]
+            w = run["readers"]
+            assert set(w) == {"fx", "fx-nice0", "local_disk", "fs_connector", "rust_raw_block"}
+            for c in rw:
+                f_, n_ = w["fx"]["latency"][c], w["fx-nice0"]["latency"][c]
+                assert f_["misses"] == 0 and n_["misses"] == 0
+                rw[c].append(f_["runner_wait_us_per_request"] / n_["runner_wait_us_per_request"])
+                lw.append(f_["loop_wait_us_per_request"] / n_["loop_wait_us_per_request"])
+            p16[size].append(w["fx"]["latency"]["16"]["p50_ms"] / w["fx-nice0"]["latency"]["16"]["p50_ms"])
+    assert min(min(v) for v in rw.values()) > 1 > max(lw)  # the runners wait longer, the loop less
+    assert (
+        f"fx's runners waited {min(rw['1']):.2f}–{max(rw['1']):.2f}× as long per request as fx-nice0's with 1 in "
+        f"flight, {min(rw['4']):.2f}–{max(rw['4']):.2f}× with 4 and {min(rw['16']):.2f}–{max(rw['16']):.2f}× with 16, "
+        f"while the loop waited {min(lw):.2f}–{max(lw):.2f}× as long" in text
+    )
+    assert f"at 16 in flight there: {xs(p16['10m'])} at 10 MiB and {xs(p16['64m'])} at 64 MiB" in text
+
     # the probe's runs: table, medians, ratios
     with open(os.path.join(ROOT, "docs", "awaited-cost-probe.json")) as f:
         probe = json.load(f)["runs"]
