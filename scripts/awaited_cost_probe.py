@@ -122,18 +122,19 @@ def tier_case(reader, keys: list, conc: int, n_req: int) -> dict:
     reqs = [[keys[i % len(keys)]] for i in range(n_req)]
     lat: list[float] = []
     errors: list = []
-    span, t, runners0 = CpuSpan(), time.perf_counter(), named_threads_runq_wait_s("fx-runner")
+    runners0 = named_threads_runq_wait_s("fx-runner") if reader.name.startswith("fx") else None
+    span, t = CpuSpan(), time.perf_counter()
     loop_cpu_s, loop_wait_s = reader._latency_awaited(reqs, conc, lat, errors)
     wall = time.perf_counter() - t
     cpu = span.figures(n_req)
-    runner_wait_s = runq_wait_since(runners0, "fx-runner") if reader.name.startswith("fx") else None
+    runner_wait_s = None if runners0 is None else runq_wait_since(runners0, "fx-runner")
     return {
         "requests": n_req,
         "misses": len(errors),
         "loop_cpu_us": round(loop_cpu_s / n_req * 1e6, 1),
-        # since d766fae: the loop thread's run-queue wait, ready to run with no CPU
+        # since 7e41988: the loop thread's run-queue wait, ready to run with no CPU
         "loop_wait_us": None if loop_wait_s is None else round(loop_wait_s / n_req * 1e6, 1),
-        # since c3549cf: fx's runner threads' run-queue wait
+        # since d1b062a: fx's runner threads' run-queue wait
         "runner_wait_us": None if runner_wait_s is None else round(runner_wait_s / n_req * 1e6, 1),
         "process_cpu_us": cpu["process_cpu_us_per_request"],
         "host_busy_us": cpu["host_busy_us_per_request"],

@@ -264,7 +264,8 @@ class LMCacheReader(Reader):
         lat: list[float] = []
         errors: list = []
         span, cpu = CpuSpan(), {}
-        runners0 = named_threads_runq_wait_s("fx-runner")
+        # fx's awaited reads run on its runner threads; no other reader has any
+        runners0 = named_threads_runq_wait_s("fx-runner") if self.name.startswith("fx") else None
         if self.cfg.latency_awaited:
             loop_s, wait_s = self._latency_awaited(reqs, conc, lat, errors)
             cpu["loop_cpu_us_per_request"] = round(loop_s / max(len(reqs), 1) * 1e6, 1)
@@ -273,8 +274,8 @@ class LMCacheReader(Reader):
         else:
             self._latency_threads(reqs, conc, lat, errors)
         cpu.update(span.figures(len(reqs)))
-        runner_wait = runq_wait_since(runners0, "fx-runner") if self.name.startswith("fx") else None
-        if runner_wait is not None:  # fx's awaited reads: how long its runner threads waited for a CPU
+        runner_wait = None if runners0 is None else runq_wait_since(runners0, "fx-runner")
+        if runner_wait is not None:  # how long fx's runner threads waited for a CPU
             cpu["runner_wait_us_per_request"] = round(runner_wait / max(len(reqs), 1) * 1e6, 1)
         self.cleanup(keys)
         return {

@@ -133,21 +133,25 @@ class CpuSpan:
         }
 
 
-def thread_runq_wait_s() -> Optional[float]:
-    """Seconds the calling thread has spent runnable but waiting for a CPU
-    (the second figure of /proc/thread-self/schedstat); None where the kernel
-    does not keep it."""
+def _runq_wait_s(schedstat: str) -> Optional[float]:
+    """Seconds a thread has spent runnable but waiting for a CPU: the second
+    figure of its schedstat file; None where the kernel keeps none or the
+    thread is gone."""
     try:
-        with open("/proc/thread-self/schedstat") as f:
+        with open(schedstat) as f:
             return int(f.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
 
 
+def thread_runq_wait_s() -> Optional[float]:
+    """The calling thread's wait for a CPU so far (_runq_wait_s)."""
+    return _runq_wait_s("/proc/thread-self/schedstat")
+
+
 def named_threads_runq_wait_s(name: str) -> dict[int, float]:
-    """Thread id -> seconds it has waited for a CPU, for this process's
-    threads called `name` (fx's runners are fx-runner); empty where the kernel
-    keeps no schedstat."""
+    """Thread id -> its wait for a CPU so far (_runq_wait_s), for this
+    process's threads called `name` (fx's runners are fx-runner)."""
     out = {}
     try:
         tids = os.listdir("/proc/self/task")
@@ -158,10 +162,11 @@ def named_threads_runq_wait_s(name: str) -> dict[int, float]:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 if f.read().strip() != name:
                     continue
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                out[int(tid)] = int(f.read().split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):  # a thread that just exited
+        except OSError:  # a thread that just exited
             continue
+        wait = _runq_wait_s(f"/proc/self/task/{tid}/schedstat")
+        if wait is not None:
+            out[int(tid)] = wait
     return out
 
 
@@ -270,7 +275,7 @@ LATENCY_ROUNDS = 5
 
 
 # CpuSpan's figures, the awaited path's LMCache loop thread CPU and run-queue wait (time it was ready to
-# run and waited for a CPU), and fx's runner threads' run-queue wait (since c3549cf), per request.
+# run and waited for a CPU), and fx's runner threads' run-queue wait (since d1b062a), per request.
 LATENCY_CPU_FIGURES = (
     "process_cpu_us_per_request",
     "loop_cpu_us_per_request",
