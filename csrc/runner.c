@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,13 +54,16 @@ static void runners_fork_child(void)
 
 static void runners_init(void) { pthread_atfork(NULL, NULL, runners_fork_child); }
 
-/* The calling thread's nice value (Linux: per thread). */
+/* The calling thread's nice value. On Linux nice is per thread, and
+ * PRIO_PROCESS with who 0 names the calling thread itself (the kernel looks
+ * at `current`), so no gettid syscall is needed: this runs once per
+ * submitted batch. */
 static int thread_nice(void)
 {
     int now;
 
     errno = 0;
-    now = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    now = getpriority(PRIO_PROCESS, 0);
     return now == -1 && errno ? 0 : now;
 }
 
@@ -73,7 +75,7 @@ static void set_nice(int nice)
 {
     pthread_setname_np(pthread_self(), "fx-runner");
     if (nice != thread_nice())
-        (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice);
+        (void)setpriority(PRIO_PROCESS, 0, nice);
 }
 
 static void unlink_idle(fx_runner *r)
