@@ -30,7 +30,9 @@ watchdog marks the one that hung):
   lmcache      LMCache with its own CUDA connector (VLLMPagedMemGPUConnectorV2)
                and a vLLM-shaped paged KV cache on the GPU, direct_to_gpu on
                and off: store, retrieve blocking and non-blocking, bit-exact,
-               chunk buffer free afterwards, GB/s, p50/p99
+               chunk buffer free afterwards, GB/s, p50/p99; first LMCache
+               alone (local CPU tier, no fx) through the same connector,
+               so a failure says whether LMCache's own round trip fails too
 Exit status: 0 when no phase failed (warnings allowed), 1 when one did, 2 when
 there is no GPU (without --stand-in).
 
@@ -824,6 +826,7 @@ def lmcache_run(ctx, direct, layers):
                 retrieve_tokens=n,
                 ntok=ntok,
                 retrieve_equal=kv.tokens_equal(got, n),
+                equal_share=kv.equal_share(got, n),
                 GBps_cold=nbytes / statistics.median(lat) / 1e9,
                 p50_ms=1e3 * lat[len(lat) // 2],
                 p99_ms=1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
@@ -847,8 +850,54 @@ def lmcache_run(ctx, direct, layers):
     return out
 
 
+def lmcache_control(ctx, layers):
+    """LMCache alone (its local CPU tier, no fx): the same KV stored and
+    retrieved through the same connector. When this round trip does not give
+    back what was stored, a failure of the fx cases is LMCache's (its
+    connector on this host's torch), not fx's read path."""
+    torch = ctx.dev.torch
+    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, engine_on_cpu, lmcache_engine, retrieve
+
+    geo = Geometry(layers=layers, kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    ntok = ctx.lm_chunks * 256
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config_from_dict({"chunk_size": 256, "local_cpu": True, "max_local_cpu_size": 2}, tmp)
+    tokens = torch.arange(ntok) % 30000
+    kv = KV(geo, ntok, seed=3)
+    if ctx.stand_in:
+        cm = lmcache_engine(cfg, geo)
+    else:
+        from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemGPUConnectorV2
+
+        kv.caches = [c.to(ctx.dev.device) for c in kv.caches]
+        kv.slot_mapping = kv.slot_mapping.to(ctx.dev.device)
+        conn = VLLMPagedMemGPUConnectorV2(
+            hidden_dim_size=geo.kv_heads * geo.head_dim, num_layers=geo.layers, use_gpu=False
+        )
+        cm = engine_on_cpu(cfg, conn, geo.dtype, geo.kv_shape(), geo.mla, geo.chunk, "fx-gpu-check-control")
+    with cm as eng:
+        eng.store(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
+        got = kv.empty_like()
+        n = retrieve(eng, tokens, got)
+        equal = kv.tokens_equal(got, n)
+        share = kv.equal_share(got, n)
+    return {
+        "retrieve_tokens": n,
+        "ntok": ntok,
+        "retrieve_equal": equal,
+        "equal_share": share,
+        "ok": n == ntok and equal,
+    }
+
+
 def phase_lmcache(ctx):
     out, bad = {}, []
+    try:
+        out["lmcache_alone"] = lmcache_control(ctx, ctx.lm_layers)
+    except Exception as e:
+        import traceback
+
+        out["lmcache_alone"] = {"ok": False, "error": repr(e)[:500], "trace": traceback.format_exc()[-2000:]}
     for direct in (True, False):
         key = "direct_to_gpu" if direct else "cpu_tier"
         try:
@@ -859,7 +908,10 @@ def phase_lmcache(ctx):
             out[key] = {"ok": False, "error": repr(e)[:500], "trace": traceback.format_exc()[-2000:]}
         if not out[key].get("ok"):
             bad.append(key)
-    return dict(out, outcome="fail" if bad else "pass", why=", ".join(bad) or None)
+    why = ", ".join(bad) or None
+    if bad and not out["lmcache_alone"].get("ok"):
+        why += " (LMCache alone, without fx, does not give back what it stored either: see lmcache_alone)"
+    return dict(out, outcome="fail" if bad else "pass", why=why)
 
 
 # ------------------------------------------------------------------ main

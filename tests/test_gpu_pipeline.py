@@ -1119,7 +1119,27 @@ def test_gpu_check_script_on_the_stand_in(tmp_path):
     assert ph["throughput"]["pipeline"] and ph["throughput"]["best"]["ok"]
     lm = ph["lmcache"]
     assert lm["direct_to_gpu"]["ok"] and lm["direct_to_gpu"]["buffer_free_after"] and lm["cpu_tier"]["ok"]
+    # the control: LMCache alone through the same connector gives back what it stored
+    assert lm["lmcache_alone"]["ok"] and lm["lmcache_alone"]["equal_share"] == 1.0
+    assert lm["cpu_tier"]["equal_share"] == 1.0 and "LMCache alone" not in (lm["why"] or "")
     assert rep["failed"] == [] and not rep.get("timed_out")
+
+
+def test_kv_equal_share_counts_the_values_that_came_back():
+    """The check's measure of a retrieve: the share of the stored tokens'
+    values found again, 1.0 for a copy, lower for a damaged one, near 0 for
+    an empty cache (what LMCache alone gave back on the H200 host)."""
+    from lmcache_fx.testing.cpu_engine import KV, Geometry
+
+    kv = KV(Geometry(layers=2, kv_heads=2, head_dim=8), 64, seed=1)
+    same = kv.empty_like()
+    same.caches = [c.clone() for c in kv.caches]
+    assert kv.equal_share(same, 64) == 1.0 and kv.tokens_equal(same, 64)
+    s = kv.slot_mapping[0]
+    same.caches[1].view(2, -1, 16)[:, s] += 1  # one token of one layer changed
+    share = kv.equal_share(same, 64)
+    assert 0.99 < share < 1.0 and not kv.tokens_equal(same, 64)
+    assert kv.equal_share(kv.empty_like(), 64) < 0.01
 
 
 def test_reads_on_the_engines_rings_beside_its_registration(drv, datafile):
@@ -1195,3 +1215,52 @@ def test_thread_reader_on_the_thread_engines_pool(drv, datafile):
         g.close()
     finally:
         os.close(fd)
+
+
+def test_docs_gpu_h200_run_is_the_committed_json():
+    """docs/gpu.md's account of the H200 run: every figure it quotes is the
+    committed report's, every phase but the environment's (no NVMe) and
+    LMCache's passed, and the LMCache failure is LMCache's own round trip too
+    (lmcache_alone), while fx's chunks were bit-exact in both modes."""
+    with open(os.path.join(ROOT, "docs", "gpu.md")) as f:
+        page = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "gpu-check-h200.json")) as f:
+        run = json.load(f)
+    with open(os.path.join(ROOT, "docs", "gpu-check-h200-lmcache.json")) as f:
+        lm_run = json.load(f)
+    ph = run["phases"]
+    assert not run["stand_in"] and ph["environment"]["gpu"] == "NVIDIA H200"
+    assert ph["environment"]["driver_version"] in page and ph["environment"]["torch"] in page
+    assert {k: v["outcome"] for k, v in ph.items() if k != "lmcache"} == {
+        "environment": "warn",
+        "driver": "pass",
+        "correctness": "pass",
+        "errors": "pass",
+        "ordering": "pass",
+        "throughput": "pass",
+    }
+    assert ph["driver"]["fixed_buffers"] and ph["driver"]["bit_exact"]
+    table = ph["driver"]["io_uring_pinned_table"]
+    assert table["torch pin_memory (cudaHostAlloc)"] == 0 and table["cudaHostRegister'ed anonymous memory"] == 0
+    assert table["O_DIRECT read into torch pinned memory"] == 64 << 20 and table["... bit-exact"]
+    assert "CUDA_ERROR_INVALID_VALUE" in ph["errors"]["past_allocation"]["last_error"]
+    tp = ph["throughput"]
+    for v in (
+        tp["fio_GBps"],
+        tp["h2d_pinned_GBps"],
+        tp["read_to_pinned_GBps"],
+        tp["serial_read_then_copy_GBps"],
+        tp["torch_double_buffer_GBps"],
+        tp["best"]["GBps"],
+        tp["pipeline_crc"]["GBps"],
+        tp["efficiency"],
+    ):
+        assert f"{v:.2f}" in page, v
+    assert f"{tp['best']['slots']} × {tp['best']['slot_MiB']} MiB" in page
+    lm = lm_run["phases"]["lmcache"]
+    assert not lm["lmcache_alone"]["ok"] and lm["lmcache_alone"]["equal_share"] < 1e-6
+    for case in ("direct_to_gpu", "cpu_tier"):
+        c = lm[case]
+        assert c["bit_exact"] == {"blocking": c["chunks"], "async": c["chunks"]} == {"blocking": 16, "async": 16}
+        assert c["retrieve_tokens"] == c["ntok"] == 4096 and not c["retrieve_equal"]
+    assert "LMCache alone" in lm["why"]

@@ -129,6 +129,17 @@ class KV:
         other.slot_mapping = self.slot_mapping
         return other
 
+    def equal_share(self, other, n) -> float:
+        """The share of the first n tokens' values (all layers) that equal other's."""
+        s = self.slot_mapping[:n]
+        same = total = 0
+        for a, b in zip(self.caches, other.caches):
+            x = a.view(a.shape[0], -1, a.shape[-2] * a.shape[-1])[:, s]
+            y = b.view(b.shape[0], -1, b.shape[-2] * b.shape[-1])[:, s]
+            same += int((x == y).sum())
+            total += x.numel()
+        return same / total if total else 1.0
+
     def tokens_equal(self, other, n) -> bool:
         s = self.slot_mapping[:n]
         return all(
