@@ -330,6 +330,44 @@ def store_runs_table(cases: list[tuple[str, str]]) -> str:
     return _md_table(head, body)
 
 
+def devices_table(cases: list[tuple[str, str]]) -> str:
+    """`lmcache-fx bench --devices N` runs side by side (a label and a file
+    each): per reader, tier read GB/s (store GB/s) · tier CPU s/GB, medians
+    over the reps; then each fx reader's tier read over fio's aggregate."""
+    runs = _labelled_runs(cases)
+    names: list[str] = []
+    labels: dict[str, str] = {}
+    for _, d in runs:
+        for n, e in d["readers"].items():
+            if n not in names:
+                names.append(n)
+                labels[n] = e["label"]
+    body = []
+    for n in names:
+        row = [labels[n]]
+        for _, d in runs:
+            e = d["readers"].get(n)
+            if not e or not e.get("available"):
+                row.append("–")
+                continue
+            m = e["median"]
+            row.append(
+                f"{_f(m['tier_read_gbps'], '{:.2f}')} ({_f(m.get('store_gbps'), '{:.2f}')}) "
+                f"· {_f(m.get('tier_cpu_s_per_gb'), '{:.3f}')}"
+            )
+        body.append(row)
+    for n in names:  # the striped readers (fio aside): the target is theirs
+        striped = [d["readers"].get(n, {}).get("devices", 1) > 1 for _, d in runs]
+        if n == "fio" or not any(striped):
+            continue
+        row = [f"**{labels[n]} / fio aggregate**"]
+        for _, d in runs:
+            v = d["readers"].get(n, {}).get("ratio_to_fio")
+            row.append(f"**{v:.2f}×**" if v is not None else "–")
+        body.append(row)
+    return _md_table(["reader"] + [label for label, _ in runs], body)
+
+
 def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
     """Latency cases of runs with --latency-rounds (a label and a file each):
     a row per label and count in flight, a column per reader, each cell the
@@ -837,6 +875,7 @@ if __name__ == "__main__":
         "--split-grid": split_grid_table,
         "--placement": placement_table,
         "--staged-direct": staged_direct_table,
+        "--devices-runs": devices_table,
     }
     if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]
