@@ -368,6 +368,31 @@ def devices_table(cases: list[tuple[str, str]]) -> str:
     return _md_table(["reader"] + [label for label, _ in runs], body)
 
 
+def inflight_table(cases: list[tuple[str, str]]) -> str:
+    """scripts/inflight_probe.py's runs (a label and a file each): per way,
+    GB/s · block-layer reads in flight per device · share of samples with
+    none, medians over the reps."""
+    import re
+
+    def key(way: str) -> str:  # "queue_depth 256 (32 per device)" names N x 32
+        return re.sub(r"queue_depth \d+ \(32 per device\)", "queue_depth 32 × devices", way)
+
+    runs = [(label, {key(w): v for w, v in d["ways"].items()}) for label, d in _labelled_runs(cases)]
+    ways = list(dict.fromkeys(w for _, d in runs for w in d))
+    body = []
+    for w in ways:
+        row = [w]
+        for _, d in runs:
+            v = d.get(w)
+            row.append(
+                "–"
+                if v is None
+                else f"{v['gbps_median']:.2f} · {v['mean_reads_per_device_median']:.1f} · {v['idle_share_median']:.2f}"
+            )
+        body.append(row)
+    return _md_table(["way"] + [label for label, _ in runs], body)
+
+
 def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
     """Latency cases of runs with --latency-rounds (a label and a file each):
     a row per label and count in flight, a column per reader, each cell the
@@ -876,6 +901,7 @@ if __name__ == "__main__":
         "--placement": placement_table,
         "--staged-direct": staged_direct_table,
         "--devices-runs": devices_table,
+        "--inflight-runs": inflight_table,
     }
     if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]

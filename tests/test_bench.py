@@ -2683,3 +2683,34 @@ def test_readme_devices_8_figures_are_the_committed_json():
     assert f"`--queue-depth 256` gave {fx['-qd256']['ratio_to_fio']:.2f}×" in readme
     tr = [fx[n]["ratio_to_best_peer"]["tier_read"] for n in ("", "-2m")]
     assert f"{tr[0]:.2f}× (64 MiB) and {tr[1]:.2f}× (2 MiB) the best peer" in readme
+
+
+def test_docs_inflight_probe_is_the_committed_json():
+    """The in-flight counts: the page's table is bench_tables' over the two
+    probe runs (clean checkouts of the probe's commit), and what the text
+    says holds in them: staged reads keep under one read in flight per
+    device over eight, fewer than reading in place, fewer than 32 per device
+    in place, fewer than fio; and staged is the fastest fx way on this VM."""
+    page = _page()
+    text = " ".join(page.split())
+    mod = _bench_tables()
+    files = [os.path.join(ROOT, "docs", f"inflight-probe-{n}.json") for n in (8, 4)]
+    cases = [("8 devices, 48 × 64 MiB", files[0]), ("4 devices, 24 × 64 MiB", files[1])]
+    assert mod.inflight_table(cases) in page
+    for path, n in zip(files, (8, 4)):
+        with open(path) as f:
+            d = json.load(f)
+        assert d["devices"] == n and not d["git_commit"].endswith("+dirty") and d["reps"] == 5
+        w = d["ways"]
+        staged = w["fx, staged (the default here), queue_depth 32"]
+        inplace = w["fx, unstaged, queue_depth 32"]
+        per_dev = w[f"fx, unstaged, queue_depth {32 * n} (32 per device)"]
+        fio = w["fio, 1 job per device, iodepth 32"]
+        counts = [x["mean_reads_per_device_median"] for x in (staged, inplace, per_dev, fio)]
+        assert counts == sorted(counts), counts
+        assert staged["gbps_median"] >= max(inplace["gbps_median"], per_dev["gbps_median"])
+        for x in (staged, inplace, per_dev):
+            assert all(r["samples"] > 0 for r in x["runs"])
+        if n == 8:
+            assert staged["mean_reads_per_device_median"] < 1
+            assert f"{staged['mean_reads_per_device_median']:.1f} reads in flight per device over eight" in text
