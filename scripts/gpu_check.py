@@ -738,6 +738,21 @@ def phase_throughput(ctx):
 
 
 # ------------------------------------------------------------------ phase 6
+def retrieve_in_place(eng, tokens, kv, retrieve):
+    """Retrieves into the very KV cache tensors the store read, zeroed first,
+    and compares them with a copy taken before: (tokens retrieved, all equal,
+    share of values equal). LMCache's CUDA connector keeps the pointers of
+    the first KV caches it is given (vLLM's never move), so a retrieve into
+    other tensors lands in the first ones: the H200 run's first reports
+    (docs/gpu.md) came back all zeros that way."""
+    want = kv.empty_like()
+    want.caches = [c.clone() for c in kv.caches]
+    for c in kv.caches:
+        c.zero_()
+    n = retrieve(eng, tokens, kv)
+    return n, want.tokens_equal(kv, n), want.equal_share(kv, n)
+
+
 def lmcache_run(ctx, direct, layers):
     import asyncio
 
@@ -776,7 +791,7 @@ def lmcache_run(ctx, direct, layers):
     out = {"direct_to_gpu": direct}
     try:
         if ctx.stand_in:
-            cm = lmcache_engine(cfg, geo)
+            cm = lmcache_engine(cfg, geo, keep_first_caches=True)  # as LMCache's CUDA connector
             out["connector"] = "PagedCPUConnector (stand-in)"
         else:
             from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemGPUConnectorV2
@@ -818,15 +833,14 @@ def lmcache_run(ctx, direct, layers):
                         o.ref_count_down()
                     exact[mode] = ok
             lat.sort()
-            got = kv.empty_like()
-            n = retrieve(eng, tokens, got)
+            n, equal, share = retrieve_in_place(eng, tokens, kv, retrieve)
             out.update(
                 chunks=len(keys),
                 bit_exact=exact,
                 retrieve_tokens=n,
                 ntok=ntok,
-                retrieve_equal=kv.tokens_equal(got, n),
-                equal_share=kv.equal_share(got, n),
+                retrieve_equal=equal,
+                equal_share=share,
                 GBps_cold=nbytes / statistics.median(lat) / 1e9,
                 p50_ms=1e3 * lat[len(lat) // 2],
                 p99_ms=1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
@@ -865,7 +879,7 @@ def lmcache_control(ctx, layers):
     tokens = torch.arange(ntok) % 30000
     kv = KV(geo, ntok, seed=3)
     if ctx.stand_in:
-        cm = lmcache_engine(cfg, geo)
+        cm = lmcache_engine(cfg, geo, keep_first_caches=True)  # as LMCache's CUDA connector
     else:
         from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemGPUConnectorV2
 
@@ -877,10 +891,7 @@ def lmcache_control(ctx, layers):
         cm = engine_on_cpu(cfg, conn, geo.dtype, geo.kv_shape(), geo.mla, geo.chunk, "fx-gpu-check-control")
     with cm as eng:
         eng.store(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
-        got = kv.empty_like()
-        n = retrieve(eng, tokens, got)
-        equal = kv.tokens_equal(got, n)
-        share = kv.equal_share(got, n)
+        n, equal, share = retrieve_in_place(eng, tokens, kv, retrieve)
     return {
         "retrieve_tokens": n,
         "ntok": ntok,

@@ -1125,6 +1125,34 @@ def test_gpu_check_script_on_the_stand_in(tmp_path):
     assert rep["failed"] == [] and not rep.get("timed_out")
 
 
+def test_check_retrieves_into_the_caches_a_connector_keeps(tmp_path):
+    """The H200 run's LMCache phase came back all zeros, with and without fx:
+    LMCache's CUDA connector keeps the first KV caches it is given, and the
+    check retrieved into new tensors. Against a CPU connector that keeps its
+    first caches the same way, a retrieve into new tensors finds nothing
+    there, and the check's retrieve_in_place (into the same tensors, zeroed
+    first) gets every value back."""
+    import importlib.util
+
+    import torch
+
+    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, lmcache_engine, retrieve
+
+    spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "scripts", "gpu_check.py"))
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    geo = Geometry(layers=2, kv_heads=2, head_dim=64)
+    cfg = config_from_dict({"chunk_size": 256, "local_cpu": True, "max_local_cpu_size": 0.5}, tmp_path)
+    tokens = torch.arange(512) % 30000
+    kv = KV(geo, 512, seed=3)
+    with lmcache_engine(cfg, geo, keep_first_caches=True) as eng:
+        eng.store(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
+        got = kv.empty_like()
+        assert retrieve(eng, tokens, got) == 512 and kv.equal_share(got, 512) < 0.01  # the first run's symptom
+        n, equal, share = gpu_check.retrieve_in_place(eng, tokens, kv, retrieve)
+    assert (n, equal, share) == (512, True, 1.0)
+
+
 def test_kv_equal_share_counts_the_values_that_came_back():
     """The check's measure of a retrieve: the share of the stored tokens'
     values found again, 1.0 for a copy, lower for a damaged one, near 0 for
@@ -1220,8 +1248,9 @@ def test_thread_reader_on_the_thread_engines_pool(drv, datafile):
 def test_docs_gpu_h200_run_is_the_committed_json():
     """docs/gpu.md's account of the H200 run: every figure it quotes is the
     committed report's, every phase but the environment's (no NVMe) and
-    LMCache's passed, and the LMCache failure is LMCache's own round trip too
-    (lmcache_alone), while fx's chunks were bit-exact in both modes."""
+    LMCache's passed; fx's chunks were bit-exact in both modes, and the
+    retrieve came back all zeros with LMCache alone too (lmcache_alone): the
+    check's own fault, since mended (retrieve_in_place)."""
     with open(os.path.join(ROOT, "docs", "gpu.md")) as f:
         page = " ".join(f.read().split())
     with open(os.path.join(ROOT, "docs", "gpu-check-h200.json")) as f:
@@ -1259,6 +1288,7 @@ def test_docs_gpu_h200_run_is_the_committed_json():
     assert f"{tp['best']['slots']} × {tp['best']['slot_MiB']} MiB" in page
     lm = lm_run["phases"]["lmcache"]
     assert not lm["lmcache_alone"]["ok"] and lm["lmcache_alone"]["equal_share"] < 1e-6
+    assert "retrieve_in_place" in page and "_initialize_pointers" in page
     for case in ("direct_to_gpu", "cpu_tier"):
         c = lm[case]
         assert c["bit_exact"] == {"blocking": c["chunks"], "async": c["chunks"]} == {"blocking": 16, "async": 16}

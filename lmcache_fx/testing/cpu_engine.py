@@ -37,13 +37,23 @@ __all__ = [
 
 
 class PagedCPUConnector(ChunkwiseConnector):
-    def __init__(self, num_layers, kv_size, kv_heads, head_dim):
+    """A paged KV cache on the CPU. With keep_first_caches it behaves as
+    LMCache's CUDA connector does: it keeps the first KV caches it is given
+    and works on them from then on, whatever a later call passes (vLLM's
+    caches never move)."""
+
+    def __init__(self, num_layers, kv_size, kv_heads, head_dim, keep_first_caches=False):
         self.num_layers, self.kv_size = num_layers, kv_size
         self.hidden = kv_heads * head_dim
         self.kvcaches = None
+        self.keep_first_caches = keep_first_caches
 
     def _flat(self, kvcaches, layer):
         # [kv_size, num_blocks, block_size, H, D] -> [kv_size, slots, H*D]
+        if self.keep_first_caches:
+            if self.kvcaches is None:
+                self.kvcaches = kvcaches
+            kvcaches = self.kvcaches
         t = kvcaches[layer]
         return t.view(self.kv_size, -1, self.hidden)
 
@@ -231,8 +241,10 @@ def _stop_lookup_threads(client, server, timeout: float = 5.0) -> list:
 
 
 @contextmanager
-def lmcache_engine(cfg: LMCacheEngineConfig, geo: Geometry, model="fx-test-model", async_lookup=False):
-    conn = PagedCPUConnector(geo.layers, geo.kv_size, geo.kv_heads, geo.head_dim)
+def lmcache_engine(
+    cfg: LMCacheEngineConfig, geo: Geometry, model="fx-test-model", async_lookup=False, keep_first_caches=False
+):
+    conn = PagedCPUConnector(geo.layers, geo.kv_size, geo.kv_heads, geo.head_dim, keep_first_caches)
     with engine_on_cpu(
         cfg, conn, geo.dtype, geo.kv_shape(), geo.mla, geo.chunk, model, async_lookup=async_lookup
     ) as engine:
