@@ -269,6 +269,41 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
     return 0;
 }
 
+/* The order a read's pieces are queued in: round-robin over its ops, the
+ * first piece of each, then the second of each, and so on, rather than op
+ * by op. A chunk file lies on one device, and a read holds only so many
+ * pieces in flight (queue_depth slots, and 8 staged pieces): queued op by op,
+ * those are all one chunk's, so a store striped over eight devices kept
+ * under one read in flight per device and the others idle
+ * (scripts/inflight_probe.py). Interleaved, a window of pieces spans as many
+ * chunks, on as many devices as the stripe spreads them over. NULL when
+ * nothing would change (one op, or one piece each) or on no memory. For
+ * probes and tests, LMCACHE_FX_PIECE_ORDER=ops keeps the old order. */
+size_t *fx_piece_order(const fx_batch *b)
+{
+    const char *how = getenv("LMCACHE_FX_PIECE_ORDER");
+    size_t *order, k = 0;
+    uint32_t most = 0;
+
+    if (b->write || b->nops < 2 || b->npieces <= b->nops || (how && strcmp(how, "ops") == 0))
+        return NULL;
+    for (size_t i = 0; i < b->nops; i++)
+        if (b->prog[i].count > most)
+            most = b->prog[i].count;
+    order = malloc(b->npieces * sizeof(*order));
+    if (!order)
+        return NULL;
+    for (uint32_t r = 0; r < most; r++)
+        for (size_t i = 0; i < b->nops; i++)
+            if (r < b->prog[i].count && k < b->npieces)
+                order[k++] = b->prog[i].first + r;
+    if (k != b->npieces) { /* pieces outside their ops' ranges: keep them as they lie */
+        free(order);
+        return NULL;
+    }
+    return order;
+}
+
 void fx_batch_fail_all(fx_batch *b, int err)
 {
     for (size_t i = 0; i < b->nops; i++)

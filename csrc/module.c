@@ -1335,6 +1335,59 @@ static PyObject *mod_map_stats(PyObject *m, PyObject *unused)
         return PyLong_FromUnsignedLong(value);                  \
     }
 
+/* _piece_order(ops, split): the (op, offset) of each piece of a read of ops
+ * in the order the io_uring engine queues them (tests). */
+static PyObject *mod_piece_order(PyObject *m, PyObject *args)
+{
+    PyObject *ops_obj, *out = NULL;
+    unsigned long long split;
+    fx_batch b = {0};
+    fx_result *res;
+    size_t n = 0, *order;
+    int r;
+
+    (void)m;
+    if (!PyArg_ParseTuple(args, "OK", &ops_obj, &split))
+        return NULL;
+    if (split == 0 || split > (1ull << 30) || split % FX_DIO_ALIGN) {
+        PyErr_Format(PyExc_ValueError, "split must be a multiple of 4096 up to 1 GiB, not %llu", split);
+        return NULL;
+    }
+    if (!(b.ops = parse_ops(ops_obj, &n)))
+        return NULL;
+    res = PyMem_Calloc(n ? n : 1, sizeof(*res));
+    if (!res) {
+        PyMem_Free(b.ops);
+        return PyErr_NoMemory();
+    }
+    b.nops = n;
+    b.res = res;
+    r = fx_batch_prepare(&b, split);
+    if (r < 0) {
+        errno = -r;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    order = fx_piece_order(&b);
+    out = PyList_New((Py_ssize_t)b.npieces);
+    for (size_t i = 0; out && i < b.npieces; i++) {
+        const fx_piece *p = &b.pieces[order ? order[i] : i];
+        PyObject *t = Py_BuildValue("(IK)", p->op, (unsigned long long)p->offset);
+
+        if (!t) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+    }
+    free(order);
+done:
+    fx_batch_release(&b);
+    PyMem_Free(b.ops);
+    PyMem_Free(res);
+    return out;
+}
+
 COUNTER_FN(mod_crc_spread_runs, fx_crc_spread_runs)
 COUNTER_FN(mod_direct_staged_pieces, fx_direct_staged_pieces)
 COUNTER_FN(mod_stage_buffers, fx_stage_buffers())
@@ -1608,6 +1661,9 @@ static PyMethodDef module_methods[] = {
     {"last_read_chunks_ns", (PyCFunction)mod_last_read_chunks_ns, METH_NOARGS,
      "last_read_chunks_ns() -> (engine_ns, gil_ns): this thread's last read_chunks call, its time in the engine "
      "and its wait for the GIL after it"},
+    {"_piece_order", (PyCFunction)mod_piece_order, METH_VARARGS,
+     "_piece_order(ops, split) -> [(op, offset)]: the pieces of a read of ops in the order the io_uring engine "
+     "queues them (tests)"},
     {"crc_spread_runs", (PyCFunction)mod_crc_spread_runs, METH_NOARGS,
      "crc_spread_runs() -> int: io_uring batches whose landed pieces were checksummed on several threads"},
     {"crc32c_at", (PyCFunction)(void (*)(void))mod_crc32c_at, METH_VARARGS | METH_KEYWORDS,

@@ -588,6 +588,7 @@ typedef struct run_state {
     struct run_state *prev, *next;
     int stage_on;       /* the batch stages (fx_batch.stage_direct on a checked read) */
     unsigned staged_out; /* its pieces holding a staging slot */
+    size_t *order;       /* the order pieces are queued in (NULL: as they lie) */
 } run_state;
 
 #define SLOT_BYTES (1u << 20)
@@ -927,7 +928,7 @@ static void fill(fx_uring *u, fx_ring *s, run_state *st, size_t *next)
     fx_batch *b = st->b;
 
     while (*next < b->npieces && fx_ring_inflight(s) + fx_ring_queued(s) < u->qd) {
-        fx_piece *p = &b->pieces[*next];
+        fx_piece *p = &b->pieces[st->order ? st->order[*next] : *next];
 
         if (fx_piece_needs_bounce(p)) {
             /* Rare (unaligned tail or buffer on O_DIRECT): done inline. */
@@ -1030,6 +1031,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
     for (size_t i = 0; i < b->npieces; i++)
         st.left += piece_slots(u, b, &b->pieces[i]);
     st.stage_on = b->stage_direct && !b->write && b->want_crc;
+    st.order = fx_piece_order(b);
     set_wanting(u, &st, 1);
     while (next < b->npieces || fx_ring_inflight(s) || fx_ring_queued(s)) {
         unsigned ended = 0;
@@ -1071,6 +1073,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
     fx_uring_give_ring(u, s);
     fx_uring_last_end = st.ended_at;
 out:
+    free(st.order);
     free(st.done);
     free(st.fin);
     free(st.landed);

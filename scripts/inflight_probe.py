@@ -20,7 +20,14 @@ fio with one job per device (1 MiB, iodepth 32, O_DIRECT, io_uring), each on
 its own device's file (its GB/s are fio's own, group reporting). Ways rotated
 every rep, page cache dropped before each.
 
-    .venv/bin/python scripts/inflight_probe.py --devices 4 --reps 3 --json docs/inflight-probe.json
+--throttle-mbps M caps each loop device's reads at M MB/s (the cgroup v1 blkio
+throttle, removed afterwards): devices slower than the CPU, so that the GB/s
+show how many devices each way keeps busy, as on a host with cores to spare.
+--piece-order adds the fx ways with their pieces queued op by op
+(LMCACHE_FX_PIECE_ORDER=ops), the order before the engine interleaved them.
+
+    .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 48 --reps 5 --json docs/inflight-probe-8.json
+    .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 48 --reps 5 --throttle-mbps 400 --piece-order
 """
 
 from __future__ import annotations
@@ -99,6 +106,14 @@ class InflightSampler:
         }
 
 
+def throttle(name: str, bps: int) -> None:
+    """Caps (0: uncaps) the reads of block device `name` at bps bytes/s."""
+    with open(f"/sys/block/{name}/dev") as f:
+        majmin = f.read().strip()
+    with open("/sys/fs/cgroup/blkio/blkio.throttle.read_bps_device", "w") as f:
+        f.write(f"{majmin} {bps}")
+
+
 def fio_read(files: list[str], size: int) -> float:
     """fio's aggregate read bandwidth, bytes/s, as fio measured it (its
     process start left out)."""
@@ -123,6 +138,14 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=4)
     ap.add_argument("--chunks", type=int, default=24)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument(
+        "--throttle-mbps",
+        type=int,
+        default=0,
+        help="cap each loop device's reads at this many MB/s (cgroup v1 blkio throttle, removed after): devices "
+        "slower than the CPU, as on a host with cores to spare",
+    )
+    ap.add_argument("--piece-order", action="store_true", help="also the ways with pieces queued op by op")
     ap.add_argument("--json")
     a = ap.parse_args()
     if shutil.which("fio") is None:
@@ -133,6 +156,10 @@ def main() -> None:
     with ExitStack() as stack:
         mnts = [stack.enter_context(xfs_loop(size, touch=True)) for _ in range(n)]
         names = [loop_name(m) for m in mnts]
+        if a.throttle_mbps:
+            for name in names:
+                stack.callback(throttle, name, 0)  # removed before the device is
+                throttle(name, a.throttle_mbps * 10**6)
         paths = [os.path.join(m, "store") for m in mnts]
         src = _fxio.HostBuffer(CB, hugepages=True)
         memoryview(src)[:] = os.urandom(CB)
@@ -151,6 +178,9 @@ def main() -> None:
             f"fx, unstaged, queue_depth {32 * n} (32 per device)": dict(staged_reads="false", queue_depth=32 * n),
             "fio, 1 job per device, iodepth 32": None,
         }
+        if a.piece_order:  # the order pieces were queued in before, beside: LMCACHE_FX_PIECE_ORDER=ops
+            ways["fx, staged, queue_depth 32, pieces in op order"] = dict(staged_reads="true", queue_depth=32, ops=1)
+            ways["fx, unstaged, queue_depth 32, pieces in op order"] = dict(staged_reads="false", queue_depth=32, ops=1)
         raw: dict = {w: [] for w in ways}
         for rep in range(a.reps):
             order = list(ways.items())
@@ -158,6 +188,11 @@ def main() -> None:
             for w, opts in order[r:] + order[:r]:
                 st = None
                 if opts is not None:
+                    opts = dict(opts)
+                    if opts.pop("ops", 0):
+                        os.environ["LMCACHE_FX_PIECE_ORDER"] = "ops"
+                    else:
+                        os.environ.pop("LMCACHE_FX_PIECE_ORDER", None)
                     st = store_mod.ChunkStore(FxOptions(path=",".join(paths), max_capacity_gb=1e6, **opts))
 
                     def alloc(_meta, slot=iter(range(2 * k))):
@@ -185,6 +220,7 @@ def main() -> None:
             "git_commit": git_commit(),
             "cpus": os.cpu_count(),
             "devices": n,
+            "throttle_mbps_per_device": a.throttle_mbps,
             "chunks": f"{k} x 64 MiB",
             "chunks_per_device": [where.count(i) for i in range(n)],
             "stage_batch_max": 8,

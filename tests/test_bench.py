@@ -2714,3 +2714,35 @@ def test_docs_inflight_probe_is_the_committed_json():
         if n == 8:
             assert staged["mean_reads_per_device_median"] < 1
             assert f"{staged['mean_reads_per_device_median']:.1f} reads in flight per device over eight" in text
+
+
+def test_op_order_reader_sets_the_piece_order_only_while_it_reads(odirect_tmp, tmp_path, monkeypatch):
+    """fx-op-order, the A/B half of interleaved pieces: it reads with
+    LMCACHE_FX_PIECE_ORDER=ops and leaves the environment as it found it; both
+    halves read every chunk back exact. Not in the default set."""
+    from lmcache_fx.tools.bench.readers import FxOpOrderReader
+
+    assert "fx-op-order" in bench.ALL_READERS and "fx-op-order" not in bench.DEFAULT_READERS
+    seen = []
+    real = FxOpOrderReader.__mro__[1].run_rep
+
+    def spy(self, rep):
+        seen.append(os.environ.get("LMCACHE_FX_PIECE_ORDER"))
+        return real(self, rep)
+
+    monkeypatch.setattr(FxOpOrderReader.__mro__[1], "run_rep", spy)
+    monkeypatch.setenv("LMCACHE_FX_PIECE_ORDER", "before")
+    out = tmp_path / "r.json"
+    # fmt: off
+    rc = bench.main([
+        "--path", str(odirect_tmp), "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "16",
+        "--total-gb", "0.0005", "--reps", "2", "--readers", "fx,fx-op-order", "--warm", "--quiet",
+        "--json", str(out),
+    ])
+    # fmt: on
+    assert rc == 0 and os.environ["LMCACHE_FX_PIECE_ORDER"] == "before"
+    assert seen.count("ops") == 2 and seen.count("before") == 2, seen  # fx read with the environment as it was
+    d = json.loads(out.read_text())
+    for name in ("fx", "fx-op-order"):
+        assert d["readers"][name]["available"] and d["readers"][name]["all_ok"], name
+    assert d["readers"]["fx-op-order"]["label"] == "lmcache-fx (io_uring, pieces in op order)"

@@ -1529,3 +1529,48 @@ def test_io_uring_read_pieces_take_a_slot_per_mib(xfs_store, fds, split_mib, pea
         assert read_file(tmp_path / "out.bin") == data
     finally:
         eng.close()
+
+
+def test_read_pieces_are_queued_round_robin_over_the_chunks(tmp_path, monkeypatch):
+    """A read of several files is queued a piece of each in turn (the first
+    piece of every file, then the second, ...), not file by file: a chunk file
+    lies on one device, so a window of pieces in flight then spans as many
+    devices as a striped store spreads the chunks over. Every piece is queued
+    once; LMCACHE_FX_PIECE_ORDER=ops keeps file order; one file keeps its own."""
+    if not fx.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable")
+    sizes = [3, 1, 2]
+    fds = []
+    for i, n in enumerate(sizes):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(os.urandom(n << 20))
+        fds.append(os.open(p, os.O_RDONLY))
+    buf = fx.HostBuffer(8 << 20)
+    ops, off = [], 0
+    for fd, n in zip(fds, sizes):
+        ops.append((fd, 0, n << 20, buf.address + off))
+        off += n << 20
+    try:
+        got = fx._piece_order(ops, 1 << 20)
+        assert got == [(0, 0), (1, 0), (2, 0), (0, 1 << 20), (2, 1 << 20), (0, 2 << 20)]
+        assert sorted(got) == [(i, k << 20) for i, n in enumerate(sizes) for k in range(n)]
+        assert fx._piece_order(ops[:1], 1 << 20) == [(0, k << 20) for k in range(3)]
+        monkeypatch.setenv("LMCACHE_FX_PIECE_ORDER", "ops")
+        assert fx._piece_order(ops, 1 << 20) == sorted(got)
+        monkeypatch.delenv("LMCACHE_FX_PIECE_ORDER")
+        # the interleaved read is exact, and each file's CRC32C is joined in file order
+        eng = fx.Engine("io_uring", 2, 1 << 20)
+        try:
+            res = eng.read(ops, crc=True)
+        finally:
+            eng.close()
+        data = bytes(memoryview(buf)[:off])
+        start = 0
+        for i, ((n_bytes, crc), n) in enumerate(zip(res, sizes)):
+            want = (tmp_path / f"f{i}").read_bytes()
+            assert n_bytes == n << 20 and data[start : start + (n << 20)] == want
+            assert crc == fx.crc32c(want)
+            start += n << 20
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -188,7 +188,9 @@ def test_abort_reaps_every_read_in_flight(data_file, tmp_path):
         """,
         {"path": data_file[0], "direct": data_file[1]},
         tmp_path,
-        env={"LMCACHE_FX_FAULT": "submit_fail:1,wait_eintr:6"},
+        # pieces queued op by op, so that the pieces in flight are whole ops
+        # (interleaved, they would be the first halves of eight ops)
+        env={"LMCACHE_FX_FAULT": "submit_fail:1,wait_eintr:6", "LMCACHE_FX_PIECE_ORDER": "ops"},
     )
     assert r["fired"]["submit_fail"] == 1 and r["fired"]["wait_eintr"] == 6, r["fired"]
     assert r["problems"] == [] and r["problems2"] == [], r

@@ -443,6 +443,38 @@ class FxNice0Reader(FxReader):
     fx_options = {"runner_nice": 0}
 
 
+class FxOpOrderReader(FxReader):
+    """fx with a read's pieces queued op by op (LMCACHE_FX_PIECE_ORDER=ops,
+    set only while this reader reads), the order before the engine queued
+    them round-robin over the chunks: what the interleaving is measured
+    against (it matters where a read spans several devices)."""
+
+    name = "fx-op-order"
+    label = "lmcache-fx (io_uring, pieces in op order)"
+    env = {"LMCACHE_FX_PIECE_ORDER": "ops"}
+
+    @contextmanager
+    def _env(self):
+        old = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def run_rep(self, rep: int) -> dict:
+        with self._env():
+            return super().run_rep(rep)
+
+    def latency(self, conc: int) -> Optional[dict]:
+        with self._env():
+            return super().latency(conc)
+
+
 class LocalDiskReader(LMCacheReader):
     name = "local_disk"
     label = "LMCache LocalDiskBackend"

@@ -28,6 +28,7 @@ READER_LIST = [
     rd.FxUnmappedReader,
     rd.FxUnstagedReader,
     rd.FxNice0Reader,
+    rd.FxOpOrderReader,
     rd.LocalDiskReader,
     rd.FSConnectorReader,
     rd.RustRawBlockReader,
@@ -39,10 +40,10 @@ READER_LIST = [
 ]
 READER_CLASSES = {c.name: c for c in READER_LIST}
 ALL_READERS = [c.name for c in READER_LIST]
-# Run unless --readers says otherwise: fx-unmapped, fx-unstaged and fx-nice0, the A/B halves of mapped and
-# staged reads and of runner_nice, only where those matter (a tmpfs with huge pages; a loop device; awaited
-# reads on a busy host).
-A_B_READERS = ("fx-unmapped", "fx-unstaged", "fx-l2-unstaged", "fx-nice0")
+# Run unless --readers says otherwise: fx-unmapped, fx-unstaged, fx-nice0 and fx-op-order, the A/B halves of
+# mapped and staged reads, of runner_nice and of interleaved pieces, only where those matter (a tmpfs with huge
+# pages; a loop device; awaited reads on a busy host; a read over several devices).
+A_B_READERS = ("fx-unmapped", "fx-unstaged", "fx-l2-unstaged", "fx-nice0", "fx-op-order")
 DEFAULT_READERS = [n for n in ALL_READERS if n not in A_B_READERS]
 READER_LABELS = {c.name: c.label for c in READER_LIST}
 
@@ -56,6 +57,7 @@ LMCACHE_ENGINE_READERS = {
     "fx-unmapped",
     "fx-unstaged",
     "fx-nice0",
+    "fx-op-order",
     "local_disk",
     "fs_connector",
     "rust_raw_block",
