@@ -269,39 +269,80 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
     return 0;
 }
 
-/* The order a read's pieces are queued in: round-robin over its ops, the
- * first piece of each, then the second of each, and so on, rather than op
+/* The order a read's pieces are queued in: round-robin over the devices
+ * its ops' files lie on, each device's pieces in op order, rather than op
  * by op. A chunk file lies on one device, and a read holds only so many
  * pieces in flight (queue_depth slots, and 8 staged pieces): queued op by op,
- * those are all one chunk's, so a store striped over eight devices kept
+ * those were all one chunk's, so a store striped over eight devices kept
  * under one read in flight per device and the others idle
- * (scripts/inflight_probe.py). Interleaved, a window of pieces spans as many
- * chunks, on as many devices as the stripe spreads them over. NULL when
- * nothing would change (one op, or one piece each) or on no memory. For
- * probes and tests, LMCACHE_FX_PIECE_ORDER=ops keeps the old order. */
+ * (scripts/inflight_probe.py). Round-robin, a window of pieces spans every
+ * device the read touches, and each device still reads its chunks one
+ * after another. A read on one device keeps its order: nothing to spread.
+ * NULL when the order would not change (one device, one op, a write), on more
+ * than ORDER_DEVS_MAX devices, or on no memory. For probes and tests,
+ * LMCACHE_FX_PIECE_ORDER=ops keeps op order everywhere. */
+#define ORDER_DEVS_MAX 64
+
 size_t *fx_piece_order(const fx_batch *b)
 {
     const char *how = getenv("LMCACHE_FX_PIECE_ORDER");
-    size_t *order, k = 0;
-    uint32_t most = 0;
+    dev_t devs[ORDER_DEVS_MAX];
+    size_t cnt[ORDER_DEVS_MAX] = {0}, off[ORDER_DEVS_MAX], pos[ORDER_DEVS_MAX] = {0};
+    size_t ndev = 0, total = 0, k = 0, most = 0, *grouped = NULL, *order = NULL;
+    unsigned char *dev_of;
 
-    if (b->write || b->nops < 2 || b->npieces <= b->nops || (how && strcmp(how, "ops") == 0))
+    if (b->write || b->nops < 2 || (how && strcmp(how, "ops") == 0))
         return NULL;
-    for (size_t i = 0; i < b->nops; i++)
-        if (b->prog[i].count > most)
-            most = b->prog[i].count;
-    order = malloc(b->npieces * sizeof(*order));
-    if (!order)
+    dev_of = malloc(b->nops);
+    if (!dev_of)
         return NULL;
-    for (uint32_t r = 0; r < most; r++)
-        for (size_t i = 0; i < b->nops; i++)
-            if (r < b->prog[i].count && k < b->npieces)
-                order[k++] = b->prog[i].first + r;
-    if (k != b->npieces) { /* pieces outside their ops' ranges: keep them as they lie */
-        free(order);
-        return NULL;
+    for (size_t i = 0; i < b->nops; i++) {
+        struct stat st;
+        size_t d;
+
+        dev_of[i] = 0;
+        if (b->prog[i].count == 0)
+            continue;
+        st.st_dev = 0; /* an fd fstat refuses counts as one more device */
+        (void)fstat(b->ops[i].fd, &st);
+        for (d = 0; d < ndev && devs[d] != st.st_dev; d++)
+            ;
+        if (d == ndev) {
+            if (ndev == ORDER_DEVS_MAX)
+                goto keep;
+            devs[ndev++] = st.st_dev;
+        }
+        dev_of[i] = (unsigned char)d;
+        cnt[d] += b->prog[i].count;
+        total += b->prog[i].count;
     }
+    if (ndev < 2 || total != b->npieces)
+        goto keep;
+    grouped = malloc(total * sizeof(*grouped));
+    order = malloc(total * sizeof(*order));
+    if (!grouped || !order)
+        goto keep;
+    for (size_t d = 0, at = 0; d < ndev; d++) {
+        off[d] = at;
+        at += cnt[d];
+        if (cnt[d] > most)
+            most = cnt[d];
+    }
+    for (size_t i = 0; i < b->nops; i++)
+        for (uint32_t r = 0; r < b->prog[i].count; r++)
+            grouped[off[dev_of[i]] + pos[dev_of[i]]++] = b->prog[i].first + r;
+    for (size_t r = 0; r < most; r++)
+        for (size_t d = 0; d < ndev; d++)
+            if (r < cnt[d])
+                order[k++] = grouped[off[d] + r];
+    free(grouped);
+    free(dev_of);
     return order;
+keep:
+    free(grouped);
+    free(order);
+    free(dev_of);
+    return NULL;
 }
 
 void fx_batch_fail_all(fx_batch *b, int err)

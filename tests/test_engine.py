@@ -14,9 +14,11 @@ import pathlib
 import random
 import resource
 import select
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -1531,34 +1533,43 @@ def test_io_uring_read_pieces_take_a_slot_per_mib(xfs_store, fds, split_mib, pea
         eng.close()
 
 
-def test_read_pieces_are_queued_round_robin_over_the_chunks(tmp_path, monkeypatch):
-    """A read of several files is queued a piece of each in turn (the first
-    piece of every file, then the second, ...), not file by file: a chunk file
-    lies on one device, so a window of pieces in flight then spans as many
-    devices as a striped store spreads the chunks over. Every piece is queued
-    once; LMCACHE_FX_PIECE_ORDER=ops keeps file order; one file keeps its own."""
+def test_read_pieces_are_queued_round_robin_over_devices(tmp_path, monkeypatch):
+    """A read whose files lie on several devices is queued a piece of each
+    device in turn, each device's pieces in file order: a chunk file lies on
+    one device, so a window of pieces in flight then spans every device a
+    striped store put the read's chunks on. A read on one device keeps file
+    order; every piece is queued once; LMCACHE_FX_PIECE_ORDER=ops keeps file
+    order everywhere. The interleaved read is exact, each file's CRC32C joined
+    in file order."""
     if not fx.io_uring_status()[0]:
         pytest.skip("io_uring unavailable")
+    shm = pathlib.Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a device of its own beside tmp_path")
+    other = pathlib.Path(tempfile.mkdtemp(dir=shm))
     sizes = [3, 1, 2]
-    fds = []
-    for i, n in enumerate(sizes):
-        p = tmp_path / f"f{i}"
-        p.write_bytes(os.urandom(n << 20))
-        fds.append(os.open(p, os.O_RDONLY))
-    buf = fx.HostBuffer(8 << 20)
-    ops, off = [], 0
-    for fd, n in zip(fds, sizes):
-        ops.append((fd, 0, n << 20, buf.address + off))
-        off += n << 20
+    where = [tmp_path, other, tmp_path]  # files 0 and 2 on one device, file 1 on another
+    paths, fds = [], []
     try:
+        for i, (n, d) in enumerate(zip(sizes, where)):
+            p = d / f"f{i}"
+            p.write_bytes(os.urandom(n << 20))
+            paths.append(p)
+            fds.append(os.open(p, os.O_RDONLY))
+        buf = fx.HostBuffer(8 << 20)
+        ops, off = [], 0
+        for fd, n in zip(fds, sizes):
+            ops.append((fd, 0, n << 20, buf.address + off))
+            off += n << 20
+        file_order = [(i, k << 20) for i, n in enumerate(sizes) for k in range(n)]
         got = fx._piece_order(ops, 1 << 20)
-        assert got == [(0, 0), (1, 0), (2, 0), (0, 1 << 20), (2, 1 << 20), (0, 2 << 20)]
-        assert sorted(got) == [(i, k << 20) for i, n in enumerate(sizes) for k in range(n)]
-        assert fx._piece_order(ops[:1], 1 << 20) == [(0, k << 20) for k in range(3)]
+        # device A: f0's three pieces then f2's two; device B: f1's one; in turn
+        assert got == [(0, 0), (1, 0), (0, 1 << 20), (0, 2 << 20), (2, 0), (2, 1 << 20)]
+        assert sorted(got) == file_order
+        assert fx._piece_order([ops[0], ops[2]], 1 << 20) == [(0, 0), (0, 1 << 20), (0, 2 << 20), (1, 0), (1, 1 << 20)]
         monkeypatch.setenv("LMCACHE_FX_PIECE_ORDER", "ops")
-        assert fx._piece_order(ops, 1 << 20) == sorted(got)
+        assert fx._piece_order(ops, 1 << 20) == file_order
         monkeypatch.delenv("LMCACHE_FX_PIECE_ORDER")
-        # the interleaved read is exact, and each file's CRC32C is joined in file order
         eng = fx.Engine("io_uring", 2, 1 << 20)
         try:
             res = eng.read(ops, crc=True)
@@ -1566,11 +1577,12 @@ def test_read_pieces_are_queued_round_robin_over_the_chunks(tmp_path, monkeypatc
             eng.close()
         data = bytes(memoryview(buf)[:off])
         start = 0
-        for i, ((n_bytes, crc), n) in enumerate(zip(res, sizes)):
-            want = (tmp_path / f"f{i}").read_bytes()
+        for p, (n_bytes, crc), n in zip(paths, res, sizes):
+            want = p.read_bytes()
             assert n_bytes == n << 20 and data[start : start + (n << 20)] == want
             assert crc == fx.crc32c(want)
             start += n << 20
     finally:
         for fd in fds:
             os.close(fd)
+        shutil.rmtree(other, ignore_errors=True)

@@ -188,8 +188,8 @@ def test_abort_reaps_every_read_in_flight(data_file, tmp_path):
         """,
         {"path": data_file[0], "direct": data_file[1]},
         tmp_path,
-        # pieces queued op by op, so that the pieces in flight are whole ops
-        # (interleaved, they would be the first halves of eight ops)
+        # pieces queued op by op, so that the pieces in flight are whole ops (one
+        # file on one device is queued so anyway; the variable pins it)
         env={"LMCACHE_FX_FAULT": "submit_fail:1,wait_eintr:6", "LMCACHE_FX_PIECE_ORDER": "ops"},
     )
     assert r["fired"]["submit_fail"] == 1 and r["fired"]["wait_eintr"] == 6, r["fired"]
