@@ -1342,6 +1342,7 @@ static PyObject *mod_piece_order(PyObject *m, PyObject *args)
     PyObject *ops_obj, *out = NULL;
     unsigned long long split;
     fx_batch b = {0};
+    fx_op *ops;
     fx_result *res;
     size_t n = 0, *order;
     int r;
@@ -1353,13 +1354,14 @@ static PyObject *mod_piece_order(PyObject *m, PyObject *args)
         PyErr_Format(PyExc_ValueError, "split must be a multiple of 4096 up to 1 GiB, not %llu", split);
         return NULL;
     }
-    if (!(b.ops = parse_ops(ops_obj, &n)))
+    if (!(ops = parse_ops(ops_obj, &n)))
         return NULL;
     res = PyMem_Calloc(n ? n : 1, sizeof(*res));
     if (!res) {
-        PyMem_Free(b.ops);
+        PyMem_Free(ops);
         return PyErr_NoMemory();
     }
+    b.ops = ops;
     b.nops = n;
     b.res = res;
     r = fx_batch_prepare(&b, split);
@@ -1383,7 +1385,7 @@ static PyObject *mod_piece_order(PyObject *m, PyObject *args)
     free(order);
 done:
     fx_batch_release(&b);
-    PyMem_Free(b.ops);
+    PyMem_Free(ops);
     PyMem_Free(res);
     return out;
 }
