@@ -278,20 +278,26 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
  * (scripts/inflight_probe.py). Round-robin, a window of pieces spans every
  * device the read touches, and each device still reads its chunks one
  * after another. A read on one device keeps its order: nothing to spread.
- * NULL when the order would not change (one device, one op, a write), on more
- * than ORDER_DEVS_MAX devices, or on no memory. For probes and tests,
- * LMCACHE_FX_PIECE_ORDER=ops keeps op order everywhere. */
+ * The device is the filesystem's (st_dev), or for a block device file the
+ * device itself (st_rdev). One fstat per op of a read of several (the chunk
+ * path knows its fds and skipped it). NULL when the order would not change
+ * (one device, one op, a write), on more than ORDER_DEVS_MAX devices, or on
+ * no memory. fx_piece_order_ops (LMCACHE_FX_PIECE_ORDER=ops at load, or
+ * _fxio._set_piece_order) keeps op order everywhere, for probes and tests:
+ * a flag, not a getenv per batch, since Python may change the environment
+ * while an engine thread reads it. */
 #define ORDER_DEVS_MAX 64
+
+_Atomic int fx_piece_order_ops;
 
 size_t *fx_piece_order(const fx_batch *b)
 {
-    const char *how = getenv("LMCACHE_FX_PIECE_ORDER");
     dev_t devs[ORDER_DEVS_MAX];
     size_t cnt[ORDER_DEVS_MAX] = {0}, off[ORDER_DEVS_MAX], pos[ORDER_DEVS_MAX] = {0};
     size_t ndev = 0, total = 0, k = 0, most = 0, *grouped = NULL, *order = NULL;
     unsigned char *dev_of;
 
-    if (b->write || b->nops < 2 || (how && strcmp(how, "ops") == 0))
+    if (b->write || b->nops < 2 || atomic_load_explicit(&fx_piece_order_ops, memory_order_relaxed))
         return NULL;
     dev_of = malloc(b->nops);
     if (!dev_of)
@@ -303,14 +309,16 @@ size_t *fx_piece_order(const fx_batch *b)
         dev_of[i] = 0;
         if (b->prog[i].count == 0)
             continue;
-        st.st_dev = 0; /* an fd fstat refuses counts as one more device */
-        (void)fstat(b->ops[i].fd, &st);
-        for (d = 0; d < ndev && devs[d] != st.st_dev; d++)
+        dev_t dev = 0; /* an fd fstat refuses counts as one more device */
+
+        if (fstat(b->ops[i].fd, &st) == 0)
+            dev = S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev;
+        for (d = 0; d < ndev && devs[d] != dev; d++)
             ;
         if (d == ndev) {
             if (ndev == ORDER_DEVS_MAX)
                 goto keep;
-            devs[ndev++] = st.st_dev;
+            devs[ndev++] = dev;
         }
         dev_of[i] = (unsigned char)d;
         cnt[d] += b->prog[i].count;

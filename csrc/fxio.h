@@ -485,6 +485,8 @@ void fx_uring_destroy(fx_uring *u);
 int fx_uring_run(fx_uring *u, fx_batch *b);
 /* The order a read's pieces are queued in on the rings (batch.c); NULL: as they lie. */
 size_t *fx_piece_order(const fx_batch *b);
+/* Nonzero: every read keeps op order (probes and tests). */
+extern _Atomic int fx_piece_order_ops;
 /* Registers [addr, addr+len) as a fixed buffer on every ring; 0 or -errno
  * (-EOPNOTSUPP: the table is too large to pin again on each ring, and the
  * kernel cannot share one registration among them, before Linux 6.12).

@@ -1390,6 +1390,19 @@ done:
     return out;
 }
 
+/* _set_piece_order(ops): True keeps every read's pieces in op order, False
+ * interleaves them over devices (the default); returns the previous setting
+ * (probes and tests: the bench's fx-op-order reader). */
+static PyObject *mod_set_piece_order(PyObject *m, PyObject *arg)
+{
+    int ops = PyObject_IsTrue(arg);
+
+    (void)m;
+    if (ops < 0)
+        return NULL;
+    return PyBool_FromLong(atomic_exchange(&fx_piece_order_ops, ops));
+}
+
 COUNTER_FN(mod_crc_spread_runs, fx_crc_spread_runs)
 COUNTER_FN(mod_direct_staged_pieces, fx_direct_staged_pieces)
 COUNTER_FN(mod_stage_buffers, fx_stage_buffers())
@@ -1663,6 +1676,9 @@ static PyMethodDef module_methods[] = {
     {"last_read_chunks_ns", (PyCFunction)mod_last_read_chunks_ns, METH_NOARGS,
      "last_read_chunks_ns() -> (engine_ns, gil_ns): this thread's last read_chunks call, its time in the engine "
      "and its wait for the GIL after it"},
+    {"_set_piece_order", (PyCFunction)mod_set_piece_order, METH_O,
+     "_set_piece_order(ops: bool) -> bool: True keeps every read's pieces in op order (probes, tests); returns the "
+     "previous setting"},
     {"_piece_order", (PyCFunction)mod_piece_order, METH_VARARGS,
      "_piece_order(ops, split) -> [(op, offset)]: the pieces of a read of ops in the order the io_uring engine "
      "queues them (tests)"},
@@ -1717,8 +1733,11 @@ static int add_chunk_constants(PyObject *m)
  * adds the GPU pipeline's), or NULL with an exception set. */
 PyObject *fx_core_module_create(void)
 {
+    const char *order = getenv("LMCACHE_FX_PIECE_ORDER"); /* at import, before any engine thread */
     PyObject *m;
 
+    if (order && strcmp(order, "ops") == 0)
+        atomic_store(&fx_piece_order_ops, 1);
     if (fx_fork_guard_init() < 0) {
         PyErr_SetString(PyExc_ImportError, "lmcache-fx: pthread_atfork failed");
         return NULL;

@@ -239,6 +239,10 @@ def last_read_chunks_ns() -> tuple[int, int]:
     """This thread's last Engine.read_chunks call: (ns in the engine, ns
     waiting for the GIL after it)."""
 
+def _set_piece_order(ops: bool) -> bool:
+    """True keeps every read's pieces in op order (probes, tests); returns the previous setting."""
+    ...
+
 def _piece_order(ops: Sequence[tuple[int, int, int, int]], split: int) -> list[tuple[int, int]]:
     """(op, offset) of each piece of a read of ops, in the order the io_uring engine queues them (tests)."""
     ...

@@ -24,7 +24,7 @@ every rep, page cache dropped before each.
 throttle, removed afterwards): devices slower than the CPU, so that the GB/s
 show how many devices each way keeps busy, as on a host with cores to spare.
 --piece-order adds the fx ways with their pieces queued op by op
-(LMCACHE_FX_PIECE_ORDER=ops), the order before the engine interleaved them.
+(_fxio._set_piece_order), the order before the engine interleaved them.
 
     .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 48 --reps 5 --json docs/inflight-probe-8.json
     .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 48 --reps 5 --throttle-mbps 400 --piece-order
@@ -178,7 +178,7 @@ def main() -> None:
             f"fx, unstaged, queue_depth {32 * n} (32 per device)": dict(staged_reads="false", queue_depth=32 * n),
             "fio, 1 job per device, iodepth 32": None,
         }
-        if a.piece_order:  # the order pieces were queued in before, beside: LMCACHE_FX_PIECE_ORDER=ops
+        if a.piece_order:  # the order pieces were queued in before, beside
             ways["fx, staged, queue_depth 32, pieces in op order"] = dict(staged_reads="true", queue_depth=32, ops=1)
             ways["fx, unstaged, queue_depth 32, pieces in op order"] = dict(staged_reads="false", queue_depth=32, ops=1)
         raw: dict = {w: [] for w in ways}
@@ -189,10 +189,7 @@ def main() -> None:
                 st = None
                 if opts is not None:
                     opts = dict(opts)
-                    if opts.pop("ops", 0):
-                        os.environ["LMCACHE_FX_PIECE_ORDER"] = "ops"
-                    else:
-                        os.environ.pop("LMCACHE_FX_PIECE_ORDER", None)
+                    _fxio._set_piece_order(bool(opts.pop("ops", 0)))
                     st = store_mod.ChunkStore(FxOptions(path=",".join(paths), max_capacity_gb=1e6, **opts))
 
                     def alloc(_meta, slot=iter(range(2 * k))):

@@ -2717,9 +2717,10 @@ def test_docs_inflight_probe_is_the_committed_json():
 
 
 def test_op_order_reader_sets_the_piece_order_only_while_it_reads(odirect_tmp, tmp_path, monkeypatch):
-    """fx-op-order, the A/B half of interleaved pieces: it reads with
-    LMCACHE_FX_PIECE_ORDER=ops and leaves the environment as it found it; both
+    """fx-op-order, the A/B half of interleaved pieces: it reads with the
+    engine's pieces in op order and leaves the setting as it found it; both
     halves read every chunk back exact. Not in the default set."""
+    from lmcache_fx import _fxio
     from lmcache_fx.tools.bench.readers import FxOpOrderReader
 
     assert "fx-op-order" in bench.ALL_READERS and "fx-op-order" not in bench.DEFAULT_READERS
@@ -2727,11 +2728,12 @@ def test_op_order_reader_sets_the_piece_order_only_while_it_reads(odirect_tmp, t
     real = FxOpOrderReader.__mro__[1].run_rep
 
     def spy(self, rep):
-        seen.append(os.environ.get("LMCACHE_FX_PIECE_ORDER"))
+        now = _fxio._set_piece_order(False)
+        _fxio._set_piece_order(now)
+        seen.append(now)
         return real(self, rep)
 
     monkeypatch.setattr(FxOpOrderReader.__mro__[1], "run_rep", spy)
-    monkeypatch.setenv("LMCACHE_FX_PIECE_ORDER", "before")
     out = tmp_path / "r.json"
     # fmt: off
     rc = bench.main([
@@ -2740,8 +2742,8 @@ def test_op_order_reader_sets_the_piece_order_only_while_it_reads(odirect_tmp, t
         "--json", str(out),
     ])
     # fmt: on
-    assert rc == 0 and os.environ["LMCACHE_FX_PIECE_ORDER"] == "before"
-    assert seen.count("ops") == 2 and seen.count("before") == 2, seen  # fx read with the environment as it was
+    assert rc == 0 and _fxio._set_piece_order(False) is False  # left as it was found
+    assert seen.count(True) == 2 and seen.count(False) == 2, seen  # fx read with the default order
     d = json.loads(out.read_text())
     for name in ("fx", "fx-op-order"):
         assert d["readers"][name]["available"] and d["readers"][name]["all_ok"], name

@@ -1533,14 +1533,15 @@ def test_io_uring_read_pieces_take_a_slot_per_mib(xfs_store, fds, split_mib, pea
         eng.close()
 
 
-def test_read_pieces_are_queued_round_robin_over_devices(tmp_path, monkeypatch):
+def test_read_pieces_are_queued_round_robin_over_devices(tmp_path):
     """A read whose files lie on several devices is queued a piece of each
     device in turn, each device's pieces in file order: a chunk file lies on
     one device, so a window of pieces in flight then spans every device a
     striped store put the read's chunks on. A read on one device keeps file
-    order; every piece is queued once; LMCACHE_FX_PIECE_ORDER=ops keeps file
-    order everywhere. The interleaved read is exact, each file's CRC32C joined
-    in file order."""
+    order; every piece is queued once; _set_piece_order(True) (and
+    LMCACHE_FX_PIECE_ORDER=ops at import) keeps file order everywhere. An
+    O_DIRECT read so interleaved, through the io_uring engine's rings, is
+    exact, each file's CRC32C joined in file order."""
     if not fx.io_uring_status()[0]:
         pytest.skip("io_uring unavailable")
     shm = pathlib.Path("/dev/shm")
@@ -1555,7 +1556,10 @@ def test_read_pieces_are_queued_round_robin_over_devices(tmp_path, monkeypatch):
             p = d / f"f{i}"
             p.write_bytes(os.urandom(n << 20))
             paths.append(p)
-            fds.append(os.open(p, os.O_RDONLY))
+            try:
+                fds.append(os.open(p, os.O_RDONLY | os.O_DIRECT))
+            except OSError as e:
+                pytest.skip(f"O_DIRECT refused on {d}: {e}")
         buf = fx.HostBuffer(8 << 20)
         ops, off = [], 0
         for fd, n in zip(fds, sizes):
@@ -1567,12 +1571,16 @@ def test_read_pieces_are_queued_round_robin_over_devices(tmp_path, monkeypatch):
         assert got == [(0, 0), (1, 0), (0, 1 << 20), (0, 2 << 20), (2, 0), (2, 1 << 20)]
         assert sorted(got) == file_order
         assert fx._piece_order([ops[0], ops[2]], 1 << 20) == [(0, 0), (0, 1 << 20), (0, 2 << 20), (1, 0), (1, 1 << 20)]
-        monkeypatch.setenv("LMCACHE_FX_PIECE_ORDER", "ops")
-        assert fx._piece_order(ops, 1 << 20) == file_order
-        monkeypatch.delenv("LMCACHE_FX_PIECE_ORDER")
+        assert fx._set_piece_order(True) is False
+        try:
+            assert fx._piece_order(ops, 1 << 20) == file_order
+        finally:
+            assert fx._set_piece_order(False) is True
         eng = fx.Engine("io_uring", 2, 1 << 20)
         try:
+            fx._uring_peak_inflight()
             res = eng.read(ops, crc=True)
+            assert fx._uring_peak_inflight() > 0  # on the rings, not the threads of memory reads
         finally:
             eng.close()
         data = bytes(memoryview(buf)[:off])

@@ -444,34 +444,30 @@ class FxNice0Reader(FxReader):
 
 
 class FxOpOrderReader(FxReader):
-    """fx with a read's pieces queued op by op (LMCACHE_FX_PIECE_ORDER=ops,
-    set only while this reader reads), the order before the engine queued
-    them round-robin over the chunks: what the interleaving is measured
-    against (it matters where a read spans several devices)."""
+    """fx with a read's pieces queued op by op (_fxio._set_piece_order, set
+    only while this reader reads), the order before the engine queued them
+    round-robin over the devices: what the interleaving is measured against
+    (it matters where a read spans several devices)."""
 
     name = "fx-op-order"
     label = "lmcache-fx (io_uring, pieces in op order)"
-    env = {"LMCACHE_FX_PIECE_ORDER": "ops"}
 
     @contextmanager
-    def _env(self):
-        old = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
+    def _op_order(self):
+        from lmcache_fx import _fxio
+
+        before = _fxio._set_piece_order(True)
         try:
             yield
         finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            _fxio._set_piece_order(before)
 
     def run_rep(self, rep: int) -> dict:
-        with self._env():
+        with self._op_order():
             return super().run_rep(rep)
 
     def latency(self, conc: int) -> Optional[dict]:
-        with self._env():
+        with self._op_order():
             return super().latency(conc)
 
 
