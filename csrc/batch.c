@@ -175,6 +175,7 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
             b->hdr_res[i] = hdr ? -EINPROGRESS : 0;
         if (op->length == 0 && !hdr)
             continue;
+        b->prog[i].dev = op->dev;
         if (b->fds_known) {
             direct = (b->fds_known & FX_FDS_DIRECT) != 0;
             mem = !direct || (b->fds_known & FX_FDS_MEM);
@@ -200,6 +201,8 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
                 b->hdr_res[i] = -b->prog[i].err;
             continue;
         }
+        if (!op->dev)
+            b->prog[i].dev = (uint64_t)(S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev);
         direct = (fl & O_DIRECT) != 0;
         mem = !b->write && (!direct || fx_fd_in_memory(op->fd, (uint64_t)st.st_dev, &last_dev,
                                                        &last_mem));
@@ -278,9 +281,10 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
  * (scripts/inflight_probe.py). Round-robin, a window of pieces spans every
  * device the read touches, and each device still reads its chunks one
  * after another. A read on one device keeps its order: nothing to spread.
- * The device is the filesystem's (st_dev), or for a block device file the
- * device itself (st_rdev). One fstat per op of a read of several (the chunk
- * path knows its fds and skipped it). NULL when the order would not change
+ * The device is fx_progress.dev: the filesystem's (st_dev), or for a block
+ * device file the device itself (st_rdev), from the fstat fx_batch_prepare
+ * makes or the caller's (the chunk path's own); an unknown one (0) counts
+ * as one device. NULL when the order would not change
  * (one device, one op, a write), on more than ORDER_DEVS_MAX devices, or on
  * no memory. fx_piece_order_ops (LMCACHE_FX_PIECE_ORDER=ops at load, or
  * _fxio._set_piece_order) keeps op order everywhere, for probes and tests:
@@ -292,7 +296,7 @@ _Atomic int fx_piece_order_ops;
 
 size_t *fx_piece_order(const fx_batch *b)
 {
-    dev_t devs[ORDER_DEVS_MAX];
+    uint64_t devs[ORDER_DEVS_MAX];
     size_t cnt[ORDER_DEVS_MAX] = {0}, off[ORDER_DEVS_MAX], pos[ORDER_DEVS_MAX] = {0};
     size_t ndev = 0, total = 0, k = 0, most = 0, *grouped = NULL, *order = NULL;
     unsigned char *dev_of;
@@ -303,16 +307,12 @@ size_t *fx_piece_order(const fx_batch *b)
     if (!dev_of)
         return NULL;
     for (size_t i = 0; i < b->nops; i++) {
-        struct stat st;
+        uint64_t dev = b->prog[i].dev;
         size_t d;
 
         dev_of[i] = 0;
         if (b->prog[i].count == 0)
             continue;
-        dev_t dev = 0; /* an fd fstat refuses counts as one more device */
-
-        if (fstat(b->ops[i].fd, &st) == 0)
-            dev = S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev;
         for (d = 0; d < ndev && devs[d] != dev; d++)
             ;
         if (d == ndev) {

@@ -411,6 +411,7 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
                 ops[m].buf = c[i].dest;
                 ops[m].map = NULL;
                 ops[m].map_len = 0;
+                ops[m].dev = out[i].dev; /* from the fstat at its open */
                 hdrs[m] = scratch + i * FX_HDR_SIZE;
                 which[m++] = i;
                 if (direct && all_mem)

@@ -36,6 +36,9 @@ typedef struct {
      * bytes; reads of pieces inside it copy from it (fx_map_copy). */
     const char *map;
     uint64_t map_len;
+    /* The device the file lies on (st_dev; st_rdev of a block device file),
+     * 0: unknown, and fx_batch_prepare takes it from its own fstat. */
+    uint64_t dev;
 } fx_op;
 
 typedef struct {
@@ -82,6 +85,7 @@ typedef struct {
     uint32_t pending;  /* pieces not finished */
     uint64_t bytes;    /* bytes done */
     int err;           /* first errno seen, 0 if none */
+    uint64_t dev;      /* the op's device (fx_op.dev), 0: unknown */
 } fx_progress;
 
 typedef struct fx_batch {

@@ -212,6 +212,32 @@ fail:
     return NULL;
 }
 
+/* parse_ops, and a zeroed result per op: 0, or -1 with an exception set and
+ * nothing left allocated. */
+static int parse_ops_results(PyObject *seq, fx_op **ops, fx_result **res, size_t *n)
+{
+    if (!(*ops = parse_ops(seq, n)))
+        return -1;
+    if (!(*res = PyMem_Calloc(*n ? *n : 1, sizeof(**res)))) {
+        PyMem_Free(*ops);
+        *ops = NULL;
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* A split argument: 0 (the default) or a multiple of 4096 up to 1 GiB; -1
+ * with ValueError otherwise. */
+static int check_split(unsigned long long split)
+{
+    if (split > (1ull << 30) || split % FX_DIO_ALIGN) {
+        PyErr_Format(PyExc_ValueError, "split must be 0 or a multiple of 4096 up to 1 GiB, not %llu", split);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *results_to_list(const fx_result *res, size_t n, int want_crc)
 {
     PyObject *out = PyList_New((Py_ssize_t)n);
@@ -415,17 +441,8 @@ static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int
 
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pKp", kwlist, &ops_obj, &want_crc, &split, &stage))
         return NULL;
-    if (split > (1ull << 30) || split % FX_DIO_ALIGN) {
-        PyErr_Format(PyExc_ValueError, "split must be 0 or a multiple of 4096 up to 1 GiB, not %llu", split);
+    if (check_split(split) < 0 || parse_ops_results(ops_obj, &ops, &res, &n) < 0)
         return NULL;
-    }
-    if (!(ops = parse_ops(ops_obj, &n)))
-        return NULL;
-    res = PyMem_Calloc(n ? n : 1, sizeof(*res));
-    if (!res) {
-        PyMem_Free(ops);
-        return PyErr_NoMemory();
-    }
     if (begin_use(self) < 0)
         goto done;
     b.ops = ops;
@@ -1021,12 +1038,8 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
         return NULL;
     if (!(bo = batch_new(self, 0)))
         return NULL;
-    if (!(bo->ops = parse_ops(ops_obj, &n)))
+    if (parse_ops_results(ops_obj, &bo->ops, &bo->res, &n) < 0)
         goto fail;
-    if (!(bo->res = PyMem_Calloc(n ? n : 1, sizeof(*bo->res)))) {
-        PyErr_NoMemory();
-        goto fail;
-    }
     memset(&bo->b, 0, sizeof(bo->b));
     bo->b.ops = bo->ops;
     bo->b.nops = n;
@@ -1336,7 +1349,7 @@ static PyObject *mod_map_stats(PyObject *m, PyObject *unused)
     }
 
 /* _piece_order(ops, split): the (op, offset) of each piece of a read of ops
- * in the order the io_uring engine queues them (tests). */
+ * in the order the io_uring engine queues them (tests; split 0: 1 MiB). */
 static PyObject *mod_piece_order(PyObject *m, PyObject *args)
 {
     PyObject *ops_obj, *out = NULL;
@@ -1350,21 +1363,12 @@ static PyObject *mod_piece_order(PyObject *m, PyObject *args)
     (void)m;
     if (!PyArg_ParseTuple(args, "OK", &ops_obj, &split))
         return NULL;
-    if (split == 0 || split > (1ull << 30) || split % FX_DIO_ALIGN) {
-        PyErr_Format(PyExc_ValueError, "split must be a multiple of 4096 up to 1 GiB, not %llu", split);
+    if (check_split(split) < 0 || parse_ops_results(ops_obj, &ops, &res, &n) < 0)
         return NULL;
-    }
-    if (!(ops = parse_ops(ops_obj, &n)))
-        return NULL;
-    res = PyMem_Calloc(n ? n : 1, sizeof(*res));
-    if (!res) {
-        PyMem_Free(ops);
-        return PyErr_NoMemory();
-    }
     b.ops = ops;
     b.nops = n;
     b.res = res;
-    r = fx_batch_prepare(&b, split);
+    r = fx_batch_prepare(&b, split ? split : 1u << 20); /* 0: split_bytes' default */
     if (r < 0) {
         errno = -r;
         PyErr_SetFromErrno(PyExc_OSError);
