@@ -753,6 +753,25 @@ def retrieve_in_place(eng, tokens, kv, retrieve):
     return n, want.tokens_equal(kv, n), want.equal_share(kv, n)
 
 
+def lmcache_kv_engine(ctx, cfg, geo, ntok, model):
+    """A paged KV cache of ntok tokens (on the GPU, as vLLM's) and an LMCache
+    engine over the connector this host has: LMCache's own CUDA connector,
+    or with --stand-in the CPU one, keeping its first caches as LMCache's
+    does. Returns (kv, the engine's context manager, the connector's name)."""
+    from lmcache_fx.testing.cpu_engine import KV, engine_on_cpu, lmcache_engine
+
+    kv = KV(geo, ntok, seed=3)
+    if ctx.stand_in:
+        return kv, lmcache_engine(cfg, geo, keep_first_caches=True), "PagedCPUConnector (stand-in)"
+    from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemGPUConnectorV2
+
+    kv.caches = [c.to(ctx.dev.device) for c in kv.caches]
+    kv.slot_mapping = kv.slot_mapping.to(ctx.dev.device)
+    conn = VLLMPagedMemGPUConnectorV2(hidden_dim_size=geo.kv_heads * geo.head_dim, num_layers=geo.layers, use_gpu=False)
+    cm = engine_on_cpu(cfg, conn, geo.dtype, geo.kv_shape(), geo.mla, geo.chunk, model)
+    return kv, cm, "VLLMPagedMemGPUConnectorV2"
+
+
 def lmcache_run(ctx, direct, layers):
     import asyncio
 
@@ -760,13 +779,10 @@ def lmcache_run(ctx, direct, layers):
     from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
     from lmcache_fx.lmcache_plugin import FxStorageBackend
     from lmcache_fx.testing.cpu_engine import (
-        KV,
         Geometry,
         config_from_dict,
-        engine_on_cpu,
         fx_backend,
         fx_config,
-        lmcache_engine,
         retrieve,
         store_and_wait,
     )
@@ -784,23 +800,9 @@ def lmcache_run(ctx, direct, layers):
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config_from_dict(fx_config(store, **opts), tmp)
     tokens = torch.arange(ntok) % 30000
-    kv = KV(geo, ntok, seed=3)
-    if not ctx.stand_in:
-        kv.caches = [c.to(ctx.dev.device) for c in kv.caches]  # vLLM's paged KV cache, on the GPU
-        kv.slot_mapping = kv.slot_mapping.to(ctx.dev.device)
     out = {"direct_to_gpu": direct}
     try:
-        if ctx.stand_in:
-            cm = lmcache_engine(cfg, geo, keep_first_caches=True)  # as LMCache's CUDA connector
-            out["connector"] = "PagedCPUConnector (stand-in)"
-        else:
-            from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemGPUConnectorV2
-
-            conn = VLLMPagedMemGPUConnectorV2(
-                hidden_dim_size=geo.kv_heads * geo.head_dim, num_layers=geo.layers, use_gpu=False
-            )
-            cm = engine_on_cpu(cfg, conn, geo.dtype, geo.kv_shape(), geo.mla, geo.chunk, "fx-gpu-check")
-            out["connector"] = "VLLMPagedMemGPUConnectorV2"
+        kv, cm, out["connector"] = lmcache_kv_engine(ctx, cfg, geo, ntok, "fx-gpu-check")
         with cm as eng:
             be = fx_backend(eng)
             store_and_wait(eng, tokens, kv, be)
@@ -870,25 +872,14 @@ def lmcache_control(ctx, layers):
     back what was stored, a failure of the fx cases is LMCache's (its
     connector on this host's torch), not fx's read path."""
     torch = ctx.dev.torch
-    from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, engine_on_cpu, lmcache_engine, retrieve
+    from lmcache_fx.testing.cpu_engine import Geometry, config_from_dict, retrieve
 
     geo = Geometry(layers=layers, kv_heads=8, head_dim=128, dtype=torch.bfloat16)
     ntok = ctx.lm_chunks * 256
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config_from_dict({"chunk_size": 256, "local_cpu": True, "max_local_cpu_size": 2}, tmp)
     tokens = torch.arange(ntok) % 30000
-    kv = KV(geo, ntok, seed=3)
-    if ctx.stand_in:
-        cm = lmcache_engine(cfg, geo, keep_first_caches=True)  # as LMCache's CUDA connector
-    else:
-        from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemGPUConnectorV2
-
-        kv.caches = [c.to(ctx.dev.device) for c in kv.caches]
-        kv.slot_mapping = kv.slot_mapping.to(ctx.dev.device)
-        conn = VLLMPagedMemGPUConnectorV2(
-            hidden_dim_size=geo.kv_heads * geo.head_dim, num_layers=geo.layers, use_gpu=False
-        )
-        cm = engine_on_cpu(cfg, conn, geo.dtype, geo.kv_shape(), geo.mla, geo.chunk, "fx-gpu-check-control")
+    kv, cm, _ = lmcache_kv_engine(ctx, cfg, geo, ntok, "fx-gpu-check-control")
     with cm as eng:
         eng.store(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
         n, equal, share = retrieve_in_place(eng, tokens, kv, retrieve)
