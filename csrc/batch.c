@@ -284,9 +284,10 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
  * The device is fx_progress.dev: the filesystem's (st_dev), or for a block
  * device file the device itself (st_rdev), from the fstat fx_batch_prepare
  * makes or the caller's (the chunk path's own); an unknown one (0) counts
- * as one device. NULL when the order would not change
- * (one device, one op, a write), on more than ORDER_DEVS_MAX devices, or on
- * no memory. fx_piece_order_ops (LMCACHE_FX_PIECE_ORDER=ops at load, or
+ * as one device. *ndevs: the devices the read touches (1 for a write, at
+ * most ORDER_DEVS_MAX), for what else scales with them (staged pieces in
+ * flight). NULL when the order would not change (one device, one op, a
+ * write), on more than ORDER_DEVS_MAX devices, or on no memory. fx_piece_order_ops (LMCACHE_FX_PIECE_ORDER=ops at load, or
  * _fxio._set_piece_order) keeps op order everywhere, for probes and tests:
  * a flag, not a getenv per batch, since Python may change the environment
  * while an engine thread reads it. */
@@ -294,14 +295,15 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
 
 _Atomic int fx_piece_order_ops;
 
-size_t *fx_piece_order(const fx_batch *b)
+size_t *fx_piece_order(const fx_batch *b, unsigned *ndevs)
 {
     uint64_t devs[ORDER_DEVS_MAX];
     size_t cnt[ORDER_DEVS_MAX] = {0}, off[ORDER_DEVS_MAX], pos[ORDER_DEVS_MAX] = {0};
     size_t ndev = 0, total = 0, k = 0, most = 0, *grouped = NULL, *order = NULL;
     unsigned char *dev_of;
 
-    if (b->write || b->nops < 2 || atomic_load_explicit(&fx_piece_order_ops, memory_order_relaxed))
+    *ndevs = 1;
+    if (b->write || b->nops < 2)
         return NULL;
     dev_of = malloc(b->nops);
     if (!dev_of)
@@ -319,12 +321,13 @@ size_t *fx_piece_order(const fx_batch *b)
             if (ndev == ORDER_DEVS_MAX)
                 goto keep;
             devs[ndev++] = dev;
+            *ndevs = (unsigned)ndev;
         }
         dev_of[i] = (unsigned char)d;
         cnt[d] += b->prog[i].count;
         total += b->prog[i].count;
     }
-    if (ndev < 2 || total != b->npieces)
+    if (ndev < 2 || total != b->npieces || atomic_load_explicit(&fx_piece_order_ops, memory_order_relaxed))
         goto keep;
     grouped = malloc(total * sizeof(*grouped));
     order = malloc(total * sizeof(*order));

@@ -148,12 +148,12 @@ extern _Thread_local unsigned long fx_uring_last_end;
  * read through a staging buffer (tests). */
 extern _Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;
 /* O_DIRECT pieces read through an io_uring staging slot, and the staging
- * buffers the process has made (at most 2, kept; tests). */
+ * buffers the process has made (kept; tests). */
 extern _Atomic unsigned long fx_direct_staged_pieces;
 unsigned fx_stage_buffers(void);
-/* Makes every staging buffer now (a store that stages, at open); returns
- * how many the process has. */
-unsigned fx_stage_prepare(void);
+/* Makes every staging buffer a store striped over `devices` devices may use
+ * now (a store that stages, at open); returns how many the process has. */
+unsigned fx_stage_prepare(unsigned devices);
 /* fx_chunks_write calls running in this process (a store beside a load). */
 extern _Atomic int fx_chunk_writes_running;
 
@@ -487,8 +487,9 @@ int fx_uring_give_ring(fx_uring *u, fx_ring *r);
 fx_uring *fx_uring_create(unsigned queue_depth, char *why, size_t whylen);
 void fx_uring_destroy(fx_uring *u);
 int fx_uring_run(fx_uring *u, fx_batch *b);
-/* The order a read's pieces are queued in on the rings (batch.c); NULL: as they lie. */
-size_t *fx_piece_order(const fx_batch *b);
+/* The order a read's pieces are queued in on the rings (batch.c); NULL: as
+ * they lie. *ndevs: the devices its files lie on. */
+size_t *fx_piece_order(const fx_batch *b, unsigned *ndevs);
 /* Nonzero: every read keeps op order (probes and tests). */
 extern _Atomic int fx_piece_order_ops;
 /* Registers [addr, addr+len) as a fixed buffer on every ring; 0 or -errno

@@ -1358,6 +1358,7 @@ static PyObject *mod_piece_order(PyObject *m, PyObject *args)
     fx_op *ops;
     fx_result *res;
     size_t n = 0, *order;
+    unsigned ndevs;
     int r;
 
     (void)m;
@@ -1374,7 +1375,7 @@ static PyObject *mod_piece_order(PyObject *m, PyObject *args)
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }
-    order = fx_piece_order(&b);
+    order = fx_piece_order(&b, &ndevs);
     out = PyList_New((Py_ssize_t)b.npieces);
     for (size_t i = 0; out && i < b.npieces; i++) {
         const fx_piece *p = &b.pieces[order ? order[i] : i];
@@ -1431,7 +1432,21 @@ COUNTER_FN(mod_runners_started, fx_runners_started())
         return to_py(v);                                        \
     }
 
-RELEASED_CALL_FN(mod_stage_prepare, unsigned long, fx_stage_prepare(), PyLong_FromUnsignedLong)
+/* stage_prepare(devices=1): faults the staging pages in (and may compact
+ * memory first), so the GIL is released. */
+static PyObject *mod_stage_prepare(PyObject *m, PyObject *args)
+{
+    unsigned devices = 1;
+    unsigned long v;
+
+    (void)m;
+    if (!PyArg_ParseTuple(args, "|I", &devices))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    v = fx_stage_prepare(devices ? devices : 1);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLong(v);
+}
 RELEASED_CALL_FN(mod_io_uring_shares_buffers, long, fx_uring_shares_registration(), PyBool_FromLong)
 
 static PyObject *mod_io_uring_status(PyObject *m, PyObject *unused)
@@ -1670,11 +1685,12 @@ static PyMethodDef module_methods[] = {
     {"io_uring_shares_buffers", (PyCFunction)mod_io_uring_shares_buffers, METH_NOARGS,
      "io_uring_shares_buffers() -> bool: whether the kernel clones one ring's fixed buffers into another "
      "(Linux 6.12+); without it a table over FIXED_PER_RING_MAX is not registered"},
-    {"stage_prepare", (PyCFunction)mod_stage_prepare, METH_NOARGS,
-     "stage_prepare() -> int: makes the io_uring engine's staging buffers now (a store that stages its reads "
-     "calls it when it opens, so no read waits for their pages); returns how many this process has"},
+    {"stage_prepare", (PyCFunction)mod_stage_prepare, METH_VARARGS,
+     "stage_prepare(devices=1) -> int: makes the io_uring engine's staging buffers now, two of 8 MiB for each device "
+     "a store stripes over, at most 8 (a store that stages its reads calls it when it opens, so no read waits for "
+     "their pages); returns how many this process has"},
     {"_stage_buffers", (PyCFunction)mod_stage_buffers, METH_NOARGS,
-     "_stage_buffers() -> int: 8 MiB buffers of staging slots the io_uring engine has made in this process (at most 2; tests)"},
+     "_stage_buffers() -> int: 8 MiB buffers of staging slots the io_uring engine has made in this process (tests)"},
     {"staged_pieces", (PyCFunction)mod_staged_pieces, METH_NOARGS,
      "staged_pieces() -> int: pieces read from memory through a staging buffer and copied on with their CRC32C"},
     {"last_read_chunks_ns", (PyCFunction)mod_last_read_chunks_ns, METH_NOARGS,

@@ -14,8 +14,10 @@ bigger host; the in-flight counts are set by the ways' own caps.
 
 Ways: ChunkStore.read of K x 64 MiB chunks striped over the N paths (verify
 on) with staged reads (the default on loop devices with VPCLMULQDQ: at most
-STAGE_BATCH_MAX = 8 pieces of a read in flight), without them at
-queue_depth 32 (the engine-wide default), and without them at 32 per device;
+STAGE_BATCH_MAX = 8 pieces of a read in flight per device it reads from),
+without them at queue_depth 32 (per device, the default), and without them
+at queue_depth 4 per device (32 over the engine: the default before it was
+per device);
 fio with one job per device (1 MiB, iodepth 32, O_DIRECT, io_uring), each on
 its own device's file (its GB/s are fio's own, group reporting). Ways rotated
 every rep, page cache dropped before each.
@@ -173,14 +175,16 @@ def main() -> None:
         fio_read(fio_files, per_dev)  # lays the files out
         dst = _fxio.HostBuffer(k * CB, hugepages=True)
         ways = {
-            "fx, staged (the default here), queue_depth 32": dict(staged_reads="true", queue_depth=32),
-            "fx, unstaged, queue_depth 32": dict(staged_reads="false", queue_depth=32),
-            f"fx, unstaged, queue_depth {32 * n} (32 per device)": dict(staged_reads="false", queue_depth=32 * n),
+            "fx, staged (the default here), queue_depth 32 per device": dict(staged_reads="true", queue_depth=32),
+            "fx, unstaged, queue_depth 32 per device": dict(staged_reads="false", queue_depth=32),
+            f"fx, unstaged, queue_depth {32 // n or 1} per device ({32 // n * n or n} in all)": dict(
+                staged_reads="false", queue_depth=32 // n or 1
+            ),
             "fio, 1 job per device, iodepth 32": None,
         }
         if a.piece_order:  # the order pieces were queued in before, beside
-            ways["fx, staged, queue_depth 32, pieces in op order"] = dict(staged_reads="true", queue_depth=32, ops=1)
-            ways["fx, unstaged, queue_depth 32, pieces in op order"] = dict(staged_reads="false", queue_depth=32, ops=1)
+            ways["fx, staged, pieces in op order"] = dict(staged_reads="true", queue_depth=32, ops=1)
+            ways["fx, unstaged, pieces in op order"] = dict(staged_reads="false", queue_depth=32, ops=1)
         raw: dict = {w: [] for w in ways}
         for rep in range(a.reps):
             order = list(ways.items())

@@ -118,23 +118,46 @@ st.close()
 """
 
 
+def _open_in_a_child(path: str, mode: str) -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fx.__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run(
+        [sys.executable, "-c", _OPEN_IN_A_CHILD, path, mode], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable here: {URING_WHY}")
+def test_a_store_over_two_devices_stages_and_queues_per_device(xfs_store, odirect_tmp):
+    """Paths on two devices: the store counts them, its engine's queue depth
+    is queue_depth for each, and staging it opens makes two buffers per
+    device (a read over N devices keeps N times the pieces in flight, and
+    needs the slots). Two paths on one device count once."""
+    other = str(odirect_tmp / "store")
+    if os.stat(odirect_tmp).st_dev == os.stat(xfs_store).st_dev:
+        pytest.skip("tmp_path is on the loop device's filesystem")
+    got = _open_in_a_child(f"{xfs_store},{other}", "true")
+    assert got["before"] == 0 and got["staged"] is True and got["after_open"] == 4, got
+    st = _store(f"{xfs_store},{other}", queue_depth=12)
+    try:
+        assert st.devices == 2 and st.engine.queue_depth == 24
+    finally:
+        st.close()
+    st = _store(f"{xfs_store}/a,{xfs_store}/b", queue_depth=12)
+    try:
+        assert st.devices == 1 and st.engine.queue_depth == 12
+    finally:
+        st.close()
+
+
 @pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable here: {URING_WHY}")
 @pytest.mark.parametrize("mode", ["true", "false"])
 def test_a_store_that_stages_makes_its_staging_buffers_when_it_opens(xfs_store, mode):
     """In a fresh process, opening a store that stages its reads makes both
     staging buffers before any read (their huge pages cost the first load
     20-25 ms when made on demand); one that does not stage makes none."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(fx.__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run(
-        [sys.executable, "-c", _OPEN_IN_A_CHILD, xfs_store, mode],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _open_in_a_child(xfs_store, mode)
     assert got["before"] == 0 and got["staged"] == (mode == "true"), got
     assert got["after_open"] == (2 if mode == "true" else 0), got
 

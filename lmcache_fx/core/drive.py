@@ -206,12 +206,14 @@ async def drive_async(engine, gen, release) -> list:
 _engine_warned: set[str] = set()
 
 
-def make_engine(options: FxOptions):
-    """Builds the C engine; warns once per reason when io_uring is not used."""
+def make_engine(options: FxOptions, devices: int = 1):
+    """Builds the C engine, `queue_depth` for each of the `devices` the store's
+    paths lie on (as fio's iodepth is per job); warns once per reason when
+    io_uring is not used."""
     try:
         eng = _fxio.Engine(
             options.io_engine,  # type: ignore[arg-type]
-            options.queue_depth,
+            min(options.queue_depth * max(devices, 1), 32768),
             options.split_bytes,
             runner_nice=options.runner_nice,
         )

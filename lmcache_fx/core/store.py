@@ -469,7 +469,10 @@ class ChunkStore:
             self._ledger = Ledger.open(
                 self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
             )
-            self.engine = engine or make_engine(options)
+            # Distinct devices under the paths: queue depth and staging are per device, or a read
+            # striped over eight devices keeps under one piece in flight on each.
+            self.devices = len({os.fstat(fd).st_dev for fd in self._rootfds})
+            self.engine = engine or make_engine(options, self.devices)
             self.odirect = self._decide_odirect()
             self.mapped_reads = self._decide_mapped_reads()
             self.staged_reads = (
@@ -479,7 +482,7 @@ class ChunkStore:
             if self.staged_reads:
                 # Made now, not at the first read: faulting in their 2 MiB pages took 20-25 ms in the
                 # bench's process (compaction), which the first load after start-up waited for.
-                _fxio.stage_prepare()
+                _fxio.stage_prepare(self.devices)
             direct = os.O_DIRECT if self.odirect else 0
             self._reuse_flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | direct
             self._tmp_flags = self._reuse_flags | os.O_CREAT | os.O_EXCL
