@@ -1294,3 +1294,28 @@ def test_docs_gpu_h200_run_is_the_committed_json():
         assert c["bit_exact"] == {"blocking": c["chunks"], "async": c["chunks"]} == {"blocking": 16, "async": 16}
         assert c["retrieve_tokens"] == c["ntok"] == 4096 and not c["retrieve_equal"]
     assert "LMCache alone" in lm["why"]
+
+
+def test_docs_gpu_h200_lmcache_rerun_is_the_committed_json():
+    """The LMCache phase, rerun on the H200 after the check was mended: every
+    case's retrieve equal (LMCache alone, fx direct_to_gpu, fx as a CPU tier),
+    fx's chunks bit-exact, on the real driver; the figures docs/gpu.md
+    quotes are the report's."""
+    with open(os.path.join(ROOT, "docs", "gpu.md")) as f:
+        page = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "gpu-check-h200-lmcache-rerun.json")) as f:
+        run = json.load(f)
+    assert not run["stand_in"] and not run["failed"]
+    assert run["phases"]["environment"]["gpu"] == "NVIDIA H200"
+    lm = run["phases"]["lmcache"]
+    assert lm["outcome"] == "pass"
+    for case in ("lmcache_alone", "direct_to_gpu", "cpu_tier"):
+        c = lm[case]
+        assert c["ok"] and c["retrieve_equal"] and c["equal_share"] == 1.0, case
+        assert c["retrieve_tokens"] == c["ntok"] == 4096, case
+    for case in ("direct_to_gpu", "cpu_tier"):
+        c = lm[case]
+        assert c["bit_exact"] == {"blocking": 16, "async": 16} and c["chunks"] == 16, case
+        assert f"{c['GBps_cold']:.2f}" in page and f"{c['p50_ms']:.0f}" in page, case
+    assert lm["direct_to_gpu"]["direct_to_gpu"] and not lm["cpu_tier"]["direct_to_gpu"]
+    assert "gpu-check-h200-lmcache-rerun.json" in page
