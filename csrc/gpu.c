@@ -1,8 +1,8 @@
 /* GPU staging and DMA without GDS.
  *
  * A GpuStaging object owns a staging pool: anonymous memory, 2 MiB-aligned with
- * MADV_HUGEPAGE, cut into slots, registered as io_uring fixed buffers on the
- * pool's own ring (silently skipped when the kernel refuses) and page-locked
+ * MADV_HUGEPAGE (fx_mem_alloc), cut into slots, registered as io_uring fixed
+ * buffers (a refusal is kept in fixed_error, and reads go on unregistered) and page-locked
  * through the GPU driver found at run time with dlopen (libcuda.so.1, or
  * ROCm's libamdhip64.so; LMCACHE_FX_GPU_DRIVER=/path/lib.so selects another
  * library exporting the CUDA driver names, e.g. the tests' stand-in). Binding
@@ -20,11 +20,14 @@
  * every read in flight is reaped -- whatever the waits return -- and every copy
  * waited for before the call returns. The GIL is released.
  *
- * Why a private ring rather than the engine's: the engine's rings usually
- * carry LMCache's pool as their fixed buffers (the plugin registers it), and a
- * ring holds one buffer table, so the staging slots could not be registered
- * there (EBUSY) and would be re-pinned on every read; and the engines offer no
- * submit/reap API yet (docs/gpu.md, "Sharing the engine's rings").
+ * Reads go through the C core's engine, not beside it: given an io_uring
+ * Engine whose queue depth holds a read per slot (the plugin passes its
+ * store's), a read takes one of the engine's rings for the run and drives it
+ * with the core's queue / commit / getevents (fxio.h, ring.c), the slots registered as another
+ * region of the rings' fixed-buffer table beside LMCache's pool; given a
+ * thread Engine, its pool's threads do the reads (fx_tq). A pool made without
+ * an engine (tools, tests), or with one too shallow for its slots, has a ring
+ * or reader threads of its own, driven the same way.
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -397,7 +400,8 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
     }
     fx_gpu_driver.ops->ctx_leave(&sc);
 
-    /* Reads: the pool's own ring with the slots as fixed buffers, else threads. */
+    /* Reads: the engine's rings, else the pool's own ring, the slots as fixed
+     * buffers on either; else threads (the engine's pool, or one of its own). */
 #ifdef FX_HAVE_LIBURING
     if (want_uring && g->eu) {
         /* The engine's rings, taken per read; the slots as another region of

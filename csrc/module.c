@@ -1687,7 +1687,7 @@ static PyMethodDef module_methods[] = {
      "(Linux 6.12+); without it a table over FIXED_PER_RING_MAX is not registered"},
     {"stage_prepare", (PyCFunction)mod_stage_prepare, METH_VARARGS,
      "stage_prepare(devices=1) -> int: makes the io_uring engine's staging buffers now, two of 8 MiB for each device "
-     "a store stripes over, at most 8 (a store that stages its reads calls it when it opens, so no read waits for "
+     "a store stripes over, up to eight devices (a store that stages its reads calls it when it opens, so no read waits for "
      "their pages); returns how many this process has"},
     {"_stage_buffers", (PyCFunction)mod_stage_buffers, METH_NOARGS,
      "_stage_buffers() -> int: 8 MiB buffers of staging slots the io_uring engine has made in this process (tests)"},

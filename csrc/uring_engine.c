@@ -461,12 +461,13 @@ static int queue_piece(fx_uring *u, fx_ring *s, const fx_batch *b, fx_piece *p)
  * each, p99 was 10.8x p50 for 2 MiB chunks at 16 in flight), and a batch
  * keeps at most STAGE_BATCH_MAX staged pieces in flight.
  *
- * Both per device: a store striped over N devices allows N times as many
- * (up to STAGE_BUFFERS_MAX buffers), and a read over N devices N times as
- * many pieces in flight. With 8 per read, eight RAM-backed devices on a
- * 16-core host each had 0.5 reads in flight and were idle 63% of the time
- * (fio's jobs: 34 in flight, scripts/inflight_probe.py). One device is as
- * before.
+ * Both per device, up to STAGE_DEVICES_MAX devices: a store striped over N
+ * devices allows N times as many buffers, and a read over N devices N times
+ * as many staged pieces in flight (round-robin over them), half the pool as
+ * on one device, so that concurrent reads still find slots. With 8 per read,
+ * eight RAM-backed devices on a 16-core host each had 0.5 reads in flight and
+ * were idle 63% of the time (fio's jobs: 34 in flight,
+ * scripts/inflight_probe.py). One device is as before.
  *
  * Slots go to pieces, not buffers to batches: with a buffer per batch the
  * first two of 16 concurrent requests held both, while the engine's slot
@@ -479,7 +480,8 @@ static int queue_piece(fx_uring *u, fx_ring *s, const fx_batch *b, fx_piece *p)
 #define STAGE_SLOT ((size_t)1 << 20) /* the default split_bytes; larger pieces read in place */
 #define STAGE_BUFFER_BYTES ((size_t)8 << 20)
 #define STAGE_BUFFERS_PER_DEVICE 2 /* 16 MiB */
-#define STAGE_BUFFERS_MAX 8         /* 64 MiB, four devices' worth */
+#define STAGE_DEVICES_MAX 8         /* staging scales with devices up to this many */
+#define STAGE_BUFFERS_MAX (STAGE_DEVICES_MAX * STAGE_BUFFERS_PER_DEVICE) /* 128 MiB */
 #define STAGE_SLOTS_PER_BUFFER (STAGE_BUFFER_BYTES / STAGE_SLOT)
 #define STAGE_BATCH_MAX 8 /* 8 MiB in flight for a lone batch of 1 MiB pieces; 16 read level (build_ab_probe) */
 #define STAGE_PIECE_MIN (64u << 10) /* below it a hand-off through a slot gains nothing */
@@ -499,11 +501,19 @@ static void stage_fork_child(void)
 {
     pthread_mutex_init(&stage_mu, NULL);
     stage_nfree = stage_made = 0;
+    stage_allowed = STAGE_BUFFERS_PER_DEVICE; /* the child's own stores raise it again */
     stage_failed = 0;
 }
 
-/* Installed before the first buffer is made (a child with none needs none). */
 static void stage_fork_install(void) { pthread_atfork(NULL, NULL, stage_fork_child); }
+
+/* Takes the pool's lock, the child handler installed first: a fork while
+ * the lock is held leaves the child one of its own. */
+static void stage_lock(void)
+{
+    pthread_once(&stage_fork_once, stage_fork_install);
+    pthread_mutex_lock(&stage_mu);
+}
 
 /* Adds one buffer's slots to the pool: 0, or -1 when no more may be made
  * (stage_allowed made, or a mapping failed before). */
@@ -511,8 +521,7 @@ static int stage_grow(void)
 {
     fx_mem m;
 
-    pthread_once(&stage_fork_once, stage_fork_install);
-    pthread_mutex_lock(&stage_mu);
+    stage_lock();
     if (stage_made >= stage_allowed || stage_failed) {
         pthread_mutex_unlock(&stage_mu);
         return -1;
@@ -520,13 +529,13 @@ static int stage_grow(void)
     stage_made++; /* reserved; made outside the lock */
     pthread_mutex_unlock(&stage_mu);
     if (fx_mem_alloc(&m, STAGE_BUFFER_BYTES, 1, -1, 1) != 0) {
-        pthread_mutex_lock(&stage_mu);
+        stage_lock();
         stage_made--;
         stage_failed = 1; /* else every piece would try the mapping again */
         pthread_mutex_unlock(&stage_mu);
         return -1;
     }
-    pthread_mutex_lock(&stage_mu);
+    stage_lock();
     for (size_t i = 0; i < STAGE_SLOTS_PER_BUFFER; i++)
         stage_free[stage_nfree++] = m.addr + i * STAGE_SLOT;
     pthread_mutex_unlock(&stage_mu);
@@ -540,7 +549,7 @@ static char *stage_take(void)
     for (;;) {
         char *slot = NULL;
 
-        pthread_mutex_lock(&stage_mu);
+        stage_lock();
         if (stage_nfree)
             slot = stage_free[--stage_nfree];
         pthread_mutex_unlock(&stage_mu);
@@ -558,11 +567,10 @@ static char *stage_take(void)
  * the bench's process, which the first read would otherwise wait for. */
 unsigned fx_stage_prepare(unsigned devices)
 {
-    unsigned want = devices > STAGE_BUFFERS_MAX / STAGE_BUFFERS_PER_DEVICE
-                        ? STAGE_BUFFERS_MAX
-                        : (devices ? devices : 1) * STAGE_BUFFERS_PER_DEVICE;
+    unsigned want = (devices < 1 ? 1 : devices > STAGE_DEVICES_MAX ? STAGE_DEVICES_MAX : devices) *
+                    STAGE_BUFFERS_PER_DEVICE;
 
-    pthread_mutex_lock(&stage_mu);
+    stage_lock();
     if (want > stage_allowed)
         stage_allowed = want; /* never lowered: another store may be wider */
     pthread_mutex_unlock(&stage_mu);
@@ -573,7 +581,7 @@ unsigned fx_stage_prepare(unsigned devices)
 
 static void stage_give(char *slot)
 {
-    pthread_mutex_lock(&stage_mu);
+    stage_lock();
     stage_free[stage_nfree++] = slot;
     pthread_mutex_unlock(&stage_mu);
 }
@@ -582,7 +590,7 @@ unsigned fx_stage_buffers(void)
 {
     unsigned n;
 
-    pthread_mutex_lock(&stage_mu);
+    stage_lock();
     n = stage_made;
     pthread_mutex_unlock(&stage_mu);
     return n;
@@ -605,7 +613,7 @@ typedef struct run_state {
     struct run_state *prev, *next;
     int stage_on;       /* the batch stages (fx_batch.stage_direct on a checked read) */
     unsigned staged_out; /* its pieces holding a staging slot */
-    unsigned stage_max;  /* at most this many: STAGE_BATCH_MAX per device it reads from */
+    unsigned stage_max;  /* at most this many: STAGE_BATCH_MAX per device it reads from (half the pool) */
     size_t *order;       /* the order pieces are queued in (NULL: as they lie) */
 } run_state;
 
@@ -1053,7 +1061,7 @@ int fx_uring_run(fx_uring *u, fx_batch *b)
         unsigned ndevs;
 
         st.order = fx_piece_order(b, &ndevs);
-        st.stage_max = STAGE_BATCH_MAX * ndevs;
+        st.stage_max = STAGE_BATCH_MAX * (ndevs < STAGE_DEVICES_MAX ? ndevs : STAGE_DEVICES_MAX);
     }
     set_wanting(u, &st, 1);
     while (next < b->npieces || fx_ring_inflight(s) || fx_ring_queued(s)) {

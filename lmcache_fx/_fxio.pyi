@@ -225,13 +225,13 @@ def stage_prepare(devices: int = 1, /) -> int:
     """Makes the io_uring engine's staging buffers now, rather than at the
     first staged read (their 2 MiB pages may need the kernel to compact
     memory first): two for each of the `devices` a store stripes over, at
-    most 8, and lets reads use that many; returns how many this process has
+    most 16 (eight devices), and lets reads use that many; returns how many this process has
     (0 without io_uring)."""
 
 def _stage_buffers() -> int:
     """8 MiB buffers of staging slots the io_uring engine has made in this
     process (two, or two per device of the widest staging store opened, at
-    most 8; made as reads need their slots or by stage_prepare, kept for
+    most 16; made as reads need their slots or by stage_prepare, kept for
     its life)."""
 
 def staged_pieces() -> int:

@@ -12,7 +12,7 @@ flight and the share of samples with none, with GB/s and process CPU s/GB.
 On this 2-core VM the reads are CPU-bound, so the GB/s say little about a
 bigger host; the in-flight counts are set by the ways' own caps.
 
-Ways: ChunkStore.read of K x 64 MiB chunks striped over the N paths (verify
+Ways: ChunkStore.read of K chunks (--chunk-mib, 64 MiB by default) striped over the N paths (verify
 on) with staged reads (the default on loop devices with VPCLMULQDQ: at most
 STAGE_BATCH_MAX = 8 pieces of a read in flight per device it reads from),
 without them at queue_depth 32 (per device, the default), and without them
@@ -57,7 +57,6 @@ from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 from lmcache_fx.tools.bench.workload import cpu_seconds  # noqa: E402
 
 MIB = 1 << 20
-CB = 64 * MIB
 
 
 def loop_name(mnt: str) -> str:
@@ -139,6 +138,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", type=int, default=4)
     ap.add_argument("--chunks", type=int, default=24)
+    ap.add_argument("--chunk-mib", type=int, default=64, help="chunk size (default 64 MiB; 2: a small model's)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument(
         "--throttle-mbps",
@@ -153,8 +153,9 @@ def main() -> None:
     if shutil.which("fio") is None:
         sys.exit("fio not found (apt-get install fio)")
     n, k = a.devices, a.chunks
-    per_dev = k * CB // n
-    size = max(768 * MIB, int((2 * k * CB // n + per_dev) * 1.2) + 256 * MIB)
+    cb = a.chunk_mib * MIB
+    per_dev = k * cb // n
+    size = max(768 * MIB, int((2 * k * cb // n + per_dev) * 1.2) + 256 * MIB)
     with ExitStack() as stack:
         mnts = [stack.enter_context(xfs_loop(size, touch=True)) for _ in range(n)]
         names = [loop_name(m) for m in mnts]
@@ -163,17 +164,17 @@ def main() -> None:
                 stack.callback(throttle, name, 0)  # removed before the device is
                 throttle(name, a.throttle_mbps * 10**6)
         paths = [os.path.join(m, "store") for m in mnts]
-        src = _fxio.HostBuffer(CB, hugepages=True)
-        memoryview(src)[:] = os.urandom(CB)
-        meta = ChunkMeta(((CB // 2,),), ("bfloat16",), "KV_2LTD")
+        src = _fxio.HostBuffer(cb, hugepages=True)
+        memoryview(src)[:] = os.urandom(cb)
+        meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
         keys = [f"c{i}" for i in range(k)]
         s = store_mod.ChunkStore(FxOptions(path=",".join(paths), max_capacity_gb=1e6))
-        assert all(s.write([(key, src.address, CB, meta) for key in keys]))
+        assert all(s.write([(key, src.address, cb, meta) for key in keys]))
         where = [next(i for i, p in enumerate(paths) if s.path_for(chunk_digest(key)).startswith(p)) for key in keys]
         s.close()
         fio_files = [os.path.join(m, "fio.bin") for m in mnts]
         fio_read(fio_files, per_dev)  # lays the files out
-        dst = _fxio.HostBuffer(k * CB, hugepages=True)
+        dst = _fxio.HostBuffer(k * cb, hugepages=True)
         ways = {
             "fx, staged (the default here), queue_depth 32 per device": dict(staged_reads="true", queue_depth=32),
             "fx, unstaged, queue_depth 32 per device": dict(staged_reads="false", queue_depth=32),
@@ -198,7 +199,7 @@ def main() -> None:
 
                     def alloc(_meta, slot=iter(range(2 * k))):
                         i = next(slot) % k
-                        return i, dst.address + i * CB, CB
+                        return i, dst.address + i * cb, cb
 
                     st.read(keys, alloc, lambda h: None)  # learns the headers, as a running store has
                 drop_caches()
@@ -213,7 +214,7 @@ def main() -> None:
                 inflight = sampler.close()
                 if st is not None:
                     st.close()
-                gb = k * CB / 1e9
+                gb = k * cb / 1e9
                 gbps = gb / dt if st is not None else fio_bw / 1e9  # fio: its own figure
                 raw[w].append({"gbps": gbps, "cpu_s_per_gb": c / gb if st is not None else None, **inflight})
         result = {
@@ -222,7 +223,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "devices": n,
             "throttle_mbps_per_device": a.throttle_mbps,
-            "chunks": f"{k} x 64 MiB",
+            "chunks": f"{k} x {a.chunk_mib} MiB",
             "chunks_per_device": [where.count(i) for i in range(n)],
             "stage_batch_max": 8,
             "reps": a.reps,

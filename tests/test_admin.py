@@ -309,6 +309,41 @@ def test_doctor_on_a_real_store(capsys, store_copy):
     assert ("fast path will be used" in out) == expected
 
 
+def test_devices_under_counts_filesystems_not_paths(tmp_path):
+    """Two directories on one filesystem are one device; a path not made yet
+    counts where its nearest parent lies; /dev/shm beside tmp_path is a
+    second one."""
+    from lmcache_fx.core.layout import devices_under
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    assert devices_under([str(a), str(b / "not" / "yet")]) == 1
+    if os.path.isdir("/dev/shm") and os.stat("/dev/shm").st_dev != os.stat(tmp_path).st_dev:
+        assert devices_under([str(a), "/dev/shm/fx-not-made"]) == 2
+
+
+@pytest.mark.skipif(not _fxio.io_uring_status()[0], reason="io_uring unusable here")
+def test_doctor_builds_the_engine_with_a_queue_per_device(capsys, tmp_path):
+    """doctor builds the engine as the store will: for a path list over two
+    devices, queue_depth for each (2 x 32 = 64), and says so; one device
+    keeps queue_depth."""
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a device of its own beside tmp_path")
+    other = os.path.join(shm, f"fx-doctor-{os.getpid()}")
+    try:
+        qd = FxOptions().queue_depth
+        _, obj, _ = cli_json(capsys, "doctor", "--path", f"{tmp_path / 's'},{other}")
+        eng = next(c for c in obj["checks"] if c["name"].endswith("engine"))
+        assert eng["data"]["devices"] == 2 and eng["data"]["queue_depth"] == 2 * qd, eng
+        assert f"queue_depth {2 * qd} ({qd} for each of 2 devices)" in eng["summary"]
+        _, obj, _ = cli_json(capsys, "doctor", "--path", str(tmp_path / "one"))
+        eng = next(c for c in obj["checks"] if c["name"].endswith("engine"))
+        assert eng["data"]["devices"] == 1 and eng["data"]["queue_depth"] == FxOptions().queue_depth
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+
+
 @pytest.mark.skipif(not _fxio.io_uring_status()[0], reason="io_uring unusable here")
 def test_doctor_says_a_large_pool_is_not_registered_where_rings_cannot_share_it(monkeypatch):
     """Where the kernel cannot clone one ring's fixed buffers into another

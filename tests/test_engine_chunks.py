@@ -1202,6 +1202,30 @@ out(parent_ok=parent_ok, child=child.decode(), status=status)
     assert r["parent_ok"] and r["status"] == 0 and r["child"] == "1", r
 
 
+@needs_uring
+def test_a_forked_child_starts_with_one_devices_staging(store, tmp_path):
+    """A parent whose store stripes over four devices may have eight staging
+    buffers; a forked child starts over: none made, and a one-device store
+    there makes two, not the parent's eight (it cannot use the parent's
+    store, whose engine refuses in a child)."""
+    r = _staged_child(
+        store,
+        tmp_path,
+        """
+parent = fx.stage_prepare(4)
+rd, wr = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(wr, bytes([fx._stage_buffers(), fx.stage_prepare(1), fx.stage_prepare(2)]))
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+child = list(os.read(rd, 3))
+out(parent=parent, child=child, status=status)
+""",
+    )
+    assert r["status"] == 0 and r["parent"] == 8 and r["child"] == [0, 2, 4], r
+
+
 @pytest.mark.parametrize("stage", [False, True], ids=["into-place", "staged"])
 def test_checksums_spread_over_threads_are_exact(stage, store, tmp_path):
     """With several CPUs, the io_uring engine checksums landed pieces on a

@@ -74,6 +74,25 @@ def _host_tag() -> str:
 HOST_TAG = _host_tag()
 
 
+def devices_under(paths: list[str]) -> int:
+    """How many devices (distinct st_dev) the paths lie on, a path not yet
+    made counting where its nearest existing parent lies: the store's queue
+    depth and staging are per device (ChunkStore, doctor)."""
+    devs = set()
+    for p in paths:
+        p = os.path.abspath(p)
+        while True:
+            try:
+                devs.add(os.stat(p).st_dev)
+                break
+            except OSError:
+                parent = os.path.dirname(p)
+                if parent == p:
+                    break
+                p = parent
+    return max(len(devs), 1)
+
+
 def root_index(nroots: int, digest: str) -> int:
     """Which of a store's roots holds the chunk of this digest (striping)."""
     return int(digest[:8], 16) % nroots

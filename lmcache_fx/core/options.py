@@ -204,7 +204,7 @@ class FxOptions:
         32,
         "1..32768",
         "sub-reads in flight for each device the paths lie on (as fio's iodepth per job), a read piece bigger "
-        "than 1 MiB counting once per started MiB (thread engine: threads, at most 16 by default)",
+        "than 1 MiB counting once per started MiB (thread engine: threads, this times the devices, at most 16)",
         _int(1, 32768),
     )
     split_bytes: int = _opt(
@@ -232,7 +232,7 @@ class FxOptions:
         "auto",
         "auto | true | false",
         "with verify and O_DIRECT, read payload pieces of up to 1 MiB into slots of a 16 MiB staging pool per device "
-        "(at most 64 MiB) that "
+        "(up to eight devices; a read keeps 8 staged pieces in flight per device it reads from) that "
         "stays in the CPU's cache (one per process, made when the store opens, shared by concurrent reads; a piece "
         "finding no slot free waits for one of its read's own, or reads in place when that read has none) and copy "
         "them on with their CRC32C in one pass, instead of reading them into place and summing them there; auto: on "

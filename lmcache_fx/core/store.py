@@ -52,6 +52,7 @@ from .layout import (
     NETWORK_FS_MAGIC,
     TMP_MARK,
     chunk_digest_of_path,
+    devices_under,
     fanout_dirs,
     open_dir,
     open_in,
@@ -471,7 +472,7 @@ class ChunkStore:
             )
             # Distinct devices under the paths: queue depth and staging are per device, or a read
             # striped over eight devices keeps under one piece in flight on each.
-            self.devices = len({os.fstat(fd).st_dev for fd in self._rootfds})
+            self.devices = devices_under(self.roots)
             self.engine = engine or make_engine(options, self.devices)
             self.odirect = self._decide_odirect()
             self.mapped_reads = self._decide_mapped_reads()

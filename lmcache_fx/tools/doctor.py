@@ -559,11 +559,14 @@ def check_memory_fs(where: str, fi: dict, opts: FxOptions, tag: str) -> Optional
 
 
 def check_engine(opts: FxOptions, tag: str) -> Check:
-    """The engine the plugin will build, built the same way."""
+    """The engine the plugin will build, built the same way (queue_depth for
+    each device the paths lie on)."""
     from ..core.drive import make_engine
+    from ..core.layout import devices_under
 
+    devices = devices_under(opts.paths)
     try:
-        eng = make_engine(opts)
+        eng = make_engine(opts, devices)
     except ConfigError as e:
         return Check(
             f"{tag}engine", "fail", f"the plugin will not start: {e}", "fix io_uring (see above) or set io_engine: auto"
@@ -573,9 +576,14 @@ def check_engine(opts: FxOptions, tag: str) -> Check:
         qd, split = eng.queue_depth, eng.split_bytes
     finally:
         eng.close()
-    data = {"engine": kind, "queue_depth": qd, "split_bytes": split, "fallback_reason": why}
+    data = {"engine": kind, "queue_depth": qd, "devices": devices, "split_bytes": split, "fallback_reason": why}
     if kind == "io_uring":
-        return Check(f"{tag}engine", "ok", f"io_uring, queue_depth {qd}, split_bytes {split >> 10} KiB", data=data)
+        per = (
+            f" ({opts.queue_depth} for each of {devices} devices)"
+            if devices > 1 and qd == opts.queue_depth * devices
+            else ""
+        )
+        return Check(f"{tag}engine", "ok", f"io_uring, queue_depth {qd}{per}, split_bytes {split >> 10} KiB", data=data)
     if opts.io_engine == "threads":
         return Check(f"{tag}engine", "info", f"threads (io_engine: threads is configured), queue_depth {qd}", data=data)
     return Check(

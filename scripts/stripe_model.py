@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""How evenly digest striping spreads one request's chunks over a store's
+devices, and what that bounds a device-bound read at (no I/O: the store's
+own placement, layout.root_index of each key's chunk_digest).
+
+A striped store puts each chunk on the device its digest names, so a request
+of k chunks over n devices gives some device more than k/n of them. Where
+the devices, not the CPU, are the limit, the read ends when the busiest
+device does: at (k/n) / max share of what even shares would read. fio's one
+job per device reads even shares, which a KV load does not get. For each k
+and n, `--requests` random requests (keys as LMCache names its chunks, a
+random prefix hash each), the median and 10th percentile of that fraction.
+
+    .venv/bin/python scripts/stripe_model.py --json docs/stripe-model.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from lmcache_fx.core.chunkfile import chunk_digest  # noqa: E402
+from lmcache_fx.core.layout import root_index  # noqa: E402
+from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
+
+
+def even_fraction(keys: list[str], n: int) -> float:
+    """(k/n) / the busiest device's share: a device-bound read's speed over
+    what even shares would give."""
+    counts = [0] * n
+    for key in keys:
+        counts[root_index(n, chunk_digest(key))] += 1
+    return len(keys) / n / max(counts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--devices", default="2,4,8")
+    ap.add_argument("--chunks", default="8,16,32,48,64,128,256,512,1024")
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    rng = random.Random(a.seed)
+    devices = [int(x) for x in a.devices.split(",")]
+    chunks = [int(x) for x in a.chunks.split(",")]
+    rows = []
+    for n in devices:
+        for k in chunks:
+            fr = []
+            for _ in range(a.requests):
+                prefix = f"{rng.getrandbits(64):016x}"
+                fr.append(even_fraction([f"model@1@0@{prefix}{i:06d}@bfloat16" for i in range(k)], n))
+            fr.sort()
+            rows.append(
+                {
+                    "devices": n,
+                    "chunks": k,
+                    "median": statistics.median(fr),
+                    "p10": fr[len(fr) // 10],
+                }
+            )
+            print(f"{n} devices, {k:5d} chunks a request: median {rows[-1]['median']:.2f}, p10 {rows[-1]['p10']:.2f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(
+                {
+                    "command": "python scripts/stripe_model.py " + " ".join(argv or sys.argv[1:]),
+                    "git_commit": git_commit(),
+                    "requests": a.requests,
+                    "seed": a.seed,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
