@@ -393,6 +393,17 @@ def inflight_table(cases: list[tuple[str, str]]) -> str:
     return _md_table(["way"] + [label for label, _ in runs], body)
 
 
+def stripe_model_table(d: dict) -> str:
+    """scripts/stripe_model.py's run: per device count and chunks a request,
+    a device-bound read's share of even-share speed by digest alone and
+    balanced, median (10th percentile) over the requests."""
+    body = []
+    for r in d["rows"]:
+        cells = [f"{r[k]['median']:.2f} ({r[k]['p10']:.2f})" for k in ("by_digest", "balanced")]
+        body.append([str(r["devices"]), str(r["chunks"]), *cells])
+    return _md_table(["devices", "chunks a request", "by digest", "balanced"], body)
+
+
 def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
     """Latency cases of runs with --latency-rounds (a label and a file each):
     a row per label and count in flight, a column per reader, each cell the
@@ -882,6 +893,10 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--awaited-probe"]:  # FILE LABEL ...
         with open(sys.argv[2]) as f:
             print(awaited_probe_table(json.load(f), sys.argv[3:]))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--stripe-model"]:  # FILE
+        with open(sys.argv[2]) as f:
+            print(stripe_model_table(json.load(f)))
         sys.exit(0)
     if sys.argv[1:2] == ["--runs"]:
         print(runs_table(sys.argv[3:], sys.argv[2]))

@@ -27,9 +27,14 @@ throttle, removed afterwards): devices slower than the CPU, so that the GB/s
 show how many devices each way keeps busy, as on a host with cores to spare.
 --piece-order adds the fx ways with their pieces queued op by op
 (_fxio._set_piece_order), the order before the engine interleaved them.
+--placement adds the default way over as many other chunks, each written in a
+batch of its own: a lone chunk goes under its digest's first root, where digest
+striping put every chunk before a write batch was balanced over the roots (the
+main set is written as one batch).
 
     .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 48 --reps 5 --json docs/inflight-probe-8.json
     .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 48 --reps 5 --throttle-mbps 400 --piece-order
+    .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 48 --reps 5 --throttle-mbps 400 --placement
 """
 
 from __future__ import annotations
@@ -148,6 +153,12 @@ def main() -> None:
         "slower than the CPU, as on a host with cores to spare",
     )
     ap.add_argument("--piece-order", action="store_true", help="also the ways with pieces queued op by op")
+    ap.add_argument(
+        "--placement",
+        action="store_true",
+        help="also the default way over as many chunks written one a batch (each under its digest's first root, "
+        "as digest striping put every chunk)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     if shutil.which("fio") is None:
@@ -155,7 +166,8 @@ def main() -> None:
     n, k = a.devices, a.chunks
     cb = a.chunk_mib * MIB
     per_dev = k * cb // n
-    size = max(768 * MIB, int((2 * k * cb // n + per_dev) * 1.2) + 256 * MIB)
+    sets = 2 if a.placement else 1
+    size = max(768 * MIB, int(((1 + sets) * k * cb // n + per_dev) * 1.2) + 256 * MIB)
     with ExitStack() as stack:
         mnts = [stack.enter_context(xfs_loop(size, touch=True)) for _ in range(n)]
         names = [loop_name(m) for m in mnts]
@@ -169,8 +181,16 @@ def main() -> None:
         meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
         keys = [f"c{i}" for i in range(k)]
         s = store_mod.ChunkStore(FxOptions(path=",".join(paths), max_capacity_gb=1e6))
-        assert all(s.write([(key, src.address, cb, meta) for key in keys]))
-        where = [next(i for i, p in enumerate(paths) if s.path_for(chunk_digest(key)).startswith(p)) for key in keys]
+        assert all(s.write([(key, src.address, cb, meta) for key in keys]))  # one batch: balanced
+
+        def where_of(ks):
+            return [next(i for i, p in enumerate(paths) if s.path_for(chunk_digest(key)).startswith(p)) for key in ks]
+
+        where = where_of(keys)
+        lone_keys = [f"lone{i}" for i in range(k)] if a.placement else []
+        for key in lone_keys:  # one a batch: each under its first root
+            assert s.write([(key, src.address, cb, meta)]) == [True]
+        where_lone = where_of(lone_keys)
         s.close()
         fio_files = [os.path.join(m, "fio.bin") for m in mnts]
         fio_read(fio_files, per_dev)  # lays the files out
@@ -183,6 +203,10 @@ def main() -> None:
             ),
             "fio, 1 job per device, iodepth 32": None,
         }
+        if a.placement:
+            ways["fx, staged, chunks written one a batch (by digest)"] = dict(
+                staged_reads="true", queue_depth=32, keys=lone_keys
+            )
         if a.piece_order:  # the order pieces were queued in before, beside
             ways["fx, staged, pieces in op order"] = dict(staged_reads="true", queue_depth=32, ops=1)
             ways["fx, unstaged, pieces in op order"] = dict(staged_reads="false", queue_depth=32, ops=1)
@@ -192,21 +216,23 @@ def main() -> None:
             r = rep % len(order)
             for w, opts in order[r:] + order[:r]:
                 st = None
+                read_keys = keys
                 if opts is not None:
                     opts = dict(opts)
                     _fxio._set_piece_order(bool(opts.pop("ops", 0)))
+                    read_keys = opts.pop("keys", keys)
                     st = store_mod.ChunkStore(FxOptions(path=",".join(paths), max_capacity_gb=1e6, **opts))
 
                     def alloc(_meta, slot=iter(range(2 * k))):
                         i = next(slot) % k
                         return i, dst.address + i * cb, cb
 
-                    st.read(keys, alloc, lambda h: None)  # learns the headers, as a running store has
+                    st.read(read_keys, alloc, lambda h: None)  # learns the headers, as a running store has
                 drop_caches()
                 sampler = InflightSampler(names)
                 c0, t0 = cpu_seconds(), time.perf_counter()
                 if st is not None:
-                    out = st.read(keys, alloc, lambda h: None)
+                    out = st.read(read_keys, alloc, lambda h: None)
                     assert all(o is not None for o in out), w
                 else:
                     fio_bw = fio_read(fio_files, per_dev)
@@ -225,6 +251,7 @@ def main() -> None:
             "throttle_mbps_per_device": a.throttle_mbps,
             "chunks": f"{k} x {a.chunk_mib} MiB",
             "chunks_per_device": [where.count(i) for i in range(n)],
+            **({"chunks_per_device_one_a_batch": [where_lone.count(i) for i in range(n)]} if a.placement else {}),
             "stage_batch_max": 8,
             "reps": a.reps,
             "ways": {

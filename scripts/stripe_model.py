@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""How evenly digest striping spreads one request's chunks over a store's
-devices, and what that bounds a device-bound read at (no I/O: the store's
-own placement, layout.root_index of each key's chunk_digest).
+"""How evenly a striped store spreads one request's chunks over its devices,
+and what that bounds a device-bound read at (no I/O: the store's own
+placement functions on each key's chunk_digest).
 
-A striped store puts each chunk on the device its digest names, so a request
-of k chunks over n devices gives some device more than k/n of them. Where
-the devices, not the CPU, are the limit, the read ends when the busiest
-device does: at (k/n) / max share of what even shares would read. fio's one
-job per device reads even shares, which a KV load does not get. For each k
-and n, `--requests` random requests (keys as LMCache names its chunks, a
-random prefix hash each), the median and 10th percentile of that fraction.
+Where the devices, not the CPU, are the limit, a read ends when its busiest
+device does: at (k/n) / max share of what even shares would read (fio's one
+job per device reads even shares). Two placements: by digest alone
+(layout.root_index, the store's before balanced placement: a request of k
+chunks over n devices gives some device well over k/n), and balanced
+(layout.place_roots: each chunk on the less loaded of its digest's two roots,
+the request written as one batch, as LMCache stores a request's chunks). For
+each k and n, `--requests` random requests (keys as LMCache names its chunks,
+a random prefix hash each), the median and 10th percentile of that fraction.
 
     .venv/bin/python scripts/stripe_model.py --json docs/stripe-model.json
 """
@@ -27,17 +29,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from lmcache_fx.core.chunkfile import chunk_digest  # noqa: E402
-from lmcache_fx.core.layout import root_index  # noqa: E402
+from lmcache_fx.core.layout import place_roots, root_index  # noqa: E402
 from lmcache_fx.tools.bench import _git_commit as git_commit  # noqa: E402
 
 
-def even_fraction(keys: list[str], n: int) -> float:
+def even_fraction(roots: list[int], n: int) -> float:
     """(k/n) / the busiest device's share: a device-bound read's speed over
     what even shares would give."""
     counts = [0] * n
-    for key in keys:
-        counts[root_index(n, chunk_digest(key))] += 1
-    return len(keys) / n / max(counts)
+    for r in roots:
+        counts[r] += 1
+    return len(roots) / n / max(counts)
 
 
 def main(argv=None) -> int:
@@ -54,20 +56,22 @@ def main(argv=None) -> int:
     rows = []
     for n in devices:
         for k in chunks:
-            fr = []
+            by_digest, balanced = [], []
             for _ in range(a.requests):
                 prefix = f"{rng.getrandbits(64):016x}"
-                fr.append(even_fraction([f"model@1@0@{prefix}{i:06d}@bfloat16" for i in range(k)], n))
-            fr.sort()
-            rows.append(
-                {
-                    "devices": n,
-                    "chunks": k,
-                    "median": statistics.median(fr),
-                    "p10": fr[len(fr) // 10],
-                }
+                digests = [chunk_digest(f"model@1@0@{prefix}{i:06d}@bfloat16") for i in range(k)]
+                by_digest.append(even_fraction([root_index(n, d) for d in digests], n))
+                balanced.append(even_fraction(place_roots(n, digests), n))
+            row = {"devices": n, "chunks": k}
+            for name, fr in (("by_digest", by_digest), ("balanced", balanced)):
+                fr.sort()
+                row[name] = {"median": statistics.median(fr), "p10": fr[len(fr) // 10]}
+            rows.append(row)
+            print(
+                f"{n} devices, {k:5d} chunks a request: by digest median {row['by_digest']['median']:.2f} "
+                f"(p10 {row['by_digest']['p10']:.2f}), balanced {row['balanced']['median']:.2f} "
+                f"(p10 {row['balanced']['p10']:.2f})"
             )
-            print(f"{n} devices, {k:5d} chunks a request: median {rows[-1]['median']:.2f}, p10 {rows[-1]['p10']:.2f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(

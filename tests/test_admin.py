@@ -231,13 +231,27 @@ def test_fsck_finds_and_repairs_damage_then_the_plugin_reads_the_rest(capsys, st
 
 
 def test_fsck_misplaced_when_striped_and_version(capsys, store_copy, tmp_path):
+    """Checked as a store striped over more paths, a chunk is misplaced
+    where neither of its two roots (paths_for) is the path it lies under:
+    with two paths never, with more some: exactly those."""
+    from lmcache_fx.core.layout import paths_for
+
     path, files = store_copy
-    p2 = tmp_path / "second"
-    p2.mkdir()
-    rc, obj, _ = cli_json(capsys, "fsck", f"{path},{p2}")
-    # With two paths about half the chunks belong on the other one.
-    mis = [p for p in obj["problems"] if p["kind"] == "misplaced"]
-    assert rc == 0 and 0 < len(mis) < 6
+    extra = []
+    for i in range(3):
+        extra.append(str(tmp_path / f"p{i}"))
+        os.mkdir(extra[-1])
+    chunks = [f for fs in files.values() for f in fs]
+    seen = 0
+    for more in (1, 2, 3):
+        roots = [path] + extra[:more]
+        rc, obj, _ = cli_json(capsys, "fsck", ",".join(roots))
+        mis = sorted(p["path"] for p in obj["problems"] if p["kind"] == "misplaced")
+        want = sorted(f for f in chunks if f not in paths_for(roots, os.path.basename(f)[: -len(".fxkv")]))
+        assert rc == 0 and mis == want, (more, mis, want)
+        assert more > 1 or not mis  # two roots: every chunk may lie under either
+        seen += len(mis)
+    assert seen > 0
 
 
 # ---------------------------------------------------------------- gc

@@ -188,7 +188,8 @@ class FxOptions:
     path: str = _opt(
         os.path.join(os.path.expanduser("~"), ".cache", "lmcache-fx"),
         "path[,path...]",
-        "store directory; several comma-separated paths stripe chunks over them",
+        "store directory; several comma-separated paths stripe chunks over them (each chunk under one of two paths "
+        "its key names, a write batch spread evenly)",
         _path,
     )
     max_capacity_gb: float = _opt(

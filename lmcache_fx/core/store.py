@@ -56,7 +56,8 @@ from .layout import (
     fanout_dirs,
     open_dir,
     open_in,
-    path_for,
+    paths_for,
+    place_roots,
     probe_odirect,
     relative_name,
     rename_if_same,
@@ -825,7 +826,29 @@ class ChunkStore:
 
     # ------------------------------------------------------------ lookups
     def path_for(self, digest: str) -> str:
-        return path_for(self.roots, digest)
+        """Where the chunk of this digest lies: its indexed path, else the
+        first of its places (paths_for) that holds a file, else the first."""
+        with self._lock:
+            e = self._index.get(digest)
+        return e.path if e is not None else self._find(digest)[0]
+
+    def _find(self, digest: str) -> tuple[str, Optional[os.stat_result]]:
+        """The first of a digest's places that holds a regular file, with its
+        stat; else (the first place, None)."""
+        places = paths_for(self.roots, digest)
+        for p in places:
+            st = stat_in(p)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                return p, st
+        return places[0], None
+
+    def _rootfd_of(self, path: str) -> int:
+        """The descriptor of the root a chunk path lies under."""
+        root = os.path.dirname(os.path.dirname(path))
+        try:
+            return self._rootfds[self.roots.index(root)]
+        except ValueError:  # not below a root as given: where its digest names first
+            return self._rootfds[root_index(len(self._rootfds), chunk_digest_of_path(path))]
 
     def _entry(self, key: str, d: Optional[str] = None, check: bool = False) -> Optional[Entry]:
         """Index entry, looking on disk when the index has none (another
@@ -838,8 +861,10 @@ class ChunkStore:
             e = self._index.get(d)
         if e is not None and not check:
             return e
-        path = e.path if e is not None else self.path_for(d)
-        st = stat_in(path)
+        if e is not None:
+            path, st = e.path, stat_in(e.path)
+        else:
+            path, st = self._find(d)
         if st is None or not stat.S_ISREG(st.st_mode):
             if e is not None:
                 with self._lock:
@@ -878,8 +903,7 @@ class ChunkStore:
                 os.utime(fd, ns=(t, t))
             else:  # relative to the root's descriptor: <ab>/<digest>.fxkv, the name itself not followed
                 d = chunk_digest_of_path(e.path)
-                rfd = self._rootfds[root_index(len(self._rootfds), d)]
-                os.utime(relative_name(d), ns=(t, t), dir_fd=rfd, follow_symlinks=False)
+                os.utime(relative_name(d), ns=(t, t), dir_fd=self._rootfd_of(e.path), follow_symlinks=False)
         except OSError:
             pass  # gone, or not ours to touch: recency is advisory
 
@@ -1310,6 +1334,9 @@ class ChunkStore:
         if time.monotonic() < self._enospc_until:
             self._count_enospc(len(todo))
             return out
+        # Each chunk's root, for the whole batch before it is cut into sub-batches: balanced
+        # over 4-chunk sub-batches, 48 x 64 MiB still put 8 on one of 8 roots.
+        todo = [t + (root,) for t, root in zip(todo, self._places(todo))]
         weng = self._wengine if self.engine is self._wengine_for else self.engine
         if self.odirect and self._mac_key is None and hasattr(weng, "write_chunks"):
             return self._write_chunk_files(weng, todo, out)
@@ -1374,8 +1401,8 @@ class ChunkStore:
         evicts = self._last_usage + need > self.options.max_capacity_bytes
         spares = self._own_spares()
         defer = self.options.reuse_evicted and (evicts or any(HEADER_SIZE + t[4] in spares for t in todo))
-        for i, key, d, addr, nbytes, meta in todo:
-            f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds, make=not defer)
+        for i, key, d, addr, nbytes, meta, root in todo:
+            f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds, root, make=not defer)
             if f is not None:
                 files.append(f)
         if not files:
@@ -1385,6 +1412,20 @@ class ChunkStore:
         if evicts:
             self._refresh_victims(len(files))
         return self._reserve(files)
+
+    def _places(self, todo) -> list[int]:
+        """The root each chunk of a write batch goes under: balanced over the
+        batch (place_roots); a chunk already stored (by another process: this
+        one's index had it not) is rewritten where it lies, not copied under
+        its other root."""
+        if len(self.roots) == 1:
+            return [0] * len(todo)
+        places = place_roots(len(self.roots), [t[2] for t in todo])
+        for j, t in enumerate(todo):
+            path, st = self._find(t[2])
+            if st is not None:
+                places[j] = self.roots.index(os.path.dirname(os.path.dirname(path)))
+        return places
 
     def _write_chunk_files(self, weng: Any, todo, out: list[bool]) -> list[bool]:
         """O_DIRECT stores without a MAC, on Engine.write_chunks. A large
@@ -1637,12 +1678,13 @@ class ChunkStore:
         nbytes: int,
         meta: ChunkMeta,
         dirfds: dict[str, int],
+        root: int,
         make: bool = True,
     ) -> Optional["_WriteFile"]:
-        """The chunk's _WriteFile: its fan-out directory opened (made when
-        missing) and, with `make`, its temporary created (else fd is -1 and
-        _open_deferred makes it)."""
-        final = self.path_for(digest)
+        """The chunk's _WriteFile under roots[root] (place_roots): its fan-out
+        directory opened (made when missing) and, with `make`, its temporary
+        created (else fd is -1 and _open_deferred makes it)."""
+        final = os.path.join(self.roots[root], relative_name(digest))
         sub = os.path.dirname(final)
         tmp = _tmp_name(final)
         fd = -1
@@ -1895,13 +1937,12 @@ class ChunkStore:
         (no JSON decoded on a hit), close. Statuses map to the policy of the
         two-op path."""
         n = len(keys)
-        nroots = len(self._rootfds)
         batch, slots = [], []
         for i, a in enumerate(allocs):
             if a is None:
                 continue
             d = digests[i]
-            rfd = self._rootfds[root_index(nroots, d)]
+            rfd = self._rootfd_of(entries[i].path)  # the root its lookup found it under
             batch.append((rfd, relative_name(d), a[1], a[2], entries[i].body))
             slots.append(i)
         scratch = self._take_scratch(len(slots))

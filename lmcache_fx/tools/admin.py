@@ -27,7 +27,7 @@ from ..core.layout import (
     TMP_MARK,
     StoreFile,
     is_fanout_name,
-    path_for,
+    paths_for,
     scan_fanout,
     tmp_is_stale,
 )
@@ -162,9 +162,9 @@ def scan(roots: list[str]) -> Scan:
     return sc
 
 
-def expected_path(roots: list[str], digest: str) -> str:
-    """Where the store puts a chunk of this digest."""
-    return path_for(roots, digest)
+def expected_paths(roots: list[str], digest: str) -> list[str]:
+    """Where the store may put a chunk of this digest (either of its two roots)."""
+    return paths_for(roots, digest)
 
 
 def is_stale_tmp(f: StoreFile, now: Optional[float] = None) -> bool:
@@ -522,7 +522,7 @@ def cmd_fsck(args) -> int:
             counts[v.status] += 1
             if v.status == "ok":
                 nbytes += v.file.size
-                if len(roots) > 1 and expected_path(roots, v.file.digest) != v.file.path:
+                if len(roots) > 1 and v.file.path not in expected_paths(roots, v.file.digest):
                     problems.append(
                         _problem(
                             v.file,

@@ -395,7 +395,7 @@ class FxL2Reader(L2Reader):
             "module_path": "lmcache_fx.l2_adapter",
             "class_name": "FxL2Adapter",
             "adapter_params": {
-                "path": ",".join(self.dirs),  # several: chunks striped over them by digest
+                "path": ",".join(self.dirs),  # several: chunks striped over them (layout.place_roots)
                 "io_engine": "io_uring",
                 "queue_depth": self.cfg.queue_depth,
                 "split_bytes": self.cfg.split_bytes,

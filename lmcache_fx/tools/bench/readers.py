@@ -379,7 +379,7 @@ class FxReader(LMCacheReader):
         d["extra_config"] = {
             p + "module_path": "lmcache_fx.lmcache_plugin",
             p + "class_name": "FxStorageBackend",
-            p + "path": ",".join(self.dirs),  # several: chunks striped over them by digest
+            p + "path": ",".join(self.dirs),  # several: chunks striped over them (layout.place_roots)
             p + "io_engine": self.io_engine,
             p + "queue_depth": self.cfg.queue_depth,
             p + "split_bytes": self.cfg.split_bytes,

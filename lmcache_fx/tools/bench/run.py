@@ -67,9 +67,9 @@ L2_READERS = {"fs_native", "fx-l2", "fx-l2-unstaged", "raw_block"}
 
 def plan_devices(cfg: BenchConfig, readers: list[str], n: int) -> list[int]:
     """Bytes of each of the N loop filesystems for this workload: every
-    device holds its share of a striped reader's chunks (digest striping is
-    uneven at few chunks: 1.5 x the even share + 2 chunks, at most all of
-    them) and its fio job's file; the first device also holds the
+    device holds its share of a striped reader's chunks (1.5 x the even
+    share + 2 chunks, at most all of them: placement is balanced within a
+    write batch, and a rep's store may come in several) and its fio job's file; the first device also holds the
     single-path peers (one rep's chunks at a time, and the raw-block images
     that keep what was written). Plus XFS's own room; XFS's minimum is 300 MiB."""
     cb = cfg.geo.chunk_bytes

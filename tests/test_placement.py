@@ -1,0 +1,229 @@
+"""Balanced placement over a striped store's roots (layout.root_choices,
+place_roots; ChunkStore._places, _find): each chunk of a write batch goes
+under the less loaded of its digest's two roots, and every lookup, read,
+touch, removal and the admin tools find it under either. Real files; the
+roots are directories (placement does not need separate devices)."""
+
+import math
+import os
+
+import pytest
+
+from lmcache_fx import _fxio as fx
+from lmcache_fx.core.chunkfile import ChunkMeta, chunk_digest
+from lmcache_fx.core.layout import paths_for, place_roots, root_choices, root_index
+from lmcache_fx.core.options import FxOptions
+from lmcache_fx.core.store import ChunkStore
+
+SIZE = 8192
+META = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+
+
+def _roots(tmp_path, n):
+    out = []
+    for i in range(n):
+        p = tmp_path / f"r{i}"
+        p.mkdir()
+        out.append(str(p))
+    return out
+
+
+def _store(roots, **opts):
+    return ChunkStore(FxOptions.from_mapping({"path": ",".join(roots), "max_capacity_gb": 1, **opts}))
+
+
+def _payloads(n):
+    buf = fx.HostBuffer(n * SIZE)
+    mv = memoryview(buf)
+    for i in range(n):
+        mv[i * SIZE : (i + 1) * SIZE] = os.urandom(SIZE)
+    return buf
+
+
+def _read(st, keys):
+    dst = fx.HostBuffer(len(keys) * SIZE)
+    it = iter(range(len(keys)))
+
+    def allocate(m):
+        i = next(it)
+        return i, dst.address + i * SIZE, SIZE
+
+    return st.read(keys, allocate, lambda h: None), dst
+
+
+def _where(roots, keys):
+    """The root index each key's file lies under (exactly one)."""
+    out = []
+    for k in keys:
+        d = chunk_digest(k)
+        found = [i for i, r in enumerate(roots) if os.path.exists(os.path.join(r, d[:2], d + ".fxkv"))]
+        assert len(found) == 1, (k, found)
+        out.append(found[0])
+    return out
+
+
+def test_choices_are_two_distinct_roots_the_first_as_before():
+    """The first choice is the root digest striping always used (older
+    stores' chunks are found there first); the second differs from it;
+    one root is both."""
+    for i in range(500):
+        d = chunk_digest(f"k{i}")
+        for n in (2, 3, 8):
+            a, b = root_choices(n, d)
+            assert a == root_index(n, d) and b != a and 0 <= b < n
+        assert root_choices(1, d) == (0, 0)
+    assert place_roots(4, []) == []
+
+
+def test_a_batch_spreads_evenly_and_reads_back(tmp_path):
+    """48 chunks written as one batch over 8 roots: no root holds more than
+    one over the even share (by digest alone the busiest would hold more),
+    some chunks lie under their second root, and every chunk reads back
+    exact."""
+    roots = _roots(tmp_path, 8)
+    keys = [f"req-7/chunk-{i}" for i in range(48)]
+    src = _payloads(len(keys))
+    st = _store(roots)
+    try:
+        assert all(st.write([(k, src.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))
+        where = _where(roots, keys)
+        counts = [where.count(r) for r in range(8)]
+        by_digest = [sum(root_index(8, chunk_digest(k)) == r for k in keys) for r in range(8)]
+        assert max(counts) <= math.ceil(len(keys) / 8) + 1 < max(by_digest), (counts, by_digest)
+        digests = [chunk_digest(k) for k in keys]
+        assert where == place_roots(8, digests)
+        assert any(w != root_index(8, d) for w, d in zip(where, digests))
+        out, dst = _read(st, keys)
+        assert out == list(range(len(keys))) and bytes(dst) == bytes(src)
+    finally:
+        st.close()
+
+
+def test_chunks_under_their_second_root_are_found_by_every_path(tmp_path, capsys):
+    """A new store on the same paths (its scan indexes them), and one whose
+    index is emptied (each lookup then stats both places): contains, read,
+    path_for and remove all find chunks under their second root; fsck calls
+    none of them misplaced."""
+    from lmcache_fx.tools.cli import main
+
+    roots = _roots(tmp_path, 4)
+    keys = [f"second/{i}" for i in range(24)]
+    src = _payloads(len(keys))
+    st = _store(roots)
+    assert all(st.write([(k, src.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))
+    st.close()
+    where = _where(roots, keys)
+    second = [k for k, w in zip(keys, where) if w != root_index(4, chunk_digest(k))]
+    assert second
+    for forget in (False, True):
+        st = _store(roots)
+        try:
+            if forget:
+                st._index.clear()
+            assert all(st.contains(k) for k in keys)
+            if forget:
+                st._index.clear()
+            out, dst = _read(st, keys)
+            assert out == list(range(len(keys))) and bytes(dst) == bytes(src)
+            for k, w in zip(keys, where):
+                assert st.path_for(chunk_digest(k)) == os.path.join(
+                    roots[w], chunk_digest(k)[:2], chunk_digest(k) + ".fxkv"
+                )
+        finally:
+            st.close()
+    assert main(["fsck", ",".join(roots), "--json"]) == 0
+    assert '"misplaced"' not in capsys.readouterr().out
+    st = _store(roots)
+    try:
+        st._index.clear()
+        gone = second[0]
+        assert st.remove(gone) and not st.contains(gone)
+        assert not os.path.exists(st.path_for(chunk_digest(gone)))
+        assert all(st.contains(k) for k in keys if k != gone)
+    finally:
+        st.close()
+
+
+def test_a_chunk_stored_by_another_process_is_rewritten_where_it_lies(tmp_path):
+    """A write of a chunk this store has not indexed, already lying under its
+    second root (another process's write), goes to that root again, not to
+    the other: one file per chunk, its bytes the new ones."""
+    roots = _roots(tmp_path, 4)
+    keys = [f"other/{i}" for i in range(16)]
+    src = _payloads(len(keys))
+    st = _store(roots)
+    try:
+        assert all(st.write([(k, src.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))
+    finally:
+        st.close()
+    where = _where(roots, keys)
+    k2 = next(k for k, w in zip(keys, where) if w != root_index(4, chunk_digest(k)))
+    j = keys.index(k2)
+    new = _payloads(1)
+    st = _store(roots)
+    try:
+        st._index.clear()
+        # a batch in which the chunk's first root would be the less loaded one
+        batch = [(k2, new.address, SIZE, META)]
+        assert st.write(batch) == [True]
+        assert _where(roots, [k2]) == [where[j]]
+        st._index.clear()
+        out, dst = _read(st, [k2])
+        assert out == [0] and bytes(dst) == bytes(new)
+    finally:
+        st.close()
+
+
+def test_a_lone_chunk_goes_where_digest_striping_put_it(tmp_path):
+    """A batch of one takes its first choice (a tie): what older versions of
+    the store wrote and read, so either reads the other's lone chunks."""
+    roots = _roots(tmp_path, 3)
+    src = _payloads(1)
+    st = _store(roots)
+    try:
+        for i in range(12):
+            k = f"lone/{i}"
+            assert st.write([(k, src.address, SIZE, META)]) == [True]
+            assert _where(roots, [k]) == [root_index(3, chunk_digest(k))]
+    finally:
+        st.close()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_paths_for_lists_the_places_a_lookup_tries(tmp_path, n):
+    roots = _roots(tmp_path, n)
+    d = chunk_digest("x")
+    a, b = root_choices(n, d)
+    assert paths_for(roots, d) == [os.path.join(roots[r], d[:2], d + ".fxkv") for r in (a, b)]
+    assert paths_for(roots[:1], d) == [os.path.join(roots[0], d[:2], d + ".fxkv")]
+
+
+def test_a_batch_cut_into_sub_batches_is_balanced_as_a_whole(odirect_tmp, monkeypatch):
+    """An O_DIRECT store writes a large batch in sub-batches (here of 2
+    chunks); the roots are chosen for the whole batch first, so 48 chunks
+    over 8 roots still hold no more than one over the even share each."""
+    from lmcache_fx.core import store as store_mod
+
+    monkeypatch.setattr(store_mod, "WRITE_SUB_CHUNKS", 2)
+    monkeypatch.setattr(store_mod, "WRITE_SUB_BYTES", SIZE)
+    roots = _roots(odirect_tmp, 8)
+    keys = [f"subs/{i}" for i in range(48)]
+    src = _payloads(len(keys))
+    st = _store(roots, odirect="true")
+    try:
+        calls = []
+        real = st._start_chunk_files
+
+        def counting(weng, todo, out, background):
+            calls.append(len(todo))
+            return real(weng, todo, out, background)
+
+        monkeypatch.setattr(st, "_start_chunk_files", counting)
+        assert all(st.write([(k, src.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))
+        assert calls == [2] * 24, calls
+        counts = [_where(roots, keys).count(r) for r in range(8)]
+        assert max(counts) <= 48 // 8 + 1, counts
+        out, dst = _read(st, keys)
+        assert out == list(range(len(keys))) and bytes(dst) == bytes(src)
+    finally:
+        st.close()
