@@ -2906,3 +2906,42 @@ def test_readme_interleaved_pieces_figures_are_the_committed_json():
     new = w["fx, staged (the default here), queue_depth 32"]["gbps_median"] / fio
     old = w["fx, staged, queue_depth 32, pieces in op order"]["gbps_median"] / fio
     assert f"fx read {new:.2f}× fio's aggregate instead of {old:.2f}×" in readme
+
+
+def test_docs_balanced_placement_is_the_committed_json():
+    """Balanced placement (dac49e4): the page's tables are bench_tables' over
+    the committed model and probe runs; balanced, no device holds more than
+    one over the even share and the read is faster than over chunks placed
+    by digest in the same run, each at the bound its busiest device sets;
+    the model's balanced column is never below by-digest; the page and the
+    README quote these figures."""
+    page = _page()
+    text = " ".join(page.split())
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    mod = _bench_tables()
+    model = _docs_json("stripe-model.json")
+    assert mod.stripe_model_table(model) in page
+    for r in model["rows"]:
+        assert r["balanced"]["median"] >= r["by_digest"]["median"] and r["balanced"]["p10"] >= r["by_digest"]["p10"], r
+    path = os.path.join(ROOT, "docs", "inflight-probe-8-placement.json")
+    assert mod.inflight_table([("8 devices, 400 MB/s each", path)]) in page
+    d = _docs_json("inflight-probe-8-placement.json")
+    assert d["git_commit"].startswith("dac49e4") and not d["git_commit"].endswith("+dirty") and d["reps"] == 5
+    w = d["ways"]
+    fx = w["fx, staged (the default here), queue_depth 32 per device"]["gbps_median"]
+    lone = w["fx, staged, chunks written one a batch (by digest)"]["gbps_median"]
+    fio = w["fio, 1 job per device, iodepth 32"]["gbps_median"]
+    cap = d["throttle_mbps_per_device"] * d["devices"] / 1000
+    bal, dig = d["chunks_per_device"], d["chunks_per_device_one_a_batch"]
+    assert max(bal) <= sum(bal) // len(bal) + 1 < max(dig)
+
+    def bound(share):
+        return cap * (sum(share) / len(share)) / max(share)
+
+    assert abs(fx / bound(bal) - 1) < 0.03 and abs(lone / bound(dig) - 1) < 0.03
+    assert fx > 1.3 * lone
+    assert f"fx reads {fx:.2f} GB/s, {fx / fio:.2f}× fio's aggregate" in text
+    assert f"{lone:.2f} GB/s ({lone / fio:.2f}×): {fx / lone:.2f}× as fast" in text
+    assert f"(bound {bound(bal):.2f} GB/s)" in text and f"(bound {bound(dig):.2f} GB/s)" in text
+    assert f"48 chunks read at {fx:.2f} GB/s, {fx / fio:.2f}× fio's aggregate, against {lone:.2f}" in readme
