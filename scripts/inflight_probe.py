@@ -184,7 +184,9 @@ def main() -> None:
         assert all(s.write([(key, src.address, cb, meta) for key in keys]))  # one batch: balanced
 
         def where_of(ks):
-            return [next(i for i, p in enumerate(paths) if s.path_for(chunk_digest(key)).startswith(p)) for key in ks]
+            return [
+                next(i for i, p in enumerate(paths) if s.path_for(chunk_digest(key)).startswith(p + "/")) for key in ks
+            ]
 
         where = where_of(keys)
         lone_keys = [f"lone{i}" for i in range(k)] if a.placement else []

@@ -11,7 +11,7 @@ chunks over n devices gives some device well over k/n), and balanced
 (layout.place_roots: each chunk on the less loaded of its digest's two roots,
 the request written as one batch, as LMCache stores a request's chunks). For
 each k and n, `--requests` random requests (keys as LMCache names its chunks,
-a random prefix hash each), the median and 10th percentile of that fraction.
+a random prefix hash each), the median and 1st percentile of that fraction.
 
     .venv/bin/python scripts/stripe_model.py --json docs/stripe-model.json
 """
@@ -65,12 +65,12 @@ def main(argv=None) -> int:
             row = {"devices": n, "chunks": k}
             for name, fr in (("by_digest", by_digest), ("balanced", balanced)):
                 fr.sort()
-                row[name] = {"median": statistics.median(fr), "p10": fr[len(fr) // 10]}
+                row[name] = {"median": statistics.median(fr), "p1": fr[len(fr) // 100]}
             rows.append(row)
             print(
                 f"{n} devices, {k:5d} chunks a request: by digest median {row['by_digest']['median']:.2f} "
-                f"(p10 {row['by_digest']['p10']:.2f}), balanced {row['balanced']['median']:.2f} "
-                f"(p10 {row['balanced']['p10']:.2f})"
+                f"(p1 {row['by_digest']['p1']:.2f}), balanced {row['balanced']['median']:.2f} "
+                f"(p1 {row['balanced']['p1']:.2f})"
             )
     if a.json:
         with open(a.json, "w") as f:

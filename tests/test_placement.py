@@ -13,7 +13,7 @@ from lmcache_fx import _fxio as fx
 from lmcache_fx.core.chunkfile import ChunkMeta, chunk_digest
 from lmcache_fx.core.layout import paths_for, place_roots, root_choices, root_index
 from lmcache_fx.core.options import FxOptions
-from lmcache_fx.core.store import ChunkStore
+from lmcache_fx.core.store import ChunkStore, Entry
 
 SIZE = 8192
 META = ChunkMeta(((SIZE,),), ("uint8",), "raw")
@@ -227,3 +227,59 @@ def test_a_batch_cut_into_sub_batches_is_balanced_as_a_whole(odirect_tmp, monkey
         assert out == list(range(len(keys))) and bytes(dst) == bytes(src)
     finally:
         st.close()
+
+
+def _second_root_key(roots, prefix="k"):
+    """A key whose second root differs from its first (always, with 2+ roots) and a copy path there."""
+    k = f"{prefix}/0"
+    d = chunk_digest(k)
+    a, b = root_choices(len(roots), d)
+    name = os.path.join(d[:2], d + ".fxkv")
+    return k, os.path.join(roots[a], name), os.path.join(roots[b], name)
+
+
+def test_the_same_key_twice_in_a_batch_is_one_file(tmp_path):
+    roots = _roots(tmp_path, 4)
+    src = _payloads(2)
+    st = _store(roots)
+    try:
+        assert st.write([("twice", src.address, SIZE, META), ("twice", src.address + SIZE, SIZE, META)]) == [True, True]
+        _where(roots, ["twice"])  # exactly one file
+        assert place_roots(4, [chunk_digest("twice")] * 3) == [root_choices(4, chunk_digest("twice"))[0]] * 3
+    finally:
+        st.close()
+
+
+def test_two_copies_heal_on_rewrite_and_both_go_on_remove(tmp_path):
+    """Two writers that raced can leave a chunk under both its roots (made
+    here by copying the file). Storing it again keeps one file, the new
+    bytes, found by a store whose index still names the other copy; remove
+    takes every copy."""
+    import shutil
+
+    roots = _roots(tmp_path, 4)
+    k, first, second = _second_root_key(roots)
+    old, new = _payloads(1), _payloads(1)
+    a, b = _store(roots), _store(roots)
+    try:
+        assert a.write([(k, old.address, SIZE, META)]) == [True] and os.path.exists(first)
+        os.makedirs(os.path.dirname(second), exist_ok=True)
+        shutil.copyfile(first, second)
+        a._index.clear()
+        assert a.contains(k)
+        a._index[chunk_digest(k)] = Entry(second, os.path.getsize(second))  # as if it had found that copy
+        b._index.clear()
+        assert b.write([(k, new.address, SIZE, META)]) == [True]
+        assert os.path.exists(first) != os.path.exists(second)  # one copy left
+        assert a.contains(k)  # its index named the copy that went: found under the other root
+        out, dst = _read(a, [k])
+        assert out == [0] and bytes(dst) == bytes(new)
+        os.makedirs(os.path.dirname(second), exist_ok=True)
+        here = a.path_for(chunk_digest(k))
+        shutil.copyfile(here, first if here == second else second)
+        assert os.path.exists(first) and os.path.exists(second)
+        assert b.remove(k) and not os.path.exists(first) and not os.path.exists(second)
+        assert not a.contains(k) and not b.contains(k)
+    finally:
+        a.close()
+        b.close()

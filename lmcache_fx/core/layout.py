@@ -111,20 +111,31 @@ def root_choices(nroots: int, digest: str) -> tuple[int, int]:
     return a, (a + 1 + int(digest[8:16], 16) % (nroots - 1)) % nroots
 
 
-def place_roots(nroots: int, digests: list[str]) -> list[int]:
+def place_roots(nroots: int, digests: list[str], fixed: Optional[list[Optional[int]]] = None) -> list[int]:
     """Roots for a batch of new chunks: each on the one of its two choices
-    that holds fewer of the batch so far (the first on a tie). A request's
-    chunks are written together, so its load reads evenly from every device:
-    by digest alone, 64 chunks over 8 devices put 1.5x the mean on the
-    busiest one, and a device-bound read ends when that one does
+    that holds fewer of the batch so far (the first on a tie; greedy, so close
+    to even, not exactly). `fixed`: a root already decided per chunk (where
+    it lies), counted first. A digest met twice keeps its first root. A
+    request's chunks are written together, so its load reads from every
+    device alike: by digest alone, 64 chunks over 8 devices put 1.5x the mean
+    on the busiest one, and a device-bound read ends when that one does
     (scripts/stripe_model.py)."""
     counts = [0] * nroots
-    out = []
-    for d in digests:
-        a, b = root_choices(nroots, d)
-        r = b if counts[b] < counts[a] else a
+    out: list[int] = [-1] * len(digests)
+    seen: dict[str, int] = {}
+    for j, r in enumerate(fixed or ()):
+        if r is not None:
+            out[j] = seen[digests[j]] = r
+            counts[r] += 1
+    for j, d in enumerate(digests):
+        if out[j] >= 0:
+            continue
+        r = seen.get(d, -1)
+        if r < 0:
+            a, b = root_choices(nroots, d)
+            r = seen[d] = b if counts[b] < counts[a] else a
         counts[r] += 1
-        out.append(r)
+        out[j] = r
     return out
 
 

@@ -863,6 +863,12 @@ class ChunkStore:
             return e
         if e is not None:
             path, st = e.path, stat_in(e.path)
+            if (st is None or not stat.S_ISREG(st.st_mode)) and len(self.roots) > 1:
+                with self._lock:  # moved under its other root by another process: found there
+                    if self._index.get(d) is e:
+                        del self._index[d]
+                e = None
+                path, st = self._find(d)
         else:
             path, st = self._find(d)
         if st is None or not stat.S_ISREG(st.st_mode):
@@ -951,7 +957,13 @@ class ChunkStore:
         return True
 
     def remove(self, key: str) -> bool:
-        return self._drop(chunk_digest(key), unlink=True)
+        d = chunk_digest(key)
+        removed = self._drop(d, unlink=True)
+        if len(self.roots) > 1:  # a copy under its other root too (two writers raced), or moved there
+            for p in paths_for(self.roots, d):
+                if stat_in(p) is not None:
+                    removed = self._drop(d, unlink=True, expect_path=p) or removed
+        return removed
 
     def _drop(
         self, digest: str, unlink: bool, expect_path: Optional[str] = None, ident: Optional[tuple[int, int]] = None
@@ -1059,7 +1071,13 @@ class ChunkStore:
                 lst = spares.get(HEADER_SIZE + f.nbytes)
                 if f.fd >= 0 or f.recycled or not lst:
                     continue
-                sp = lst.pop(0)  # oldest first: chunks written in order take files removed in order
+                # Oldest first (chunks written in order take files removed in order), under the
+                # file's own root: a rename cannot cross to another filesystem.
+                root = os.path.dirname(os.path.dirname(f.final))
+                k = next((j for j, s in enumerate(lst) if os.path.dirname(os.path.dirname(s.path)) == root), -1)
+                if k < 0:
+                    continue
+                sp = lst.pop(k)
                 if not lst:
                     del spares[HEADER_SIZE + f.nbytes]
                 self._spare_bytes -= sp.size
@@ -1335,7 +1353,7 @@ class ChunkStore:
             self._count_enospc(len(todo))
             return out
         # Each chunk's root, for the whole batch before it is cut into sub-batches: balanced
-        # over 4-chunk sub-batches, 48 x 64 MiB still put 8 on one of 8 roots.
+        # per 16-chunk sub-batch, 48 x 64 MiB still put 8 on one of 8 roots.
         todo = [t + (root,) for t, root in zip(todo, self._places(todo))]
         weng = self._wengine if self.engine is self._wengine_for else self.engine
         if self.odirect and self._mac_key is None and hasattr(weng, "write_chunks"):
@@ -1420,12 +1438,11 @@ class ChunkStore:
         its other root."""
         if len(self.roots) == 1:
             return [0] * len(todo)
-        places = place_roots(len(self.roots), [t[2] for t in todo])
-        for j, t in enumerate(todo):
+        fixed: list[Optional[int]] = []
+        for t in todo:  # two stats per new chunk: the cost of finding it under either root
             path, st = self._find(t[2])
-            if st is not None:
-                places[j] = self.roots.index(os.path.dirname(os.path.dirname(path)))
-        return places
+            fixed.append(self.roots.index(os.path.dirname(os.path.dirname(path))) if st is not None else None)
+        return place_roots(len(self.roots), [t[2] for t in todo], fixed)
 
     def _write_chunk_files(self, weng: Any, todo, out: list[bool]) -> list[bool]:
         """O_DIRECT stores without a MAC, on Engine.write_chunks. A large
@@ -1622,6 +1639,7 @@ class ChunkStore:
                     self._write_failed(None, -(e.errno or errno.EIO))
                 else:
                     delta += size - f.reserved - (old.st_size if old is not None and stat.S_ISREG(old.st_mode) else 0)
+                    delta -= self._unlink_other_copy_locked(f)
                     out[f.i] = True
                     done.append(f)
                     with self._lock:
@@ -1631,6 +1649,21 @@ class ChunkStore:
             _unlink_at(f.dfd, f.tmp)
             delta -= f.reserved
         return delta
+
+    def _unlink_other_copy_locked(self, f: "_WriteFile") -> int:
+        """A chunk just put in place under one of its two roots: a copy under
+        the other (two writers raced, or it was stored there before) goes, so
+        that no reader keeps finding older bytes there (ledger held). Returns
+        the bytes removed."""
+        if len(self.roots) == 1:
+            return 0
+        for p in paths_for(self.roots, f.digest):
+            if p != f.final:
+                st = stat_in(p)
+                if st is not None and stat.S_ISREG(st.st_mode):
+                    gone = unlink_if_same(p, (st.st_dev, st.st_ino))
+                    return gone.st_size if gone is not None else 0
+        return 0
 
     def _add_victims_locked(self, done: list["_WriteFile"]) -> None:
         """Chunks just put in place join the young end of the evictor's list
