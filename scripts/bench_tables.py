@@ -396,10 +396,10 @@ def inflight_table(cases: list[tuple[str, str]]) -> str:
 def stripe_model_table(d: dict) -> str:
     """scripts/stripe_model.py's run: per device count and chunks a request,
     a device-bound read's share of even-share speed by digest alone and
-    balanced, median (10th percentile) over the requests."""
+    balanced, median (1st percentile) over the requests."""
     body = []
     for r in d["rows"]:
-        cells = [f"{r[k]['median']:.2f} ({r[k]['p10']:.2f})" for k in ("by_digest", "balanced")]
+        cells = [f"{r[k]['median']:.2f} ({r[k]['p1']:.2f})" for k in ("by_digest", "balanced")]
         body.append([str(r["devices"]), str(r["chunks"]), *cells])
     return _md_table(["devices", "chunks a request", "by digest", "balanced"], body)
 
