@@ -40,6 +40,18 @@ def _payloads(n):
     return buf
 
 
+def _written(roots, keys, **opts):
+    """A store on `roots` with `keys` written as one batch, and their payloads."""
+    src = _payloads(len(keys))
+    st = _store(roots, **opts)
+    try:
+        assert all(st.write([(k, src.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))
+    except BaseException:
+        st.close()
+        raise
+    return st, src
+
+
 def _read(st, keys):
     dst = fx.HostBuffer(len(keys) * SIZE)
     it = iter(range(len(keys)))
@@ -82,10 +94,8 @@ def test_a_batch_spreads_evenly_and_reads_back(tmp_path):
     exact."""
     roots = _roots(tmp_path, 8)
     keys = [f"req-7/chunk-{i}" for i in range(48)]
-    src = _payloads(len(keys))
-    st = _store(roots)
+    st, src = _written(roots, keys)
     try:
-        assert all(st.write([(k, src.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))
         where = _where(roots, keys)
         counts = [where.count(r) for r in range(8)]
         by_digest = [sum(root_index(8, chunk_digest(k)) == r for k in keys) for r in range(8)]
@@ -108,9 +118,7 @@ def test_chunks_under_their_second_root_are_found_by_every_path(tmp_path, capsys
 
     roots = _roots(tmp_path, 4)
     keys = [f"second/{i}" for i in range(24)]
-    src = _payloads(len(keys))
-    st = _store(roots)
-    assert all(st.write([(k, src.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))
+    st, src = _written(roots, keys)
     st.close()
     where = _where(roots, keys)
     second = [k for k, w in zip(keys, where) if w != root_index(4, chunk_digest(k))]
@@ -150,12 +158,7 @@ def test_a_chunk_stored_by_another_process_is_rewritten_where_it_lies(tmp_path):
     the other: one file per chunk, its bytes the new ones."""
     roots = _roots(tmp_path, 4)
     keys = [f"other/{i}" for i in range(16)]
-    src = _payloads(len(keys))
-    st = _store(roots)
-    try:
-        assert all(st.write([(k, src.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))
-    finally:
-        st.close()
+    _written(roots, keys)[0].close()
     where = _where(roots, keys)
     k2 = next(k for k, w in zip(keys, where) if w != root_index(4, chunk_digest(k)))
     j = keys.index(k2)
