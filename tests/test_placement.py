@@ -286,3 +286,32 @@ def test_two_copies_heal_on_rewrite_and_both_go_on_remove(tmp_path):
     finally:
         a.close()
         b.close()
+
+
+def test_fsck_reports_a_second_copy_as_duplicate_not_an_error(tmp_path, capsys):
+    """A chunk under both its roots (made here by copying it): fsck names
+    the second copy DUPLICATE, once, and exits 0; the store's next write of
+    the chunk leaves one file, and fsck then reports nothing."""
+    import json
+    import shutil
+
+    from lmcache_fx.tools.cli import main
+
+    roots = _roots(tmp_path, 3)
+    k, first, second = _second_root_key(roots, "dup")
+    st, src = _written(roots, [k, "dup/other"])
+    try:
+        os.makedirs(os.path.dirname(second), exist_ok=True)
+        shutil.copyfile(first, second)
+        assert main(["fsck", ",".join(roots), "--json"]) == 0
+        dup = [p for p in json.loads(capsys.readouterr().out)["problems"] if p["kind"] == "duplicate"]
+        assert len(dup) == 1 and dup[0]["path"] in (first, second)
+        both = dup[0]["path"] + " " + dup[0]["problem"]
+        assert first in both and second in both  # one copy named as the problem, the other in its text
+        st._index.clear()
+        assert st.write([(k, src.address, SIZE, META)]) == [True]
+        assert os.path.exists(first) != os.path.exists(second)
+        assert main(["fsck", ",".join(roots), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["problems"] == []
+    finally:
+        st.close()

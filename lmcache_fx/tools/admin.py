@@ -514,6 +514,7 @@ def cmd_fsck(args) -> int:
     rd = ChunkVerifier(args.io_engine, args.queue_depth, odirect=not args.no_odirect)
     t0 = time.perf_counter()
     problems, counts, nbytes = [], collections.Counter(), 0
+    ok_paths: dict[str, list[StoreFile]] = {}  # digest -> its good files (two: a copy under each root)
     # Counted as a process with the store open while reading its chunk files,
     # so that running stores unlink what they evict instead of reusing it.
     member = Ledger.join(roots[0])
@@ -522,6 +523,7 @@ def cmd_fsck(args) -> int:
             counts[v.status] += 1
             if v.status == "ok":
                 nbytes += v.file.size
+                ok_paths.setdefault(v.file.digest, []).append(v.file)
                 if len(roots) > 1 and v.file.path not in expected_paths(roots, v.file.digest):
                     problems.append(
                         _problem(
@@ -542,6 +544,16 @@ def cmd_fsck(args) -> int:
         if member is not None:
             member.release()
     secs = time.perf_counter() - t0
+    for files in ok_paths.values():
+        for f in files[1:] if len(files) > 1 else ():
+            problems.append(
+                _problem(
+                    f,
+                    "duplicate",
+                    f"the same chunk as {files[0].path} (two writers stored it at once, under each of its roots): "
+                    "both are whole; the next store of the chunk, or its removal, leaves one",
+                )
+            )
     now = time.time()
     for t in sc.temps:
         if is_stale_tmp(t, now):
@@ -554,7 +566,8 @@ def cmd_fsck(args) -> int:
                 p["removed"], p["note"] = _remove_checked(p)
     # Errors are what the store would trip over or leak: bad chunks and stale
     # temporaries. Files of another format version, foreign files and
-    # misplaced chunks are reported but the store never reads them.
+    # misplaced chunks are reported but the store never reads them; duplicate
+    # copies are whole chunks the store heals on its next write of them.
     found = [p for p in problems if p["kind"] in ("bad", "stale-tmp")]
     left = [p for p in found if not p.get("removed")]
     code = 0 if not found else (1 if not left else 4)
@@ -585,6 +598,7 @@ def cmd_fsck(args) -> int:
             "foreign": "FOREIGN",
             "version": "VERSION",
             "misplaced": "MISPLACED",
+            "duplicate": "DUPLICATE",
         }[p["kind"]]
         act = ""
         if args.repair and p["kind"] in ("bad", "stale-tmp"):
