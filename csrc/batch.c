@@ -287,7 +287,8 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
  * as one device. *ndevs: the devices the read touches (1 for a write, at
  * most ORDER_DEVS_MAX), for what else scales with them (staged pieces in
  * flight). NULL when the order would not change (one device, one op, a
- * write), on more than ORDER_DEVS_MAX devices, or on no memory. fx_piece_order_ops (LMCACHE_FX_PIECE_ORDER=ops at load, or
+ * write), on more than ORDER_DEVS_MAX devices, or on no memory.
+ * fx_piece_order_ops (LMCACHE_FX_PIECE_ORDER=ops at load, or
  * _fxio._set_piece_order) keeps op order everywhere, for probes and tests:
  * a flag, not a getenv per batch, since Python may change the environment
  * while an engine thread reads it. */

@@ -272,6 +272,11 @@ def chunk_digest_of_path(path: str) -> str:
     return os.path.basename(path)[:32]
 
 
+def root_of_path(path: str) -> str:
+    """The root a chunk path <root>/<ab>/<name> lies under."""
+    return os.path.dirname(os.path.dirname(path))
+
+
 def open_dir(path: str) -> int:
     """A fan-out directory, refusing a symlink planted in its place (ELOOP)."""
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -62,6 +62,7 @@ from .layout import (
     relative_name,
     rename_if_same,
     root_index,
+    root_of_path,
     root_problem,
     round_up,
     scan_fanout,
@@ -842,13 +843,16 @@ class ChunkStore:
                 return p, st
         return places[0], None
 
+    def _root_index_of(self, path: str) -> int:
+        """Which of the roots a chunk path lies under."""
+        try:
+            return self.roots.index(root_of_path(path))
+        except ValueError:  # not below a root as given (every Entry's is): where its digest names first
+            return root_index(len(self.roots), chunk_digest_of_path(path))
+
     def _rootfd_of(self, path: str) -> int:
         """The descriptor of the root a chunk path lies under."""
-        root = os.path.dirname(os.path.dirname(path))
-        try:
-            return self._rootfds[self.roots.index(root)]
-        except ValueError:  # not below a root as given: where its digest names first
-            return self._rootfds[root_index(len(self._rootfds), chunk_digest_of_path(path))]
+        return self._rootfds[self._root_index_of(path)]
 
     def _entry(self, key: str, d: Optional[str] = None, check: bool = False) -> Optional[Entry]:
         """Index entry, looking on disk when the index has none (another
@@ -861,21 +865,15 @@ class ChunkStore:
             e = self._index.get(d)
         if e is not None and not check:
             return e
-        if e is not None:
-            path, st = e.path, stat_in(e.path)
-            if (st is None or not stat.S_ISREG(st.st_mode)) and len(self.roots) > 1:
-                with self._lock:  # moved under its other root by another process: found there
-                    if self._index.get(d) is e:
-                        del self._index[d]
-                e = None
+        path, st = (e.path, stat_in(e.path)) if e is not None else self._find(d)
+        if (st is None or not stat.S_ISREG(st.st_mode)) and e is not None:
+            with self._lock:
+                if self._index.get(d) is e:
+                    del self._index[d]
+            e = None
+            if len(self.roots) > 1:  # moved under its other root by another process: found there
                 path, st = self._find(d)
-        else:
-            path, st = self._find(d)
         if st is None or not stat.S_ISREG(st.st_mode):
-            if e is not None:
-                with self._lock:
-                    if self._index.get(d) is e:
-                        del self._index[d]
             return None
         if e is not None:
             return e
@@ -1073,8 +1071,8 @@ class ChunkStore:
                     continue
                 # Oldest first (chunks written in order take files removed in order), under the
                 # file's own root: a rename cannot cross to another filesystem.
-                root = os.path.dirname(os.path.dirname(f.final))
-                k = next((j for j, s in enumerate(lst) if os.path.dirname(os.path.dirname(s.path)) == root), -1)
+                root = root_of_path(f.final)
+                k = next((j for j, s in enumerate(lst) if root_of_path(s.path) == root), -1)
                 if k < 0:
                     continue
                 sp = lst.pop(k)
@@ -1441,7 +1439,7 @@ class ChunkStore:
         fixed: list[Optional[int]] = []
         for t in todo:  # two stats per new chunk: the cost of finding it under either root
             path, st = self._find(t[2])
-            fixed.append(self.roots.index(os.path.dirname(os.path.dirname(path))) if st is not None else None)
+            fixed.append(self._root_index_of(path) if st is not None else None)
         return place_roots(len(self.roots), [t[2] for t in todo], fixed)
 
     def _write_chunk_files(self, weng: Any, todo, out: list[bool]) -> list[bool]:
@@ -1747,7 +1745,7 @@ class ChunkStore:
         directory `dfd`. Raises OSError."""
         fd = os.open(tmp, self._tmp_flags, self.file_mode, dir_fd=dfd)
         if self.options.shared_group:  # in the group of the store's root
-            share_fd(fd, self._root_gid.get(os.path.dirname(os.path.dirname(final))), self.file_mode)
+            share_fd(fd, self._root_gid.get(root_of_path(final)), self.file_mode)
         return fd
 
     def _write_failed(self, tmp: Optional[str], res: int) -> None:

@@ -162,11 +162,6 @@ def scan(roots: list[str]) -> Scan:
     return sc
 
 
-def expected_paths(roots: list[str], digest: str) -> list[str]:
-    """Where the store may put a chunk of this digest (either of its two roots)."""
-    return paths_for(roots, digest)
-
-
 def is_stale_tmp(f: StoreFile, now: Optional[float] = None) -> bool:
     """The store's own rule: the writer process is gone, or the file is old."""
     return tmp_is_stale(os.path.basename(f.path), f.mtime, time.time() if now is None else now)
@@ -524,7 +519,7 @@ def cmd_fsck(args) -> int:
             if v.status == "ok":
                 nbytes += v.file.size
                 ok_paths.setdefault(v.file.digest, []).append(v.file)
-                if len(roots) > 1 and v.file.path not in expected_paths(roots, v.file.digest):
+                if len(roots) > 1 and v.file.path not in paths_for(roots, v.file.digest):
                     problems.append(
                         _problem(
                             v.file,
@@ -545,7 +540,7 @@ def cmd_fsck(args) -> int:
             member.release()
     secs = time.perf_counter() - t0
     for files in ok_paths.values():
-        for f in files[1:] if len(files) > 1 else ():
+        for f in files[1:]:
             problems.append(
                 _problem(
                     f,
