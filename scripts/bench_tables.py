@@ -26,6 +26,8 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --medium-limit docs/medium-limit-probe.json # fio over a grid
     python scripts/bench_tables.py --staged-direct "run 1" docs/bench-repeats/staged-direct/run1.json ...
     python scripts/bench_tables.py --placement "run 1" docs/bench-repeats/placement/<commit>-run1.json ...
+    python scripts/bench_tables.py --readme "XFS …, 7 × 64 MiB" docs/bench-repeats/round-5dbed3b/xfs-64m-run*.json \
+        "same, 238 × 2 MiB" docs/bench-repeats/round-5dbed3b/xfs-2m-run*.json   # README.md's two tables
     python scripts/bench_tables.py --mixed-runs 64MiB docs/bench-mixed-64m.json docs/bench-repeats/mixed-64m-run*.json \
         2MiB docs/bench-mixed-2m.json docs/bench-repeats/mixed-2m-run*.json
 
@@ -328,6 +330,63 @@ def store_runs_table(cases: list[tuple[str, str]]) -> str:
         body.append([label] + cells)
     head = ["run"] + [f"{n} store (slowest rep) · load" for n in names] + ["fx-l2 / best peer: store · load"]
     return _md_table(head, body)
+
+
+README_READERS = ["fx", "fx-l2", "local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block"]
+
+
+def _span(vs: list[float], fmt: str = "{:.2f}×") -> str:
+    """min–max (median) of one ratio over a case's runs."""
+    vs = sorted(vs)
+    lo, hi, mid = fmt.format(vs[0]), fmt.format(vs[-1]), fmt.format(statistics.median(vs))
+    return f"{lo} ({mid})" if lo == hi else f"{lo.rstrip('×')}–{hi} ({mid})"
+
+
+def readme_tables(cases: list[tuple[str, list[str]]]) -> str:
+    """The README's two tables over one round (a label and the case's runs'
+    files each): tier read GB/s of each case's first run, the fastest reader
+    in bold; then fx's ratios over every run of each case, min–max (median):
+    reads against the best peer, stores against the best of the same level
+    (fx through LMCache's engine against the engine-level tiers, fx-l2
+    against the other L2 adapters), tier CPU against the lowest peer's."""
+    head = ["medium, chunks"] + [
+        "fx",
+        "fx L2 adapter",
+        "LocalDisk",
+        "FSConnector",
+        "RustRawBlock",
+        "fs_native (L2)",
+        "raw_block (L2)",
+    ]
+    body, ratios = [], []
+    for label, paths in cases:
+        runs = []
+        for p in paths:
+            with open(p) as f:
+                runs.append(json.load(f))
+        v = [runs[0]["readers"][n]["median"]["tier_read_gbps"] for n in README_READERS]
+        body.append([label] + [f"**{x:.2f}**" if x == max(v) else f"{x:.2f}" for x in v])
+
+        def r(n, k, runs=runs):
+            return [d["readers"][n]["ratio_to_best_peer"][k] for d in runs]
+
+        ratios.append(
+            [label, str(len(runs))]
+            + [_span(r("fx", "tier_read")), _span(r("fx-l2", "tier_read"))]
+            + [_span(r("fx", "store_same_level")), _span(r("fx-l2", "store_same_level"))]
+            + [_span(r("fx", "tier_cpu"), "{:.1f}×"), _span(r("fx-noverify", "tier_cpu"), "{:.1f}×")]
+        )
+    rhead = [
+        "medium, chunks",
+        "runs",
+        "read: fx",
+        "read: fx L2 adapter",
+        "store: fx / best engine tier",
+        "store: fx L2 / best L2 adapter",
+        "CPU per GB: fx / lowest",
+        "the same, verify off",
+    ]
+    return _md_table(head, body, "---:") + "\n\n" + _md_table(rhead, ratios, "---:")
 
 
 def devices_table(cases: list[tuple[str, str]]) -> str:
@@ -921,6 +980,15 @@ if __name__ == "__main__":
     if sys.argv[1:2] and sys.argv[1] in pair_tables:  # LABEL FILE LABEL FILE ...
         args = sys.argv[2:]
         print(pair_tables[sys.argv[1]](list(zip(args[::2], args[1::2]))))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--readme"]:  # LABEL FILE... LABEL FILE...
+        cases: list[tuple[str, list[str]]] = []
+        for a in sys.argv[2:]:
+            if a.endswith(".json") and cases:
+                cases[-1][1].append(a)
+            else:
+                cases.append((a, []))
+        print(readme_tables(cases))
         sys.exit(0)
     if sys.argv[1:2] == ["--mixed-runs"]:
         groups: list[tuple[str, list[str]]] = []

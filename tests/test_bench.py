@@ -955,15 +955,16 @@ def test_docs_awaited_latency_round_is_the_committed_json():
     """The awaited latency round at 78b9c23 (LMCache's async path): its
     table is what `bench_tables.py --latency-rounds` renders from the six
     runs, every request a hit through the awaited path, and the findings the
-    page and the README name hold: fx's p50 at 16 in flight within 0.95-1.3x the best
+    page and the README's earlier account (docs/bench-history.md) name
+    hold: fx's p50 at 16 in flight within 0.95-1.3x the best
     tier's, its p99/p50 under 2x at 64 and 10 MiB, every tier over 2x at
     2 MiB with 4 in flight. The reader-pool pairs: the pool's runs are the
     dirty tree, and its p50 over RustRawBlockBackend's is above a26ffe2's in
     both pairs at 4 and at 16 in flight."""
     mod = _bench_tables()
     page = _page()
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = f.read()
     cases = _runs_by_size("latency-awaited", "78b9c23-{n}-run{r}.json")
     assert mod.latency_rounds_table(cases) in page
     for label, path in cases:
@@ -976,7 +977,7 @@ def test_docs_awaited_latency_round_is_the_committed_json():
                 assert case["misses"] == 0 and all(r["path"] == "awaited" for r in case["rounds"]), (label, name, c)
         best16 = min(e["latency"]["16"]["p50_ms"] for n, e in rd.items() if n != "fx")
         ratio = rd["fx"]["latency"]["16"]["p50_ms"] / best16
-        assert 0.95 <= ratio <= 1.3 and f"{ratio:.2f}×" in page and f"{ratio:.2f}×" in readme, label
+        assert 0.95 <= ratio <= 1.3 and f"{ratio:.2f}×" in page and f"{ratio:.2f}×" in history, label
         worst = max(rd["fx"]["latency"][c]["p99_over_p50"] for c in ("1", "4", "16"))
         if label.startswith("2 MiB"):
             assert min(e["latency"]["4"]["p99_over_p50"] for e in rd.values()) > 2, label
@@ -1042,12 +1043,12 @@ def _awaited_round(commit: str) -> tuple[dict, dict]:
 
 def test_docs_awaited_latency_round_at_6b66324_is_the_committed_json():
     """The awaited round at 6b66324 (three runs a size, a clean checkout):
-    each ratio and p99/p50 the page, the targets table and the README quote
+    each ratio and p99/p50 the page, the targets table and the README's earlier account quote
     is the JSON's: fx ahead of every tier at 64 MiB, behind at 2 MiB at 16
     in flight in at least one run."""
     text = " ".join(_page().split())
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
     ratio, worst = _awaited_round("6b66324")
     r1, r4, r16 = (", ".join(ratio[("64 MiB", c)]) for c in ("1", "4", "16"))
     assert f"64 MiB: {r1} at 1 in flight; {r4} at 4; {r16} at 16." in text
@@ -1072,7 +1073,7 @@ def test_docs_awaited_latency_round_at_6b66324_is_the_committed_json():
     and3 = {s: " and ".join(p50_16[s].rsplit(", ", 1)) for s in p50_16}
     assert (
         f"fx's p50 at 16 in flight is {and3['64 MiB']} the best tier's at 64 MiB, {and3['10 MiB']} at 10 MiB, "
-        f"{and3['2 MiB']} at 2 MiB; p99/p50 at most {top:.2f}× at 64 and 10 MiB" in readme
+        f"{and3['2 MiB']} at 2 MiB; p99/p50 at most {top:.2f}× at 64 and 10 MiB" in history
     )
 
 
@@ -1080,12 +1081,12 @@ def test_docs_awaited_latency_round_at_2efd4bb_and_its_ab_are_the_committed_json
     """The awaited round at 2efd4bb (three runs a size, a clean checkout) and
     the three 10 MiB pairs of 2f433e0 and 2efd4bb beside it: the tables are
     bench_tables' over the JSONs, and every ratio, p99/p50, range and p50 the
-    page, the targets table and the README quote is the JSON's; the runners
+    page, the targets table and the README's earlier account quote is the JSON's; the runners
     build is no worse than the thread-per-batch one in the median."""
     page = _page()
     text = " ".join(page.split())
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
     ratio, worst = _awaited_round("2efd4bb")
     for size in ("64 MiB", "10 MiB", "2 MiB"):
         line = "; ".join(", ".join(ratio[(size, c)]) for c in ("1", "4", "16"))
@@ -1094,10 +1095,10 @@ def test_docs_awaited_latency_round_at_2efd4bb_and_its_ab_are_the_committed_json
     assert min(behind) > 1
     span = f"({min(behind):.2f}–{max(behind):.2f}× at 4 and 16 in flight)"
     assert f"behind at both at `2efd4bb` on a slower host day {span}" in text
-    assert f"fx was behind at 64 and 10 MiB {span}" in readme
+    assert f"fx was behind at 64 and 10 MiB {span}" in history
     two16 = ratio[("2 MiB", "16")]
     assert f"closer than there ({', '.join(two16)} against 1.16×, 1.00×, 1.31×)" in text
-    assert f"and at {' and '.join(', '.join(two16).rsplit(', ', 1))} at 2 MiB with 16 in flight" in readme
+    assert f"and at {' and '.join(', '.join(two16).rsplit(', ', 1))} at 2 MiB with 16 in flight" in history
     w64 = max(max(worst[("64 MiB", c)]) for c in ("4", "16"))
     w10 = max(max(worst[("10 MiB", c)]) for c in ("4", "16"))
     at4, at16 = (", ".join(f"{v:.2f}×" for v in worst[("2 MiB", c)]) for c in ("4", "16"))
@@ -1164,14 +1165,14 @@ def test_docs_runner_nice_round_and_probe_are_the_committed_json():
     """runner_nice (d766fae): the awaited round at 7e41988 with fx-nice0 (the
     old priority) beside fx, and the probe's runs at 2 and 10 MiB. Both tables
     are bench_tables' over the committed JSON, every request a hit, and every
-    figure the page, the targets table, the README and the CHANGELOG quote is
+    figure the page, the targets table, the README's earlier account and the CHANGELOG quote is
     recomputed here; the loop waits less for a CPU in every case with 4 and 16
     in flight, and fx's p50 at 2 MiB with 16 in flight is below fx-nice0's in
     every run."""
     page = _page()
     text = " ".join(page.split())
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
     with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
         changelog = " ".join(f.read().split())
     mod = _bench_tables()
@@ -1222,7 +1223,7 @@ def test_docs_runner_nice_round_and_probe_are_the_committed_json():
     assert (
         f"fx's loop thread waited {min(waits):.2f}–{max(waits):.2f}× the time per request that fx-nice0's did" in text
     )
-    assert f"the loop waited {min(waits):.2f}–{max(waits):.2f}× as long" in readme
+    assert f"the loop waited {min(waits):.2f}–{max(waits):.2f}× as long" in history
     assert f"the loop waited {min(waits):.2f}–{max(waits):.2f}× as long" in changelog
     n16_2 = over_nice0("2 MiB", "16")
     assert max(n16_2) < 1
@@ -1230,8 +1231,8 @@ def test_docs_runner_nice_round_and_probe_are_the_committed_json():
     b4, nb4 = over_best("2 MiB", "4"), over_best("2 MiB", "4", "fx-nice0")
     b16, nb16 = over_best("2 MiB", "16"), over_best("2 MiB", "16", "fx-nice0")
     assert f"fx at 4 in flight {xs(b4)} (fx-nice0 {xs(nb4)}), and at 16 {xs(b16)} (fx-nice0 {xs(nb16)})" in text
-    assert f"at 2 MiB with 16 in flight is {b16[0]:.2f}×, {b16[1]:.2f}× and {b16[2]:.2f}× the best tier's" in readme
-    assert f"(fx-nice0 {xs(nb16)})" in readme
+    assert f"at 2 MiB with 16 in flight is {b16[0]:.2f}×, {b16[1]:.2f}× and {b16[2]:.2f}× the best tier's" in history
+    assert f"(fx-nice0 {xs(nb16)})" in history
     assert f"16 in flight went to {xs(b16)} the best tier's (fx-nice0 {xs(nb16)})" in changelog
     assert f"level or ahead since the runners' lower priority (`d766fae`): {xs(b16)} at `7e41988`" in text
     assert f"fx-nice0 {xs(nb16)} in the same runs" in text
@@ -1247,7 +1248,7 @@ def test_docs_runner_nice_round_and_probe_are_the_committed_json():
     rest10 = [x for i, x in enumerate(b10) if i != 2]
     assert f"at 10 MiB {min(rest10):.2f}–{max(rest10):.2f}× in five runs of six and {b10[2]:.2f}× in one" in text
     assert max(n10) == n10[2] and sum(x > 1.1 for x in n10) == 1  # one run against it
-    assert f"{n10[2]:.2f}× behind it in one" in readme
+    assert f"{n10[2]:.2f}× behind it in one" in history
     b64 = over_best("64 MiB", "16")
     assert f"at 64 MiB {min(b64):.2f}–{max(b64):.2f}× ([runner priority]" in text
     r3 = rd["10 MiB, run 3"]
@@ -1263,7 +1264,7 @@ def test_docs_runner_nice_round_and_probe_are_the_committed_json():
     assert (
         f"fx holds 2× in all three runs ({xs(t16)}; fx-nice0 {xs(nt16)}). At 4 in flight it does not ({xs(t4)})" in text
     )
-    assert f"its p99/p50 under 2× in all three runs ({xs(t16)})" in readme
+    assert f"its p99/p50 under 2× in all three runs ({xs(t16)})" in history
     assert (
         f"met at 2 MiB with 16 in flight in three runs of three ({xs(t16)}), not with 4 ({min(t4):.2f}–{max(t4):.2f}×)"
         in text
@@ -1340,12 +1341,12 @@ def test_docs_awaited_round_at_5028bcf_and_its_cpu_are_the_committed_json():
     """The awaited round at 5028bcf, the first with CPU per request, and two
     runs a size with fx-unstaged beside fx: the tables are bench_tables' over
     the JSONs, and every ratio, CPU range and stolen share the page, the
-    targets table and the README quote is the JSON's; fx needs more host CPU
+    targets table and the README's earlier account quote is the JSON's; fx needs more host CPU
     per request than the lowest tier at 4 and 16 in flight in every run, and
     reading in place does not change that."""
     text = " ".join(_page().split())
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
     ratio, worst = _awaited_round("5028bcf")
     cases = _runs_by_size("latency-awaited", "5028bcf-{n}-run{r}.json", runs=(1, 2, 3))
     assert _bench_tables().latency_cpu_table(cases) in _page()
@@ -1388,13 +1389,13 @@ def test_docs_awaited_round_at_5028bcf_and_its_cpu_are_the_committed_json():
     assert "; ".join(f"{span(proc[s])} at {s}" for s in sizes) in text
     both = span(host["64 MiB"] + host["10 MiB"])
     assert f"fx needs {both} the lowest tier's host CPU per request there" in text
-    assert f"it needs {both} the lowest tier's host CPU per request there" in readme
+    assert f"it needs {both} the lowest tier's host CPU per request there" in history
     with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
         changelog = " ".join(f.read().split())
     every = span([x for s in sizes for x in host[s]])
     assert f"it needs {every} the lowest tier's host CPU per request, its check" in changelog
     assert f"level again at 64 MiB at `5028bcf` ({level64}), behind at 10 MiB ({behind10})" in text
-    assert f"fx is level again at 64 MiB ({level64} at 4 and 16 in flight) and behind at 10 MiB ({behind10})" in readme
+    assert f"fx is level again at 64 MiB ({level64} at 4 and 16 in flight) and behind at 10 MiB ({behind10})" in history
     # "1.5–2.7 ms more CPU per 64 MiB request ...; the CRC32C of 64 MiB from memory alone takes 2.38 ms"
     assert f"took {min(extra64):.1f}–{max(extra64):.1f} ms more CPU per 64 MiB request" in text
     with open(os.path.join(ROOT, "docs", "crc32c-speed-zen4.json")) as f:
@@ -1580,8 +1581,13 @@ def _fx_p50_over_best(readers: dict, c: str) -> float:
 
 
 def _page() -> str:
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        return f.read()
+    """docs/benchmarks.md and what it moved to docs/bench-history.md (the
+    README's earlier account and the targets table of earlier rounds)."""
+    text = ""
+    for name in ("benchmarks.md", "bench-history.md"):
+        with open(os.path.join(ROOT, "docs", name)) as f:
+            text += f.read() + "\n"
+    return text
 
 
 def _check_round(folder: str, commit: str, over: str, sizes=SIZES) -> list[tuple[str, dict]]:
@@ -2044,12 +2050,13 @@ def test_docs_staged_direct_table_is_the_committed_json():
         assert ways["engine staged (stage=True: QD 32, 1 MiB pieces, 8 MiB of slots)"]["over_direct_checked"] > 1.1
 
 
-def test_readme_xfs_rows_are_run_1_of_the_round_on_huge_page_images():
-    """README.md's XFS rows are the tier read medians of run 1 of each size
+def test_history_xfs_rows_are_run_1_of_the_round_on_huge_page_images():
+    """The XFS rows the README gave until 5dbed3b (docs/bench-history.md)
+    are the tier read medians of run 1 of each size
     at 121dae4 (staged reads), the fastest reader of each row in bold."""
     cols = ["fx", "fx-l2", "local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block"]
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = f.read()
     labels = {
         "64m": "XFS on a RAM loop device, cold, 7 × 64 MiB",
         "10m": "same, 47 × 10 MiB",
@@ -2060,7 +2067,7 @@ def test_readme_xfs_rows_are_run_1_of_the_round_on_huge_page_images():
             d = json.load(f)
         v = [d["readers"][c]["median"]["tier_read_gbps"] for c in cols]
         cells = [f"**{x:.2f}**" if x == max(v) else f"{x:.2f}" for x in v]
-        assert f"| {label} | " + " | ".join(cells) + " |" in readme
+        assert f"| {label} | " + " | ".join(cells) + " |" in history
 
 
 def test_docs_mixed_table_on_written_through_images_is_the_committed_json():
@@ -2283,19 +2290,19 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
         f"{pa2:.2f}× (five runs each), the p50 again did not move ({fb:.2f}× → {fa:.2f}×); without the check fx's "
         f"p50 {nb:.2f}× → {na:.2f}×" in text
     )
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
-    assert f"({lb:.2f}× → {la:.2f}× RustRawBlockBackend's, five runs each)" in readme
-    assert f"(p50 {q_nv[0]['p50_ms']:.2f}× and {q_nv[1]['p50_ms']:.2f}×, `d60ce2f`)" in readme
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
+    assert f"({lb:.2f}× → {la:.2f}× RustRawBlockBackend's, five runs each)" in history
+    assert f"(p50 {q_nv[0]['p50_ms']:.2f}× and {q_nv[1]['p50_ms']:.2f}×, `d60ce2f`)" in history
     q1, q2 = (runs[r]["fx over rust_raw_block (medians of each round's ratio)"] for r in ("run1", "run2"))
-    assert f"fx's p50 is the lower ({q1['1']['p50_ms']:.2f}×, {q2['1']['p50_ms']:.2f}×)" in readme
-    assert f"at 16 it is {q1['16']['p50_ms']:.2f}× and {q2['16']['p50_ms']:.2f}×" in readme
-    assert f"spending {q1['16']['process_cpu_us']:.2f}× and {q2['16']['process_cpu_us']:.2f}×" in readme
-    assert f"loop thread {q1['16']['loop_cpu_us']:.2f}× and {q2['16']['loop_cpu_us']:.2f}×" in readme
+    assert f"fx's p50 is the lower ({q1['1']['p50_ms']:.2f}×, {q2['1']['p50_ms']:.2f}×)" in history
+    assert f"at 16 it is {q1['16']['p50_ms']:.2f}× and {q2['16']['p50_ms']:.2f}×" in history
+    assert f"spending {q1['16']['process_cpu_us']:.2f}× and {q2['16']['process_cpu_us']:.2f}×" in history
+    assert f"loop thread {q1['16']['loop_cpu_us']:.2f}× and {q2['16']['loop_cpu_us']:.2f}×" in history
     assert (
         f"the loop's CPU per request is {la2:.2f}× RustRawBlockBackend's ({lb2:.2f}× before) and the process's "
         f"{pa2:.2f}× ({pb2:.2f}×), five interleaved runs each; the p50 still did not move ({fb:.2f}× → {fa:.2f}×)"
-        in readme
+        in history
     )
     # the host's CPU per request (d38e416): the table's ratios, the check's host time, the CRC's cost
     rows = {"fx": "fx", "fx-unstaged": "fx, read in place", "fx-noverify": "fx without its check"}
@@ -2327,7 +2334,7 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     # the targets table's p50 row
     assert f"was level with RustRawBlockBackend's ({host_fx}, the loop device's workers included)" in text
     assert f"while its p50 stayed behind ({p50_fx}); the check took {span} of host time a request" in text
-    assert f"at 16 in flight is level with RustRawBlockBackend's ({host_fx}) while its p50 is {p50_fx}." in readme
+    assert f"at 16 in flight is level with RustRawBlockBackend's ({host_fx}) while its p50 is {p50_fx}." in history
 
     # the host's busy share (ced738f): fx's ways leave the CPUs idle, RustRawBlockBackend hardly
     def share(reader):
@@ -2418,11 +2425,11 @@ def test_docs_zen4_check_round_at_f76a7b1_is_the_committed_json():
         assert ("fx-l2" in a["readers"]) == (i > 2)
         again += [x["tier_read_gbps"] for x in a["readers"]["fx"]["reps"]]
     assert f"fx's reps ran at {rng(again)} GB/s" in text and min(again) > 8
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
     slow = fx[:3] + l2[:2]
-    assert f"at medians of {meds[0]}, {meds[1]}, {meds[2]} the best peer" in readme
-    assert f"staged reads ran at {min(slow):.1f}–{max(slow):.1f} GB/s for their first reps" in readme
+    assert f"at medians of {meds[0]}, {meds[1]}, {meds[2]} the best peer" in history
+    assert f"staged reads ran at {min(slow):.1f}–{max(slow):.1f} GB/s for their first reps" in history
 
 
 def test_docs_zen4_crc512_round_is_the_committed_json():
@@ -2506,8 +2513,8 @@ def test_docs_zen4_crc512_round_is_the_committed_json():
     ):
         after, before = (listed([f"{span(each(c, s, fn), fmt)}{unit}" for s in sizes]) for c in ("bc570db", "a1320bb"))
         assert f"{lead}{after} after, against {before} before" in text, lead
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
     meds = {
         c: ", ".join(
             f"{statistics.median(runs[f'{c}-{s}-run{r}']['readers']['fx']['ratio_to_best_peer']['tier_read'] for r in (1, 2, 3, 4)):.2f}×"
@@ -2515,8 +2522,8 @@ def test_docs_zen4_crc512_round_is_the_committed_json():
         )
         for c in ("a1320bb", "bc570db")
     }
-    assert f"checked reads ran at {meds['a1320bb']} the best peer" in readme
-    assert f"Now the CPU's features alone decide: {meds['bc570db']}, ahead in" in readme
+    assert f"checked reads ran at {meds['a1320bb']} the best peer" in history
+    assert f"Now the CPU's features alone decide: {meds['bc570db']}, ahead in" in history
     with open(os.path.join(ROOT, "docs", "crc32c-speed-zen4.json")) as f:
         crc = json.load(f)
     assert crc["cpu"]["cpu family"] == "25" and crc["implementation"] == "vpclmulqdq-512"
@@ -2566,13 +2573,13 @@ def test_docs_zen4_tmpfs_round_is_the_committed_json():
         return next(r["gbps"] for r in doc["rows"] if "in use" in r["impl"] and r["size"] == "1 MiB")
 
     assert f"{in_use(zen4):.2f} against {in_use(zen5):.2f} GB/s on 1 MiB in cache" in text
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
     rat2 = []
     for r in (1, 2, 3, 4):
         with open(os.path.join(d, f"7731420-tmpfs-2m-run{r}.json")) as f:
             rat2.append(json.load(f)["readers"]["fx"]["ratio_to_best_peer"]["tier_read"])
-    assert f"{min(rat2):.2f}–{max(rat2):.2f}× the best peer at 2 MiB" in readme
+    assert f"{min(rat2):.2f}–{max(rat2):.2f}× the best peer at 2 MiB" in history
 
 
 def test_docs_zen4_fresh_tmpfs_probe_is_the_committed_json():
@@ -2673,41 +2680,41 @@ def _docs_json(name: str) -> dict:
         return json.load(f)
 
 
-def test_readme_devices_8_figures_are_the_committed_json():
-    """The README's bullet on the 16-core host quotes the committed runs: the
+def test_history_devices_8_figures_are_the_committed_json():
+    """The README's earlier bullet on the 16-core host quotes the committed runs: the
     first (8fc94eb), the round-robin one (07c68a9), both per-device ones
     (9b0265a) and the in-flight counts."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
     old = {n: _docs_json(f"bench-devices-8{n}.json")["readers"]["fx"] for n in ("", "-2m", "-qd256")}
-    assert f"only {old['']['ratio_to_fio']:.2f}× and {old['-2m']['ratio_to_fio']:.2f}× fio's aggregate" in readme
-    assert f"`--queue-depth 256` gave {old['-qd256']['ratio_to_fio']:.2f}×" in readme
+    assert f"only {old['']['ratio_to_fio']:.2f}× and {old['-2m']['ratio_to_fio']:.2f}× fio's aggregate" in history
+    assert f"`--queue-depth 256` gave {old['-qd256']['ratio_to_fio']:.2f}×" in history
     head = {n: _docs_json(f"bench-devices-8{n}-9b0265a.json") for n in ("", "-2m")}
     fx = {n: d["readers"]["fx"] for n, d in head.items()}
     fio = {n: d["readers"]["fio"]["median"]["tier_read_gbps"] for n, d in head.items()}
     assert (
         f"**{fx['']['ratio_to_fio']:.2f}× fio's aggregate at 64 MiB and {fx['-2m']['ratio_to_fio']:.2f}× at 2 MiB**"
-        in readme
+        in history
     )
     assert (
         f"({fx['']['median']['tier_read_gbps']:.2f} and {fx['-2m']['median']['tier_read_gbps']:.2f} GB/s against "
-        f"{fio['']:.2f} and {fio['-2m']:.2f}" in readme
+        f"{fio['']:.2f} and {fio['-2m']:.2f}" in history
     )
     tr = [fx[n]["ratio_to_best_peer"]["tier_read"] for n in ("", "-2m")]
-    assert f"(fx {tr[0]:.2f}× and {tr[1]:.2f}×" in readme
+    assert f"(fx {tr[0]:.2f}× and {tr[1]:.2f}×" in history
     per = {n: _docs_json(f"bench-devices-8{n}-perdev.json")["readers"]["fx"]["ratio_to_fio"] for n in ("", "-2m")}
-    assert f"{per['']:.2f}× and {per['-2m']:.2f}× in a second run" in readme
+    assert f"{per['']:.2f}× and {per['-2m']:.2f}× in a second run" in history
     assert min(per[""], fx[""]["ratio_to_fio"]) >= 0.9 > max(per["-2m"], fx["-2m"]["ratio_to_fio"])
     rr = _docs_json("bench-devices-8-interleaved.json")["readers"]["fx"]["ratio_to_fio"]
-    assert f"{rr:.2f}× at 64 MiB on the host (`07c68a9`" in readme
+    assert f"{rr:.2f}× at 64 MiB on the host (`07c68a9`" in history
     staged_old = _docs_json("inflight-probe-8-h200.json")["ways"]["fx, staged (the default here), queue_depth 32"]
     staged_new = _docs_json("inflight-probe-8-perdev.json")["ways"][
         "fx, staged (the default here), queue_depth 32 per device"
     ]
-    assert f"still kept {staged_old['mean_reads_per_device_median']:.1f} reads in flight" in readme
-    assert f"{staged_new['mean_reads_per_device_median']:.1f} in flight a device" in readme
+    assert f"still kept {staged_old['mean_reads_per_device_median']:.1f} reads in flight" in history
+    assert f"{staged_new['mean_reads_per_device_median']:.1f} in flight a device" in history
     gpu = _docs_json("gpu-check-h200-lmcache-rerun.json")["phases"]["lmcache"]
-    assert gpu["outcome"] == "pass" and "LMCache's retrieve into a paged KV cache on the GPU included" in readme
+    assert gpu["outcome"] == "pass" and "LMCache's retrieve into a paged KV cache on the GPU included" in history
 
 
 def test_docs_devices_8_per_device_runs_are_the_committed_json():
@@ -2896,16 +2903,16 @@ def test_docs_interleaved_pieces_are_the_committed_json():
     )
 
 
-def test_readme_interleaved_pieces_figures_are_the_committed_json():
-    """The README's sentence on interleaved pieces quotes the throttled probe."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+def test_history_interleaved_pieces_figures_are_the_committed_json():
+    """The README's earlier sentence on interleaved pieces quotes the throttled probe."""
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
     with open(os.path.join(ROOT, "docs", "inflight-probe-8-throttled.json")) as f:
         w = json.load(f)["ways"]
     fio = w["fio, 1 job per device, iodepth 32"]["gbps_median"]
     new = w["fx, staged (the default here), queue_depth 32"]["gbps_median"] / fio
     old = w["fx, staged, queue_depth 32, pieces in op order"]["gbps_median"] / fio
-    assert f"fx read {new:.2f}× fio's aggregate instead of {old:.2f}×" in readme
+    assert f"fx read {new:.2f}× fio's aggregate instead of {old:.2f}×" in history
 
 
 def test_docs_balanced_placement_is_the_committed_json():
@@ -2914,11 +2921,11 @@ def test_docs_balanced_placement_is_the_committed_json():
     one over the even share and the read is faster than over chunks placed
     by digest in the same run, each at the bound its busiest device sets;
     the model's balanced column is never below by-digest; the page and the
-    README quote these figures."""
+    README's earlier account quote these figures."""
     page = _page()
     text = " ".join(page.split())
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        history = " ".join(f.read().split())
     mod = _bench_tables()
     model = _docs_json("stripe-model.json")
     assert mod.stripe_model_table(model) in page
@@ -2944,4 +2951,139 @@ def test_docs_balanced_placement_is_the_committed_json():
     assert f"fx reads {fx:.2f} GB/s, {fx / fio:.2f}× fio's aggregate" in text
     assert f"{lone:.2f} GB/s ({lone / fio:.2f}×): {fx / lone:.2f}× as fast" in text
     assert f"(bound {bound(bal):.2f} GB/s)" in text and f"(bound {bound(dig):.2f} GB/s)" in text
-    assert f"48 chunks read at {fx:.2f} GB/s, {fx / fio:.2f}× fio's aggregate, against {lone:.2f}" in readme
+    assert f"48 chunks read at {fx:.2f} GB/s, {fx / fio:.2f}× fio's aggregate, against {lone:.2f}" in history
+
+
+ROUND_5DBED3B = os.path.join(ROOT, "docs", "bench-repeats", "round-5dbed3b")
+README_CASES = [
+    ("XFS on a RAM loop device, cold, 7 × 64 MiB", "xfs-64m"),
+    ("same, 47 × 10 MiB", "xfs-10m"),
+    ("same, 238 × 2 MiB", "xfs-2m"),
+    ("tmpfs, warm, 7 × 64 MiB", "tmpfs-64m"),
+    ("tmpfs, warm, 238 × 2 MiB", "tmpfs-2m"),
+]
+
+
+def _round_runs(case: str) -> list[dict]:
+    out = []
+    for r in (1, 2, 3):
+        with open(os.path.join(ROUND_5DBED3B, f"{case}-run{r}.json")) as f:
+            out.append(json.load(f))
+    return out
+
+
+def _span(vs, fmt="{:.2f}") -> str:
+    return f"{fmt.format(min(vs))}–{fmt.format(max(vs))}×"
+
+
+def test_readme_round_at_5dbed3b_is_the_committed_json():
+    """README.md's two tables are `bench_tables.py --readme` over the round at
+    5dbed3b (three runs a case, every rep whole and checked, the package at
+    5dbed3b), and each figure its bullets quote is recomputed here from the
+    same JSON, with the verdict each bullet gives."""
+    mod = _bench_tables()
+    cases = [(label, [os.path.join(ROUND_5DBED3B, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        raw = f.read()
+    tables = mod.readme_tables(cases).split("\n\n")
+    assert len(tables) == 2 and all(t in raw for t in tables)
+    text = " ".join(raw.split())
+    runs = {c: _round_runs(c) for _, c in README_CASES}
+    for c, rs in runs.items():
+        for d in rs:
+            assert d["git_commit"].startswith("5dbed3b") and d["config"]["reps"] == 5, c
+            for n in ("fx", "fx-noverify", "fx-l2"):
+                assert all(x["ok"] for x in d["readers"][n]["reps"]), (c, n)
+
+    def ratios(c, n, k):
+        return [d["readers"][n]["ratio_to_best_peer"][k] for d in runs[c]]
+
+    def med(vs):
+        return f"{statistics.median(vs):.2f}×"
+
+    xfs = ["xfs-64m", "xfs-10m", "xfs-2m"]
+    reads = [v for c in xfs for v in ratios(c, "fx", "tier_read")]
+    assert (
+        f"Cold reads from XFS**, with its check on: {_span(reads)} the best peer, medians "
+        f"{med(ratios('xfs-64m', 'fx', 'tier_read'))}, {med(ratios('xfs-10m', 'fx', 'tier_read'))} and "
+        f"{med(ratios('xfs-2m', 'fx', 'tier_read'))}" in text
+    )
+    assert min(reads) < 1.0 < max(reads)  # level: neither ahead nor behind in every run
+    assert all(d["best_peer"]["tier_read_gbps"]["reader"] in ("raw_block", "fs_native") for c in xfs for d in runs[c])
+    cpu_big = ratios("xfs-64m", "fx", "tier_cpu") + ratios("xfs-10m", "fx", "tier_cpu")
+    cpu_nv = [v for c in xfs for v in ratios(c, "fx-noverify", "tier_cpu")]
+    assert (
+        f"{_span(cpu_big, '{:.1f}')} the lowest peer's at 64 and 10 MiB, "
+        f"{_span(ratios('xfs-2m', 'fx', 'tier_cpu'), '{:.1f}')} at 2 MiB" in text
+    )
+    assert f"Without the check fx is at {_span(cpu_nv, '{:.1f}')}" in text
+    fsn = [d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"] for c in xfs[:2] for d in runs[c]]
+    assert f"whole read ({min(fsn):.3f}–{max(fsn):.3f} s/GB at 64 and 10 MiB)" in text and max(fsn) < 0.026
+    eng = {c: ratios(c, "fx", "store_same_level") for c in xfs}
+    l2 = {c: ratios(c, "fx-l2", "store_same_level") for c in xfs}
+    assert (
+        f"through LMCache's engine {_span([v for c in xfs for v in eng[c]])} the best tier (medians "
+        f"{', '.join(med(eng[c]) for c in xfs)} at 64, 10 and 2 MiB); fx's L2 adapter "
+        f"{_span([v for c in xfs for v in l2[c]])} the best L2 adapter ({', '.join(med(l2[c]) for c in xfs)})" in text
+    )
+    assert max(v for c in xfs for v in l2[c]) < 1.0  # behind, as the bullet says
+    t64, t2 = ratios("tmpfs-64m", "fx", "tier_read"), ratios("tmpfs-2m", "fx", "tier_read")
+    assert f"fx reads 64 MiB chunks at a median {med(t64)} the best peer" in text and statistics.median(t64) >= 1.2
+    assert f"At 2 MiB fx reads at {_span(t2)}: ahead, short of the 1.2× target" in text
+    assert 1.0 < min(t2) and max(t2) < 1.2
+    assert f"its L2 adapter stores at {_span(ratios('tmpfs-64m', 'fx-l2', 'store_same_level'))}" in text
+
+
+def _latency_runs(size: str) -> list[dict]:
+    out = []
+    for r in (1, 2, 3):
+        with open(os.path.join(ROUND_5DBED3B, f"lat-{size}-run{r}.json")) as f:
+            out.append(json.load(f))
+    return out
+
+
+def test_latency_at_5dbed3b_is_the_committed_json():
+    """The awaited latency runs at 5dbed3b: the page's table is
+    `bench_tables.py --latency-rounds` over the six runs, every request a
+    hit through the awaited path, and the figures the page, its targets
+    table and the README quote are recomputed here: 2x held at 64 MiB in
+    every run, not at 2 MiB with 4 in flight."""
+    mod = _bench_tables()
+    cases = [
+        (f"{s} MiB, run {r}", os.path.join(ROUND_5DBED3B, f"lat-{s}m-run{r}.json")) for s in (64, 2) for r in (1, 2, 3)
+    ]
+    page = _page()
+    assert mod.latency_rounds_table(cases) in page
+    text = " ".join(page.split())
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    got = {}
+    for size in ("64m", "2m"):
+        runs = _latency_runs(size)
+        for d in runs:
+            assert d["git_commit"].startswith("5dbed3b") and d["config"]["latency_awaited"]
+            for n, e in d["readers"].items():
+                for c, v in (e.get("latency") or {}).items():
+                    assert all(r["misses"] == 0 and r["path"] == "awaited" for r in v["rounds"]), (size, n, c)
+
+        def fx(c, k, runs=runs):
+            return [d["readers"]["fx"]["latency"][c][k] for d in runs]
+
+        def best_p50(c, runs=runs):
+            return [
+                d["readers"]["fx"]["latency"][c]["p50_ms"]
+                / min(e["latency"][c]["p50_ms"] for n, e in d["readers"].items() if n != "fx" and e.get("latency"))
+                for d in runs
+            ]
+
+        got[size] = (fx("4", "p99_over_p50"), fx("16", "p99_over_p50"), best_p50("16"))
+    (a4, a16, p64), (b4, b16, p2) = got["64m"], got["2m"]
+    assert max(a4 + a16) < 2.0 and min(b4) > 2.0 and max(p64) < 1.0
+    rrb = [d["readers"]["rust_raw_block"]["latency"]["4"]["p99_over_p50"] for d in _latency_runs("2m")]
+    for doc in (text, readme):
+        assert f"{_span(b4)} its p50" in doc or f"{_span(b4)} with 4" in doc
+        assert f"(RustRawBlockBackend {_span(rrb)})" in doc
+        assert f"{_span(p64)} the best tier's" in doc
+    assert f"fx's p99 within {_span(a4)} its p50 with 4 in flight and {_span(a16)} with 16" in text
+    assert f"fx's p99 stays within {_span(a4 + a16)} its p50 with 4 and 16 in flight" in readme
+    assert f"with 16 in flight {_span(b16)}, and its p50 {_span(p2)} the best tier's" in readme
