@@ -247,8 +247,8 @@ static int64_t check_chunk(const fx_chunk *c, const unsigned char *h, int64_t hr
 /* ------------------------------------------------------------------- run */
 
 /* Files of one wave: an eighth of the descriptor limit (two waves are open
- * at once), 16..1024, and no more than 64 when they are read from a pool of
- * openers, so the next wave opens while this one reads. */
+ * at once, one on each lane), 16..1024, and no more than 64 when they are
+ * opened on a pool of openers: no read overlaps the first wave's opens. */
 static size_t wave_size(size_t n, int pipelined)
 {
     struct rlimit rl;
@@ -297,32 +297,25 @@ static void open_one(void *ctx, size_t k)
 }
 
 typedef struct {
-    const fx_chunk *c;
     size_t n, next, w;
-    size_t *retry;
+    size_t *retry; /* room for two waves: each lane gives back at most one */
     size_t nretry;
-    fx_pool *openers;
-    int width;
 } feeder;
 
-/* Picks a wave's chunks (those that ran out of descriptors first) and starts
- * opening them; 0 when none are left. */
-static size_t wave_start(feeder *f, wave *v)
+/* A wave's chunks (those that ran out of descriptors first), at most w;
+ * 0 when none are left. */
+static size_t wave_pick(feeder *f, wave *v)
 {
-    size_t k;
+    size_t k, r = f->nretry < f->w ? f->nretry : f->w;
 
     v->cand = 0;
     v->tasks = NULL;
-    for (k = 0; k < f->nretry; k++)
+    for (k = 0; k < r; k++)
         v->idx[v->cand++] = f->retry[k];
-    f->nretry = 0;
+    memmove(f->retry, f->retry + r, (f->nretry - r) * sizeof(*f->retry));
+    f->nretry -= r;
     while (v->cand < f->w && f->next < f->n)
         v->idx[v->cand++] = f->next++;
-    if (v->cand > 1 && f->openers && f->width > 1)
-        v->tasks = fx_pool_spawn(f->openers, v->cand, open_one, v, f->width);
-    if (!v->tasks)
-        for (k = 0; k < v->cand; k++)
-            open_one(v, k);
     return v->cand;
 }
 
@@ -347,19 +340,237 @@ static void map_files(fx_op *ops, size_t m, const size_t *which, const fx_chunk_
     }
 }
 
+/* A lane takes one wave at a time: opens its files, reads them as one batch,
+ * closes them. A list of more than one wave goes down two lanes, the calling
+ * thread and a runner, so that the next wave's reads are queued while the
+ * last pieces of the one before finish: with waves read one after the other
+ * each ended with the devices draining, the busiest one last (2 MiB chunks
+ * over eight devices capped at 50 MB/s each read at 0.83x of one wave the
+ * size of the read; docs/benchmarks.md, "Waves"). */
+typedef struct {
+    wave v;
+    fx_op *ops; /* the batch of its files that opened */
+    fx_result *res;
+    char **hdrs;
+    int64_t *hdr_res;
+    size_t *which; /* chunk index of each op */
+    unsigned long closes_seen; /* reader.closes when this wave was taken */
+} lane;
+
+typedef struct {
+    const fx_chunk *c;
+    fx_chunk_result *out;
+    char *scratch;
+    int how, verify;
+    uint64_t split;
+    fx_run_fn run;
+    void *ctx;
+    fx_pool *openers;
+    int width;
+    pthread_mutex_t mu; /* the feeder, ret, active, closes, helper_done */
+    pthread_cond_t cv;  /* closes, helper_done */
+    feeder f;
+    int ret;              /* a run's own failure (-ENOMEM, -EOWNERDEAD): no lane takes another wave */
+    int active;           /* lanes with files open, or opening them */
+    unsigned long closes; /* waves whose files were closed, ever */
+    int helper_done;
+    lane lanes[2];
+} reader;
+
+/* Takes the next wave and opens its files (on the openers when there are
+ * several and some threads to run them); 0 when none is left or a run
+ * failed. */
+static int lane_take(reader *R, lane *L)
+{
+    wave *v = &L->v;
+    size_t got;
+
+    pthread_mutex_lock(&R->mu);
+    got = R->ret == 0 ? wave_pick(&R->f, v) : 0;
+    L->closes_seen = R->closes;
+    if (got)
+        R->active++;
+    pthread_mutex_unlock(&R->mu);
+    if (!got)
+        return 0;
+    if (got > 1 && R->openers && R->width > 1)
+        v->tasks = fx_pool_spawn(R->openers, got, open_one, v, R->width);
+    if (!v->tasks)
+        for (size_t k = 0; k < got; k++)
+            open_one(v, k);
+    return 1;
+}
+
+/* Reads a taken wave: waits for its opens, runs the files that opened as
+ * one batch, closes every file and checks each chunk. Files that found no
+ * descriptor go back for a later wave when a lane may have held descriptors
+ * since they were opened (this one, or the other, which may have closed
+ * them since); else they fail. A lane that opened nothing while the other
+ * holds or opens files waits for those to close, or for that lane to find
+ * it holds none, before it opens again. */
+static void lane_run(reader *R, lane *L)
+{
+    wave *v = &L->v;
+    const fx_chunk *c = R->c;
+    fx_chunk_result *out = R->out;
+    int direct = R->how & FX_OPEN_DIRECT, all_mem = 1, last_mem = -1, emfile = 0, r = 0;
+    uint64_t last_dev = 0;
+    size_t m = 0, k;
+    fx_batch b;
+
+    fx_tasks_wait(R->openers, v->tasks);
+    v->tasks = NULL;
+    for (k = 0; k < v->cand; k++) {
+        size_t i = v->idx[k];
+        int fd = v->fds[k];
+
+        if (fd >= 0) {
+            L->ops[m].fd = fd;
+            L->ops[m].offset = FX_HDR_SIZE;
+            L->ops[m].length = c[i].length;
+            L->ops[m].buf = c[i].dest;
+            L->ops[m].map = NULL;
+            L->ops[m].map_len = 0;
+            L->ops[m].dev = out[i].dev; /* from the fstat at its open */
+            L->hdrs[m] = R->scratch + i * FX_HDR_SIZE;
+            L->which[m++] = i;
+            if (direct && all_mem)
+                all_mem = fx_fd_in_memory(fd, out[i].dev, &last_dev, &last_mem);
+        } else if (fd == -EMFILE || fd == -ENFILE) {
+            emfile = 1;
+        } else {
+            out[i].status = fd;
+            out[i].nbytes = fd;
+        }
+    }
+    pthread_mutex_lock(&R->mu);
+    if (m == 0) {
+        R->active--; /* holds nothing */
+        pthread_cond_broadcast(&R->cv);
+    }
+    for (k = 0; emfile && k < v->cand; k++) {
+        int fd = v->fds[k];
+
+        if (fd != -EMFILE && fd != -ENFILE)
+            continue;
+        if (R->active > 0 || R->closes != L->closes_seen) {
+            R->f.retry[R->f.nretry++] = v->idx[k];
+        } else {
+            out[v->idx[k]].status = fd;
+            out[v->idx[k]].nbytes = fd;
+        }
+    }
+    if (m == 0 && emfile)
+        while (R->active > 0 && R->closes == L->closes_seen)
+            pthread_cond_wait(&R->cv, &R->mu);
+    pthread_mutex_unlock(&R->mu);
+    if ((R->how & FX_OPEN_MAP) && (!direct || all_mem))
+        map_files(L->ops, m, L->which, out);
+    if (m > 0) {
+        memset(&b, 0, sizeof(b));
+        b.ops = L->ops;
+        b.nops = m;
+        b.res = L->res;
+        b.want_crc = R->verify;
+        b.stage_direct = (R->how & FX_OPEN_STAGE) != 0;
+        b.crc_pool = R->openers;
+        b.crc_width = R->width;
+        b.hdrs = L->hdrs;
+        b.hdr_res = L->hdr_res;
+        b.fds_known = direct ? FX_FDS_DIRECT | (all_mem ? FX_FDS_MEM : 0) : FX_FDS_BUFFERED;
+        r = fx_batch_prepare(&b, unchecked_split(R->split, direct && !all_mem, R->verify));
+        if (r == 0) {
+            r = R->run(R->ctx, &b);
+            fx_batch_release(&b);
+        }
+        for (k = 0; k < m; k++) {
+            size_t ci = L->which[k];
+
+            if (L->ops[k].map)
+                munmap((void *)L->ops[k].map, L->ops[k].map_len);
+            close(L->ops[k].fd);
+            if (r < 0) {
+                out[ci].status = r;
+                out[ci].nbytes = r;
+                continue;
+            }
+            out[ci].nbytes = L->res[k].result;
+            out[ci].status = check_chunk(&c[ci], (const unsigned char *)L->hdrs[k],
+                                         L->hdr_res[k] == -EINPROGRESS ? -EIO : L->hdr_res[k], &L->res[k],
+                                         R->verify);
+        }
+    }
+    pthread_mutex_lock(&R->mu);
+    if (m > 0) {
+        R->active--;
+        R->closes++;
+        pthread_cond_broadcast(&R->cv);
+    }
+    if ((r == -ENOMEM || r == -EOWNERDEAD) && R->ret == 0)
+        R->ret = r;
+    pthread_mutex_unlock(&R->mu);
+}
+
+static void lane_loop(reader *R, lane *L)
+{
+    while (lane_take(R, L))
+        lane_run(R, L);
+}
+
+static void helper_lane(void *arg)
+{
+    reader *R = arg;
+
+    while (lane_take(R, &R->lanes[1])) {
+        lane_run(R, &R->lanes[1]);
+        atomic_fetch_add(&fx_helper_waves, 1);
+    }
+}
+
+/* The runner's last touch of R: the calling thread frees it once woken. */
+static void helper_finished(void *arg)
+{
+    reader *R = arg;
+
+    pthread_mutex_lock(&R->mu);
+    R->helper_done = 1;
+    pthread_cond_broadcast(&R->cv);
+    pthread_mutex_unlock(&R->mu);
+}
+
+static int lane_alloc(lane *L, const reader *R, size_t w)
+{
+    L->v.c = R->c;
+    L->v.out = R->out;
+    L->v.how = R->how;
+    L->v.idx = calloc(w, sizeof(size_t));
+    L->v.fds = calloc(w, sizeof(int));
+    L->ops = calloc(w, sizeof(*L->ops));
+    L->res = calloc(w, sizeof(*L->res));
+    L->hdrs = calloc(w, sizeof(*L->hdrs));
+    L->hdr_res = calloc(w, sizeof(*L->hdr_res));
+    L->which = calloc(w, sizeof(*L->which));
+    return L->v.idx && L->v.fds && L->ops && L->res && L->hdrs && L->hdr_res && L->which ? 0 : -ENOMEM;
+}
+
+static void lane_free(lane *L)
+{
+    free(L->v.idx);
+    free(L->v.fds);
+    free(L->ops);
+    free(L->res);
+    free(L->hdrs);
+    free(L->hdr_res);
+    free(L->which);
+}
+
 int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int verify,
                    uint64_t split, fx_run_fn run, void *ctx, struct fx_pool *openers,
                    int open_width, fx_chunk_result *out)
 {
-    feeder f = {.c = c, .n = n, .openers = openers, .width = open_width};
-    size_t w;
-    wave waves[2], *cur, *nxt;
-    fx_op *ops = NULL;
-    fx_result *res = NULL;
-    char **hdrs = NULL;
-    int64_t *hdr_res = NULL;
-    size_t *which = NULL;
-    int ret = 0, started = 0, direct = how & FX_OPEN_DIRECT;
+    reader R = {.c = c, .out = out, .scratch = scratch, .how = how, .verify = verify, .split = split,
+                .run = run, .ctx = ctx, .openers = openers, .width = open_width};
+    int nlanes, ret = 0;
 
     for (size_t k = 0; k < n; k++) {
         out[k].status = -ECANCELED;
@@ -369,139 +580,36 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
     }
     if (n == 0)
         return 0;
-    w = f.w = wave_size(n, openers && open_width > 1);
-    memset(waves, 0, sizeof(waves));
-    for (int j = 0; j < 2; j++) {
-        waves[j].c = c;
-        waves[j].out = out;
-        waves[j].how = how;
-        waves[j].idx = calloc(w, sizeof(size_t));
-        waves[j].fds = calloc(w, sizeof(int));
-    }
-    ops = calloc(w, sizeof(*ops));
-    res = calloc(w, sizeof(*res));
-    hdrs = calloc(w, sizeof(*hdrs));
-    hdr_res = calloc(w, sizeof(*hdr_res));
-    which = calloc(w, sizeof(*which));
-    f.retry = calloc(w, sizeof(*f.retry));
-    if (!ops || !res || !hdrs || !hdr_res || !which || !f.retry || !waves[0].idx ||
-        !waves[0].fds || !waves[1].idx || !waves[1].fds) {
+    R.f.n = n;
+    R.f.w = wave_size(n, openers && open_width > 1);
+    nlanes = n > R.f.w && !atomic_load_explicit(&fx_chunk_one_lane, memory_order_relaxed) ? 2 : 1;
+    R.f.retry = calloc(2 * R.f.w, sizeof(*R.f.retry));
+    for (int j = 0; j < nlanes; j++)
+        if (lane_alloc(&R.lanes[j], &R, R.f.w) < 0)
+            ret = -ENOMEM;
+    if (!R.f.retry || ret < 0) {
         ret = -ENOMEM;
         goto out;
     }
-    cur = &waves[0];
-    nxt = &waves[1];
-    started = wave_start(&f, cur) > 0;
-    while (started) {
-        fx_batch b;
-        size_t m = 0, k;
-        int r, all_mem = 1, last_mem = -1, emfile = 0;
-        uint64_t last_dev = 0;
-
-        fx_tasks_wait(openers, cur->tasks);
-        cur->tasks = NULL;
-        for (k = 0; k < cur->cand; k++) {
-            size_t i = cur->idx[k];
-            int fd = cur->fds[k];
-
-            if (fd >= 0) {
-                ops[m].fd = fd;
-                ops[m].offset = FX_HDR_SIZE;
-                ops[m].length = c[i].length;
-                ops[m].buf = c[i].dest;
-                ops[m].map = NULL;
-                ops[m].map_len = 0;
-                ops[m].dev = out[i].dev; /* from the fstat at its open */
-                hdrs[m] = scratch + i * FX_HDR_SIZE;
-                which[m++] = i;
-                if (direct && all_mem)
-                    all_mem = fx_fd_in_memory(fd, out[i].dev, &last_dev, &last_mem);
-            } else if (fd == -EMFILE || fd == -ENFILE) {
-                emfile = 1;
-            } else {
-                out[i].status = fd;
-                out[i].nbytes = fd;
-            }
-        }
-        /* Out of descriptors: with others open, those go again in a later
-         * wave; with none open here, they fail. */
-        for (k = 0; emfile && k < cur->cand; k++) {
-            int fd = cur->fds[k];
-
-            if (fd != -EMFILE && fd != -ENFILE)
-                continue;
-            if (m > 0) {
-                f.retry[f.nretry++] = cur->idx[k];
-            } else {
-                out[cur->idx[k]].status = fd;
-                out[cur->idx[k]].nbytes = fd;
-            }
-        }
-        if ((how & FX_OPEN_MAP) && (!direct || all_mem))
-            map_files(ops, m, which, out);
-        /* The next wave opens while this one reads. */
-        started = wave_start(&f, nxt) > 0;
-        if (m > 0) {
-            memset(&b, 0, sizeof(b));
-            b.ops = ops;
-            b.nops = m;
-            b.res = res;
-            b.want_crc = verify;
-            b.stage_direct = (how & FX_OPEN_STAGE) != 0;
-            b.crc_pool = openers;
-            b.crc_width = open_width;
-            b.hdrs = hdrs;
-            b.hdr_res = hdr_res;
-            b.fds_known = direct ? FX_FDS_DIRECT | (all_mem ? FX_FDS_MEM : 0) : FX_FDS_BUFFERED;
-            r = fx_batch_prepare(&b, unchecked_split(split, direct && !all_mem, verify));
-            if (r == 0) {
-                r = run(ctx, &b);
-                fx_batch_release(&b);
-            }
-            for (k = 0; k < m; k++) {
-                size_t ci = which[k];
-
-                if (ops[k].map)
-                    munmap((void *)ops[k].map, ops[k].map_len);
-                close(ops[k].fd);
-                if (r < 0) {
-                    out[ci].status = r;
-                    out[ci].nbytes = r;
-                    continue;
-                }
-                out[ci].nbytes = res[k].result;
-                out[ci].status = check_chunk(&c[ci], (const unsigned char *)hdrs[k],
-                                             hdr_res[k] == -EINPROGRESS ? -EIO : hdr_res[k],
-                                             &res[k], verify);
-            }
-            if (r == -ENOMEM || r == -EOWNERDEAD) {
-                ret = r;
-                break;
-            }
-        }
-        {
-            wave *t = cur;
-            cur = nxt;
-            nxt = t;
-        }
+    pthread_mutex_init(&R.mu, NULL);
+    pthread_cond_init(&R.cv, NULL);
+    R.helper_done = 1;
+    if (nlanes == 2) {
+        R.helper_done = 0;
+        if (fx_runner_start(helper_lane, helper_finished, &R, 0) < 0)
+            R.helper_done = 1; /* no thread to be had: one lane, as with a single wave */
     }
-    if (ret < 0 && started) {
-        /* Stopped early: the wave being opened is waited for and closed. */
-        fx_tasks_wait(openers, nxt->tasks);
-        for (size_t k = 0; k < nxt->cand; k++)
-            if (nxt->fds[k] >= 0)
-                close(nxt->fds[k]);
-    }
+    lane_loop(&R, &R.lanes[0]);
+    pthread_mutex_lock(&R.mu);
+    while (!R.helper_done)
+        pthread_cond_wait(&R.cv, &R.mu);
+    pthread_mutex_unlock(&R.mu);
+    pthread_cond_destroy(&R.cv);
+    pthread_mutex_destroy(&R.mu);
+    ret = R.ret;
 out:
-    for (int j = 0; j < 2; j++) {
-        free(waves[j].idx);
-        free(waves[j].fds);
-    }
-    free(ops);
-    free(res);
-    free(hdrs);
-    free(hdr_res);
-    free(which);
-    free(f.retry);
+    for (int j = 0; j < nlanes; j++)
+        lane_free(&R.lanes[j]);
+    free(R.f.retry);
     return ret;
 }

@@ -150,6 +150,10 @@ extern _Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;
 /* O_DIRECT pieces read through an io_uring staging slot, and the staging
  * buffers the process has made (kept; tests). */
 extern _Atomic unsigned long fx_direct_staged_pieces;
+/* Waves of chunk files read_chunks read on its second lane (tests), and
+ * nonzero when every read_chunks keeps to one lane (probes and tests). */
+extern _Atomic unsigned long fx_helper_waves;
+extern _Atomic int fx_chunk_one_lane;
 unsigned fx_stage_buffers(void);
 /* Makes every staging buffer a store striped over `devices` devices may use
  * now (a store that stages, at open); returns how many the process has. */

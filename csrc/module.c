@@ -1408,6 +1408,16 @@ static PyObject *mod_set_piece_order(PyObject *m, PyObject *arg)
     return PyBool_FromLong(atomic_exchange(&fx_piece_order_ops, ops));
 }
 
+static PyObject *mod_set_one_lane(PyObject *m, PyObject *arg)
+{
+    int one = PyObject_IsTrue(arg);
+
+    (void)m;
+    if (one < 0)
+        return NULL;
+    return PyBool_FromLong(atomic_exchange(&fx_chunk_one_lane, one));
+}
+
 COUNTER_FN(mod_crc_spread_runs, fx_crc_spread_runs)
 COUNTER_FN(mod_direct_staged_pieces, fx_direct_staged_pieces)
 COUNTER_FN(mod_stage_buffers, fx_stage_buffers())
@@ -1416,6 +1426,7 @@ COUNTER_FN(mod_uring_peak_inflight, atomic_exchange(&fx_uring_peak_inflight, 0))
 COUNTER_FN(mod_uring_last_end, fx_uring_last_end)
 COUNTER_FN(mod_runners_idle, fx_runners_idle())
 COUNTER_FN(mod_runners_started, fx_runners_started())
+COUNTER_FN(mod_helper_waves, fx_helper_waves)
 
 /* A call without arguments that may block (faults pages in, makes rings),
  * made with the GIL released; its result converted by to_py. */
@@ -1680,6 +1691,8 @@ static PyMethodDef module_methods[] = {
      "_runners_idle() -> int: batch runner threads waiting for the next submit (tests)"},
     {"_runners_started", (PyCFunction)mod_runners_started, METH_NOARGS,
      "_runners_started() -> int: batch runner threads started in this process so far (tests)"},
+    {"_helper_waves", (PyCFunction)mod_helper_waves, METH_NOARGS,
+     "_helper_waves() -> int: waves of chunk files read_chunks read on its second lane so far (tests)"},
     {"direct_staged_pieces", (PyCFunction)mod_direct_staged_pieces, METH_NOARGS,
      "direct_staged_pieces() -> int: O_DIRECT pieces the io_uring engine read through a staging slot (stage=True)"},
     {"io_uring_shares_buffers", (PyCFunction)mod_io_uring_shares_buffers, METH_NOARGS,
@@ -1696,6 +1709,9 @@ static PyMethodDef module_methods[] = {
     {"last_read_chunks_ns", (PyCFunction)mod_last_read_chunks_ns, METH_NOARGS,
      "last_read_chunks_ns() -> (engine_ns, gil_ns): this thread's last read_chunks call, its time in the engine "
      "and its wait for the GIL after it"},
+    {"_set_one_lane", (PyCFunction)mod_set_one_lane, METH_O,
+     "_set_one_lane(one: bool) -> bool: True reads every read_chunks call's waves one after another on the calling "
+     "thread (probes, tests); returns the previous setting"},
     {"_set_piece_order", (PyCFunction)mod_set_piece_order, METH_O,
      "_set_piece_order(ops: bool) -> bool: True keeps every read's pieces in op order (probes, tests); returns the "
      "previous setting"},

@@ -207,6 +207,10 @@ def _runners_idle() -> int:
 def _runners_started() -> int:
     """Batch runner threads started in this process so far (tests)."""
 
+def _helper_waves() -> int:
+    """Waves of chunk files read_chunks read on its second lane (a runner
+    beside the calling thread) so far (tests)."""
+
 def map_stats() -> tuple[int, int]:
     """(pieces copied from a file mapping, copies whose source faulted and
     were read instead), since the module was loaded."""
@@ -241,6 +245,11 @@ def staged_pieces() -> int:
 def last_read_chunks_ns() -> tuple[int, int]:
     """This thread's last Engine.read_chunks call: (ns in the engine, ns
     waiting for the GIL after it)."""
+
+def _set_one_lane(one: bool) -> bool:
+    """True: every read_chunks call reads its waves one after another on
+    the calling thread, as before they went down two lanes (probes and
+    tests); returns the previous setting."""
 
 def _set_piece_order(ops: bool) -> bool:
     """True keeps every read's pieces in op order (probes, tests); returns the previous setting."""

@@ -31,10 +31,15 @@ show how many devices each way keeps busy, as on a host with cores to spare.
 batch of its own: a lone chunk goes under its digest's first root, where digest
 striping put every chunk before a write batch was balanced over the roots (the
 main set is written as one batch).
+--one-lane adds the fx ways with every read_chunks call's waves (64 files each)
+read one after another on the calling thread (_fxio._set_one_lane), as before
+a read of several waves went down two lanes.
 
     .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 48 --reps 5 --json docs/inflight-probe-8.json
     .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 48 --reps 5 --throttle-mbps 400 --piece-order
     .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 48 --reps 5 --throttle-mbps 400 --placement
+    .venv/bin/python scripts/inflight_probe.py --devices 8 --chunks 768 --chunk-mib 2 --reps 3 --throttle-mbps 50 \
+        --placement --one-lane
 """
 
 from __future__ import annotations
@@ -159,6 +164,11 @@ def main() -> None:
         help="also the default way over as many chunks written one a batch (each under its digest's first root, "
         "as digest striping put every chunk)",
     )
+    ap.add_argument(
+        "--one-lane",
+        action="store_true",
+        help="also the default ways with each read's waves read one after another (one lane)",
+    )
     ap.add_argument("--json")
     a = ap.parse_args()
     if shutil.which("fio") is None:
@@ -209,6 +219,12 @@ def main() -> None:
             ways["fx, staged, chunks written one a batch (by digest)"] = dict(
                 staged_reads="true", queue_depth=32, keys=lone_keys
             )
+        if a.one_lane:  # waves one after another, as before two lanes
+            ways["fx, staged, one lane"] = dict(staged_reads="true", queue_depth=32, one_lane=1)
+            if a.placement:
+                ways["fx, staged, chunks written one a batch (by digest), one lane"] = dict(
+                    staged_reads="true", queue_depth=32, keys=lone_keys, one_lane=1
+                )
         if a.piece_order:  # the order pieces were queued in before, beside
             ways["fx, staged, pieces in op order"] = dict(staged_reads="true", queue_depth=32, ops=1)
             ways["fx, unstaged, pieces in op order"] = dict(staged_reads="false", queue_depth=32, ops=1)
@@ -222,6 +238,7 @@ def main() -> None:
                 if opts is not None:
                     opts = dict(opts)
                     _fxio._set_piece_order(bool(opts.pop("ops", 0)))
+                    _fxio._set_one_lane(bool(opts.pop("one_lane", 0)))
                     read_keys = opts.pop("keys", keys)
                     st = store_mod.ChunkStore(FxOptions(path=",".join(paths), max_capacity_gb=1e6, **opts))
 

@@ -244,6 +244,7 @@ def test_thousand_small_chunks_one_call(kind, store, rootfd):
     for i, p in enumerate(payloads):
         write_chunk(store, f"ab/s{i}.fxkv", p, key=f"s{i}")
     eng = fx.Engine(kind, queue_depth=32)
+    helped = fx._helper_waves()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
     try:
@@ -254,6 +255,70 @@ def test_thousand_small_chunks_one_call(kind, store, rootfd):
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     eng.close()
+    assert fx._helper_waves() > helped  # waves of 32 files: some went down the second lane
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_lanes_with_few_descriptors_left(kind, store, tmp_path):
+    """A read of many waves goes down two lanes, the calling thread and a
+    runner, each holding one wave's files open. With descriptors left for
+    about one and a quarter waves, or for one file, a lane that finds none
+    gives its chunks back for a later wave and waits for the other lane's
+    files to close: every chunk is read, bit-exact. With none left, every chunk fails with
+    EMFILE and the call returns (a child, killed if it hangs); once
+    descriptors are free again the same read succeeds."""
+    n = 200
+    rng = random.Random(200)
+    payloads = [rng.randbytes(4096) for _ in range(n)]
+    for i, p in enumerate(payloads):
+        write_chunk(store, f"ab/w{i}.fxkv", p, key=f"w{i}")
+    body = """
+import errno
+import resource
+n = ARGS["n"]
+rootfd = os.open(ARGS["store"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+eng = fx.Engine(ARGS["kind"], queue_depth=32)
+dest = fx.HostBuffer(n * 4096, hugepages=False)
+scratch = fx.HostBuffer(4096 * n, hugepages=False)
+chunks = [(rootfd, f"ab/w{i}.fxkv", dest.address + i * 4096, 4096) for i in range(n)]
+eng.read_chunks(chunks[:40], scratch.address)  # the openers, rings and a runner made first
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))  # waves of 32 files
+
+def leave(free):
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as e:
+        assert e.errno == errno.EMFILE, e
+    for _ in range(free):
+        os.close(held.pop())
+    return held
+
+def read():
+    memoryview(dest)[:] = bytes([0xEE]) * len(dest)
+    return [r[0] for r in eng.read_chunks(chunks, scratch.address)], fx.crc32c(bytes(dest))
+
+got = {}
+for free in (40, 1):  # room for some files of two waves; for one file at a time
+    held = leave(free)
+    got[f"few{free}"] = read()
+    for fd in held:
+        os.close(fd)
+held = leave(0)
+got["none"] = read()
+for fd in held:
+    os.close(fd)
+got["again"] = read()
+out(**got)
+"""
+    r = run_child(body, {"store": store, "n": n, "kind": kind}, tmp_path)
+    want = fx.crc32c(b"".join(payloads))
+    assert r["few40"] == [[fx.CHUNK_OK] * n, want]
+    assert r["few1"] == [[fx.CHUNK_OK] * n, want]
+    assert r["none"][0] == [-errno.EMFILE] * n
+    assert r["again"] == [[fx.CHUNK_OK] * n, want]
 
 
 def test_last_read_chunks_ns_is_this_threads_last_call(store, rootfd):
