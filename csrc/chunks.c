@@ -346,7 +346,9 @@ static void map_files(fx_op *ops, size_t m, const size_t *which, const fx_chunk_
  * last pieces of the one before finish: with waves read one after the other
  * each ended with the devices draining, the busiest one last (2 MiB chunks
  * over eight devices capped at 50 MB/s each read at 0.83x of one wave the
- * size of the read; docs/benchmarks.md, "Waves"). */
+ * size of the read; docs/benchmarks.md, "Waves"). The two batches at once may
+ * take a second io_uring ring of the engine's (kept, as for concurrent
+ * reads). Alone, the calling thread opens the next wave while it reads one. */
 typedef struct {
     wave v;
     fx_op *ops; /* the batch of its files that opened */
@@ -354,6 +356,8 @@ typedef struct {
     char **hdrs;
     int64_t *hdr_res;
     size_t *which; /* chunk index of each op */
+    size_t m;      /* ops: the wave's files that opened */
+    int all_mem;   /* every one of them in memory (fx_fd_in_memory) */
     unsigned long closes_seen; /* reader.closes when this wave was taken */
 } lane;
 
@@ -401,22 +405,21 @@ static int lane_take(reader *R, lane *L)
     return 1;
 }
 
-/* Reads a taken wave: waits for its opens, runs the files that opened as
- * one batch, closes every file and checks each chunk. Files that found no
+/* Waits for a taken wave's opens and makes a batch of the files that
+ * opened (lane_read runs it). Files that found no
  * descriptor go back for a later wave when a lane may have held descriptors
  * since they were opened (this one, or the other, which may have closed
  * them since); else they fail. A lane that opened nothing while the other
  * holds or opens files waits for those to close, or for that lane to find
  * it holds none, before it opens again. */
-static void lane_run(reader *R, lane *L)
+static void lane_opened(reader *R, lane *L)
 {
     wave *v = &L->v;
     const fx_chunk *c = R->c;
     fx_chunk_result *out = R->out;
-    int direct = R->how & FX_OPEN_DIRECT, all_mem = 1, last_mem = -1, emfile = 0, r = 0;
+    int direct = R->how & FX_OPEN_DIRECT, all_mem = 1, last_mem = -1, emfile = 0;
     uint64_t last_dev = 0;
     size_t m = 0, k;
-    fx_batch b;
 
     fx_tasks_wait(R->openers, v->tasks);
     v->tasks = NULL;
@@ -454,6 +457,7 @@ static void lane_run(reader *R, lane *L)
         if (fd != -EMFILE && fd != -ENFILE)
             continue;
         if (R->active > 0 || R->closes != L->closes_seen) {
+            /* fits: what the list and both lanes' waves hold is at most 2w */
             R->f.retry[R->f.nretry++] = v->idx[k];
         } else {
             out[v->idx[k]].status = fd;
@@ -466,6 +470,20 @@ static void lane_run(reader *R, lane *L)
     pthread_mutex_unlock(&R->mu);
     if ((R->how & FX_OPEN_MAP) && (!direct || all_mem))
         map_files(L->ops, m, L->which, out);
+    L->m = m;
+    L->all_mem = all_mem;
+}
+
+/* Runs the files of a wave that opened as one batch, closes them and checks
+ * each chunk. */
+static void lane_read(reader *R, lane *L)
+{
+    const fx_chunk *c = R->c;
+    fx_chunk_result *out = R->out;
+    int direct = R->how & FX_OPEN_DIRECT, all_mem = L->all_mem, r = 0;
+    size_t m = L->m, k;
+    fx_batch b;
+
     if (m > 0) {
         memset(&b, 0, sizeof(b));
         b.ops = L->ops;
@@ -511,10 +529,35 @@ static void lane_run(reader *R, lane *L)
     pthread_mutex_unlock(&R->mu);
 }
 
+/* One of two lanes: its waves one at a time, while the other lane reads. */
 static void lane_loop(reader *R, lane *L)
 {
-    while (lane_take(R, L))
-        lane_run(R, L);
+    while (lane_take(R, L)) {
+        lane_opened(R, L);
+        lane_read(R, L);
+    }
+}
+
+/* The calling thread alone (one wave, or no runner to be had, or
+ * _set_one_lane): each wave read while the next one's files open. */
+static void solo_loop(reader *R, lane *cur, lane *nxt)
+{
+    int have = lane_take(R, cur);
+
+    while (have) {
+        int next;
+
+        lane_opened(R, cur);
+        next = nxt && lane_take(R, nxt);
+        lane_read(R, cur);
+        if (next) {
+            lane *t = cur;
+
+            cur = nxt;
+            nxt = t;
+        }
+        have = next;
+    }
 }
 
 static void helper_lane(void *arg)
@@ -522,7 +565,8 @@ static void helper_lane(void *arg)
     reader *R = arg;
 
     while (lane_take(R, &R->lanes[1])) {
-        lane_run(R, &R->lanes[1]);
+        lane_opened(R, &R->lanes[1]);
+        lane_read(R, &R->lanes[1]);
         atomic_fetch_add(&fx_helper_waves, 1);
     }
 }
@@ -582,7 +626,7 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
         return 0;
     R.f.n = n;
     R.f.w = wave_size(n, openers && open_width > 1);
-    nlanes = n > R.f.w && !atomic_load_explicit(&fx_chunk_one_lane, memory_order_relaxed) ? 2 : 1;
+    nlanes = n > R.f.w ? 2 : 1; /* the second lane's buffers also hold the wave opened next when alone */
     R.f.retry = calloc(2 * R.f.w, sizeof(*R.f.retry));
     for (int j = 0; j < nlanes; j++)
         if (lane_alloc(&R.lanes[j], &R, R.f.w) < 0)
@@ -594,12 +638,15 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
     pthread_mutex_init(&R.mu, NULL);
     pthread_cond_init(&R.cv, NULL);
     R.helper_done = 1;
-    if (nlanes == 2) {
+    if (nlanes == 2 && !atomic_load_explicit(&fx_chunk_one_lane, memory_order_relaxed)) {
         R.helper_done = 0;
         if (fx_runner_start(helper_lane, helper_finished, &R, 0) < 0)
-            R.helper_done = 1; /* no thread to be had: one lane, as with a single wave */
+            R.helper_done = 1; /* no thread to be had */
     }
-    lane_loop(&R, &R.lanes[0]);
+    if (R.helper_done)
+        solo_loop(&R, &R.lanes[0], nlanes == 2 ? &R.lanes[1] : NULL);
+    else
+        lane_loop(&R, &R.lanes[0]);
     pthread_mutex_lock(&R.mu);
     while (!R.helper_done)
         pthread_cond_wait(&R.cv, &R.mu);

@@ -337,10 +337,11 @@ struct fx_pool;
 /* Checked O_DIRECT payloads through a staging buffer (fx_batch.stage_direct). */
 #define FX_OPEN_STAGE 8
 #define FX_MAP_MIN ((uint64_t)2 << 20)
-/* Runs the whole list (in waves bounded by open files); no GIL. Opens run
- * on up to open_width threads of `openers` when given (a cold open reads
- * the inode: a wait per file), else on the calling thread. 0 or -errno
- * (-ENOMEM, -EOWNERDEAD); per-chunk failures are in out. */
+/* Runs the whole list (in waves bounded by open files; a list of several
+ * waves on two lanes, the calling thread and a runner, one wave each); no
+ * GIL. Opens run on up to open_width threads of `openers` when given (a
+ * cold open reads the inode: a wait per file), else on the lane's thread.
+ * 0 or -errno (-ENOMEM, -EOWNERDEAD); per-chunk failures are in out. */
 int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int verify,
                    uint64_t split, fx_run_fn run, void *ctx, struct fx_pool *openers,
                    int open_width, fx_chunk_result *out);
