@@ -3091,7 +3091,8 @@ def test_latency_at_5dbed3b_is_the_committed_json():
 
 def test_docs_waves_on_two_lanes_are_the_committed_json():
     """Two lanes (cb6ff76): the page's table is bench_tables' over the
-    committed throttled probe at cb6ff76, and its figures are the JSON's;
+    committed throttled probe at ab74f14 (one lane as before cb6ff76, the
+    next wave opened while one is read), and its figures are the JSON's;
     in that run two lanes read faster than one, balanced and by digest, and
     by digest reached the bound of its busiest device over the whole read
     where one lane stayed below it. On one device the A/B against 49f5c85
@@ -3102,7 +3103,7 @@ def test_docs_waves_on_two_lanes_are_the_committed_json():
     assert mod.inflight_table([("8 devices, 50 MB/s each, 768 × 2 MiB", path)]) in page
     text = " ".join(page.split())
     d = _docs_json("inflight-probe-8-lanes.json")
-    assert d["git_commit"].startswith("cb6ff76") and not d["git_commit"].endswith("+dirty") and d["reps"] == 3
+    assert d["git_commit"].startswith("ab74f14") and not d["git_commit"].endswith("+dirty") and d["reps"] == 3
     w = {k: v["gbps_median"] for k, v in d["ways"].items()}
     b2, b1 = w["fx, staged (the default here), queue_depth 32 per device"], w["fx, staged, one lane"]
     d2 = w["fx, staged, chunks written one a batch (by digest)"]
