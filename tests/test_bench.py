@@ -2965,6 +2965,7 @@ README_CASES = [
 
 
 def _round_runs(case: str) -> list[dict]:
+    """Runs 1-3 of one case of the round at 5dbed3b (e.g. xfs-2m, lat-64m)."""
     out = []
     for r in (1, 2, 3):
         with open(os.path.join(ROUND_5DBED3B, f"{case}-run{r}.json")) as f:
@@ -3034,14 +3035,6 @@ def test_readme_round_at_5dbed3b_is_the_committed_json():
     assert f"its L2 adapter stores at {_span(ratios('tmpfs-64m', 'fx-l2', 'store_same_level'))}" in text
 
 
-def _latency_runs(size: str) -> list[dict]:
-    out = []
-    for r in (1, 2, 3):
-        with open(os.path.join(ROUND_5DBED3B, f"lat-{size}-run{r}.json")) as f:
-            out.append(json.load(f))
-    return out
-
-
 def test_latency_at_5dbed3b_is_the_committed_json():
     """The awaited latency runs at 5dbed3b: the page's table is
     `bench_tables.py --latency-rounds` over the six runs, every request a
@@ -3059,7 +3052,7 @@ def test_latency_at_5dbed3b_is_the_committed_json():
         readme = " ".join(f.read().split())
     got = {}
     for size in ("64m", "2m"):
-        runs = _latency_runs(size)
+        runs = _round_runs(f"lat-{size}")
         for d in runs:
             assert d["git_commit"].startswith("5dbed3b") and d["config"]["latency_awaited"]
             for n, e in d["readers"].items():
@@ -3079,7 +3072,7 @@ def test_latency_at_5dbed3b_is_the_committed_json():
         got[size] = (fx("4", "p99_over_p50"), fx("16", "p99_over_p50"), best_p50("16"))
     (a4, a16, p64), (b4, b16, p2) = got["64m"], got["2m"]
     assert max(a4 + a16) < 2.0 and min(b4) > 2.0 and max(p64) < 1.0
-    rrb = [d["readers"]["rust_raw_block"]["latency"]["4"]["p99_over_p50"] for d in _latency_runs("2m")]
+    rrb = [d["readers"]["rust_raw_block"]["latency"]["4"]["p99_over_p50"] for d in _round_runs("lat-2m")]
     for doc in (text, readme):
         assert f"{_span(b4)} its p50" in doc or f"{_span(b4)} with 4" in doc
         assert f"(RustRawBlockBackend {_span(rrb)})" in doc
