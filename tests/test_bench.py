@@ -3019,15 +3019,20 @@ def test_readme_round_at_5dbed3b_is_the_committed_json():
     )
     assert f"Without the check fx is at {_span(cpu_nv, '{:.1f}')}" in text
     fsn = [d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"] for c in xfs[:2] for d in runs[c]]
-    assert f"whole read ({min(fsn):.3f}–{max(fsn):.3f} s/GB at 64 and 10 MiB)" in text and max(fsn) < 0.026
+    zen4 = _docs_json("crc32c-speed-zen4.json")  # the round's CPU: the CRC32C's own cost from memory there
+    assert all(d["machine"]["cpu_family"] == zen4["cpu"]["cpu family"] for rs in runs.values() for d in rs)
+    crc = 1 / next(r["gbps"] for r in zen4["rows"] if "in use" in r["impl"] and r["size"] == "64 MiB")
+    assert f"costs about {crc:.3f} s/GB on this CPU" in text
+    assert f"whole read ({min(fsn):.3f}–{max(fsn):.3f} s/GB at 64 and 10 MiB)" in text and max(fsn) < crc
     eng = {c: ratios(c, "fx", "store_same_level") for c in xfs}
     l2 = {c: ratios(c, "fx-l2", "store_same_level") for c in xfs}
     assert (
         f"through LMCache's engine {_span([v for c in xfs for v in eng[c]])} the best tier (medians "
-        f"{', '.join(med(eng[c]) for c in xfs)} at 64, 10 and 2 MiB); fx's L2 adapter "
+        f"{', '.join(med(eng[c]) for c in xfs)} at 64, 10 and 2 MiB; the best run "
+        f"{max(v for c in xfs for v in eng[c]):.3f}×); fx's L2 adapter "
         f"{_span([v for c in xfs for v in l2[c]])} the best L2 adapter ({', '.join(med(l2[c]) for c in xfs)})" in text
     )
-    assert max(v for c in xfs for v in l2[c]) < 1.0  # behind, as the bullet says
+    assert max(v for c in xfs for v in l2[c] + eng[c]) < 1.0  # behind in every run, as the bullet says
     t64, t2 = ratios("tmpfs-64m", "fx", "tier_read"), ratios("tmpfs-2m", "fx", "tier_read")
     assert f"fx reads 64 MiB chunks at a median {med(t64)} the best peer" in text and statistics.median(t64) >= 1.2
     assert f"At 2 MiB fx reads at {_span(t2)}: ahead, short of the 1.2× target" in text
