@@ -3130,3 +3130,38 @@ def test_docs_waves_on_two_lanes_are_the_committed_json():
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = " ".join(f.read().split())
     assert f"read at {d1 / bound:.2f}× of the read's own bound that way" in readme
+
+
+def test_mixed_round_at_0f80b82_is_the_committed_json():
+    """The --mixed runs at 0f80b82: the page's table is bench_tables' over
+    the six JSONs, and the ratios the page and the README quote are the
+    JSON's: fx-l2's loads beside a store ahead of fs_native's in every run,
+    behind raw_block's at 2 MiB in every run."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "round-0f80b82")
+    groups = [(f"{s} MiB", [os.path.join(d, f"mixed-{s}m-run{r}.json") for r in (1, 2, 3)]) for s in (64, 2)]
+    page = _page()
+    assert mod.mixed_runs_table(groups) in page
+    text = " ".join(page.split())
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    got = {}
+    for label, paths in groups:
+        runs = []
+        for p in paths:
+            with open(p) as f:
+                runs.append(json.load(f))
+        assert all(r["git_commit"].startswith("0f80b82") and not r["git_commit"].endswith("+dirty") for r in runs)
+
+        def over(n, k, runs=runs):
+            return [r["readers"]["fx-l2"]["mixed"][k] / r["readers"][n]["mixed"][k] for r in runs]
+
+        got[label] = (over("fs_native", "load_gbps"), over("raw_block", "load_gbps"), over("fs_native", "store_gbps"))
+    (f64, r64, s64), (f2, r2, s2) = got["64 MiB"], got["2 MiB"]
+    assert min(f64 + f2) > 1.0 and max(r2) < 1.0
+    assert f"lead fs_native's**: {_span(f64)} at 64 MiB, {_span(f2)} at 2 MiB" in text
+    assert f"(fx-l2 at {_span(r2)} of them) and in one run of three at 64 MiB ({_span(r64)})" in text
+    assert f"runs at {_span(s64)} fs_native's at 64 MiB and {_span(s2)} at 2 MiB" in text
+    assert f"loads {_span(f64)} as fast as `fs_native` at 64 MiB and {_span(f2)} at 2 MiB" in readme
+    assert f"(fx at {_span(r2)})" in readme and f"runs at {_span(s64)} and {_span(s2)} `fs_native`'s" in readme
+    assert f"fx is at {_span(r64)}" in readme and f"in one run of three at 64 MiB ({_span(r64)})" in text
