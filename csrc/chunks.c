@@ -406,12 +406,12 @@ static int lane_take(reader *R, lane *L)
 }
 
 /* Waits for a taken wave's opens and makes a batch of the files that
- * opened (lane_read runs it). Files that found no
- * descriptor go back for a later wave when a lane may have held descriptors
- * since they were opened (this one, or the other, which may have closed
- * them since); else they fail. A lane that opened nothing while the other
- * holds or opens files waits for those to close, or for that lane to find
- * it holds none, before it opens again. */
+ * opened (lane_read runs it). Files that found no descriptor go back for a
+ * later wave when a lane may have held descriptors since they were opened
+ * (this one, or the other, which may have closed them since); else they
+ * fail. A lane that opened nothing while the other holds or opens files
+ * waits for those to close, or for that lane to find it holds none, before
+ * it opens again. */
 static void lane_opened(reader *R, lane *L)
 {
     wave *v = &L->v;
@@ -529,13 +529,17 @@ static void lane_read(reader *R, lane *L)
     pthread_mutex_unlock(&R->mu);
 }
 
-/* One of two lanes: its waves one at a time, while the other lane reads. */
-static void lane_loop(reader *R, lane *L)
+/* One of two lanes: its waves one at a time, while the other lane reads;
+ * returns how many it read. */
+static unsigned long lane_loop(reader *R, lane *L)
 {
-    while (lane_take(R, L)) {
+    unsigned long waves = 0;
+
+    for (; lane_take(R, L); waves++) {
         lane_opened(R, L);
         lane_read(R, L);
     }
+    return waves;
 }
 
 /* The calling thread alone (one wave, or no runner to be had, or
@@ -564,11 +568,7 @@ static void helper_lane(void *arg)
 {
     reader *R = arg;
 
-    while (lane_take(R, &R->lanes[1])) {
-        lane_opened(R, &R->lanes[1]);
-        lane_read(R, &R->lanes[1]);
-        atomic_fetch_add(&fx_helper_waves, 1);
-    }
+    atomic_fetch_add(&fx_helper_waves, lane_loop(R, &R->lanes[1]));
 }
 
 /* The runner's last touch of R: the calling thread frees it once woken. */

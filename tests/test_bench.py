@@ -2964,6 +2964,12 @@ README_CASES = [
 ]
 
 
+def _readme_flat() -> str:
+    """README.md with its whitespace runs made single spaces (quotes wrap)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return " ".join(f.read().split())
+
+
 def _round_runs(case: str) -> list[dict]:
     """Runs 1-3 of one case of the round at 5dbed3b (e.g. xfs-2m, lat-64m)."""
     out = []
@@ -3053,8 +3059,7 @@ def test_latency_at_5dbed3b_is_the_committed_json():
     page = _page()
     assert mod.latency_rounds_table(cases) in page
     text = " ".join(page.split())
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    readme = _readme_flat()
     got = {}
     for size in ("64m", "2m"):
         runs = _round_runs(f"lat-{size}")
@@ -3127,8 +3132,7 @@ def test_docs_waves_on_two_lanes_are_the_committed_json():
         f"read at {min(r2):.2f}–{max(r2):.2f}× of the old build's speed (pair medians) for {min(c2):.2f}–{max(c2):.2f}×"
         in text
     )
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    readme = _readme_flat()
     assert f"read at {d1 / bound:.2f}× of the read's own bound that way" in readme
 
 
@@ -3143,14 +3147,10 @@ def test_mixed_round_at_0f80b82_is_the_committed_json():
     page = _page()
     assert mod.mixed_runs_table(groups) in page
     text = " ".join(page.split())
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    readme = _readme_flat()
     got = {}
     for label, paths in groups:
-        runs = []
-        for p in paths:
-            with open(p) as f:
-                runs.append(json.load(f))
+        runs = [_docs_json(os.path.relpath(p, os.path.join(ROOT, "docs"))) for p in paths]
         assert all(r["git_commit"].startswith("0f80b82") and not r["git_commit"].endswith("+dirty") for r in runs)
 
         def over(n, k, runs=runs):
