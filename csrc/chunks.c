@@ -131,6 +131,21 @@ static int open_beneath(int dirfd, const char *name, int flags)
     return open_walk(dirfd, name, flags);
 }
 
+/* lstat of <dirfd>/<name> with no symlink followed on the way (a planted
+ * fan-out directory is ELOOP, as for a read; a symlink as the last component
+ * is stat'ed itself): a lookup sees exactly the files a read would open.
+ * 0 or -errno. */
+int fx_stat_beneath(int dirfd, const char *name, struct stat *st)
+{
+    int r, fd = open_beneath(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+
+    if (fd < 0)
+        return fd;
+    r = fstat(fd, st) < 0 ? -errno : 0;
+    close(fd);
+    return r;
+}
+
 /* With FX_OPEN_LOCK: an OFD read lock on the whole file, so that an
  * evictor (store.py, _open_deferred) cannot take its write lock and
  * rewrite the file while it is read. 0, -ESTALE (a writer holds a lock:

@@ -346,6 +346,9 @@ int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int veri
                    uint64_t split, fx_run_fn run, void *ctx, struct fx_pool *openers,
                    int open_width, fx_chunk_result *out);
 const char *fx_chunk_status_name(int status);
+/* lstat of <dirfd>/<name>, no symlink followed on the way: 0 or -errno. */
+struct stat;
+int fx_stat_beneath(int dirfd, const char *name, struct stat *st);
 
 /* ---- chunk files written, one pipeline per chunk ----
  * Each temporary fd (opened by the caller, its size reserved) gets its

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fxmodule.h"
@@ -642,6 +643,106 @@ fail:
     Py_DECREF(seq);
     chunk_args_free(a);
     return -1;
+}
+
+/* ------------------------------------------------------------ stat_beneath */
+
+typedef struct {
+    struct stat st;
+    int err; /* 0, -errno, or 1: not looked at (after the first miss) */
+} stat_one;
+
+/* stat_beneath(items, stop_at_missing=False): the lstat of each (dir_fd,
+ * name), no symlink followed on the way, in one call without the GIL: a
+ * lookup of a prompt's chunks costs a syscall loop here, not a Python loop
+ * of opens, stats and closes. Each answer is None (absent, refused, or not
+ * looked at) or (st_mode, st_size, st_mtime_ns, st_dev, st_ino). With
+ * stop_at_missing, the names after the first that is not a regular file are
+ * not looked at (a prefix lookup stops there). */
+static PyObject *mod_stat_beneath(PyObject *m, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"items", "stop_at_missing", NULL};
+    PyObject *items, *seq, *out = NULL;
+    int stop = 0;
+    Py_ssize_t n, i;
+    size_t used = 0, cap = 0;
+    char *arena = NULL;
+    Py_ssize_t *off = NULL;
+    int *fds = NULL;
+    stat_one *res = NULL;
+
+    (void)m;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", kwlist, &items, &stop))
+        return NULL;
+    if (!(seq = PySequence_Fast(items, "items must be a sequence of (dir_fd, name)")))
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    off = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*off));
+    fds = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*fds));
+    res = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*res));
+    if (!off || !fds || !res) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *name, *nb = NULL;
+        const char *p;
+        Py_ssize_t len;
+        int fd;
+
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iO;each item is (dir_fd, name)", &fd, &name))
+            goto done;
+        if (PyUnicode_Check(name) && PyUnicode_IS_ASCII(name)) { /* store names: no bytes object made */
+            p = PyUnicode_AsUTF8AndSize(name, &len);
+        } else {
+            if (!PyUnicode_FSConverter(name, &nb))
+                goto done;
+            p = PyBytes_AS_STRING(nb);
+            len = PyBytes_GET_SIZE(nb);
+        }
+        if (!p || (Py_ssize_t)strlen(p) != len) { /* an embedded NUL would cut the name short */
+            Py_XDECREF(nb);
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "item %zd: embedded null byte in name", i);
+            goto done;
+        }
+        off[i] = arena_put(&arena, &used, &cap, p, (size_t)len);
+        Py_XDECREF(nb);
+        if (off[i] < 0)
+            goto done;
+        fds[i] = fd;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (i = 0; i < n; i++) {
+        res[i].err = fx_stat_beneath(fds[i], arena + off[i], &res[i].st);
+        if (stop && (res[i].err < 0 || !S_ISREG(res[i].st.st_mode))) {
+            while (++i < n)
+                res[i].err = 1;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (!(out = PyList_New(n)))
+        goto done;
+    for (i = 0; i < n; i++) {
+        const struct stat *st = &res[i].st;
+        PyObject *v = res[i].err ? Py_NewRef(Py_None)
+                                 : Py_BuildValue("(iLLKK)", (int)st->st_mode, (long long)st->st_size,
+                                                 (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec,
+                                                 (unsigned long long)st->st_dev,
+                                                 (unsigned long long)st->st_ino);
+        if (!v) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+done:
+    PyMem_Free(arena);
+    PyMem_Free(off);
+    PyMem_Free(fds);
+    PyMem_Free(res);
+    Py_DECREF(seq);
+    return out;
 }
 
 static int run_engine_cb(void *ctx, fx_batch *b) { return engine_run((EngineObject *)ctx, b); }
@@ -1675,6 +1776,9 @@ static PyTypeObject HostBufferType = {
 static PyMethodDef module_methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))mod_crc32c, METH_VARARGS | METH_KEYWORDS,
      "crc32c(data, value=0, impl=None) -> int"},
+    {"stat_beneath", (PyCFunction)(void (*)(void))mod_stat_beneath, METH_VARARGS | METH_KEYWORDS,
+     "stat_beneath(items, stop_at_missing=False) -> [None or (st_mode, st_size, st_mtime_ns, st_dev, "
+     "st_ino)]: lstat of each (dir_fd, name), no symlink followed on the way, without the GIL"},
     {"crc32c_impls", (PyCFunction)mod_crc32c_impls, METH_NOARGS,
      "crc32c_impls() -> list of the CRC32C implementations this CPU runs, the one in use first"},
     {"_uring_peak_inflight", (PyCFunction)mod_uring_peak_inflight, METH_NOARGS,

@@ -13,7 +13,7 @@ writes of an unaligned length pad the file with zeros to the block.
 """
 
 from collections.abc import Sequence
-from typing import Literal, overload
+from typing import Literal, Optional, overload
 
 from typing_extensions import Buffer
 
@@ -190,6 +190,9 @@ class HostBuffer(Buffer):
 def crc32c(data: Buffer, value: int = 0, impl: str | None = None) -> int: ...
 def crc32c_at(address: int, length: int, value: int = 0, impl: str | None = None) -> int: ...
 def crc32c_impls() -> list[str]: ...
+def stat_beneath(
+    items: Sequence[tuple[int, str]], stop_at_missing: bool = False
+) -> list[Optional[tuple[int, int, int, int, int]]]: ...
 def crc32c_copy(dst: int, src: int, length: int, value: int = 0) -> int:
     """Copies length bytes from address src to address dst; returns their
     CRC32C (continuing value), computed while copying where CRC32C_COPY_ONE_PASS."""

@@ -260,8 +260,9 @@ class FxL2Adapter(L2AdapterInterface):
     def _lookup(self, tid: L2TaskId, keys) -> None:
         bm = Bitmap(len(keys))
         try:
-            for i, k in enumerate(keys):
-                if self.store.pin(object_key_string(k)):  # pinned chunks are never evicted
+            # Pinned chunks are never evicted; the batch's files stat'ed in one call.
+            for i, hit in enumerate(self.store.lookup([object_key_string(k) for k in keys], pin=True)):
+                if hit:
                     bm.set(i)
         except Exception:
             log.exception("lmcache-fx: L2 lookup task %d failed", tid)
@@ -355,8 +356,9 @@ class FxL2Adapter(L2AdapterInterface):
             else:
                 keys = (self._by_digest.get(d) for d in digests)
                 known = [(k, self._sizes[k]) for k in keys if k is not None and k in self._sizes]
-        names = ((k, s, object_key_string(k)) for k, s in known)
-        gone = [(k, s, name) for k, s, name in names if not self.store.contains(name)]
+        names = [(k, s, object_key_string(k)) for k, s in known]
+        there = self.store.lookup([name for _, _, name in names])
+        gone = [kn for kn, ok in zip(names, there) if not ok]
         if gone:
             with self._lock:
                 for k, _, name in gone:

@@ -151,12 +151,8 @@ class FxStorageBackend(StoragePluginInterface):
         return self.store.contains(k)
 
     def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
-        n = 0
-        for key in keys:
-            if not self.contains(key, pin):
-                break
-            n += 1
-        return n
+        # The hit prefix, its files stat'ed in one call (store.lookup).
+        return sum(self.store.lookup([k.to_string() for k in keys], pin=pin, prefix=True))
 
     async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
         n = self.batched_contains(keys, pin)

@@ -100,12 +100,7 @@ class FxRemoteConnector(RemoteConnector):
         return True
 
     def batched_contains(self, keys: List[CacheEngineKey]) -> int:
-        n = 0
-        for k in keys:
-            if not self.store.contains(k.to_string()):
-                break
-            n += 1
-        return n
+        return sum(self.store.lookup([k.to_string() for k in keys], prefix=True))
 
     def support_batched_async_contains(self) -> bool:
         return True

@@ -16,6 +16,7 @@ import os
 import random
 import resource
 import signal
+import stat
 import struct
 import threading
 
@@ -446,11 +447,10 @@ def test_expect_compares_the_whole_body(kind, store, rootfd):
 # ---------------------------------------------------------------- hostile names
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_symlinks_and_escapes_are_refused(kind, store, rootfd, tmp_path):
-    """A symlink in place of a chunk or of a fan-out directory is ELOOP, ..
-    and absolute names are EXDEV: nothing outside the directory is opened
-    (no identity reported). A FIFO in a chunk's place does not block."""
+def _plant_hostile_names(store, tmp_path) -> tuple[list, bytes]:
+    """A good chunk beside symlinks (to a file outside, to the good chunk, in
+    place of a fan-out directory), a FIFO and a directory in chunks' places;
+    the names to ask for, escapes and missing ones included, the good last."""
     outside = tmp_path / "outside"
     outside.mkdir()
     p = b"s" * 4096
@@ -461,7 +461,6 @@ def test_symlinks_and_escapes_are_refused(kind, store, rootfd, tmp_path):
     os.symlink(str(outside), os.path.join(store, "cd"))
     os.mkfifo(os.path.join(store, "ab", "fifo.fxkv"))
     os.mkdir(os.path.join(store, "ab", "dir.fxkv"))
-    eng = fx.Engine(kind)
     names = [
         "ab/link.fxkv",
         "ab/rel.fxkv",
@@ -474,6 +473,16 @@ def test_symlinks_and_escapes_are_refused(kind, store, rootfd, tmp_path):
         "zz/missing.fxkv",
         "ab/good.fxkv",
     ]
+    return names, p
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_symlinks_and_escapes_are_refused(kind, store, rootfd, tmp_path):
+    """A symlink in place of a chunk or of a fan-out directory is ELOOP, ..
+    and absolute names are EXDEV: nothing outside the directory is opened
+    (no identity reported). A FIFO in a chunk's place does not block."""
+    names, p = _plant_hostile_names(store, tmp_path)
+    eng = fx.Engine(kind)
     old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("blocked")))
     signal.alarm(20)
     try:
@@ -492,6 +501,29 @@ def test_symlinks_and_escapes_are_refused(kind, store, rootfd, tmp_path):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     eng.close()
+
+
+def test_stat_beneath_sees_what_a_read_would_open(store, rootfd, tmp_path):
+    """stat_beneath (the store's lookups) follows no symlink on the way: a
+    planted fan-out directory and escapes are absent, a symlink in a chunk's
+    place is stat'ed itself (not a regular file), and only the good chunk is
+    one; with stop_at_missing nothing after the first non-regular name is
+    looked at."""
+    names, p = _plant_hostile_names(store, tmp_path)
+    res = dict(zip(names, fx.stat_beneath([(rootfd, n) for n in names])))
+    good = os.lstat(os.path.join(store, "ab", "good.fxkv"))
+    assert res["ab/good.fxkv"] == (good.st_mode, good.st_size, good.st_mtime_ns, good.st_dev, good.st_ino)
+    for n in ("ab/link.fxkv", "ab/rel.fxkv"):
+        assert stat.S_ISLNK(res[n][0]), (n, res[n])
+    assert stat.S_ISFIFO(res["ab/fifo.fxkv"][0]) and stat.S_ISDIR(res["ab/dir.fxkv"][0])
+    for n in ("cd/real.fxkv", "../outside/real.fxkv", names[4], "ab/missing.fxkv", "zz/missing.fxkv"):
+        assert res[n] is None, (n, res[n])
+    good_first = [(rootfd, "ab/good.fxkv")] * 2 + [(rootfd, n) for n in names]
+    got = fx.stat_beneath(good_first, stop_at_missing=True)
+    assert got[:2] == [res["ab/good.fxkv"]] * 2 and stat.S_ISLNK(got[2][0]) and got[3:] == [None] * (len(names) - 1)
+    assert fx.stat_beneath([]) == []
+    with pytest.raises(TypeError):
+        fx.stat_beneath([(rootfd,)])
 
 
 def test_bad_arguments():

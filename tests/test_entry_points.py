@@ -379,8 +379,8 @@ def test_l2_reports_evictions_by_what_was_evicted_not_by_every_key(tmp_path, mon
         side.store(k2, d2, layout)  # 5 fit: k1[0..2] evicted (the first eviction: every key checked)
         assert sorted(deleted, key=str) == sorted(k1[:3], key=str)
         asked = []
-        real = ad.store.contains
-        monkeypatch.setattr(ad.store, "contains", lambda key: asked.append(key) or real(key))
+        real = ad.store.lookup
+        monkeypatch.setattr(ad.store, "lookup", lambda keys, **kw: asked.extend(keys) or real(keys, **kw))
         side.store(k3, d3, layout)  # evicts k1[3], k2[0..2]; k2[3] stays and is not asked about
         gone = [k1[3], *k2[:3]]
         assert sorted(deleted[3:], key=str) == sorted(gone, key=str)

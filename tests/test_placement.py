@@ -315,3 +315,60 @@ def test_fsck_reports_a_second_copy_as_duplicate_not_an_error(tmp_path, capsys):
         assert json.loads(capsys.readouterr().out)["problems"] == []
     finally:
         st.close()
+
+
+def _first_place_holds_a_symlink(st, roots, key):
+    """Moves `key`'s file under its other root (as another process's write or
+    a rebalance may leave it) and plants a symlink to it at its first place:
+    a lookup must not take the link, and must find the file."""
+    d = chunk_digest(key)
+    a, b = root_choices(len(roots), d)
+    first, other = paths_for(roots, d)
+    src = first if os.path.exists(first) else other
+    if src != other:
+        os.makedirs(os.path.dirname(other), exist_ok=True)
+        os.rename(src, other)
+    os.makedirs(os.path.dirname(first), exist_ok=True)
+    os.symlink(other, first)
+    return first, other
+
+
+def test_lookup_of_a_prefix_looks_past_a_chunk_found_under_its_other_root(tmp_path):
+    """store.lookup stats a batch in one call that stops at the first name
+    that is not a regular file; a chunk found there under its other root
+    must not end the prefix, and the names after it are looked at anew."""
+    roots = _roots(tmp_path, 3)
+    keys = [f"prefix/{i}" for i in range(8)]
+    st, src = _written(roots, keys)
+    try:
+        first, other = _first_place_holds_a_symlink(st, roots, keys[3])
+        fresh = _store(roots)  # nothing indexed: every chunk looked for at its first place
+        try:
+            assert fresh.lookup(keys, prefix=True) == [True] * 8
+            assert fresh.path_for(chunk_digest(keys[3])) == other and os.path.islink(first)
+        finally:
+            fresh.close()
+        # Indexed under its first place (this process wrote it there): gone from there, found anew.
+        if st.path_for(chunk_digest(keys[3])) == first:
+            assert st.lookup(keys, prefix=True) == [True] * 8
+            assert st.path_for(chunk_digest(keys[3])) == other
+    finally:
+        st.close()
+
+
+def test_lookup_prefix_stops_at_the_first_miss_and_pins_only_hits(tmp_path):
+    roots = _roots(tmp_path, 2)
+    keys = [f"pins/{i}" for i in range(6)]
+    st, src = _written(roots, keys)
+    try:
+        for p in paths_for(roots, chunk_digest(keys[2])):  # evicted by another process
+            if os.path.exists(p):
+                os.unlink(p)
+        assert st.lookup(keys) == [True, True, False, True, True, True]
+        assert st.lookup(keys, pin=True, prefix=True) == [True, True, False, False, False, False]
+        assert sorted(st._pins) == sorted(chunk_digest(k) for k in keys[:2])
+        assert [st.unpin(k) for k in keys] == [True, True, False, False, False, False]
+        assert chunk_digest(keys[2]) not in st._index  # the index forgot the file that went
+        assert st.lookup([]) == [] and st.lookup([], prefix=True) == []
+    finally:
+        st.close()

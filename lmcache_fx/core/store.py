@@ -51,6 +51,7 @@ from .layout import (
     MEMBERS_NAME,
     NETWORK_FS_MAGIC,
     TMP_MARK,
+    FileStat,
     chunk_digest_of_path,
     devices_under,
     fanout_dirs,
@@ -63,11 +64,13 @@ from .layout import (
     rename_if_same,
     root_index,
     root_of_path,
+    root_places,
     root_problem,
     round_up,
     scan_fanout,
     share_fd,
     stat_in,
+    stat_many,
     tmp_is_stale,
     unlink_if_same,
     unlink_quiet,
@@ -833,15 +836,29 @@ class ChunkStore:
             e = self._index.get(digest)
         return e.path if e is not None else self._find(digest)[0]
 
-    def _find(self, digest: str) -> tuple[str, Optional[os.stat_result]]:
+    def _stat_places(self, places: list[tuple[int, str]], prefix: bool = False) -> list[Optional[FileStat]]:
+        """lstat of each (root index, name below that root), no symlink
+        followed on the way; one call for all. `prefix`: none after the first
+        that is not a regular file (not looked at)."""
+        if not self._rootfds:  # closed: by path, as before the descriptors
+            return [stat_in(os.path.join(self.roots[r], name)) for r, name in places]  # type: ignore[misc]
+        return stat_many([(self._rootfds[r], name) for r, name in places], prefix)
+
+    def _find(self, digest: str) -> tuple[str, Optional[FileStat]]:
         """The first of a digest's places that holds a regular file, with its
         stat; else (the first place, None)."""
-        places = paths_for(self.roots, digest)
-        for p in places:
-            st = stat_in(p)
-            if st is not None and stat.S_ISREG(st.st_mode):
-                return p, st
-        return places[0], None
+        return self._find_many([digest])[0]
+
+    def _find_many(self, digests: Sequence[str]) -> list[tuple[str, Optional[FileStat]]]:
+        """_find of many digests, every place of each stat'ed in one call."""
+        places = [root_places(len(self.roots), d) for d in digests]
+        sts = iter(self._stat_places([(r, relative_name(d)) for d, rs in zip(digests, places) for r in rs]))
+        out = []
+        for d, rs in zip(digests, places):
+            hits = [(r, st) for r, st in zip(rs, sts) if st is not None and stat.S_ISREG(st.st_mode)]
+            r, st = hits[0] if hits else (rs[0], None)
+            out.append((os.path.join(self.roots[r], relative_name(d)), st))
+        return out
 
     def _root_index_of(self, path: str) -> int:
         """Which of the roots a chunk path lies under."""
@@ -859,24 +876,64 @@ class ChunkStore:
         process may have written it). `check`: confirm an indexed file is
         still there (another process may have evicted it). `d`: the key's
         digest when known."""
-        if d is None:
-            d = chunk_digest(key)
+        return self._entries([chunk_digest(key) if d is None else d], check)[0]
+
+    def _entries(self, digests: Sequence[str], check: bool = False, prefix: bool = False) -> list[Optional[Entry]]:
+        """_entry of many chunks: the files to look at (every one with
+        `check`, else those the index lacks) are stat'ed in one call, at the
+        place each is indexed under or its first place. `prefix`: the entries
+        after the first chunk not found are None, not looked for."""
         with self._lock:
-            e = self._index.get(d)
-        if e is not None and not check:
-            return e
-        path, st = (e.path, stat_in(e.path)) if e is not None else self._find(d)
-        if (st is None or not stat.S_ISREG(st.st_mode)) and e is not None:
-            with self._lock:
-                if self._index.get(d) is e:
-                    del self._index[d]
-            e = None
-            if len(self.roots) > 1:  # moved under its other root by another process: found there
-                path, st = self._find(d)
+            out: list[Optional[Entry]] = [self._index.get(d) for d in digests]
+        todo = [i for i, e in enumerate(out) if e is None or check]
+        places = [self._first_place(digests[i], out[i]) for i in todo]
+        k = 0
+        while k < len(todo):
+            sts = self._stat_places(places[k:], prefix)
+            for j, st in enumerate(sts, k):
+                i = todo[j]
+                out[i] = self._settle(digests[i], out[i], places[j], st)
+                if out[i] is None and prefix:
+                    return out[:i] + [None] * (len(out) - i)
+                if prefix and (st is None or not stat.S_ISREG(st.st_mode)):
+                    k = j + 1  # found under its other root: the rest were not looked at
+                    break
+            else:
+                k = len(todo)
+        return out
+
+    def _first_place(self, d: str, e: Optional[Entry]) -> tuple[int, str]:
+        """(root index, name below it) where a lookup stats a chunk first:
+        where the index has it, else the first of its places."""
+        if len(self.roots) == 1:
+            r = 0
+        elif e is not None:
+            r = self._root_index_of(e.path)
+        else:
+            r = root_places(len(self.roots), d)[0]
+        return r, relative_name(d)
+
+    def _settle(self, d: str, e: Optional[Entry], place: tuple[int, str], st: Optional[FileStat]) -> Optional[Entry]:
+        """One chunk's entry after the stat of its place: an indexed file gone
+        leaves the index (and is looked for under its other root, where
+        another process may have moved it); a file found that the index
+        lacks joins it."""
+        path = None
         if st is None or not stat.S_ISREG(st.st_mode):
+            if e is not None:
+                with self._lock:
+                    if self._index.get(d) is e:
+                        del self._index[d]
+                e = None
+            st = None
+            if len(self.roots) > 1:
+                path, st = self._find(d)
+        if st is None:
             return None
         if e is not None:
             return e
+        if path is None:
+            path = os.path.join(self.roots[place[0]], place[1])
         with self._lock:
             e = self._index.get(d)
             if e is None:
@@ -920,7 +977,26 @@ class ChunkStore:
             return t
 
     def contains(self, key: str) -> bool:
-        return self._entry(key, check=True) is not None
+        return self.lookup([key])[0]
+
+    def lookup(self, keys: Sequence[str], pin: bool = False, prefix: bool = False) -> list[bool]:
+        """Whether each chunk is in the store, each file confirmed on disk
+        (another process may have evicted it), the batch's stats in one call.
+        With `pin`, each one found is pinned (never evicted until unpinned)
+        and its recency touched: a lookup announces a read. `prefix`: the keys
+        after the first missing one are not looked at (False), as LMCache asks
+        for a prompt's chunks, whose hits end at the first miss."""
+        digests = [chunk_digest(k) for k in keys]
+        found = self._entries(digests, check=True, prefix=prefix)
+        if pin:
+            with self._lock:
+                for d, e in zip(digests, found):
+                    if e is not None:
+                        self._pins[d] = self._pins.get(d, 0) + 1
+            for e in found:
+                if e is not None:
+                    self._touch(e)  # keep it from other processes' evictors
+        return [e is not None for e in found]
 
     def take_evicted(self) -> Optional[list[str]]:
         """The digests of the chunks this process's evictor removed since the
@@ -933,14 +1009,7 @@ class ChunkStore:
         return out
 
     def pin(self, key: str) -> bool:
-        d = chunk_digest(key)
-        e = self._entry(key, check=True)
-        if e is None:
-            return False
-        with self._lock:
-            self._pins[d] = self._pins.get(d, 0) + 1
-        self._touch(e)  # a lookup announces a read: keep it from other processes' evictors
-        return True
+        return self.lookup([key], pin=True)[0]
 
     def unpin(self, key: str) -> bool:
         d = chunk_digest(key)
@@ -1234,15 +1303,15 @@ class ChunkStore:
         for the payloads, one for the headers. Returns per item whether the
         chunk is now in the store."""
         out = [False] * len(items)
-        todo = []
-        for i, (key, addr, nbytes, meta) in enumerate(items):
-            d = chunk_digest(key)
-            with self._lock:
-                known = d in self._index
-            if known and self._entry(key, check=True) is not None:
-                out[i] = True
-                continue
-            todo.append((i, key, d, addr, nbytes, meta))
+        digests = [chunk_digest(it[0]) for it in items]
+        with self._lock:
+            known = [i for i, d in enumerate(digests) if d in self._index]
+        if known:  # still there (another process may have evicted it): nothing to write
+            for i, e in zip(known, self._entries([digests[i] for i in known], check=True)):
+                out[i] = e is not None
+        todo = [
+            (i, key, digests[i], addr, nbytes, meta) for i, (key, addr, nbytes, meta) in enumerate(items) if not out[i]
+        ]
         if not todo:
             return out
         return self._write_files(todo, out)
@@ -1436,11 +1505,10 @@ class ChunkStore:
         its other root."""
         if len(self.roots) == 1:
             return [0] * len(todo)
-        fixed: list[Optional[int]] = []
-        for t in todo:  # two stats per new chunk: the cost of finding it under either root
-            path, st = self._find(t[2])
-            fixed.append(self._root_index_of(path) if st is not None else None)
-        return place_roots(len(self.roots), [t[2] for t in todo], fixed)
+        digests = [t[2] for t in todo]
+        # Two stats per new chunk (one call for the batch): the cost of finding it under either root.
+        fixed = [self._root_index_of(path) if st is not None else None for path, st in self._find_many(digests)]
+        return place_roots(len(self.roots), digests, fixed)
 
     def _write_chunk_files(self, weng: Any, todo, out: list[bool]) -> list[bool]:
         """O_DIRECT stores without a MAC, on Engine.write_chunks. A large
@@ -1852,7 +1920,7 @@ class ChunkStore:
     ):
         n = len(keys)
         digests = [chunk_digest(k) for k in keys]
-        entries: list[Any] = [self._entry(k, d) for k, d in zip(keys, digests)]
+        entries: list[Any] = self._entries(digests)
         t0 = time.perf_counter()
         # Phase 1: headers of chunks this process has not seen yet.
         need = [i for i, e in enumerate(entries) if e is not None and e.meta is None]
