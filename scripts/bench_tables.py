@@ -925,11 +925,39 @@ def probe_table(d: dict) -> str:
     return "\n".join(rows)
 
 
+def lookup_table(d: dict, before: str, after: str) -> str:
+    """scripts/lookup_probe.py runs of two builds (label prefixes `before`
+    and `after`, runs -run1, -run2, ...): µs of CPU per key of each way, each
+    run's median, and after/before per run pair."""
+    runs = d["runs"]
+    n = sorted(int(k.rsplit("-run", 1)[1]) for k in runs if k.startswith(before + "-run"))
+    ways = list(runs[f"{before}-run{n[0]}"]["ways"])
+    keys = runs[f"{before}-run{n[0]}"]["keys"]
+    head = [f"way, {keys} keys", f"`{before}`: µs CPU per key", f"`{after}`: µs CPU per key", f"`{after}` / `{before}`"]
+    body = []
+    for w in ways:
+        b = [runs[f"{before}-run{i}"]["ways"][w]["us_per_key_cpu"] for i in n]
+        a = [runs[f"{after}-run{i}"]["ways"][w]["us_per_key_cpu"] for i in n]
+        body.append(
+            [
+                w,
+                " · ".join(f"{x:.2f}" for x in b),
+                " · ".join(f"{x:.2f}" for x in a),
+                " · ".join(f"{y / x:.2f}×" for x, y in zip(b, a)),
+            ]
+        )
+    return _md_table(head, body, align="---:")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--probe"]:
         for path in sys.argv[2:]:
             with open(path) as f:
                 print(probe_table(json.load(f)))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--lookups"]:  # FILE BEFORE AFTER
+        with open(sys.argv[2]) as f:
+            print(lookup_table(json.load(f), sys.argv[3], sys.argv[4]))
         sys.exit(0)
     if sys.argv[1:2] == ["--latency-probe"]:  # FILE LABEL...
         with open(sys.argv[2]) as f:

@@ -3165,3 +3165,41 @@ def test_mixed_round_at_0f80b82_is_the_committed_json():
     assert f"loads {_span(f64)} as fast as `fs_native` at 64 MiB and {_span(f2)} at 2 MiB" in readme
     assert f"(fx at {_span(r2)})" in readme and f"runs at {_span(s64)} and {_span(s2)} `fs_native`'s" in readme
     assert f"fx is at {_span(r64)}" in readme and f"in one run of three at 64 MiB ({_span(r64)})" in text
+
+
+def test_docs_lookups_are_the_committed_json():
+    """Batched lookups (87b5a60): the page's table is bench_tables' over the
+    committed A/B against c3ff8a8, and the ratios and times it quotes are the
+    JSON's; a batch costs less per key than before in every run, one key at a
+    time does not."""
+    mod = _bench_tables()
+    d = _docs_json("lookup-probe.json")
+    page = _page()
+    assert mod.lookup_table(d, "c3ff8a8", "87b5a60") in page
+    text = " ".join(page.split())
+    runs = d["runs"]
+    assert all(runs[f"c3ff8a8-run{i}"]["git_commit"].startswith("c3ff8a8") for i in (1, 2, 3))
+    assert all(runs[f"87b5a60-run{i}"]["git_commit"].startswith("87b5a60") for i in (1, 2, 3))
+    assert not any(r["git_commit"].endswith("+dirty") for r in runs.values())
+    assert [runs[f"87b5a60-run{i}"]["batched_lookup"] for i in (1, 2, 3)] == [True] * 3
+
+    def ratios(way):
+        return [
+            runs[f"87b5a60-run{i}"]["ways"][way]["us_per_key_cpu"]
+            / runs[f"c3ff8a8-run{i}"]["ways"][way]["us_per_key_cpu"]
+            for i in (1, 2, 3)
+        ]
+
+    batch = ratios("prefix, indexed hits") + ratios("prefix pinned, indexed hits") + ratios("prefix, not yet indexed")
+    miss, one = ratios("one key at a time, misses"), ratios("one key at a time, indexed hits")
+    assert max(batch) < 0.7 and max(miss) < 0.8 and min(one) > 0.95
+    assert f"**A batch costs about half per key** ({min(batch):.2f}–{max(batch):.2f}×)" in text
+    assert f"**A key that is not there costs less** ({min(miss):.2f}–{max(miss):.2f}×)" in text
+    assert f"**One key at a time is not faster** ({min(one):.2f}–{max(one):.2f}×)" in text
+
+    def ms(build):
+        keys = runs[f"{build}-run1"]["keys"]
+        v = [runs[f"{build}-run{i}"]["ways"]["prefix, indexed hits"]["us_per_key_cpu"] * keys / 1000 for i in (1, 2, 3)]
+        return f"{min(v):.2f}–{max(v):.2f} ms"
+
+    assert f"a prefix of 512 indexed keys in {ms('87b5a60')} of the caller's CPU instead of {ms('c3ff8a8')}" in text
