@@ -6,8 +6,9 @@ is what the requests queue behind, so this probe measures it where the bench's a
 measures only time.
 
 - ``tiers``: real LMCacheEngines on CPU with fx's plugin and RustRawBlockBackend (the bench's readers; in
-  ``--readers`` also ``fx-noverify``, fx without its CRC32C check, ``fx-unstaged`` and ``fx-nice0``), on XFS on a RAM-backed loop
-  device (root), O_DIRECT. Per reader and in-flight count, ``--requests`` one-chunk requests sent as the bench's
+  ``--readers`` also ``fx-noverify``, fx without its CRC32C check, ``fx-unstaged``, ``fx-nice0`` and
+  ``fx-paged-pool``, fx with LMCache's pool on its paged allocator), on XFS on a RAM-backed loop device (root),
+  O_DIRECT. Per reader and in-flight count, ``--requests`` one-chunk requests sent as the bench's
   awaited latency case sends them (coroutines on that engine's own loop, each awaiting
   batched_async_contains(pin) then batched_get_non_blocking), every request a hit: the loop thread's CPU per
   request (its thread_time over the case), the process's, p50 and p99; since 5028bcf also the whole host's busy
@@ -56,11 +57,33 @@ from lmcache_fx.tools.bench.workload import (  # noqa: E402
 from lmcache_fx.tools.models import PRESETS  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+class FxPagedPoolReader(bench_readers.FxReader):
+    """fx with LMCache's CPU pool on its paged allocator (a slot per chunk:
+    O(1) allocation and free) instead of its default first-fit one. LMCache
+    0.5.6 picks the paged allocator for the pool only when its own raw-block
+    backend is configured for io_uring (`rust_raw_block.io_engine`, read by
+    LocalCPUBackend whatever the backends), so RustRawBlockBackend is measured
+    with it and fx without; this reader sets that key to measure what the
+    allocator's work on the loop costs fx. A diagnostic, not a configuration
+    fx asks users for."""
+
+    name = "fx-paged-pool"
+    label = "lmcache-fx (io_uring, LMCache's paged pool)"
+
+    def lmcache_config(self):
+        d = super().lmcache_config()
+        d["extra_config"]["rust_raw_block.io_engine"] = "io_uring"
+        return d
+
+
 READERS = {
     "fx": bench_readers.FxReader,
     "fx-noverify": bench_readers.FxNoVerifyReader,  # fx without its CRC32C check: what the check costs
     "fx-unstaged": bench_readers.FxUnstagedReader,  # checked in place, not through staging slots
     "fx-nice0": bench_readers.FxNice0Reader,  # runners at the loop's priority (runner_nice 0)
+    "fx-paged-pool": FxPagedPoolReader,  # LMCache's pool on the paged allocator RustRawBlock's config gets
     "rust_raw_block": bench_readers.RustRawBlockReader,
 }
 

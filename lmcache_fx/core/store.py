@@ -862,6 +862,8 @@ class ChunkStore:
 
     def _root_index_of(self, path: str) -> int:
         """Which of the roots a chunk path lies under."""
+        if len(self.roots) == 1:  # per chunk of every read: no path taken apart
+            return 0
         try:
             return self.roots.index(root_of_path(path))
         except ValueError:  # not below a root as given (every Entry's is): where its digest names first
@@ -905,12 +907,7 @@ class ChunkStore:
     def _first_place(self, d: str, e: Optional[Entry]) -> tuple[int, str]:
         """(root index, name below it) where a lookup stats a chunk first:
         where the index has it, else the first of its places."""
-        if len(self.roots) == 1:
-            r = 0
-        elif e is not None:
-            r = self._root_index_of(e.path)
-        else:
-            r = root_places(len(self.roots), d)[0]
+        r = self._root_index_of(e.path) if e is not None else root_places(len(self.roots), d)[0]
         return r, relative_name(d)
 
     def _settle(self, d: str, e: Optional[Entry], place: tuple[int, str], st: Optional[FileStat]) -> Optional[Entry]:
