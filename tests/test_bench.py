@@ -2121,8 +2121,11 @@ def test_docs_awaited_cost_probe_is_the_committed_json():
     busy = [f"ced738f-busy{i}" for i in (1, 2, 3)]  # with the host's busy share
     # runner_nice's A/B at 2 and 10 MiB, at 4 and 16 in flight: its own test
     nice = [f"7e41988-nice{i}" for i in (1, 2, 3)] + [f"7e41988-nice10m{i}" for i in (1, 2, 3)]
+    # LMCache's paged pool, and batched lookups before and after: their own test's figures
+    paged = [f"fa0926e-paged{i}" for i in (1, 2, 3)] + [f"{b}-ab{i}" for b in ("c3ff8a8", "fa0926e") for i in (1, 2, 3)]
     assert set(runs) == {
         *nice,
+        *paged,
         *first,
         *before,
         *after,
@@ -3203,3 +3206,77 @@ def test_docs_lookups_are_the_committed_json():
         return f"{min(v):.2f}–{max(v):.2f} ms"
 
     assert f"a prefix of 512 indexed keys in {ms('87b5a60')} of the caller's CPU instead of {ms('c3ff8a8')}" in text
+
+
+def test_latency_at_9fc85fc_and_paged_pool_are_the_committed_json():
+    """The 2 MiB awaited latency runs at 9fc85fc and the awaited-cost probe's
+    paged-pool and before/after runs: the page's tables are bench_tables',
+    and the figures the page and its targets table quote are recomputed."""
+    mod = _bench_tables()
+    folder = os.path.join(ROOT, "docs", "bench-repeats", "round-9fc85fc")
+    cases = [(f"2 MiB, run {r}", os.path.join(folder, f"lat-2m-run{r}.json")) for r in (1, 2, 3)]
+    page = _page()
+    assert mod.latency_rounds_table(cases) in page
+    text = " ".join(page.split())
+    runs = [_docs_json(os.path.join("bench-repeats", "round-9fc85fc", f"lat-2m-run{r}.json")) for r in (1, 2, 3)]
+    for d in runs:
+        assert d["git_commit"].startswith("9fc85fc") and not d["git_commit"].endswith("+dirty")
+        assert d["config"]["latency_awaited"]
+        for e in d["readers"].values():
+            for v in (e.get("latency") or {}).values():
+                assert all(r["misses"] == 0 and r["path"] == "awaited" for r in v["rounds"])
+    p50 = [_fx_p50_over_best(d["readers"], "16") for d in runs]
+    a4 = [d["readers"]["fx"]["latency"]["4"]["p99_over_p50"] for d in runs]
+    a16 = [d["readers"]["fx"]["latency"]["16"]["p99_over_p50"] for d in runs]
+    rrb = [d["readers"]["rust_raw_block"]["latency"]["4"]["p99_over_p50"] for d in runs]
+    assert sorted(p50)[1] < 1.0 < max(p50) and min(a4) > 2.0 and max(a16) < 2.0
+    two = sorted(p50)[:2]
+    assert f"fx's p50 with 16 in flight was {two[0]:.2f}× and {two[1]:.2f}× the best tier's in two runs" in text
+    assert f"and {max(p50):.2f}× in the third" in text
+    assert f"at `9fc85fc` (2 MiB only) {', '.join(f'{x:.2f}×' for x in p50[:2])} and {p50[2]:.2f}×" in text
+    assert (
+        f"p99/p50 with 4 in flight: {_span(a4)} (RustRawBlockBackend {_span(rrb)}), not met; with 16: {_span(a16)}"
+        in text
+    )
+    assert f"at `9fc85fc` {_span(a4)} and {_span(a16)}" in text
+
+    probe = _docs_json("awaited-cost-probe.json")["runs"]
+    paged = [f"fa0926e-paged{i}" for i in (1, 2, 3)]
+    assert _indented(mod.awaited_probe_table({"runs": probe}, paged), 2) in page
+    assert all(probe[x]["git_commit"].startswith("fa0926e") for x in paged)
+
+    def over(label, name, c, k):
+        return probe[label][f"{name} over rust_raw_block (medians of each round's ratio)"][c][k]
+
+    def tier(label, name, c):
+        return probe[label]["tiers (medians over rounds)"][name][c]["loop_cpu_us"]
+
+    own = [tier(x, "fx-paged-pool", c) / tier(x, "fx", c) for x in paged for c in ("1", "16")]
+    assert max(own) < 0.85
+    assert f"fx's loop took {_span(own)} the CPU per request of fx in the same runs" in text
+    cpu_p = [over(x, "fx-paged-pool", "16", "loop_cpu_us") for x in paged]
+    cpu_f = [over(x, "fx", "16", "loop_cpu_us") for x in paged]
+    assert f"and {_span(cpu_p)} RustRawBlockBackend's at 16 (fx: {_span(cpu_f)})" in text
+    p_p = [over(x, "fx-paged-pool", "16", "p50_ms") for x in paged]
+    p_f = [over(x, "fx", "16", "p50_ms") for x in paged]
+    assert f"its p50 at 16 in flight was {_span(p_p)} RustRawBlockBackend's (fx: {_span(p_f)})" in text
+    assert f"fx with the paged pool: {_span(p_p)} RustRawBlockBackend's p50" in text
+    ab = {b: [f"{b}-ab{i}" for i in (1, 2, 3)] for b in ("c3ff8a8", "fa0926e")}
+    assert all(probe[x]["git_commit"].startswith(b) for b, xs in ab.items() for x in xs)
+    cpu = {b: [over(x, "fx", "16", "loop_cpu_us") for x in xs] for b, xs in ab.items()}
+    p = {b: [over(x, "fx", "16", "p50_ms") for x in xs] for b, xs in ab.items()}
+    assert (
+        f"at 16 in flight {_span(cpu['c3ff8a8'])} before and {_span(cpu['fa0926e'])} after, its p50 "
+        f"{_span(p['c3ff8a8'])} and {_span(p['fa0926e'])}" in text
+    )
+
+
+def test_readme_latency_at_9fc85fc_is_the_committed_json():
+    """The README's 2 MiB latency bullet quotes the runs at 9fc85fc."""
+    runs = [_docs_json(os.path.join("bench-repeats", "round-9fc85fc", f"lat-2m-run{r}.json")) for r in (1, 2, 3)]
+    a4 = [d["readers"]["fx"]["latency"]["4"]["p99_over_p50"] for d in runs]
+    a16 = [d["readers"]["fx"]["latency"]["16"]["p99_over_p50"] for d in runs]
+    p50 = [_fx_p50_over_best(d["readers"], "16") for d in runs]
+    readme = _readme_flat()
+    assert f"{_span(a4)} with 4 in flight, {_span(a16)} with 16, the p50 " in readme
+    assert f"the p50 {p50[0]:.2f}×, {p50[1]:.2f}× and {p50[2]:.2f}× the best tier's" in readme
