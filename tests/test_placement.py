@@ -372,3 +372,41 @@ def test_lookup_prefix_stops_at_the_first_miss_and_pins_only_hits(tmp_path):
         assert st.lookup([]) == [] and st.lookup([], prefix=True) == []
     finally:
         st.close()
+
+
+def test_a_pinned_lookup_touches_stale_chunks_in_order_and_no_symlink(tmp_path, monkeypatch):
+    """The shared LRU clock: a pinned lookup sets the mtime of each chunk not
+    touched for TOUCH_SECONDS (one C call for the batch), strictly
+    increasing in the order asked, and leaves the recently touched ones and
+    a symlink planted as a chunk (and what it points to) alone."""
+    from lmcache_fx.core import store as store_mod
+
+    roots = _roots(tmp_path, 2)
+    keys = [f"touch/{i}" for i in range(6)]
+    st, src = _written(roots, keys)
+    try:
+        outside = tmp_path / "outside"
+        outside.write_bytes(b"x")
+        os.utime(outside, ns=(1, 1))
+        first, other = _first_place_holds_a_symlink(st, roots, keys[5])
+        os.unlink(other)  # only the link is left in the chunk's place: absent, never touched through
+        os.unlink(first)
+        os.symlink(outside, first)
+        old = 1_000_000_000
+        for k in keys[:5]:
+            os.utime(st.path_for(chunk_digest(k)), ns=(old, old))
+        monkeypatch.setattr(store_mod, "TOUCH_SECONDS", 3600.0)
+        st2 = _store(roots)  # fresh: entries' recency from the files' (old) mtimes
+        try:
+            st2.lookup(keys[:1], pin=True)  # touched now: the next lookup leaves it
+            t0 = os.stat(st2.path_for(chunk_digest(keys[0]))).st_mtime_ns
+            order = [keys[3], keys[1], keys[0], keys[4], keys[2], keys[5]]
+            assert st2.lookup(order, pin=True) == [True] * 5 + [False]
+            m = {k: os.stat(st2.path_for(chunk_digest(k))).st_mtime_ns for k in keys[:5]}
+            assert m[keys[0]] == t0 > old
+            assert old < m[keys[3]] < m[keys[1]] < m[keys[4]] < m[keys[2]]
+            assert os.lstat(outside).st_mtime_ns == 1 and os.path.islink(first)
+        finally:
+            st2.close()
+    finally:
+        st.close()

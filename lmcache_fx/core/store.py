@@ -951,26 +951,43 @@ class ChunkStore:
     def _touch(self, e: Entry, fd: Optional[int] = None) -> None:
         """Marks a chunk used for every process's LRU: its mtime, at most once
         per TOUCH_SECONDS per chunk and process."""
+        if fd is None:
+            self._touch_many([e])
+            return
         now = time.monotonic()
         if now - e.touched < TOUCH_SECONDS:
             return
         e.touched = now
         t = self._next_mtime_ns()
         try:
-            if fd is not None:
-                os.utime(fd, ns=(t, t))
-            else:  # relative to the root's descriptor: <ab>/<digest>.fxkv, the name itself not followed
-                d = chunk_digest_of_path(e.path)
-                os.utime(relative_name(d), ns=(t, t), dir_fd=self._rootfd_of(e.path), follow_symlinks=False)
+            os.utime(fd, ns=(t, t))
         except OSError:
             pass  # gone, or not ours to touch: recency is advisory
 
-    def _next_mtime_ns(self) -> int:
+    def _touch_many(self, entries: Sequence[Entry]) -> None:
+        """_touch of many chunks by name: those due get their mtimes, in the
+        order given, in one C call (relative to the root's descriptor,
+        <ab>/<digest>.fxkv, the name itself not followed). A long-running
+        server's hits are mostly older than TOUCH_SECONDS: each lookup and read
+        touches nearly all of them."""
+        now = time.monotonic()
+        due = [e for e in entries if now - e.touched >= TOUCH_SECONDS]
+        if not due or not self._rootfds:
+            return
+        t = self._next_mtime_ns(len(due))
+        items = []
+        for k, e in enumerate(due):
+            e.touched = now
+            items.append((self._rootfd_of(e.path), relative_name(chunk_digest_of_path(e.path)), t + k))
+        _fxio.utime_beneath(items)  # failures: gone, or not ours to touch; recency is advisory
+
+    def _next_mtime_ns(self, count: int = 1) -> int:
         """Now, in ns, strictly increasing in this process: chunks written in
-        one batch keep their order in every process's LRU."""
+        one batch keep their order in every process's LRU. The first of
+        `count` consecutive values, all this process's."""
         with self._lock:
             t = max(time.time_ns(), self._last_mtime_ns + 1)
-            self._last_mtime_ns = t
+            self._last_mtime_ns = t + count - 1
             return t
 
     def contains(self, key: str) -> bool:
@@ -990,9 +1007,7 @@ class ChunkStore:
                 for d, e in zip(digests, found):
                     if e is not None:
                         self._pins[d] = self._pins.get(d, 0) + 1
-            for e in found:
-                if e is not None:
-                    self._touch(e)  # keep it from other processes' evictors
+            self._touch_many([e for e in found if e is not None])  # keep them from other processes' evictors
         return [e is not None for e in found]
 
     def take_evicted(self) -> Optional[list[str]]:
@@ -2161,7 +2176,9 @@ class ChunkStore:
         chunks used ((entry, fd or None) pairs), this process's recency,
         the stats. Returns (out, handles of failed chunks for the caller to free)."""
         for e, fd in used:
-            self._touch(e, fd)
+            if fd is not None:
+                self._touch(e, fd)
+        self._touch_many([e for e, fd in used if fd is None])
         hits = len(used)
         if hits:
             with self._lock:
