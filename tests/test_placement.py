@@ -6,6 +6,7 @@ roots are directories (placement does not need separate devices)."""
 
 import math
 import os
+import shutil
 
 import pytest
 
@@ -258,7 +259,6 @@ def test_two_copies_heal_on_rewrite_and_both_go_on_remove(tmp_path):
     here by copying the file). Storing it again keeps one file, the new
     bytes, found by a store whose index still names the other copy; remove
     takes every copy."""
-    import shutil
 
     roots = _roots(tmp_path, 4)
     k, first, second = _second_root_key(roots)
@@ -293,7 +293,6 @@ def test_fsck_reports_a_second_copy_as_duplicate_not_an_error(tmp_path, capsys):
     the second copy DUPLICATE, once, and exits 0; the store's next write of
     the chunk leaves one file, and fsck then reports nothing."""
     import json
-    import shutil
 
     from lmcache_fx.tools.cli import main
 
@@ -408,5 +407,39 @@ def test_a_pinned_lookup_touches_stale_chunks_in_order_and_no_symlink(tmp_path, 
             assert os.lstat(outside).st_mtime_ns == 1 and os.path.islink(first)
         finally:
             st2.close()
+    finally:
+        st.close()
+
+
+def test_contains_one_key_agrees_with_the_batch_lookup(tmp_path):
+    """contains() takes a one-chunk path of its own (no batch lists); it must
+    answer as lookup() does: a hit, a chunk evicted by another process (and
+    forgotten by the index), one moved under its other root behind a planted
+    symlink (found there, the link not taken), and a symlink to a file
+    outside the store (a miss)."""
+    roots = _roots(tmp_path, 2)
+    keys = [f"one/{i}" for i in range(5)]
+    st, src = _written(roots, keys)
+    try:
+        for p in paths_for(roots, chunk_digest(keys[1])):  # evicted by another process
+            if os.path.exists(p):
+                os.unlink(p)
+        first, other = _first_place_holds_a_symlink(st, roots, keys[2])
+        outside = tmp_path / "outside.fxkv"
+        shutil.copyfile(other if os.path.exists(other) else first, outside)
+        f3, o3 = _first_place_holds_a_symlink(st, roots, keys[3])
+        os.unlink(o3)
+        os.unlink(f3)
+        os.symlink(outside, f3)
+        want = [True, False, True, False, True]
+        fresh = _store(roots)  # nothing indexed: each looked for at its first place
+        try:
+            assert [fresh.contains(k) for k in keys] == want == fresh.lookup(keys)
+            assert fresh.path_for(chunk_digest(keys[2])) == other and os.path.islink(first)
+        finally:
+            fresh.close()
+        assert [st.contains(k) for k in keys] == want  # this process's index, checked on disk
+        assert chunk_digest(keys[1]) not in st._index and chunk_digest(keys[3]) not in st._index
+        assert st.lookup(keys) == want
     finally:
         st.close()

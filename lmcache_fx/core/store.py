@@ -877,8 +877,22 @@ class ChunkStore:
         """Index entry, looking on disk when the index has none (another
         process may have written it). `check`: confirm an indexed file is
         still there (another process may have evicted it). `d`: the key's
-        digest when known."""
-        return self._entries([chunk_digest(key) if d is None else d], check)[0]
+        digest when known. _entries of one chunk without the batch's lists:
+        LMCache asks contains() one key at a time, where the batch's
+        bookkeeping cost as much as the stat."""
+        if d is None:
+            d = chunk_digest(key)
+        with self._lock:
+            e = self._index.get(d)
+        if e is not None and not check:
+            return e
+        place = self._first_place(d, e)
+        if self._rootfds:
+            r = _fxio.stat_beneath(((self._rootfds[place[0]], place[1]),))[0]
+            st = None if r is None else FileStat(*r)
+        else:
+            st = self._stat_places([place])[0]
+        return self._settle(d, e, place, st)
 
     def _entries(self, digests: Sequence[str], check: bool = False, prefix: bool = False) -> list[Optional[Entry]]:
         """_entry of many chunks: the files to look at (every one with
@@ -991,7 +1005,7 @@ class ChunkStore:
             return t
 
     def contains(self, key: str) -> bool:
-        return self.lookup([key])[0]
+        return self._entry(key, check=True) is not None
 
     def lookup(self, keys: Sequence[str], pin: bool = False, prefix: bool = False) -> list[bool]:
         """Whether each chunk is in the store, each file confirmed on disk
