@@ -411,12 +411,13 @@ def test_a_pinned_lookup_touches_stale_chunks_in_order_and_no_symlink(tmp_path, 
         st.close()
 
 
-def test_contains_one_key_agrees_with_the_batch_lookup(tmp_path):
-    """contains() takes a one-chunk path of its own (no batch lists); it must
-    answer as lookup() does: a hit, a chunk evicted by another process (and
-    forgotten by the index), one moved under its other root behind a planted
-    symlink (found there, the link not taken), and a symlink to a file
-    outside the store (a miss)."""
+def test_contains_and_pin_of_one_key_agree_with_the_batch_lookup(tmp_path):
+    """contains() and pin() take a one-chunk path of their own (no batch
+    lists); they must answer as lookup() does: a hit, a chunk evicted by
+    another process (and forgotten by the index), one moved under its other
+    root behind a planted symlink (found there, the link not taken), and a
+    symlink to a file outside the store (a miss). pin() pins only the hits
+    and touches a stale one's LRU clock."""
     roots = _roots(tmp_path, 2)
     keys = [f"one/{i}" for i in range(5)]
     st, src = _written(roots, keys)
@@ -432,10 +433,20 @@ def test_contains_one_key_agrees_with_the_batch_lookup(tmp_path):
         os.unlink(f3)
         os.symlink(outside, f3)
         want = [True, False, True, False, True]
+        old = 1_000_000_000
+        os.utime(st.path_for(chunk_digest(keys[4])), ns=(old, old))
         fresh = _store(roots)  # nothing indexed: each looked for at its first place
         try:
             assert [fresh.contains(k) for k in keys] == want == fresh.lookup(keys)
             assert fresh.path_for(chunk_digest(keys[2])) == other and os.path.islink(first)
+        finally:
+            fresh.close()
+        fresh = _store(roots)
+        try:
+            assert [fresh.pin(k) for k in keys] == want
+            assert sorted(fresh._pins) == sorted(chunk_digest(k) for k, w in zip(keys, want) if w)
+            assert os.stat(fresh.path_for(chunk_digest(keys[4]))).st_mtime_ns > old  # touched: was stale
+            assert [fresh.unpin(k) for k in keys] == want and not any(fresh._pins.values())
         finally:
             fresh.close()
         assert [st.contains(k) for k in keys] == want  # this process's index, checked on disk

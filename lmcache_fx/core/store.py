@@ -1035,7 +1035,16 @@ class ChunkStore:
         return out
 
     def pin(self, key: str) -> bool:
-        return self.lookup([key], pin=True)[0]
+        """lookup([key], pin=True) on the one-chunk path (LMCache's
+        contains(key, pin=True) asks one key at a time)."""
+        d = chunk_digest(key)
+        e = self._entry(key, d, check=True)
+        if e is None:
+            return False
+        with self._lock:
+            self._pins[d] = self._pins.get(d, 0) + 1
+        self._touch_many((e,))  # keep it from other processes' evictors
+        return True
 
     def unpin(self, key: str) -> bool:
         d = chunk_digest(key)
