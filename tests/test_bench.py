@@ -3291,3 +3291,169 @@ def test_readme_latency_at_9fc85fc_is_the_committed_json():
     readme = _readme_flat()
     assert f"{_span(a4)} with 4 in flight, {_span(a16)} with 16, the p50 " in readme
     assert f"the p50 {p50[0]:.2f}×, {p50[1]:.2f}× and {p50[2]:.2f}× the best tier's" in readme
+
+
+ROUND_DE6FAD2 = os.path.join(ROOT, "docs", "bench-repeats", "round-de6fad2")
+
+
+def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
+    """The round at de6fad2 on an Intel Xeon host: the README's second pair
+    of tables and the page's per-case tables are bench_tables' over the
+    fifteen committed runs (each clean at de6fad2, every rep of fx's readers
+    whole and checked, on that CPU), and every range the page, the README
+    and the targets table quote is recomputed from them, with the verdicts
+    they give: reads ahead in every run, checked reads ahead of unchecked
+    ones, stores on XFS behind, from memory ahead."""
+    mod = _bench_tables()
+    cases = [(label, [os.path.join(ROUND_DE6FAD2, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        raw = f.read()
+    tables = mod.readme_tables(cases).split("\n\n")
+    assert len(tables) == 2 and all(t in raw for t in tables)
+    page = _page()
+    monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
+    for _, c in README_CASES:
+        paths = [f"docs/bench-repeats/round-de6fad2/{c}-run{r}.json" for r in (1, 2, 3)]
+        assert mod.ratios_table(paths) in page and mod.runs_table(paths, "fx-noverify") in page, c
+    runs = {}
+    for _, c in README_CASES:
+        runs[c] = []
+        for r in (1, 2, 3):
+            with open(os.path.join(ROUND_DE6FAD2, f"{c}-run{r}.json")) as f:
+                runs[c].append(json.load(f))
+    for c, rs in runs.items():
+        for d in rs:
+            assert d["git_commit"].startswith("de6fad2") and not d["git_commit"].endswith("+dirty"), c
+            assert d["machine"]["cpu_family"] == "6" and d["machine"]["cpu_model"] == "207", c
+            assert d["config"]["reps"] == 5, c
+            for n in ("fx", "fx-noverify", "fx-l2"):
+                assert all(x["ok"] for x in d["readers"][n]["reps"]), (c, n)
+
+    def ratios(c, n, k):
+        return [d["readers"][n]["ratio_to_best_peer"][k] for d in runs[c]]
+
+    def med(vs):
+        return f"{statistics.median(vs):.2f}×"
+
+    def span_med(vs, fmt="{:.2f}"):
+        return f"{_span(vs, fmt)} ({med(vs)})"
+
+    text = " ".join(page.split())
+    readme = " ".join(raw.split())
+    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
+    reads = {c: ratios(c, "fx", "tier_read") for c in xfs + mem}
+    assert min(v for c in xfs + mem for v in reads[c]) > 1.1  # ahead in every run, as the page says
+    said = (
+        f"XFS {span_med(reads['xfs-64m'])} at 64 MiB, {span_med(reads['xfs-10m'])} at 10 MiB, "
+        f"{span_med(reads['xfs-2m'])} at 2 MiB; tmpfs {span_med(reads['tmpfs-64m'])} and {span_med(reads['tmpfs-2m'])}"
+    )
+    assert said in text and said in readme
+    unchecked = [v for c in xfs for v in ratios(c, "fx-noverify", "tier_read")]
+    assert f"fx without its check, which reads in place, at {_span(unchecked)}" in text
+    over = [
+        d["readers"]["fx"]["median"]["tier_read_gbps"] / d["readers"]["fx-noverify"]["median"]["tier_read_gbps"]
+        for c in xfs
+        for d in runs[c]
+    ]
+    assert min(over) > 1.0 and f"checked reads {_span(over)} the unchecked ones" in text
+    peers = [
+        d["readers"][n]["median"]["tier_read_gbps"]
+        for c in xfs
+        for d in runs[c]
+        for n in ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
+    ]
+    fio = [d["readers"]["fio"]["median"]["tier_read_gbps"] for c in xfs for d in runs[c]]
+    assert f"the peers read at {min(peers):.2f}–{max(peers):.2f} GB/s and fio at {min(fio):.2f}–{max(fio):.2f}" in text
+    eng = [v for c in xfs for v in ratios(c, "fx", "store_same_level")]
+    l2 = [v for c in xfs for v in ratios(c, "fx-l2", "store_same_level")]
+    assert f"through LMCache's engine {_span(eng)}, fx-l2 {_span(l2)}" in text and statistics.median(eng + l2) < 1.0
+    mem_eng = [v for c in mem for v in ratios(c, "fx", "store_same_level")]
+    mem_l2 = [v for c in mem for v in ratios(c, "fx-l2", "store_same_level")]
+    assert min(mem_eng + mem_l2) > 1.0
+    assert f"fx stored at {_span(mem_eng)} the best tier and fx-l2 at {_span(mem_l2)} the best L2 adapter" in text
+    cpu = [v for c in xfs for v in ratios(c, "fx", "tier_cpu")]
+    cpu_nv = [v for c in xfs for v in ratios(c, "fx-noverify", "tier_cpu")]
+    assert f"{_span(cpu, '{:.1f}')} the lowest peer's on XFS, {_span(cpu_nv, '{:.1f}')} without the check" in text
+    # the targets table's rows
+    assert (
+        f"on the Intel Xeon at `de6fad2` {span_med(reads['xfs-64m'])} at 64 MiB, {span_med(reads['xfs-10m'])} at "
+        f"10 MiB, {span_med(reads['xfs-2m'])} at 2 MiB" in text
+    )
+    assert f"{_span(cpu, '{:.1f}')} over the three sizes on the Intel host" in text
+    assert f"{_span(cpu_nv, '{:.1f}')} on the Intel host" in text
+    assert f"on the Intel host through LMCache's engine {_span(eng)}, fx-l2 {_span(l2)}" in text
+    assert (
+        f"**met on the Intel host at both sizes** ({span_med(reads['tmpfs-64m'])}, {span_med(reads['tmpfs-2m'])})"
+        in text
+    )
+    assert min(reads["tmpfs-64m"] + reads["tmpfs-2m"]) >= 1.2
+    assert f"{_span(mem_eng)} through the engine, fx-l2 {_span(mem_l2)}" in text
+    xeon = _docs_json("crc32c-speed-xeon.json")  # the check's own cost from memory on this round's CPU
+    assert xeon["cpu"]["cpu family"] == "6" and xeon["cpu"]["model"] == "207"
+    gbps = next(r["gbps"] for r in xeon["rows"] if "in use" in r["impl"] and r["size"] == "64 MiB")
+    assert f"~{1 / gbps:.3f} on the Intel host, {gbps:.2f} GB/s, `crc32c-speed-xeon.json`" in text
+    in_place = peers + fio
+    assert f"read the loop device at {min(in_place):.2f}–{max(in_place):.2f} GB/s" in readme
+    assert f"CPU per GB stayed {_span(cpu, '{:.1f}')} the lowest peer's" in readme
+
+
+def test_latency_at_de6fad2_on_the_intel_host_is_the_committed_json():
+    """The awaited latency runs at de6fad2 on the Intel host: the page's table
+    is bench_tables' over the six runs (every request a hit through the
+    awaited path), and the figures the page, its targets table and the
+    README quote are recomputed: met and ahead at 64 MiB, not at 2 MiB."""
+    mod = _bench_tables()
+    cases = [
+        (f"{s} MiB, run {r}", os.path.join(ROUND_DE6FAD2, f"lat-{s}m-run{r}.json")) for s in (64, 2) for r in (1, 2, 3)
+    ]
+    page = _page()
+    assert mod.latency_rounds_table(cases) in page
+    runs: dict = {64: [], 2: []}
+    for label, path in cases:
+        with open(path) as f:
+            d = json.load(f)
+        assert d["git_commit"].startswith("de6fad2") and not d["git_commit"].endswith("+dirty"), label
+        assert d["machine"]["cpu_family"] == "6" and d["config"]["latency_awaited"], label
+        for e in d["readers"].values():
+            for v in (e.get("latency") or {}).values():
+                assert all(r["misses"] == 0 and r["path"] == "awaited" for r in v["rounds"]), label
+        runs[int(label.split()[0])].append(d)
+
+    def sp(vs):
+        lo, hi = f"{min(vs):.2f}", f"{max(vs):.2f}"
+        return f"{lo}× with 16 (each run)" if lo == hi else f"{lo}–{hi}×"
+
+    def a(s, c, n="fx"):
+        return [d["readers"][n]["latency"][c]["p99_over_p50"] for d in runs[s]]
+
+    def p(s, c):
+        return [_fx_p50_over_best(d["readers"], c) for d in runs[s]]
+
+    text = " ".join(page.split())
+    assert max(a(64, "4") + a(64, "16")) < 2.0 and max(p(64, "4") + p(64, "16")) < 1.0
+    assert f"fx's p99 within {_span(a(64, '4'))} its p50 with 4 in flight and {_span(a(64, '16'))} with 16" in text
+    assert f"its p50 {_span(p(64, '4'))} the best tier's with 4 and {sp(p(64, '16'))}" in text
+    assert min(a(2, "4")) > 2.0 and max(a(2, "16")) < 2.0 and min(p(2, "16")) > 1.0
+    assert (
+        f"p99/p50 with 4 in flight {_span(a(2, '4'))} (RustRawBlockBackend {_span(a(2, '4', 'rust_raw_block'))}); "
+        f"with 16 {_span(a(2, '16'))}, within 2×; fx's p50 with 16 in flight {_span(p(2, '16'))} the best tier's"
+        in text
+    )
+    # the targets table's two latency rows
+    assert (
+        f"on the Intel host at `de6fad2` {_span(a(64, '4'))} and {_span(a(64, '16'))} at 64 MiB, {_span(a(2, '4'))} "
+        f"and {_span(a(2, '16'))} at 2 MiB" in text
+    )
+    p64 = sp(p(64, "16")).split(" with")[0]
+    readme = _readme_flat()
+    every64 = a(64, "4") + a(64, "16")
+    assert (
+        f"Intel host at `de6fad2` (`docs/bench-repeats/round-de6fad2/lat-*.json`): {_span(every64)}, and its p50 "
+        in readme
+    )
+    assert f"{_span(p(64, '4') + p(64, '16'))} the best tier's with 4 and 16 in flight" in readme
+    assert (
+        f"On the Intel host at `de6fad2`: {_span(a(2, '4'))} with 4 in flight, {_span(a(2, '16'))} with 16, the p50 "
+        f"with 16 in flight {_span(p(2, '16'))} the best tier's" in readme
+    )
+    assert f"on the Intel host at `de6fad2` {p64} at 64 MiB, {_span(p(2, '16'))} at 2 MiB" in text
