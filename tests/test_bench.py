@@ -4,6 +4,7 @@ what landed in the destination KV cache against what was stored). No
 timing assertions."""
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -2973,6 +2974,44 @@ def _readme_flat() -> str:
         return " ".join(f.read().split())
 
 
+def _main_round(folder: str, commit: str) -> dict[str, list[dict]]:
+    """Runs 1-3 of each README case of a main round under
+    docs/bench-repeats/folder, each asserted to be from `commit` with five
+    reps, every rep of fx's three readers whole and checked."""
+    runs: dict[str, list[dict]] = {}
+    for _, c in README_CASES:
+        runs[c] = []
+        for r in (1, 2, 3):
+            with open(os.path.join(ROOT, "docs", "bench-repeats", folder, f"{c}-run{r}.json")) as f:
+                d = json.load(f)
+            assert d["git_commit"].startswith(commit) and d["config"]["reps"] == 5, c
+            for n in ("fx", "fx-noverify", "fx-l2"):
+                assert all(x["ok"] for x in d["readers"][n]["reps"]), (c, n)
+            runs[c].append(d)
+    return runs
+
+
+def _readme_with_round_tables(folder: str) -> str:
+    """README.md's text, asserted to hold the two tables `bench_tables.py
+    --readme` writes over the main round under docs/bench-repeats/folder."""
+    d = os.path.join(ROOT, "docs", "bench-repeats", folder)
+    cases = [(label, [os.path.join(d, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        raw = f.read()
+    tables = _bench_tables().readme_tables(cases).split("\n\n")
+    assert len(tables) == 2 and all(t in raw for t in tables)
+    return raw
+
+
+def _round_ratios(runs: dict[str, list[dict]], c: str, n: str, k: str) -> list[float]:
+    """Reader n's ratio k to the best peer in each run of case c."""
+    return [d["readers"][n]["ratio_to_best_peer"][k] for d in runs[c]]
+
+
+def _median_x(vs) -> str:
+    return f"{statistics.median(vs):.2f}×"
+
+
 def _round_runs(case: str) -> list[dict]:
     """Runs 1-3 of one case of the round at 5dbed3b (e.g. xfs-2m, lat-64m)."""
     out = []
@@ -2991,25 +3030,10 @@ def test_readme_round_at_5dbed3b_is_the_committed_json():
     5dbed3b (three runs a case, every rep whole and checked, the package at
     5dbed3b), and each figure its bullets quote is recomputed here from the
     same JSON, with the verdict each bullet gives."""
-    mod = _bench_tables()
-    cases = [(label, [os.path.join(ROUND_5DBED3B, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
-    with open(os.path.join(ROOT, "README.md")) as f:
-        raw = f.read()
-    tables = mod.readme_tables(cases).split("\n\n")
-    assert len(tables) == 2 and all(t in raw for t in tables)
+    raw = _readme_with_round_tables("round-5dbed3b")
     text = " ".join(raw.split())
-    runs = {c: _round_runs(c) for _, c in README_CASES}
-    for c, rs in runs.items():
-        for d in rs:
-            assert d["git_commit"].startswith("5dbed3b") and d["config"]["reps"] == 5, c
-            for n in ("fx", "fx-noverify", "fx-l2"):
-                assert all(x["ok"] for x in d["readers"][n]["reps"]), (c, n)
-
-    def ratios(c, n, k):
-        return [d["readers"][n]["ratio_to_best_peer"][k] for d in runs[c]]
-
-    def med(vs):
-        return f"{statistics.median(vs):.2f}×"
+    runs = _main_round("round-5dbed3b", "5dbed3b")
+    ratios, med = functools.partial(_round_ratios, runs), _median_x
 
     xfs = ["xfs-64m", "xfs-10m", "xfs-2m"]
     reads = [v for c in xfs for v in ratios(c, "fx", "tier_read")]
@@ -3305,35 +3329,18 @@ def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
     they give: reads ahead in every run, checked reads ahead of unchecked
     ones, stores on XFS behind, from memory ahead."""
     mod = _bench_tables()
-    cases = [(label, [os.path.join(ROUND_DE6FAD2, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
-    with open(os.path.join(ROOT, "README.md")) as f:
-        raw = f.read()
-    tables = mod.readme_tables(cases).split("\n\n")
-    assert len(tables) == 2 and all(t in raw for t in tables)
+    raw = _readme_with_round_tables("round-de6fad2")
     page = _page()
     monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
     for _, c in README_CASES:
         paths = [f"docs/bench-repeats/round-de6fad2/{c}-run{r}.json" for r in (1, 2, 3)]
         assert mod.ratios_table(paths) in page and mod.runs_table(paths, "fx-noverify") in page, c
-    runs = {}
-    for _, c in README_CASES:
-        runs[c] = []
-        for r in (1, 2, 3):
-            with open(os.path.join(ROUND_DE6FAD2, f"{c}-run{r}.json")) as f:
-                runs[c].append(json.load(f))
+    runs = _main_round("round-de6fad2", "de6fad2")
     for c, rs in runs.items():
         for d in rs:
-            assert d["git_commit"].startswith("de6fad2") and not d["git_commit"].endswith("+dirty"), c
+            assert not d["git_commit"].endswith("+dirty"), c
             assert d["machine"]["cpu_family"] == "6" and d["machine"]["cpu_model"] == "207", c
-            assert d["config"]["reps"] == 5, c
-            for n in ("fx", "fx-noverify", "fx-l2"):
-                assert all(x["ok"] for x in d["readers"][n]["reps"]), (c, n)
-
-    def ratios(c, n, k):
-        return [d["readers"][n]["ratio_to_best_peer"][k] for d in runs[c]]
-
-    def med(vs):
-        return f"{statistics.median(vs):.2f}×"
+    ratios, med = functools.partial(_round_ratios, runs), _median_x
 
     def span_med(vs, fmt="{:.2f}"):
         return f"{_span(vs, fmt)} ({med(vs)})"

@@ -316,6 +316,13 @@ def test_fsck_reports_a_second_copy_as_duplicate_not_an_error(tmp_path, capsys):
         st.close()
 
 
+def _evicted_by_another_process(roots, key):
+    """Removes `key`'s file wherever it lies, behind this store's back."""
+    for p in paths_for(roots, chunk_digest(key)):
+        if os.path.exists(p):
+            os.unlink(p)
+
+
 def _first_place_holds_a_symlink(st, roots, key):
     """Moves `key`'s file under its other root (as another process's write or
     a rebalance may leave it) and plants a symlink to it at its first place:
@@ -360,9 +367,7 @@ def test_lookup_prefix_stops_at_the_first_miss_and_pins_only_hits(tmp_path):
     keys = [f"pins/{i}" for i in range(6)]
     st, src = _written(roots, keys)
     try:
-        for p in paths_for(roots, chunk_digest(keys[2])):  # evicted by another process
-            if os.path.exists(p):
-                os.unlink(p)
+        _evicted_by_another_process(roots, keys[2])
         assert st.lookup(keys) == [True, True, False, True, True, True]
         assert st.lookup(keys, pin=True, prefix=True) == [True, True, False, False, False, False]
         assert sorted(st._pins) == sorted(chunk_digest(k) for k in keys[:2])
@@ -422,9 +427,7 @@ def test_contains_and_pin_of_one_key_agree_with_the_batch_lookup(tmp_path):
     keys = [f"one/{i}" for i in range(5)]
     st, src = _written(roots, keys)
     try:
-        for p in paths_for(roots, chunk_digest(keys[1])):  # evicted by another process
-            if os.path.exists(p):
-                os.unlink(p)
+        _evicted_by_another_process(roots, keys[1])
         first, other = _first_place_holds_a_symlink(st, roots, keys[2])
         outside = tmp_path / "outside.fxkv"
         shutil.copyfile(other if os.path.exists(other) else first, outside)
