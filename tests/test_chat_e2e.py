@@ -167,7 +167,10 @@ def test_vllm_restart_reads_kv_from_fx(chat, tmp_path):
 
     model = ensure_model(python=VLLM_PY)  # built once in .fx-demo/chat/model (gitignored), ~10 s
     store = tmp_path / "store"
-    prompt = [{"role": "user", "content": chat.document_text()[:15000] + "\n\nWhat is this about?"}]
+    # A budget in tokens, not characters: the document is this repository's README and docs, and a page of
+    # tables there once made 15000 characters more than the model's 8192 tokens.
+    doc, _ = chat.make_document(model, 6000)
+    prompt = [{"role": "user", "content": doc + "\n\nWhat is this about?"}]
     n_out = 16
 
     def server(tag):
