@@ -18,6 +18,11 @@ an order rotated each rep; each rep's files are removed (outside the timing)
 before the next mode writes.
 
     .venv/bin/python scripts/store_check_probe.py --reps 15 --json docs/bench-repeats/store-check/<commit>-run1.json
+
+--loop-busy also records, per write, the share of time the loop device had
+a write in flight (/sys/block/loopN/inflight read every 0.5 ms by a process
+of its own, started before and stopped after the timing): how much of a
+write the writers keep the medium busy.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import json
 import os
 import select
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -130,6 +136,41 @@ class _FsNative:
         self.c.close()
 
 
+# Counts samples of a block device's writes in flight until its stdin closes: "busy total".
+_SAMPLER = """
+import select, sys
+p, busy, total = sys.argv[1], 0, 0
+print("ready", flush=True)
+while not select.select([sys.stdin], [], [], 0.0005)[0]:
+    with open(p) as f:
+        busy += int(f.read().split()[1]) > 0
+    total += 1
+print(busy, total)
+"""
+
+
+def _loop_inflight_path(mnt: str) -> str:
+    """/sys/block/<dev>/inflight of the block device under `mnt`."""
+    st = os.stat(mnt)
+    dev = os.path.basename(os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"))
+    return f"/sys/block/{dev}/inflight"
+
+
+class _LoopBusy:
+    """The share of samples with a write in flight, from start() to stop()."""
+
+    def __init__(self, path: str):
+        self.p = subprocess.Popen(
+            [sys.executable, "-c", _SAMPLER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.p.stdout is not None and self.p.stdout.readline().strip() == "ready"
+
+    def stop(self) -> float:
+        out, _ = self.p.communicate("")
+        busy, total = (int(x) for x in out.split())
+        return busy / max(total, 1)
+
+
 def _clear(d: str) -> None:
     for root, _dirs, files in os.walk(d):
         for f in files:
@@ -137,7 +178,7 @@ def _clear(d: str) -> None:
     os.sync()
 
 
-def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
+def stores(mnt: str, cb: int, n: int, reps: int, loop_busy: bool = False) -> dict:
     src = _fxio.HostBuffer(cb * n, hugepages=True)
     src_mv = memoryview(src)
     src_mv[:] = os.urandom(MIB) * (cb * n // MIB)
@@ -165,6 +206,7 @@ def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
         k = rep % len(order)
         for m, how in order[k:] + order[:k]:
             names = [f"r{rep + 1}c{i}" for i in range(n)]
+            sampler = _LoopBusy(_loop_inflight_path(mnt)) if loop_busy else None
             b0, c0, t0 = host_ticks(), cpu_seconds(), time.perf_counter()
             if how == "fsn":
                 fsn.write(names, src_mv, cb)
@@ -178,6 +220,7 @@ def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
                 _write_like_fs_native(dirs[how], names, src.address, cb, crc, hdr.address)
             dt = time.perf_counter() - t0
             c, b1 = cpu_seconds() - c0, host_ticks()
+            medium_busy = sampler.stop() if sampler else None
             if how == "fx":
                 for key in fx_keys:
                     fx.remove(key)
@@ -188,7 +231,7 @@ def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
                 continue
             gb = n * cb / 1e9
             busy = os.cpu_count() * (1 - (b1[1] - b0[1]) / max(b1[0] - b0[0], 1))
-            raw[m].append({"gbps": gb / dt, "cpu_s_per_gb": c / gb, "busy_cpus": busy})
+            raw[m].append({"gbps": gb / dt, "cpu_s_per_gb": c / gb, "busy_cpus": busy, "loop_busy": medium_busy})
     fx.close()
     fsn.close()
     base = next(m for m, h in modes.items() if h == "plain")
@@ -201,6 +244,9 @@ def stores(mnt: str, cb: int, n: int, reps: int) -> dict:
                 "gbps": round(statistics.median(x["gbps"] for x in v), 3),
                 "cpu_s_per_gb": round(statistics.median(x["cpu_s_per_gb"] for x in v), 4),
                 "busy_cpus": round(statistics.median(x["busy_cpus"] for x in v), 2),
+                # the share of the write with the loop device writing (--loop-busy)
+                "loop_busy": round(statistics.median(x["loop_busy"] for x in v), 3) if loop_busy else None,
+                "loop_busy_each": [round(x["loop_busy"], 3) for x in v] if loop_busy else None,
                 "gbps_each": [round(x["gbps"], 3) for x in v],
                 "cpu_s_per_gb_each": [round(x["cpu_s_per_gb"], 4) for x in v],
                 # each rep's speed over the plain writers' and over fs_native's in the same rep
@@ -217,19 +263,20 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--sizes", default="64M,10M,2M", help="chunk sizes in MiB, each ~0.47 GB a write")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--loop-busy", action="store_true", help="also the share of each write the loop device was busy")
     args = ap.parse_args()
     cases = []
     with xfs_loop("3G", touch=True) as mnt:
         for s in args.sizes.split(","):
             cb = int(s.rstrip("Mm")) * MIB
             n = max(1, (448 * MIB) // cb)
-            cases.append(stores(mnt, cb, n, args.reps))
+            cases.append(stores(mnt, cb, n, args.reps, args.loop_busy))
             print(f"{cases[-1]['chunks']}, medians of {args.reps}:")
             for m, v in cases[-1]["modes"].items():
                 print(
                     f"  {m:76} {v['gbps']:6.2f} GB/s  {v['over_plain']:5.2f}x plain  "
                     f"{v['over_fs_native']:5.2f}x fs_native  {v['cpu_s_per_gb']:.3f} CPU s/GB  "
-                    f"{v['busy_cpus']:.2f} CPUs busy"
+                    f"{v['busy_cpus']:.2f} CPUs busy" + (f"  loop busy {v['loop_busy']:.2f}" if args.loop_busy else "")
                 )
     out = {
         "command": "python " + " ".join(["scripts/store_check_probe.py", *sys.argv[1:]]),
