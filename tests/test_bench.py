@@ -3464,3 +3464,31 @@ def test_latency_at_de6fad2_on_the_intel_host_is_the_committed_json():
         f"with 16 in flight {_span(p(2, '16'))} the best tier's" in readme
     )
     assert f"on the Intel host at `de6fad2` {p64} at 64 MiB, {_span(p(2, '16'))} at 2 MiB" in text
+
+
+def test_docs_store_loop_busy_is_the_committed_json():
+    """What the page says of the loop device's busy share during stores is the
+    committed probe's: every writer kept it writing most of each write, fx's
+    store among them, while fx stored below fs_native's speed."""
+    d = _docs_json(os.path.join("bench-repeats", "store-check", "fe33e9e-loop-busy.json"))
+    assert d["git_commit"].startswith("fe33e9e") and not d["git_commit"].endswith("+dirty")
+    assert "--loop-busy" in d["command"] and [c["chunks"] for c in d["cases"]] == ["224 x 2 MiB", "7 x 64 MiB"]
+
+    def mode(case, prefix):
+        return next(v for m, v in case["modes"].items() if m.startswith(prefix))
+
+    every = [v["loop_busy"] for case in d["cases"] for v in case["modes"].values()]
+    for case in d["cases"]:
+        for v in case["modes"].values():
+            assert len(v["loop_busy_each"]) == case["reps"] == 9
+            assert v["loop_busy"] == pytest.approx(statistics.median(v["loop_busy_each"]), abs=0.002)
+    c2, c64 = d["cases"]
+    fx2, fx64 = mode(c2, "fx ChunkStore"), mode(c64, "fx ChunkStore")
+    fsn2, fsn64 = mode(c2, "fs_native"), mode(c64, "fs_native")
+    assert min(every) > 0.9 and max(fx2["over_fs_native"], fx64["over_fs_native"]) < 1.0
+    text = " ".join(_page().split())
+    assert (
+        f"was {min(every):.2f}–{max(every):.2f} for every writer; fx's store {fx2['loop_busy']:.2f} at 2 MiB and "
+        f"{fx64['loop_busy']:.2f} at 64 MiB, fs_native {fsn2['loop_busy']:.2f} and {fsn64['loop_busy']:.2f}, while fx "
+        f"stored at {fx2['over_fs_native']:.2f}× and {fx64['over_fs_native']:.2f}× fs_native's speed" in text
+    )
