@@ -649,6 +649,35 @@ fail:
 
 /* ------------------------------------------------------------ stat_beneath */
 
+/* Item i's name (str or bytes, a filesystem path) copied into the arena of a
+ * batch that runs without the GIL: its offset there, or -1 with the error
+ * set (an embedded NUL would cut the name short). Store names are ASCII and
+ * make no bytes object. */
+static Py_ssize_t arena_put_name(char **arena, size_t *used, size_t *cap, PyObject *name, Py_ssize_t i)
+{
+    PyObject *nb = NULL;
+    const char *p;
+    Py_ssize_t len, off;
+
+    if (PyUnicode_Check(name) && PyUnicode_IS_ASCII(name)) {
+        p = PyUnicode_AsUTF8AndSize(name, &len);
+    } else {
+        if (!PyUnicode_FSConverter(name, &nb))
+            return -1;
+        p = PyBytes_AS_STRING(nb);
+        len = PyBytes_GET_SIZE(nb);
+    }
+    if (!p || (Py_ssize_t)strlen(p) != len) {
+        Py_XDECREF(nb);
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "item %zd: embedded null byte in name", i);
+        return -1;
+    }
+    off = arena_put(arena, used, cap, p, (size_t)len);
+    Py_XDECREF(nb);
+    return off;
+}
+
 typedef struct {
     struct stat st;
     int err; /* 0, -errno, or 1: not looked at (after the first miss) */
@@ -687,32 +716,12 @@ static PyObject *mod_stat_beneath(PyObject *m, PyObject *args, PyObject *kw)
         goto done;
     }
     for (i = 0; i < n; i++) {
-        PyObject *name, *nb = NULL;
-        const char *p;
-        Py_ssize_t len;
-        int fd;
+        PyObject *name;
 
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iO;each item is (dir_fd, name)", &fd, &name))
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iO;each item is (dir_fd, name)", &fds[i], &name))
             goto done;
-        if (PyUnicode_Check(name) && PyUnicode_IS_ASCII(name)) { /* store names: no bytes object made */
-            p = PyUnicode_AsUTF8AndSize(name, &len);
-        } else {
-            if (!PyUnicode_FSConverter(name, &nb))
-                goto done;
-            p = PyBytes_AS_STRING(nb);
-            len = PyBytes_GET_SIZE(nb);
-        }
-        if (!p || (Py_ssize_t)strlen(p) != len) { /* an embedded NUL would cut the name short */
-            Py_XDECREF(nb);
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "item %zd: embedded null byte in name", i);
+        if ((off[i] = arena_put_name(&arena, &used, &cap, name, i)) < 0)
             goto done;
-        }
-        off[i] = arena_put(&arena, &used, &cap, p, (size_t)len);
-        Py_XDECREF(nb);
-        if (off[i] < 0)
-            goto done;
-        fds[i] = fd;
     }
     Py_BEGIN_ALLOW_THREADS
     for (i = 0; i < n; i++) {
@@ -754,7 +763,7 @@ done:
  * (the clock is advisory: a chunk gone meanwhile is no error). */
 static PyObject *mod_utime_beneath(PyObject *m, PyObject *items)
 {
-    PyObject *seq;
+    PyObject *seq, *out = NULL;
     Py_ssize_t n, i, failed = 0;
     size_t used = 0, cap = 0;
     char *arena = NULL;
@@ -771,21 +780,16 @@ static PyObject *mod_utime_beneath(PyObject *m, PyObject *items)
     ns = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*ns));
     if (!off || !fds || !ns) {
         PyErr_NoMemory();
-        goto fail;
+        goto done;
     }
     for (i = 0; i < n; i++) {
-        const char *name;
-        Py_ssize_t len;
+        PyObject *name;
 
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "is#L;each item is (dir_fd, name, mtime_ns)",
-                              &fds[i], &name, &len, &ns[i]))
-            goto fail;
-        if ((Py_ssize_t)strlen(name) != len) {
-            PyErr_Format(PyExc_ValueError, "item %zd: embedded null byte in name", i);
-            goto fail;
-        }
-        if ((off[i] = arena_put(&arena, &used, &cap, name, (size_t)len)) < 0)
-            goto fail;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iOL;each item is (dir_fd, name, mtime_ns)", &fds[i],
+                              &name, &ns[i]))
+            goto done;
+        if ((off[i] = arena_put_name(&arena, &used, &cap, name, i)) < 0)
+            goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     for (i = 0; i < n; i++) {
@@ -797,19 +801,14 @@ static PyObject *mod_utime_beneath(PyObject *m, PyObject *items)
             failed++;
     }
     Py_END_ALLOW_THREADS
+    out = PyLong_FromSsize_t(failed);
+done:
     PyMem_Free(arena);
     PyMem_Free(off);
     PyMem_Free(fds);
     PyMem_Free(ns);
     Py_DECREF(seq);
-    return PyLong_FromSsize_t(failed);
-fail:
-    PyMem_Free(arena);
-    PyMem_Free(off);
-    PyMem_Free(fds);
-    PyMem_Free(ns);
-    Py_DECREF(seq);
-    return NULL;
+    return out;
 }
 
 static int run_engine_cb(void *ctx, fx_batch *b) { return engine_run((EngineObject *)ctx, b); }
