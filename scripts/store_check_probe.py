@@ -157,7 +157,8 @@ def _loop_inflight_path(mnt: str) -> str:
 
 
 class _LoopBusy:
-    """The share of samples with a write in flight, from start() to stop()."""
+    """The share of samples with a write in flight, from its making (the
+    sampler ready) to stop()."""
 
     def __init__(self, path: str):
         self.p = subprocess.Popen(
