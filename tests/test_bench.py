@@ -532,6 +532,33 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
     assert not os.listdir(odirect_tmp) or all(not n.startswith("lmcache-fx-bench-") for n in os.listdir(odirect_tmp))
 
 
+def test_l2_reader_without_the_check_reads_back_exact(odirect_tmp, tmp_path):
+    """fx-l2-noverify: FxL2Adapter with verify false, beside fs_native at
+    the same level; every rep still compared with what was stored. Not in
+    the default set."""
+    from lmcache_fx.tools.bench.l2 import FxL2NoVerifyReader
+
+    assert "fx-l2-noverify" in bench.ALL_READERS and "fx-l2-noverify" not in bench.DEFAULT_READERS
+    out = tmp_path / "b.json"
+    rc = bench.main(
+        [
+            "--path", str(odirect_tmp), "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "16",
+            "--total-gb", "0.0001", "--reps", "2", "--readers", "fx-l2-noverify,fs_native", "--warm", "--quiet",
+            "--json", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    d = json.loads(out.read_text())
+    e = d["readers"]["fx-l2-noverify"]
+    assert e["available"], e.get("skip_reason")
+    assert e["all_ok"] and all(r["crc_ok"] for r in e["reps"]) and "verify off" in e["label"]
+    assert e["median"]["tier_cpu_s_per_gb"] is not None and e["ratio_to_best_peer"]["tier_cpu"] is not None
+    assert d["best_peer"]["tier_cpu_s_per_gb"]["reader"] == "fs_native"  # an fx reader is never a peer
+    cfg = bench.BenchConfig(path=str(odirect_tmp), geo=bench.geometry_from_args(parse("--path", "/x")[1]), n_chunks=1)
+    spec = FxL2NoVerifyReader(cfg, None).adapter_spec()
+    assert spec["adapter_params"]["verify"] is False and spec["class_name"] == "FxL2Adapter"
+
+
 def test_bench_l2_stores_as_one_chunk_tasks(odirect_tmp, tmp_path):
     """--l2-store-task-chunks 1: each rep's L2 store goes as one task per
     chunk, all submitted at once; every task must succeed for the store to

@@ -417,6 +417,20 @@ class FxL2UnstagedReader(FxL2Reader):
         return spec
 
 
+class FxL2NoVerifyReader(FxL2Reader):
+    """FxL2Adapter with verify false: its CPU beside fs_native's, which
+    checks nothing, at the same level (LMCache's engine allocates each
+    destination for fx-noverify; the L2 bench hands both adapters theirs)."""
+
+    name = "fx-l2-noverify"
+    label = "lmcache-fx FxL2Adapter (L2, verify off)"
+
+    def adapter_spec(self):
+        spec = super().adapter_spec()
+        spec["adapter_params"]["verify"] = False
+        return spec
+
+
 class RawBlockL2Reader(L2Reader):
     """LMCache's raw_block L2 adapter on a preallocated file on the measured
     filesystem (its docs: a raw device or a pre-sized file), O_DIRECT,

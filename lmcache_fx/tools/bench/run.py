@@ -35,6 +35,7 @@ READER_LIST = [
     l2.FsNativeReader,
     l2.FxL2Reader,
     l2.FxL2UnstagedReader,
+    l2.FxL2NoVerifyReader,
     l2.RawBlockL2Reader,
     rd.FioReader,
 ]
@@ -42,8 +43,9 @@ READER_CLASSES = {c.name: c for c in READER_LIST}
 ALL_READERS = [c.name for c in READER_LIST]
 # Run unless --readers says otherwise: fx-unmapped, fx-unstaged, fx-nice0 and fx-op-order, the A/B halves of
 # mapped and staged reads, of runner_nice and of interleaved pieces, only where those matter (a tmpfs with huge
-# pages; a loop device; awaited reads on a busy host; a read over several devices).
-A_B_READERS = ("fx-unmapped", "fx-unstaged", "fx-l2-unstaged", "fx-nice0", "fx-op-order")
+# pages; a loop device; awaited reads on a busy host; a read over several devices); fx-l2-noverify, fx's CPU
+# without its check at the level fs_native is measured at.
+A_B_READERS = ("fx-unmapped", "fx-unstaged", "fx-l2-unstaged", "fx-l2-noverify", "fx-nice0", "fx-op-order")
 DEFAULT_READERS = [n for n in ALL_READERS if n not in A_B_READERS]
 READER_LABELS = {c.name: c.label for c in READER_LIST}
 
@@ -62,7 +64,7 @@ LMCACHE_ENGINE_READERS = {
     "fs_connector",
     "rust_raw_block",
 }
-L2_READERS = {"fs_native", "fx-l2", "fx-l2-unstaged", "raw_block"}
+L2_READERS = {"fs_native", "fx-l2", "fx-l2-unstaged", "fx-l2-noverify", "raw_block"}
 
 
 def plan_devices(cfg: BenchConfig, readers: list[str], n: int) -> list[int]:
