@@ -3519,3 +3519,58 @@ def test_docs_store_loop_busy_is_the_committed_json():
         f"{fx64['loop_busy']:.2f} at 64 MiB, fs_native {fsn2['loop_busy']:.2f} and {fsn64['loop_busy']:.2f}, while fx "
         f"stored at {fx2['over_fs_native']:.2f}× and {fx64['over_fs_native']:.2f}× fs_native's speed" in text
     )
+
+
+def test_cpu_without_the_check_at_the_l2_level_is_the_committed_json():
+    """The round at 62e485c with fx-l2-noverify: every ratio the page's table,
+    its bullets, the targets table and the README quote is recomputed from
+    the nine committed runs (each from 62e485c, clean, five reps, every rep
+    of fx's readers whole and checked, fs_native the lowest CPU in each)."""
+    sizes = {"64m": "7 × 64 MiB", "10m": "47 × 10 MiB", "2m": "238 × 2 MiB"}
+    runs = {}
+    for s in sizes:
+        runs[s] = []
+        for r in (1, 2, 3):
+            d = _docs_json(os.path.join("bench-repeats", "l2-noverify-62e485c", f"xfs-{s}-run{r}.json"))
+            assert d["git_commit"] == "62e485cad09d46e48514ba3ade6f04a113f6a58a" and d["config"]["reps"] == 5
+            assert d["best_peer"]["tier_cpu_s_per_gb"]["reader"] == "fs_native"
+            for n in ("fx", "fx-noverify", "fx-l2", "fx-l2-noverify"):
+                assert all(x["ok"] for x in d["readers"][n]["reps"]), (s, r, n)
+            runs[s].append(d)
+
+    def rat(s, n, k):
+        return [d["readers"][n]["ratio_to_best_peer"][k] for d in runs[s]]
+
+    def each(vs):
+        return ", ".join(f"{v:.2f}×" for v in vs)
+
+    def us(s, n):
+        return [
+            d["readers"][n]["median"]["tier_cpu_s_per_gb"] * d["config"]["chunk_bytes"] / 1e9 * 1e6 for d in runs[s]
+        ]
+
+    text = " ".join(_page().split())
+    for s, label in sizes.items():
+        row = [rat(s, "fx-l2-noverify", "tier_cpu"), rat(s, "fx-noverify", "tier_cpu")]
+        row += [rat(s, "fx-l2-noverify", "tier_read"), rat(s, "fx-l2", "tier_read")]
+        assert f"| {label} | " + " | ".join(each(v) for v in row) + " |" in text
+    cpu = {s: rat(s, "fx-l2-noverify", "tier_cpu") for s in sizes}
+    assert max(cpu["64m"]) <= 0.7 < min(max(cpu["10m"]), max(cpu["2m"]))  # the verdicts: met at 64 MiB only
+    assert f"takes {_span(cpu['64m'])} the CPU per GB of `fs_native`" in text
+    assert f"the same reader is at {_span(rat('64m', 'fx-noverify', 'tier_cpu'))}" in text
+    assert f"**10 and 2 MiB: not met.** {_span(cpu['10m'])} and {_span(cpu['2m'])}." in text
+    fsn, fx = us("2m", "fs_native"), us("2m", "fx-l2-noverify")
+    assert f"was {min(fsn):.0f}–{max(fsn):.0f} µs at 2 MiB, fx's L2 adapter's {min(fx):.0f}–{max(fx):.0f} µs" in text
+    assert f"0.7× would be at most {0.7 * max(fsn):.0f} µs a chunk" in text and 0.7 * max(fsn) < min(fx)
+    reads = ", ".join(_span(rat(s, "fx-l2-noverify", "tier_read")) for s in ("64m", "10m"))
+    assert f"reads at {reads} and {_span(rat('2m', 'fx-l2-noverify', 'tier_read'))} the best peer's" in text
+    checked = [_span(rat(s, "fx-l2", "tier_read")) for s in sizes]
+    assert f"at {checked[0]}, {checked[1]} and {checked[2]}." in text
+    spans = ", ".join(_span(cpu[s]) for s in sizes)
+    assert f"fx's L2 adapter without its check {spans} `fs_native`'s (Intel host, `62e485c`)" in text  # targets row
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    assert (
+        f"takes {_span(cpu['64m'])} its CPU per GB at 64 MiB, within the 0.7× target, and {_span(cpu['10m'])} and "
+        f"{_span(cpu['2m'])} at 10 and 2 MiB" in readme
+    )
