@@ -536,7 +536,7 @@ def test_l2_reader_without_the_check_reads_back_exact(odirect_tmp, tmp_path):
     """fx-l2-noverify: FxL2Adapter with verify false, beside fs_native at
     the same level; every rep still compared with what was stored. Not in
     the default set."""
-    from lmcache_fx.tools.bench.l2 import FxL2NoVerifyReader
+    from lmcache_fx.tools.bench.l2 import FxL2NoVerifyReader, FxL2UnstagedReader
 
     assert "fx-l2-noverify" in bench.ALL_READERS and "fx-l2-noverify" not in bench.DEFAULT_READERS
     out = tmp_path / "b.json"
@@ -557,6 +557,10 @@ def test_l2_reader_without_the_check_reads_back_exact(odirect_tmp, tmp_path):
     cfg = bench.BenchConfig(path=str(odirect_tmp), geo=bench.geometry_from_args(parse("--path", "/x")[1]), n_chunks=1)
     spec = FxL2NoVerifyReader(cfg, None).adapter_spec()
     assert spec["adapter_params"]["verify"] is False and spec["class_name"] == "FxL2Adapter"
+    unstaged = FxL2UnstagedReader(cfg, None).adapter_spec()["adapter_params"]  # the other A/B half: its own option only
+    assert (
+        unstaged["staged_reads"] is False and "verify" not in unstaged and "staged_reads" not in spec["adapter_params"]
+    )
 
 
 def test_bench_l2_stores_as_one_chunk_tasks(odirect_tmp, tmp_path):

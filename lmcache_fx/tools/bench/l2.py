@@ -378,6 +378,7 @@ class FxL2Reader(L2Reader):
     name = "fx-l2"
     label = "lmcache-fx FxL2Adapter (L2)"
     stripes = True
+    fx_options: dict = {}  # adapter options an A/B half sets beside the defaults
 
     @property
     def keeps_chunks(self) -> bool:
@@ -400,6 +401,7 @@ class FxL2Reader(L2Reader):
                 "queue_depth": self.cfg.queue_depth,
                 "split_bytes": self.cfg.split_bytes,
                 "max_capacity_gb": cap,
+                **self.fx_options,
             },
         }
 
@@ -410,11 +412,7 @@ class FxL2UnstagedReader(FxL2Reader):
 
     name = "fx-l2-unstaged"
     label = "lmcache-fx FxL2Adapter (L2, no staged reads)"
-
-    def adapter_spec(self):
-        spec = super().adapter_spec()
-        spec["adapter_params"]["staged_reads"] = False
-        return spec
+    fx_options = {"staged_reads": False}
 
 
 class FxL2NoVerifyReader(FxL2Reader):
@@ -424,11 +422,7 @@ class FxL2NoVerifyReader(FxL2Reader):
 
     name = "fx-l2-noverify"
     label = "lmcache-fx FxL2Adapter (L2, verify off)"
-
-    def adapter_spec(self):
-        spec = super().adapter_spec()
-        spec["adapter_params"]["verify"] = False
-        return spec
+    fx_options = {"verify": False}
 
 
 class RawBlockL2Reader(L2Reader):
