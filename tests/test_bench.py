@@ -3578,3 +3578,51 @@ def test_cpu_without_the_check_at_the_l2_level_is_the_committed_json():
         f"takes {_span(cpu['64m'])} its CPU per GB at 64 MiB, within the 0.7× target, and {_span(cpu['10m'])} and "
         f"{_span(cpu['2m'])} at 10 and 2 MiB" in readme
     )
+
+
+def test_latency_spread_at_0635866_is_the_committed_json():
+    """The two 2 MiB latency runs with fx's A/B halves: the page's table and
+    each range its bullets and the targets table quote are recomputed from
+    the JSON (every request a hit, the package at 0635866), with the
+    finding they state: fx's requests spread wider than RustRawBlockBackend's."""
+    runs = [_docs_json(os.path.join("bench-repeats", "latency-spread-0635866", f"lat-2m-run{i}.json")) for i in (1, 2)]
+    names = [("fx", "fx"), ("fx-unstaged", "fx-unstaged"), ("fx-nice0", "fx-nice0")]
+    names.append(("rust_raw_block", "RustRawBlockBackend"))
+    cells: dict = {}
+    for d in runs:
+        assert d["git_commit"].startswith("0635866") and not d["git_commit"].endswith("+dirty")
+        for n, _ in names:
+            c = d["readers"][n]["latency"]["4"]
+            assert c["misses"] == 0 and len(c["rounds"]) == 5
+            p10 = statistics.median(sorted(r["ms"])[len(r["ms"]) // 10] / r["p50_ms"] for r in c["rounds"])
+            wait = statistics.median(r.get("runner_wait_us_per_request", 0) / 1000 / r["p50_ms"] for r in c["rounds"])
+            cells.setdefault(n, []).append((c["p99_ms"] / c["p50_ms"], p10, wait, c["p50_ms"]))
+    text = " ".join(_page().split())
+    for n, label in names:
+        each = [
+            f"{x[0]:.2f}× · {x[1]:.2f} · " + ("—" if n == "rust_raw_block" else f"{x[2]:.2f}") + f" · {x[3]:.2f}"
+            for x in cells[n]
+        ]
+        assert f"| {label} | {each[0]} | {each[1]} |" in text
+
+    def rng(vs, suffix=""):
+        lo, hi = f"{min(vs):.2f}", f"{max(vs):.2f}"
+        return lo + suffix if lo == hi else f"{lo}–{hi}{suffix}"
+
+    def col(n, k, suffix=""):
+        return rng([x[k] for x in cells[n]], suffix)
+
+    assert max(x[1] for x in cells["fx"]) < min(x[1] for x in cells["rust_raw_block"])  # fx spreads wider
+    assert max(x[3] for x in cells["fx"]) < min(x[3] for x in cells["rust_raw_block"])  # at a lower p50
+    assert f"its 10th percentile is {col('rust_raw_block', 1)} of its p50" in text
+    assert f"fx's is {col('fx', 1)}: its requests overtake each other" in text
+    assert f"(fx's p50 {col('fx', 3)} ms against {col('rust_raw_block', 3)})" in text
+    assert f"sits at the 2× line ({col('fx', 0, '×')})" in text
+    assert f"Without staged reads fx's p99/p50 was {col('fx-unstaged', 0, '×')}" in text
+    assert f"at the loop's priority ({col('fx-nice0', 0, '×')}) they waited {col('fx-nice0', 2)} of a p50" in text
+    assert f"instead of {col('fx', 2)}, and the tail grew" in text
+    assert min(x[0] for x in cells["fx-nice0"]) > max(x[0] for x in cells["fx"])
+    assert (
+        f"at `0635866` (two runs, 2 MiB, 4 in flight) {col('fx', 0, '×')}, RustRawBlockBackend {col('rust_raw_block', 0, '×')}"
+        in text
+    )
