@@ -1042,8 +1042,10 @@ class ChunkStore:
         contains(key, pin=True) asks one key at a time)."""
         d = chunk_digest(key)
         e = self._entry(key, d, check=True)
+        if e is None:
+            return False  # a miss takes no lock
         self._pin_found((d,), (e,))
-        return e is not None
+        return True
 
     def unpin(self, key: str) -> bool:
         d = chunk_digest(key)
