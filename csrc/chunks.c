@@ -579,11 +579,12 @@ static void solo_loop(reader *R, lane *cur, lane *nxt)
     }
 }
 
-static void helper_lane(void *arg)
+static void *helper_lane(void *arg)
 {
     reader *R = arg;
 
     atomic_fetch_add(&fx_helper_waves, lane_loop(R, &R->lanes[1]));
+    return R;
 }
 
 /* The runner's last touch of R: the calling thread frees it once woken. */

@@ -406,11 +406,13 @@ int64_t fx_io_sync(int fd, int write, int direct, char *buf, uint64_t len, uint6
 int64_t fx_write_fused(int fd, char *hdr, const char *src, uint64_t len);
 
 /* ---- runners (runner.c): the threads batches run on, kept between batches ---- */
+typedef void *(*fx_runner_work)(void *arg);
 typedef void (*fx_runner_fn)(void *arg);
-/* Runs fn(arg) and then done(arg) on an idle runner or a new one, which is
- * listed idle again between the two, `steps` (0..19) priority steps below
- * the calling thread (at most nice 19); 0, or -EAGAIN. */
-int fx_runner_start(fx_runner_fn fn, fx_runner_fn done, void *arg, int steps);
+/* Runs fn(arg) and then done(fn's result) on an idle runner or a new one,
+ * which is listed idle again between the two, `steps` (0..19) priority steps
+ * below the calling thread (at most nice 19); 0, or -EAGAIN. fn returns what
+ * its last step is about: a chain of batches ends on another than it began. */
+int fx_runner_start(fx_runner_work fn, fx_runner_fn done, void *arg, int steps);
 unsigned fx_runners_idle(void);
 unsigned long fx_runners_started(void);
 

@@ -55,6 +55,14 @@ typedef struct {
     fx_pool *writers; /* io_uring engine: threads that write chunk files (write_chunks), apart from the openers */
     PyObject *fallback_reason; /* str, or None when the asked engine runs */
     unsigned gen;              /* process generation (fork guard) */
+    /* Submitted batches beyond max_running wait here (under mu), oldest
+     * first, and are run in arrival order by the runners that finish (at
+     * that runner's priority): more batches at once than CPUs only makes
+     * them overtake each other, and the requests waiting on them finish
+     * out of order (docs/benchmarks.md, "Awaited reads in arrival order"). */
+    int max_running; /* 0: no bound */
+    int running;
+    struct BatchObject *pend_head, *pend_tail;
 } EngineObject;
 
 static PyTypeObject EngineType;
@@ -262,18 +270,19 @@ static PyObject *results_to_list(const fx_result *res, size_t n, int want_crc)
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"io_engine", "queue_depth", "split_bytes", "threads", "staged", "runner_nice", NULL};
+    static char *kwlist[] = {"io_engine",   "queue_depth", "split_bytes", "threads", "staged",
+                             "runner_nice", "max_running", NULL};
     const char *engine = "auto";
     long long qd = 32, split = 1 << 20;
-    int threads = 0, staged = 1, runner_nice = 0;
+    int threads = 0, staged = 1, runner_nice = 0, max_running = 0;
     char why[256] = "";
 
     if (self->kind >= 0 && (self->uring || self->pool)) {
         PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sLLipi", kwlist, &engine, &qd, &split, &threads, &staged,
-                                     &runner_nice))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sLLipii", kwlist, &engine, &qd, &split, &threads, &staged,
+                                     &runner_nice, &max_running))
         return -1;
     self->staged = staged;
     if (strcmp(engine, "auto") && strcmp(engine, "io_uring") && strcmp(engine, "threads")) {
@@ -299,7 +308,12 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
         PyErr_Format(PyExc_ValueError, "runner_nice must be in 0..19, not %d", runner_nice);
         return -1;
     }
+    if (max_running < 0 || max_running > 1024) {
+        PyErr_Format(PyExc_ValueError, "max_running must be in 0..1024, not %d", max_running);
+        return -1;
+    }
     self->runner_nice = runner_nice;
+    self->max_running = max_running;
     {
         const char *spec = getenv("LMCACHE_FX_FAULT");
         if (fx_fault_setup(spec, why, sizeof(why)) < 0) {
@@ -1007,9 +1021,10 @@ done:
 
 /* ------------------------------------------------------------------ Batch */
 
-typedef struct {
+typedef struct BatchObject {
     PyObject_HEAD
     EngineObject *engine;
+    struct BatchObject *pend_next; /* in the engine's pending list */
     fx_op *ops;
     fx_result *res;
     fx_batch b;
@@ -1085,9 +1100,8 @@ static PyObject *Notifier_drain(NotifierObject *no, PyObject *unused)
     return PyLong_FromUnsignedLongLong(n);
 }
 
-static void batch_run(void *arg)
+static void batch_exec(BatchObject *bo)
 {
-    BatchObject *bo = arg;
     int r;
 
     if (bo->is_chunks) {
@@ -1100,13 +1114,10 @@ static void batch_run(void *arg)
     }
     bo->status = r;
     atomic_store(&bo->finished, 1);
-    /* The engine is no longer touched: let close() proceed even if nobody
-     * ever waits for this batch. */
-    end_use(bo->engine);
 }
 
-/* The batch's last step on its runner: signals its eventfd and lets wait()
- * and dealloc go on. */
+/* Signals the batch's eventfd and lets wait() and dealloc go on: the
+ * runner's last touch of it. */
 static void batch_done(void *arg)
 {
     BatchObject *bo = arg;
@@ -1118,6 +1129,48 @@ static void batch_done(void *arg)
     bo->released = 1;
     pthread_cond_signal(&bo->released_cv);
     pthread_mutex_unlock(&bo->mu); /* bo may be freed from here on */
+}
+
+/* The oldest batch waiting for a runner, taken off the list; NULL (and one
+ * runner fewer counted) when none waits. */
+static BatchObject *next_pending(EngineObject *e)
+{
+    BatchObject *next;
+
+    pthread_mutex_lock(&e->mu);
+    next = e->pend_head;
+    if (next) {
+        e->pend_head = next->pend_next;
+        if (!e->pend_head)
+            e->pend_tail = NULL;
+    } else {
+        e->running--;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return next;
+}
+
+/* A runner's work: the batch, then each batch that waited for a runner
+ * meanwhile, oldest first, every one signalled as it ends; returns the last,
+ * which batch_done signals once the runner is listed idle. */
+static void *batch_run(void *arg)
+{
+    BatchObject *bo = arg;
+    EngineObject *e = bo->engine;
+
+    for (;;) {
+        BatchObject *next;
+
+        batch_exec(bo);
+        next = e->max_running ? next_pending(e) : NULL;
+        /* The engine is no longer touched for bo (a waiting batch holds a
+         * use of its own): close() may proceed even if nobody ever waits. */
+        end_use(e);
+        if (!next)
+            return bo;
+        batch_done(bo);
+        bo = next;
+    }
 }
 
 /* Waits until the batch's runner is done with it. */
@@ -1143,6 +1196,7 @@ static BatchObject *batch_new(EngineObject *self, int is_chunks)
     if (!bo)
         return NULL;
     bo->engine = (EngineObject *)Py_NewRef(self);
+    bo->pend_next = NULL;
     bo->ops = NULL;
     bo->res = NULL;
     bo->efd = -1;
@@ -1181,8 +1235,32 @@ static PyObject *batch_start(EngineObject *self, BatchObject *bo, PyObject *noti
     if (begin_use(self) < 0)
         goto fail;
     bo->started = 1; /* before the runner can see it */
+    if (self->max_running) {
+        int wait;
+
+        pthread_mutex_lock(&self->mu);
+        wait = self->running >= self->max_running;
+        if (wait) {
+            bo->pend_next = NULL;
+            if (self->pend_tail)
+                self->pend_tail->pend_next = bo;
+            else
+                self->pend_head = bo;
+            self->pend_tail = bo;
+        } else {
+            self->running++;
+        }
+        pthread_mutex_unlock(&self->mu);
+        if (wait)
+            return (PyObject *)bo; /* a finishing runner takes it up */
+    }
     if (fx_runner_start(batch_run, batch_done, bo, self->runner_nice) < 0) {
         bo->started = 0;
+        if (self->max_running) {
+            pthread_mutex_lock(&self->mu);
+            self->running--;
+            pthread_mutex_unlock(&self->mu);
+        }
         end_use(self);
         PyErr_SetString(PyExc_OSError, "could not start a batch runner thread");
         goto fail;
@@ -1726,6 +1804,12 @@ static PyObject *Engine_get_closed(EngineObject *e, void *c)
     return PyBool_FromLong(e->closed);
 }
 
+static PyObject *Engine_get_max_running(EngineObject *e, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(e->max_running);
+}
+
 static PyObject *Engine_get_runner_nice(EngineObject *e, void *c)
 {
     (void)c;
@@ -1739,6 +1823,8 @@ static PyGetSetDef Engine_getset[] = {
     {"threads", (getter)Engine_get_threads, NULL, "I/O threads (thread engine)", NULL},
     {"runner_nice", (getter)Engine_get_runner_nice, NULL,
      "priority steps a submitted batch's runner thread runs below the submitter", NULL},
+    {"max_running", (getter)Engine_get_max_running, NULL,
+     "submitted batches run at once; more wait and run in arrival order (0: no bound)", NULL},
     {"fallback_reason", (getter)Engine_get_reason, NULL, "why io_uring is not used, or None", NULL},
     {"registered", (getter)Engine_get_registered, NULL, "a fixed buffer is registered", NULL},
     {"closed", (getter)Engine_get_closed, NULL, "close() was called", NULL},

@@ -28,7 +28,7 @@
 
 typedef struct fx_runner {
     pthread_cond_t cv; /* CLOCK_MONOTONIC */
-    fx_runner_fn fn;   /* the work handed over, NULL while idle */
+    fx_runner_work fn; /* the work handed over, NULL while idle */
     fx_runner_fn done; /* its last step, after the runner is listed idle */
     void *arg;
     int nice;               /* its nice value: its starter's plus the steps asked */
@@ -125,10 +125,9 @@ static void *runner_main(void *arg)
 
     set_nice(r->nice);
     for (;;) {
-        void *work = r->arg;
         fx_runner_fn done = r->done;
+        void *work = r->fn(r->arg);
 
-        r->fn(work);
         pthread_mutex_lock(&runners_mu);
         listed = list_idle(r, &until) == 0;
         pthread_mutex_unlock(&runners_mu);
@@ -147,7 +146,7 @@ static void *runner_main(void *arg)
     return NULL;
 }
 
-static fx_runner *runner_new(fx_runner_fn fn, fx_runner_fn done, void *arg, int nice)
+static fx_runner *runner_new(fx_runner_work fn, fx_runner_fn done, void *arg, int nice)
 {
     fx_runner *r = calloc(1, sizeof(*r));
     pthread_condattr_t ca;
@@ -181,7 +180,7 @@ static fx_runner *runner_new(fx_runner_fn fn, fx_runner_fn done, void *arg, int 
     return r;
 }
 
-int fx_runner_start(fx_runner_fn fn, fx_runner_fn done, void *arg, int steps)
+int fx_runner_start(fx_runner_work fn, fx_runner_fn done, void *arg, int steps)
 {
     int nice = thread_nice() + steps;
     fx_runner *r;

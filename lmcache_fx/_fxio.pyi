@@ -50,6 +50,7 @@ class Engine:
     split_bytes: int
     threads: int  # I/O threads of the thread engine, else 0
     runner_nice: int  # priority steps a submitted batch's runner thread runs below the submitter
+    max_running: int  # submitted batches run at once, the rest wait in arrival order (0: no bound)
     fallback_reason: str | None  # why io_engine="auto" is not using io_uring
     registered: bool  # a fixed buffer is registered with io_uring
     closed: bool
@@ -61,6 +62,7 @@ class Engine:
         threads: int = 0,
         staged: bool = True,
         runner_nice: int = 0,
+        max_running: int = 0,
     ) -> None:
         """'io_uring' raises OSError when io_uring cannot be set up; 'auto'
         falls back to the thread engine and records fallback_reason.
@@ -70,7 +72,10 @@ class Engine:
         the CPU has that copy (CRC32C_COPY_ONE_PASS); False reads them into
         the destination and sums them there (for comparisons). runner_nice
         (0..19): a submitted batch runs on a runner thread (named fx-runner)
-        that many priority steps below the thread that submitted it."""
+        that many priority steps below the thread that submitted it.
+        max_running (0..1024): at most that many submitted batches run at
+        once; a batch submitted beyond them waits, and the runners that
+        finish take the waiting ones oldest first (0: every batch at once)."""
     @overload
     def read(
         self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0, stage: bool = False

@@ -1037,6 +1037,37 @@ def test_batches_run_on_runners_kept_between_batches(make_engine, payload, tmp_p
     assert fx._runners_idle() >= 1
 
 
+def test_max_running_bounds_batches_and_runs_the_rest_in_arrival_order(make_engine, payload, tmp_path, fds):
+    """With max_running=1, batches submitted together run one at a time on
+    one runner, oldest first: no second runner thread starts, and when the
+    last one submitted is done every earlier one is done too (each is
+    signalled as it ends, with its own results). close() waits for the
+    batches still waiting, which finish with their data."""
+    eng = make_engine(queue_depth=4, max_running=1)
+    assert eng.max_running == 1 and make_engine().max_running == 0
+    data = payload[: 2 * MiB]
+    fd = fds(write_file(tmp_path / "q.bin", data))
+    dst = fx.HostBuffer(2 * MiB)
+    piece = 64 * KiB
+    eng.submit([(fd, 0, piece, dst.address)]).wait()  # a runner at this nice, idle
+    started = fx._runners_started()
+    batches = [eng.submit([(fd, i * piece, piece, dst.address + i * piece)], crc=True) for i in range(32)]
+    assert batches[-1].wait() == [(piece, fx.crc32c(data[31 * piece : 32 * piece]))]
+    assert all(b.done() for b in batches)
+    assert fx._runners_started() - started <= 1
+    for i, b in enumerate(batches):
+        assert b.wait() == [(piece, fx.crc32c(data[i * piece : (i + 1) * piece]))]
+    assert bytes(dst) == data
+
+    later = [eng.submit([(fd, i * piece, piece, dst.address + i * piece)]) for i in range(16)]
+    eng.close()  # returns once every waiting batch has run
+    assert all(b.done() for b in later)
+    assert [b.wait() for b in later] == [[piece]] * 16
+    for bad in (-1, 1025):
+        with pytest.raises(ValueError, match="max_running must be in 0..1024"):
+            fx.Engine(max_running=bad)
+
+
 def thread_nices(name: str) -> dict[int, int]:
     """thread id -> nice value of this process's threads called `name`."""
     out = {}

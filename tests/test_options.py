@@ -53,17 +53,36 @@ def test_paths_split_and_strip():
         FxOptions.from_mapping({"path": " , "})
 
 
+def engine_setting(tmp_path, values: dict, attr: str):
+    """The C engine's `attr` in a store opened with these option values."""
+    from lmcache_fx.core.store import ChunkStore
+
+    store = ChunkStore(FxOptions.from_mapping({"path": str(tmp_path / f"s{len(os.listdir(tmp_path))}"), **values}))
+    try:
+        return getattr(store.engine, attr)
+    finally:
+        store.close()
+
+
+def test_awaited_concurrency_reaches_the_engine_and_is_checked(tmp_path):
+    """awaited_concurrency goes from the option table to the C engine the
+    store builds as its max_running: auto (the default) the CPUs the process
+    may run on, or the number set; out of 0..1024 it is refused, naming the
+    option and both kinds of value."""
+    cpus = len(os.sched_getaffinity(0))
+    assert FxOptions().awaited_concurrency == "auto"
+    for values, want in (({}, cpus), ({"awaited_concurrency": " Auto "}, cpus), ({"awaited_concurrency": 0}, 0)):
+        assert engine_setting(tmp_path, values, "max_running") == want
+    assert engine_setting(tmp_path, {"awaited_concurrency": "3"}, "max_running") == 3
+    with pytest.raises(ConfigError, match=r"x\.awaited_concurrency: 2000 is out of range \[0, 1024\] \(or auto\)"):
+        FxOptions.from_mapping({"awaited_concurrency": 2000}, where="x.")
+
+
 def test_runner_nice_reaches_the_engine_and_is_checked(tmp_path):
     """runner_nice goes from the option table to the C engine the store
     builds (the default 10, or what is set); out of 0..19 it is refused,
     naming the option."""
-    from lmcache_fx.core.store import ChunkStore
-
     for values, want in (({}, 10), ({"runner_nice": 0}, 0), ({"runner_nice": "3"}, 3)):
-        store = ChunkStore(FxOptions.from_mapping({"path": str(tmp_path / f"s{want}"), **values}))
-        try:
-            assert store.engine.runner_nice == want
-        finally:
-            store.close()
+        assert engine_setting(tmp_path, values, "runner_nice") == want
     with pytest.raises(ConfigError, match=r"x\.runner_nice: 20 is out of range \[0, 19\]"):
         FxOptions.from_mapping({"runner_nice": 20}, where="x.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import weakref
 
 from .. import _fxio
@@ -206,6 +207,15 @@ async def drive_async(engine, gen, release) -> list:
 _engine_warned: set[str] = set()
 
 
+def awaited_concurrency(options: FxOptions) -> int:
+    """The engine's max_running: the option, with auto the CPUs this process
+    may run on (more batches than that only take CPU from each other)."""
+    v = options.awaited_concurrency
+    if v == "auto":
+        return min(len(os.sched_getaffinity(0)), 1024)
+    return int(v)
+
+
 def make_engine(options: FxOptions, devices: int = 1):
     """Builds the C engine, `queue_depth` for each of the `devices` the store's
     paths lie on (as fio's iodepth is per job); warns once per reason when
@@ -216,6 +226,7 @@ def make_engine(options: FxOptions, devices: int = 1):
             min(options.queue_depth * max(devices, 1), 32768),
             options.split_bytes,
             runner_nice=options.runner_nice,
+            max_running=awaited_concurrency(options),
         )
     except OSError as e:
         raise ConfigError(f"io_engine: {e}; use io_engine: auto to fall back to the thread engine") from None

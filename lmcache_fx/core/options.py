@@ -116,6 +116,18 @@ def _int(lo: int, hi: int) -> Callable[[str, Any], int]:
     return lambda full, v: _parse_number(full, v, int, lo, hi)
 
 
+def _int_or_auto(lo: int, hi: int) -> Callable[[str, Any], int | str]:
+    def parse(full: str, v) -> int | str:
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        try:
+            return _parse_number(full, v, int, lo, hi)
+        except ConfigError as e:
+            raise ConfigError(f"{e} (or auto)") from None
+
+    return parse
+
+
 def _path(full: str, v) -> str:
     if not isinstance(v, str):
         raise ConfigError(f"{full}: expected a directory path, got {v!r}")
@@ -249,6 +261,15 @@ class FxOptions:
         "so that on a busy host LMCache's event loop gets a CPU before the runners' copies and checksums; "
         "0: the submitter's priority",
         _int(0, 19),
+    )
+    awaited_concurrency: int | str = _opt(
+        "auto",
+        "auto | 0..1024",
+        "awaited reads (LMCache's async loads) that run at once; later ones wait and start in arrival order as "
+        "earlier ones finish, so that requests finish about in the order they came instead of overtaking each "
+        "other on CPUs they share; auto: the CPUs this process may run on; 0: each at once, on a runner thread "
+        "of its own",
+        _int_or_auto(0, 1024),
     )
     verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss", _boolean)
     reuse_evicted: bool = _opt(

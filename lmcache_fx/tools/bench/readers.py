@@ -443,6 +443,17 @@ class FxNice0Reader(FxReader):
     fx_options = {"runner_nice": 0}
 
 
+class FxUnqueuedReader(FxReader):
+    """fx with awaited_concurrency 0: every awaited read at once on a runner
+    of its own, as before the bound (what the default's arrival-order queue
+    is measured against; they differ only with more awaited reads in flight
+    than CPUs)."""
+
+    name = "fx-unqueued"
+    label = "lmcache-fx (io_uring, awaited_concurrency 0)"
+    fx_options = {"awaited_concurrency": 0}
+
+
 class FxOpOrderReader(FxReader):
     """fx with a read's pieces queued op by op (_fxio._set_piece_order, set
     only while this reader reads), the order before the engine queued them

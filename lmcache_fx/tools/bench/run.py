@@ -28,6 +28,7 @@ READER_LIST = [
     rd.FxUnmappedReader,
     rd.FxUnstagedReader,
     rd.FxNice0Reader,
+    rd.FxUnqueuedReader,
     rd.FxOpOrderReader,
     rd.LocalDiskReader,
     rd.FSConnectorReader,
@@ -41,11 +42,20 @@ READER_LIST = [
 ]
 READER_CLASSES = {c.name: c for c in READER_LIST}
 ALL_READERS = [c.name for c in READER_LIST]
-# Run unless --readers says otherwise: fx-unmapped, fx-unstaged, fx-nice0 and fx-op-order, the A/B halves of
-# mapped and staged reads, of runner_nice and of interleaved pieces, only where those matter (a tmpfs with huge
-# pages; a loop device; awaited reads on a busy host; a read over several devices); fx-l2-noverify, fx's CPU
-# without its check at the level fs_native is measured at.
-A_B_READERS = ("fx-unmapped", "fx-unstaged", "fx-l2-unstaged", "fx-l2-noverify", "fx-nice0", "fx-op-order")
+# Run unless --readers says otherwise: fx-unmapped, fx-unstaged, fx-nice0, fx-unqueued and fx-op-order, the A/B
+# halves of mapped and staged reads, of runner_nice, of awaited_concurrency and of interleaved pieces, only where
+# those matter (a tmpfs with huge pages; a loop device; awaited reads on a busy host; more awaited reads in flight
+# than CPUs; a read over several devices); fx-l2-noverify, fx's CPU without its check at the level fs_native is
+# measured at.
+A_B_READERS = (
+    "fx-unmapped",
+    "fx-unstaged",
+    "fx-l2-unstaged",
+    "fx-l2-noverify",
+    "fx-nice0",
+    "fx-unqueued",
+    "fx-op-order",
+)
 DEFAULT_READERS = [n for n in ALL_READERS if n not in A_B_READERS]
 READER_LABELS = {c.name: c.label for c in READER_LIST}
 
@@ -59,6 +69,7 @@ LMCACHE_ENGINE_READERS = {
     "fx-unmapped",
     "fx-unstaged",
     "fx-nice0",
+    "fx-unqueued",
     "fx-op-order",
     "local_disk",
     "fs_connector",
