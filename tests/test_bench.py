@@ -3626,3 +3626,108 @@ def test_latency_spread_at_0635866_is_the_committed_json():
         f"at `0635866` (two runs, 2 MiB, 4 in flight) {col('fx', 0, '×')}, RustRawBlockBackend {col('rust_raw_block', 0, '×')}"
         in text
     )
+
+
+def test_awaited_reads_in_arrival_order_are_the_committed_json():
+    """awaited_concurrency (28830e3): the page's table and every range its
+    bullets, the targets table, README and CHANGELOG quote are recomputed
+    from the committed runs (every request a hit, the package at 28830e3),
+    with what they claim: at 2 MiB fx's p99/p50 under 2x in every run where
+    fx-unqueued's is not, its requests finishing closer to arrival order with
+    16 in flight, at a p50 a few per cent higher."""
+    folder = os.path.join("bench-repeats", "awaited-order-28830e3")
+    runs = {
+        size: [_docs_json(os.path.join(folder, f"lat-{size}-run{i}.json")) for i in n]
+        for size, n in (("2m", (1, 2, 3)), ("64m", (1, 2)))
+    }
+    labels = {"fx": "fx", "fx-unqueued": "fx-unqueued", "rust_raw_block": "RustRawBlockBackend"}
+    peers = ("local_disk", "fs_connector", "rust_raw_block")
+    fig: dict = {}  # (size, conc, reader) -> [(p99/p50, p10/p50, p50, p50 over the best tier's)] per run
+    for size, ds in runs.items():
+        for d in ds:
+            assert d["git_commit"].startswith("28830e3") and not d["git_commit"].endswith("+dirty")
+            for conc in ("4", "16"):
+                lat = {n: d["readers"][n]["latency"][conc] for n in (*labels, *peers)}
+                best = min(lat[n]["p50_ms"] for n in peers)
+                for n in labels:
+                    c = lat[n]
+                    assert c["misses"] == 0 and len(c["rounds"]) == 5
+                    p10 = statistics.median(sorted(r["ms"])[len(r["ms"]) // 10] / r["p50_ms"] for r in c["rounds"])
+                    fig.setdefault((size, conc, n), []).append(
+                        (c["p99_over_p50"], p10, c["p50_ms"], c["p50_ms"] / best)
+                    )
+    text = " ".join(_page().split())
+    mib = {"2m": "2 MiB", "64m": "64 MiB"}
+    for (size, conc, n), xs in fig.items():
+        cells = [f"{a:.2f}× · {b:.2f} · {c:.2f} ({r:.2f})" for a, b, c, r in xs] + ["—"] * (3 - len(xs))
+        assert f"| {mib[size]}, {conc} | {labels[n]} | " + " | ".join(cells) + " |" in text
+
+    def col(size, conc, n, k, suffix=""):
+        vs = [x[k] for x in fig[(size, conc, n)]]
+        lo, hi = f"{min(vs):.2f}", f"{max(vs):.2f}"
+        return lo + suffix if lo == hi else f"{lo}–{hi}{suffix}"
+
+    def each(size, conc, n):
+        return ", ".join(f"{x[0]:.2f}×" for x in fig[(size, conc, n)])
+
+    def p50_over(size, conc, a, b):
+        vs = [x[2] / y[2] for x, y in zip(fig[(size, conc, a)], fig[(size, conc, b)])]
+        return f"{min(vs):.2f}–{max(vs):.2f}×"
+
+    assert max(x[0] for x in fig[("2m", "4", "fx")]) < 2 <= max(x[0] for x in fig[("2m", "4", "fx-unqueued")])
+    assert max(x[0] for x in fig[("2m", "16", "fx")]) < min(x[0] for x in fig[("2m", "16", "fx-unqueued")])
+    assert min(x[1] for x in fig[("2m", "16", "fx")]) > max(x[1] for x in fig[("2m", "16", "fx-unqueued")])
+    fx4, unq4, rrb4 = (each("2m", "4", n) for n in labels)
+    assert f"(fx {fx4}; fx-unqueued {unq4}; RustRawBlockBackend {rrb4})" in text
+    assert (
+        f"(10th percentile {col('2m', '16', 'fx', 1)} of the p50 against fx-unqueued's {col('2m', '16', 'fx-unqueued', 1)})"
+        in text
+    )
+    p99_2m = f"{col('2m', '16', 'fx', 0, '×')} against {col('2m', '16', 'fx-unqueued', 0, '×')}"
+    assert f"and p99/p50 is {p99_2m}" in text
+    p50_cost = (p50_over("2m", "4", "fx", "fx-unqueued"), p50_over("2m", "16", "fx", "fx-unqueued"))
+    assert f"{p50_cost[0]} fx-unqueued's with 4 in flight and {p50_cost[1]} with 16" in text
+    rrb = (p50_over("2m", "4", "fx", "rust_raw_block"), p50_over("2m", "16", "fx", "rust_raw_block"))
+    assert f"({rrb[0]} with 4, {rrb[1]} with 16)" in text
+    assert all(x[2] < y[2] for x, y in zip(fig[("2m", "16", "fx")], fig[("2m", "16", "rust_raw_block")]))
+    vs_best = (col("2m", "16", "fx", 3, "×"), col("2m", "16", "fx-unqueued", 3, "×"))
+    assert f"({vs_best[0]} with 16 in flight; fx-unqueued {vs_best[1]})" in text
+    big = [x for conc in ("4", "16") for x in fig[("64m", conc, "fx")]]
+    big_unq = [x for conc in ("4", "16") for x in fig[("64m", conc, "fx-unqueued")]]
+    assert f"p99/p50 {_span([x[0] for x in big])} (fx-unqueued {_span([x[0] for x in big_unq])})" in text
+    assert f"the p50 {_span([x[3] for x in big])} the best tier's" in text
+
+    # the targets table, README and CHANGELOG quote the same ranges
+    for_4, for_16 = col("2m", "4", "fx", 0, "×"), col("2m", "16", "fx", 0, "×")
+    unq = (col("2m", "4", "fx-unqueued", 0, "×"), col("2m", "16", "fx-unqueued", 0, "×"))
+    big4, big16 = col("64m", "4", "fx", 0, "×"), col("64m", "16", "fx", 0, "×")
+    assert (
+        f"at 2 MiB {for_4} with 4 and {for_16} with 16 in flight, where without the bound (fx-unqueued, the same "
+        f"runs) {unq[0]} and {unq[1]}; at 64 MiB {big4} and {big16}" in text
+    )
+    lo = min(float(p50_cost[0][:4]), float(p50_cost[1][:4]))
+    hi = max(float(p50_cost[0][5:9]), float(p50_cost[1][5:9]))
+    assert f"the bound costs {round((lo - 1) * 100)}–{round((hi - 1) * 100)} % of the p50 at 2 MiB" in text
+    big16_best = col("64m", "16", "fx", 3, "×")
+    rrb16 = rrb[1].rstrip("×")
+    assert (
+        f"at `28830e3` {big16_best} the best tier's at 64 MiB; at 2 MiB {vs_best[0]} LocalDiskBackend's, which reads "
+        f"from the page cache after its first pass over the chunks ({rrb16}× RustRawBlockBackend's; without the "
+        f"arrival-order bound {vs_best[1]})" in text
+    )
+    best16 = [min(peers, key=lambda n: d["readers"][n]["latency"]["16"]["p50_ms"]) for d in runs["2m"]]
+    assert best16 == ["local_disk"] * 3
+    cost = f"{lo:.2f}–{hi:.2f}×"
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    assert (
+        f"three runs on the Intel host (`docs/bench-repeats/awaited-order-28830e3/`) {for_4} with 4 in flight and "
+        f"{for_16} with 16, against {unq[0]} and {unq[1]} without the bound in the same runs, at a p50 {cost} higher; "
+        f"with 16 in flight the p50 is {vs_best[0]} LocalDiskBackend's" in readme
+    )
+    with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
+        log = " ".join(f.read().split())
+    assert (
+        f"p99/p50 {for_4} with 4 in flight and {for_16} with 16 (unbounded {unq[0]}, {unq[1]}), the p50 {cost} higher"
+        in log
+    )
