@@ -1031,6 +1031,7 @@ typedef struct BatchObject {
     int efd;
     int status; /* 0 or -errno from the run */
     int started;
+    int cancelled; /* cancel() took it off the engine's list before it ran */
     /* Set (under mu) by the runner after its last touch of this object:
      * what wait() and dealloc wait for, as a join waits for a thread. */
     int released;
@@ -1201,7 +1202,7 @@ static BatchObject *batch_new(EngineObject *self, int is_chunks)
     bo->res = NULL;
     bo->efd = -1;
     bo->status = 0;
-    bo->started = bo->released = 0;
+    bo->started = bo->released = bo->cancelled = 0;
     pthread_mutex_init(&bo->mu, NULL);
     pthread_cond_init(&bo->released_cv, NULL);
     bo->gen = fx_fork_gen;
@@ -1365,6 +1366,48 @@ static PyObject *Batch_done(BatchObject *bo, PyObject *unused)
     return PyBool_FromLong(atomic_load(&bo->finished));
 }
 
+/* Takes a batch still waiting for a runner off its engine's list: 1 when
+ * it was there (it will not run), 0 when it has started or is not listed. */
+static int unlist_pending(EngineObject *e, BatchObject *bo)
+{
+    BatchObject *prev = NULL;
+    int found = 0;
+
+    pthread_mutex_lock(&e->mu);
+    for (BatchObject *p = e->pend_head; p; prev = p, p = p->pend_next)
+        if (p == bo) {
+            if (prev)
+                prev->pend_next = bo->pend_next;
+            else
+                e->pend_head = bo->pend_next;
+            if (e->pend_tail == bo)
+                e->pend_tail = prev;
+            found = 1;
+            break;
+        }
+    pthread_mutex_unlock(&e->mu);
+    return found;
+}
+
+/* A batch cancelled before it ran ends at once, nothing read (its wait()
+ * raises OSError ECANCELED): a cancelled request then neither waits its
+ * turn nor reads for nobody. A running batch cannot be stopped part-way. */
+static PyObject *Batch_cancel(BatchObject *bo, PyObject *unused)
+{
+    EngineObject *e = bo->engine;
+
+    (void)unused;
+    if (batch_forked(bo))
+        return NULL;
+    if (!bo->started || !e->max_running || atomic_load(&bo->finished) || !unlist_pending(e, bo))
+        Py_RETURN_FALSE;
+    bo->cancelled = 1;
+    atomic_store(&bo->finished, 1);
+    end_use(e);
+    batch_done(bo);
+    Py_RETURN_TRUE;
+}
+
 static PyObject *Batch_wait(BatchObject *bo, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {NULL};
@@ -1374,6 +1417,10 @@ static PyObject *Batch_wait(BatchObject *bo, PyObject *args, PyObject *kw)
     if (batch_forked(bo))
         return NULL;
     batch_join(bo);
+    if (bo->cancelled) {
+        errno = ECANCELED;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
     if (bo->is_chunks) {
         if (chunks_raise(bo->status) < 0)
             return NULL;
@@ -1878,6 +1925,8 @@ static PyMethodDef Batch_methods[] = {
     {"done", (PyCFunction)Batch_done, METH_NOARGS, "whether the batch has finished"},
     {"wait", (PyCFunction)(void (*)(void))Batch_wait, METH_VARARGS | METH_KEYWORDS,
      "wait() -> results, blocking without the GIL"},
+    {"cancel", (PyCFunction)Batch_cancel, METH_NOARGS,
+     "cancel() -> True when the batch was still waiting for a runner: it ends at once, unread"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -173,7 +173,12 @@ class Batch:
         or the Notifier's it was submitted with."""
     def done(self) -> bool: ...
     def wait(self) -> list[int] | list[tuple[int, int]] | list[ChunkResult]:
-        """Blocks (without the GIL) until done; returns the results."""
+        """Blocks (without the GIL) until done; returns the results (OSError
+        ECANCELED when cancel() stopped it before it ran)."""
+    def cancel(self) -> bool:
+        """True when the batch was still waiting for a runner (its engine's
+        max_running reached): it ends at once, nothing read. False when it
+        has started or finished: it runs to its end."""
 
 class Notifier:
     """One eventfd that every batch submitted with notify=it signals when

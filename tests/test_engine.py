@@ -1068,6 +1068,33 @@ def test_max_running_bounds_batches_and_runs_the_rest_in_arrival_order(make_engi
             fx.Engine(max_running=bad)
 
 
+def test_a_batch_cancelled_while_waiting_for_a_runner_ends_unread(make_engine, payload, tmp_path, fds):
+    """cancel() takes a batch still waiting for a runner (max_running
+    reached) off the list: it is done at once and wait() raises ECANCELED;
+    a batch that has started runs to its end (cancel() False). Batches start
+    oldest first, so the cancelled ones are the newest; the rest read their
+    data. A plain engine's batch (no bound) is never waiting: False."""
+    eng = make_engine(queue_depth=4, max_running=1)
+    data = payload[: 2 * MiB]
+    fd = fds(write_file(tmp_path / "c.bin", data))
+    dsts = [fx.HostBuffer(2 * MiB) for _ in range(64)]
+    batches = [eng.submit([(fd, 0, 2 * MiB, d.address)], crc=True) for d in dsts]
+    cancelled = [b.cancel() for b in reversed(batches)][::-1]
+    first = cancelled.index(True)  # the premise: 64 checked 2 MiB reads outlast their submission
+    assert cancelled == [False] * first + [True] * (64 - first)
+    for b, d, c in zip(batches, dsts, cancelled):
+        if c:
+            assert b.done() and not b.cancel()
+            with pytest.raises(OSError) as e:
+                b.wait()
+            assert e.value.errno == errno.ECANCELED and bytes(d) == bytes(2 * MiB)
+        else:
+            assert b.wait() == [(2 * MiB, fx.crc32c(data))] and bytes(d) == data
+    plain = make_engine(queue_depth=4)
+    b = plain.submit([(fd, 0, 4096, dsts[0].address)])
+    assert b.cancel() is False and b.wait() == [4096]
+
+
 def thread_nices(name: str) -> dict[int, int]:
     """thread id -> nice value of this process's threads called `name`."""
     out = {}

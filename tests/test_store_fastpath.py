@@ -150,6 +150,60 @@ def test_cancelled_chunks_read_waits_and_releases(root):
         st.close()
 
 
+def test_a_cancelled_read_waiting_its_turn_ends_at_once_unread(root):
+    """With awaited_concurrency 1, an awaited read submitted while another
+    runs waits for the runner; cancelled there, it ends at once (the first
+    read still running), every handle released and nothing read into its
+    buffers, while the first read completes with its data."""
+    import asyncio
+
+    n, size = 32, 4 << 20
+    opts = {"path": root, "max_capacity_gb": 1, "queue_depth": 1, "split_bytes": 4096, "awaited_concurrency": 1}
+    st = ChunkStore(FxOptions.from_mapping(opts))
+    try:
+        assert st.engine.max_running == 1
+        src = _filled(n, size)
+        meta = ChunkMeta(((size,),), ("uint8",), "raw")
+        keys = [f"turn-{i}" for i in range(n)]
+        for i in range(0, n, 4):
+            assert all(st.write([(keys[j], src.address + j * size, size, meta) for j in range(i, i + 4)]))
+
+        def allocator(bufs):
+            def allocate(m):
+                hb = fx.HostBuffer(size)
+                bufs.append(hb)
+                return hb, hb.address, size
+
+            return allocate
+
+        first_bufs, second_bufs, first_rel, second_rel = [], [], [], []
+
+        async def main():
+            first = asyncio.ensure_future(st.read_async(keys, allocator(first_bufs), first_rel.append))
+            while not first_bufs:
+                await asyncio.sleep(0.001)
+            second = asyncio.ensure_future(st.read_async(keys[1:3], allocator(second_bufs), second_rel.append))
+            while len(second_bufs) < 2:
+                await asyncio.sleep(0)
+            await asyncio.sleep(0)  # the second read submits its batch and awaits it
+            assert not first.done(), "the first read ended before the second was cancelled (the test's premise)"
+            second.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await second
+            first_running = not first.done()
+            return first_running, await first
+
+        first_running, got = asyncio.run(main())
+        assert first_running, "the cancelled read waited for the one before it"
+        assert len(second_rel) == len(second_bufs) == 2
+        assert all(bytes(hb) == bytes(size) for hb in second_bufs)  # never read into
+        assert len(got) == n and first_rel == []
+        for i, hb in enumerate(got):
+            assert bytes(memoryview(hb)[:16]) == bytes([i & 0xFF]) * 16
+    finally:
+        st.close()
+
+
 def _sub_batched_store(root, monkeypatch) -> ChunkStore:
     """A store whose writes go in sub-batches of 4 chunks of SIZE (its
     thresholds lowered); skips where it would not write through

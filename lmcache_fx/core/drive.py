@@ -185,6 +185,9 @@ async def drive_async(engine, gen, release) -> list:
             except asyncio.CancelledError as c:
                 cancelled = c
                 if batch is not None:
+                    cancel = getattr(batch, "cancel", None)  # C batches: one not yet started ends unread
+                    if cancel is not None:
+                        cancel()
                     await _finish_batch(batch, loop)
                 step = gen.throw(ReadCancelled("the read was cancelled"))
                 continue
