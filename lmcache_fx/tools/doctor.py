@@ -573,19 +573,23 @@ def check_engine(opts: FxOptions, tag: str) -> Check:
         )
     try:
         kind, why = eng.kind, eng.fallback_reason
-        qd, split = eng.queue_depth, eng.split_bytes
+        qd, split, awaited = eng.queue_depth, eng.split_bytes, eng.max_running
     finally:
         eng.close()
     data = {"engine": kind, "queue_depth": qd, "devices": devices, "split_bytes": split, "fallback_reason": why}
+    data["awaited_concurrency"] = awaited  # auto resolved: the CPUs this process may run on
+    at_once = f"{awaited} awaited reads at once" if awaited else "awaited reads unbounded"
     if kind == "io_uring":
         per = (
             f" ({opts.queue_depth} for each of {devices} devices)"
             if devices > 1 and qd == opts.queue_depth * devices
             else ""
         )
-        return Check(f"{tag}engine", "ok", f"io_uring, queue_depth {qd}{per}, split_bytes {split >> 10} KiB", data=data)
+        summary = f"io_uring, queue_depth {qd}{per}, split_bytes {split >> 10} KiB, {at_once}"
+        return Check(f"{tag}engine", "ok", summary, data=data)
     if opts.io_engine == "threads":
-        return Check(f"{tag}engine", "info", f"threads (io_engine: threads is configured), queue_depth {qd}", data=data)
+        summary = f"threads (io_engine: threads is configured), queue_depth {qd}, {at_once}"
+        return Check(f"{tag}engine", "info", summary, data=data)
     return Check(
         f"{tag}engine", "fail", f"the thread engine will run instead of io_uring: {why}", "see the io_uring line", data
     )
