@@ -1214,9 +1214,10 @@ static BatchObject *batch_new(EngineObject *self, int is_chunks)
     return bo;
 }
 
-/* Starts a prepared batch on a runner thread of its own (runner.c),
- * signalled through an eventfd when done; consumes the reference to bo on
- * failure. */
+/* Starts a prepared batch on a runner thread (runner.c), or with the
+ * engine's max_running batches running lists it for the next runner that
+ * finishes; signalled through an eventfd when done. Consumes the reference
+ * to bo on failure. */
 static PyObject *batch_start(EngineObject *self, BatchObject *bo, PyObject *notify)
 {
     if (notify && notify != Py_None) {

@@ -1,7 +1,8 @@
 /* Runners: the threads Engine.submit runs batches on, kept between batches.
  *
  * A batch goes to an idle runner, or to a new thread when none is idle, so
- * batches still run as concurrently as with a thread each; what goes is the
+ * batches still run as concurrently as with a thread each (an engine's
+ * max_running bounds that in module.c, above this); what goes is the
  * thread's creation per batch, paid by the submitter (LMCache's event loop,
  * for awaited reads): pthread_create costs ~24 µs of the caller's CPU on the
  * 2-core VMs here, waking a sleeping runner ~10, handing work to one not yet
