@@ -1,6 +1,7 @@
 """The option table: every option documented in README.md with its default,
 and values parsed or refused with the option's name."""
 
+import math
 import os
 import re
 
@@ -69,13 +70,56 @@ def test_awaited_concurrency_reaches_the_engine_and_is_checked(tmp_path):
     store builds as its max_running: auto (the default) the CPUs the process
     may run on, or the number set; out of 0..1024 it is refused, naming the
     option and both kinds of value."""
-    cpus = len(os.sched_getaffinity(0))
+    from lmcache_fx.core.drive import usable_cpus
+
+    cpus = usable_cpus()
     assert FxOptions().awaited_concurrency == "auto"
     for values, want in (({}, cpus), ({"awaited_concurrency": " Auto "}, cpus), ({"awaited_concurrency": 0}, 0)):
         assert engine_setting(tmp_path, values, "max_running") == want
     assert engine_setting(tmp_path, {"awaited_concurrency": "3"}, "max_running") == 3
     with pytest.raises(ConfigError, match=r"x\.awaited_concurrency: 2000 is out of range \[0, 1024\] \(or auto\)"):
         FxOptions.from_mapping({"awaited_concurrency": 2000}, where="x.")
+
+
+def test_awaited_concurrency_auto_keeps_to_a_containers_cpu_limit(tmp_path):
+    """auto counts the CPUs the process may use: a container's CPU limit
+    (cgroup v2 cpu.max, v1 CFS quota over period) where one is set, read
+    from files laid out as the kernel lays them out (here under tmp_path)."""
+    from lmcache_fx.core.drive import cgroup_cpu_limit, usable_cpus
+
+    def tree(proc_line: str, files: dict) -> tuple[str, str]:
+        root = tmp_path / f"t{len(os.listdir(tmp_path))}"
+        for rel, text in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text + "\n")
+        (root / "proc").write_text(proc_line + "\n")
+        return str(root / "sys"), str(root / "proc")
+
+    cases = [
+        ("0::/kubepods/pod1", {"sys/kubepods/pod1/cpu.max": "250000 100000"}, 2.5),
+        ("0::/", {"sys/cpu.max": "max 100000"}, None),  # unlimited
+        ("0::/x", {"sys/cpu.max": "150000 100000"}, 1.5),  # a namespace: the container's cgroup at the root
+        (
+            "4:cpu,cpuacct:/docker/abc",
+            {
+                "sys/cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "400000",
+                "sys/cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000",
+            },
+            4.0,
+        ),
+        ("3:cpu:/docker/abc", {"sys/cpu/cpu.cfs_quota_us": "50000", "sys/cpu/cpu.cfs_period_us": "100000"}, 0.5),
+        ("3:cpu:/", {"sys/cpu/cpu.cfs_quota_us": "-1", "sys/cpu/cpu.cfs_period_us": "100000"}, None),
+        ("4:memory:/m", {"sys/memory/m/memory.max": "max"}, None),  # no cpu controller listed
+    ]
+    for line, files, want in cases:
+        assert cgroup_cpu_limit(*tree(line, files)) == want, line
+    assert cgroup_cpu_limit(str(tmp_path / "none"), str(tmp_path / "no-such-proc")) is None
+    cpus = usable_cpus()
+    assert 1 <= cpus <= len(os.sched_getaffinity(0))
+    limit = cgroup_cpu_limit()
+    assert cpus == (
+        min(len(os.sched_getaffinity(0)), max(1, math.ceil(limit))) if limit else len(os.sched_getaffinity(0))
+    )
 
 
 def test_runner_nice_reaches_the_engine_and_is_checked(tmp_path):

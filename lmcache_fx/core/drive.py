@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import weakref
 
@@ -210,12 +211,57 @@ async def drive_async(engine, gen, release) -> list:
 _engine_warned: set[str] = set()
 
 
+def _first_line(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except OSError:
+        return None
+
+
+def cgroup_cpu_limit(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> float | None:
+    """The CPUs this process's cgroup may use (a container's CPU limit: its
+    quota over its period), from cgroup v2's cpu.max or v1's CFS files; None
+    where none is set or none can be read. A container that sees its own
+    cgroup at the mount's root (a cgroup namespace, or v1 without one) has
+    the files there rather than under the path /proc names."""
+    try:
+        with open(proc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if controllers == "":  # v2: "quota period", or "max period" when unlimited
+            for d in (os.path.join(root, rel), root):
+                parts = (_first_line(os.path.join(d, "cpu.max")) or "").split()
+                if len(parts) == 2 and parts[0] != "max":
+                    return int(parts[0]) / int(parts[1])
+        elif "cpu" in controllers.split(","):
+            for mount in (controllers, "cpu", "cpu,cpuacct"):
+                for d in (os.path.join(root, mount, rel), os.path.join(root, mount)):
+                    quota = _first_line(os.path.join(d, "cpu.cfs_quota_us"))
+                    period = _first_line(os.path.join(d, "cpu.cfs_period_us"))
+                    if quota and period:
+                        return int(quota) / int(period) if int(quota) > 0 else None
+    return None
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity), at most its cgroup's
+    CPU limit rounded up."""
+    n = len(os.sched_getaffinity(0))
+    limit = cgroup_cpu_limit()
+    return max(1, min(n, math.ceil(limit))) if limit else n
+
+
 def awaited_concurrency(options: FxOptions) -> int:
     """The engine's max_running: the option, with auto the CPUs this process
-    may run on (more batches than that only take CPU from each other)."""
+    may use (more batches than that only take CPU from each other)."""
     v = options.awaited_concurrency
     if v == "auto":
-        return min(len(os.sched_getaffinity(0)), 1024)
+        return min(usable_cpus(), 1024)
     return int(v)
 
 

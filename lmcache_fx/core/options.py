@@ -267,8 +267,8 @@ class FxOptions:
         "auto | 0..1024",
         "awaited reads (LMCache's async loads) that run at once; later ones wait and start in arrival order as "
         "earlier ones finish, so that requests finish about in the order they came instead of overtaking each "
-        "other on CPUs they share; auto: the CPUs this process may run on; 0: each at once, on a runner thread "
-        "of its own",
+        "other on CPUs they share; auto: the CPUs this process may use (its affinity, at most its container's "
+        "CPU limit); 0: each at once, on a runner thread of its own",
         _int_or_auto(0, 1024),
     )
     verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss", _boolean)
