@@ -3711,9 +3711,9 @@ def test_awaited_reads_in_arrival_order_are_the_committed_json():
     big16_best = col("64m", "16", "fx", 3, "×")
     rrb16 = rrb[1].rstrip("×")
     assert (
-        f"at `28830e3` {big16_best} the best tier's at 64 MiB; at 2 MiB {vs_best[0]} LocalDiskBackend's, which reads "
-        f"from the page cache after its first pass over the chunks ({rrb16}× RustRawBlockBackend's; without the "
-        f"arrival-order bound {vs_best[1]})" in text
+        f"at `28830e3` {big16_best} the best tier's at 64 MiB; at 2 MiB {vs_best[0]} LocalDiskBackend's, O_DIRECT on "
+        f"four threads and no check ({rrb16}× RustRawBlockBackend's; without the arrival-order bound {vs_best[1]})"
+        in text
     )
     best16 = [min(peers, key=lambda n: d["readers"][n]["latency"]["16"]["p50_ms"]) for d in runs["2m"]]
     assert best16 == ["local_disk"] * 3
@@ -3723,7 +3723,7 @@ def test_awaited_reads_in_arrival_order_are_the_committed_json():
     assert (
         f"three runs on the Intel host (`docs/bench-repeats/awaited-order-28830e3/`) {for_4} with 4 in flight and "
         f"{for_16} with 16, against {unq[0]} and {unq[1]} without the bound in the same runs, at a p50 {cost} higher; "
-        f"with 16 in flight the p50 is {vs_best[0]} LocalDiskBackend's" in readme
+        f"with 16 in flight the p50 is {vs_best[0]} LocalDiskBackend's (O_DIRECT, which checks nothing)" in readme
     )
     with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
         log = " ".join(f.read().split())
