@@ -3712,8 +3712,8 @@ def test_awaited_reads_in_arrival_order_are_the_committed_json():
     rrb16 = rrb[1].rstrip("×")
     assert (
         f"at `28830e3` {big16_best} the best tier's at 64 MiB; at 2 MiB {vs_best[0]} LocalDiskBackend's, O_DIRECT on "
-        f"four threads and no check ({rrb16}× RustRawBlockBackend's; without the arrival-order bound {vs_best[1]})"
-        in text
+        f"four threads and no check ({rrb16}× RustRawBlockBackend's; without the arrival-order bound {vs_best[1]}; "
+        "fx without its check level with LocalDiskBackend" in text
     )
     best16 = [min(peers, key=lambda n: d["readers"][n]["latency"]["16"]["p50_ms"]) for d in runs["2m"]]
     assert best16 == ["local_disk"] * 3
@@ -3768,3 +3768,33 @@ def test_awaited_reads_in_arrival_order_are_the_committed_json():
         for d in cold
     )
     assert f"(fx {min(ld):.2f}–{max(ld):.2f}× its p50 with 16 in flight)" in text
+
+    # what holds the 2 MiB p50 behind LocalDiskBackend's: two runs with fx-noverify at 008c594
+    nv = [_docs_json(os.path.join(folder, f"lat-2m-noverify-run{i}.json")) for i in (1, 2)]
+    four = ("fx", "fx-noverify", "local_disk", "rust_raw_block")
+    for d in nv:
+        assert d["git_commit"].startswith("008c594") and not d["git_commit"].endswith("+dirty")
+        assert set(d["readers"]) == set(four)
+        assert all(d["readers"][n]["latency"][c]["misses"] == 0 for n in four for c in ("4", "16"))
+
+    def lat(d, n, c):
+        return d["readers"][n]["latency"][c]
+
+    def span(vs, fmt="{:.2f}"):
+        lo, hi = fmt.format(min(vs)), fmt.format(max(vs))
+        return lo if lo == hi else f"{lo}–{hi}"
+
+    def over_ld(n, c):
+        return [lat(d, n, c)["p50_ms"] / lat(d, "local_disk", c)["p50_ms"] for d in nv]
+
+    def cpu(n):
+        return [lat(d, n, c)["process_cpu_us_per_request"] for d in nv for c in ("4", "16")]
+
+    assert max(over_ld("fx-noverify", "16")) < min(over_ld("fx", "16"))  # the check is the difference
+    assert max(cpu("fx-noverify")) < min(cpu("fx"))
+    assert (
+        f"fx's p50 was {span(over_ld('fx', '16'))}× LocalDiskBackend's with 16 in flight, fx-noverify's "
+        f"{span(over_ld('fx-noverify', '16'))}× ({span(over_ld('fx-noverify', '4'))}× with 4); the process's CPU per "
+        f"request {span(cpu('fx'), '{:.0f}')} µs for fx against {span(cpu('fx-noverify'), '{:.0f}')} without the "
+        f"check (LocalDiskBackend {span(cpu('local_disk'), '{:.0f}')})" in text
+    )
