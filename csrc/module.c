@@ -62,6 +62,7 @@ typedef struct {
      * out of order (docs/benchmarks.md, "Awaited reads in arrival order"). */
     int max_running; /* 0: no bound */
     int running;
+    int waiting; /* batches on the list */
     struct BatchObject *pend_head, *pend_tail;
 } EngineObject;
 
@@ -1144,6 +1145,7 @@ static BatchObject *next_pending(EngineObject *e)
         e->pend_head = next->pend_next;
         if (!e->pend_head)
             e->pend_tail = NULL;
+        e->waiting--;
     } else {
         e->running--;
     }
@@ -1249,6 +1251,7 @@ static PyObject *batch_start(EngineObject *self, BatchObject *bo, PyObject *noti
             else
                 self->pend_head = bo;
             self->pend_tail = bo;
+            self->waiting++;
         } else {
             self->running++;
         }
@@ -1383,6 +1386,7 @@ static int unlist_pending(EngineObject *e, BatchObject *bo)
                 e->pend_head = bo->pend_next;
             if (e->pend_tail == bo)
                 e->pend_tail = prev;
+            e->waiting--;
             found = 1;
             break;
         }
@@ -1858,6 +1862,21 @@ static PyObject *Engine_get_max_running(EngineObject *e, void *c)
     return PyLong_FromLong(e->max_running);
 }
 
+/* Batches running and waiting now (under the bound; 0 and 0 without one). */
+static PyObject *Engine_get_awaited(EngineObject *e, void *c)
+{
+    int running, waiting;
+
+    (void)c;
+    if (FX_FORKED(e->gen))
+        return Py_BuildValue("(ii)", 0, 0); /* the parent's runners, not this process's */
+    pthread_mutex_lock(&e->mu);
+    running = e->running;
+    waiting = e->waiting;
+    pthread_mutex_unlock(&e->mu);
+    return Py_BuildValue("(ii)", running, waiting);
+}
+
 static PyObject *Engine_get_runner_nice(EngineObject *e, void *c)
 {
     (void)c;
@@ -1873,6 +1892,8 @@ static PyGetSetDef Engine_getset[] = {
      "priority steps a submitted batch's runner thread runs below the submitter", NULL},
     {"max_running", (getter)Engine_get_max_running, NULL,
      "submitted batches run at once; more wait and run in arrival order (0: no bound)", NULL},
+    {"batches_now", (getter)Engine_get_awaited, NULL,
+     "(running, waiting) submitted batches now, counted where max_running bounds them", NULL},
     {"fallback_reason", (getter)Engine_get_reason, NULL, "why io_uring is not used, or None", NULL},
     {"registered", (getter)Engine_get_registered, NULL, "a fixed buffer is registered", NULL},
     {"closed", (getter)Engine_get_closed, NULL, "close() was called", NULL},

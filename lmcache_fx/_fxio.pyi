@@ -51,6 +51,7 @@ class Engine:
     threads: int  # I/O threads of the thread engine, else 0
     runner_nice: int  # priority steps a submitted batch's runner thread runs below the submitter
     max_running: int  # submitted batches run at once, the rest wait in arrival order (0: no bound)
+    batches_now: tuple[int, int]  # (running, waiting) submitted batches, counted where max_running bounds them
     fallback_reason: str | None  # why io_engine="auto" is not using io_uring
     registered: bool  # a fixed buffer is registered with io_uring
     closed: bool

@@ -579,6 +579,8 @@ def test_metrics_from_a_real_store(store_copy):
         assert f"lmcache_fx_hits_total{{{lab}}} 2.0" in body
         assert f"lmcache_fx_misses_total{{{lab}}} 1.0" in body
         assert f"lmcache_fx_chunks{{{lab}}} 6.0" in body
+        assert f"lmcache_fx_awaited_running{{{lab}}} 0.0" in body  # no awaited read in flight
+        assert f"lmcache_fx_awaited_waiting{{{lab}}} 0.0" in body
         assert 'lmcache_fx_engine_info{engine="' in body and f'odirect="{str(store.odirect).lower()}"' in body
         assert 'lmcache_fx_hits_total{path="/other",store="fxother"} 5.0' in body  # two stores, one port
         # LMCache's own /metrics serves the global registry: the store is there too.

@@ -1052,8 +1052,11 @@ def test_max_running_bounds_batches_and_runs_the_rest_in_arrival_order(make_engi
     eng.submit([(fd, 0, piece, dst.address)]).wait()  # a runner at this nice, idle
     started = fx._runners_started()
     batches = [eng.submit([(fd, i * piece, piece, dst.address + i * piece)], crc=True) for i in range(32)]
+    running, waiting = eng.batches_now
+    assert running <= 1 and running + waiting <= 32
     assert batches[-1].wait() == [(piece, fx.crc32c(data[31 * piece : 32 * piece]))]
     assert all(b.done() for b in batches)
+    assert eng.batches_now == (0, 0)
     assert fx._runners_started() - started <= 1
     for i, b in enumerate(batches):
         assert b.wait() == [(piece, fx.crc32c(data[i * piece : (i + 1) * piece]))]
@@ -1079,9 +1082,12 @@ def test_a_batch_cancelled_while_waiting_for_a_runner_ends_unread(make_engine, p
     fd = fds(write_file(tmp_path / "c.bin", data))
     dsts = [fx.HostBuffer(2 * MiB) for _ in range(64)]
     batches = [eng.submit([(fd, 0, 2 * MiB, d.address)], crc=True) for d in dsts]
+    running, waiting = eng.batches_now
     cancelled = [b.cancel() for b in reversed(batches)][::-1]
     first = cancelled.index(True)  # the premise: 64 checked 2 MiB reads outlast their submission
     assert cancelled == [False] * first + [True] * (64 - first)
+    assert running == 1 and waiting >= 64 - first  # counted before the cancels; batches only left the list since
+    assert eng.batches_now[1] == 0  # the cancelled ones are off the list
     for b, d, c in zip(batches, dsts, cancelled):
         if c:
             assert b.done() and not b.cancel()

@@ -27,6 +27,7 @@ Metric names (all labelled store=<plugin name>, path=<store paths>):
     lmcache_fx_read_batch_seconds (histogram, when the store keeps one),
     lmcache_fx_read_bandwidth_bytes_per_second (lifetime average),
     lmcache_fx_usage_bytes, lmcache_fx_capacity_bytes, lmcache_fx_chunks,
+    lmcache_fx_awaited_running, lmcache_fx_awaited_waiting (awaited reads now, under awaited_concurrency),
     lmcache_fx_engine_info{engine, odirect, fixed_buffers} = 1
 
 GB/s over a window is best taken in PromQL:
@@ -85,6 +86,9 @@ def store_snapshot(store) -> dict:
     snap["engine"] = getattr(eng, "kind", "?")
     snap["odirect"] = bool(getattr(store, "odirect", False))
     snap["fixed_buffers"] = bool(getattr(eng, "registered", False))
+    now = getattr(eng, "batches_now", None)  # C engines: awaited reads under awaited_concurrency
+    if now is not None:
+        snap["awaited_running"], snap["awaited_waiting"] = now
     snap["path"] = ",".join(getattr(store, "roots", []))
     return snap
 
@@ -104,6 +108,8 @@ def build_metrics(snapshots: dict) -> list:
         "usage_bytes": "Bytes of chunk files in the store, as this process counts them",
         "capacity_bytes": "max_capacity_gb in bytes",
         "chunks": "Chunk files in this process's index",
+        "awaited_running": "Awaited reads running now (at most awaited_concurrency)",
+        "awaited_waiting": "Awaited reads waiting for a running one to finish, started oldest first",
     }
     per_field: list[tuple[type, str, str, str]] = [
         (CounterMetricFamily, field, name, doc) for field, (name, doc) in COUNTERS.items()
