@@ -110,6 +110,10 @@ def test_awaited_concurrency_auto_keeps_to_a_containers_cpu_limit(tmp_path):
         ("3:cpu:/docker/abc", {"sys/cpu/cpu.cfs_quota_us": "50000", "sys/cpu/cpu.cfs_period_us": "100000"}, 0.5),
         ("3:cpu:/", {"sys/cpu/cpu.cfs_quota_us": "-1", "sys/cpu/cpu.cfs_period_us": "100000"}, None),
         ("4:memory:/m", {"sys/memory/m/memory.max": "max"}, None),  # no cpu controller listed
+        # not as the kernel writes them: skipped, never an error that would stop the store opening
+        ("garbage\n0::/k", {"sys/k/cpu.max": "200000 100000"}, 2.0),
+        ("0::/", {"sys/cpu.max": "lots 100000"}, None),
+        ("3:cpu:/", {"sys/cpu/cpu.cfs_quota_us": "50000", "sys/cpu/cpu.cfs_period_us": "0"}, None),
     ]
     for line, files, want in cases:
         assert cgroup_cpu_limit(*tree(line, files)) == want, line

@@ -231,21 +231,33 @@ def cgroup_cpu_limit(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgrou
     except OSError:
         return None
     for line in lines:
-        _, controllers, path = line.split(":", 2)
-        rel = path.lstrip("/")
-        if controllers == "":  # v2: "quota period", or "max period" when unlimited
-            for d in (os.path.join(root, rel), root):
-                parts = (_first_line(os.path.join(d, "cpu.max")) or "").split()
-                if len(parts) == 2 and parts[0] != "max":
-                    return int(parts[0]) / int(parts[1])
-        elif "cpu" in controllers.split(","):
-            for mount in (controllers, "cpu", "cpu,cpuacct"):
-                for d in (os.path.join(root, mount, rel), os.path.join(root, mount)):
-                    quota = _first_line(os.path.join(d, "cpu.cfs_quota_us"))
-                    period = _first_line(os.path.join(d, "cpu.cfs_period_us"))
-                    if quota and period:
-                        return int(quota) / int(period) if int(quota) > 0 else None
+        try:
+            limit = _limit_of(root, line)
+        except (ValueError, ZeroDivisionError):  # a line or a file not as the kernel writes them
+            continue
+        if limit is not False:
+            return limit
     return None
+
+
+def _limit_of(root: str, line: str) -> float | None | bool:
+    """One /proc/self/cgroup line's CPU limit: a number, None (its files say
+    unlimited) or False (no CPU controller there, or no file found)."""
+    _, controllers, path = line.split(":", 2)
+    rel = path.lstrip("/")
+    if controllers == "":  # v2: "quota period", or "max period" when unlimited
+        for d in (os.path.join(root, rel), root):
+            parts = (_first_line(os.path.join(d, "cpu.max")) or "").split()
+            if len(parts) == 2:
+                return None if parts[0] == "max" else int(parts[0]) / int(parts[1])
+    elif "cpu" in controllers.split(","):
+        for mount in (controllers, "cpu", "cpu,cpuacct"):
+            for d in (os.path.join(root, mount, rel), os.path.join(root, mount)):
+                quota = _first_line(os.path.join(d, "cpu.cfs_quota_us"))
+                period = _first_line(os.path.join(d, "cpu.cfs_period_us"))
+                if quota and period:
+                    return int(quota) / int(period) if int(quota) > 0 else None
+    return False
 
 
 def usable_cpus() -> int:
