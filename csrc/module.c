@@ -62,7 +62,6 @@ typedef struct {
      * out of order (docs/benchmarks.md, "Awaited reads in arrival order"). */
     int max_running; /* 0: no bound */
     int running;
-    int waiting; /* batches on the list */
     struct BatchObject *pend_head, *pend_tail;
 } EngineObject;
 
@@ -1145,7 +1144,6 @@ static BatchObject *next_pending(EngineObject *e)
         e->pend_head = next->pend_next;
         if (!e->pend_head)
             e->pend_tail = NULL;
-        e->waiting--;
     } else {
         e->running--;
     }
@@ -1251,7 +1249,6 @@ static PyObject *batch_start(EngineObject *self, BatchObject *bo, PyObject *noti
             else
                 self->pend_head = bo;
             self->pend_tail = bo;
-            self->waiting++;
         } else {
             self->running++;
         }
@@ -1386,7 +1383,6 @@ static int unlist_pending(EngineObject *e, BatchObject *bo)
                 e->pend_head = bo->pend_next;
             if (e->pend_tail == bo)
                 e->pend_tail = prev;
-            e->waiting--;
             found = 1;
             break;
         }
@@ -1404,7 +1400,7 @@ static PyObject *Batch_cancel(BatchObject *bo, PyObject *unused)
     (void)unused;
     if (batch_forked(bo))
         return NULL;
-    if (!bo->started || !e->max_running || atomic_load(&bo->finished) || !unlist_pending(e, bo))
+    if (!unlist_pending(e, bo)) /* started, finished, or never bounded */
         Py_RETURN_FALSE;
     bo->cancelled = 1;
     atomic_store(&bo->finished, 1);
@@ -1862,17 +1858,19 @@ static PyObject *Engine_get_max_running(EngineObject *e, void *c)
     return PyLong_FromLong(e->max_running);
 }
 
-/* Batches running and waiting now (under the bound; 0 and 0 without one). */
+/* Batches running and waiting now (under the bound; 0 and 0 without one).
+ * The list is counted when asked (a metrics scrape), not kept counted. */
 static PyObject *Engine_get_awaited(EngineObject *e, void *c)
 {
-    int running, waiting;
+    int running, waiting = 0;
 
     (void)c;
     if (FX_FORKED(e->gen))
         return Py_BuildValue("(ii)", 0, 0); /* the parent's runners, not this process's */
     pthread_mutex_lock(&e->mu);
     running = e->running;
-    waiting = e->waiting;
+    for (const BatchObject *p = e->pend_head; p; p = p->pend_next)
+        waiting++;
     pthread_mutex_unlock(&e->mu);
     return Py_BuildValue("(ii)", running, waiting);
 }
