@@ -106,6 +106,39 @@ def test_a_store_on_a_loop_device_stages_its_checked_reads(xfs_store):
         st.close()
 
 
+@pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable here: {URING_WHY}")
+@pytest.mark.skipif(
+    not fx.CRC32C_COPY_ONE_PASS, reason="auto stages nothing on a CPU without the one-pass copy (AVX-512 VPCLMULQDQ)"
+)
+def test_auto_stages_only_reads_over_four_mib(xfs_store):
+    """Under auto a read of at most STAGE_ABOVE_BYTES of payload lands in
+    place (one 2 MiB chunk, one 4 MiB chunk: no piece staged), a larger one
+    is staged (three 2 MiB chunks: six 1 MiB pieces); every read exact.
+    Under true even the smallest read is staged."""
+    from lmcache_fx.core.store import STAGE_ABOVE_BYTES
+
+    assert STAGE_ABOVE_BYTES == 4 << 20
+    st = _store(xfs_store)
+    try:
+        assert st.staged_reads
+        for seed, (n, size, pieces) in enumerate([(1, 2 << 20, 0), (1, 4 << 20, 0), (3, 2 << 20, 6)], 10):
+            src, dst, read = _write_and_read(st, n, size, seed)
+            before = fx.direct_staged_pieces()
+            assert read() == list(range(n))
+            assert bytes(dst) == bytes(src)
+            assert fx.direct_staged_pieces() - before == pieces, (n, size)
+    finally:
+        st.close()
+    st = _store(xfs_store, staged_reads="true")
+    try:
+        src, dst, read = _write_and_read(st, 1, 2 << 20, 20)
+        before = fx.direct_staged_pieces()
+        assert read() == [0] and bytes(dst) == bytes(src)
+        assert fx.direct_staged_pieces() - before == 2
+    finally:
+        st.close()
+
+
 _OPEN_IN_A_CHILD = """
 import json, sys
 from lmcache_fx import _fxio as fx

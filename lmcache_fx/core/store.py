@@ -220,6 +220,18 @@ def _loop_backed(root: str) -> bool:
     return os.path.isdir(os.path.join(sys_dev, "loop")) or os.path.isdir(os.path.join(sys_dev, "..", "loop"))
 
 
+# Under staged_reads auto, a read of at most this many payload bytes lands in
+# place and is summed there: a piece or a few have no stream for staging to
+# overlap (the loop's copy into a slot while earlier slots are summed and
+# copied on), and summed in place while still in cache they cost one copy
+# fewer. One-chunk loads awaited on LMCache's loop, fx-unstaged against fx
+# staged in the same runs: at 2 MiB p50 0.87-0.96x with 1 and 4 in flight,
+# level with 16, process CPU per request 0.76-0.94x; at 4 MiB 0.89-1.05x and
+# 0.82-0.86x; at 8 MiB staging won (in place 1.01-1.43x) (docs/benchmarks.md,
+# "Small reads in place").
+STAGE_ABOVE_BYTES = 4 << 20
+
+
 def decide_staged_reads(mode: str, roots: list[str], odirect: bool, verify: bool) -> tuple[bool, str]:
     """Whether checked O_DIRECT payloads go through the engine's staging
     buffers (read_chunks' `stage`) under option staged_reads = mode,
@@ -240,7 +252,10 @@ def decide_staged_reads(mode: str, roots: list[str], odirect: bool, verify: bool
         return False, "this CPU has no one-pass copy and sum (AVX-512 VPCLMULQDQ)"
     if not all(_loop_backed(r) for r in roots):
         return False, "not a loop device (a drive that DMAs the data would pay a copy)"
-    return True, "a loop device, on a CPU that copies and sums in one pass"
+    return True, (
+        f"a loop device, on a CPU that copies and sums in one pass (reads over {STAGE_ABOVE_BYTES >> 20} MiB; "
+        "smaller ones land in place)"
+    )
 
 
 def _locks_reads(roots: list[str]) -> bool:
@@ -485,6 +500,8 @@ class ChunkStore:
                 decide_staged_reads(self.options.staged_reads, self.roots, self.odirect, self.options.verify)[0]
                 and getattr(self.engine, "kind", "") == "io_uring"
             )
+            # auto stages only reads big enough to stream; true stages every read (to test the path).
+            self.stage_above = STAGE_ABOVE_BYTES if self.options.staged_reads == "auto" else 0
             if self.staged_reads:
                 # Made now, not at the first read: faulting in their 2 MiB pages took 20-25 ms in the
                 # bench's process (compaction), which the first load after start-up waited for.
@@ -2090,7 +2107,7 @@ class ChunkStore:
             self.odirect,
             self.lock_reads,
             self.mapped_reads,
-            self.staged_reads,
+            self.staged_reads and sum(c[3] for c in batch) > self.stage_above,
         )
         out: list[Optional[object]] = [None] * n
         nbytes = 0
