@@ -433,6 +433,17 @@ class FxUnstagedReader(FxReader):
     fx_options = {"staged_reads": False}
 
 
+class FxStagedReader(FxReader):
+    """fx with staged_reads true: every checked O_DIRECT read staged, small
+    ones too, what auto's reads of at most 4 MiB in place are measured
+    against (on a loop device, with the one-pass copy; elsewhere auto stages
+    nothing and this stages everything)."""
+
+    name = "fx-staged"
+    label = "lmcache-fx (io_uring, every read staged)"
+    fx_options = {"staged_reads": True}
+
+
 class FxNice0Reader(FxReader):
     """fx with runner_nice 0: awaited reads' runner threads at the priority of
     LMCache's event loop, what the default's lower priority is measured
