@@ -3805,3 +3805,106 @@ def test_awaited_reads_in_arrival_order_are_the_committed_json():
         f"request {_range(cpu('fx'), '{:.0f}')} µs for fx against {_range(cpu('fx-noverify'), '{:.0f}')} without the "
         f"check (LocalDiskBackend {_range(cpu('local_disk'), '{:.0f}')})" in text
     )
+
+
+def test_docs_small_reads_in_place_are_the_committed_json():
+    """The small-reads-in-place section (36d84b7): its table is the three runs
+    at 21a0424, fx beside fx-staged (every read staged); each range it, the
+    targets table, README and CHANGELOG quote is recomputed from those runs and
+    the three at 5700f58 (fx staged, fx-unstaged in place), and the 4 and 8
+    MiB runs; every request a hit, every run the package clean at its commit."""
+    d = "bench-repeats/small-reads-in-place/"
+    before = [_docs_json(f"{d}5700f58-2m-run{i}.json") for i in (1, 2, 3)]
+    after = [_docs_json(f"{d}21a0424-2m-run{i}.json") for i in (1, 2, 3)]
+    for run, commit, other in [(r, "5700f58", "fx-unstaged") for r in before] + [
+        (r, "21a0424", "fx-staged") for r in after
+    ]:
+        assert run["git_commit"].startswith(commit) and not run["git_commit"].endswith("+dirty")
+        assert f"--readers fx,{other},local_disk,rust_raw_block" in run["command"] and run["config"]["latency_awaited"]
+        assert all(r["latency"][c]["misses"] == 0 for r in run["readers"].values() for c in ("1", "4", "16"))
+    text = " ".join(_page().split())
+    labels = {
+        "fx": "fx (reads of up to 4 MiB in place)",
+        "fx-staged": "fx-staged (every read staged, as before)",
+        "local_disk": "LocalDiskBackend",
+        "rust_raw_block": "RustRawBlockBackend",
+    }
+    for c in ("1", "4", "16"):
+        for n, label in labels.items():
+            cells = [run["readers"][n]["latency"][c] for run in after]
+            row = " | ".join(
+                f"{x['p50_ms']:.2f} · {x['p99_over_p50']:.2f}× · {x['process_cpu_us_per_request']:.0f}" for x in cells
+            )
+            assert f"| {c} | {label} | {row} |" in text
+    # in place over staged, six runs
+    pairs = [(r["readers"]["fx-unstaged"], r["readers"]["fx"]) for r in before]
+    pairs += [(r["readers"]["fx"], r["readers"]["fx-staged"]) for r in after]
+
+    def over(field, c):
+        return [a["latency"][c][field] / b["latency"][c][field] for a, b in pairs]
+
+    p50 = {c: over("p50_ms", c) for c in ("1", "4", "16")}
+    assert max(p50["1"]) < 1 and max(p50["4"]) < 1  # "every run was faster in place"
+    assert (
+        f"the p50 {_span(p50['1'])} with 1 in flight (median {statistics.median(p50['1']):.2f}×), {_span(p50['4'])} "
+        f"with 4 (median {statistics.median(p50['4']):.2f}×), {_span(p50['16'])} with 16 (median "
+        f"{statistics.median(p50['16']):.2f}×)" in text
+    )
+    cpu = [_span(over("process_cpu_us_per_request", c)) for c in ("1", "4", "16")]
+    host = [_span(over("host_busy_us_per_request", c)) for c in ("1", "4", "16")]
+    assert f"the process's CPU per request {', '.join(cpu)}; the host's busy time per request {', '.join(host)}" in text
+    cpu_all = [x for c in ("1", "4", "16") for x in over("process_cpu_us_per_request", c)]
+    assert f"process CPU per request {_span(cpu_all)}" in " ".join(
+        open(os.path.join(ROOT, "CHANGELOG.md")).read().split()
+    )
+
+    def lat(n, c, field):
+        return [r["readers"][n]["latency"][c][field] for r in after]
+
+    r4, r4s = lat("fx", "4", "p99_over_p50"), lat("fx-staged", "4", "p99_over_p50")
+    p99 = [a / b for a, b in zip(lat("fx", "4", "p99_ms"), lat("fx-staged", "4", "p99_ms"))]
+    assert max(p99) < 1 and min(r4) < 2 < max(r4)  # p99 lower; the ratio at the line
+    over4 = ["no", "one", "two", "three"][sum(x > 2 for x in r4)]
+    assert (
+        f"fx {_span(r4)} in the runs at `21a0424` against fx-staged's {_span(r4s)}, with fx's p99 itself {_span(p99)}"
+        in text
+    )
+    assert f"(over it in {over4} runs of three)" in text
+    r16, r16s = lat("fx", "16", "p99_over_p50"), lat("fx-staged", "16", "p99_over_p50")
+    assert f"With 16 in flight {_span(r16)} (fx-staged {_span(r16s)})" in text
+    assert f"1.97–2.10× in three runs (fx-staged, the staged reads of before, {_span(r4s)} in the same runs)" in text
+    assert _span(r4) == "1.97–2.10×" and f"the p50 fell ({_span(p50['4'])}) more than the p99 ({_span(p99)})" in text
+
+    def vs_ld(n, c):
+        return [a / b for a, b in zip(lat(n, c, "p50_ms"), lat("local_disk", c, "p50_ms"))]
+
+    assert f"fx {_span(vs_ld('fx', '16'))}, fx-staged {_span(vs_ld('fx-staged', '16'))}; with 4 in flight fx" in text
+    assert (
+        f"{_span(vs_ld('fx', '16'))} LocalDiskBackend's, fx-staged {_span(vs_ld('fx-staged', '16'))} in the same runs, "
+        f"with 4 in flight {_span(vs_ld('fx', '4'))} (fx-staged {_span(vs_ld('fx-staged', '4'))};" in text
+    )
+    assert (
+        f"{_span(vs_ld('fx', '4'))} (fx-staged {_span(vs_ld('fx-staged', '4'))}, RustRawBlockBackend "
+        f"{_span(vs_ld('rust_raw_block', '4'))})" in text
+    )
+    tier = {n: [r["readers"][n]["reps"][0]["tier_read_gbps"] for r in after] for n in ("fx", "fx-staged")}
+    assert f"{_range(tier['fx'])} GB/s against fx-staged's {_range(tier['fx-staged'])} (one rep a run)" in text
+    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    assert f"fx's 2 MiB p50 {_span(p50['4'][3:])} with 4 in flight and its p99 {_span(p99)}" in readme
+    assert f"p99/p50 there is at the line, {_span(r4)}" in readme
+
+    # where the line is: 4 and 8 MiB, one run each way
+    def trip(name, a, b):
+        run = _docs_json(d + name)
+        assert run["git_commit"].startswith(name[:7]) and f"--chunk {512 if '-4m' in name else 1024}" in run["command"]
+        rd = run["readers"]
+        return ", ".join(
+            f"{rd[a]['latency'][c]['p50_ms'] / rd[b]['latency'][c]['p50_ms']:.2f}×" for c in ("1", "4", "16")
+        )
+
+    assert (
+        f"{trip('5700f58-4m.json', 'fx-unstaged', 'fx')} at `5700f58` and {trip('21a0424-4m.json', 'fx', 'fx-staged')} at `21a0424`"
+        in text
+    )
+    assert f"(in place {trip('5700f58-8m.json', 'fx-unstaged', 'fx')})" in text
+    assert f"where both stage, {trip('21a0424-8m.json', 'fx', 'fx-staged')}" in text

@@ -224,11 +224,11 @@ def _loop_backed(root: str) -> bool:
 # place and is summed there: a piece or a few have no stream for staging to
 # overlap (the loop's copy into a slot while earlier slots are summed and
 # copied on), and summed in place while still in cache they cost one copy
-# fewer. One-chunk loads awaited on LMCache's loop, fx-unstaged against fx
-# staged in the same runs: at 2 MiB p50 0.87-0.96x with 1 and 4 in flight,
-# level with 16, process CPU per request 0.76-0.94x; at 4 MiB 0.89-1.05x and
-# 0.82-0.86x; at 8 MiB staging won (in place 1.01-1.43x) (docs/benchmarks.md,
-# "Small reads in place").
+# fewer. One-chunk loads awaited on LMCache's loop, in place against staged
+# in the same runs (six runs at 2 MiB): p50 0.87-0.98x with 1 in flight,
+# 0.75-0.89x with 4, level with 16; process CPU per request 0.73-0.97x; at
+# 4 MiB level, CPU 0.80-0.90x; at 8 MiB staging won (in place 1.01-1.43x)
+# (docs/benchmarks.md, "Small reads in place").
 STAGE_ABOVE_BYTES = 4 << 20
 
 
