@@ -39,7 +39,7 @@ _Atomic int fx_fault_on;
 _Atomic unsigned long fx_crc_spread_runs; /* counted by the io_uring engine; 0 without it */
 _Atomic unsigned long fx_uring_peak_inflight; /* most pieces one io_uring run had out at once */
 _Thread_local unsigned long fx_uring_last_end;
-_Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces, fx_direct_staged_pieces;
+_Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces, fx_direct_staged_pieces, fx_whole_payloads;
 _Atomic unsigned long fx_helper_waves;
 _Atomic int fx_chunk_one_lane;
 _Atomic int fx_chunk_writes_running;

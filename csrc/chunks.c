@@ -292,6 +292,20 @@ static uint64_t unchecked_split(uint64_t split, int device, int verify)
     return device && !verify && split < FX_UNCHECKED_PIECE ? FX_UNCHECKED_PIECE : split;
 }
 
+/* FX_OPEN_WHOLE: the wave's largest payload as the piece size, where it is
+ * over `split` and at most FX_WHOLE_MAX (larger ones keep their pieces). */
+static uint64_t whole_split(const fx_op *ops, size_t m, uint64_t split)
+{
+    uint64_t most = 0;
+
+    for (size_t k = 0; k < m; k++)
+        most = ops[k].length > most ? ops[k].length : most;
+    if (most <= split || most > FX_WHOLE_MAX)
+        return split;
+    fx_whole_payloads += m;
+    return most;
+}
+
 typedef struct {
     const fx_chunk *c;
     fx_chunk_result *out;
@@ -511,7 +525,11 @@ static void lane_read(reader *R, lane *L)
         b.hdrs = L->hdrs;
         b.hdr_res = L->hdr_res;
         b.fds_known = direct ? FX_FDS_DIRECT | (all_mem ? FX_FDS_MEM : 0) : FX_FDS_BUFFERED;
-        r = fx_batch_prepare(&b, unchecked_split(R->split, direct && !all_mem, R->verify));
+        uint64_t split = unchecked_split(R->split, direct && !all_mem, R->verify);
+
+        if ((R->how & FX_OPEN_WHOLE) && direct && !all_mem && !b.stage_direct)
+            split = whole_split(L->ops, m, split);
+        r = fx_batch_prepare(&b, split);
         if (r == 0) {
             r = R->run(R->ctx, &b);
             fx_batch_release(&b);

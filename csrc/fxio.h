@@ -150,6 +150,8 @@ extern _Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces;
 /* O_DIRECT pieces read through an io_uring staging slot, and the staging
  * buffers the process has made (kept; tests). */
 extern _Atomic unsigned long fx_direct_staged_pieces;
+/* Payloads read as one request under FX_OPEN_WHOLE (tests). */
+extern _Atomic unsigned long fx_whole_payloads;
 /* Waves of chunk files read_chunks read on its second lane (tests), and
  * nonzero when every read_chunks keeps to one lane (probes and tests). */
 extern _Atomic unsigned long fx_helper_waves;
@@ -336,6 +338,15 @@ struct fx_pool;
 #define FX_OPEN_MAP 4
 /* Checked O_DIRECT payloads through a staging buffer (fx_batch.stage_direct). */
 #define FX_OPEN_STAGE 8
+/* The read is one of several at once (other awaited reads running or
+ * waiting as it starts): an O_DIRECT payload read in place of at most
+ * FX_WHOLE_MAX goes as one request, not split_bytes pieces. A lone read's
+ * pieces overlap one's check with the next one's transfer; with every CPU
+ * busy nothing overlaps, and each piece is a completion and a wake-up more
+ * (2 MiB awaited loads on the XFS loop, five runs: p50 0.89x with 16 and
+ * 0.91x with 4 in flight; alone, pieces were 1.35x faster). */
+#define FX_OPEN_WHOLE 16
+#define FX_WHOLE_MAX ((uint64_t)4 << 20)
 #define FX_MAP_MIN ((uint64_t)2 << 20)
 /* Runs the whole list (in waves bounded by open files; a list of several
  * waves on two lanes, the calling thread and a runner, one wave each); no

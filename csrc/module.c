@@ -61,6 +61,7 @@ typedef struct {
      * them overtake each other, and the requests waiting on them finish
      * out of order (docs/benchmarks.md, "Awaited reads in arrival order"). */
     int max_running; /* 0: no bound */
+    int whole;       /* small payloads whole when other submitted batches run or wait */
     int running;
     struct BatchObject *pend_head, *pend_tail;
 } EngineObject;
@@ -271,18 +272,18 @@ static PyObject *results_to_list(const fx_result *res, size_t n, int want_crc)
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"io_engine",   "queue_depth", "split_bytes", "threads", "staged",
-                             "runner_nice", "max_running", NULL};
+                             "runner_nice", "max_running", "whole_when_busy", NULL};
     const char *engine = "auto";
     long long qd = 32, split = 1 << 20;
-    int threads = 0, staged = 1, runner_nice = 0, max_running = 0;
+    int threads = 0, staged = 1, runner_nice = 0, max_running = 0, whole = 1;
     char why[256] = "";
 
     if (self->kind >= 0 && (self->uring || self->pool)) {
         PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sLLipii", kwlist, &engine, &qd, &split, &threads, &staged,
-                                     &runner_nice, &max_running))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|sLLipiip", kwlist, &engine, &qd, &split, &threads, &staged,
+                                     &runner_nice, &max_running, &whole))
         return -1;
     self->staged = staged;
     if (strcmp(engine, "auto") && strcmp(engine, "io_uring") && strcmp(engine, "threads")) {
@@ -314,6 +315,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
     }
     self->runner_nice = runner_nice;
     self->max_running = max_running;
+    self->whole = whole;
     {
         const char *spec = getenv("LMCACHE_FX_FAULT");
         if (fx_fault_setup(spec, why, sizeof(why)) < 0) {
@@ -862,14 +864,14 @@ static fx_pool *chunk_openers(EngineObject *e, int *width) { return engine_side_
  * (and memory copies, and checksums) of loads running beside it. */
 static fx_pool *chunk_writers(EngineObject *e, int *width) { return engine_side_pool(e, &e->writers, width); }
 
-static int chunks_run(EngineObject *e, chunk_args *a)
+static int chunks_run(EngineObject *e, chunk_args *a, int whole)
 {
     int width = 1;
     fx_pool *openers = a->n > 1 ? chunk_openers(e, &width) : NULL;
 
     return fx_chunks_read(a->c, a->n, a->scratch,
                           (a->direct ? FX_OPEN_DIRECT : 0) | (a->lock ? FX_OPEN_LOCK : 0) | (a->mapped ? FX_OPEN_MAP : 0) |
-                              (a->stage ? FX_OPEN_STAGE : 0),
+                              (a->stage ? FX_OPEN_STAGE : 0) | (whole ? FX_OPEN_WHOLE : 0),
                           a->verify, e->split_bytes,
                           run_engine_cb, e, openers, width, a->res);
 }
@@ -934,7 +936,7 @@ static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject
         goto done;
     Py_BEGIN_ALLOW_THREADS
     t0 = fx_now_ns();
-    r = chunks_run(self, &a);
+    r = chunks_run(self, &a, 0);
     t1 = fx_now_ns();
     Py_END_ALLOW_THREADS
     last_engine_ns = t1 - t0;
@@ -1101,12 +1103,27 @@ static PyObject *Notifier_drain(NotifierObject *no, PyObject *unused)
     return PyLong_FromUnsignedLongLong(n);
 }
 
+/* Whether other awaited batches run or wait as this one starts: then its
+ * small payloads go whole (FX_OPEN_WHOLE), unless whole_when_busy is off.
+ * Known only under max_running. */
+static int engine_busy(EngineObject *e)
+{
+    int busy;
+
+    if (!e->max_running || !e->whole)
+        return 0;
+    pthread_mutex_lock(&e->mu);
+    busy = e->running > 1 || e->pend_head != NULL;
+    pthread_mutex_unlock(&e->mu);
+    return busy;
+}
+
 static void batch_exec(BatchObject *bo)
 {
     int r;
 
     if (bo->is_chunks) {
-        r = chunks_run(bo->engine, &bo->chunks);
+        r = chunks_run(bo->engine, &bo->chunks, engine_busy(bo->engine));
     } else {
         r = fx_batch_prepare(&bo->b, bo->engine->split_bytes);
         if (r == 0)
@@ -1716,6 +1733,7 @@ COUNTER_FN(mod_direct_staged_pieces, fx_direct_staged_pieces)
 COUNTER_FN(mod_stage_buffers, fx_stage_buffers())
 COUNTER_FN(mod_staged_pieces, fx_staged_pieces)
 COUNTER_FN(mod_uring_peak_inflight, atomic_exchange(&fx_uring_peak_inflight, 0))
+COUNTER_FN(mod_whole_payloads, fx_whole_payloads)
 COUNTER_FN(mod_uring_last_end, fx_uring_last_end)
 COUNTER_FN(mod_runners_idle, fx_runners_idle())
 COUNTER_FN(mod_runners_started, fx_runners_started())
@@ -1875,6 +1893,12 @@ static PyObject *Engine_get_awaited(EngineObject *e, void *c)
     return Py_BuildValue("(ii)", running, waiting);
 }
 
+static PyObject *Engine_get_whole(EngineObject *e, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(e->whole);
+}
+
 static PyObject *Engine_get_runner_nice(EngineObject *e, void *c)
 {
     (void)c;
@@ -1890,6 +1914,8 @@ static PyGetSetDef Engine_getset[] = {
      "priority steps a submitted batch's runner thread runs below the submitter", NULL},
     {"max_running", (getter)Engine_get_max_running, NULL,
      "submitted batches run at once; more wait and run in arrival order (0: no bound)", NULL},
+    {"whole_when_busy", (getter)Engine_get_whole, NULL,
+     "a submitted batch started beside others reads O_DIRECT payloads of at most 4 MiB as one request", NULL},
     {"batches_now", (getter)Engine_get_awaited, NULL,
      "(running, waiting) submitted batches now, counted where max_running bounds them", NULL},
     {"fallback_reason", (getter)Engine_get_reason, NULL, "why io_uring is not used, or None", NULL},
@@ -2021,6 +2047,8 @@ static PyMethodDef module_methods[] = {
      "_runners_started() -> int: batch runner threads started in this process so far (tests)"},
     {"_helper_waves", (PyCFunction)mod_helper_waves, METH_NOARGS,
      "_helper_waves() -> int: waves of chunk files read_chunks read on its second lane so far (tests)"},
+    {"whole_payloads", (PyCFunction)mod_whole_payloads, METH_NOARGS,
+     "whole_payloads() -> int: payloads an awaited read among others read as one request (FX_OPEN_WHOLE)"},
     {"direct_staged_pieces", (PyCFunction)mod_direct_staged_pieces, METH_NOARGS,
      "direct_staged_pieces() -> int: O_DIRECT pieces the io_uring engine read through a staging slot (stage=True)"},
     {"io_uring_shares_buffers", (PyCFunction)mod_io_uring_shares_buffers, METH_NOARGS,

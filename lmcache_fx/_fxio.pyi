@@ -51,6 +51,7 @@ class Engine:
     threads: int  # I/O threads of the thread engine, else 0
     runner_nice: int  # priority steps a submitted batch's runner thread runs below the submitter
     max_running: int  # submitted batches run at once, the rest wait in arrival order (0: no bound)
+    whole_when_busy: bool  # small O_DIRECT payloads as one request when other submitted batches run or wait
     batches_now: tuple[int, int]  # (running, waiting) submitted batches, counted where max_running bounds them
     fallback_reason: str | None  # why io_engine="auto" is not using io_uring
     registered: bool  # a fixed buffer is registered with io_uring
@@ -64,6 +65,7 @@ class Engine:
         staged: bool = True,
         runner_nice: int = 0,
         max_running: int = 0,
+        whole_when_busy: bool = True,
     ) -> None:
         """'io_uring' raises OSError when io_uring cannot be set up; 'auto'
         falls back to the thread engine and records fallback_reason.
@@ -76,7 +78,10 @@ class Engine:
         that many priority steps below the thread that submitted it.
         max_running (0..1024): at most that many submitted batches run at
         once; a batch submitted beyond them waits, and the runners that
-        finish take the waiting ones oldest first (0: every batch at once)."""
+        finish take the waiting ones oldest first (0: every batch at once).
+        whole_when_busy: a submitted batch that starts while others run or
+        wait (under max_running) reads each O_DIRECT payload of at most 4 MiB
+        in place as one request instead of split_bytes pieces."""
     @overload
     def read(
         self, ops: Sequence[Op], crc: Literal[False] = False, split: int = 0, stage: bool = False
@@ -229,6 +234,11 @@ def _helper_waves() -> int:
 def map_stats() -> tuple[int, int]:
     """(pieces copied from a file mapping, copies whose source faulted and
     were read instead), since the module was loaded."""
+
+def whole_payloads() -> int:
+    """O_DIRECT payloads of at most 4 MiB that a submitted read, started
+    while other submitted reads ran or waited, read as one request instead
+    of split_bytes pieces, since the module was loaded."""
 
 def direct_staged_pieces() -> int:
     """O_DIRECT pieces the io_uring engine read through a staging slot

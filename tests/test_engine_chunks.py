@@ -1353,3 +1353,54 @@ def test_checksums_spread_over_threads_are_exact(stage, store, tmp_path):
             assert status == 0 and exact, (direct, i, status)
     assert all(r["crcs"]), r["crcs"]
     assert (r["staged"] > 0) == _staged_expected(store, stage), r["staged"]  # staged: copies spread too
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_small_payloads_go_whole_only_among_other_awaited_reads(kind, store, rootfd):
+    """A submitted read that starts while other submitted reads run or wait
+    (max_running) reads each O_DIRECT payload of at most 4 MiB as one request
+    instead of split_bytes pieces (whole_payloads counts them), every byte
+    exact. A read alone, a blocking read, an engine without max_running or
+    with whole_when_busy off, and payloads over 4 MiB keep their pieces."""
+    if not _odirect_ok(store):
+        pytest.skip("no O_DIRECT on this filesystem")
+    sizes = {"ab/w0.fxkv": 2 << 20, "ab/w1.fxkv": (3 << 20) + 4096, "ab/big.fxkv": 6 << 20}
+    payloads = {n: random.Random(n).randbytes(s) for n, s in sizes.items()}
+    for n, p in payloads.items():
+        write_chunk(store, n, p, key=n)
+
+    def submit_all(eng, names):
+        """Submits one single-chunk read per name back to back, then waits for all."""
+        bufs, batches = [], []
+        for n in names:
+            dest = fx.HostBuffer(span(sizes[n]), hugepages=False)
+            scratch = fx.HostBuffer(HEADER_SIZE, hugepages=False)
+            bufs.append((n, dest, scratch))
+            batches.append(
+                eng.submit_chunks([(rootfd, n, dest.address, sizes[n])], scratch.address, verify=True, direct=True)
+            )
+        for (n, dest, _), b in zip(bufs, batches):
+            assert b.wait()[0][0] == fx.CHUNK_OK, n
+            assert bytes(memoryview(dest)[: sizes[n]]) == payloads[n], n
+
+    eng = fx.Engine(kind, queue_depth=8, split_bytes=1 << 20, max_running=1)
+    try:
+        n0 = fx.whole_payloads()
+        submit_all(eng, ["ab/w0.fxkv"])  # alone
+        res, datas, _ = read(eng, rootfd, [("ab/w0.fxkv", sizes["ab/w0.fxkv"])], direct=True)  # blocking
+        assert res[0][0] == fx.CHUNK_OK and datas == [payloads["ab/w0.fxkv"]]
+        submit_all(eng, ["ab/big.fxkv"] * 4)  # over 4 MiB: pieces, however busy
+        assert fx.whole_payloads() == n0
+        # The first (6 MiB) read runs while the rest are submitted: those start with others waiting.
+        submit_all(eng, ["ab/big.fxkv", "ab/w0.fxkv", "ab/w1.fxkv", "ab/w0.fxkv", "ab/w1.fxkv"])
+        assert fx.whole_payloads() - n0 >= 2
+    finally:
+        eng.close()
+    for kw in ({}, {"max_running": 1, "whole_when_busy": False}):  # max_running 0: nothing known of the others
+        eng = fx.Engine(kind, queue_depth=8, split_bytes=1 << 20, **kw)
+        try:
+            n0 = fx.whole_payloads()
+            submit_all(eng, ["ab/big.fxkv", "ab/w0.fxkv", "ab/w1.fxkv", "ab/w0.fxkv"])
+            assert fx.whole_payloads() == n0, kw
+        finally:
+            eng.close()

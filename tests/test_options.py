@@ -81,6 +81,16 @@ def test_awaited_concurrency_reaches_the_engine_and_is_checked(tmp_path):
         FxOptions.from_mapping({"awaited_concurrency": 2000}, where="x.")
 
 
+def test_whole_reads_when_busy_reaches_the_engine(tmp_path):
+    """whole_reads_when_busy (default true) is the engine's whole_when_busy;
+    a value that is not a boolean is refused, naming the option."""
+    assert FxOptions().whole_reads_when_busy is True
+    assert engine_setting(tmp_path, {}, "whole_when_busy") is True
+    assert engine_setting(tmp_path, {"whole_reads_when_busy": "false"}, "whole_when_busy") is False
+    with pytest.raises(ConfigError, match="whole_reads_when_busy"):
+        FxOptions.from_mapping({"whole_reads_when_busy": "sometimes"})
+
+
 def test_awaited_concurrency_auto_keeps_to_a_containers_cpu_limit(tmp_path):
     """auto counts the CPUs the process may use: a container's CPU limit
     (cgroup v2 cpu.max, v1 CFS quota over period) where one is set, read

@@ -288,6 +288,7 @@ def make_engine(options: FxOptions, devices: int = 1):
             options.split_bytes,
             runner_nice=options.runner_nice,
             max_running=awaited_concurrency(options),
+            whole_when_busy=options.whole_reads_when_busy,
         )
     except OSError as e:
         raise ConfigError(f"io_engine: {e}; use io_engine: auto to fall back to the thread engine") from None

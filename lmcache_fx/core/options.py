@@ -271,6 +271,15 @@ class FxOptions:
         "CPU limit); 0: each at once, on a runner thread of its own",
         _int_or_auto(0, 1024),
     )
+    whole_reads_when_busy: bool = _opt(
+        True,
+        "true | false",
+        "an awaited read that starts while other awaited reads run or wait (under awaited_concurrency) reads "
+        "each O_DIRECT payload of at most 4 MiB in place as one request, not split_bytes pieces: with every "
+        "CPU busy a piece's check has no idle core to overlap the next piece's transfer, and each piece costs "
+        "a completion; a read alone keeps its pieces; false: pieces always",
+        _boolean,
+    )
     verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss", _boolean)
     reuse_evicted: bool = _opt(
         True,

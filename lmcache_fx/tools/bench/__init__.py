@@ -100,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
     p.add_argument(
         "--readers",
         default=",".join(DEFAULT_READERS),
-        help=f"comma-separated subset of {','.join(ALL_READERS)} (default: all but fx-unmapped, fx-unstaged, fx-staged, fx-l2-unstaged, fx-l2-noverify, fx-nice0, fx-unqueued and fx-op-order)",
+        help=f"comma-separated subset of {','.join(ALL_READERS)} (default: all but fx-unmapped, fx-unstaged, fx-staged, fx-pieces, fx-l2-unstaged, fx-l2-noverify, fx-nice0, fx-unqueued and fx-op-order)",
     )
     p.add_argument("--queue-depth", type=int, default=32, help="fx queue_depth and fio iodepth")
     p.add_argument("--split-bytes", type=parse_size, default=MIB, help="fx split_bytes and fio bs")

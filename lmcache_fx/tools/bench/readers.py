@@ -444,6 +444,16 @@ class FxStagedReader(FxReader):
     fx_options = {"staged_reads": True}
 
 
+class FxPiecesReader(FxReader):
+    """fx with whole_reads_when_busy false: awaited reads keep their
+    split_bytes pieces however many run beside them, what reading small
+    payloads whole under load is measured against."""
+
+    name = "fx-pieces"
+    label = "lmcache-fx (io_uring, pieces when busy)"
+    fx_options = {"whole_reads_when_busy": False}
+
+
 class FxNice0Reader(FxReader):
     """fx with runner_nice 0: awaited reads' runner threads at the priority of
     LMCache's event loop, what the default's lower priority is measured
