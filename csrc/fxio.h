@@ -343,8 +343,9 @@ struct fx_pool;
  * FX_WHOLE_MAX goes as one request, not split_bytes pieces. A lone read's
  * pieces overlap one's check with the next one's transfer; with every CPU
  * busy nothing overlaps, and each piece is a completion and a wake-up more
- * (2 MiB awaited loads on the XFS loop, five runs: p50 0.89x with 16 and
- * 0.91x with 4 in flight; alone, pieces were 1.35x faster). */
+ * (2 MiB awaited loads on the XFS loop, three runs: p50 0.87-0.93x with 16
+ * in flight, 0.93-0.98x with 4; docs/benchmarks.md, "Small payloads whole
+ * under load"). */
 #define FX_OPEN_WHOLE 16
 #define FX_WHOLE_MAX ((uint64_t)4 << 20)
 #define FX_MAP_MIN ((uint64_t)2 << 20)

@@ -3807,6 +3807,30 @@ def test_awaited_reads_in_arrival_order_are_the_committed_json():
     )
 
 
+def _assert_latency_ab_runs(runs: list, commit: str, other: str, fx_label: str, other_label: str, text: str) -> None:
+    """Three awaited 2 MiB latency runs of fx beside an A/B half `other` and
+    the two tiers: each the package clean at `commit`, the command's readers,
+    every request a hit; and the page's table of them (p50 · p99/p50 ·
+    process CPU per request, per run) is theirs."""
+    for run in runs:
+        assert run["git_commit"].startswith(commit) and not run["git_commit"].endswith("+dirty")
+        assert f"--readers fx,{other},local_disk,rust_raw_block" in run["command"] and run["config"]["latency_awaited"]
+        assert all(r["latency"][c]["misses"] == 0 for r in run["readers"].values() for c in ("1", "4", "16"))
+    labels = {
+        "fx": fx_label,
+        other: other_label,
+        "local_disk": "LocalDiskBackend",
+        "rust_raw_block": "RustRawBlockBackend",
+    }
+    for c in ("1", "4", "16"):
+        for n, label in labels.items():
+            row = " | ".join(
+                f"{x['p50_ms']:.2f} · {x['p99_over_p50']:.2f}× · {x['process_cpu_us_per_request']:.0f}"
+                for x in (run["readers"][n]["latency"][c] for run in runs)
+            )
+            assert f"| {c} | {label} | {row} |" in text
+
+
 def test_docs_small_reads_in_place_are_the_committed_json():
     """The small-reads-in-place section (36d84b7): its table is the three runs
     at 21a0424, fx beside fx-staged (every read staged); each range it, the
@@ -3816,26 +3840,19 @@ def test_docs_small_reads_in_place_are_the_committed_json():
     d = "bench-repeats/small-reads-in-place/"
     before = [_docs_json(f"{d}5700f58-2m-run{i}.json") for i in (1, 2, 3)]
     after = [_docs_json(f"{d}21a0424-2m-run{i}.json") for i in (1, 2, 3)]
-    for run, commit, other in [(r, "5700f58", "fx-unstaged") for r in before] + [
-        (r, "21a0424", "fx-staged") for r in after
-    ]:
-        assert run["git_commit"].startswith(commit) and not run["git_commit"].endswith("+dirty")
-        assert f"--readers fx,{other},local_disk,rust_raw_block" in run["command"] and run["config"]["latency_awaited"]
+    for run in before:  # fx staged then; fx-unstaged read in place
+        assert run["git_commit"].startswith("5700f58") and not run["git_commit"].endswith("+dirty")
+        assert "--readers fx,fx-unstaged,local_disk,rust_raw_block" in run["command"]
         assert all(r["latency"][c]["misses"] == 0 for r in run["readers"].values() for c in ("1", "4", "16"))
     text = " ".join(_page().split())
-    labels = {
-        "fx": "fx (reads of up to 4 MiB in place)",
-        "fx-staged": "fx-staged (every read staged, as before)",
-        "local_disk": "LocalDiskBackend",
-        "rust_raw_block": "RustRawBlockBackend",
-    }
-    for c in ("1", "4", "16"):
-        for n, label in labels.items():
-            cells = [run["readers"][n]["latency"][c] for run in after]
-            row = " | ".join(
-                f"{x['p50_ms']:.2f} · {x['p99_over_p50']:.2f}× · {x['process_cpu_us_per_request']:.0f}" for x in cells
-            )
-            assert f"| {c} | {label} | {row} |" in text
+    _assert_latency_ab_runs(
+        after,
+        "21a0424",
+        "fx-staged",
+        "fx (reads of up to 4 MiB in place)",
+        "fx-staged (every read staged, as before)",
+        text,
+    )
     # in place over staged, six runs
     pairs = [(r["readers"]["fx-unstaged"], r["readers"]["fx"]) for r in before]
     pairs += [(r["readers"]["fx"], r["readers"]["fx-staged"]) for r in after]
@@ -3872,7 +3889,10 @@ def test_docs_small_reads_in_place_are_the_committed_json():
     assert f"(over it in {over4} runs of three)" in text
     r16, r16s = lat("fx", "16", "p99_over_p50"), lat("fx-staged", "16", "p99_over_p50")
     assert f"With 16 in flight {_span(r16)} (fx-staged {_span(r16s)})" in text
-    assert f"1.97–2.10× in three runs (fx-staged, the staged reads of before, {_span(r4s)} in the same runs)" in text
+    assert (
+        f"1.97–2.10× in three runs at `21a0424` (fx-staged, the staged reads of before, {_span(r4s)} in the same runs)"
+        in text
+    )
     assert _span(r4) == "1.97–2.10×" and f"the p50 fell ({_span(p50['4'])}) more than the p99 ({_span(p99)})" in text
 
     def vs_ld(n, c):
@@ -3908,3 +3928,65 @@ def test_docs_small_reads_in_place_are_the_committed_json():
     )
     assert f"(in place {trip('5700f58-8m.json', 'fx-unstaged', 'fx')})" in text
     assert f"where both stage, {trip('21a0424-8m.json', 'fx', 'fx-staged')}" in text
+
+
+def test_docs_small_payloads_whole_under_load_are_the_committed_json():
+    """The whole-when-busy section (66a1be9): its table is the three committed
+    runs, fx beside fx-pieces (whole_reads_when_busy off); every range it, the
+    targets table, README and CHANGELOG quote is recomputed from them, every
+    request a hit, the package clean at 66a1be9."""
+    runs = [_docs_json(f"bench-repeats/whole-when-busy-66a1be9/lat-2m-run{i}.json") for i in (1, 2, 3)]
+    text = " ".join(_page().split())
+    _assert_latency_ab_runs(
+        runs,
+        "66a1be9",
+        "fx-pieces",
+        "fx (small payloads whole under load)",
+        "fx-pieces (1 MiB pieces always, as before)",
+        text,
+    )
+    rds = [run["readers"] for run in runs]
+
+    def lat(n, c, f):
+        return [R[n]["latency"][c][f] for R in rds]
+
+    def over(a, b, c, f="p50_ms"):
+        return [x / y for x, y in zip(lat(a, c, f), lat(b, c, f))]
+
+    w50 = {c: over("fx", "fx-pieces", c) for c in ("1", "4", "16")}
+    assert max(w50["16"]) < 1  # faster with 16 in flight in every run
+    assert f"the p50 {_span(w50['16'])} with 16 in flight, {_span(w50['4'])} with 4, {_span(w50['1'])} with one" in text
+    host, cpu = (
+        over("fx", "fx-pieces", "16", "host_busy_us_per_request"),
+        over("fx", "fx-pieces", "16", "process_cpu_us_per_request"),
+    )
+    assert f"with 16 {_span(host)}, the process's CPU {_span(cpu)}" in text
+    p99_16, p99_4 = over("fx", "fx-pieces", "16", "p99_ms"), over("fx", "fx-pieces", "4", "p99_ms")
+    assert f"the p99 {_span(p99_16)} with 16 and {_span(p99_4)} with 4" in text
+    ld16, pc16 = over("fx", "local_disk", "16"), over("fx-pieces", "local_disk", "16")
+    best = [
+        R["fx"]["latency"]["16"]["p50_ms"]
+        / min(R[n]["latency"]["16"]["p50_ms"] for n in ("local_disk", "rust_raw_block"))
+        for R in rds
+    ]
+    quoted = ", ".join(f"{x:.2f}×" for x in best)
+    assert sum(x < 1 for x in best) == 2  # "ahead in two runs of three"
+    assert f"against LocalDiskBackend's: {_span(ld16)}** (fx-pieces {_span(pc16)} in the same runs)" in text
+    assert f"(LocalDiskBackend or RustRawBlockBackend) {quoted}: ahead in two runs of three" in text
+    assert (
+        f"{quoted} the best tier's p50, {_span(ld16)} LocalDiskBackend's (fx-pieces, the pieces of before, {_span(pc16)}"
+        in text
+    )
+    r4, r4p = lat("fx", "4", "p99_over_p50"), lat("fx-pieces", "4", "p99_over_p50")
+    r16, r16p = lat("fx", "16", "p99_over_p50"), lat("fx-pieces", "16", "p99_over_p50")
+    assert f"p99/p50 with 4 in flight {_span(r4)}** (fx-pieces {_span(r4p)})" in text
+    assert f"with 16 {_span(r16)} ({_span(r16p)})" in text
+    assert f"With 4 in flight {_span(over('fx', 'local_disk', '4'))} LocalDiskBackend's" in text
+    assert f"in place: {_span(r4)} at `66a1be9`" in text
+    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    assert (
+        f"flight {_span(w50['16'])} fx-pieces' (the pieces of before) and {quoted} the best tier's, ahead in two runs "
+        f"of three; p99/p50 with 4 in flight {_span(r4)}" in readme
+    )
+    changelog = " ".join(open(os.path.join(ROOT, "CHANGELOG.md")).read().split())
+    assert f"flight {_span(w50['16'])} fx-pieces', {quoted} the best tier's" in changelog
