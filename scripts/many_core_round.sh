@@ -61,7 +61,7 @@ step "1. bench --devices 8, 2 MiB ($(left) s left)"
   --reps 5 --readers fx,fx-unstaged,fx-threads,fx-l2,fio --json "$OUTDIR/bench-devices-8-2m.json"
 
 step "2. gpu_check ($(left) s left)"
-if [ "$(left)" -gt 110 ] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+if [ "$(left)" -gt 110 ] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   mkdir -p /root/fx-gpu-check
   timeout -k 5 110 "$PY" scripts/gpu_check.py --dir /root/fx-gpu-check --size-gib 1 --json "$OUTDIR/gpu-check.json" \
     --deadline-s 100
