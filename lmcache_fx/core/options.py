@@ -250,8 +250,8 @@ class FxOptions:
         "finding no slot free waits for one of its read's own, or reads in place when that read has none) and copy "
         "them on with their CRC32C in one pass, instead of reading them into place and summing them there; auto: on "
         "loop devices (whose transfer is itself a CPU copy, sharing memory bandwidth with the check) on a CPU that "
-        "copies and sums in one pass (AVX-512 VPCLMULQDQ), for reads of more than 4 MiB of payload (smaller ones have no stream to overlap and land in place); true: every read, on every "
-        "device (io_uring engine only)",
+        "copies and sums in one pass (AVX-512 VPCLMULQDQ), for reads of more than 4 MiB of payload (smaller ones "
+        "have no stream to overlap and land in place); true: every read, on every device (io_uring engine only)",
         _choice("auto", "true", "false"),
     )
     runner_nice: int = _opt(
