@@ -510,6 +510,7 @@ static void lane_read(reader *R, lane *L)
     const fx_chunk *c = R->c;
     fx_chunk_result *out = R->out;
     int direct = R->how & FX_OPEN_DIRECT, all_mem = L->all_mem, r = 0;
+    int device = direct && !all_mem; /* O_DIRECT from a device, not a memory file */
     size_t m = L->m, k;
     fx_batch b;
 
@@ -525,9 +526,9 @@ static void lane_read(reader *R, lane *L)
         b.hdrs = L->hdrs;
         b.hdr_res = L->hdr_res;
         b.fds_known = direct ? FX_FDS_DIRECT | (all_mem ? FX_FDS_MEM : 0) : FX_FDS_BUFFERED;
-        uint64_t split = unchecked_split(R->split, direct && !all_mem, R->verify);
+        uint64_t split = unchecked_split(R->split, device, R->verify);
 
-        if ((R->how & FX_OPEN_WHOLE) && direct && !all_mem && !b.stage_direct)
+        if ((R->how & FX_OPEN_WHOLE) && device && !b.stage_direct)
             split = whole_split(L->ops, m, split);
         r = fx_batch_prepare(&b, split);
         if (r == 0) {

@@ -46,9 +46,9 @@ READER_CLASSES = {c.name: c for c in READER_LIST}
 ALL_READERS = [c.name for c in READER_LIST]
 # Run unless --readers says otherwise: fx-unmapped, fx-unstaged, fx-staged, fx-pieces, fx-nice0, fx-unqueued and
 # fx-op-order, the A/B halves of mapped and staged reads (and of small reads in place), of whole small reads under
-# load, of runner_nice, of awaited_concurrency and of interleaved pieces, only where those matter (a tmpfs with huge pages; a loop device; awaited reads on a busy
-# host; more awaited reads in flight than CPUs; a read over several devices); fx-l2-noverify, fx's CPU without its check at the level fs_native is
-# measured at.
+# load, of runner_nice, of awaited_concurrency and of interleaved pieces, only where those matter (a tmpfs with huge
+# pages; a loop device; awaited reads on a busy host; more awaited reads in flight than CPUs; a read over several
+# devices); fx-l2-noverify, fx's CPU without its check at the level fs_native is measured at.
 A_B_READERS = (
     "fx-unmapped",
     "fx-unstaged",
