@@ -344,10 +344,11 @@ struct fx_pool;
  * pieces overlap one's check with the next one's transfer; with every CPU
  * busy nothing overlaps, and each piece is a completion and a wake-up more
  * (2 MiB awaited loads on the XFS loop, three runs: p50 0.87-0.93x with 16
- * in flight, 0.93-0.98x with 4; docs/benchmarks.md, "Small payloads whole
- * under load"). */
+ * in flight, 0.93-0.98x with 4). Larger payloads keep their pieces: at 3
+ * and 4 MiB whole reads left the p50 level and the p99 worse (docs/
+ * benchmarks.md, "Small payloads whole under load"). */
 #define FX_OPEN_WHOLE 16
-#define FX_WHOLE_MAX ((uint64_t)4 << 20)
+#define FX_WHOLE_MAX ((uint64_t)2 << 20)
 #define FX_MAP_MIN ((uint64_t)2 << 20)
 /* Runs the whole list (in waves bounded by open files; a list of several
  * waves on two lanes, the calling thread and a runner, one wave each); no

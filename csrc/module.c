@@ -1915,7 +1915,7 @@ static PyGetSetDef Engine_getset[] = {
     {"max_running", (getter)Engine_get_max_running, NULL,
      "submitted batches run at once; more wait and run in arrival order (0: no bound)", NULL},
     {"whole_when_busy", (getter)Engine_get_whole, NULL,
-     "a submitted batch started beside others reads O_DIRECT payloads of at most 4 MiB as one request", NULL},
+     "a submitted batch started beside others reads O_DIRECT payloads of at most 2 MiB as one request", NULL},
     {"batches_now", (getter)Engine_get_awaited, NULL,
      "(running, waiting) submitted batches now, counted where max_running bounds them", NULL},
     {"fallback_reason", (getter)Engine_get_reason, NULL, "why io_uring is not used, or None", NULL},

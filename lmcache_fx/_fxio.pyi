@@ -80,7 +80,7 @@ class Engine:
         once; a batch submitted beyond them waits, and the runners that
         finish take the waiting ones oldest first (0: every batch at once).
         whole_when_busy: a submitted batch that starts while others run or
-        wait (under max_running) reads each O_DIRECT payload of at most 4 MiB
+        wait (under max_running) reads each O_DIRECT payload of at most 2 MiB
         in place as one request instead of split_bytes pieces."""
     @overload
     def read(
@@ -236,7 +236,7 @@ def map_stats() -> tuple[int, int]:
     were read instead), since the module was loaded."""
 
 def whole_payloads() -> int:
-    """O_DIRECT payloads of at most 4 MiB that a submitted read, started
+    """O_DIRECT payloads of at most 2 MiB that a submitted read, started
     while other submitted reads ran or waited, read as one request instead
     of split_bytes pieces, since the module was loaded."""
 

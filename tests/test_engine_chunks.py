@@ -1358,10 +1358,10 @@ def test_checksums_spread_over_threads_are_exact(stage, store, tmp_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_small_payloads_go_whole_only_among_other_awaited_reads(kind, store, rootfd):
     """A submitted read that starts while other submitted reads run or wait
-    (max_running) reads each O_DIRECT payload of at most 4 MiB as one request
+    (max_running) reads each O_DIRECT payload of at most 2 MiB as one request
     instead of split_bytes pieces (whole_payloads counts them), every byte
     exact. A read alone, a blocking read, an engine without max_running or
-    with whole_when_busy off, and payloads over 4 MiB keep their pieces."""
+    with whole_when_busy off, and payloads over 2 MiB keep their pieces."""
     if not _odirect_ok(store):
         pytest.skip("no O_DIRECT on this filesystem")
     sizes = {"ab/w0.fxkv": 2 << 20, "ab/w1.fxkv": (3 << 20) + 4096, "ab/big.fxkv": 6 << 20}
@@ -1389,11 +1389,11 @@ def test_small_payloads_go_whole_only_among_other_awaited_reads(kind, store, roo
         submit_all(eng, ["ab/w0.fxkv"])  # alone
         res, datas, _ = read(eng, rootfd, [("ab/w0.fxkv", sizes["ab/w0.fxkv"])], direct=True)  # blocking
         assert res[0][0] == fx.CHUNK_OK and datas == [payloads["ab/w0.fxkv"]]
-        submit_all(eng, ["ab/big.fxkv"] * 4)  # over 4 MiB: pieces, however busy
+        submit_all(eng, ["ab/big.fxkv", "ab/w1.fxkv"] * 4)  # over 2 MiB: pieces, however busy
         assert fx.whole_payloads() == n0
         # The first (6 MiB) read runs while the rest are submitted: those start with others waiting
         # (the premise, as in test_engine's bound tests: checked reads outlast their submission).
-        submit_all(eng, ["ab/big.fxkv"] + ["ab/w0.fxkv", "ab/w1.fxkv"] * 6)
+        submit_all(eng, ["ab/big.fxkv"] + ["ab/w0.fxkv"] * 12)
         assert fx.whole_payloads() - n0 >= 2
     finally:
         eng.close()

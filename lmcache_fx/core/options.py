@@ -275,7 +275,7 @@ class FxOptions:
         True,
         "true | false",
         "an awaited read that starts while other awaited reads run or wait (under awaited_concurrency) reads "
-        "each O_DIRECT payload of at most 4 MiB in place as one request, not split_bytes pieces: with every "
+        "each O_DIRECT payload of at most 2 MiB in place as one request, not split_bytes pieces: with every "
         "CPU busy a piece's check has no idle core to overlap the next piece's transfer, and each piece costs "
         "a completion; a read alone keeps its pieces; false: pieces always",
         _boolean,
