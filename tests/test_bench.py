@@ -3990,3 +3990,55 @@ def test_docs_small_payloads_whole_under_load_are_the_committed_json():
     )
     changelog = " ".join(open(os.path.join(ROOT, "CHANGELOG.md")).read().split())
     assert f"flight {_span(w50['16'])} fx-pieces', {quoted} the best tier's" in changelog
+
+
+def test_docs_whole_limit_is_the_committed_json():
+    """Where the whole-read limit is (ef1babb): the table is the committed runs
+    at 54f0131 (fx reading up to 4 MiB whole, beside fx-pieces) at 2, 3 and 4
+    MiB, each figure recomputed; the verdict that moved FX_WHOLE_MAX to 2 MiB
+    (the p99 worse at 3 and 4 MiB, better at 2 with 16 in flight) holds in the
+    JSON and in csrc/fxio.h."""
+    sizes = {"2 MiB": ("2m", 3, 256), "3 MiB": ("3m", 5, 384), "4 MiB": ("4m", 5, 512)}
+    text = " ".join(_page().split())
+    med99 = {}
+    for label, (name, n, chunk) in sizes.items():
+        runs = [_docs_json(f"bench-repeats/whole-limit-54f0131/{name}-run{i}.json") for i in range(1, n + 1)]
+        for run in runs:
+            assert run["git_commit"].startswith("54f0131") and not run["git_commit"].endswith("+dirty")
+            assert f"--chunk {chunk} " in run["command"] and "--readers fx,fx-pieces " in run["command"]
+            assert run["config"]["latency_awaited"]
+            assert all(r["latency"][c]["misses"] == 0 for r in run["readers"].values() for c in ("1", "4", "16"))
+        rds = [run["readers"] for run in runs]
+
+        def over(c, f, rds=rds):
+            return [R["fx"]["latency"][c][f] / R["fx-pieces"]["latency"][c][f] for R in rds]
+
+        def cell(vs):
+            return f"{_span(vs)} ({statistics.median(vs):.2f}×)"
+
+        def ratio(name, c, rds=rds):
+            return _span([R[name]["latency"][c]["p99_over_p50"] for R in rds])
+
+        cells = [
+            cell(over("4", "p50_ms")),
+            cell(over("16", "p50_ms")),
+            cell(over("4", "p99_ms")),
+            cell(over("16", "p99_ms")),
+            cell(over("16", "process_cpu_us_per_request")),
+            f"{ratio('fx', '16')} · {ratio('fx-pieces', '16')}",
+        ]
+        assert f"| {label} ({n} runs) | " + " | ".join(cells) + " |" in text, label
+        med99[label] = (statistics.median(over("4", "p99_ms")), statistics.median(over("16", "p99_ms")))
+        if label == "2 MiB":
+            r4 = ratio("fx", "4")
+            assert f"(fx {r4}, fx-pieces {ratio('fx-pieces', '4')}, also over it in two;" in text
+            assert sum(R["fx"]["latency"]["4"]["p99_over_p50"] > 2 for R in rds) == 2  # "two of these three runs"
+            assert f"over it in two of three runs at `54f0131`, {r4.rstrip('×')}×" in text
+    assert med99["2 MiB"][1] < 1  # whole still pays at 2 MiB with 16 in flight
+    assert all(min(med99[k]) > 1 for k in ("3 MiB", "4 MiB"))  # and not above it
+    lo, hi = min(min(med99[k]) for k in ("3 MiB", "4 MiB")), max(max(med99[k]) for k in ("3 MiB", "4 MiB"))
+    assert f"worse in the median with 4 and 16 in flight ({lo:.2f}–{hi:.2f}×)" in text
+    for doc in ("README.md", "CHANGELOG.md"):
+        assert f"{lo:.2f}–{hi:.2f}×" in " ".join(open(os.path.join(ROOT, doc)).read().split()), doc
+    with open(os.path.join(ROOT, "csrc", "fxio.h")) as f:
+        assert "#define FX_WHOLE_MAX ((uint64_t)2 << 20)" in f.read()
