@@ -3359,15 +3359,14 @@ ROUND_DE6FAD2 = os.path.join(ROOT, "docs", "bench-repeats", "round-de6fad2")
 
 
 def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
-    """The round at de6fad2 on an Intel Xeon host: the README's second pair
-    of tables and the page's per-case tables are bench_tables' over the
-    fifteen committed runs (each clean at de6fad2, every rep of fx's readers
-    whole and checked, on that CPU), and every range the page, the README
-    and the targets table quote is recomputed from them, with the verdicts
-    they give: reads ahead in every run, checked reads ahead of unchecked
-    ones, stores on XFS behind, from memory ahead."""
+    """The round at de6fad2 on an Intel Xeon host (the README's second pair
+    of tables until the round at 3088c95): the page's per-case tables are
+    bench_tables' over the fifteen committed runs (each clean at de6fad2,
+    every rep of fx's readers whole and checked, on that CPU), and every
+    range the page and its targets table quote is recomputed from them, with
+    the verdicts they give: reads ahead in every run, checked reads ahead of
+    unchecked ones, stores on XFS behind, from memory ahead."""
     mod = _bench_tables()
-    raw = _readme_with_round_tables("round-de6fad2")
     page = _page()
     monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
     for _, c in README_CASES:
@@ -3384,7 +3383,6 @@ def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
         return f"{_span(vs, fmt)} ({med(vs)})"
 
     text = " ".join(page.split())
-    readme = " ".join(raw.split())
     xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
     reads = {c: ratios(c, "fx", "tier_read") for c in xfs + mem}
     assert min(v for c in xfs + mem for v in reads[c]) > 1.1  # ahead in every run, as the page says
@@ -3392,7 +3390,7 @@ def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
         f"XFS {span_med(reads['xfs-64m'])} at 64 MiB, {span_med(reads['xfs-10m'])} at 10 MiB, "
         f"{span_med(reads['xfs-2m'])} at 2 MiB; tmpfs {span_med(reads['tmpfs-64m'])} and {span_med(reads['tmpfs-2m'])}"
     )
-    assert said in text and said in readme
+    assert said in text
     unchecked = [v for c in xfs for v in ratios(c, "fx-noverify", "tier_read")]
     assert f"fx without its check, which reads in place, at {_span(unchecked)}" in text
     over = [
@@ -3437,9 +3435,168 @@ def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
     assert xeon["cpu"]["cpu family"] == "6" and xeon["cpu"]["model"] == "207"
     gbps = next(r["gbps"] for r in xeon["rows"] if "in use" in r["impl"] and r["size"] == "64 MiB")
     assert f"~{1 / gbps:.3f} on the Intel host, {gbps:.2f} GB/s, `crc32c-speed-xeon.json`" in text
-    in_place = peers + fio
-    assert f"read the loop device at {min(in_place):.2f}–{max(in_place):.2f} GB/s" in readme
-    assert f"CPU per GB stayed {_span(cpu, '{:.1f}')} the lowest peer's" in readme
+
+
+ROUND_3088C95 = os.path.join(ROOT, "docs", "bench-repeats", "round-3088c95")
+
+
+def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
+    """The round at 3088c95 on the Intel host: the README's second pair of
+    tables and the page's per-case and latency tables are bench_tables' over
+    the committed runs (each clean at 3088c95, every rep of fx's readers
+    whole and checked, on that CPU, the latency cases with no time stolen,
+    the set-aside run 3 with a fifth of it stolen), and every figure the
+    page, its targets table and the README quote is recomputed from them,
+    with the verdicts they give."""
+    mod = _bench_tables()
+    raw = _readme_with_round_tables("round-3088c95")
+    page = _page()
+    monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
+    for _, c in README_CASES:
+        paths = [f"docs/bench-repeats/round-3088c95/{c}-run{r}.json" for r in (1, 2, 3)]
+        assert mod.ratios_table(paths) in page and mod.runs_table(paths, "fx-noverify") in page, c
+    runs = _main_round("round-3088c95", "3088c95")
+    for c, rs in runs.items():
+        for d in rs:
+            assert not d["git_commit"].endswith("+dirty"), c
+            assert d["machine"]["cpu_family"] == "6" and d["machine"]["cpu_model"] == "207", c
+            assert all(x["ok"] for x in d["readers"]["fx-l2-noverify"]["reps"]), c
+    ratios = functools.partial(_round_ratios, runs)
+
+    def span_med(vs, fmt="{:.2f}"):
+        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
+
+    def each(vs):
+        return ", ".join(f"{v:.2f}×" for v in vs)
+
+    text, readme = " ".join(page.split()), " ".join(raw.split())
+    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
+    reads = {c: ratios(c, "fx", "tier_read") for c in xfs + mem}
+    ahead = sum(v > 1 for c in xfs + mem for v in reads[c])
+    said = (
+        f"XFS {span_med(reads['xfs-64m'])} at 64 MiB, {span_med(reads['xfs-10m'])} at 10 MiB, "
+        f"{span_med(reads['xfs-2m'])} at 2 MiB; tmpfs {span_med(reads['tmpfs-64m'])} and {span_med(reads['tmpfs-2m'])}"
+    )
+    assert ahead == 14 and f"**Reads: fx ahead in {ahead} runs of 15**, with its check on: {said}" in text
+    assert f"ahead of the best peer in {ahead} runs of 15, with its check on: {said}" in readme
+    behind = runs["xfs-10m"][0]["readers"]["fx"]
+    gb = [r["tier_read_gbps"] for r in behind["reps"]]
+    assert reads["xfs-10m"][0] < 1
+    assert (
+        f"Behind in 10 MiB run 1 ({reads['xfs-10m'][0]:.2f}×), whose five reps read {min(gb):.2f}–{max(gb):.2f} GB/s"
+        in text
+    )
+    then = _main_round("round-de6fad2", "de6fad2")
+    meds = [
+        ", ".join(f"{statistics.median(_round_ratios(r, c, 'fx', 'tier_read')):.2f}×" for c in xfs + mem)
+        for r in (then, runs)
+    ]
+    assert f"on this host the medians were {meds[0]}; here {meds[1]}" in text
+    unchecked = [v for c in xfs for v in ratios(c, "fx-noverify", "tier_read")]
+    peers = [
+        d["readers"][n]["median"]["tier_read_gbps"]
+        for c in xfs
+        for d in runs[c]
+        for n in ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
+    ]
+    fio = [d["readers"]["fio"]["median"]["tier_read_gbps"] for c in xfs for d in runs[c]]
+    assert (
+        f"at {_span(unchecked)} the best peer on XFS; the peers read at {min(peers):.2f}–{max(peers):.2f} GB/s and fio at {min(fio):.2f}–{max(fio):.2f}"
+        in text
+    )
+    assert f"read the loop device at {min(peers + fio):.2f}–{max(peers + fio):.2f} GB/s" in readme
+    assert f"check read at {_span(unchecked)} the best peer" in readme
+    # CPU without the check at the L2 level, and with it
+    nv = {
+        c: [
+            d["readers"]["fx-l2-noverify"]["median"]["tier_cpu_s_per_gb"]
+            / d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"]
+            for d in runs[c]
+        ]
+        for c in xfs
+    }
+    assert sum(v <= 0.7 for v in nv["xfs-64m"]) == 1 and min(nv["xfs-10m"] + nv["xfs-2m"]) > 0.7
+    assert f"{each(nv['xfs-64m'])} at 64 MiB, {each(nv['xfs-10m'])} at 10 MiB, {each(nv['xfs-2m'])} at 2 MiB" in text
+    assert (
+        f"in the round at `3088c95` {_span(nv['xfs-64m'])} (under 0.7× in one run of three), {_span(nv['xfs-10m'])}, "
+        f"{_span(nv['xfs-2m'])};" in text
+    )
+    cpu = {c: ratios(c, "fx", "tier_cpu") for c in xfs}
+    cpu_nv = [v for c in xfs for v in ratios(c, "fx-noverify", "tier_cpu")]
+    f1 = "{:.1f}"
+    assert (
+        f"**CPU with the check**: {_span(cpu['xfs-64m'], f1)}, {_span(cpu['xfs-10m'], f1)}, {_span(cpu['xfs-2m'], f1)} "
+        f"the lowest peer's at 64, 10 and 2 MiB (without it, through LMCache's engine, {_span(cpu_nv, f1)})" in text
+    )
+    every = [v for c in xfs for v in cpu[c]]
+    assert f"{_span(every, f1)} at `3088c95` |" in text and f"CPU per GB stayed {_span(every, f1)} the lowest" in readme
+    # stores
+    eng = {c: ratios(c, "fx", "store_same_level") for c in xfs}
+    l2 = {c: ratios(c, "fx-l2", "store_same_level") for c in xfs}
+    assert statistics.median([v for c in xfs for v in eng[c] + l2[c]]) < 1.0  # behind
+    assert (
+        "through LMCache's engine " + ", ".join(span_med(eng[c]) for c in xfs) + " the best engine-level tier; fx-l2 "
+        + ", ".join(span_med(l2[c]) for c in xfs) + " the best L2 adapter" in text
+    )  # fmt: skip
+    mem_eng = [v for c in mem for v in ratios(c, "fx", "store_same_level")]
+    mem_l2 = [v for c in mem for v in ratios(c, "fx-l2", "store_same_level")]
+    assert min(mem_eng + mem_l2) > 1.0 and f"fx {_span(mem_eng)} and fx-l2 {_span(mem_l2)}" in text
+    every_eng, every_l2 = [v for c in xfs for v in eng[c]], [v for c in xfs for v in l2[c]]
+    assert f"at `3088c95` {_span(every_eng)} and {_span(every_l2)} |" in text
+    assert f"at `3088c95` {_span(mem_eng)} and {_span(mem_l2)} |" in text
+    # the targets table's read rows
+    assert (
+        f"on the Intel Xeon at `3088c95` {span_med(reads['xfs-64m'])} at 64 MiB, {span_med(reads['xfs-10m'])} at "
+        f"10 MiB (behind in one run of three), {span_med(reads['xfs-2m'])} at 2 MiB" in text
+    )
+    assert min(reads["tmpfs-64m"] + reads["tmpfs-2m"]) >= 1.2
+    assert f"again at `3088c95` ({span_med(reads['tmpfs-64m'])}, {span_med(reads['tmpfs-2m'])})" in text
+    # latency: the table, no time stolen, and the set-aside run's
+    cases = [
+        (f"{s} MiB, run {r}", os.path.join(ROUND_3088C95, f"lat-{s}m-run{r}.json")) for s in (64, 2) for r in (1, 2, 3)
+    ]
+    assert mod.latency_rounds_table(cases) in page
+    lat: dict = {64: [], 2: []}
+    for label, path in cases:
+        with open(path) as f:
+            d = json.load(f)
+        assert d["git_commit"].startswith("3088c95") and d["config"]["latency_awaited"], label
+        for e in d["readers"].values():
+            for v in e["latency"].values():
+                assert v["host_steal_share"] < 0.01 and all(r["misses"] == 0 for r in v["rounds"]), label
+        lat[int(label.split()[0])].append(d)
+    stolen = _docs_json("bench-repeats/round-3088c95/steal-run3/lat-2m-run3.json")
+    shares = [v["host_steal_share"] for e in stolen["readers"].values() for v in e["latency"].values()]
+    ratios_then = [v["p99_over_p50"] for e in stolen["readers"].values() for v in e["latency"].values()]
+    assert f"{min(shares) * 100:.0f}–{max(shares) * 100:.0f} % of the host's time stolen" in text
+    assert f"every reader's p99/p50 there {min(ratios_then):.1f}–{max(ratios_then):.1f}×" in text
+
+    def a(s, c, n="fx"):
+        return [d["readers"][n]["latency"][c]["p99_over_p50"] for d in lat[s]]
+
+    def p(s, c):
+        return [_fx_p50_over_best(d["readers"], c) for d in lat[s]]
+
+    assert max(a(64, "4") + a(64, "16")) < 2 and max(p(64, "4") + p(64, "16")) < 1
+    assert (
+        f"p99/p50 {_span(a(64, '4'))} with 4 in flight and {_span(a(64, '16'))} with 16; the p50 {_span(p(64, '4'))} "
+        f"the best tier's with 4 and {_span(p(64, '16'))} with 16" in text
+    )
+    assert sum(v > 2 for v in a(2, "4")) == 1 and max(a(2, "16")) < 2 and min(p(2, "4") + p(2, "16")) > 1
+    assert (
+        f"**2 MiB: p99/p50 {_span(a(2, '4'))} with 4 in flight** (LocalDiskBackend {_span(a(2, '4', 'local_disk'))}, "
+        f"RustRawBlockBackend {_span(a(2, '4', 'rust_raw_block'))}), over the line in one run of three; "
+        f"{_span(a(2, '16'))} with 16. **The p50 behind**: {_span(p(2, '4'))} the best tier's with 4 in flight and "
+        f"{_span(p(2, '16'))} with 16" in text
+    )
+    assert (
+        f"in the round at `3088c95` {_span(a(2, '4'))} (over it in one run of three; at 64 MiB {_span(a(64, '4'))} "
+        f"and {_span(a(64, '16'))}, at 2 MiB with 16 in flight {_span(a(2, '16'))}," in text
+    )
+    assert (
+        f"in the round at `3088c95` {_span(p(2, '4'))} the best tier's with 4 and {_span(p(2, '16'))} with 16, at "
+        f"64 MiB {_span(p(64, '4'))} and {_span(p(64, '16'))})" in text
+    )
 
 
 def test_latency_at_de6fad2_on_the_intel_host_is_the_committed_json():
