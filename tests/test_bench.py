@@ -3358,6 +3358,36 @@ def test_readme_latency_at_9fc85fc_is_the_committed_json():
 ROUND_DE6FAD2 = os.path.join(ROOT, "docs", "bench-repeats", "round-de6fad2")
 
 
+def _xfs_peer_and_fio_reads(runs: dict[str, list[dict]]) -> tuple[list[float], list[float]]:
+    """Every peer's and fio's tier read GB/s (rep medians) in a main round's
+    XFS runs: what reading in place gets from the loop device."""
+    xfs = ("xfs-64m", "xfs-10m", "xfs-2m")
+    peers = ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
+    return (
+        [d["readers"][n]["median"]["tier_read_gbps"] for c in xfs for d in runs[c] for n in peers],
+        [d["readers"]["fio"]["median"]["tier_read_gbps"] for c in xfs for d in runs[c]],
+    )
+
+
+def _intel_round(folder: str, commit: str) -> tuple[object, str, dict[str, list[dict]]]:
+    """A main round on the Intel host (CPU family 6, model 207) under
+    docs/bench-repeats/folder: asserts the page holds `bench_tables.py
+    --ratios` and `--runs fx-noverify` over each case's three runs, each
+    clean at `commit`; returns bench_tables, the page and the runs by case.
+    The caller chdirs to ROOT first (the --ratios table names its files as
+    given)."""
+    mod, page = _bench_tables(), _page()
+    for _, c in README_CASES:
+        paths = [f"docs/bench-repeats/{folder}/{c}-run{r}.json" for r in (1, 2, 3)]
+        assert mod.ratios_table(paths) in page and mod.runs_table(paths, "fx-noverify") in page, c
+    runs = _main_round(folder, commit)
+    for c, rs in runs.items():
+        for d in rs:
+            assert not d["git_commit"].endswith("+dirty"), c
+            assert d["machine"]["cpu_family"] == "6" and d["machine"]["cpu_model"] == "207", c
+    return mod, page, runs
+
+
 def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
     """The round at de6fad2 on an Intel Xeon host (the README's second pair
     of tables until the round at 3088c95): the page's per-case tables are
@@ -3366,17 +3396,8 @@ def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
     range the page and its targets table quote is recomputed from them, with
     the verdicts they give: reads ahead in every run, checked reads ahead of
     unchecked ones, stores on XFS behind, from memory ahead."""
-    mod = _bench_tables()
-    page = _page()
-    monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
-    for _, c in README_CASES:
-        paths = [f"docs/bench-repeats/round-de6fad2/{c}-run{r}.json" for r in (1, 2, 3)]
-        assert mod.ratios_table(paths) in page and mod.runs_table(paths, "fx-noverify") in page, c
-    runs = _main_round("round-de6fad2", "de6fad2")
-    for c, rs in runs.items():
-        for d in rs:
-            assert not d["git_commit"].endswith("+dirty"), c
-            assert d["machine"]["cpu_family"] == "6" and d["machine"]["cpu_model"] == "207", c
+    monkeypatch.chdir(ROOT)
+    _, page, runs = _intel_round("round-de6fad2", "de6fad2")
     ratios, med = functools.partial(_round_ratios, runs), _median_x
 
     def span_med(vs, fmt="{:.2f}"):
@@ -3399,13 +3420,7 @@ def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
         for d in runs[c]
     ]
     assert min(over) > 1.0 and f"checked reads {_span(over)} the unchecked ones" in text
-    peers = [
-        d["readers"][n]["median"]["tier_read_gbps"]
-        for c in xfs
-        for d in runs[c]
-        for n in ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
-    ]
-    fio = [d["readers"]["fio"]["median"]["tier_read_gbps"] for c in xfs for d in runs[c]]
+    peers, fio = _xfs_peer_and_fio_reads(runs)
     assert f"the peers read at {min(peers):.2f}–{max(peers):.2f} GB/s and fio at {min(fio):.2f}–{max(fio):.2f}" in text
     eng = [v for c in xfs for v in ratios(c, "fx", "store_same_level")]
     l2 = [v for c in xfs for v in ratios(c, "fx-l2", "store_same_level")]
@@ -3445,22 +3460,14 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
     tables and the page's per-case and latency tables are bench_tables' over
     the committed runs (each clean at 3088c95, every rep of fx's readers
     whole and checked, on that CPU, the latency cases with no time stolen,
-    the set-aside run 3 with a fifth of it stolen), and every figure the
+    the set-aside run 3 with 8-28 % of it stolen), and every figure the
     page, its targets table and the README quote is recomputed from them,
     with the verdicts they give."""
-    mod = _bench_tables()
     raw = _readme_with_round_tables("round-3088c95")
-    page = _page()
-    monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
-    for _, c in README_CASES:
-        paths = [f"docs/bench-repeats/round-3088c95/{c}-run{r}.json" for r in (1, 2, 3)]
-        assert mod.ratios_table(paths) in page and mod.runs_table(paths, "fx-noverify") in page, c
-    runs = _main_round("round-3088c95", "3088c95")
+    monkeypatch.chdir(ROOT)
+    mod, page, runs = _intel_round("round-3088c95", "3088c95")
     for c, rs in runs.items():
-        for d in rs:
-            assert not d["git_commit"].endswith("+dirty"), c
-            assert d["machine"]["cpu_family"] == "6" and d["machine"]["cpu_model"] == "207", c
-            assert all(x["ok"] for x in d["readers"]["fx-l2-noverify"]["reps"]), c
+        assert all(x["ok"] for d in rs for x in d["readers"]["fx-l2-noverify"]["reps"]), c
     ratios = functools.partial(_round_ratios, runs)
 
     def span_med(vs, fmt="{:.2f}"):
@@ -3493,13 +3500,7 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
     ]
     assert f"on this host the medians were {meds[0]}; here {meds[1]}" in text
     unchecked = [v for c in xfs for v in ratios(c, "fx-noverify", "tier_read")]
-    peers = [
-        d["readers"][n]["median"]["tier_read_gbps"]
-        for c in xfs
-        for d in runs[c]
-        for n in ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
-    ]
-    fio = [d["readers"]["fio"]["median"]["tier_read_gbps"] for c in xfs for d in runs[c]]
+    peers, fio = _xfs_peer_and_fio_reads(runs)
     assert (
         f"at {_span(unchecked)} the best peer on XFS; the peers read at {min(peers):.2f}–{max(peers):.2f} GB/s and fio at {min(fio):.2f}–{max(fio):.2f}"
         in text
