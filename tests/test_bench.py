@@ -3522,6 +3522,29 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
         f"in the round at `3088c95` {_span(nv['xfs-64m'])} (under 0.7× in one run of three), {_span(nv['xfs-10m'])}, "
         f"{_span(nv['xfs-2m'])};" in text
     )
+
+    def per_chunk(n, c):  # tier CPU µs per chunk, the median of the runs
+        return statistics.median(
+            d["readers"][n]["median"]["tier_cpu_s_per_gb"] * d["config"]["chunk_bytes"] / 1e3 for d in runs[c]
+        )
+
+    line = {}
+    for n in ("fs_native", "fx-l2-noverify"):
+        at = [per_chunk(n, c) for c in xfs]  # 64, 10, 2 MiB
+        assert f"`{n}` {at[2]:.1f}, {at[1]:.1f} and {at[0]:.1f}" in text, n
+        mib = (at[0] - at[2]) / 62
+        line[n] = (at[2] - 2 * mib, mib)
+        assert f"`{n}` {line[n][0]:.1f} µs a chunk and {line[n][1]:.2f} µs a" in text, n
+    (nc, nm), (fc, fm) = line["fs_native"], line["fx-l2-noverify"]
+    assert fm < nm and fc > 0.7 * (nc + 2 * nm)  # cheaper per MiB; its per-chunk part alone over 0.7x at 2 MiB
+    assert f"Per MiB fx costs {fm / nm:.2f}× `fs_native`, per chunk {fc / nc:.2f}×" in text
+    assert f"costs per chunk {fc / nc:.2f}× and per MiB {fm / nm:.2f}× `fs_native`'s in the round at `3088c95`" in text
+    assert f"at 2 MiB, {0.7 * (nc + 2 * nm):.1f} µs a chunk" in text
+    assert f"at 10 MiB the line puts fx at {fc + 10 * fm:.1f} µs against {nc + 10 * nm:.1f}" in text
+    assert (
+        f"where the runs measured {per_chunk('fx-l2-noverify', 'xfs-10m'):.1f} and {per_chunk('fs_native', 'xfs-10m'):.1f}"
+        in text
+    )
     cpu = {c: ratios(c, "fx", "tier_cpu") for c in xfs}
     cpu_nv = [v for c in xfs for v in ratios(c, "fx-noverify", "tier_cpu")]
     f1 = "{:.1f}"
