@@ -3613,9 +3613,51 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
         f"{_span(a(2, '16'))} with 16. **The p50 behind**: {_span(p(2, '4'))} the best tier's with 4 in flight and "
         f"{_span(p(2, '16'))} with 16" in text
     )
+    nv = [_docs_json(f"bench-repeats/round-3088c95/lat-2m-noverify-run{r}.json") for r in (1, 2, 3)]
+    for d in nv:
+        assert d["git_commit"].startswith("3088c95") and not d["git_commit"].endswith("+dirty")
+        assert "--readers fx,fx-noverify,local_disk,rust_raw_block " in d["command"] and d["config"]["latency_awaited"]
+        for e in d["readers"].values():
+            assert all(v["host_steal_share"] < 0.01 and v["misses"] == 0 for v in e["latency"].values())
+
+    def nv_of(n, c, k):
+        return [d["readers"][n]["latency"][c][k] for d in nv]
+
+    def p50_over_best(n, c):
+        return [
+            d["readers"][n]["latency"][c]["p50_ms"]
+            / min(d["readers"][m]["latency"][c]["p50_ms"] for m in ("local_disk", "rust_raw_block"))
+            for d in nv
+        ]
+
+    def us(vs):
+        return f"{min(vs):.0f}–{max(vs):.0f}"
+
+    checked, unchecked = p50_over_best("fx", "4") + p50_over_best("fx", "16"), p50_over_best("fx-noverify", "4")
+    assert min(checked) > 1 and max(unchecked + p50_over_best("fx-noverify", "16")) <= 1.045
     assert (
-        f"in the round at `3088c95` {_span(a(2, '4'))} (over it in one run of three; at 64 MiB {_span(a(64, '4'))} "
-        f"and {_span(a(64, '16'))}, at 2 MiB with 16 in flight {_span(a(2, '16'))}," in text
+        f"fx's p50 {_span(p50_over_best('fx', '4'))} the best tier's with 4 in flight and "
+        f"{_span(p50_over_best('fx', '16'))} with 16, fx-noverify's {_span(unchecked)} and "
+        f"{_span(p50_over_best('fx-noverify', '16'))}; the process's CPU per request with 4 in flight fx "
+        f"{us(nv_of('fx', '4', 'process_cpu_us_per_request'))} µs, fx-noverify "
+        f"{us(nv_of('fx-noverify', '4', 'process_cpu_us_per_request'))}, LocalDiskBackend "
+        f"{us(nv_of('local_disk', '4', 'process_cpu_us_per_request'))}" in text
+    )
+    tail = nv_of("fx", "4", "p99_over_p50")
+    assert min(tail) > 2 and min(nv_of("fx-noverify", "4", "p99_over_p50")) > 2  # over the line, both
+    said = f"{_span(tail)} for fx, over the line in all three, and {_span(nv_of('fx-noverify', '4', 'p99_over_p50'))}"
+    assert said in text and f"(LocalDiskBackend {_span(nv_of('local_disk', '4', 'p99_over_p50'))}): that" in text
+    assert f"in three more runs {_span(tail)}, fx-noverify {_span(nv_of('fx-noverify', '4', 'p99_over_p50'))};" in text
+    assert (
+        f"In the round at `3088c95` (`docs/bench-repeats/round-3088c95/`): p99/p50 with 4 in flight {_span(a(2, '4'))}, "
+        f"the p50 {_span(p(2, '4'))} the best tier's with 4 in flight and {_span(p(2, '16'))} with 16; without its "
+        f"check, in three more runs, fx's p50 was {_span(unchecked)} and {_span(p50_over_best('fx-noverify', '16'))}"
+        in readme
+    )
+    assert (
+        f"in the round at `3088c95` {_span(a(2, '4'))} (over it in one run of three; in three more runs" in text
+        and f"; at 64 MiB {_span(a(64, '4'))} and {_span(a(64, '16'))}, at 2 MiB with 16 in flight {_span(a(2, '16'))},"
+        in text
     )
     assert (
         f"in the round at `3088c95` {_span(p(2, '4'))} the best tier's with 4 and {_span(p(2, '16'))} with 16, at "
