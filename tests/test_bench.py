@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -3369,7 +3370,7 @@ def _xfs_peer_and_fio_reads(runs: dict[str, list[dict]]) -> tuple[list[float], l
     )
 
 
-def _intel_round(folder: str, commit: str) -> tuple[object, str, dict[str, list[dict]]]:
+def _intel_round(folder: str, commit: str) -> tuple[types.ModuleType, str, dict[str, list[dict]]]:
     """A main round on the Intel host (CPU family 6, model 207) under
     docs/bench-repeats/folder: asserts the page holds `bench_tables.py
     --ratios` and `--runs fx-noverify` over each case's three runs, each
@@ -3508,7 +3509,7 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
     assert f"read the loop device at {min(peers + fio):.2f}–{max(peers + fio):.2f} GB/s" in readme
     assert f"check read at {_span(unchecked)} the best peer" in readme
     # CPU without the check at the L2 level, and with it
-    nv = {
+    l2_cpu = {
         c: [
             d["readers"]["fx-l2-noverify"]["median"]["tier_cpu_s_per_gb"]
             / d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"]
@@ -3516,11 +3517,14 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
         ]
         for c in xfs
     }
-    assert sum(v <= 0.7 for v in nv["xfs-64m"]) == 1 and min(nv["xfs-10m"] + nv["xfs-2m"]) > 0.7
-    assert f"{each(nv['xfs-64m'])} at 64 MiB, {each(nv['xfs-10m'])} at 10 MiB, {each(nv['xfs-2m'])} at 2 MiB" in text
+    assert sum(v <= 0.7 for v in l2_cpu["xfs-64m"]) == 1 and min(l2_cpu["xfs-10m"] + l2_cpu["xfs-2m"]) > 0.7
     assert (
-        f"in the round at `3088c95` {_span(nv['xfs-64m'])} (under 0.7× in one run of three), {_span(nv['xfs-10m'])}, "
-        f"{_span(nv['xfs-2m'])};" in text
+        f"{each(l2_cpu['xfs-64m'])} at 64 MiB, {each(l2_cpu['xfs-10m'])} at 10 MiB, {each(l2_cpu['xfs-2m'])} at 2 MiB"
+        in text
+    )
+    assert (
+        f"in the round at `3088c95` {_span(l2_cpu['xfs-64m'])} (under 0.7× in one run of three), {_span(l2_cpu['xfs-10m'])}, "
+        f"{_span(l2_cpu['xfs-2m'])};" in text
     )
 
     def per_chunk(n, c):  # tier CPU µs per chunk, the median of the runs
@@ -3613,21 +3617,21 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
         f"{_span(a(2, '16'))} with 16. **The p50 behind**: {_span(p(2, '4'))} the best tier's with 4 in flight and "
         f"{_span(p(2, '16'))} with 16" in text
     )
-    nv = [_docs_json(f"bench-repeats/round-3088c95/lat-2m-noverify-run{r}.json") for r in (1, 2, 3)]
-    for d in nv:
+    nv_runs = [_docs_json(f"bench-repeats/round-3088c95/lat-2m-noverify-run{r}.json") for r in (1, 2, 3)]
+    for d in nv_runs:
         assert d["git_commit"].startswith("3088c95") and not d["git_commit"].endswith("+dirty")
         assert "--readers fx,fx-noverify,local_disk,rust_raw_block " in d["command"] and d["config"]["latency_awaited"]
         for e in d["readers"].values():
             assert all(v["host_steal_share"] < 0.01 and v["misses"] == 0 for v in e["latency"].values())
 
     def nv_of(n, c, k):
-        return [d["readers"][n]["latency"][c][k] for d in nv]
+        return [d["readers"][n]["latency"][c][k] for d in nv_runs]
 
     def p50_over_best(n, c):
         return [
             d["readers"][n]["latency"][c]["p50_ms"]
             / min(d["readers"][m]["latency"][c]["p50_ms"] for m in ("local_disk", "rust_raw_block"))
-            for d in nv
+            for d in nv_runs
         ]
 
     def us(vs):
