@@ -3006,6 +3006,13 @@ def _readme_flat() -> str:
         return " ".join(f.read().split())
 
 
+def _history_flat() -> str:
+    """docs/bench-history.md, what the README said of earlier rounds, with its
+    whitespace runs made single spaces."""
+    with open(os.path.join(ROOT, "docs", "bench-history.md")) as f:
+        return " ".join(f.read().split())
+
+
 def _main_round(folder: str, commit: str) -> dict[str, list[dict]]:
     """Runs 1-3 of each README case of a main round under
     docs/bench-repeats/folder, each asserted to be from `commit` with five
@@ -3023,12 +3030,13 @@ def _main_round(folder: str, commit: str) -> dict[str, list[dict]]:
     return runs
 
 
-def _readme_with_round_tables(folder: str) -> str:
-    """README.md's text, asserted to hold the two tables `bench_tables.py
-    --readme` writes over the main round under docs/bench-repeats/folder."""
+def _readme_with_round_tables(folder: str, doc: str = "README.md") -> str:
+    """The text of doc (README.md, or the page that keeps what it said
+    before), asserted to hold the two tables `bench_tables.py --readme`
+    writes over the main round under docs/bench-repeats/folder."""
     d = os.path.join(ROOT, "docs", "bench-repeats", folder)
     cases = [(label, [os.path.join(d, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
-    with open(os.path.join(ROOT, "README.md")) as f:
+    with open(os.path.join(ROOT, doc)) as f:
         raw = f.read()
     tables = _bench_tables().readme_tables(cases).split("\n\n")
     assert len(tables) == 2 and all(t in raw for t in tables)
@@ -3064,15 +3072,23 @@ def _range(vs, fmt="{:.2f}", suffix="") -> str:
     return lo + suffix if lo == hi else f"{lo}–{hi}{suffix}"
 
 
-def test_readme_round_at_5dbed3b_is_the_committed_json():
-    """README.md's two tables are `bench_tables.py --readme` over the round at
-    5dbed3b (three runs a case, every rep whole and checked, the package at
-    5dbed3b), and each figure its bullets quote is recomputed here from the
-    same JSON, with the verdict each bullet gives."""
-    raw = _readme_with_round_tables("round-5dbed3b")
+def test_round_at_5dbed3b_is_the_committed_json():
+    """The two tables the README gave until the round at 3088c95 (kept in
+    docs/bench-history.md) are `bench_tables.py --readme` over the round at
+    5dbed3b on the Zen 4 host (three runs a case, every rep whole and
+    checked, the package at 5dbed3b), and each figure its bullets quoted is
+    recomputed here from the same JSON, with the verdict each bullet gave;
+    the README's line on that round quotes the same medians."""
+    raw = _readme_with_round_tables("round-5dbed3b", os.path.join("docs", "bench-history.md"))
     text = " ".join(raw.split())
     runs = _main_round("round-5dbed3b", "5dbed3b")
     ratios, med = functools.partial(_round_ratios, runs), _median_x
+    meds = [med(ratios(c, "fx", "tier_read")) for _, c in README_CASES[:3]]
+    mem = [med(ratios(c, "fx", "tier_read")) for c in ("tmpfs-64m", "tmpfs-2m")]
+    assert (
+        f"On an AMD Zen 4 host at `5dbed3b` fx read level with the best peer on XFS (medians {meds[0]}, {meds[1]} and "
+        f"{meds[2]} at 64, 10 and 2 MiB) and ahead on tmpfs ({mem[0]} and {mem[1]})" in _readme_flat()
+    )
 
     xfs = ["xfs-64m", "xfs-10m", "xfs-2m"]
     reads = [v for c in xfs for v in ratios(c, "fx", "tier_read")]
@@ -3116,7 +3132,7 @@ def test_latency_at_5dbed3b_is_the_committed_json():
     """The awaited latency runs at 5dbed3b: the page's table is
     `bench_tables.py --latency-rounds` over the six runs, every request a
     hit through the awaited path, and the figures the page, its targets
-    table and the README quote are recomputed here: 2x held at 64 MiB in
+    table and the README's earlier account quote are recomputed here: 2x held at 64 MiB in
     every run, not at 2 MiB with 4 in flight."""
     mod = _bench_tables()
     cases = [
@@ -3125,7 +3141,7 @@ def test_latency_at_5dbed3b_is_the_committed_json():
     page = _page()
     assert mod.latency_rounds_table(cases) in page
     text = " ".join(page.split())
-    readme = _readme_flat()
+    readme = _history_flat()
     got = {}
     for size in ("64m", "2m"):
         runs = _round_runs(f"lat-{size}")
@@ -3345,13 +3361,13 @@ def test_latency_at_9fc85fc_and_paged_pool_are_the_committed_json():
     )
 
 
-def test_readme_latency_at_9fc85fc_is_the_committed_json():
-    """The README's 2 MiB latency bullet quotes the runs at 9fc85fc."""
+def test_latency_at_9fc85fc_is_the_committed_json():
+    """The README's earlier 2 MiB latency bullet quotes the runs at 9fc85fc."""
     runs = [_docs_json(os.path.join("bench-repeats", "round-9fc85fc", f"lat-2m-run{r}.json")) for r in (1, 2, 3)]
     a4 = [d["readers"]["fx"]["latency"]["4"]["p99_over_p50"] for d in runs]
     a16 = [d["readers"]["fx"]["latency"]["16"]["p99_over_p50"] for d in runs]
     p50 = [_fx_p50_over_best(d["readers"], "16") for d in runs]
-    readme = _readme_flat()
+    readme = _history_flat()
     assert f"{_span(a4)} with 4 in flight, {_span(a16)} with 16, the p50 " in readme
     assert f"the p50 {p50[0]:.2f}×, {p50[1]:.2f}× and {p50[2]:.2f}× the best tier's" in readme
 
@@ -3557,7 +3573,27 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
         f"the lowest peer's at 64, 10 and 2 MiB (without it, through LMCache's engine, {_span(cpu_nv, f1)})" in text
     )
     every = [v for c in xfs for v in cpu[c]]
-    assert f"{_span(every, f1)} at `3088c95` |" in text and f"CPU per GB stayed {_span(every, f1)} the lowest" in readme
+    history = _history_flat()  # the README's paragraph on this round while the Zen 4 round led it
+    assert (
+        f"{_span(every, f1)} at `3088c95` |" in text and f"CPU per GB stayed {_span(every, f1)} the lowest" in history
+    )
+    assert f"**CPU per GB with the check, on XFS**: {_span(every, f1)} the lowest peer's" in readme
+    lowest = [d["best_peer"]["tier_cpu_s_per_gb"]["reader"] for c in xfs for d in runs[c]]
+    assert fm < nm and fc > nc  # the line through CPU per chunk above: "per MiB less, per chunk file more"
+    assert lowest == ["fs_native"] * 9 and f"through LMCache's engine {_span(cpu_nv, f1)} the lowest peer's" in readme
+    assert (
+        f"without its check takes {_span(l2_cpu['xfs-64m'])} its CPU per GB at 64 MiB (within the 0.7× target in one "
+        f"run of three), {_span(l2_cpu['xfs-10m'])} at 10 MiB and {_span(l2_cpu['xfs-2m'])} at 2 MiB (the target is "
+        "0.7×): per MiB fx costs less, per chunk file more" in readme
+    )
+    xeon = _docs_json("crc32c-speed-xeon.json")  # the check's own cost from memory on this round's CPU
+    assert xeon["cpu"]["cpu family"] == "6" and xeon["cpu"]["model"] == "207"
+    crc = 1 / next(r["gbps"] for r in xeon["rows"] if "in use" in r["impl"] and r["size"] == "64 MiB")
+    fsn = [d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"] for c in xfs[:2] for d in runs[c]]
+    assert max(fsn) < crc and (
+        f"costs about {crc:.3f} s/GB on this CPU (`docs/crc32c-speed-xeon.json`), more than `fs_native`'s whole read "
+        f"({min(fsn):.3f}–{max(fsn):.3f} s/GB at 64 and 10 MiB)" in readme
+    )
     # stores
     eng = {c: ratios(c, "fx", "store_same_level") for c in xfs}
     l2 = {c: ratios(c, "fx-l2", "store_same_level") for c in xfs}
@@ -3570,6 +3606,16 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
     mem_l2 = [v for c in mem for v in ratios(c, "fx-l2", "store_same_level")]
     assert min(mem_eng + mem_l2) > 1.0 and f"fx {_span(mem_eng)} and fx-l2 {_span(mem_l2)}" in text
     every_eng, every_l2 = [v for c in xfs for v in eng[c]], [v for c in xfs for v in l2[c]]
+    assert (
+        f"**Stores on XFS**: through LMCache's engine {_span(every_eng)} the best tier (medians "
+        f"{_median_x(eng['xfs-64m'])}, {_median_x(eng['xfs-10m'])} and {_median_x(eng['xfs-2m'])} at 64, 10 and 2 "
+        f"MiB), fx's L2 adapter {_span(every_l2)} the best L2 adapter ("
+        + ", ".join(_median_x(l2[c]) for c in xfs) + ")" in readme
+    )  # fmt: skip
+    assert (
+        f"On tmpfs fx stores at {_span(mem_eng)} the best engine-level tier and its L2 adapter at {_span(mem_l2)} the "
+        "best L2 adapter" in readme
+    )
     assert f"at `3088c95` {_span(every_eng)} and {_span(every_l2)} |" in text
     assert f"at `3088c95` {_span(mem_eng)} and {_span(mem_l2)} |" in text
     # the targets table's read rows
@@ -3656,7 +3702,18 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
         f"In the round at `3088c95` (`docs/bench-repeats/round-3088c95/`): p99/p50 with 4 in flight {_span(a(2, '4'))}, "
         f"the p50 {_span(p(2, '4'))} the best tier's with 4 in flight and {_span(p(2, '16'))} with 16; without its "
         f"check, in three more runs, fx's p50 was {_span(unchecked)} and {_span(p50_over_best('fx-noverify', '16'))}"
+        in history
+    )
+    assert (
+        f"fx's p99 is {_span(a(2, '4'))} its p50 with 4 in flight, over the 2× target in one run of three, and "
+        f"{_span(a(2, '16'))} with 16; its p50 is {_span(p(2, '4'))} the best tier's with 4 in flight and "
+        f"{_span(p(2, '16'))} with 16. Without its check, in three more runs (`lat-2m-noverify-run*.json`), fx's p50 "
+        f"was {_span(unchecked)} and {_span(p50_over_best('fx-noverify', '16'))}: what holds the p50 there is the check"
         in readme
+    )
+    assert (
+        f"fx's p99 stays within {_span(a(64, '4') + a(64, '16'))} its p50 with 4 and 16 in flight, and its p50 is "
+        f"{_span(p(64, '4') + p(64, '16'))} the best tier's" in readme
     )
     assert (
         f"in the round at `3088c95` {_span(a(2, '4'))} (over it in one run of three; in three more runs" in text
@@ -3673,7 +3730,8 @@ def test_latency_at_de6fad2_on_the_intel_host_is_the_committed_json():
     """The awaited latency runs at de6fad2 on the Intel host: the page's table
     is bench_tables' over the six runs (every request a hit through the
     awaited path), and the figures the page, its targets table and the
-    README quote are recomputed: met and ahead at 64 MiB, not at 2 MiB."""
+    README's earlier account quote are recomputed: met and ahead at 64 MiB,
+    not at 2 MiB."""
     mod = _bench_tables()
     cases = [
         (f"{s} MiB, run {r}", os.path.join(ROUND_DE6FAD2, f"lat-{s}m-run{r}.json")) for s in (64, 2) for r in (1, 2, 3)
@@ -3717,7 +3775,7 @@ def test_latency_at_de6fad2_on_the_intel_host_is_the_committed_json():
         f"and {_span(a(2, '16'))} at 2 MiB" in text
     )
     p64 = sp(p(64, "16")).split(" with")[0]
-    readme = _readme_flat()
+    readme = _history_flat()
     every64 = a(64, "4") + a(64, "16")
     assert (
         f"Intel host at `de6fad2` (`docs/bench-repeats/round-de6fad2/lat-*.json`): {_span(every64)}, and its p50 "
@@ -3761,7 +3819,7 @@ def test_docs_store_loop_busy_is_the_committed_json():
 
 def test_cpu_without_the_check_at_the_l2_level_is_the_committed_json():
     """The round at 62e485c with fx-l2-noverify: every ratio the page's table,
-    its bullets, the targets table and the README quote is recomputed from
+    its bullets, the targets table and the README's earlier account quote is recomputed from
     the nine committed runs (each from 62e485c, clean, five reps, every rep
     of fx's readers whole and checked, fs_native the lowest CPU in each)."""
     sizes = {"64m": "7 × 64 MiB", "10m": "47 × 10 MiB", "2m": "238 × 2 MiB"}
@@ -3806,8 +3864,7 @@ def test_cpu_without_the_check_at_the_l2_level_is_the_committed_json():
     assert f"at {checked[0]}, {checked[1]} and {checked[2]}." in text
     spans = ", ".join(_span(cpu[s]) for s in sizes)
     assert f"fx's L2 adapter without its check {spans} `fs_native`'s (Intel host, `62e485c`)" in text  # targets row
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    readme = _history_flat()
     assert (
         f"takes {_span(cpu['64m'])} its CPU per GB at 64 MiB, within the 0.7× target, and {_span(cpu['10m'])} and "
         f"{_span(cpu['2m'])} at 10 and 2 MiB" in readme
@@ -3860,7 +3917,7 @@ def test_latency_spread_at_0635866_is_the_committed_json():
 
 def test_awaited_reads_in_arrival_order_are_the_committed_json():
     """awaited_concurrency (28830e3): the page's table and every range its
-    bullets, the targets table, README and CHANGELOG quote are recomputed
+    bullets, the targets table, README's earlier account and CHANGELOG quote are recomputed
     from the committed runs (every request a hit, the package at 28830e3),
     with what they claim: at 2 MiB fx's p99/p50 under 2x in every run where
     fx-unqueued's is not, its requests finishing closer to arrival order with
@@ -3944,8 +4001,7 @@ def test_awaited_reads_in_arrival_order_are_the_committed_json():
     best16 = [min(peers, key=lambda n: d["readers"][n]["latency"]["16"]["p50_ms"]) for d in runs["2m"]]
     assert best16 == ["local_disk"] * 3
     cost = f"{lo:.2f}–{hi:.2f}×"
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
+    readme = _history_flat()
     assert (
         f"three runs on the Intel host (`docs/bench-repeats/awaited-order-28830e3/`) {for_4} with 4 in flight and "
         f"{for_16} with 16, against {unq[0]} and {unq[1]} without the bound in the same runs, at a p50 {cost} higher; "
@@ -4061,7 +4117,7 @@ def _assert_latency_ab_runs(runs: list, commit: str, other: str, fx_label: str, 
 def test_docs_small_reads_in_place_are_the_committed_json():
     """The small-reads-in-place section (36d84b7): its table is the three runs
     at 21a0424, fx beside fx-staged (every read staged); each range it, the
-    targets table, README and CHANGELOG quote is recomputed from those runs and
+    targets table, README's earlier account and CHANGELOG quote is recomputed from those runs and
     the three at 5700f58 (fx staged, fx-unstaged in place), and the 4 and 8
     MiB runs; every request a hit, every run the package clean at its commit."""
     d = "bench-repeats/small-reads-in-place/"
@@ -4136,7 +4192,7 @@ def test_docs_small_reads_in_place_are_the_committed_json():
     )
     tier = {n: [r["readers"][n]["reps"][0]["tier_read_gbps"] for r in after] for n in ("fx", "fx-staged")}
     assert f"{_range(tier['fx'])} GB/s against fx-staged's {_range(tier['fx-staged'])} (one rep a run)" in text
-    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    readme = _history_flat()
     assert f"fx's 2 MiB p50 {_span(p50['4'][3:])} with 4 in flight and its p99 {_span(p99)}" in readme
     assert f"p99/p50 there is at the line, {_span(r4)}" in readme
 
@@ -4160,7 +4216,7 @@ def test_docs_small_reads_in_place_are_the_committed_json():
 def test_docs_small_payloads_whole_under_load_are_the_committed_json():
     """The whole-when-busy section (66a1be9): its table is the three committed
     runs, fx beside fx-pieces (whole_reads_when_busy off); every range it, the
-    targets table, README and CHANGELOG quote is recomputed from them, every
+    targets table, README's earlier account and CHANGELOG quote is recomputed from them, every
     request a hit, the package clean at 66a1be9."""
     runs = [_docs_json(f"bench-repeats/whole-when-busy-66a1be9/lat-2m-run{i}.json") for i in (1, 2, 3)]
     text = " ".join(_page().split())
@@ -4210,7 +4266,7 @@ def test_docs_small_payloads_whole_under_load_are_the_committed_json():
     assert f"with 16 {_span(r16)} ({_span(r16p)})" in text
     assert f"With 4 in flight {_span(over('fx', 'local_disk', '4'))} LocalDiskBackend's" in text
     assert f"in place: {_span(r4)} at `66a1be9`" in text
-    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    readme = _history_flat()
     assert (
         f"flight {_span(w50['16'])} fx-pieces' (the pieces of before) and {quoted} the best tier's, ahead in two runs "
         f"of three; p99/p50 with 4 in flight {_span(r4)}" in readme
@@ -4265,7 +4321,7 @@ def test_docs_whole_limit_is_the_committed_json():
     assert all(min(med99[k]) > 1 for k in ("3 MiB", "4 MiB"))  # and not above it
     lo, hi = min(min(med99[k]) for k in ("3 MiB", "4 MiB")), max(max(med99[k]) for k in ("3 MiB", "4 MiB"))
     assert f"worse in the median with 4 and 16 in flight ({lo:.2f}–{hi:.2f}×)" in text
-    for doc in ("README.md", "CHANGELOG.md"):
+    for doc in ("docs/bench-history.md", "CHANGELOG.md"):
         assert f"{lo:.2f}–{hi:.2f}×" in " ".join(open(os.path.join(ROOT, doc)).read().split()), doc
     with open(os.path.join(ROOT, "csrc", "fxio.h")) as f:
         assert "#define FX_WHOLE_MAX ((uint64_t)2 << 20)" in f.read()
