@@ -27,6 +27,9 @@ static inline uint64_t fx_now_ns(void)
  * every logical block size seen on NVMe, virtio and loop devices. */
 #define FX_DIO_ALIGN 4096u
 
+#define FX_STR_(x) #x
+#define FX_STR(x) FX_STR_(x) /* a macro's value as a string literal, for doc strings */
+
 typedef struct {
     int fd;
     uint64_t offset;
@@ -348,7 +351,8 @@ struct fx_pool;
  * and 4 MiB whole reads left the p50 level and the p99 worse (docs/
  * benchmarks.md, "Small payloads whole under load"). */
 #define FX_OPEN_WHOLE 16
-#define FX_WHOLE_MAX ((uint64_t)2 << 20)
+#define FX_WHOLE_MAX_MIB 2 /* module.c quotes it; options.py and _fxio.pyi repeat it (tests/test_options.py) */
+#define FX_WHOLE_MAX ((uint64_t)FX_WHOLE_MAX_MIB << 20)
 #define FX_MAP_MIN ((uint64_t)2 << 20)
 /* Runs the whole list (in waves bounded by open files; a list of several
  * waves on two lanes, the calling thread and a runner, one wave each); no

@@ -1915,7 +1915,9 @@ static PyGetSetDef Engine_getset[] = {
     {"max_running", (getter)Engine_get_max_running, NULL,
      "submitted batches run at once; more wait and run in arrival order (0: no bound)", NULL},
     {"whole_when_busy", (getter)Engine_get_whole, NULL,
-     "a submitted batch started beside others reads O_DIRECT payloads of at most 2 MiB as one request", NULL},
+     "a submitted batch started beside others reads O_DIRECT payloads of at most " FX_STR(FX_WHOLE_MAX_MIB)
+     " MiB as one request",
+     NULL},
     {"batches_now", (getter)Engine_get_awaited, NULL,
      "(running, waiting) submitted batches now, counted where max_running bounds them", NULL},
     {"fallback_reason", (getter)Engine_get_reason, NULL, "why io_uring is not used, or None", NULL},
@@ -2149,6 +2151,7 @@ PyObject *fx_core_module_create(void)
         PyModule_AddStringConstant(m, "CRC32C_IMPL", fx_crc32c_impl()) < 0 ||
         PyModule_AddIntConstant(m, "CRC32C_COPY_ONE_PASS", fx_crc32c_copy_one_pass()) < 0 ||
         PyModule_AddIntConstant(m, "FIXED_PER_RING_MAX", (long)FX_FIXED_PER_RING_MAX) < 0 ||
+        PyModule_AddIntConstant(m, "WHOLE_MAX", (long)FX_WHOLE_MAX) < 0 ||
         add_chunk_constants(m) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -39,6 +39,7 @@ CHUNK_HEADER_SIZE: int  # 4096
 DIO_ALIGN: int  # 4096
 HAVE_LIBURING: int  # 1 when built with liburing (io_uring engine present)
 CRC32C_COPY_ONE_PASS: int  # 1: mapped reads copy and sum in one pass (512-bit folding, streaming stores)
+WHOLE_MAX: int  # largest O_DIRECT payload read whole when busy (whole_when_busy), in bytes
 FIXED_PER_RING_MAX: int  # largest table registered on every ring where the kernel cannot clone one (256 MiB)
 CRC32C_IMPL: str  # best first: "vpclmulqdq+crc32q", "pclmulqdq+crc32q", "sse4.2", "armv8-pmull", "armv8-crc", "table"
 

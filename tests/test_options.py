@@ -91,6 +91,23 @@ def test_whole_reads_when_busy_reaches_the_engine(tmp_path):
         FxOptions.from_mapping({"whole_reads_when_busy": "sometimes"})
 
 
+def test_whole_read_bound_is_the_one_its_help_quotes():
+    """The bound on whole reads lives in csrc/fxio.h (FX_WHOLE_MAX); the
+    option's help (core/options.py does not load the C module, so it cannot
+    read it), the engine attribute's doc and the stubs quote it in MiB, and
+    must change with it."""
+    from lmcache_fx import _fxio
+
+    mib = _fxio.WHOLE_MAX >> 20
+    assert mib << 20 == _fxio.WHOLE_MAX > 0
+    said = f"at most {mib} MiB"
+    assert said in FxOptions.doc()["whole_reads_when_busy"][0]
+    assert said in _fxio.Engine.whole_when_busy.__doc__
+    with open(os.path.join(os.path.dirname(README), "lmcache_fx", "_fxio.pyi")) as f:
+        stubs = " ".join(f.read().split())
+    assert stubs.count(f"payload of {said}") == 1 and stubs.count(f"payloads of {said}") == 1
+
+
 def test_awaited_concurrency_auto_keeps_to_a_containers_cpu_limit(tmp_path):
     """auto counts the CPUs the process may use: a container's CPU limit
     (cgroup v2 cpu.max, v1 CFS quota over period) where one is set, read
