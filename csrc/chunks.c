@@ -588,6 +588,12 @@ static void solo_loop(reader *R, lane *cur, lane *nxt)
         lane_opened(R, cur);
         next = nxt && lane_take(R, nxt);
         lane_read(R, cur);
+        if (!nxt) {
+            /* One lane: chunks that found no descriptor beside this wave's
+             * files go again, now that those are closed. */
+            have = lane_take(R, cur);
+            continue;
+        }
         if (next) {
             lane *t = cur;
 

@@ -20,6 +20,11 @@ fx_pool *fx_engine_pool(PyObject *engine);
 uint64_t fx_engine_split_bytes(PyObject *engine);
 unsigned fx_engine_queue_depth(PyObject *engine);
 
+/* PySequence_Fast, except that a list comes back as a tuple of its items:
+ * parsing an item may run Python code (a name's __fspath__, a number's
+ * __index__) that changes the caller's list while it is walked. */
+PyObject *fx_sequence_snapshot(PyObject *seq, const char *message);
+
 /* csrc/module.c: the _fxio module with the core's types, functions and
  * constants; NULL with an exception set. */
 PyObject *fx_core_module_create(void);

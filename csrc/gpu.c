@@ -1175,7 +1175,7 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
     }
     if (refuse_forked(self))
         return NULL;
-    seq = PySequence_Fast(ops_obj, "ops must be a sequence of (fd, offset, length, device_address)");
+    seq = fx_sequence_snapshot(ops_obj, "ops must be a sequence of (fd, offset, length, device_address)");
     if (!seq)
         return NULL;
     n = PySequence_Fast_GET_SIZE(seq);

@@ -178,10 +178,21 @@ static int engine_run(EngineObject *e, fx_batch *b)
     return fx_pool_run(e->pool, b, (int)e->queue_depth);
 }
 
+PyObject *fx_sequence_snapshot(PyObject *seq, const char *message)
+{
+    PyObject *fast = PySequence_Fast(seq, message), *items;
+
+    if (!fast || !PyList_Check(fast))
+        return fast;
+    items = PyList_AsTuple(fast);
+    Py_DECREF(fast);
+    return items;
+}
+
 /* Parses a sequence of (fd, offset, length, address) into a new array. */
 static fx_op *parse_ops(PyObject *seq_in, size_t *n_out)
 {
-    PyObject *seq = PySequence_Fast(seq_in, "ops must be a sequence of (fd, offset, length, address)");
+    PyObject *seq = fx_sequence_snapshot(seq_in, "ops must be a sequence of (fd, offset, length, address)");
     Py_ssize_t n, i;
     fx_op *ops;
 
@@ -571,7 +582,7 @@ static Py_ssize_t arena_put(char **arena, size_t *used, size_t *cap, const char 
 
 static int parse_chunks(PyObject *seq_in, unsigned long long scratch, chunk_args *a)
 {
-    PyObject *seq = PySequence_Fast(
+    PyObject *seq = fx_sequence_snapshot(
         seq_in, "chunks must be a sequence of (dir_fd, name, address, length[, expect])");
     Py_ssize_t n, i;
     size_t used = 0, cap = 0;
@@ -721,7 +732,7 @@ static PyObject *mod_stat_beneath(PyObject *m, PyObject *args, PyObject *kw)
     (void)m;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", kwlist, &items, &stop))
         return NULL;
-    if (!(seq = PySequence_Fast(items, "items must be a sequence of (dir_fd, name)")))
+    if (!(seq = fx_sequence_snapshot(items, "items must be a sequence of (dir_fd, name)")))
         return NULL;
     n = PySequence_Fast_GET_SIZE(seq);
     off = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*off));
@@ -788,7 +799,7 @@ static PyObject *mod_utime_beneath(PyObject *m, PyObject *items)
     long long *ns = NULL;
 
     (void)m;
-    if (!(seq = PySequence_Fast(items, "items must be a sequence of (dir_fd, name, mtime_ns)")))
+    if (!(seq = fx_sequence_snapshot(items, "items must be a sequence of (dir_fd, name, mtime_ns)")))
         return NULL;
     n = PySequence_Fast_GET_SIZE(seq);
     off = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*off));
@@ -963,7 +974,8 @@ static PyObject *Engine_write_chunks(EngineObject *self, PyObject *args, PyObjec
 
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", kwlist, &chunks, &direct))
         return NULL;
-    seq = PySequence_Fast(chunks, "chunks must be a sequence of (fd, address, length, header_address, mtime_ns)");
+    seq = fx_sequence_snapshot(chunks,
+                               "chunks must be a sequence of (fd, address, length, header_address, mtime_ns)");
     if (!seq)
         return NULL;
     n = PySequence_Fast_GET_SIZE(seq);
