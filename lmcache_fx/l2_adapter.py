@@ -361,10 +361,12 @@ class FxL2Adapter(L2AdapterInterface):
         gone = [kn for kn, ok in zip(names, there) if not ok]
         if gone:
             with self._lock:
-                for k, _, name in gone:
-                    self._sizes.pop(k, None)
+                # Only keys still known: a delete() since the copy above took and reported its own.
+                gone = [(k, s, name) for k, s, name in gone if self._sizes.pop(k, None) is not None]
+                for _, _, name in gone:
                     self._by_digest.pop(chunk_digest(name), None)
-            self._notify_keys_deleted([k for k, _, _ in gone], [s for _, s, _ in gone])
+            if gone:
+                self._notify_keys_deleted([k for k, _, _ in gone], [s for _, s, _ in gone])
 
     def get_usage(self) -> AdapterUsage:
         """Bytes from the store itself (it counts chunks of every process and

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -37,6 +38,7 @@ from .core.store import ChunkStore
 from .integration.common import (
     allocate_from,
     allocate_many_from,
+    before_pool_frees,
     gpu_index,
     hit_prefix,
     meta_of,
@@ -46,6 +48,11 @@ from .integration.common import (
 )
 
 log = logging.getLogger("lmcache_fx")
+
+# A lookup's pins are released by its load; when LMCache loads nothing (a hit
+# of less than one whole chunk of per-layer keys) it unpins them itself and no
+# load comes, so the record is dropped after this long.
+LOOKUP_PINS_KEPT_S = 600.0
 
 
 class FxStorageBackend(StoragePluginInterface):
@@ -120,10 +127,12 @@ class FxStorageBackend(StoragePluginInterface):
         self._metrics = metrics.start_metrics(self.store, name=self.name, port=port, addr=self.options.metrics_addr)
         self._put_lock = threading.Lock()
         self._put_keys: set[CacheEngineKey] = set()
-        self._lookup_pins: dict[str, list[CacheEngineKey]] = {}
+        self._pool_gone = False  # LMCache's CPU pool is freed (or being freed): no store can read it
+        self._lookup_pins: dict[str, tuple[float, list[CacheEngineKey]]] = {}  # lookup id -> (when, keys)
         self._writes: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name=f"lmcache-fx-writer-{self.name}", daemon=True)
         self._writer.start()
+        self._unhook_pool = before_pool_frees(local_cpu_backend, self._finish_stores)
         log.info(
             "lmcache-fx: plugin '%s' on %s, engine %s, O_DIRECT %s, %d chunks present%s",
             self.name,
@@ -158,7 +167,10 @@ class FxStorageBackend(StoragePluginInterface):
         n = self.batched_contains(keys, pin)
         if pin and n:
             # LMCache sends no unpin after an async load: remember and release.
-            self._lookup_pins.setdefault(lookup_id, []).extend(keys[:n])
+            now = time.monotonic()
+            for old in [i for i, (t, _) in self._lookup_pins.items() if now - t > LOOKUP_PINS_KEPT_S]:
+                del self._lookup_pins[old]  # no load came: LMCache unpinned them (nothing left whole)
+            self._lookup_pins.setdefault(lookup_id, (now, []))[1].extend(keys[:n])
         return n
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
@@ -223,8 +235,13 @@ class FxStorageBackend(StoragePluginInterface):
                 allocate_many=self._allocate_many,
             )
         finally:
-            for k in self._lookup_pins.pop(lookup_id, []):
-                self.store.unpin(k.to_string())
+            # Only the keys asked for: the hit keys LMCache does not load (per-layer keys of a
+            # partial chunk, rounded off) it unpins itself, and unpinning them again would drop
+            # another request's pin.
+            asked = set(keys)
+            for k in self._lookup_pins.pop(lookup_id, (0.0, []))[1]:
+                if k in asked:
+                    self.store.unpin(k.to_string())
         return hit_prefix(objs)
 
     # ------------------------------------------------------------ writes
@@ -237,6 +254,9 @@ class FxStorageBackend(StoragePluginInterface):
     ) -> None:
         batch = []
         with self._put_lock:
+            if self._pool_gone:
+                log.warning("lmcache-fx: %d chunks not stored: LMCache is closing its CPU pool", len(keys))
+                return None
             for key, obj in zip(keys, objs):
                 if key in self._put_keys:
                     continue
@@ -299,8 +319,6 @@ class FxStorageBackend(StoragePluginInterface):
 
     def flush(self, timeout: Optional[float] = None) -> None:
         """Blocks until queued writes are on disk (tests, close)."""
-        import time
-
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._put_lock:
@@ -310,7 +328,17 @@ class FxStorageBackend(StoragePluginInterface):
                 raise TimeoutError("lmcache-fx: writes still pending")
             time.sleep(0.005)
 
+    def _finish_stores(self) -> None:
+        """Writes every queued store while LMCache's CPU pool is still there,
+        and takes no more (before_pool_frees: LMCache frees the pool before
+        this backend's close)."""
+        with self._put_lock:
+            self._pool_gone = True
+        if self._writer.is_alive():
+            self.flush()
+
     def close(self) -> None:
+        self._unhook_pool()
         self._metrics.close()
         if self._writer.is_alive():
             self._writes.put(None)

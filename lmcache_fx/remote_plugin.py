@@ -41,6 +41,7 @@ from .core.store import ChunkStore
 from .integration.common import (
     allocate_from,
     allocate_many_from,
+    before_pool_frees,
     hit_prefix,
     meta_of,
     options_from_extra,
@@ -75,8 +76,10 @@ class FxRemoteConnector(RemoteConnector):
         # Writes block in the C engine (GIL released) on one thread, so the
         # event loop keeps serving gets while a put is in flight.
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"lmcache-fx-remote-writer-{self.name}")
-        self._pending_lock = threading.Lock()
+        self._pending_lock = threading.Condition()
         self._pending_puts = 0  # batched_put coroutines running (RemoteBackend does not track batched puts)
+        self._pool_gone = False  # LMCache's CPU pool is freed (or being freed): no put can read it
+        self._unhook_pool = before_pool_frees(local_cpu_backend, self._finish_puts)
         log.info(
             "lmcache-fx: remote plugin '%s' on %s, engine %s, O_DIRECT %s, %d chunks present",
             self.name,
@@ -157,12 +160,16 @@ class FxRemoteConnector(RemoteConnector):
         items = [(k.to_string(), o.data_ptr, o.get_size(), meta_of(o)) for k, o in zip(keys, memory_objs)]
         loop = asyncio.get_running_loop()
         with self._pending_lock:
+            if self._pool_gone:
+                log.warning("lmcache-fx: %d chunks not stored: LMCache is closing its CPU pool", len(items))
+                return
             self._pending_puts += 1
         try:
             done = await loop.run_in_executor(self._writer, self.store.write, items)
         finally:
             with self._pending_lock:
                 self._pending_puts -= 1
+                self._pending_lock.notify_all()
         if not all(done):
             log.debug("lmcache-fx: %d of %d chunks not stored", done.count(False), len(done))
 
@@ -178,6 +185,14 @@ class FxRemoteConnector(RemoteConnector):
     async def list(self) -> List[str]:
         return []  # the store indexes digests; keys live in chunk headers only
 
+    def _finish_puts(self) -> None:
+        """Lets the puts that started finish while LMCache's CPU pool is still
+        there, and starts no more (before_pool_frees)."""
+        with self._pending_lock:
+            self._pool_gone = True
+            self._pending_lock.wait_for(lambda: self._pending_puts == 0)
+
     async def close(self):
+        self._unhook_pool()
         self._writer.shutdown(wait=True)
         self.store.close()

@@ -401,6 +401,36 @@ def test_l2_reports_evictions_by_what_was_evicted_not_by_every_key(tmp_path, mon
         side.close()
 
 
+def test_l2_key_deleted_during_an_eviction_report_is_reported_once(tmp_path, monkeypatch):
+    """LMCache's eviction controller may delete() a key while the writer
+    thread's eviction report is asking the store about the keys it copied:
+    the key is then missing for both, and only the delete reports it (twice
+    would take its bytes off LMCache's per-salt usage twice)."""
+    from lmcache_fx.core.chunkfile import HEADER_SIZE
+
+    chunk = HEADER_SIZE + GEO.chunk * GEO.bytes_per_token
+    side = MPSide(tmp_path / "store", max_capacity_gb=5.5 * chunk / (1 << 30))
+    try:
+        ad = side.adapter
+        deleted = _deleted_keys(ad)
+        k1, d1, layout = MPSide.keys_and_data(n=4, seed=1)
+        k2, d2, _ = MPSide.keys_and_data(n=2, seed=2)
+        side.store(k1, d1, layout)
+        real, raced = ad.store.lookup, []
+
+        def lookup_after_a_delete(names, **kw):
+            if not raced and _ks(k1[3]) in names:  # the report's lookup: the controller deletes k1[3] first
+                raced.append(True)
+                ad.delete([k1[3]])
+            return real(names, **kw)
+
+        monkeypatch.setattr(ad.store, "lookup", lookup_after_a_delete)
+        side.store(k2, d2, layout)  # 6 > 5.5 chunks: the store evicts k1[0]; the report sweeps every key
+        assert raced and deleted.count(k1[3]) == 1 and k1[0] in deleted
+    finally:
+        side.close()
+
+
 def _l2_task(adapter, submit, result, efd, *args, timeout=60):
     import select
 
@@ -654,3 +684,52 @@ def test_direct_to_gpu_is_refused_outside_the_in_process_plugin():
 
     with pytest.raises(ConfigError, match="direct_to_gpu: only the in-process storage plugin"):
         FxL2AdapterConfig.from_dict({"path": "/tmp/x", "direct_to_gpu": True, "verify": False})
+
+
+CLOSE_WITH_QUEUED_STORES = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+os.environ["LMCACHE_TRACK_USAGE"] = "false"
+import torch
+from test_entry_points import GEO, backend_of, engine_config, fx_store_of
+from lmcache_fx.testing.cpu_engine import KV, lmcache_engine, retrieve
+
+entry, path, work = {entry!r}, {path!r}, {work!r}
+n = 24 * GEO.chunk
+tokens, kv = torch.arange(n) % 5000, KV(GEO, n, seed=3)
+with lmcache_engine(engine_config(entry, path, work), GEO) as eng:
+    st = fx_store_of(backend_of(eng, entry))
+    write = st.write
+
+    def slow_write(items):  # a slow device: the writes are still queued when LMCache closes
+        time.sleep(0.3)
+        return write(items)
+
+    st.write = slow_write
+    eng.store(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
+# LMCache destroyed: its CPU pool is freed by now
+with lmcache_engine(engine_config(entry, path, work), GEO) as eng:
+    got = kv.empty_like()
+    hit = retrieve(eng, tokens, got)
+    print("RESULT", len(fx_store_of(backend_of(eng, entry))), hit, kv.tokens_equal(got, hit) if hit else None)
+"""
+
+
+@pytest.mark.parametrize("entry", ["plugin", "remote"])
+def test_close_with_stores_queued_writes_them_before_lmcache_frees_its_pool(tmp_path, entry):
+    """LMCache closes its CPU tier (freeing the pool stores are written from)
+    before the plugin's own close: stores still queued then read freed memory
+    (the process died of SIGSEGV). The plugins finish them first; the
+    in-process plugin writes every store LMCache handed it, the remote one
+    every put that started (a put LMCache starts after that is refused, with
+    a warning); what is on disk reads back bit-exact."""
+    code = CLOSE_WITH_QUEUED_STORES.format(
+        tests=os.path.dirname(os.path.abspath(__file__)), entry=entry, path=str(tmp_path / "s"), work=str(tmp_path)
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300)
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert r.returncode == 0 and line, (r.returncode, r.stderr[-3000:])
+    chunks, hit, equal = line[-1].split()[1:]
+    assert int(chunks) >= 1 and int(hit) == int(chunks) * GEO.chunk and equal == "True"
+    if entry == "plugin":
+        assert int(chunks) == 24

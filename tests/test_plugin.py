@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -445,3 +446,88 @@ def test_meta_of_is_built_once_per_shape_and_dtype():
     c = meta_of(obj((2, 4, 16, 8), torch.float16))
     d = meta_of(obj((2, 4, 15, 8), torch.bfloat16))
     assert c.dtypes == ("float16",) and d.shapes == ((2, 4, 15, 8),) and len({a, c, d}) == 3
+
+
+def test_layerwise_async_lookup_leaves_other_requests_pins(tmp_path):
+    """With per-layer keys (keys_per_chunk 2), LMCache rounds an async
+    lookup's hit down to whole chunks and unpins the keys it drops itself;
+    the plugin then releases only the keys it was asked to load. Before,
+    it unpinned every key it had pinned, so a dropped key lost a pin that
+    another request held. A lookup of less than one whole chunk leaves no
+    load and no record past LOOKUP_PINS_KEPT_S."""
+    from lmcache.v1.event_manager import EventType
+
+    from lmcache_fx import lmcache_plugin
+    from lmcache_fx.core.chunkfile import chunk_digest
+
+    geo = GEOMETRIES["bf16-gqa"]
+    cfg = config_from_dict({**fx_config(tmp_path / "s", cpu_gb=0.05), "enable_async_loading": True}, tmp_path)
+    with lmcache_engine(cfg, geo, async_lookup=True) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, torch.arange(768), KV(geo, 768, seed=1), be)  # three chunks of 256 tokens
+        keys = [k for _, _, k in eng.token_database.process_tokens(tokens=torch.arange(1024))]
+        assert len(keys) == 4  # the fourth is not stored
+        other = keys[2].to_string()
+        assert be.store.pin(other)  # another request's pin on the third chunk's file
+        sm = eng.storage_manager
+
+        def lookup(lookup_id, ks, starts):
+            asyncio.run_coroutine_threadsafe(
+                sm.async_lookup_and_prefetch(lookup_id, ks, starts, pin=True, keys_per_chunk=2), sm.loop
+            ).result(30)
+
+        # Keys of two chunks of two per-layer keys each: three hit, the third is rounded off.
+        lookup("req-1", keys, [0, 512, 1024])
+        end = time.monotonic() + 30
+        while True:  # the load task runs on LMCache's loop
+            try:
+                loaded = eng.event_manager.get_event_future(EventType.LOADING, "req-1").result()
+                break
+            except AssertionError:  # not done yet
+                assert time.monotonic() < end
+                time.sleep(0.01)
+        for tier in loaded:
+            for _, obj in tier:  # the load's objects, as retrieve would take them
+                obj.ref_count_down()
+        assert "req-1" not in be._lookup_pins
+        assert be.store._pins == {chunk_digest(other): 1}
+        # One key hit of a two-key chunk: nothing whole, LMCache unpins it and loads nothing.
+        be.store.unpin(other)
+        lookup("req-2", [keys[0], keys[3]], [0, 512])
+        assert be.store._pins == {} and list(be._lookup_pins) == ["req-2"]
+        when, _ = be._lookup_pins["req-2"]
+        be._lookup_pins["req-2"] = (when - lmcache_plugin.LOOKUP_PINS_KEPT_S - 1, be._lookup_pins["req-2"][1])
+        lookup("req-3", [keys[0], keys[3]], [0, 512])
+        assert "req-2" not in be._lookup_pins
+
+
+def test_two_plugins_keep_their_names_when_lmcache_rebuilds_them(tmp_path):
+    """LMCache's StorageManager.recreate_backend makes every storage plugin
+    again; each instance must still be the entry LMCache files it under
+    (before, the rebuilt 'bulk' was named 'fast' and wrote to fast's path)."""
+    d = fx_config(tmp_path / "fast", name="fast", cpu_gb=0.05)
+    d["storage_plugins"] = ["fast", "bulk"]
+    d["extra_config"].update(
+        {
+            "storage_plugin.bulk.module_path": "lmcache_fx.lmcache_plugin",
+            "storage_plugin.bulk.class_name": "FxStorageBackend",
+            "storage_plugin.bulk.path": str(tmp_path / "bulk"),
+        }
+    )
+    with lmcache_engine(config_from_dict(d, tmp_path), GEOMETRIES["bf16-gqa"]) as eng:
+        backends = eng.storage_manager.storage_backends
+
+        def names():
+            return {n: (b.name, b.store.roots) for n, b in backends.items() if n in ("fast", "bulk")}
+
+        want = {n: (n, [str(tmp_path / n)]) for n in ("fast", "bulk")}
+        assert names() == want
+        old_bulk = backends["bulk"]  # LMCache makes a new one without closing this one
+        try:
+            assert eng.storage_manager.recreate_backend("fast") == {
+                "fast": "FxStorageBackend",
+                "bulk": "FxStorageBackend",
+            }
+            assert names() == want and backends["bulk"] is not old_bulk
+        finally:
+            old_bulk.close()

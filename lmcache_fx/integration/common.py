@@ -8,8 +8,9 @@ import errno
 import functools
 import logging
 import os
+import sys
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
@@ -29,6 +30,7 @@ __all__ = [
     "allocate_many_from",
     "register_memory",
     "register_pool",
+    "before_pool_frees",
     "gpu_index",
 ]
 
@@ -57,11 +59,33 @@ def plugin_name(config, cls, names=None, prefix: str = "storage_plugin.", list_n
         )
     with _claim_lock:
         taken = _claimed.setdefault((id(config), prefix), set())
+        named = _name_in_builder(mine)
+        if named is not None:
+            taken.add(named)
+            return named
         for n in mine:
             if n not in taken:
                 taken.add(n)
                 return n
     return mine[0]  # a rebuild of an instance already made
+
+
+def _name_in_builder(mine: list) -> Optional[str]:
+    """The entry LMCache's builder is making, read from its loop variable
+    (`storage_plugin` in storage_plugin_launcher, `plugin_name` where
+    RemoteBackends are made): a rebuild (StorageManager.recreate_backend
+    makes every storage plugin again) then gets each instance's own name,
+    where counting claims would hand a second instance the first's."""
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            break
+        for var in ("storage_plugin", "plugin_name"):
+            v = frame.f_locals.get(var)
+            if isinstance(v, str) and v in mine:
+                return v
+        frame = frame.f_back
+    return None
 
 
 def meta_of(obj: MemoryObj) -> ChunkMeta:
@@ -184,6 +208,37 @@ def register_pool(engine, local_cpu_backend) -> bool:
         log.debug("lmcache-fx: no flat pool to register (%s)", e)
         return False
     return register_memory(engine, addr, size, "LMCache's CPU pool")
+
+
+def before_pool_frees(local_cpu_backend, finish: Callable[[], None]) -> Callable[[], None]:
+    """Runs finish() when LMCache closes its LocalCPUBackend, before the
+    backend frees the pool that queued stores are written from. LMCache's
+    StorageManager.close closes backends in the order it made them, the CPU
+    tier first, so a plugin's own close() comes after the pool is gone: a
+    store still queued then reads freed memory (a segfault, or another
+    object's bytes under this key). Returns what removes the hook (close)."""
+    hooks = local_cpu_backend.__dict__.get("_lmcache_fx_before_close")
+    if hooks is None:
+        hooks = []
+        close_pool = local_cpu_backend.close
+
+        def close() -> None:
+            for hook in list(hooks):
+                try:
+                    hook()
+                except Exception:
+                    log.exception("lmcache-fx: finishing before LMCache's CPU pool closes failed")
+            close_pool()
+
+        local_cpu_backend._lmcache_fx_before_close = hooks
+        local_cpu_backend.close = close  # this instance only: LMCache calls backend.close()
+    hooks.append(finish)
+
+    def remove() -> None:
+        if finish in hooks:
+            hooks.remove(finish)
+
+    return remove
 
 
 def gpu_index(dst_device) -> Optional[int]:
