@@ -643,3 +643,30 @@ def test_plugin_exports_metrics_on_its_port(tmp_path):
         assert 'lmcache_fx_engine_info{engine="' in body
     with pytest.raises(OSError):  # closed with the engine
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_doctor_warns_where_file_locks_stay_on_this_host(capsys, tmp_path, monkeypatch):
+    """A store path on NFS mounted nolock (a mount table in the kernel's
+    format that says so): doctor warns that the store cannot be shared
+    between hosts, says what is given up and how to mount it; a path on a
+    mount with server-side locks gets no such line."""
+    from lmcache_fx.core import store as store_mod
+    from lmcache_fx.tools import doctor
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from faults import fxfault as F
+
+    path = tmp_path / "s"
+    path.mkdir()
+    real = store_mod.client_local_locks
+    for options, warned in (("rw,vers=3,nolock", True), ("rw,vers=4.2,local_lock=none", False)):
+        table = F.mount_table(tmp_path, str(path), "nfs", options)
+        monkeypatch.setattr(doctor, "client_local_locks", lambda roots, t=table: real(roots, t))
+        rc, obj, _ = cli_json(capsys, "doctor", "--path", path)
+        checks = {c["name"]: c for c in obj["checks"]}
+        assert ("file locks" in checks) == warned, options
+        if warned:
+            c = checks["file locks"]
+            assert c["status"] == "warn" and "nfs mounted nolock" in c["summary"]
+            assert "evicted files are not reused" in c["summary"] and "counted per host" in c["summary"]
+            assert "without nolock" in c["fix"] and c["data"]["posix_locks_local"] is True

@@ -766,3 +766,48 @@ def test_a_store_reading_without_locks_joins_a_locking_process_as_such(store_dir
             s2.close()
     finally:
         s.close()
+
+
+@pytest.mark.parametrize(
+    "fstype,options,want",
+    [
+        ("nfs4", "rw,vers=4.2,local_lock=none,addr=10.0.0.1", ("", False, False)),
+        ("nfs", "rw,vers=3,nolock,addr=10.0.0.1", ("nfs mounted nolock", True, True)),
+        ("nfs4", "rw,vers=4.2,local_lock=all", ("nfs4 mounted local_lock=all", True, True)),
+        ("nfs", "rw,vers=3,local_lock=posix", ("nfs mounted local_lock=posix", True, False)),
+        ("nfs", "rw,vers=3,local_lock=flock", ("nfs mounted local_lock=flock", False, True)),
+        ("lustre", "rw,localflock", ("lustre mounted localflock", True, True)),
+        ("lustre", "rw,flock", ("", False, False)),
+    ],
+)
+def test_mounts_that_keep_locks_on_this_host_are_told(tmp_path, fstype, options, want):
+    """client_local_locks reads the mount table the kernel writes: NFS with
+    nolock or local_lock, Lustre with localflock keep file locks on this
+    client, which other hosts then cannot see."""
+    table = F.mount_table(tmp_path, str(tmp_path), fstype, options)
+    assert store_mod.client_local_locks([str(tmp_path)], table) == want
+    assert store_mod.client_local_locks([str(tmp_path)], str(tmp_path / "no-such-table")) == ("", False, False)
+
+
+def test_no_reuse_where_other_hosts_cannot_see_this_ones_locks(tmp_path, monkeypatch, caplog):
+    """On a mount whose POSIX locks stay on this host (NFS nolock), a reader
+    on another host holds no lock the evictor could see: evicted files are
+    unlinked, never rewritten, with one warning that says why and the fix."""
+    store_dir = str(tmp_path / "store")
+    os.makedirs(store_dir)
+    table = F.mount_table(tmp_path, store_dir, "nfs", "rw,vers=3,nolock")
+    real = store_mod.client_local_locks
+    monkeypatch.setattr(store_mod, "client_local_locks", lambda roots: real(roots, table))
+    with caplog.at_level("WARNING", logger="lmcache_fx"):
+        s = _open(store_dir)
+    try:
+        said = [r.getMessage() for r in caplog.records if "keeps file locks on this host alone" in r.getMessage()]
+        assert len(said) == 1 and "nfs mounted nolock" in said[0] and "not reused" in said[0]
+        assert "counted per host" in said[0] and "without nolock" in said[0]
+        assert s.reuse_evicted is False
+        _fill(s, KEYS[:8])
+        st = s.stats.snapshot()
+        assert st["evictions"] == 4 and st["recycled"] == 0  # each victim unlinked, a new file made
+        _check_store(s, KEYS[4:8], KEYS[:4])
+    finally:
+        s.close()

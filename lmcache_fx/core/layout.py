@@ -248,6 +248,8 @@ def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
         return True
     except PermissionError:
         pass
+    # A live pid may be a recycled one, not the writer: age decides. Stores set the mtime of a
+    # file they rename to a temporary's name (a reused victim, a spare) to now for this.
     return now - mtime > STALE_TMP_SECONDS
 
 

@@ -285,7 +285,8 @@ class FxOptions:
         True,
         "true | false",
         "write a new chunk into the file of the chunk it evicts, when of the same size and no reader "
-        "holds that file (no allocation); on tmpfs also into the file of a removed chunk of 128 KiB or more, "
+        "holds that file (no allocation; not on mounts whose file locks stay on this host, e.g. NFS nolock); "
+        "on tmpfs also into the file of a removed chunk of 128 KiB or more, "
         "kept for 60 s "
         "(counted in the usage, the first to go when room is needed); false always unlinks",
         _boolean,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import mmap
 import os
 import stat
 import threading
@@ -48,7 +49,6 @@ from .layout import (
     HOST_TAG,
     LOCK_DIR,
     LOCK_NAME,
-    MEMBERS_NAME,
     NETWORK_FS_MAGIC,
     TMP_MARK,
     FileStat,
@@ -131,6 +131,9 @@ os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 _CORRUPT_STATUSES = frozenset(
     (_fxio.CHUNK_BAD_MAGIC, _fxio.CHUNK_BAD_CRC, _fxio.CHUNK_BAD_HEADER, _fxio.CHUNK_PAYLOAD_CRC)
 )
+# Written over a reused file's header before its new payload (_open_deferred): page-aligned, as
+# O_DIRECT needs, and read-only, so every thread may write from it.
+_ZERO_HEADER = mmap.mmap(-1, HEADER_SIZE, prot=mmap.PROT_READ)
 
 
 def _fs_magics(roots: list[str]) -> set:
@@ -256,6 +259,50 @@ def decide_staged_reads(mode: str, roots: list[str], odirect: bool, verify: bool
         f"a loop device, on a CPU that copies and sums in one pass (reads over {STAGE_ABOVE_BYTES >> 20} MiB; "
         "smaller ones land in place)"
     )
+
+
+def _mounts_of(roots: list[str], mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, set[str]]]:
+    """(filesystem type, its mount and superblock options) of the mount each
+    root is on, matched by device number; [] when that cannot be read."""
+    try:
+        devs = {os.stat(r).st_dev for r in roots}
+        with open(mountinfo) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields, sup = left.split(), right.split()
+        if not sep or len(fields) < 6 or len(sup) < 3:
+            continue
+        major, _, minor = fields[2].partition(":")
+        try:
+            if os.makedev(int(major), int(minor)) not in devs:
+                continue
+        except ValueError:
+            continue
+        out.append((sup[0], set(fields[5].split(",")) | set(sup[2].split(","))))
+    return out
+
+
+def client_local_locks(roots: list[str], mountinfo: str = "/proc/self/mountinfo") -> tuple[str, bool, bool]:
+    """Where a root's filesystem keeps file locks on this client only, not
+    on its server: (what, POSIX locks local, flock local), or ("", False,
+    False). NFS mounted nolock or local_lock=all|posix|flock, Lustre
+    localflock. Other hosts then see none of this host's locks: the readers
+    an evictor must not rewrite under (Ledger.may_reuse asks .fx/members)
+    and the store lock the shared usage is counted under."""
+    for fstype, opts in _mounts_of(roots, mountinfo):
+        if fstype.startswith("nfs"):
+            posix = bool(opts & {"nolock", "local_lock=all", "local_lock=posix"})
+            flock = bool(opts & {"nolock", "local_lock=all", "local_lock=flock"})
+            if posix or flock:
+                said = sorted(opts & {"nolock", "local_lock=all", "local_lock=posix", "local_lock=flock"})
+                return f"{fstype} mounted {','.join(said)}", posix, flock
+        elif fstype == "lustre" and "localflock" in opts:
+            return "lustre mounted localflock", True, True
+    return "", False, False
 
 
 def _locks_reads(roots: list[str]) -> bool:
@@ -482,14 +529,30 @@ class ChunkStore:
                 self._prepare_root(root, created)
             for root in self.roots:
                 self._rootfds.append(os.open(root, _DIR_FLAGS))
-            lock_made = not os.path.lexists(os.path.join(self.roots[0], LOCK_DIR))
             # Reads read-lock each chunk file on local filesystems: evicted files can then be reused
             # while other processes read the store (_open_deferred).
             self.lock_reads = _locks_reads(self.roots)
-            self._keeps_spares = options.reuse_evicted and self.lock_reads and _page_cache_fs(self.roots)
-            self._ledger = Ledger.open(
-                self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
-            )
+            # Reuse rewrites a file only when no reader can hold it, which locks tell: not where
+            # another host cannot see this one's locks (nor this one another's).
+            local_locks, posix_local, flock_local = client_local_locks(self.roots)
+            self.reuse_evicted = options.reuse_evicted and not posix_local
+            if local_locks and (posix_local and options.reuse_evicted or flock_local):
+                log.warning(
+                    "lmcache-fx: %s at %s keeps file locks on this host alone, so processes on other hosts "
+                    "cannot see this one's: %s; mount it with locking on the server (NFS: without nolock and "
+                    "local_lock) to share it between hosts",
+                    local_locks,
+                    ",".join(self.roots),
+                    "; ".join(
+                        w
+                        for w, on in (
+                            ("evicted files are not reused (reuse_evicted off)", posix_local and options.reuse_evicted),
+                            ("the shared capacity is counted per host", flock_local),
+                        )
+                        if on
+                    ),
+                )
+            self._keeps_spares = self.reuse_evicted and self.lock_reads and _page_cache_fs(self.roots)
             # Distinct devices under the paths: queue depth and staging are per device, or a read
             # striped over eight devices keeps under one piece in flight on each.
             self.devices = devices_under(self.roots)
@@ -511,6 +574,11 @@ class ChunkStore:
             self._tmp_flags = self._reuse_flags | os.O_CREAT | os.O_EXCL
             self._wengine = self._payload_write_engine()
             self._wengine_for = self.engine  # replaced meanwhile (a test's fault injector): writes use the new one
+            # Last before the scan: what can refuse a start is decided before the shared files exist.
+            lock_made = not os.path.lexists(os.path.join(self.roots[0], LOCK_DIR))
+            self._ledger = Ledger.open(
+                self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
+            )
             self._scan()
         except BaseException:
             if self.engine is not None and engine is None:
@@ -519,12 +587,12 @@ class ChunkStore:
                 self._wengine.close()
             self._close_fds()
             if self._ledger is not None:
+                # Its files stay: another process may have opened them since, and one made anew
+                # would split the store in two ledgers and evictor locks.
                 self._ledger.release()
                 self._ledger = None  # type: ignore[assignment]
-            if lock_made:
-                unlink_quiet(os.path.join(self.roots[0], LOCK_NAME))
-                unlink_quiet(os.path.join(self.roots[0], MEMBERS_NAME))
-                try:
+            elif lock_made:
+                try:  # Ledger.open failed: at most an empty .fx of ours (rmdir takes only that)
                     os.rmdir(os.path.join(self.roots[0], LOCK_DIR))
                 except OSError:
                     pass
@@ -1141,6 +1209,15 @@ class ChunkStore:
         try:
             name = _tmp_name(path)
             st = rename_if_same(path, None, dfd, name, dirfds, ident=ident)
+            if st is not None:
+                try:
+                    # A live writer's temporary is judged by its mtime (layout.tmp_is_stale): the
+                    # removed chunk's would let another process's scan delete a spare in use.
+                    os.utime(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    if unlink_if_same(os.path.join(sub, name), (st.st_dev, st.st_ino), dirfds=dirfds) is not None:
+                        self._ledger_add_locked(-st.st_size)
+                    return True  # removed after all
         finally:
             os.close(dfd)
         if st is None:
@@ -1392,7 +1469,7 @@ class ChunkStore:
             start = usage
             if self._spare_bytes:
                 usage = self._take_spares_locked(files, usage)
-            reuse = files if self.options.reuse_evicted else ()
+            reuse = files if self.reuse_evicted else ()
             need = sum(HEADER_SIZE + round_up(f.nbytes, 4096) for f in files)
             if usage + need > cap:  # room for the whole batch in one eviction (the loop below mends the rest)
                 usage = self._evict_locked(max(cap - need, 0), usage, reuse)
@@ -1440,9 +1517,11 @@ class ChunkStore:
         reader holds a read lock on it (this write lock, taken without
         waiting, is held until the new chunk is in place). A reader that
         opened it before the move and locks it later finds its name gone
-        (layout.read_lock) or, in read_chunks, another key (a miss).
-        Otherwise it is unlinked (a plain eviction) and a new temporary
-        made. Raises OSError."""
+        (layout.read_lock) or, in read_chunks, another key or no header (a
+        miss): the old header is zeroed before any new byte is written, so a
+        write that dies or fails before its header leaves no valid header
+        over another key's payload. Otherwise it is unlinked (a plain
+        eviction) and a new temporary made. Raises OSError."""
         if f.recycled:
             f.recycled, fd = False, -1
             try:
@@ -1455,6 +1534,9 @@ class ChunkStore:
                         and st.st_ino == f.recycled_ino
                         and st.st_uid == os.geteuid()
                         and write_lock(fd)
+                        # The write also sets its mtime to now: other processes' scans judge a
+                        # live writer's temporary by its age (layout.tmp_is_stale), not the victim's.
+                        and os.pwrite(fd, _ZERO_HEADER, 0) == HEADER_SIZE
                     ):
                         f.fd, fd = fd, -1
                         self.stats.add(recycled=1)
@@ -1538,7 +1620,7 @@ class ChunkStore:
         need = sum(HEADER_SIZE + round_up(t[4], 4096) for t in todo)
         evicts = self._last_usage + need > self.options.max_capacity_bytes
         spares = self._own_spares()
-        defer = self.options.reuse_evicted and (evicts or any(HEADER_SIZE + t[4] in spares for t in todo))
+        defer = self.reuse_evicted and (evicts or any(HEADER_SIZE + t[4] in spares for t in todo))
         for i, key, d, addr, nbytes, meta, root in todo:
             f = self._create_tmp(i, key, d, addr, nbytes, meta, dirfds, root, make=not defer)
             if f is not None:
@@ -2153,7 +2235,9 @@ class ChunkStore:
                 return False
             e.body = header_body_of(mv)
             return not self._mac_rejects(key, e, mv, h, alloc[1], nb, ident)
-        if status in _CORRUPT_STATUSES:
+        if status in _CORRUPT_STATUSES and self._moved_away(e.path, ident):
+            self._drop(chunk_digest(key), unlink=False)  # being reused (its header zeroed first): a miss
+        elif status in _CORRUPT_STATUSES:
             why = _fxio.CHUNK_STATUS_NAMES[status].replace("_", " ")
             self._corrupt(
                 key, e, why if status != _fxio.CHUNK_PAYLOAD_CRC else "payload checksum mismatch", ident=ident

@@ -26,7 +26,7 @@ from typing import Optional
 from .. import _fxio
 from ..core.layout import probe_odirect, root_problem
 from ..core.options import GIB, ConfigError, FxOptions
-from ..core.store import decide_mapped_reads, decide_staged_reads, huge_page_tmpfs
+from ..core.store import client_local_locks, decide_mapped_reads, decide_staged_reads, huge_page_tmpfs
 from .common import fs_info, human_bytes, quiet_broken_pipe
 from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
 
@@ -444,6 +444,23 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
     memory = check_memory_fs(where, fi, opts, tag)
     if memory:
         out.append(memory)
+    locks, posix_local, flock_local = client_local_locks([where])
+    if locks:
+        lost = [
+            w
+            for w, on in (("evicted files are not reused", posix_local), ("capacity is counted per host", flock_local))
+            if on
+        ]
+        out.append(
+            Check(
+                f"{tag}file locks",
+                "warn",
+                f"{locks}: file locks stay on this host, unseen by processes on other hosts; sharing the store "
+                f"between hosts is not safe ({'; '.join(lost)})",
+                "mount it with locking on the server (NFS: without nolock and local_lock; Lustre: -o flock)",
+                data={"mount": locks, "posix_locks_local": posix_local, "flock_local": flock_local},
+            )
+        )
     # O_DIRECT: a real aligned write and read through the engine.
     if opts.odirect == "false":
         out.append(Check(f"{tag}O_DIRECT", "info", "odirect: false is configured: reads go through the page cache"))

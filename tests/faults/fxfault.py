@@ -191,6 +191,16 @@ class LogCount(logging.Handler):
         lg.setLevel(self._old)
 
 
+def mount_table(tmp_path, path: str, fstype: str, options: str) -> str:
+    """A /proc/self/mountinfo (the kernel's format) whose one line puts
+    `path`'s device under a mount of `fstype` with `options`; its path."""
+    st = os.stat(path)
+    line = f"61 1 {os.major(st.st_dev)}:{os.minor(st.st_dev)} / {path} rw,relatime - {fstype} srv:/export {options}\n"
+    table = tmp_path / f"mountinfo-{fstype}-{len(os.listdir(tmp_path))}"
+    table.write_text("22 1 0:21 / /proc rw - proc proc rw\n" + line)
+    return str(table)
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
