@@ -49,7 +49,7 @@ static const char *const fault_names[FX_FAULT_NKINDS] = {
     [FX_FAULT_WAIT_EINTR] = "wait_eintr", [FX_FAULT_SUBMIT_FAIL] = "submit_fail",
     [FX_FAULT_EAGAIN] = "eagain",         [FX_FAULT_EINTR] = "eintr",
     [FX_FAULT_SHORT] = "short",           [FX_FAULT_MAP_TRUNCATE] = "map_truncate",
-    [FX_FAULT_NO_CLONE] = "no_clone",
+    [FX_FAULT_NO_CLONE] = "no_clone",     [FX_FAULT_MAP_CUT] = "map_cut",
 };
 
 long fx_fault_hit(int kind)
@@ -82,7 +82,7 @@ int fx_fault_setup(const char *spec, char *why, size_t whylen)
                 break;
         if (k == FX_FAULT_NKINDS || p[n] != ':') {
             snprintf(why, whylen, "LMCACHE_FX_FAULT: expected kind:count with kind one of "
-                                  "wait_eintr, submit_fail, eagain, eintr, short, map_truncate, no_clone; got '%.*s'",
+                                  "wait_eintr, submit_fail, eagain, eintr, short, map_truncate, no_clone, map_cut; got '%.*s'",
                      (int)strcspn(p, ","), p);
             return -1;
         }
@@ -152,7 +152,17 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
     /* Count first so the pieces live in one allocation. An unaligned tail of
      * an O_DIRECT op gets a piece of its own so only it is bounced. */
     for (i = 0; i < b->nops; i++) {
-        uint64_t len = b->ops[i].length;
+        uint64_t len = b->ops[i].length, c;
+
+        /* Lengths and offsets come from the caller: no sum below may wrap,
+         * and an op's piece count must fit its uint32_t fields. */
+        if (split == 0 || len > INT64_MAX || b->ops[i].offset > INT64_MAX - len ||
+            (c = len ? (len + split - 1) / split + 2 : 1) > UINT32_MAX ||
+            n > SIZE_MAX / sizeof(*b->pieces) - c) {
+            free(b->prog);
+            b->prog = NULL;
+            return -EINVAL;
+        }
         n += len ? (len + split - 1) / split + 1 : 0;
         if (b->hdrs && b->hdrs[i])
             n++; /* a header-only piece when it cannot ride with the first */
@@ -638,17 +648,24 @@ int64_t fx_write_fused(int fd, char *hdr, const char *src, uint64_t len)
     }
 }
 
-/* The map_truncate fault: the file of fd cut to its header, through a
- * writable descriptor of its own (fd is read-only). */
-static void truncate_to_header(int fd)
+/* The map_truncate fault: the file of fd cut to its header (whole pages
+ * go: the copy faults); map_cut: its last byte cut off (inside a page: the
+ * copy reads a zero there, no fault). Through a writable descriptor of its
+ * own (fd is read-only). */
+static void cut_file(int fd, int to_header)
 {
     char path[64];
+    struct stat st;
     int w;
 
     snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
     if ((w = open(path, O_WRONLY | O_CLOEXEC)) >= 0) {
-        if (ftruncate(w, FX_HDR_SIZE) < 0)
-            perror("lmcache-fx: map_truncate fault");
+        off_t to = FX_HDR_SIZE;
+
+        if (!to_header)
+            to = fstat(w, &st) == 0 && st.st_size > 0 ? st.st_size - 1 : 0;
+        if (ftruncate(w, to) < 0)
+            perror("lmcache-fx: map_truncate or map_cut fault");
         close(w);
     }
 }
@@ -666,7 +683,9 @@ static int64_t run_mapped(const fx_batch *b, fx_piece *p)
     if (p->offset + p->length > op->map_len || from > p->offset)
         return -EFAULT;
     if (FX_FAULT(FX_FAULT_MAP_TRUNCATE))
-        truncate_to_header(op->fd);
+        cut_file(op->fd, 1);
+    else if (FX_FAULT(FX_FAULT_MAP_CUT))
+        cut_file(op->fd, 0);
     if ((p->hdr && fx_map_copy(p->hdr, lo + from, FX_HDR_SIZE, lo, hi, 0, &crc) < 0) ||
         (r = fx_map_copy(p->buf, lo + p->offset, p->length, lo, hi, b->want_crc, &crc)) < 0) {
         fx_map_faults++;

@@ -538,8 +538,23 @@ static void lane_read(reader *R, lane *L)
         for (k = 0; k < m; k++) {
             size_t ci = L->which[k];
 
-            if (L->ops[k].map)
+            if (L->ops[k].map) {
+                struct stat st;
+
+                /* A file cut meanwhile by less than a page reads as zeros up
+                 * to the page's end, with no SIGBUS: what lies past its end
+                 * now was not read. */
+                if (r == 0 && L->res[k].result > 0) {
+                    int64_t have = fstat(L->ops[k].fd, &st) < 0 ? -EIO
+                                   : st.st_size > (off_t)L->ops[k].offset
+                                       ? (int64_t)st.st_size - (int64_t)L->ops[k].offset
+                                       : 0;
+
+                    if (have < L->res[k].result)
+                        L->res[k].result = have;
+                }
                 munmap((void *)L->ops[k].map, L->ops[k].map_len);
+            }
             close(L->ops[k].fd);
             if (r < 0) {
                 out[ci].status = r;

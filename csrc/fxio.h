@@ -254,6 +254,7 @@ enum {
     FX_FAULT_SHORT,
     FX_FAULT_MAP_TRUNCATE,
     FX_FAULT_NO_CLONE,
+    FX_FAULT_MAP_CUT,
     FX_FAULT_NKINDS
 };
 extern _Atomic int fx_fault_on;

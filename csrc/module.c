@@ -489,13 +489,14 @@ static PyObject *engine_rw(EngineObject *self, PyObject *args, PyObject *kw, int
     fx_batch_release(&b);
     Py_END_ALLOW_THREADS
     end_use(self);
-    /* Only a failure to start (no memory for the batch) raises; a ring that
-     * failed midway has put an error on each op it did not finish. */
+    /* Only a failure to start (no memory for the batch, offsets and lengths
+     * out of range) raises; a ring that failed midway has put an error on
+     * each op it did not finish. */
     if (r == -EOWNERDEAD) {
         PyErr_SetString(PyExc_RuntimeError, FORK_MSG("Engine"));
         goto done;
     }
-    if (r == -ENOMEM) {
+    if (r == -ENOMEM || r == -EINVAL) {
         errno = -r;
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;

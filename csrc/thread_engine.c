@@ -138,15 +138,18 @@ static void *worker(void *arg)
             r = fx_io_sync(it.io.fd, it.io.write, it.io.direct, it.io.buf, it.io.len, it.io.off);
             if (it.after)
                 it.after(it.actx, it.io.tag, r); /* in parallel across workers (a CRC, say) */
+            pthread_mutex_lock(&pool->mu);
+            job->active--;
+            if (q->wn)
+                pthread_cond_signal(&pool->work_cv);
+            pthread_mutex_unlock(&pool->mu);
+            /* The last touch of q: once its event is reaped, fx_tq_free may free it. */
             pthread_mutex_lock(&q->mu);
             q->done[(q->dh + q->dn) % q->cap] = (fx_event){.tag = it.io.tag, .res = (int)r};
             q->dn++;
             pthread_cond_signal(&q->cv);
             pthread_mutex_unlock(&q->mu);
             pthread_mutex_lock(&pool->mu);
-            job->active--;
-            if (q->wn)
-                pthread_cond_signal(&pool->work_cv);
             continue;
         }
         if (!job->b) {

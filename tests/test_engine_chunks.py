@@ -1448,3 +1448,28 @@ out(statuses=statuses, reads=reads, same=bytes(dest)[:4096] == bytes(dest)[4096:
 """
     r = run_child(body, {"store": store, "kind": kind}, tmp_path)
     assert r == {"statuses": [fx.CHUNK_OK] * 3, "reads": [4096] * 3, "same": True}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_lengths_whose_piece_count_would_wrap_are_refused(kind, tmp_path):
+    """Ops whose pieces would number more than a size_t of their bytes can
+    count (69 ops of 2**63 - 1 bytes at 4 KiB pieces), or whose offset and
+    length pass 2**63: the engine refuses the call (EINVAL) instead of
+    allocating a wrapped size and writing past it (a child: it segfaulted)."""
+    body = """
+import errno
+fd = os.open(ARGS["path"], os.O_RDONLY)
+buf = fx.HostBuffer(4096, hugepages=False)
+eng = fx.Engine(ARGS["kind"], queue_depth=4)
+got = []
+for ops in ([(fd, 0, (1 << 63) - 1, buf.address)] * 69, [(fd, 1 << 62, 1 << 62, buf.address)]):
+    try:
+        eng.read(ops, split=4096)
+        got.append("read")
+    except OSError as e:
+        got.append(e.errno == errno.EINVAL)
+got.append(eng.read([(fd, 0, 4096, buf.address)]))  # the engine still reads
+out(got=got)
+"""
+    r = run_child(body, {"kind": kind}, tmp_path)
+    assert r["got"] == [True, True, [4096]]

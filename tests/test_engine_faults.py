@@ -3,7 +3,7 @@ real io_uring and real files.
 
 Faults come from the fault points compiled into the core, armed by
 LMCACHE_FX_FAULT="kind:count,..." when an Engine is created (kinds:
-wait_eintr, submit_fail, eagain, eintr, short, map_truncate, no_clone; see
+wait_eintr, submit_fail, eagain, eintr, short, map_truncate, no_clone, map_cut; see
 csrc/fxio.h), and from the real thing: signals sent to the reading thread, a
 low RLIMIT_NOFILE, fork().
 

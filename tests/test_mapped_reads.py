@@ -165,6 +165,41 @@ def test_a_file_truncated_under_its_mapping_is_a_miss_not_a_crash(kind, shm_root
         assert run["good_exact"], out
 
 
+CUT_IN_A_PAGE = """
+import sys
+sys.path.insert(0, ARGS["tests"])
+from test_engine_chunks import read
+rfd = os.open(ARGS["root"], os.O_RDONLY | os.O_DIRECTORY)
+os.environ["LMCACHE_FX_FAULT"] = "map_cut:1"  # armed when an engine is made
+eng = fx.Engine(ARGS["kind"], queue_depth=8, split_bytes=1 << 20)
+faults0, pieces0 = fx.map_stats()[1], fx.map_stats()[0]
+res, datas, _ = read(eng, rfd, [(ARGS["cut"], ARGS["n"])], verify=False, direct=True, mapped=True)
+out(status=res[0][0], nbytes=res[0][1], faults=fx.map_stats()[1] - faults0, pieces=fx.map_stats()[0] - pieces0,
+    size=os.stat(os.path.join(ARGS["root"], ARGS["cut"])).st_size)
+eng.close()
+"""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_file_cut_inside_its_last_page_under_its_mapping_is_a_miss(kind, shm_root, tmp_path):
+    """A file cut by less than a page under a live mapping (the map_cut
+    fault takes its last byte just before the copy): no SIGBUS, the copy
+    reads a zero where the byte was, and with verify off no CRC would tell.
+    The size after the copy does: the chunk is short, a miss, not the
+    payload with its end zeroed."""
+    n = 5 << 20
+    write_chunk(shm_root, "ab/cut.fxkv", random.Random(12).randbytes(n), key="cut")
+    out = run_child(
+        CUT_IN_A_PAGE,
+        {"root": shm_root, "kind": kind, "cut": "ab/cut.fxkv", "n": n, "tests": os.path.dirname(__file__)},
+        tmp_path,
+    )
+    assert out["size"] == HEADER_SIZE + n - 1 and out["faults"] == 0 and out["pieces"] >= 1, (
+        out
+    )  # cut, copied, no fault
+    assert out["status"] == fx.CHUNK_SHORT and out["nbytes"] == n - 1, out
+
+
 FOREIGN = """
 import sys
 sys.path.insert(0, ARGS["tests"])
