@@ -2,11 +2,13 @@
 written by the plugin through a real LMCacheEngine, then damaged on purpose."""
 
 import contextlib
+import errno
 import json
 import os
 import platform
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -670,3 +672,311 @@ def test_doctor_warns_where_file_locks_stay_on_this_host(capsys, tmp_path, monke
             assert c["status"] == "warn" and "nfs mounted nolock" in c["summary"]
             assert "evicted files are not reused" in c["summary"] and "counted per host" in c["summary"]
             assert "without nolock" in c["fix"] and c["data"]["posix_locks_local"] is True
+
+
+# ---------------------------------------------------------------- removals beside running stores
+
+
+def _fx():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from faults import fxfault as F
+
+    return F
+
+
+def _ledger_usage(store):
+    with store._ledger.hold():
+        return store._ledger.get()[0]
+
+
+def _after_scan(monkeypatch, fn):
+    """admin.scan, then fn(): a change made between the listing and what follows it."""
+    from lmcache_fx.tools import admin
+
+    real = admin.scan
+
+    def scan_then(roots):
+        sc = real(roots)
+        fn()
+        return sc
+
+    monkeypatch.setattr(admin, "scan", scan_then)
+
+
+def test_gc_takes_what_it_removes_off_a_running_stores_usage(capsys, store_copy):
+    """gc beside a running store: the bytes it removes come off the shared
+    ledger at once, so the store does not go on evicting as if still full."""
+    path, files = store_copy
+    order = files["org/model-a"] + files["org/mla-b"]
+    st = ChunkStore(FxOptions(path=path, io_engine="threads", max_capacity_gb=1))
+    try:
+        total = sum(os.path.getsize(f) for f in order)
+        assert _ledger_usage(st) == total
+        keep = sum(os.path.getsize(f) for f in order[3:])
+        rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", keep / GIB)
+        assert rc == 0 and obj["removed_chunks"] == 3
+        assert _ledger_usage(st) == keep == st._walk(remove_stale=False)[1]
+    finally:
+        st.close()
+
+
+def test_fsck_repair_takes_what_it_removes_off_the_ledger(capsys, store_copy):
+    """fsck --repair beside a running store: a bad chunk and a dead writer's
+    temporary (its reservation counted, as a writer that died leaves it) come
+    off the ledger with their files."""
+    path, files = store_copy
+    a = files["org/model-a"]
+    st = ChunkStore(FxOptions(path=path, io_engine="threads", max_capacity_gb=1))
+    try:
+        _flip(a[3], HEADER_SIZE + 5000)
+        stale = a[0] + ".tmp.999999999.1"
+        with open(stale, "wb") as f:
+            f.write(b"x" * 8192)
+        with st._ledger.hold():
+            rec = st._ledger.get()
+            st._ledger.put(rec[0] + 8192, rec[1])
+        before = _ledger_usage(st)
+        rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
+        assert rc == 1, obj
+        assert not os.path.exists(a[3]) and not os.path.exists(stale)
+        bad = {p["path"]: p for p in obj["problems"]}[a[3]]
+        assert _ledger_usage(st) == before - 8192 - bad["size"] == st._walk(remove_stale=False)[1]
+    finally:
+        st.close()
+
+
+def test_removals_wait_for_the_store_lock(capsys, store_copy, monkeypatch):
+    """While another process holds the store lock (past its bounded wait),
+    gc and fsck --repair remove nothing and say why; once it is free, they do."""
+    import fcntl
+
+    from lmcache_fx.core import ledger
+
+    path, files = store_copy
+    a = files["org/model-a"]
+    _flip(a[1], 100)
+    monkeypatch.setattr(ledger, "LOCK_TIMEOUT", 0.2)
+    fd = os.open(os.path.join(path, ".fx", "store.lock"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
+        assert rc == 4 and os.path.exists(a[1])
+        bad = [p for p in obj["problems"] if p["kind"] == "bad"]
+        assert len(bad) == 1 and not bad[0]["removed"] and "store lock" in bad[0]["note"]
+        rc, out, _ = cli(capsys, "gc", path, "--to-gb", 0)
+        assert rc == 1 and "store lock" in out
+        assert all(os.path.exists(f) for fs in files.values() for f in fs)
+    finally:
+        os.close(fd)
+    rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", 0)
+    assert rc == 0 and obj["removed_chunks"] == 6
+    assert not any(os.path.exists(f) for fs in files.values() for f in fs)
+
+
+def test_gc_is_not_redirected_by_a_fanout_directory_swapped_for_a_link(capsys, store_copy, tmp_path, monkeypatch):
+    """A fan-out directory swapped for a symlink to another store after gc's
+    listing: gc removes nothing there (it removes relative to the directory
+    it listed, opened without following links)."""
+    path, files = store_copy
+    other = str(tmp_path / "other")
+    shutil.copytree(path, other)
+    victim = files["org/model-a"][0]
+    sub = os.path.dirname(victim)
+    theirs = os.path.join(other, os.path.basename(sub), os.path.basename(victim))
+
+    def swap():
+        os.rename(sub, sub + ".moved")
+        os.symlink(os.path.dirname(theirs), sub)
+
+    _after_scan(monkeypatch, swap)
+    rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", 0)
+    assert os.path.exists(theirs) and len(_fx().chunk_files(other)) == 6
+    assert rc == 1 and [x["path"] for x in obj["failed"]] == [victim]
+
+
+def test_fsck_repair_rejudges_a_temporary_at_removal(capsys, store_copy, monkeypatch):
+    """A temporary stale when listed (a live pid's, two hours old: as an
+    evicted file just renamed to a writer's temporary) that its writer has
+    written to since: --repair judges it again from a fresh stat and keeps it."""
+    from lmcache_fx.core.layout import HOST_TAG
+
+    path, files = store_copy
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tmp = f"{files['org/model-a'][0]}.tmp.{writer.pid}.1.{HOST_TAG}"
+        with open(tmp, "wb") as f:
+            f.write(b"x" * 4096)
+        old = time.time() - 7200
+        os.utime(tmp, (old, old))
+        _after_scan(monkeypatch, lambda: os.utime(tmp))  # the writer's first write
+        rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
+        assert os.path.exists(tmp)
+        p = {p["path"]: p for p in obj["problems"]}[tmp]
+        assert not p["removed"] and "live writer" in p["note"]
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_fsck_reports_read_errors_and_never_removes_on_them(capsys, store_copy, monkeypatch):
+    """A read that fails (EAGAIN past the retries, from the engine's fault
+    point) or an open that fails (EMFILE) is not a bad chunk: reported as
+    unreadable, exit status 4, never removed (the store keeps such files)."""
+    from lmcache_fx.tools import verify
+
+    path, files = store_copy
+    every = [f for fs in files.values() for f in fs]
+    monkeypatch.setenv("LMCACHE_FX_FAULT", "eagain:1000000")
+    rc, obj, _ = cli_json(capsys, "fsck", path, "--repair", "--io-engine", "threads")
+    monkeypatch.delenv("LMCACHE_FX_FAULT")
+    assert rc == 4 and obj["bad"] == 0 and obj["unreadable"] == 6, obj
+    assert all(not p["removed"] for p in obj["problems"])
+    assert all(os.path.exists(f) for f in every)
+
+    real = verify.open_in
+
+    def emfile(p, *a, **kw):
+        if p == every[2]:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(p, *a, **kw)
+
+    monkeypatch.setattr(verify, "open_in", emfile)
+    rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
+    assert rc == 4 and obj["ok"] == 5 and obj["bad"] == 0 and os.path.exists(every[2]), obj
+    assert [p["kind"] for p in obj["problems"]] == ["unreadable"]
+    monkeypatch.undo()
+    rc, obj, _ = cli_json(capsys, "fsck", path)
+    assert rc == 0 and obj["ok"] == 6
+
+
+def test_fsck_judges_the_file_it_opened_not_the_listing(capsys, tmp_path, monkeypatch):
+    """A chunk replaced after fsck's listing by a whole chunk of the same key
+    and another size is verified as the file it opened: ok, and kept."""
+    F = _fx()
+    path = str(tmp_path / "store")
+    key = "m@1@0@00000000000000aa@bfloat16"
+    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
+    src = F.Chunks()
+    try:
+        assert st.write([src.item(key, 65536)]) == [True]
+
+        def replace():
+            st.remove(key)
+            assert st.write([src.item(key, 131072)]) == [True]
+
+        _after_scan(monkeypatch, replace)
+        rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
+        assert rc == 0 and obj["ok"] == 1 and not obj["problems"], obj
+        assert F.read_check(st, [key])[:2] == (1, 0)
+    finally:
+        st.close()
+
+
+def test_a_fifo_in_a_chunks_place_blocks_no_command(capsys, store_copy, monkeypatch):
+    """A chunk file swapped for a FIFO after the listing: ls, stat and fsck
+    open it without blocking (O_NONBLOCK), call it unreadable, remove nothing."""
+    import signal
+
+    path, files = store_copy
+    victim = files["org/mla-b"][0]
+    with open(victim, "rb") as f:
+        whole = f.read()
+
+    def fifo():
+        os.unlink(victim)
+        os.mkfifo(victim)
+
+    def run(*argv):
+        if stat.S_ISFIFO(os.lstat(victim).st_mode):  # a regular file again for the listing
+            os.unlink(victim)
+            with open(victim, "wb") as f:
+                f.write(whole)
+        signal.alarm(20)
+        try:
+            return cli_json(capsys, *argv)
+        finally:
+            signal.alarm(0)
+
+    def hung(*_):
+        raise TimeoutError("blocked in open() of a FIFO")
+
+    _after_scan(monkeypatch, fifo)
+    old = signal.signal(signal.SIGALRM, hung)
+    try:
+        rc, obj, _ = run("ls", path)
+        assert rc == 0 and obj["total_chunks"] == 6
+        assert "not a regular file" in {c["path"]: c for c in obj["chunks"]}[victim]["error"]
+        rc, obj, _ = run("stat", path)
+        assert rc == 0 and obj["chunks"] == 6
+        rc, obj, _ = run("fsck", path, "--repair")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert rc == 4 and obj["ok"] == 5 and obj["unreadable"] == 1
+    assert stat.S_ISFIFO(os.lstat(victim).st_mode)
+
+
+def test_fsck_repair_removes_only_the_stores_own_temporaries(capsys, store_copy, tmp_path):
+    """Old files with `.tmp.` in their names that the store never makes (a
+    user's notes in a wrong directory, one in a fan-out directory) and a
+    directory are left alone, and a wrong directory is still called one;
+    an old O_DIRECT probe of a store is removed."""
+    old = time.time() - 7200
+    wrong = tmp_path / "notastore"
+    wrong.mkdir()
+    (wrong / ".tmp.notes").write_text("my notes")
+    (wrong / ".tmp.cache").mkdir()
+    (wrong / "important.txt").write_text("data")
+    for n in (".tmp.notes", ".tmp.cache"):
+        os.utime(wrong / n, (old, old))
+    rc, obj, _ = cli_json(capsys, "fsck", wrong, "--repair")
+    assert sorted(os.listdir(wrong)) == [".tmp.cache", ".tmp.notes", "important.txt"]
+    assert rc == 0 and any("does not look like an lmcache-fx store" in w for w in obj["warnings"]), obj
+
+    path, files = store_copy
+    sub = os.path.dirname(files["org/model-a"][0])
+    notes = os.path.join(sub, "notes.tmp.txt")
+    probe = os.path.join(path, ".tmp.odirect.999999999")
+    for p in (notes, probe):
+        with open(p, "w") as f:
+            f.write("x")
+        os.utime(p, (old, old))
+    rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
+    probs = {p["path"]: p for p in obj["problems"]}
+    assert os.path.exists(notes) and probs[notes]["kind"] == "foreign"
+    assert not os.path.exists(probe) and probs[probe]["removed"]
+
+
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["stat", "--capacity-gb", "0"], "--capacity-gb"),
+        (["stat", "--capacity-gb", "nan"], "--capacity-gb"),
+        (["stat", "--capacity-gb", "inf"], "--capacity-gb"),
+        (["stat", "--capacity-gb", "-1"], "--capacity-gb"),
+        (["gc", "--to-gb", "nan"], "--to-gb"),
+        (["gc", "--to-gb", "inf"], "--to-gb"),
+        (["gc", "--to-gb", "-1"], "--to-gb"),
+        (["fsck", "--buffer-mb", "100000000"], "--buffer-mb"),
+        (["fsck", "--buffer-mb", "0"], "--buffer-mb"),
+    ],
+)
+def test_bad_numbers_are_one_line_errors_naming_the_flag(capsys, tmp_path, argv, flag):
+    rc, out, err = cli(capsys, argv[0], tmp_path, *argv[1:])
+    assert rc == 2 and flag in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    if argv[0] == "fsck":
+        assert "4096" in err  # the bound is said
+
+
+def test_config_with_the_plugin_unlisted_says_to_list_it(capsys, tmp_path):
+    """The plugin's settings are there but storage_plugins does not list it:
+    the error says to list it, not to set a module_path that is set."""
+    import yaml
+
+    d = fx_config(tmp_path / "s")
+    del d["storage_plugins"]
+    y = tmp_path / "unlisted.yaml"
+    y.write_text(yaml.safe_dump(d))
+    rc, out, err = cli(capsys, "stat", "--config", y)
+    assert rc == 2 and "storage_plugins does not list 'fx'" in err and "storage_plugins: ['fx']" in err, err
+    assert "module_path: lmcache_fx" not in err

@@ -6,32 +6,43 @@ ChunkStore lays them out, headers with chunkfile.decode_header, payloads with
 the C engine (io_uring, O_DIRECT where the filesystem allows, CRC32C computed
 as the data lands). They are safe beside a running server: a chunk that
 vanishes or is replaced while they look is skipped, and nothing is removed
-unless asked (fsck --repair, gc).
+unless asked (fsck --repair, gc). Removals go as the store's own do: under
+the store lock (waiting at most LOCK_TIMEOUT), relative to the directory
+listed (opened without following links, and still the one listed), each file
+only while it is the one judged (its inode; a temporary only while still
+stale by a fresh stat), and their bytes taken off the shared ledger.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import errno
+import fcntl
 import json
+import math
 import os
+import re
 import stat as stat_mod
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
+from ..core import ledger as ledger_mod
 from ..core.chunkfile import Header
 from ..core.layout import (
     LOCK_DIR,
-    TMP_MARK,
+    LOCK_NAME,
     StoreFile,
     is_fanout_name,
+    open_dir,
     paths_for,
     scan_fanout,
     tmp_is_stale,
+    unlink_if_same,
 )
-from ..core.ledger import Ledger
+from ..core.ledger import Ledger, LockTimeout
 from ..core.options import GIB
 from .common import AdminError, fs_info, human_age, human_bytes, quiet_broken_pipe
 from .lmcache_config import load_plugin_configs
@@ -64,11 +75,13 @@ Verifies every chunk: header checksum, format version, the key against the
 file name, the payload length and the payload CRC32C, reading with the C
 engine (io_uring, O_DIRECT where allowed, two batches in flight). Also
 reports temporaries of dead writers and files that do not belong.
---repair removes bad chunks and stale temporaries (never files of another
-format version, foreign files, or temporaries of live writers).
+--repair removes bad chunks and stale temporaries under the store lock, and
+takes their bytes off the store's shared usage (never files of another
+format version, foreign files, temporaries of live writers, or files that
+could not be opened or read: those are reported as UNREADABLE).
 
-exit status: 0 clean; 1 problems found and all repaired; 4 problems left;
-2 usage error or unreadable path.
+exit status: 0 clean; 1 problems found and all repaired; 4 problems left
+(unreadable files included); 2 usage error or unreadable path.
 
 examples:
   lmcache-fx fsck /mnt/nvme/lmcache
@@ -78,7 +91,9 @@ examples:
     "gc": """\
 Removes least recently written chunks until the chunk files take at most
 --to-gb GiB (the order the store itself evicts in after a restart). Safe
-beside a running server: a removed chunk is a miss there.
+beside a running server: removals take the store lock, a chunk read since
+the listing is kept, and the bytes removed come off the shared usage count
+at once; a removed chunk is a miss there.
 
 examples:
   lmcache-fx gc /mnt/nvme/lmcache --to-gb 1500
@@ -98,6 +113,17 @@ class Scan:
     temps: list[StoreFile] = field(default_factory=list)
     others: list[StoreFile] = field(default_factory=list)
     looks_like_store: dict = field(default_factory=dict)  # root -> bool
+    dirs: dict = field(default_factory=dict)  # directory listed -> its (st_dev, st_ino) then
+
+
+# The names the store gives its temporaries (core/layout.py, store._tmp_name,
+# layout.probe_odirect): <digest>.fxkv.tmp.<pid>.<n>[.<host tag>] in the
+# digest's fan-out directory, and .tmp.odirect.<pid>[.<host tag>] at a root.
+# A name with TMP_MARK in it that is neither is not the store's: reported as
+# foreign, never removed.
+_FANOUT_TMP = re.compile(r"([0-9a-f]{32})\.fxkv\.tmp\.[0-9]+\.[0-9]+(\.[0-9a-f]{8})?")
+_ROOT_TMP = re.compile(r"\.tmp\.odirect\.[0-9]+(\.[0-9a-f]{8})?")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def check_root(root: str) -> str:
@@ -129,37 +155,72 @@ def split_paths(values: Iterable[str]) -> list[str]:
 
 def scan(roots: list[str]) -> Scan:
     """Lists a store the way the store's own scan sees it (core/layout.py),
-    keeping what it skips."""
+    keeping what it skips. Every directory is listed through a descriptor
+    (fan-out directories opened without following links) whose identity is
+    kept in Scan.dirs, for removals to check they act in the same one."""
     sc = Scan(roots)
     lists = {"chunk": sc.chunks, "tmp": sc.temps, "other": sc.others}
     for root in roots:
         looks = False
         try:
-            with os.scandir(root) as top:
-                entries = list(top)
+            rfd = os.open(root, _DIR_FLAGS)
         except OSError as e:
             raise AdminError(f"{root}: cannot list it: {e.strerror}") from None
-        for de in entries:
-            name = de.name
-            if is_fanout_name(name) and de.is_dir(follow_symlinks=False):
-                looks = True
-                try:
-                    for f in scan_fanout(root, de.path):
-                        lists[f.kind].append(f)
-                except OSError as e:
-                    sc.others.append(StoreFile(de.path, root, 0, 0, 0, 0, "other", why=f"cannot list: {e.strerror}"))
-            elif name == LOCK_DIR and de.is_dir(follow_symlinks=False):  # the shared-capacity lock
-                looks = True
-            elif name.startswith(TMP_MARK):  # the O_DIRECT probe of a starting store
-                looks = True
-                try:
-                    st = de.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                sc.temps.append(StoreFile(de.path, root, st.st_size, st.st_mtime, st.st_mtime_ns, st.st_ino, "tmp"))
+        try:
+            st = os.fstat(rfd)
+            sc.dirs[root] = (st.st_dev, st.st_ino)
+            try:
+                with os.scandir(rfd) as top:
+                    entries = list(top)
+            except OSError as e:
+                raise AdminError(f"{root}: cannot list it: {e.strerror}") from None
+            for de in entries:
+                name = de.name
+                path = os.path.join(root, name)
+                if is_fanout_name(name) and de.is_dir(follow_symlinks=False):
+                    looks = True
+                    try:
+                        dfd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=rfd)
+                    except OSError as e:
+                        sc.others.append(StoreFile(path, root, 0, 0, 0, 0, "other", why=f"cannot list: {e.strerror}"))
+                        continue
+                    try:
+                        dst = os.fstat(dfd)
+                        sc.dirs[path] = (dst.st_dev, dst.st_ino)
+                        for f in scan_fanout(root, path, dfd):
+                            if f.kind == "tmp" and not _is_store_tmp(f):
+                                f.kind, f.why = (
+                                    "other",
+                                    "not an lmcache-fx file (the store makes no temporary of this name)",
+                                )
+                            lists[f.kind].append(f)
+                    except OSError as e:
+                        sc.others.append(StoreFile(path, root, 0, 0, 0, 0, "other", why=f"cannot list: {e.strerror}"))
+                    finally:
+                        os.close(dfd)
+                elif name == LOCK_DIR and de.is_dir(follow_symlinks=False):  # the shared-capacity lock
+                    looks = True
+                elif _ROOT_TMP.fullmatch(name):  # the O_DIRECT probe of a starting store or of doctor
+                    try:
+                        fst = de.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat_mod.S_ISREG(fst.st_mode):
+                        sc.temps.append(
+                            StoreFile(path, root, fst.st_size, fst.st_mtime, fst.st_mtime_ns, fst.st_ino, "tmp")
+                        )
+        finally:
+            os.close(rfd)
         sc.looks_like_store[root] = looks or not entries
     sc.chunks.sort(key=lambda f: (f.mtime, f.digest))  # the store's order: least recently written first
     return sc
+
+
+def _is_store_tmp(f: StoreFile) -> bool:
+    """Whether a temporary of a fan-out directory has a name the store gives
+    its own: <digest>.fxkv.tmp.<pid>.<n>[.<host tag>], digest of that directory."""
+    m = _FANOUT_TMP.fullmatch(os.path.basename(f.path))
+    return m is not None and m.group(1)[:2] == os.path.basename(os.path.dirname(f.path))
 
 
 def is_stale_tmp(f: StoreFile, now: Optional[float] = None) -> bool:
@@ -199,6 +260,16 @@ AGE_BUCKETS = [
 
 # ---------------------------------------------------------------- arguments
 
+MAX_BUFFER_MB = 4096  # fsck --buffer-mb: two batches of it in flight, 8 GiB at most
+
+
+def _gib(value: float, flag: str, zero_ok: bool) -> float:
+    """A size in GiB from the command line, or AdminError naming the flag."""
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        least = ">= 0" if zero_ok else "above 0"
+        raise AdminError(f"{flag} must be a finite number of GiB {least} (got {value})")
+    return value
+
 
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.epilog = EXAMPLES[command]
@@ -226,7 +297,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
             type=int,
             default=16,
             metavar="MB",
-            help="memory per batch (two batches in flight; default 16)",
+            help=f"memory per batch (two batches in flight; default 16, at most {MAX_BUFFER_MB})",
         )
         p.add_argument("--io-engine", choices=["auto", "io_uring", "threads"], default="auto")
         p.add_argument(
@@ -249,8 +320,10 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
     opts = None
     paths = split_paths(args.path)
     if args.config:
-        plugins = load_plugin_configs(args.config)
+        plugins, unlisted = load_plugin_configs(args.config)
         if not plugins:
+            if unlisted:  # the settings are there, the name is not listed: say that, with the fix
+                raise AdminError(f"{args.config}: {'; '.join(unlisted)}")
             raise AdminError(
                 f"{args.config}: storage_plugins has no lmcache-fx entry "
                 "(storage_plugin.<name>.module_path: lmcache_fx.lmcache_plugin)"
@@ -383,11 +456,15 @@ def cmd_ls(args) -> int:
 
 
 def cmd_stat(args) -> int:
+    if args.capacity_gb is not None:
+        _gib(args.capacity_gb, "--capacity-gb", zero_ok=False)
     roots, opts = resolve(args)
     sc = scan(roots)
     recs = _read_headers(sc)
     now = time.time()
     cap_gb = args.capacity_gb if args.capacity_gb is not None else (opts.max_capacity_gb if opts else None)
+    if cap_gb is not None and not (math.isfinite(cap_gb) and cap_gb > 0):
+        cap_gb = None  # not a capacity to compare with
     total = sum(f.size for f in sc.chunks)
     models: dict = collections.OrderedDict()
     geos: dict = collections.OrderedDict()
@@ -500,11 +577,11 @@ def cmd_stat(args) -> int:
 
 
 def cmd_fsck(args) -> int:
-    roots, opts = resolve(args)
-    if args.buffer_mb < 1:
-        raise AdminError("--buffer-mb must be at least 1")
+    if not 1 <= args.buffer_mb <= MAX_BUFFER_MB:
+        raise AdminError(f"--buffer-mb must be in 1..{MAX_BUFFER_MB} (MiB per batch; two batches are in flight)")
     if not 1 <= args.queue_depth <= 32768:
         raise AdminError("--queue-depth must be in 1..32768")
+    roots, opts = resolve(args)
     sc = scan(roots)
     rd = ChunkVerifier(args.io_engine, args.queue_depth, odirect=not args.no_odirect)
     t0 = time.perf_counter()
@@ -517,7 +594,7 @@ def cmd_fsck(args) -> int:
         for v in rd.verify(sc.chunks, args.buffer_mb << 20):
             counts[v.status] += 1
             if v.status == "ok":
-                nbytes += v.file.size
+                nbytes += v.size
                 ok_paths.setdefault(v.file.digest, []).append(v.file)
                 if len(roots) > 1 and v.file.path not in paths_for(roots, v.file.digest):
                     problems.append(
@@ -531,7 +608,7 @@ def cmd_fsck(args) -> int:
                 continue
             if v.status == "gone":
                 continue
-            problems.append(_problem(v.file, v.status, v.problem))
+            problems.append(_problem(v.file, v.status, v.problem, v.ident, v.size))
         engine_kind = rd.engine.kind
         direct = rd.used_direct
     finally:
@@ -555,16 +632,18 @@ def cmd_fsck(args) -> int:
             problems.append(_problem(t, "stale-tmp", "temporary of a writer that is gone"))
     for o in sc.others:
         problems.append(_problem(o, "foreign", o.why))
+    notes = []
     if args.repair:
-        for p in problems:
-            if p["kind"] in ("bad", "stale-tmp"):
-                p["removed"], p["note"] = _remove_checked(p)
+        todo = [p for p in problems if p["kind"] in REMOVABLE]
+        if todo:
+            notes = _remove(roots, sc, todo)
     # Errors are what the store would trip over or leak: bad chunks and stale
-    # temporaries. Files of another format version, foreign files and
-    # misplaced chunks are reported but the store never reads them; duplicate
-    # copies are whole chunks the store heals on its next write of them.
-    found = [p for p in problems if p["kind"] in ("bad", "stale-tmp")]
-    left = [p for p in found if not p.get("removed")]
+    # temporaries, and files that could not be read (so not verified). Files
+    # of another format version, foreign files and misplaced chunks are
+    # reported but the store never reads them; duplicate copies are whole
+    # chunks the store heals on its next write of them.
+    found = [p for p in problems if p["kind"] in REMOVABLE or p["kind"] == "unreadable"]
+    left = [p for p in found if not p.get("resolved")]
     code = 0 if not found else (1 if not left else 4)
     live_tmp = len(sc.temps) - sum(1 for p in problems if p["kind"] == "stale-tmp")
     obj = {
@@ -572,6 +651,7 @@ def cmd_fsck(args) -> int:
         "checked": len(sc.chunks),
         "ok": counts["ok"],
         "bad": counts["bad"],
+        "unreadable": counts["unreadable"],
         "other_version": counts["version"],
         "vanished": counts["gone"],
         "bytes_verified": nbytes,
@@ -583,12 +663,13 @@ def cmd_fsck(args) -> int:
         "problems": problems,
         "repair": args.repair,
         "exit_status": code,
-        "warnings": _warn_not_store(sc),
+        "warnings": _warn_not_store(sc) + notes,
     }
     L = []
     for p in problems:
         tag = {
             "bad": "BAD",
+            "unreadable": "UNREADABLE",
             "stale-tmp": "STALE",
             "foreign": "FOREIGN",
             "version": "VERSION",
@@ -596,71 +677,245 @@ def cmd_fsck(args) -> int:
             "duplicate": "DUPLICATE",
         }[p["kind"]]
         act = ""
-        if args.repair and p["kind"] in ("bad", "stale-tmp"):
+        if args.repair and p["kind"] in REMOVABLE:
             act = "  -> removed" if p["removed"] else f"  -> not removed: {p['note']}"
-        L.append(f"{tag:<9} {p['path']}: {p['problem']}{act}")
+        L.append(f"{tag:<10} {p['path']}: {p['problem']}{act}")
     L.append(
         f"checked {len(sc.chunks)} chunks ({human_bytes(nbytes)} verified) in {secs:.2f} s"
         + (f", {nbytes / secs / 1e9:.2f} GB/s" if secs > 0 and nbytes else "")
         + f" with {engine_kind}{' + O_DIRECT' if direct else ''}: "
         f"{counts['ok']} ok, {counts['bad']} bad"
+        + (f", {counts['unreadable']} unreadable (not verified, never removed)" if counts["unreadable"] else "")
         + (f", {counts['version']} of another format version" if counts["version"] else "")
         + (f", {counts['gone']} removed meanwhile" if counts["gone"] else "")
     )
     if live_tmp:
         L.append(f"{live_tmp} temporaries of running writers (left alone)")
-    if found and not args.repair:
+    if any(p["kind"] in REMOVABLE for p in found) and not args.repair:
         L.append("run again with --repair to remove the bad chunks and stale temporaries")
     L += [f"warning: {w}" for w in obj["warnings"]]
     _emit(args, obj, "\n".join(L))
     return code
 
 
-def _problem(f: StoreFile, kind: str, why: str) -> dict:
-    return {"path": f.path, "kind": kind, "problem": why, "size": f.size, "ino": f.ino, "removed": False}
+REMOVABLE = ("bad", "stale-tmp")  # what fsck --repair removes
 
 
-def _remove_checked(p: dict) -> tuple[bool, str]:
-    """Unlinks the file that was checked, not one renamed into its place since."""
+def _problem(
+    f: StoreFile, kind: str, why: str, ident: Optional[tuple[int, int]] = None, size: Optional[int] = None
+) -> dict:
+    """A finding; `ident` (st_dev, st_ino) and `size` of the file judged
+    (fstat of the one opened) where it was read, else the listing's."""
+    return {
+        "path": f.path,
+        "kind": kind,
+        "problem": why,
+        "size": f.size if size is None else size,
+        "ino": ident[1] if ident else f.ino,
+        "dev": ident[0] if ident else None,
+        "temporary": f.kind == "tmp",
+        "removed": False,
+    }
+
+
+def _remove(roots: list[str], sc: Scan, todo: list[dict]) -> list[str]:
+    """fsck --repair: removes each file of `todo` that is still the one judged
+    (Remover), setting its "removed" and "note"; returns warnings. Nothing is
+    removed at a root that does not look like a store."""
+    rm = Remover(roots, sc.dirs)
     try:
-        st = os.stat(p["path"], follow_symlinks=False)
-    except FileNotFoundError:
-        return True, "already gone"
-    except OSError as e:
-        return False, e.strerror
-    if p["ino"] and st.st_ino != p["ino"]:
-        return False, "replaced by a new file while checking (left alone)"
-    try:
-        os.unlink(p["path"])
-        return True, ""
-    except FileNotFoundError:
-        return True, "already gone"
-    except OSError as e:
-        return False, e.strerror
+        for p in todo:
+            root = next((r for r in roots if p["path"].startswith(r.rstrip("/") + "/")), None)
+            if root is None or not sc.looks_like_store.get(root, False):
+                p["note"] = "its directory does not look like an lmcache-fx store (left alone)"
+                continue
+            top = os.path.dirname(p["path"]) == root  # a root's O_DIRECT probe: never in the ledger
+            outcome, p["note"] = rm.remove(p["path"], p["ino"], p["dev"], temporary=p["temporary"], counted=not top)
+            p["removed"] = outcome == "removed"
+            p["resolved"] = outcome != "failed"  # gone, or no longer the file judged
+    finally:
+        rm.close()
+    return rm.warnings
+
+
+class Remover:
+    """Removes store files as the store's own cleanup does (store.py's
+    stale-temporary removal and evictor): under the store lock, taken with its
+    bounded wait (Ledger.hold, LOCK_TIMEOUT) and held for at most
+    BATCH_SECONDS at a time so running stores are never held up long; each
+    file through a descriptor of its directory opened without following links
+    and still the directory the listing saw; only while it is the file judged
+    (layout.unlink_if_same: a regular file of that inode, not newer than the
+    fresh stat it was judged by; a temporary only while that stat still finds
+    it stale); the bytes removed taken off the shared ledger before the lock
+    is let go. A store with no lock file (no store ever opened it) is cleaned
+    without the lock; one whose lock file cannot be opened or written is left
+    alone."""
+
+    BATCH_SECONDS = 0.1
+
+    def __init__(self, roots: list[str], dirs: dict):
+        self.roots = roots
+        self.dirs = dirs  # directory -> (st_dev, st_ino) the listing saw
+        self.warnings: list[str] = []
+        self.stuck = ""  # why nothing more is removed
+        self.freed = 0  # bytes removed that the ledger counts, not yet taken off it
+        self.removed_bytes = 0
+        self._dirfds: dict[str, int] = {}
+        self._hold: Optional[Any] = None  # Ledger.hold() entered
+        self._until = 0.0
+        lock = os.path.join(roots[0], LOCK_NAME)
+        self.ledger = Ledger.join(roots[0])
+        if self.ledger is None:
+            if os.path.lexists(lock):
+                self.stuck = f"cannot open the store's lock file {lock} (run as the store's owner)"
+        elif fcntl.fcntl(self.ledger.fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            self.stuck = f"cannot write the store's lock file {lock}, which counts its bytes (run as the store's owner)"
+        if self.stuck:
+            self.warnings.append(f"nothing removed: {self.stuck}")
+
+    def _lock(self) -> bool:
+        if self.stuck:
+            return False
+        if self.ledger is None or (self._hold is not None and time.monotonic() < self._until):
+            return True
+        self._unlock()
+        hold = self.ledger.hold()
+        try:
+            hold.__enter__()
+        except LockTimeout:
+            self.stuck = f"the store lock was not free within {ledger_mod.LOCK_TIMEOUT:g} s (another process holds it); run again later"
+            self.warnings.append(f"stopped removing: {self.stuck}")
+            return False
+        self._hold, self._until = hold, time.monotonic() + self.BATCH_SECONDS
+        return True
+
+    def _unlock(self) -> None:
+        """Takes what was removed off the ledger, then lets the lock go."""
+        for fd in self._dirfds.values():
+            os.close(fd)
+        self._dirfds.clear()
+        if self._hold is None:
+            return
+        try:
+            if self.freed and self.ledger is not None:
+                rec = self.ledger.get()
+                if rec is not None:  # a bad record: the next store to meet it rescans
+                    self.ledger.put(max(0, rec[0] - self.freed), rec[1])
+                self.freed = 0
+        finally:
+            hold, self._hold = self._hold, None
+            hold.__exit__(None, None, None)
+
+    def _dir(self, sub: str) -> tuple[int, str]:
+        """A descriptor of directory `sub`, still the one listed; (-1, why) if not."""
+        fd = self._dirfds.get(sub)
+        if fd is not None:
+            return fd, ""
+        try:
+            # A root is the path the user gave (followed, as the store follows it); a
+            # fan-out directory is opened without following a link planted in its place.
+            fd = os.open(sub, _DIR_FLAGS) if sub in self.roots else open_dir(sub)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                return -1, "its directory was replaced by a link or a file since the listing (left alone)"
+            return -1, f"cannot open its directory: {e.strerror}"
+        try:
+            st = os.fstat(fd)
+        except OSError as e:
+            os.close(fd)
+            return -1, f"cannot open its directory: {e.strerror}"
+        if self.dirs.get(sub) != (st.st_dev, st.st_ino):
+            os.close(fd)
+            return -1, "its directory was replaced since the listing (left alone)"
+        self._dirfds[sub] = fd
+        return fd, ""
+
+    def remove(
+        self,
+        path: str,
+        ino: int,
+        dev: Optional[int] = None,
+        temporary: bool = False,
+        counted: bool = True,
+        mtime_ns: Optional[int] = None,
+    ) -> tuple[str, str]:
+        """(outcome, note): outcome "removed"; "gone" (absent already);
+        "changed" (no longer the file judged: replaced, a live writer's again,
+        read or written since; left alone); "failed" (not removed: an error,
+        its directory replaced, the lock not had). `ino` (and `dev` where known): the file judged;
+        `temporary`: removed only while still stale; `counted`: its bytes are
+        in the ledger; `mtime_ns`: kept when newer (read or written since)."""
+        if not self._lock():
+            return "failed", self.stuck
+        sub, name = os.path.split(path)
+        dfd, why = self._dir(sub)
+        if dfd < 0:
+            return "failed", why
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return "gone", "already gone"
+        except OSError as e:
+            return "failed", e.strerror or str(e)
+        if not stat_mod.S_ISREG(st.st_mode):
+            return "changed", "no longer a regular file (left alone)"
+        if st.st_ino != ino or (dev is not None and st.st_dev != dev):
+            return "changed", "replaced by another file since it was checked (left alone)"
+        if temporary and not tmp_is_stale(name, st.st_mtime, time.time()):
+            return "changed", "in use by a live writer again (left alone)"
+        if mtime_ns is not None and st.st_mtime_ns > mtime_ns:
+            return "changed", "read or written since the listing (kept)"
+        gone = unlink_if_same(path, (st.st_dev, st.st_ino), st.st_mtime_ns, self._dirfds)
+        if gone is None:
+            return "changed", "changed while being removed (left alone)"
+        self.removed_bytes += gone.st_size
+        if counted:
+            self.freed += gone.st_size
+        return "removed", ""
+
+    def close(self) -> None:
+        try:
+            self._unlock()
+        finally:
+            if self.ledger is not None:
+                self.ledger.release()
+                self.ledger = None
 
 
 def cmd_gc(args) -> int:
+    _gib(args.to_gb, "--to-gb", zero_ok=True)
     roots, _ = resolve(args)
-    if args.to_gb < 0:
-        raise AdminError("--to-gb must be >= 0")
     target = int(args.to_gb * GIB)
     sc = scan(roots)
     before = sum(f.size for f in sc.chunks)
     usage = before
-    removed, failed = [], []
-    for f in sc.chunks:  # least recently written first
-        if usage <= target:
-            break
-        if not args.dry_run:
-            try:
-                os.unlink(f.path)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                failed.append({"path": f.path, "error": e.strerror})
-                continue
-        removed.append({"path": f.path, "size": f.size, "age_s": round(time.time() - f.mtime, 3)})
-        usage -= f.size
+    removed: list[dict[str, Any]] = []
+    failed: list[dict[str, str]] = []
+    kept: list[dict[str, str]] = []
+    rm = None if args.dry_run else Remover(roots, sc.dirs)
+    try:
+        for f in sc.chunks:  # least recently written first
+            if usage <= target:
+                break
+            if rm is not None:
+                outcome, note = rm.remove(f.path, f.ino, mtime_ns=f.mtime_ns)
+                if outcome == "gone":
+                    usage -= f.size
+                    continue
+                if outcome == "changed":
+                    kept.append({"path": f.path, "why": note})
+                    continue
+                if outcome == "failed":
+                    failed.append({"path": f.path, "error": note})
+                    if rm.stuck:
+                        break
+                    continue
+            removed.append({"path": f.path, "size": f.size, "age_s": round(time.time() - f.mtime, 3)})
+            usage -= f.size
+    finally:
+        if rm is not None:
+            rm.close()
     obj = {
         "paths": roots,
         "target_bytes": target,
@@ -668,21 +923,24 @@ def cmd_gc(args) -> int:
         "after_bytes": usage,
         "chunks_before": len(sc.chunks),
         "removed_chunks": len(removed),
-        "freed_bytes": before - usage,
+        "freed_bytes": sum(r["size"] for r in removed),
         "dry_run": args.dry_run,
         "removed": removed,
+        "kept": kept,
         "failed": failed,
         "warnings": _warn_not_store(sc),
     }
     verb = "would remove" if args.dry_run else "removed"
     L = [
-        f"{verb} {len(removed)} of {len(sc.chunks)} chunks ({human_bytes(before - usage)}): "
+        f"{verb} {len(removed)} of {len(sc.chunks)} chunks ({human_bytes(obj['freed_bytes'])}): "
         f"{human_bytes(before)} -> {human_bytes(usage)} (target {human_bytes(target)})"
     ]
     if removed:
         L.append(
             f"oldest removed written {human_age(removed[0]['age_s'])} ago, newest {human_age(removed[-1]['age_s'])} ago"
         )
+    if kept:
+        L.append(f"kept {len(kept)} chunks read or replaced since the listing")
     L += [f"could not remove {x['path']}: {x['error']}" for x in failed]
     L += [f"warning: {w}" for w in obj["warnings"]]
     _emit(args, obj, "\n".join(L))

@@ -50,18 +50,30 @@ def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
     listed = list(cfg.storage_plugins or [])
     out, warns = [], []
     for n in listed:
-        mp = str(extra.get(f"storage_plugin.{n}.module_path") or "")
-        cn = str(extra.get(f"storage_plugin.{n}.class_name") or "")
-        if "lmcache_fx" in mp or cn == PLUGIN_CLASS:
+        mp, cn = _names(extra, n)
+        if _is_ours(mp, cn):
             out.append(PluginConf(n, mp, cn))
     named = {k.split(".")[1] for k in extra if k.startswith("storage_plugin.") and k.count(".") >= 2}
     for n in sorted(named - set(listed)):
-        if str(extra.get(f"storage_plugin.{n}.module_path", "")).startswith("lmcache_fx"):
+        if _is_ours(*_names(extra, n)):
             warns.append(
                 f"extra_config has storage_plugin.{n}.* but storage_plugins does not list '{n}': "
                 f"LMCache will not load it (add it: storage_plugins: [{n!r}])"
             )
     return out, warns
+
+
+def _names(extra: dict, name: str) -> tuple[str, str]:
+    """module_path and class_name of storage_plugin.<name>."""
+    return (
+        str(extra.get(f"storage_plugin.{name}.module_path") or ""),
+        str(extra.get(f"storage_plugin.{name}.class_name") or ""),
+    )
+
+
+def _is_ours(module_path: str, class_name: str) -> bool:
+    """Whether a storage_plugin.<name> entry means lmcache-fx."""
+    return "lmcache_fx" in module_path or class_name == PLUGIN_CLASS
 
 
 def check_plugin(pc: PluginConf, cfg) -> None:
@@ -90,14 +102,16 @@ def check_plugin(pc: PluginConf, cfg) -> None:
         pc.error = str(e)
 
 
-def load_plugin_configs(path: str) -> list[PluginConf]:
+def load_plugin_configs(path: str) -> tuple[list[PluginConf], list[str]]:
     """lmcache-fx entries of an LMCache YAML with their options or errors
-    (used by ls/stat/fsck/gc --config). ValueError when unreadable."""
+    (used by ls/stat/fsck/gc --config), and plugin_entries' warnings about
+    lmcache-fx settings of a name storage_plugins does not list (each with
+    its fix). AdminError when unreadable."""
     try:
         cfg = load_lmcache_config(path)
     except ValueError as e:
         raise AdminError(str(e)) from None
-    plugins, _ = plugin_entries(cfg)
+    plugins, warns = plugin_entries(cfg)
     for pc in plugins:
         check_plugin(pc, cfg)
-    return plugins
+    return plugins, warns

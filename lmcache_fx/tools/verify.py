@@ -1,14 +1,25 @@
 """Reading a store's chunk files with the C engine for the admin commands:
 headers of many files at once, and whole chunks verified (header checksum,
 format version, key against the file name, payload length and CRC32C), two
-batches in flight."""
+batches in flight.
+
+Each file is opened as the store's readers open one (csrc/chunks.c
+chunk_open): no symlink followed, O_NONBLOCK so that a FIFO planted in a
+chunk's place cannot block the open, refused unless a regular file,
+read-locked. It is judged by what fstat says of the file opened, never by the
+size the listing saw (a chunk replaced meanwhile by a whole one of another
+size is not bad). A file that cannot be opened or read (EAGAIN, EMFILE,
+EIO...) is `unreadable`: reported, never called bad (the store keeps a file
+whose read failed)."""
 
 from __future__ import annotations
 
 import collections
 import errno
+import fcntl
 import os
 import resource
+import stat
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -47,23 +58,25 @@ class ChunkVerifier:
         self.used_direct = False
         self.max_files = max(16, min(4096, (raise_nofile() - 64) // 2))
 
-    def open(self, f: StoreFile) -> tuple[int, str]:
-        """(fd, "") or (-1, why). The file is read-locked, as the store's
-        reads are, so a running store does not rewrite it while it is read."""
+    def open(self, f: StoreFile) -> tuple[int, Optional[os.stat_result], str, int]:
+        """(fd, its fstat, "", 0) or (-1, None, why, errno). The file is
+        read-locked, as the store's reads are, so a running store does not
+        rewrite it while it is read."""
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
         if self.odirect and f.root not in self._no_direct:
             try:
-                fd = open_in(f.path, flags | os.O_DIRECT, lock=True)
+                fd, st = open_regular(f.path, flags | os.O_DIRECT)
                 self.used_direct = True
-                return fd, ""
+                return fd, st, "", 0
             except OSError as e:
                 if e.errno != errno.EINVAL:  # no O_DIRECT on this filesystem
-                    return -1, _open_why(e)
+                    return -1, None, _open_why(e), e.errno or 0
                 self._no_direct.add(f.root)
         try:
-            return open_in(f.path, flags, lock=True), ""
+            fd, st = open_regular(f.path, flags)
+            return fd, st, "", 0
         except OSError as e:
-            return -1, _open_why(e)
+            return -1, None, _open_why(e), e.errno or 0
 
     def close(self) -> None:
         self.engine.close()
@@ -76,20 +89,20 @@ class ChunkVerifier:
             ops, opened, fds = [], [], []
             try:
                 for j, f in enumerate(part):
-                    fd, why = self.open(f)
-                    if fd < 0:
+                    fd, st, why, _ = self.open(f)
+                    if fd < 0 or st is None:
                         yield f, None, why
                         continue
                     fds.append(fd)
                     ops.append((fd, 0, HEADER_SIZE, buf.address + HEADER_SIZE * j))
-                    opened.append((j, f))
+                    opened.append((j, f, st.st_size))
                 res = self.engine.read(ops) if ops else []
             finally:
                 for fd in fds:
                     os.close(fd)
-            for (j, f), n in zip(opened, res):
+            for (j, f, size), n in zip(opened, res):
                 if n != HEADER_SIZE:
-                    yield f, None, _short_why(n, f.size)
+                    yield f, None, _short_why(n, size)
                     continue
                 try:
                     yield f, decode_header(memoryview(buf)[HEADER_SIZE * j : HEADER_SIZE * (j + 1)]), ""
@@ -99,86 +112,138 @@ class ChunkVerifier:
     # -- whole chunks with CRC (fsck)
     def verify(self, files: list[StoreFile], buffer_bytes: int) -> Iterator["Verdict"]:
         """Header + payload of every file, CRC32C by the engine; two batches of
-        at most buffer_bytes in flight so the device never waits on Python."""
+        at most buffer_bytes in flight so the device never waits on Python.
+        Each file is laid out by the size fstat gives of the file opened.
+        Out of descriptors (EMFILE), what is open is read first and the open
+        tried again."""
         pool: list = []
         inflight: collections.deque = collections.deque()
-        for batch in _plan(files, buffer_bytes, self.max_files):
-            if len(inflight) >= 2:
+        pending: list[tuple[StoreFile, int, os.stat_result]] = []  # opened, for the next batch
+        used = 0
+        try:
+            for f in files:
+                if not pending and len(inflight) >= 2:
+                    yield from self._finish(inflight.popleft(), pool)
+                fd, st, why, err = self.open(f)
+                if fd < 0 and err in (errno.EMFILE, errno.ENFILE) and (pending or inflight):
+                    if pending:
+                        if len(inflight) >= 2:
+                            yield from self._finish(inflight.popleft(), pool)
+                        inflight.append(self._submit(pending, buffer_bytes, pool))
+                        pending, used = [], 0
+                    while inflight:
+                        yield from self._finish(inflight.popleft(), pool)
+                    fd, st, why, err = self.open(f)
+                if fd < 0 or st is None:
+                    yield Verdict(f, "gone" if err in (errno.ENOENT, errno.ESTALE) else "unreadable", why)
+                    continue
+                ident, size = (st.st_dev, st.st_ino), st.st_size
+                if size < HEADER_SIZE:
+                    os.close(fd)
+                    why = f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header (truncated)"
+                    yield Verdict(f, "bad", why, ident=ident, size=size)
+                    continue
+                span = _span(size)
+                if pending and (used + span > buffer_bytes or len(pending) >= self.max_files):
+                    if len(inflight) >= 2:
+                        yield from self._finish(inflight.popleft(), pool)
+                    inflight.append(self._submit(pending, buffer_bytes, pool))
+                    pending, used = [], 0
+                pending.append((f, fd, st))
+                used += span
+            if pending:
+                if len(inflight) >= 2:
+                    yield from self._finish(inflight.popleft(), pool)
+                inflight.append(self._submit(pending, buffer_bytes, pool))
+                pending = []
+            while inflight:
                 yield from self._finish(inflight.popleft(), pool)
-            need = sum(_span(f) for f in batch)
+        finally:
+            for _, fd, _ in pending:
+                os.close(fd)
+            while inflight:  # abandoned (an error, or the caller stopped): wait for the reads, then close
+                batch_obj, _, _, fds = inflight.popleft()
+                try:
+                    if batch_obj is not None:
+                        batch_obj.wait()
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+
+    def _submit(self, pending: list, buffer_bytes: int, pool: list) -> tuple:
+        """Starts the reads of the files opened in `pending` (emptied: their
+        descriptors go with the batch, closed when it is finished)."""
+        batch = list(pending)
+        pending.clear()
+        fds = [fd for _, fd, _ in batch]
+        try:
+            need = sum(_span(st.st_size) for _, _, st in batch)
             buf = None
             for k, b in enumerate(pool):
                 if len(b) >= need:
                     buf = pool.pop(k)
                     break
             if buf is None:
-                buf = _fxio.HostBuffer(max(need, buffer_bytes))
-            ops, items, fds, early = [], [], [], []
-            off = 0
-            for f in batch:
-                if f.size < HEADER_SIZE:
-                    early.append(
-                        Verdict(
-                            f, "bad", f"file is {f.size} bytes, shorter than the {HEADER_SIZE}-byte header (truncated)"
-                        )
-                    )
-                    continue
-                fd, why = self.open(f)
-                if fd < 0:
-                    early.append(Verdict(f, "gone" if "no longer" in why else "bad", why))
-                    continue
-                fds.append(fd)
                 try:
-                    f.ino = os.fstat(fd).st_ino  # what was verified, for a safe --repair
-                except OSError:
-                    pass
-                plen = f.size - HEADER_SIZE
+                    buf = _fxio.HostBuffer(max(need, buffer_bytes))
+                except (OSError, MemoryError, ValueError) as e:
+                    raise AdminError(
+                        f"cannot allocate a {max(need, buffer_bytes) >> 20} MiB read buffer ({e}); "
+                        "give a smaller --buffer-mb"
+                    ) from None
+            ops, items = [], []
+            off = 0
+            for f, fd, st in batch:
+                plen = st.st_size - HEADER_SIZE
                 first = len(ops)
                 ops.append((fd, 0, HEADER_SIZE, buf.address + off))
                 if plen:
                     ops.append((fd, HEADER_SIZE, plen, buf.address + off + HEADER_SIZE))
-                items.append((f, off, first, plen))
-                off += _span(f)
-            try:
-                batch_obj = self.engine.submit(ops, write=False, crc=True) if ops else None
-            except BaseException:
-                for fd in fds:
-                    os.close(fd)
-                raise
-            inflight.append((batch_obj, buf, items, fds, early))
-        while inflight:
-            yield from self._finish(inflight.popleft(), pool)
+                items.append((f, off, first, plen, (st.st_dev, st.st_ino), st.st_size))
+                off += _span(st.st_size)
+            batch_obj = self.engine.submit(ops, write=False, crc=True) if ops else None
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return batch_obj, buf, items, fds
 
     def _finish(self, entry, pool) -> Iterator["Verdict"]:
-        batch_obj, buf, items, fds, early = entry
+        batch_obj, buf, items, fds = entry
         try:
             res = batch_obj.wait() if batch_obj is not None else []
         finally:
             for fd in fds:
                 os.close(fd)
-        yield from early
-        for f, off, first, plen in items:
+        for f, off, first, plen, ident, size in items:
             hn, _ = res[first]
             pn, pcrc = res[first + 1] if plen else (0, 0)
-            yield _judge(f, memoryview(buf)[off : off + HEADER_SIZE], hn, pn, pcrc, plen)
+            yield _judge(f, memoryview(buf)[off : off + HEADER_SIZE], hn, pn, pcrc, plen, ident, size)
         pool.append(buf)
 
 
-def _span(f: StoreFile) -> int:
-    return HEADER_SIZE + round_up(max(f.size - HEADER_SIZE, 0), 4096)
+def open_regular(path: str, flags: int) -> tuple[int, os.stat_result]:
+    """Opens a chunk file as csrc/chunks.c chunk_open does: with O_NONBLOCK (a
+    FIFO planted in a chunk's place must not block the open; cleared again for
+    the reads), no symlink followed below the root, refused unless a regular
+    file (ESPIPE; EISDIR for a directory), read-locked (layout.read_lock).
+    Returns (fd, its fstat); raises OSError."""
+    fd = open_in(path, flags | os.O_NONBLOCK, lock=True)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            if stat.S_ISDIR(st.st_mode):
+                raise OSError(errno.EISDIR, "a directory")
+            raise OSError(errno.ESPIPE, "not a regular file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
-def _plan(files: list[StoreFile], buffer_bytes: int, max_files: int) -> Iterator[list[StoreFile]]:
-    batch, used = [], 0
-    for f in files:
-        s = _span(f)
-        if batch and (used + s > buffer_bytes or len(batch) >= max_files):
-            yield batch
-            batch, used = [], 0
-        batch.append(f)
-        used += s
-    if batch:
-        yield batch
+def _span(size: int) -> int:
+    return HEADER_SIZE + round_up(max(size - HEADER_SIZE, 0), 4096)
 
 
 def _open_why(e: OSError) -> str:
@@ -187,45 +252,55 @@ def _open_why(e: OSError) -> str:
     if e.errno == errno.ESTALE:
         return "no longer there (evicted and being reused while checking)"
     if e.errno == errno.ELOOP:
-        return "a symbolic link (the store never follows them)"
+        return "a symbolic link now (the store never follows them)"
+    if e.errno == errno.ESPIPE:
+        return "not a regular file now (a FIFO, socket or device: the store never reads it)"
+    if e.errno == errno.EISDIR:
+        return "a directory now (the store never reads it)"
     return f"cannot open: {e.strerror}"
 
 
 def _short_why(n: int, size: int) -> str:
     if n < 0:
         return f"header read failed: {os.strerror(-n)}"
+    if size >= HEADER_SIZE:
+        return f"header read returned {n} of {HEADER_SIZE} bytes (the file changed while read)"
     return f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header (truncated)"
 
 
 @dataclass
 class Verdict:
     file: StoreFile
-    status: str  # ok | bad | version | gone
+    status: str  # ok | bad | version | gone | unreadable (an open or read error: reported, never removed)
     problem: str = ""
     header: Optional[Header] = None
+    ident: Optional[tuple[int, int]] = None  # (st_dev, st_ino) of the file judged (fstat of the one opened)
+    size: int = 0  # its size (fstat)
 
 
-def _judge(f: StoreFile, hmv, hn: int, pn: int, pcrc: int, plen: int) -> Verdict:
-    if hn != HEADER_SIZE:
-        return Verdict(f, "bad", _short_why(hn, f.size))
+def _judge(f: StoreFile, hmv, hn: int, pn: int, pcrc: int, plen: int, ident: tuple[int, int], size: int) -> Verdict:
+    def v(status: str, why: str = "", h: Optional[Header] = None) -> Verdict:
+        return Verdict(f, status, why, h, ident, size)
+
+    if hn < 0:
+        return v("unreadable", f"header read failed: {os.strerror(-hn)}")
+    if hn != HEADER_SIZE:  # fstat said it held a header: it changed while it was read
+        return v("unreadable", _short_why(hn, size))
     try:
         h = decode_header(hmv)
     except FormatVersionMismatch as e:
-        return Verdict(f, "version", str(e))
+        return v("version", str(e))
     except BadHeader as e:
-        return Verdict(f, "bad", f"bad header: {e}")
+        return v("bad", f"bad header: {e}")
     if chunk_digest(h.key) != f.digest:
-        return Verdict(f, "bad", f"holds key {h.key!r}, which belongs in another file", h)
+        return v("bad", f"holds key {h.key!r}, which belongs in another file", h)
     if h.payload_len != plen:
         how = "truncated" if plen < h.payload_len else "too long"
-        return Verdict(f, "bad", f"payload is {plen} bytes, header says {h.payload_len} ({how})", h)
+        return v("bad", f"payload is {plen} bytes, header says {h.payload_len} ({how})", h)
+    if pn < 0:
+        return v("unreadable", f"payload read failed: {os.strerror(-pn)}", h)
     if pn != plen:
-        return Verdict(
-            f,
-            "bad",
-            f"payload read failed: {os.strerror(-pn)}" if pn < 0 else f"payload read returned {pn} of {plen} bytes",
-            h,
-        )
+        return v("unreadable", f"payload read returned {pn} of {plen} bytes (the file changed while read)", h)
     if plen and pcrc != h.payload_crc:
-        return Verdict(f, "bad", f"payload checksum mismatch (CRC32C {pcrc:08x}, header says {h.payload_crc:08x})", h)
-    return Verdict(f, "ok", "", h)
+        return v("bad", f"payload checksum mismatch (CRC32C {pcrc:08x}, header says {h.payload_crc:08x})", h)
+    return v("ok", "", h)
