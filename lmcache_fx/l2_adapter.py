@@ -23,6 +23,7 @@ Each finished task signals its LMCache eventfd.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from lmcache.v1.memory_management import MemoryObj
 
 log = logging.getLogger("lmcache_fx")
+_names_taken: set[str] = set()  # metrics names of the adapters open in this process
+_names_lock = threading.Lock()
 
 WHERE = "adapter_params."
 SWEEP_SECONDS = 60.0  # _report_evictions checks every key it knows at most this often
@@ -101,6 +104,16 @@ class FxL2Adapter(L2AdapterInterface):
         self.options = config.options
         super().__init__(max_capacity_bytes=self.options.max_capacity_bytes)
         self.store = ChunkStore(self.options)
+        from .core import metrics
+
+        with _names_lock:  # the store label of its metrics: l2, then l2-2, l2-3 ... in one process
+            names = itertools.chain(["l2"], (f"l2-{i}" for i in itertools.count(2)))
+            self.name = next(n for n in names if n not in _names_taken)
+            _names_taken.add(self.name)
+        # The MP server is one process per host: no worker id to add.
+        self._metrics = metrics.start_metrics(
+            self.store, name=self.name, port=self.options.metrics_port, addr=self.options.metrics_addr
+        )
         if l1_memory_desc is not None:
             self._register_l1(l1_memory_desc)
 
@@ -421,6 +434,9 @@ class FxL2Adapter(L2AdapterInterface):
             self._stopping = True
             self._stores_cv.notify()
         self._writer.join()  # store tasks submitted are written first
+        self._metrics.close()
+        with _names_lock:
+            _names_taken.discard(self.name)
         for pool in (self._lookups, self._readers):
             pool.shutdown(wait=True)  # tasks submitted finish: reads into L1 land before it goes
         self.store.close()

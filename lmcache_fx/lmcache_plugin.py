@@ -45,6 +45,7 @@ from .integration.common import (
     options_from_extra,
     plugin_name,
     register_pool,
+    worker_metrics_port,
 )
 
 log = logging.getLogger("lmcache_fx")
@@ -113,17 +114,13 @@ class FxStorageBackend(StoragePluginInterface):
         register_pool(self.store.engine, local_cpu_backend)
         from .core import metrics
 
-        port = self.options.metrics_port
-        if port:  # one port per worker on a host: tensor-parallel workers must not collide
-            port += int(getattr(metadata, "local_worker_id", 0) or 0)
-            if port > 65535:
-                if self._gpu is not None:
-                    self._gpu.close()
-                self.store.close()
-                raise ConfigError(
-                    f"{prefix}metrics_port: {self.options.metrics_port} + local worker id "
-                    f"{port - self.options.metrics_port} = {port} is above 65535; pick a lower port"
-                )
+        try:
+            port = worker_metrics_port(self.options, metadata, prefix)
+        except ConfigError:
+            if self._gpu is not None:
+                self._gpu.close()
+            self.store.close()
+            raise
         self._metrics = metrics.start_metrics(self.store, name=self.name, port=port, addr=self.options.metrics_addr)
         self._put_lock = threading.Lock()
         self._put_keys: set[CacheEngineKey] = set()

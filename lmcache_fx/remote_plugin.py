@@ -47,6 +47,7 @@ from .integration.common import (
     options_from_extra,
     plugin_name,
     register_pool,
+    worker_metrics_port,
 )
 
 log = logging.getLogger("lmcache_fx")
@@ -71,8 +72,14 @@ class FxRemoteConnector(RemoteConnector):
         self.name = remote_plugin_name(config, type(self))
         self.options = options_from_extra(config.extra_config, f"{PREFIX}{self.name}.")
         refuse_direct_to_gpu(self.options, f"{PREFIX}{self.name}.")
+        port = worker_metrics_port(self.options, local_cpu_backend.metadata, f"{PREFIX}{self.name}.")
         self.store = ChunkStore(self.options)
         register_pool(self.store.engine, local_cpu_backend)
+        from .core import metrics
+
+        self._metrics = metrics.start_metrics(
+            self.store, name=f"remote-{self.name}", port=port, addr=self.options.metrics_addr
+        )
         # Writes block in the C engine (GIL released) on one thread, so the
         # event loop keeps serving gets while a put is in flight.
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"lmcache-fx-remote-writer-{self.name}")
@@ -194,5 +201,6 @@ class FxRemoteConnector(RemoteConnector):
 
     async def close(self):
         self._unhook_pool()
+        self._metrics.close()
         self._writer.shutdown(wait=True)
         self.store.close()

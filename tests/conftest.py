@@ -1,5 +1,7 @@
 import os
+import shutil
 import sys
+import uuid
 
 import pytest
 
@@ -95,3 +97,16 @@ def odirect_tmp(tmp_path):
     except OSError as e:
         pytest.skip(f"{tmp_path} does not support O_DIRECT: {e.strerror}")
     return tmp_path
+
+
+@pytest.fixture
+def shm_dir():
+    """A store path on /dev/shm (a tmpfs), removed after the test; skipped
+    where /dev/shm is no memory filesystem."""
+    from lmcache_fx.core import store as store_mod
+
+    if not os.path.isdir("/dev/shm") or not store_mod._page_cache_fs(["/dev/shm"]):
+        pytest.skip("/dev/shm is not a tmpfs here: spares are kept on memory filesystems only")
+    d = os.path.join("/dev/shm", f"lmcache-fx-test-{uuid.uuid4().hex}")
+    yield os.path.join(d, "store")
+    shutil.rmtree(d, ignore_errors=True)

@@ -356,21 +356,28 @@ def test_l2_capacity_and_eviction_reported(tmp_path, where):
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _l2_side_of_five_chunks(tmp_path):
+    """An MPSide whose fx store has room for 5.5 chunks (a sixth evicts),
+    the list its L2 deletions are reported into, and a chunk file's bytes."""
+    from lmcache_fx.core.chunkfile import HEADER_SIZE
+
+    chunk = HEADER_SIZE + GEO.chunk * GEO.bytes_per_token
+    side = MPSide(tmp_path / "store", max_capacity_gb=5.5 * chunk / (1 << 30))
+    return side, _deleted_keys(side.adapter), chunk
+
+
 def test_l2_reports_evictions_by_what_was_evicted_not_by_every_key(tmp_path, monkeypatch):
     """After the first eviction (which checks every key the adapter knows),
     an eviction asks only about the keys the evictor removed: work per
     eviction, not per chunk in the store. At most once per SWEEP_SECONDS
     every key is checked again, which finds what another process removed."""
     from lmcache_fx import l2_adapter
-    from lmcache_fx.core.chunkfile import HEADER_SIZE
     from lmcache_fx.core.options import FxOptions
     from lmcache_fx.core.store import ChunkStore
 
-    chunk = HEADER_SIZE + GEO.chunk * GEO.bytes_per_token
-    side = MPSide(tmp_path / "store", max_capacity_gb=5.5 * chunk / (1 << 30))
+    side, deleted, chunk = _l2_side_of_five_chunks(tmp_path)
     try:
         ad = side.adapter
-        deleted = _deleted_keys(ad)
         k1, d1, layout = MPSide.keys_and_data(n=4, seed=1)
         k2, d2, _ = MPSide.keys_and_data(n=4, seed=2)
         k3, d3, _ = MPSide.keys_and_data(n=4, seed=3)
@@ -406,13 +413,9 @@ def test_l2_key_deleted_during_an_eviction_report_is_reported_once(tmp_path, mon
     thread's eviction report is asking the store about the keys it copied:
     the key is then missing for both, and only the delete reports it (twice
     would take its bytes off LMCache's per-salt usage twice)."""
-    from lmcache_fx.core.chunkfile import HEADER_SIZE
-
-    chunk = HEADER_SIZE + GEO.chunk * GEO.bytes_per_token
-    side = MPSide(tmp_path / "store", max_capacity_gb=5.5 * chunk / (1 << 30))
+    side, deleted, _ = _l2_side_of_five_chunks(tmp_path)
     try:
         ad = side.adapter
-        deleted = _deleted_keys(ad)
         k1, d1, layout = MPSide.keys_and_data(n=4, seed=1)
         k2, d2, _ = MPSide.keys_and_data(n=2, seed=2)
         side.store(k1, d1, layout)
@@ -733,3 +736,38 @@ def test_close_with_stores_queued_writes_them_before_lmcache_frees_its_pool(tmp_
     assert int(chunks) >= 1 and int(hit) == int(chunks) * GEO.chunk and equal == "True"
     if entry == "plugin":
         assert int(chunks) == 24
+
+
+def test_remote_plugin_and_l2_adapter_serve_their_metrics(tmp_path):
+    """metrics_port and metrics_addr were accepted by the remote plugin and
+    the L2 adapter and then ignored (their stores were in no /metrics at
+    all). Both now serve them like the in-process plugin: on the port, and
+    in prometheus_client's global REGISTRY (LMCache's /metrics)."""
+    import socket
+
+    from prometheus_client import REGISTRY, generate_latest
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def scrape(port):
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+    port = free_port()
+    with lmcache_engine(engine_config("remote", tmp_path / "r", tmp_path, metrics_port=port), GEO) as eng:
+        store_engine(eng, "remote", torch.arange(NTOK), KV(GEO, NTOK, seed=2))
+        page = scrape(port)
+        assert 'store="remote-fx"' in page and "lmcache_fx_written_chunks_total" in page
+        assert 'store="remote-fx"' in generate_latest(REGISTRY).decode()
+    port = free_port()
+    side = MPSide(tmp_path / "l2", metrics_port=port)
+    try:
+        keys, data, layout = MPSide.keys_and_data(seed=4)
+        side.store(keys, data, layout)
+        page = scrape(port)
+        assert 'store="l2"' in page and "lmcache_fx_written_chunks_total" in page
+    finally:
+        side.close()
+    assert 'store="l2"' not in generate_latest(REGISTRY).decode()  # taken out at close

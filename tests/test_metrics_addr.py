@@ -43,3 +43,39 @@ def test_metrics_addr_is_passed_through():
 def test_bad_metrics_addr_names_the_option(bad):
     with pytest.raises(ConfigError, match=r"x\.metrics_addr: expected an IP address"):
         FxOptions.from_mapping({"metrics_addr": bad}, where="x.")
+
+
+def test_stalled_clients_hold_no_more_than_a_few_threads_and_not_for_long(monkeypatch):
+    """Clients that connect and never finish a request: at most MAX_CLIENTS
+    of them get a thread at once (the rest are refused) and each is dropped
+    after CLIENT_TIMEOUT_S; then a scrape is served again. Before, each got
+    a thread with no timeout, kept after close()."""
+    import threading
+    import time
+    import urllib.request
+
+    monkeypatch.setattr(metrics, "CLIENT_TIMEOUT_S", 0.5)
+    port = _free_port()
+    h = metrics.start_metrics(lambda: {"hits": 3}, name="t-stall", port=port)
+    clients = []
+    try:
+
+        def handlers():
+            return sum(t.name.startswith("Thread") and "process_request" in t.name for t in threading.enumerate())
+
+        for _ in range(3 * metrics.MAX_CLIENTS):
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+            clients.append(c)
+        time.sleep(0.2)
+        assert 0 < handlers() <= metrics.MAX_CLIENTS
+        end = time.monotonic() + 10
+        while handlers() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert handlers() == 0  # each dropped after its timeout
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "lmcache_fx_hits_total" in body
+    finally:
+        for c in clients:
+            c.close()
+        h.close()

@@ -531,3 +531,26 @@ def test_two_plugins_keep_their_names_when_lmcache_rebuilds_them(tmp_path):
             assert names() == want and backends["bulk"] is not old_bulk
         finally:
             old_bulk.close()
+
+
+def test_a_chunk_larger_than_lmcaches_pool_is_a_miss_not_a_wait(tmp_path):
+    """LMCache's allocator, asked with busy_loop for more than its whole
+    pool, waits for room forever (a blocking retrieve then never returns).
+    allocate_from answers None at once for such a chunk; one that fits is
+    still allocated."""
+    from lmcache_fx.core.chunkfile import ChunkMeta
+    from lmcache_fx.integration.common import allocate_from
+
+    geo = GEOMETRIES["bf16-gqa"]
+    with lmcache_engine(config_from_dict(fx_config(tmp_path / "s", cpu_gb=0.05), tmp_path), geo) as eng:
+        cpu = fx_backend(eng).local_cpu_backend
+        huge = ChunkMeta(((2, 4, 1 << 20, 128),), ("bfloat16",), "KV_2LTD")  # 2 GiB
+        small = ChunkMeta(((2, 4, 256, 128),), ("bfloat16",), "KV_2LTD")  # 512 KiB
+        got: dict = {}
+        t = threading.Thread(target=lambda: got.update(huge=allocate_from(cpu, huge)), daemon=True)
+        t.start()
+        t.join(10)
+        assert not t.is_alive() and got == {"huge": None}
+        obj, addr, n = allocate_from(cpu, small)
+        assert n == 2 * 4 * 256 * 128 * 2 and addr
+        obj.ref_count_down()

@@ -10,10 +10,8 @@ processes."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import uuid
 
 import pytest
 
@@ -30,15 +28,6 @@ from lmcache_fx.core.store import ChunkStore  # noqa: E402
 CHUNK = 128 * 1024  # files of at least SPARE_MIN_BYTES: smaller ones are not kept
 FILE = HEADER_SIZE + CHUNK
 KEYS = [f"model@1@0@{h:016x}@bfloat16" for h in range(12)]
-
-
-@pytest.fixture
-def shm_dir():
-    if not os.path.isdir("/dev/shm") or not store_mod._page_cache_fs(["/dev/shm"]):
-        pytest.skip("/dev/shm is not a tmpfs here: spares are kept on memory filesystems only")
-    d = os.path.join("/dev/shm", f"lmcache-fx-test-{uuid.uuid4().hex}")
-    yield os.path.join(d, "store")
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _open(path, chunks: int = 8, **opts) -> ChunkStore:

@@ -9,20 +9,15 @@ that its owner then takes off again."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
-import uuid
-
-import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from faults import fxfault as F  # noqa: E402
 
-from lmcache_fx.core import store as store_mod  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE  # noqa: E402
 from lmcache_fx.core.store import ChunkStore  # noqa: E402
 
@@ -62,15 +57,6 @@ def _aged_store(store_dir: str) -> None:
     t = time.time() - 2 * 3600
     for p in F.chunk_files(store_dir):
         os.utime(p, (t, t))
-
-
-@pytest.fixture
-def shm_dir():
-    if not os.path.isdir("/dev/shm") or not store_mod._page_cache_fs(["/dev/shm"]):
-        pytest.skip("/dev/shm is not a tmpfs here: spares are kept on memory filesystems only")
-    d = os.path.join("/dev/shm", f"lmcache-fx-test-{uuid.uuid4().hex}")
-    yield os.path.join(d, "store")
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_reused_victim_being_written_survives_a_peers_scan(tmp_path):

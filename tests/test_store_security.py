@@ -710,3 +710,47 @@ def test_power_loss_valid_header_over_bad_payload(store_dir):
     assert res["verify_on"] == {"hits": 0, "misses": 12, "wrong": 0}
     assert res["verify_off_auth_key"] == {"hits": 0, "misses": 12, "wrong": 0}
     assert res["verify_off"]["misses"] >= 4  # the partial payloads
+
+
+def test_a_header_claiming_more_than_its_file_holds_is_removed_before_any_room_is_sought(tmp_path):
+    """Someone with write access (no auth_key needed for this) replaces a
+    chunk's file with a valid header alone, whose shapes claim 2 GiB: the
+    store must not ask for 2 GiB before it has seen the payload (LMCache's
+    allocator waits forever for room it cannot have). A process that read
+    the chunk before misses once and then reads the header anew; one that
+    never read it checks at once: both find the file shorter than its header
+    says, a corrupt chunk, removed."""
+    from lmcache_fx.core.chunkfile import ChunkMeta, encode_header
+
+    key = "model@1@0@00000000000000aa@bfloat16"
+    huge = ChunkMeta(((2, 4, 1 << 20, 128),), ("bfloat16",), "KV_2LTD")
+    asked: list[int] = []
+
+    def allocate(meta):
+        n = 2 * 4 * 128 * (1 << 20) * 2 if meta == huge else F.allocator()(meta)
+        asked.append(n if isinstance(n, int) else n[2])
+        return None if isinstance(n, int) else n
+
+    for knew in (True, False):
+        path = str(tmp_path / f"s{knew}")
+        w = F.open_store(path)
+        r = F.open_store(path)
+        try:
+            src = F.Chunks()  # holds the source buffer while it is written
+            assert w.write([src.item(key, 64 * 1024)]) == [True]
+            if knew:
+                assert F.read_check(r, [key]) == (1, 0, [])
+            hb = _fxio.HostBuffer(HEADER_SIZE, hugepages=False)
+            encode_header(hb, key, huge, 2 * 4 * 128 * (1 << 20) * 2, 0, time.time_ns())
+            victim = w.path_for(chunk_digest(key))
+            with open(victim + ".planted", "wb") as f:
+                f.write(bytes(memoryview(hb)[:HEADER_SIZE]))
+            os.replace(victim + ".planted", victim)
+            asked.clear()
+            for _ in range(2 if knew else 1):
+                assert r.read([key], allocate, lambda h: None) == [None]
+            assert not os.path.exists(victim) and r.stats.snapshot()["corrupt"] == 1, knew
+            assert max(asked, default=0) < 1 << 30  # nothing of what the header claimed was asked for
+        finally:
+            r.close()
+            w.close()

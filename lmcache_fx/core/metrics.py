@@ -245,6 +245,54 @@ class MetricsHandle:
         server.server_close()
 
 
+# A scrape takes milliseconds: a client that sends nothing for this long is
+# dropped, and past this many at once new ones are refused, so stalled
+# clients cannot hold threads and sockets in the inference process.
+CLIENT_TIMEOUT_S = 10.0
+MAX_CLIENTS = 16
+
+
+def _serve(addr: str, port: int, registry):
+    """An HTTP server for registry on addr:port in a daemon thread, each
+    client on a thread of its own with a timeout and a bound on how many.
+    OSError when the port cannot be had."""
+    import socket
+    import socketserver
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    slots = threading.BoundedSemaphore(MAX_CLIENTS)
+
+    class Handler(WSGIRequestHandler):
+        timeout = CLIENT_TIMEOUT_S
+
+        def log_message(self, format, *args):  # noqa: A002 - the base class's name
+            pass
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        block_on_close = False
+        address_family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+
+        def process_request(self, request, client_address):
+            if not slots.acquire(blocking=False):
+                self.shutdown_request(request)  # too many at once
+                return
+            super().process_request(request, client_address)
+
+        def process_request_thread(self, request, client_address):
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                slots.release()
+
+    server = make_server(addr, port, make_wsgi_app(registry), Server, handler_class=Handler)
+    thread = threading.Thread(target=server.serve_forever, name=f"lmcache-fx-metrics-{port}", daemon=True)
+    thread.start()
+    return server, thread
+
+
 def start_metrics(source: Source, name: str = "fx", port: int = 0, addr: str = "127.0.0.1") -> MetricsHandle:
     """Exposes a store's metrics: always in the global REGISTRY (LMCache's
     /metrics), and on http://addr:port/metrics when port > 0. Stores in one
@@ -253,7 +301,7 @@ def start_metrics(source: Source, name: str = "fx", port: int = 0, addr: str = "
     global_collector().add(name, source)
     h = MetricsHandle(name, 0)
     if port:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
 
         with _lock:
             entry = _servers.get(port)
@@ -268,7 +316,7 @@ def start_metrics(source: Source, name: str = "fx", port: int = 0, addr: str = "
             reg = CollectorRegistry(auto_describe=False)
             reg.register(coll)
             try:
-                server, thread = start_http_server(port, addr=addr, registry=reg)
+                server, thread = _serve(addr, port, reg)
             except OSError as e:
                 log.error(
                     "lmcache-fx: metrics_port %d: cannot listen on %s:%d (%s); Prometheus metrics are "

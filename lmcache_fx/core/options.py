@@ -163,10 +163,9 @@ def auth_key_bytes(spec: str, full: str = "auth_key") -> bytes:
 
     if spec.startswith("env:"):
         var = spec[4:].strip()
-        raw = os.environ.get(var)
-        if not raw:
+        raw_b = os.environb.get(os.fsencode(var), b"")  # its bytes as set: a random key need not be UTF-8
+        if not raw_b:
             raise ConfigError(f"{full}: environment variable {var!r} is not set or empty")
-        raw_b = raw.encode()
     elif spec.startswith("file:"):
         fn = spec[5:].strip()
         try:

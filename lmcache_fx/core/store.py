@@ -1279,8 +1279,9 @@ class ChunkStore:
                     del spares[HEADER_SIZE + f.nbytes]
                 self._spare_bytes -= sp.size
                 st = rename_if_same(sp.path, None, f.dfd, f.tmp, dirfds, ident=sp.ident)
-                if st is None:  # gone meanwhile: no longer in the store
-                    usage = max(0, usage - sp.size)
+                if st is None:
+                    # Gone meanwhile: whoever removed it (a peer's scan, fsck --repair, gc) took its
+                    # bytes off the ledger; by hand, they stay counted until a scan (only upwards).
                     continue
                 f.recycled, f.recycled_ino = True, st.st_ino
                 usage = max(0, usage - st.st_size)
@@ -2076,6 +2077,15 @@ class ChunkStore:
                 e = entries[i]
                 mv = memoryview(hbuf)[HEADER_SIZE * j : HEADER_SIZE * (j + 1)]
                 h = self._check_header(keys[i], e, mv, r, fds[k])
+                if h is not None:
+                    ident, size = _identity(fds[k])
+                    if size is not None and size < HEADER_SIZE + h.payload_len:
+                        # Its payload cannot be there: a miss before room is sought for what it claims.
+                        if ident is not None and self._moved_away(e.path, ident):
+                            self._drop(chunk_digest(keys[i]), unlink=False)
+                        else:
+                            self._corrupt(keys[i], e, f"{size} bytes for a payload of {h.payload_len}", ident=ident)
+                        h = None
                 if h is None:
                     entries[i] = None
                 else:
@@ -2123,8 +2133,9 @@ class ChunkStore:
             if h is None:
                 continue
             if h.meta != e.meta or h.payload_len != allocs[i][2]:
-                # Replaced by a chunk of another geometry: learn it, miss now.
-                e.meta = h.meta
+                # Replaced by a chunk of another geometry: a miss now; the next read takes its header
+                # anew (phase 1, which checks the file holds the payload the header claims).
+                e.meta = None
                 continue
             if prn != h.payload_len:
                 ident, size = _identity(fd)
@@ -2230,8 +2241,9 @@ class ChunkStore:
                     self._corrupt(key, e, f"holds key {h.key!r}, not the one asked for", ident=ident)
                 return False
             if status != _fxio.CHUNK_OK or h.meta != e.meta:
-                # Replaced by a chunk of another geometry (or another body): learn it, miss now.
-                e.meta, e.body = h.meta, header_body_of(mv)
+                # Replaced by a chunk of another geometry (or another body): a miss now; the next read
+                # takes its header anew (phase 1, which checks the file holds what the header claims).
+                e.meta = e.body = None
                 return False
             e.body = header_body_of(mv)
             return not self._mac_rejects(key, e, mv, h, alloc[1], nb, ident)

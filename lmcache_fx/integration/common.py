@@ -31,6 +31,7 @@ __all__ = [
     "register_memory",
     "register_pool",
     "before_pool_frees",
+    "worker_metrics_port",
     "gpu_index",
 ]
 
@@ -152,10 +153,24 @@ def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
     args = _alloc_args(meta)
     if args is None:
         return None
+    if busy_loop and sum(s.numel() * d.itemsize for s, d in zip(args[0], args[1])) > _pool_bytes(local_cpu_backend):
+        # LMCache's busy loop waits for room that never comes (a header may say anything its CRC covers).
+        log.warning("lmcache-fx: a chunk of %s is larger than LMCache's CPU pool; miss", meta.shapes)
+        return None
     obj = local_cpu_backend.allocate(*args, busy_loop=busy_loop)
     if obj is None:
         return None
     return obj, obj.data_ptr, obj.get_size()
+
+
+def _pool_bytes(local_cpu_backend) -> float:
+    """The size of LMCache's CPU pool, where it is one flat buffer; else
+    unbounded (inf)."""
+    try:
+        buf = local_cpu_backend.get_memory_allocator().buffer
+        return float(buf.numel() * buf.element_size())
+    except Exception:
+        return float("inf")
 
 
 def allocate_many_from(local_cpu_backend, meta: ChunkMeta, count: int) -> Optional[list]:
@@ -239,6 +254,21 @@ def before_pool_frees(local_cpu_backend, finish: Callable[[], None]) -> Callable
             hooks.remove(finish)
 
     return remove
+
+
+def worker_metrics_port(options, metadata, prefix: str) -> int:
+    """metrics_port plus this worker's local id (one port per worker on a
+    host: tensor-parallel workers must not collide); 0 when off.
+    ConfigError when that passes 65535."""
+    port = options.metrics_port
+    if port:
+        port += int(getattr(metadata, "local_worker_id", 0) or 0)
+        if port > 65535:
+            raise ConfigError(
+                f"{prefix}metrics_port: {options.metrics_port} + local worker id "
+                f"{port - options.metrics_port} = {port} is above 65535; pick a lower port"
+            )
+    return port
 
 
 def gpu_index(dst_device) -> Optional[int]:

@@ -388,6 +388,12 @@ def _nearest_existing(p: str) -> str:
     return p
 
 
+def _shown_key(spec: str) -> str:
+    """auth_key as doctor may print it: where it is read from (env:, file:),
+    never a key given in the config itself."""
+    return spec if not spec or spec.startswith(("env:", "file:")) else "(set in the config; not shown)"
+
+
 def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
     from .admin import scan
 
@@ -684,7 +690,7 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
                             f"[{pc.name}] plugin",
                             "ok",
                             f"loads; options: {_opts_summary(pc.options)}",
-                            data=asdict(pc.options),
+                            data={**asdict(pc.options), "auth_key": _shown_key(pc.options.auth_key)},
                         )
                     )
                     plugins.append((pc.name, pc.options))
