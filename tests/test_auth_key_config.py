@@ -53,3 +53,18 @@ def test_doctor_does_not_print_a_key_written_in_the_config(tmp_path):
             del os.environ["SOME_VAR"]
         assert (spec in out) == shown, spec
         assert '"auth_key": "' in out  # the setting itself is still reported
+
+
+def test_a_key_file_over_64_kib_is_refused_not_cut(tmp_path):
+    """Two key files that differ only past 64 KiB were one key (the file was
+    read up to there); such a file is now refused, naming the option."""
+    import pytest
+
+    from lmcache_fx.core.options import ConfigError
+
+    big = tmp_path / "key"
+    big.write_bytes(b"k" * ((1 << 16) + 10))
+    with pytest.raises(ConfigError, match=r"auth_key: the key file .* is over 64 KiB"):
+        auth_key_bytes(f"file:{big}")
+    big.write_bytes(b"k" * (1 << 16))
+    assert len(auth_key_bytes(f"file:{big}")) == 32

@@ -161,3 +161,14 @@ def test_runner_nice_reaches_the_engine_and_is_checked(tmp_path):
         assert engine_setting(tmp_path, values, "runner_nice") == want
     with pytest.raises(ConfigError, match=r"x\.runner_nice: 20 is out of range \[0, 19\]"):
         FxOptions.from_mapping({"runner_nice": 20}, where="x.")
+
+
+def test_an_option_name_that_is_not_a_string_is_named_in_the_error():
+    """A key YAML parsed as a number: a ConfigError that names it and the fix,
+    not a TypeError; in LMCache's extra_config such a key is nobody's option."""
+    with pytest.raises(ConfigError, match=r"option name 'storage_plugin.fx.1' is not a string: quote it"):
+        FxOptions.from_mapping({"path": "/tmp/x", 1: 2}, where="storage_plugin.fx.")
+    from lmcache_fx.core.options import options_from_extra
+
+    o = options_from_extra({"storage_plugin.fx.path": "/tmp/x", 5: "y"}, "storage_plugin.fx.")
+    assert o.paths == ["/tmp/x"]

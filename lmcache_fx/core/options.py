@@ -170,9 +170,11 @@ def auth_key_bytes(spec: str, full: str = "auth_key") -> bytes:
         fn = spec[5:].strip()
         try:
             with open(fn, "rb") as f:
-                raw_b = f.read(1 << 16).rstrip(b"\r\n")
+                raw_b = f.read((1 << 16) + 1).rstrip(b"\r\n")
         except OSError as e:
             raise ConfigError(f"{full}: cannot read the key file {fn!r}: {e.strerror}") from None
+        if len(raw_b) > 1 << 16:  # not cut silently: two files that differ past 64 KiB are two keys
+            raise ConfigError(f"{full}: the key file {fn!r} is over 64 KiB; use a key file of 16 bytes to 64 KiB")
     else:
         raw_b = spec.encode("utf-8", "surrogatepass")
     if len(raw_b) < 16:
@@ -361,6 +363,8 @@ class FxOptions:
         table = {f.name: f for f in fields(cls)}
         for name, v in values.items():
             full = f"{where}{name}"
+            if not isinstance(name, str):  # e.g. a YAML key that parsed as a number
+                raise ConfigError(f"option name {full!r} is not a string: quote it in the config")
             if name not in table:
                 close = difflib.get_close_matches(name, list(table), n=1)
                 hint = f"did you mean '{where}{close[0]}'?" if close else f"valid options: {', '.join(table)}"
@@ -384,7 +388,7 @@ _PLUGIN_KEYS = ("module_path", "class_name")  # LMCache's own keys under a plugi
 def options_from_extra(extra: dict, prefix: str) -> FxOptions:
     """Options under `prefix` of LMCache's extra_config (e.g.
     'storage_plugin.fx.'), checked by name."""
-    values = {k[len(prefix) :]: v for k, v in (extra or {}).items() if k.startswith(prefix)}
+    values = {k[len(prefix) :]: v for k, v in (extra or {}).items() if isinstance(k, str) and k.startswith(prefix)}
     for k in _PLUGIN_KEYS:
         values.pop(k, None)
     return FxOptions.from_mapping(values, where=prefix)
