@@ -143,6 +143,57 @@ def test_stop_removes_only_segments_nothing_holds(tmp_path):
     assert server._orphan_segments(set(names[:2])) == sorted(names[:2])  # the holder is gone
 
 
+FAKE_SERVER = """#!/bin/sh
+# Stands in for vLLM's interpreter: `python -m vllm.entrypoints.openai.api_server ... --port N`.
+# /health answers 200, chat completions 500: the demo's warm-up fails.
+port=""; prev=""
+for a in "$@"; do [ "$prev" = "--port" ] && port="$a"; prev="$a"; done
+echo "$$" > "$FX_FAKE_PID"
+exec {python} -c '
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def do_POST(self):
+        self.send_response(500); self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+' "$port"
+"""
+
+
+def test_the_demo_stops_its_server_when_the_start_fails(tmp_path):
+    """The demo starts vLLM in a session of its own (Ctrl-C does not reach
+    it); a start that failed (here the warm-up's HTTP 500) left it running
+    after chat.py exited. It is stopped on every way out."""
+    sys.path.insert(0, CHAT)
+    from server import ensure_model
+
+    model = ensure_model(work=str(tmp_path / "work"), python=sys.executable)
+    fake = tmp_path / "fake_python"
+    fake.write_text(FAKE_SERVER.format(python=sys.executable))
+    fake.chmod(0o755)
+    pidfile = tmp_path / "server.pid"
+    r = subprocess.run(
+        [sys.executable, os.path.join(CHAT, "chat.py"), "--python", str(fake), "--model", model,
+         "--work", str(tmp_path / "work"), "--doc-tokens", "300"],
+        env={**os.environ, "FX_FAKE_PID": str(pidfile)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode != 0 and "500" in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
+    pid = int(pidfile.read_text())
+    end = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < end:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break  # exited, not yet reaped
+        time.sleep(0.1)
+    alive = os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    if alive:
+        os.killpg(pid, 9)
+    assert not alive, "the stand-in server outlived chat.py"
+
+
 # ---------------------------------------------------------------- slow: the server
 @pytest.fixture(scope="module")
 def chat():

@@ -242,9 +242,9 @@ def main():
     # ---- first server: a fresh conversation; every turn's KV is stored in fx
     srv = mk()
     print(f"  fx store {srv.store}")
-    start(srv, "server 1")
     messages, first = [system], []
-    try:
+    try:  # the server runs in a session of its own: stopped on every way out, a failed start included
+        start(srv, "server 1")
         for i in range(args.turns):
             content = (doc + "\n\n" + QUESTIONS[i]) if i == 0 else QUESTIONS[i]
             messages.append({"role": "user", "content": content})
@@ -256,9 +256,9 @@ def main():
 
     # ---- restart: a new process, nothing in memory; the same conversation again
     srv = mk()
-    start(srv, "server 2 (restarted)")
     again = []
     try:
+        start(srv, "server 2 (restarted)")
         replay = [system]
         for i in range(args.turns):
             replay.append(messages[1 + 2 * i])
