@@ -4326,3 +4326,26 @@ def test_docs_whole_limit_is_the_committed_json():
     from lmcache_fx import _fxio
 
     assert _fxio.WHOLE_MAX == 2 << 20  # the bound the verdict set (csrc/fxio.h)
+
+
+def test_docs_reuse_zero_is_the_committed_json():
+    """The cost of zeroing a reused file's old header: the page quotes the
+    committed probe's medians and per-rep range; every timed chunk went into
+    a reused file (the probe asserts it), the run was clean at its commit."""
+    import glob
+
+    (path,) = glob.glob(os.path.join(ROOT, "docs", "bench-repeats", "reuse-zero", "*-run1.json"))
+    d = _docs_json(os.path.relpath(path, os.path.join(ROOT, "docs")))
+    assert not d["git_commit"].endswith("+dirty") and d["reps"] == len(d["zeroed_over_skipped_each"]) >= 9
+    z, s = d["gbps"]["zeroed"], d["gbps"]["skipped"]
+    pairs = d["zeroed_over_skipped_each"]  # per rep, from the unrounded speeds
+    assert [a / b for a, b in zip(z, s)] == pytest.approx(pairs, abs=2e-4)
+    med = d["zeroed_over_skipped_median"]
+    assert statistics.median(pairs) == pytest.approx(med, abs=1e-4)
+    text = " ".join(_page().split())
+    assert (
+        f"{statistics.median(z):.2f} against {statistics.median(s):.2f} GB/s (medians of {d['reps']}), zeroed over "
+        f"skipped {min(pairs):.2f}–{max(pairs):.2f}× per rep, median {med:.2f}×" in text
+    )
+    assert f"at `{d['git_commit'][:7]}`" in text and d["chunk_bytes"] == 2 << 20
+    assert f"2 MiB on XFS: {med:.2f}× the same stores without that write, median of {d['reps']} pairs" in _readme_flat()
