@@ -85,6 +85,7 @@ class FxRemoteConnector(RemoteConnector):
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"lmcache-fx-remote-writer-{self.name}")
         self._pending_lock = threading.Condition()
         self._pending_puts = 0  # batched_put coroutines running (RemoteBackend does not track batched puts)
+        self._writes_queued = 0  # their writes given to the writer thread and not done
         self._pool_gone = False  # LMCache's CPU pool is freed (or being freed): no put can read it
         self._unhook_pool = before_pool_frees(local_cpu_backend, self._finish_puts)
         log.info(
@@ -171,14 +172,25 @@ class FxRemoteConnector(RemoteConnector):
                 log.warning("lmcache-fx: %d chunks not stored: LMCache is closing its CPU pool", len(items))
                 return
             self._pending_puts += 1
+            self._writes_queued += 1  # submitted at once below: no await in between
         try:
-            done = await loop.run_in_executor(self._writer, self.store.write, items)
+            done = await loop.run_in_executor(self._writer, self._write, items)
         finally:
             with self._pending_lock:
                 self._pending_puts -= 1
                 self._pending_lock.notify_all()
         if not all(done):
             log.debug("lmcache-fx: %d of %d chunks not stored", done.count(False), len(done))
+
+    def _write(self, items: list) -> list[bool]:
+        """A put's write, on the writer thread; counted until it is done, on
+        that thread (what _finish_puts waits for needs no event loop)."""
+        try:
+            return self.store.write(items)
+        finally:
+            with self._pending_lock:
+                self._writes_queued -= 1
+                self._pending_lock.notify_all()
 
     def pending_puts(self) -> int:
         """batched_put calls that started and have not finished (tests)."""
@@ -193,11 +205,13 @@ class FxRemoteConnector(RemoteConnector):
         return []  # the store indexes digests; keys live in chunk headers only
 
     def _finish_puts(self) -> None:
-        """Lets the puts that started finish while LMCache's CPU pool is still
-        there, and starts no more (before_pool_frees)."""
+        """Lets the writes of the puts that started finish while LMCache's CPU
+        pool is still there, and starts no more (before_pool_frees). Waits on
+        the writer thread alone, so it holds also where LMCache closes from
+        its event loop's thread (where a put's coroutine could not resume)."""
         with self._pending_lock:
             self._pool_gone = True
-            self._pending_lock.wait_for(lambda: self._pending_puts == 0)
+            self._pending_lock.wait_for(lambda: self._writes_queued == 0)
 
     async def close(self):
         self._unhook_pool()
