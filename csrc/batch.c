@@ -152,18 +152,19 @@ int fx_batch_prepare(fx_batch *b, uint64_t split)
     /* Count first so the pieces live in one allocation. An unaligned tail of
      * an O_DIRECT op gets a piece of its own so only it is bounced. */
     for (i = 0; i < b->nops; i++) {
-        uint64_t len = b->ops[i].length, c;
+        uint64_t len = b->ops[i].length, c = 0;
 
         /* Lengths and offsets come from the caller: no sum below may wrap,
-         * and an op's piece count must fit its uint32_t fields. */
+         * and an op's piece count (c, and one more for a header) must fit
+         * its uint32_t fields. */
         if (split == 0 || len > INT64_MAX || b->ops[i].offset > INT64_MAX - len ||
-            (c = len ? (len + split - 1) / split + 2 : 1) > UINT32_MAX ||
-            n > SIZE_MAX / sizeof(*b->pieces) - c) {
+            (c = len ? (len + split - 1) / split + 1 : 0) + 1 > UINT32_MAX ||
+            n > SIZE_MAX / sizeof(*b->pieces) - c - 1) {
             free(b->prog);
             b->prog = NULL;
             return -EINVAL;
         }
-        n += len ? (len + split - 1) / split + 1 : 0;
+        n += c;
         if (b->hdrs && b->hdrs[i])
             n++; /* a header-only piece when it cannot ride with the first */
     }

@@ -248,8 +248,9 @@ def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
         return True
     except PermissionError:
         pass
-    # A live pid may be a recycled one, not the writer: age decides. Stores set the mtime of a
-    # file they rename to a temporary's name (a reused victim, a spare) to now for this.
+    # A live pid may be a recycled one, not the writer: age decides. So a store makes a file it
+    # renames to a temporary's name new before it uses it (a reused victim: the write zeroing its
+    # header; a spare: a utime).
     return now - mtime > STALE_TMP_SECONDS
 
 

@@ -318,6 +318,17 @@ class Ledger:
         magic, count, written = self.CHANGES.unpack(tail[:-4])
         return (count, written, usage) if magic == self.CHANGES_MAGIC else (0, None, usage)
 
+    def add(self, delta: int) -> Optional[int]:
+        """Adds delta to the usage (never below 0), keeping the scan time; the
+        new usage, or None when the record is missing or bad (it is left for
+        a scan to rebuild). Hold the lock."""
+        rec = self.get()
+        if rec is None:
+            return None
+        usage = max(0, rec[0] + delta)
+        self.put(usage, rec[1])
+        return usage
+
     def put(self, usage: int, scanned: float) -> None:
         """Writes the record and counts the change (one write). Hold the lock."""
         count = self.changes()[0] or 0

@@ -160,6 +160,32 @@ def _page_cache_fs(roots: list[str]) -> bool:
     return bool(_fs_magics(roots) & MEMORY_FS_MAGICS)
 
 
+def _mounts_of(roots: list[str], mountinfo: str = "/proc/self/mountinfo") -> list[tuple[int, str, set[str]]]:
+    """(device, filesystem type, its mount and superblock options) of each
+    mount of the roots' devices, from the mount table; [] when that cannot
+    be read."""
+    try:
+        devs = {os.stat(r).st_dev for r in roots}
+        with open(mountinfo) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields, sup = left.split(), right.split()
+        if not sep or len(fields) < 6 or len(sup) < 3:
+            continue
+        major, _, minor = fields[2].partition(":")
+        try:
+            dev = os.makedev(int(major), int(minor))
+        except ValueError:
+            continue
+        if dev in devs:
+            out.append((dev, sup[0], set(fields[5].split(",")) | set(sup[2].split(","))))
+    return out
+
+
 def huge_page_tmpfs(roots: list[str]) -> bool:
     """Whether every root is on a tmpfs that keeps files in huge pages: mounted
     huge=always or huge=within_size, or every tmpfs forced to (shmem_enabled)."""
@@ -170,20 +196,13 @@ def huge_page_tmpfs(roots: list[str]) -> bool:
         forced = False
     try:
         devs = {os.stat(r).st_dev for r in roots}
-        with open("/proc/self/mountinfo") as f:
-            lines = f.read().splitlines()
     except OSError:
         return False
-    huge = set()
-    for line in lines:
-        left, sep, right = line.partition(" - ")
-        fields, sup = left.split(), right.split()
-        if not sep or len(fields) < 3 or len(sup) < 3 or sup[0] != "tmpfs":
-            continue
-        major, _, minor = fields[2].partition(":")
-        opts = sup[2].split(",")
-        if forced or "huge=always" in opts or "huge=within_size" in opts:
-            huge.add(os.makedev(int(major), int(minor)))
+    huge = {
+        dev
+        for dev, fstype, opts in _mounts_of(roots)
+        if fstype == "tmpfs" and (forced or "huge=always" in opts or "huge=within_size" in opts)
+    }
     return devs <= huge
 
 
@@ -261,31 +280,6 @@ def decide_staged_reads(mode: str, roots: list[str], odirect: bool, verify: bool
     )
 
 
-def _mounts_of(roots: list[str], mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, set[str]]]:
-    """(filesystem type, its mount and superblock options) of the mount each
-    root is on, matched by device number; [] when that cannot be read."""
-    try:
-        devs = {os.stat(r).st_dev for r in roots}
-        with open(mountinfo) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        left, sep, right = line.partition(" - ")
-        fields, sup = left.split(), right.split()
-        if not sep or len(fields) < 6 or len(sup) < 3:
-            continue
-        major, _, minor = fields[2].partition(":")
-        try:
-            if os.makedev(int(major), int(minor)) not in devs:
-                continue
-        except ValueError:
-            continue
-        out.append((sup[0], set(fields[5].split(",")) | set(sup[2].split(","))))
-    return out
-
-
 def client_local_locks(roots: list[str], mountinfo: str = "/proc/self/mountinfo") -> tuple[str, bool, bool]:
     """Where a root's filesystem keeps file locks on this client only, not
     on its server: (what, POSIX locks local, flock local), or ("", False,
@@ -293,7 +287,7 @@ def client_local_locks(roots: list[str], mountinfo: str = "/proc/self/mountinfo"
     localflock. Other hosts then see none of this host's locks: the readers
     an evictor must not rewrite under (Ledger.may_reuse asks .fx/members)
     and the store lock the shared usage is counted under."""
-    for fstype, opts in _mounts_of(roots, mountinfo):
+    for _, fstype, opts in _mounts_of(roots, mountinfo):
         if fstype.startswith("nfs"):
             posix = bool(opts & {"nolock", "local_lock=all", "local_lock=posix"})
             flock = bool(opts & {"nolock", "local_lock=all", "local_lock=flock"})
@@ -822,9 +816,8 @@ class ChunkStore:
                     self._ledger.put(usage, time.time())
                     exact = True
                 else:
-                    rec = self._ledger.get()
-                    if rec is not None and gone:
-                        self._ledger.put(max(0, rec[0] - gone), rec[1])
+                    if gone:
+                        self._ledger.add(-gone)
                     exact = False
         except LockTimeout:
             return
@@ -1292,11 +1285,9 @@ class ChunkStore:
 
     def _ledger_add_locked(self, delta: int) -> Optional[int]:
         """Adds to the shared usage (ledger held); a bad record is rebuilt by a scan."""
-        rec = self._ledger.get()
-        if rec is None:
+        usage = self._ledger.add(delta)
+        if usage is None:
             return self._rescan_locked()
-        usage = max(0, rec[0] + delta)
-        self._ledger.put(usage, rec[1])
         self._last_usage = usage
         return usage
 
@@ -2081,10 +2072,7 @@ class ChunkStore:
                     ident, size = _identity(fds[k])
                     if size is not None and size < HEADER_SIZE + h.payload_len:
                         # Its payload cannot be there: a miss before room is sought for what it claims.
-                        if ident is not None and self._moved_away(e.path, ident):
-                            self._drop(chunk_digest(keys[i]), unlink=False)
-                        else:
-                            self._corrupt(keys[i], e, f"{size} bytes for a payload of {h.payload_len}", ident=ident)
+                        self._corrupt_unless_moved(keys[i], e, f"{size} bytes for a payload of {h.payload_len}", ident)
                         h = None
                 if h is None:
                     entries[i] = None
@@ -2234,11 +2222,8 @@ class ChunkStore:
             except BadHeader as ex:  # checked in C already: only the JSON can be bad here
                 self._corrupt(key, e, str(ex), ident=ident)
                 return False
-            if h.key != key:
-                if self._moved_away(e.path, ident):  # evicted and rewritten with h.key just before our lock
-                    self._drop(chunk_digest(key), unlink=False)
-                else:
-                    self._corrupt(key, e, f"holds key {h.key!r}, not the one asked for", ident=ident)
+            if h.key != key:  # or evicted and rewritten with h.key just before our lock
+                self._corrupt_unless_moved(key, e, f"holds key {h.key!r}, not the one asked for", ident)
                 return False
             if status != _fxio.CHUNK_OK or h.meta != e.meta:
                 # Replaced by a chunk of another geometry (or another body): a miss now; the next read
@@ -2247,12 +2232,10 @@ class ChunkStore:
                 return False
             e.body = header_body_of(mv)
             return not self._mac_rejects(key, e, mv, h, alloc[1], nb, ident)
-        if status in _CORRUPT_STATUSES and self._moved_away(e.path, ident):
-            self._drop(chunk_digest(key), unlink=False)  # being reused (its header zeroed first): a miss
-        elif status in _CORRUPT_STATUSES:
+        if status in _CORRUPT_STATUSES:  # or being reused (its header zeroed first)
             why = _fxio.CHUNK_STATUS_NAMES[status].replace("_", " ")
-            self._corrupt(
-                key, e, why if status != _fxio.CHUNK_PAYLOAD_CRC else "payload checksum mismatch", ident=ident
+            self._corrupt_unless_moved(
+                key, e, why if status != _fxio.CHUNK_PAYLOAD_CRC else "payload checksum mismatch", ident
             )
         elif status == _fxio.CHUNK_VERSION:
             log.warning("lmcache-fx: %s has another format version; treating it as a miss", e.path)
@@ -2274,6 +2257,15 @@ class ChunkStore:
         no names: this runs on a miss only)."""
         st = stat_in(path)
         return st is None or (st.st_dev, st.st_ino) != tuple(ident)
+
+    def _corrupt_unless_moved(self, key: str, e: Entry, why: str, ident: Optional[tuple[int, int]]) -> None:
+        """A bad file read (`ident`) is corrupt, and removed, while it is still
+        the one at its path; one moved away meanwhile (an evictor reusing it)
+        is another chunk's now: a miss, its entry dropped, nothing removed."""
+        if ident is not None and self._moved_away(e.path, ident):
+            self._drop(chunk_digest(key), unlink=False)
+        else:
+            self._corrupt(key, e, why, ident=ident)
 
     def _take_scratch(self, nchunks: int) -> "_fxio.HostBuffer":
         """A header area of HEADER_SIZE per chunk for one batch: the smallest

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import math
 import os
 import sys
 import threading
@@ -153,7 +154,7 @@ def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
     args = _alloc_args(meta)
     if args is None:
         return None
-    if busy_loop and sum(s.numel() * d.itemsize for s, d in zip(args[0], args[1])) > _pool_bytes(local_cpu_backend):
+    if busy_loop and _meta_bytes(meta) > _pool_bytes(local_cpu_backend):
         # LMCache's busy loop waits for room that never comes (a header may say anything its CRC covers).
         log.warning("lmcache-fx: a chunk of %s is larger than LMCache's CPU pool; miss", meta.shapes)
         return None
@@ -163,14 +164,31 @@ def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
     return obj, obj.data_ptr, obj.get_size()
 
 
+@functools.lru_cache(maxsize=1024)
+def _meta_bytes(meta: ChunkMeta) -> int:
+    """Bytes of the tensors a meta describes (its dtypes known: _alloc_args
+    has taken it); per meta once, off the per-chunk path."""
+    return sum(math.prod(s) * _torch_dtype(d).itemsize for s, d in zip(meta.shapes, meta.dtypes))
+
+
+def _pool_buffer(local_cpu_backend) -> tuple[int, int]:
+    """(address, bytes) of LMCache's CPU pool; raises where it is not one flat buffer."""
+    buf = local_cpu_backend.get_memory_allocator().buffer
+    return buf.data_ptr(), buf.numel() * buf.element_size()
+
+
 def _pool_bytes(local_cpu_backend) -> float:
     """The size of LMCache's CPU pool, where it is one flat buffer; else
-    unbounded (inf)."""
-    try:
-        buf = local_cpu_backend.get_memory_allocator().buffer
-        return float(buf.numel() * buf.element_size())
-    except Exception:
-        return float("inf")
+    unbounded (inf). Asked once per backend (its pool does not change), kept
+    on it as before_pool_frees keeps its hooks."""
+    size = local_cpu_backend.__dict__.get("_lmcache_fx_pool_bytes")
+    if size is None:
+        try:
+            size = float(_pool_buffer(local_cpu_backend)[1])
+        except Exception:
+            size = float("inf")
+        local_cpu_backend._lmcache_fx_pool_bytes = size
+    return size
 
 
 def allocate_many_from(local_cpu_backend, meta: ChunkMeta, count: int) -> Optional[list]:
@@ -217,8 +235,7 @@ def register_memory(engine, addr: int, size: int, what: str) -> bool:
 def register_pool(engine, local_cpu_backend) -> bool:
     """register_memory on LMCache's CPU pool, when it is one flat buffer."""
     try:
-        buf = local_cpu_backend.get_memory_allocator().buffer
-        addr, size = buf.data_ptr(), buf.numel() * buf.element_size()
+        addr, size = _pool_buffer(local_cpu_backend)
     except Exception as e:  # an allocator without one flat buffer
         log.debug("lmcache-fx: no flat pool to register (%s)", e)
         return False

@@ -799,9 +799,7 @@ class Remover:
             return
         try:
             if self.freed and self.ledger is not None:
-                rec = self.ledger.get()
-                if rec is not None:  # a bad record: the next store to meet it rescans
-                    self.ledger.put(max(0, rec[0] - self.freed), rec[1])
+                self.ledger.add(-self.freed)  # a bad record: the next store to meet it rescans
                 self.freed = 0
         finally:
             hold, self._hold = self._hold, None

@@ -120,6 +120,13 @@ class ChunkVerifier:
         inflight: collections.deque = collections.deque()
         pending: list[tuple[StoreFile, int, os.stat_result]] = []  # opened, for the next batch
         used = 0
+
+        def submit() -> Iterator[Verdict]:
+            """The files opened so far as a batch (pending emptied), at most two in flight."""
+            if len(inflight) >= 2:
+                yield from self._finish(inflight.popleft(), pool)
+            inflight.append(self._submit(pending, buffer_bytes, pool))
+
         try:
             for f in files:
                 if not pending and len(inflight) >= 2:
@@ -127,10 +134,8 @@ class ChunkVerifier:
                 fd, st, why, err = self.open(f)
                 if fd < 0 and err in (errno.EMFILE, errno.ENFILE) and (pending or inflight):
                     if pending:
-                        if len(inflight) >= 2:
-                            yield from self._finish(inflight.popleft(), pool)
-                        inflight.append(self._submit(pending, buffer_bytes, pool))
-                        pending, used = [], 0
+                        yield from submit()
+                        used = 0
                     while inflight:
                         yield from self._finish(inflight.popleft(), pool)
                     fd, st, why, err = self.open(f)
@@ -145,17 +150,12 @@ class ChunkVerifier:
                     continue
                 span = _span(size)
                 if pending and (used + span > buffer_bytes or len(pending) >= self.max_files):
-                    if len(inflight) >= 2:
-                        yield from self._finish(inflight.popleft(), pool)
-                    inflight.append(self._submit(pending, buffer_bytes, pool))
-                    pending, used = [], 0
+                    yield from submit()
+                    used = 0
                 pending.append((f, fd, st))
                 used += span
             if pending:
-                if len(inflight) >= 2:
-                    yield from self._finish(inflight.popleft(), pool)
-                inflight.append(self._submit(pending, buffer_bytes, pool))
-                pending = []
+                yield from submit()
             while inflight:
                 yield from self._finish(inflight.popleft(), pool)
         finally:
