@@ -704,12 +704,21 @@ with lmcache_engine(engine_config(entry, path, work), GEO) as eng:
     st = fx_store_of(backend_of(eng, entry))
     write = st.write
 
+    started = []
+
     def slow_write(items):  # a slow device: the writes are still queued when LMCache closes
+        started.append(len(items))
         time.sleep(0.3)
         return write(items)
 
     st.write = slow_write
     eng.store(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
+    # the remote plugin refuses puts LMCache had not started when its CPU
+    # tier closed; wait until one write is under way so the count below
+    # tests the shutdown wait, not the scheduler
+    deadline = time.monotonic() + 60
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.01)
 # LMCache destroyed: its CPU pool is freed by now
 with lmcache_engine(engine_config(entry, path, work), GEO) as eng:
     got = kv.empty_like()
