@@ -157,6 +157,7 @@ struct GpuStagingObject {
     void *ev_in;  /* recorded on the caller's stream; the pipeline stream waits on it */
     void *ev_out; /* recorded after the last copy; the caller's stream waits on it */
     int pending;  /* a read(sync=False) left copies out of the slots in flight */
+    int pending_failed; /* close() found one of those copies failed (last_error says how) */
     int io; /* 1 io_uring, 0 threads */
     int fixed;
     char fixed_error[256]; /* why the slots are not io_uring fixed buffers (io_uring only) */
@@ -235,8 +236,14 @@ static void staging_free(GpuStagingObject *g)
     if (fx_gpu_driver.ops && g->have_ctx && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
         const gpu_ops *d = fx_gpu_driver.ops;
         entered = d->ctx_enter(g->ctx, g->device, &sc) == 0;
-        if (g->stream)
-            d->stream_sync(g->stream); /* also the copies a read(sync=False) left in flight */
+        if (g->stream) {
+            int r = d->stream_sync(g->stream); /* also the copies a read(sync=False) left in flight */
+            if (r != 0 && g->pending) {
+                set_error(g, "a copy queued by the last read(sync=False) failed: %s (%d); its data is not in GPU memory",
+                          fx_gpu_errname(r), r);
+                g->pending_failed = 1;
+            }
+        }
         g->pending = 0;
         if (g->events) {
             for (unsigned i = 0; i < g->nslots; i++)
@@ -800,15 +807,34 @@ static int wait_reads(run_t *R, long timeout_us)
     }
 }
 
+/* A read(sync=False) left copies in flight: wait for them before the slots
+ * are touched. -1 when one of them failed (last_error says so): that read's
+ * results counted bytes the GPU never got, so its caller must be told. */
+static int settle_pending(GpuStagingObject *g)
+{
+    int r;
+
+    if (!g->pending)
+        return 0;
+    r = fx_gpu_driver.ops->stream_sync(g->stream);
+    g->pending = 0;
+    if (r == 0)
+        return 0;
+    set_error(g, "a copy queued by the last read(sync=False) failed: %s (%d); its data is not in GPU memory",
+              fx_gpu_errname(r), r);
+    return -1;
+}
+
 /* Runs the whole pipeline; no GIL. Fills res[] per op, and crcs[] (CRC32C of
- * the bytes copied) when given. */
-static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *res, uint32_t *crcs,
+ * the bytes copied) when given. -1 (nothing of this read done) when copies the
+ * last read(sync=False) queued failed; else 0. */
+static int run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *res, uint32_t *crcs,
                          int cancel_on_error, void *cstream, int sync)
 {
     run_t R = {.g = g, .ops = ops, .nops = nops, .cancel_on_error = cancel_on_error, .want_crc = crcs != NULL};
     saved_ctx sc;
     uint64_t t0 = fx_now_ns();
-    int r;
+    int r, ret = 0;
 
     g->last_error[0] = 0;
     g->ntrace = 0;
@@ -829,10 +855,12 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
             res[i] = -EIO;
         goto out;
     }
-    if (g->pending) {
-        /* The last read(sync=False) may still be copying out of the slots. */
-        fx_gpu_driver.ops->stream_sync(g->stream);
-        g->pending = 0;
+    if (settle_pending(g) < 0) {
+        for (size_t i = 0; i < nops; i++)
+            res[i] = -ECANCELED;
+        fx_gpu_driver.ops->ctx_leave(&sc);
+        ret = -1;
+        goto out;
     }
     /* Stream order: no copy may start before the work the caller queued on
      * its stream so far (kernels still using the destination). */
@@ -895,11 +923,17 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
         }
     }
     if (R.copying) {
-        /* sync=False, nothing failed: the copies still out count as done; the
-         * caller's stream is ordered after them, and the next read (or close)
-         * waits for them before it touches the slots. */
+        /* sync=False: copies that ended are judged by their events; those
+         * still running count as done (queued), the caller's stream is
+         * ordered after them, and the next read (or close) waits for them
+         * before it touches the slots and reports one that failed. */
         while (R.fn) {
             slot_t *s = &R.slots[R.fifo[R.fh]];
+            int q = fx_gpu_driver.ops->event_query(g->events[s->idx]);
+            if (q != NOT_READY) {
+                copy_finished(&R, q);
+                continue;
+            }
             R.ops[s->op].bytes += s->copied;
             g->st_bytes += s->copied;
             R.fh = (R.fh + 1) % g->nslots;
@@ -935,13 +969,14 @@ static void run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *r
                 ops[pc->op].crc = fx_crc32c_combine(ops[pc->op].crc, pc->crc, pc->len);
         }
         for (size_t i = 0; i < nops; i++)
-            crcs[i] = ops[i].crc;
+            crcs[i] = res[i] < 0 ? 0 : ops[i].crc; /* no CRC of bytes that did not arrive */
     }
 out:
     g->st_wall_ns = fx_now_ns() - t0;
     free(R.slots);
     free(R.fifo);
     free(R.pcrc);
+    return ret;
 }
 
 /* ------------------------------------------------------------- fork */
@@ -1074,6 +1109,9 @@ static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
         Py_BEGIN_ALLOW_THREADS
         staging_free(self);
         Py_END_ALLOW_THREADS
+        self->eu = NULL;
+        self->pool = NULL;
+        Py_CLEAR(self->engine); /* else a second __init__ takes another reference over it */
         PyErr_SetString(PyExc_OSError, "GpuStaging: io_engine='io_uring' but no io_uring ring could be set up");
         return -1;
     }
@@ -1116,13 +1154,23 @@ static PyObject *GpuStaging_close(GpuStagingObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     staging_close(self);
     Py_END_ALLOW_THREADS
+    if (self->pending_failed) {
+        /* A warning, not an exception: close() runs in cleanup paths. */
+        self->pending_failed = 0;
+        if (PyErr_WarnEx(PyExc_RuntimeWarning, self->last_error, 1) < 0)
+            return NULL;
+    }
     Py_RETURN_NONE;
 }
 
 static void GpuStaging_dealloc(GpuStagingObject *self)
 {
     int forked = is_forked(self);
+    /* Unreachable from Python now: the teardown waits for the GPU and joins
+     * threads, so other threads run meanwhile, as with close(). */
+    Py_BEGIN_ALLOW_THREADS
     staging_close(self);
+    Py_END_ALLOW_THREADS
     if (!forked) /* in a child it may be held by a parent thread that does not exist here */
         pthread_mutex_destroy(&self->run_mu);
     free(self->trace);
@@ -1159,7 +1207,7 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
 {
     static char *kwlist[] = {"ops", "trace", "cancel_on_error", "stream", "sync", "crc", NULL};
     PyObject *ops_obj, *seq, *out = NULL;
-    int trace = 0, cancel_on_error = 1, closed = 0, sync = 1, want_crc = 0;
+    int trace = 0, cancel_on_error = 1, closed = 0, sync = 1, want_crc = 0, prev_failed = 0;
     unsigned long long stream = 0;
     Py_ssize_t n, i;
     op_t *ops;
@@ -1201,6 +1249,12 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
             PyErr_Format(PyExc_ValueError, "op %zd: device address is NULL", i);
             goto done;
         }
+        if ((uint64_t)off + (uint64_t)len > (uint64_t)INT64_MAX - FX_DIO_ALIGN) {
+            /* an O_DIRECT op's end, rounded up to a block, would wrap */
+            PyErr_Format(PyExc_ValueError, "op %zd: offset + length %llu beyond the largest file offset", i,
+                         (unsigned long long)off + (unsigned long long)len);
+            goto done;
+        }
         ops[i].fd = (int)fd;
         ops[i].off = (uint64_t)off;
         ops[i].len = (uint64_t)len;
@@ -1214,7 +1268,7 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
         closed = 2;
     } else {
         self->tracing = trace;
-        run_pipeline(self, ops, (size_t)n, res, crcs, cancel_on_error, (void *)(uintptr_t)stream, sync);
+        prev_failed = run_pipeline(self, ops, (size_t)n, res, crcs, cancel_on_error, (void *)(uintptr_t)stream, sync) < 0;
         if (self->eu)
             give_engine_ring(self);
         else if (self->engine)
@@ -1227,6 +1281,10 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
                         closed == 2       ? "GpuStaging: its engine is closed (or has no io_uring ring to lend)"
                         : self->broken ? "GpuStaging is unusable after an io_uring failure"
                                        : "GpuStaging is closed");
+        goto done;
+    }
+    if (prev_failed) {
+        PyErr_SetString(PyExc_RuntimeError, self->last_error);
         goto done;
     }
     out = PyList_New(n);

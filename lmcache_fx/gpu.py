@@ -18,13 +18,16 @@ destination still used by earlier kernels is not overwritten under them.
 With sync=True (the default) every read and copy has finished when read_into
 returns; with sync=False it returns once every copy is queued, and the
 caller's stream waits for them (work queued on it afterwards sees the data;
-the host does not wait).
+the host does not wait). Its byte counts then include copies still queued: one
+that fails after it returned is reported by the next read_into, which raises
+RuntimeError without reading, or by close(), with a RuntimeWarning.
 
 Integrity: read_into(..., crc=True) returns (bytes, CRC32C) per op, as the
 engine's read(..., crc=True) does. Each piece is checksummed in its staging
 slot, which the pipeline owns from the read until the copy out of it ended,
-so the CRC is that of the bytes the GPU received; the store's verify works
-on the GPU path.
+so the CRC is that of the bytes handed to the GPU (0 for an op whose copy
+failed; with sync=False, see above for copies still queued); the store's
+verify works on the GPU path.
 
 Fork: a reader made before os.fork() refuses every read in the child with a
 RuntimeError naming fork (its threads, ring, staging memory and GPU context

@@ -1319,3 +1319,113 @@ def test_docs_gpu_h200_lmcache_rerun_is_the_committed_json():
         assert f"{c['GBps_cold']:.2f}" in page and f"{c['p50_ms']:.0f}" in page, case
     assert lm["direct_to_gpu"]["direct_to_gpu"] and not lm["cpu_tier"]["direct_to_gpu"]
     assert "gpu-check-h200-lmcache-rerun.json" in page
+
+
+def test_sync_false_copy_failing_after_return_is_reported_by_the_next_call(drv, datafile):
+    """read(sync=False) returns with copies queued; one that then fails on
+    the stream (as an illegal address does) was counted as copied. The next
+    read raises, naming sync=False, instead of reading on as if the data were
+    there (it was silently dropped), once; on a working context the reader
+    reads again after that; close() after such a failure warns."""
+    path, data = datafile
+    n = 4 * MiB
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for after in ("read", "close"):
+            drv.fake_gpu_reset()
+            drv.fake_gpu_set_delay_us(50000)  # the copies outlast the reads: all queued at return
+            drv.fake_gpu_fail_copy(ctypes.c_long(2), 1)  # the 2nd copy is accepted, then fails
+            g = _fxio.GpuStaging(slots=8, slot_bytes=MiB, io_engine="threads")
+            B, D = _fxio.HostBuffer(n), _fxio.HostBuffer(n)
+            res = g.read([(fd, 0, n, B.address)], sync=False, crc=True)
+            assert res[0][0] == n  # queued, not known to have failed yet
+            if after == "read":
+                with pytest.raises(RuntimeError, match=r"read\(sync=False\) failed.*not in GPU memory"):
+                    g.read([(fd, n, n, D.address)])
+                assert g.read([(fd, n, n, D.address)]) == [-errno.EIO]  # reported once; the error sticks
+                drv.fake_gpu_reset()  # a context that works again
+                assert g.read([(fd, n, n, D.address)]) == [n], g.last_error
+                assert bytes(memoryview(D)) == data[n : 2 * n]
+                g.close()
+            else:
+                with pytest.warns(RuntimeWarning, match=r"read\(sync=False\) failed"):
+                    g.close()
+            assert bytes(memoryview(B)[MiB : 2 * MiB]) != data[MiB : 2 * MiB]  # what the reader reported
+    finally:
+        os.close(fd)
+
+
+def test_failed_copy_gives_no_crc(drv, datafile):
+    """crc=True on an op whose copy failed: the byte count is -EIO and the
+    CRC 0, not the CRC of the bytes in the staging slot (they never arrived)."""
+    path, _ = datafile
+    drv.fake_gpu_fail_copy(ctypes.c_long(2), 1)
+    g = _fxio.GpuStaging(slots=4, slot_bytes=MiB, io_engine="threads")
+    B = _fxio.HostBuffer(4 * MiB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert g.read([(fd, 0, 4 * MiB, B.address)], crc=True) == [(-errno.EIO, 0)]
+    finally:
+        os.close(fd)
+        g.close()
+
+
+def test_dropped_reader_tears_down_without_holding_the_gil(drv, datafile):
+    """A GpuStaging dropped without close() (copies of a read(sync=False)
+    still running) waits for them in its deallocator: with the GIL released,
+    as close() does, so other Python threads run meanwhile."""
+    path, _ = datafile
+    n = 4 * MiB
+    drv.fake_gpu_set_delay_us(100000)  # 4 copies x 100 ms after the read returns
+    ticks, stop = [0], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=spin)
+    t.start()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        g = _fxio.GpuStaging(slots=4, slot_bytes=MiB, io_engine="threads")
+        B = _fxio.HostBuffer(n)
+        assert g.read([(fd, 0, n, B.address)], sync=False) == [n]
+        before = ticks[0]
+        del g  # waits for the copies
+        assert ticks[0] - before >= 20  # ~300 ms of teardown: the spinning thread ran (it stopped at ~1 before)
+    finally:
+        stop.set()
+        t.join()
+        os.close(fd)
+
+
+def test_op_end_beyond_the_largest_offset_is_refused(drv, datafile):
+    """An op whose offset + length wraps when an O_DIRECT read rounds it up
+    to a block read nothing and reported 0 bytes, no error; it is refused."""
+    path, _ = datafile
+    g = _fxio.GpuStaging(slots=2, slot_bytes=MiB, io_engine="threads")
+    B = _fxio.HostBuffer(MiB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        big = (1 << 63) - 1
+        with pytest.raises(ValueError, match="beyond the largest file offset"):
+            g.read([(fd, big, big, B.address)])
+    finally:
+        os.close(fd)
+        g.close()
+
+
+def test_failed_init_keeps_no_reference_to_the_engine(drv):
+    """io_engine='io_uring' with a thread engine fails; the engine it had
+    taken is given back, so __init__ again on the object leaks nothing."""
+    e = _fxio.Engine(io_engine="threads")
+    before = sys.getrefcount(e)
+    g = _fxio.GpuStaging.__new__(_fxio.GpuStaging)
+    for _ in range(3):
+        with pytest.raises(OSError, match="io_engine='io_uring'"):
+            g.__init__(slots=2, slot_bytes=MiB, engine=e, io_engine="io_uring")
+    assert sys.getrefcount(e) == before
+    del g
+    assert sys.getrefcount(e) == before
+    e.close()
