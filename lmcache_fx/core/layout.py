@@ -31,6 +31,7 @@ from .chunkfile import SUFFIX
 
 TMP_MARK = ".tmp."
 STALE_TMP_SECONDS = 3600  # a temporary file this old belongs to a dead writer
+PID_T_MAX = (1 << 31) - 1  # a temporary's "pid" beyond pid_t (or not positive) is no process's: age decides
 LOCK_DIR = ".fx"  # in the first root: shared state; no fan-out directory, so never scanned
 LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evictor lock; never a chunk
 MEMBERS_NAME = os.path.join(LOCK_DIR, "members")  # a read lock per process that has the store open
@@ -238,6 +239,8 @@ def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
         pid = int(parts[0])
     except (IndexError, ValueError):
         return now - mtime > STALE_TMP_SECONDS
+    if not 0 < pid <= PID_T_MAX:  # not a pid (os.kill would overflow, or signal a group): age only
+        return now - mtime > STALE_TMP_SECONDS
     if len(parts) >= 3 and parts[2] != HOST_TAG:
         return now - mtime > STALE_TMP_SECONDS  # another node's or container's pid: age only
     if pid == os.getpid():
@@ -292,13 +295,26 @@ def open_dir(path: str) -> int:
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-def open_in(path: str, flags: int, mode: int = 0o600, lock: bool = False) -> int:
+def open_in(path: str, flags: int, mode: int = 0o600, lock: bool = False, regular: bool = False) -> int:
     """os.open of <root>/<ab>/<name> that follows no symlink below the root;
-    with `lock`, a chunk file opened for reading and read-locked (read_lock)."""
+    with `lock`, a chunk file opened for reading and read-locked (read_lock).
+    `regular`: anything but a regular file there (a FIFO, whose open would
+    block until a writer came; a device) raises OSError(ESPIPE or EISDIR),
+    as csrc/chunks.c's chunk_open refuses it."""
     dfd = open_dir(os.path.dirname(path))
     try:
         name = os.path.basename(path)
-        fd = os.open(name, flags | os.O_NOFOLLOW, mode, dir_fd=dfd)
+        fd = os.open(name, flags | os.O_NOFOLLOW | (os.O_NONBLOCK if regular else 0), mode, dir_fd=dfd)
+        if regular:
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    e = errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.ESPIPE
+                    raise OSError(e, "not a regular file", path)
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)  # io_uring would answer EAGAIN
+            except BaseException:
+                os.close(fd)
+                raise
         if lock:
             try:
                 read_lock(fd, dfd, name)

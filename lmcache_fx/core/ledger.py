@@ -27,6 +27,7 @@ from .options import ConfigError
 log = logging.getLogger("lmcache_fx")
 
 LOCK_TIMEOUT = 5.0  # seconds a thread waits for the store lock before giving up (a stalled peer holds it)
+STALLED_WAIT = 0.05  # the wait for it during the LOCK_TIMEOUT seconds after a wait ran out
 _WARN_EVERY = 5.0  # one warning per burst of lock timeouts
 # Bytes of .fx/members a process read-locks while it has the store open:
 UNLOCKED_READS = 0  # its reads of chunk files take no file locks (a network filesystem; fsck)
@@ -220,14 +221,17 @@ class Ledger:
         flock with LOCK_NB, then raises LockTimeout (one warning per burst).
         No thread ever blocks without bound on another process."""
         wait = LOCK_TIMEOUT if timeout is None else timeout
-        if time.monotonic() < self._stalled_until:
-            wait = 0.0  # a wait just timed out: one try only for a while, so a burst waits once, not per call
+        stalled = time.monotonic() < self._stalled_until
+        if stalled:
+            # A wait just timed out: a short one only for a while, so a burst waits once, not per call.
+            # Such a short wait failing does not prolong the while (ordinary contention would, for ever).
+            wait = min(wait, STALLED_WAIT)
         deadline = time.monotonic() + wait
         if not self.mutex.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            self._timed_out("another thread of this process holds it")
+            self._timed_out("another thread of this process holds it", not stalled)
         try:
             if self.depth == 0:
-                self._flock(deadline)
+                self._flock(deadline, not stalled)
             self.depth += 1
             try:
                 yield self
@@ -241,7 +245,7 @@ class Ledger:
         finally:
             self.mutex.release()
 
-    def _flock(self, deadline: float) -> None:
+    def _flock(self, deadline: float, stall: bool = True) -> None:
         pause = 0.0005
         while True:
             try:
@@ -257,15 +261,18 @@ class Ledger:
                     return
             left = deadline - time.monotonic()
             if left <= 0:
-                self._timed_out("another process holds it")
+                self._timed_out("another process holds it", stall)
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.05)
 
-    def _timed_out(self, who: str):
+    def _timed_out(self, who: str, stall: bool = True):
+        """Raises LockTimeout; `stall`: a whole wait ran out, so calls for
+        the next LOCK_TIMEOUT seconds wait only STALLED_WAIT."""
         now = time.monotonic()
         with self._warn_lock:
             self.timeouts += 1
-            self._stalled_until = now + LOCK_TIMEOUT
+            if stall:
+                self._stalled_until = now + LOCK_TIMEOUT
             quiet = 0
             if now >= self._warn_until:
                 quiet, self._quiet = self._quiet, 0

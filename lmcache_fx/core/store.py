@@ -2344,7 +2344,7 @@ class ChunkStore:
         if self.odirect:
             flags |= os.O_DIRECT
         try:
-            return open_in(path, flags, lock=self.lock_reads)
+            return open_in(path, flags, lock=self.lock_reads, regular=True)
         except OSError as e:
             # Gone (evicted or removed by another process, or being reused: ESTALE): a miss.
             if e.errno not in _GONE:
