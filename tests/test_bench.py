@@ -3472,15 +3472,218 @@ def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
 ROUND_3088C95 = os.path.join(ROOT, "docs", "bench-repeats", "round-3088c95")
 
 
+ROUND_B886275 = os.path.join(ROOT, "docs", "bench-repeats", "round-b886275")
+
+
+def test_round_at_b886275_on_the_intel_host_is_the_committed_json(monkeypatch):
+    """The round at b886275 on the Intel host (the package after the safety
+    fixes since 3088c95): the README's two tables and the page's per-case and
+    latency tables are bench_tables' over the committed runs (each clean at
+    b886275, every rep of fx's readers whole and checked, on that CPU, no
+    latency case with time stolen), and every figure the README, the page
+    and its targets table quote is recomputed from them, with the verdicts
+    they give: reads ahead in every run, stores on XFS and CPU per GB behind,
+    the 2 MiB tail under the line and its p50 behind."""
+    readme = " ".join(_readme_with_round_tables("round-b886275").split())
+    monkeypatch.chdir(ROOT)
+    mod, page, runs = _intel_round("round-b886275", "b886275")
+    for c, rs in runs.items():
+        assert all(x["ok"] for d in rs for x in d["readers"]["fx-l2-noverify"]["reps"]), c
+    text = " ".join(page.split())
+    ratios = functools.partial(_round_ratios, runs)
+    f1 = "{:.1f}"
+
+    def sm(vs, fmt="{:.2f}"):
+        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
+
+    def each(vs):
+        return ", ".join(f"{v:.2f}×" for v in vs)
+
+    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
+    reads = {c: ratios(c, "fx", "tier_read") for c in xfs + mem}
+    assert min(v for c in xfs + mem for v in reads[c]) > 1  # ahead in all 15
+    r64, r10, r2, t64, t2 = (sm(reads[c]) for c in xfs + mem)
+    said = f"XFS {r64} at 64 MiB, {r10} at 10 MiB, {r2} at 2 MiB; tmpfs {t64} and {t2}"
+    assert f"**Reads: fx ahead in 15 runs of 15**, with its check on: {said}" in text
+    assert f"fx read ahead of the best peer in all 15 runs, with its check on: {said}" in readme
+    assert f"on the Intel Xeon at `b886275` {r64} at 64 MiB, {r10} at 10 MiB, {r2} at 2 MiB, ahead in every run" in text
+    assert min(reads["tmpfs-64m"] + reads["tmpfs-2m"]) >= 1.2 and f"and at `b886275` ({t64}, {t2})" in text
+    then = _main_round("round-3088c95", "3088c95")
+    meds = [
+        ", ".join(f"{statistics.median(_round_ratios(r, c, 'fx', 'tier_read')):.2f}×" for c in xfs + mem)
+        for r in (then, runs)
+    ]
+    assert f"on this host the medians were {meds[0]}; here {meds[1]}" in text
+    unchecked = _span([v for c in xfs for v in ratios(c, "fx-noverify", "tier_read")])
+    peers, fio = _xfs_peer_and_fio_reads(runs)
+    assert (
+        f"at {unchecked} the best peer on XFS; the peers read at {min(peers):.2f}–{max(peers):.2f} GB/s and fio at "
+        f"{min(fio):.2f}–{max(fio):.2f}" in text
+    )
+    assert f"read the loop device at {min(peers + fio):.2f}–{max(peers + fio):.2f} GB/s" in readme
+    assert f"check read at {unchecked} the best peer" in readme
+    # CPU without the check at the L2 level: over 0.7x in every run
+    l2 = {
+        c: [
+            d["readers"]["fx-l2-noverify"]["median"]["tier_cpu_s_per_gb"]
+            / d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"]
+            for d in runs[c]
+        ]
+        for c in xfs
+    }
+    assert min(v for c in xfs for v in l2[c]) > 0.7 and max(l2["xfs-64m"]) - 0.7 <= 0.035
+    assert (
+        f"{each(l2['xfs-64m'])} at 64 MiB, {each(l2['xfs-10m'])} at 10 MiB, {each(l2['xfs-2m'])} at 2 MiB: over the "
+        f"0.7× target in every run, at 64 MiB by at most {max(l2['xfs-64m']) - 0.7:.2f}" in text
+    )
+    assert (
+        f"in the round at `b886275` {_span(l2['xfs-64m'])} (over 0.7× in each run, by at most "
+        f"{max(l2['xfs-64m']) - 0.7:.2f}), {_span(l2['xfs-10m'])}, {_span(l2['xfs-2m'])};" in text
+    )
+    assert (
+        f"takes {_span(l2['xfs-64m'])} its CPU per GB at 64 MiB (just over the 0.7× target in each run), "
+        f"{_span(l2['xfs-10m'])} at 10 MiB and {_span(l2['xfs-2m'])} at 2 MiB" in readme
+    )
+
+    def per_chunk(n, c):  # tier CPU µs per chunk, the median of the runs
+        return statistics.median(
+            d["readers"][n]["median"]["tier_cpu_s_per_gb"] * d["config"]["chunk_bytes"] / 1e3 for d in runs[c]
+        )
+
+    line = {}
+    for n in ("fs_native", "fx-l2-noverify"):
+        at = [per_chunk(n, c) for c in xfs]  # 64, 10, 2 MiB
+        assert f"{at[2]:.1f}, {at[1]:.1f} and {at[0]:.1f}" in text, n
+        mib = (at[0] - at[2]) / 62
+        line[n] = (at[2] - 2 * mib, mib)
+        assert f"`{n}` {line[n][0]:.1f} µs a chunk and {line[n][1]:.2f} µs a MiB" in text, n
+    (nc, nm), (fc, fm) = line["fs_native"], line["fx-l2-noverify"]
+    assert fm < nm and fc > 0.7 * (nc + 2 * nm)  # cheaper per MiB; its per-chunk part alone over 0.7x at 2 MiB
+    assert (
+        f"Per MiB fx costs {fm / nm:.2f}× `fs_native`, per chunk {fc / nc:.2f}×; 0.7× of `fs_native`'s CPU at 2 MiB, {0.7 * (nc + 2 * nm):.1f} µs a chunk"
+        in text
+    )
+    assert f"({fc / nc:.2f}× and {fm / nm:.2f}× in the round at `b886275`)" in text
+    assert f"per MiB fx costs less ({fm / nm:.2f}× `fs_native`'s), per chunk file more ({fc / nc:.2f}×;" in readme
+    # CPU with the check, and without it through LMCache's engine
+    cpu = {c: ratios(c, "fx", "tier_cpu") for c in xfs}
+    cpu_nv = _span([v for c in xfs for v in ratios(c, "fx-noverify", "tier_cpu")], f1)
+    every = [v for c in xfs for v in cpu[c]]
+    lowest = [d["best_peer"]["tier_cpu_s_per_gb"]["reader"] for c in xfs for d in runs[c]]
+    assert lowest == ["fs_native"] * 9 and min(every) > 1.3
+    assert (
+        f"**CPU with the check**: {_span(cpu['xfs-64m'], f1)}, {_span(cpu['xfs-10m'], f1)}, {_span(cpu['xfs-2m'], f1)} "
+        f"the lowest peer's at 64, 10 and 2 MiB (without it, through LMCache's engine, {cpu_nv})" in text
+    )
+    assert f"5.2–15.4× at `3088c95`, {_span(every, f1)} at `b886275` |" in text
+    assert f"**CPU per GB with the check, on XFS**: {_span(every, f1)} the lowest peer's" in readme
+    assert f"through LMCache's engine {cpu_nv} the lowest peer's" in readme
+    xeon = _docs_json("crc32c-speed-xeon.json")
+    crc = 1 / next(r["gbps"] for r in xeon["rows"] if "in use" in r["impl"] and r["size"] == "64 MiB")
+    fsn = [d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"] for c in xfs[:2] for d in runs[c]]
+    assert max(fsn) < crc and (
+        f"costs about {crc:.3f} s/GB on this CPU (`docs/crc32c-speed-xeon.json`), more than `fs_native`'s whole read "
+        f"({min(fsn):.3f}–{max(fsn):.3f} s/GB at 64 and 10 MiB)" in readme
+    )
+    # stores
+    eng = {c: ratios(c, "fx", "store_same_level") for c in xfs}
+    sl2 = {c: ratios(c, "fx-l2", "store_same_level") for c in xfs}
+    every_eng, every_l2 = [v for c in xfs for v in eng[c]], [v for c in xfs for v in sl2[c]]
+    assert statistics.median(every_eng + every_l2) < 1.0 and max(every_l2) < 1.0  # behind
+    assert (
+        "through LMCache's engine " + ", ".join(sm(eng[c]) for c in xfs) + " the best engine-level tier; fx-l2 "
+        + ", ".join(sm(sl2[c]) for c in xfs) + " the best L2 adapter" in text
+    )  # fmt: skip
+    assert (
+        f"**Stores on XFS**: through LMCache's engine {_span(every_eng)} the best tier (medians "
+        f"{_median_x(eng['xfs-64m'])}, {_median_x(eng['xfs-10m'])} and {_median_x(eng['xfs-2m'])} at 64, 10 and 2 "
+        f"MiB), fx's L2 adapter {_span(every_l2)} the best L2 adapter ("
+        + ", ".join(_median_x(sl2[c]) for c in xfs) + ")" in readme
+    )  # fmt: skip
+    assert f"at `b886275` {_span(every_eng)} and {_span(every_l2)} |" in text
+    mem_eng = [v for c in mem for v in ratios(c, "fx", "store_same_level")]
+    mem_l2 = [v for c in mem for v in ratios(c, "fx-l2", "store_same_level")]
+    assert (
+        min(mem_eng + mem_l2) > 1.0 and f"**From memory ahead**: fx {_span(mem_eng)} and fx-l2 {_span(mem_l2)}" in text
+    )
+    assert f"at `b886275` {_span(mem_eng)} and {_span(mem_l2)} |" in text
+    assert (
+        f"On tmpfs fx stores at {_span(mem_eng)} the best engine-level tier and its L2 adapter at {_span(mem_l2)} the "
+        "best L2 adapter" in readme
+    )
+    # latency
+    cases = [
+        (f"{s} MiB, run {r}", os.path.join(ROUND_B886275, f"lat-{s}m-run{r}.json")) for s in (64, 2) for r in (1, 2, 3)
+    ]
+    assert mod.latency_rounds_table(cases) in page
+    lat: dict = {64: [], 2: []}
+    for label, path in cases:
+        with open(path) as f:
+            d = json.load(f)
+        assert d["git_commit"] == runs["xfs-64m"][0]["git_commit"] and d["config"]["latency_awaited"], label
+        for e in d["readers"].values():
+            for v in e["latency"].values():
+                assert v["host_steal_share"] < 0.01 and all(r["misses"] == 0 for r in v["rounds"]), label
+        lat[int(label.split()[0])].append(d)
+
+    def a(s, c, n="fx"):
+        return [d["readers"][n]["latency"][c]["p99_over_p50"] for d in lat[s]]
+
+    def p(s, c):
+        return [_fx_p50_over_best(d["readers"], c) for d in lat[s]]
+
+    assert max(a(64, "4") + a(64, "16")) < 2 and max(p(64, "4") + p(64, "16")) < 1
+    assert (
+        f"p99/p50 {_span(a(64, '4'))} with 4 in flight and {_span(a(64, '16'))} with 16; the p50 {_span(p(64, '4'))} "
+        f"the best tier's with 4 and {_span(p(64, '16'))} with 16" in text
+    )
+    assert (
+        f"fx's p99 stays within {_span(a(64, '4') + a(64, '16'))} its p50 with 4 and 16 in flight, and its p50 is "
+        f"{_span(p(64, '4') + p(64, '16'))} the best tier's" in readme
+    )
+    assert 1.9 < min(a(2, "4")) and max(a(2, "4") + a(2, "16")) < 2 and min(p(2, "4") + p(2, "16")) > 1
+    assert (
+        f"**2 MiB: p99/p50 {_span(a(2, '4'))} with 4 in flight** (LocalDiskBackend {_span(a(2, '4', 'local_disk'))}, "
+        f"RustRawBlockBackend {_span(a(2, '4', 'rust_raw_block'))}), under the line in every run, narrowly; "
+        f"{_span(a(2, '16'))} with 16. **The p50 behind**: {_span(p(2, '4'))} the best tier's with 4 in flight and "
+        f"{_span(p(2, '16'))} with 16" in text
+    )
+    assert (
+        f"fx's p99 is {_span(a(2, '4'))} its p50 with 4 in flight, under the 2× target in each run but close to it "
+        f"(LocalDiskBackend {_span(a(2, '4', 'local_disk'))}, RustRawBlockBackend {_span(a(2, '4', 'rust_raw_block'))}), "
+        f"and {_span(a(2, '16'))} with 16" in readme
+    )
+    assert f"fx's p50 is {_span(p(2, '4'))} the best tier's with 4 in flight and {_span(p(2, '16'))} with 16" in readme
+    assert (
+        f"in the round at `b886275` {_span(a(2, '4'))} (under it in each run, narrowly; at 64 MiB {_span(a(64, '4'))} "
+        f"and {_span(a(64, '16'))}, at 2 MiB with 16 in flight {_span(a(2, '16'))}," in text
+    )
+    assert (
+        f"in the round at `b886275` {_span(p(2, '4'))} the best tier's with 4 and {_span(p(2, '16'))} with 16, at "
+        f"64 MiB {_span(p(64, '4'))} and {_span(p(64, '16'))};" in text
+    )
+    nv = [_docs_json(f"bench-repeats/round-3088c95/lat-2m-noverify-run{r}.json") for r in (1, 2, 3)]
+
+    def nv_p50(c):
+        return [
+            d["readers"]["fx-noverify"]["latency"][c]["p50_ms"]
+            / min(d["readers"][m]["latency"][c]["p50_ms"] for m in ("local_disk", "rust_raw_block"))
+            for d in nv
+        ]
+
+    assert f"put that p50 at {_span(nv_p50('4'))} and {_span(nv_p50('16'))}" in readme
+
+
 def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
-    """The round at 3088c95 on the Intel host: the README's second pair of
-    tables and the page's per-case and latency tables are bench_tables' over
-    the committed runs (each clean at 3088c95, every rep of fx's readers
-    whole and checked, on that CPU, the latency cases with no time stolen,
-    the set-aside run 3 with 8-28 % of it stolen), and every figure the
-    page, its targets table and the README quote is recomputed from them,
-    with the verdicts they give."""
-    raw = _readme_with_round_tables("round-3088c95")
+    """The round at 3088c95 on the Intel host: the tables the README gave
+    until the round at b886275 (kept in docs/bench-history.md) and the
+    page's per-case and latency tables are bench_tables' over the committed
+    runs (each clean at 3088c95, every rep of fx's readers whole and checked,
+    on that CPU, the latency cases with no time stolen, the set-aside run 3
+    with 8-28 % of it stolen), and every figure the page, its targets table
+    and the README's account of it quote is recomputed from them, with the
+    verdicts they give."""
+    raw = _readme_with_round_tables("round-3088c95", os.path.join("docs", "bench-history.md"))
     monkeypatch.chdir(ROOT)
     mod, page, runs = _intel_round("round-3088c95", "3088c95")
     for c, rs in runs.items():
@@ -3575,7 +3778,7 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
     every = [v for c in xfs for v in cpu[c]]
     history = _history_flat()  # the README's paragraph on this round while the Zen 4 round led it
     assert (
-        f"{_span(every, f1)} at `3088c95` |" in text and f"CPU per GB stayed {_span(every, f1)} the lowest" in history
+        f"{_span(every, f1)} at `3088c95`, " in text and f"CPU per GB stayed {_span(every, f1)} the lowest" in history
     )
     assert f"**CPU per GB with the check, on XFS**: {_span(every, f1)} the lowest peer's" in readme
     lowest = [d["best_peer"]["tier_cpu_s_per_gb"]["reader"] for c in xfs for d in runs[c]]
@@ -3616,8 +3819,8 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
         f"On tmpfs fx stores at {_span(mem_eng)} the best engine-level tier and its L2 adapter at {_span(mem_l2)} the "
         "best L2 adapter" in readme
     )
-    assert f"at `3088c95` {_span(every_eng)} and {_span(every_l2)} |" in text
-    assert f"at `3088c95` {_span(mem_eng)} and {_span(mem_l2)} |" in text
+    assert f"at `3088c95` {_span(every_eng)} and {_span(every_l2)}; at `b886275`" in text
+    assert f"at `3088c95` {_span(mem_eng)} and {_span(mem_l2)}; at `b886275`" in text
     # the targets table's read rows
     assert (
         f"on the Intel Xeon at `3088c95` {span_med(reads['xfs-64m'])} at 64 MiB, {span_med(reads['xfs-10m'])} at "
