@@ -1158,7 +1158,7 @@ static void batch_done(void *arg)
         ;
     pthread_mutex_lock(&bo->mu);
     bo->released = 1;
-    pthread_cond_signal(&bo->released_cv);
+    pthread_cond_broadcast(&bo->released_cv); /* every thread in wait(), not one */
     pthread_mutex_unlock(&bo->mu); /* bo may be freed from here on */
 }
 
@@ -1457,7 +1457,13 @@ static PyObject *Batch_wait(BatchObject *bo, PyObject *args, PyObject *kw)
             return NULL;
         return chunk_results_to_list(&bo->chunks);
     }
-    if (bo->status == -ENOMEM) {
+    /* As Engine.read: a batch that could not start (no memory, offsets and
+     * lengths out of range) raises, not a 0 for each op it never read. */
+    if (bo->status == -EOWNERDEAD) {
+        PyErr_SetString(PyExc_RuntimeError, FORK_MSG("Engine"));
+        return NULL;
+    }
+    if (bo->status == -ENOMEM || bo->status == -EINVAL) {
         errno = -bo->status;
         return PyErr_SetFromErrno(PyExc_OSError);
     }

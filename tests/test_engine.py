@@ -1658,3 +1658,97 @@ def test_read_pieces_are_queued_round_robin_over_devices(tmp_path):
         for fd in fds:
             os.close(fd)
         shutil.rmtree(other, ignore_errors=True)
+
+
+def _sparse(tmp_path, size=64 * MiB):
+    """A file of holes: reads of it take time but no disk."""
+    p = tmp_path / "sparse.bin"
+    with open(p, "wb") as f:
+        f.truncate(size)
+    return str(p)
+
+
+def test_every_thread_waiting_on_a_batch_wakes(tmp_path, make_engine, fds):
+    """Two threads in wait() on one submitted batch: its end woke only one
+    (a condition signal, not a broadcast), the other waited for ever. Both
+    return the batch's results now."""
+    e = make_engine(queue_depth=8, split_bytes=MiB)
+    fd = fds(_sparse(tmp_path))
+    hb = fx.HostBuffer(16 * MiB, hugepages=False)
+    b = e.submit([(fd, (i % 4) * 16 * MiB, 16 * MiB, hb.address) for i in range(24)])
+    out = {}
+
+    def wait(name):
+        out[name] = b.wait()
+
+    ts = [threading.Thread(target=wait, args=(n,), daemon=True) for n in ("a", "b")]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not [t.name for t in ts if t.is_alive()], "a thread still waits on a finished batch"
+    assert out["a"] == out["b"] == [16 * MiB] * 24
+
+
+def test_submitted_batch_that_cannot_start_raises_in_wait(tmp_path, make_engine, fds):
+    """An op whose offset + length overflows: Engine.read raises EINVAL, and
+    submit().wait() gave 0 bytes for every op, the good one too, as if read.
+    It raises the same error now."""
+    e = make_engine()
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 8192)
+    fd = fds(str(p))
+    hb = fx.HostBuffer(8192, hugepages=False)
+    ops = [(fd, (1 << 63) - 4096, 8192, hb.address), (fd, 0, 4096, hb.address)]
+    with pytest.raises(OSError) as read_err:
+        e.read(ops)
+    with pytest.raises(OSError) as wait_err:
+        e.submit(ops).wait()
+    assert read_err.value.errno == wait_err.value.errno == errno.EINVAL
+
+
+def test_closed_read_coroutine_waits_for_its_batch_before_the_files_close(tmp_path, kind):
+    """A drive_async read whose coroutine is closed (its task destroyed with
+    a closed loop: GeneratorExit, neither a cancellation nor an error) let
+    the read generator's finally close its files and give back its buffers
+    while the batch still read into them. It waits for the batch first now."""
+    from lmcache_fx.core import drive
+
+    e = fx.Engine(io_engine=kind, queue_depth=8, split_bytes=MiB)
+    fd = os.open(_sparse(tmp_path), os.O_RDONLY)
+    hb = fx.HostBuffer(16 * MiB, hugepages=False)
+    batches, seen = [], {}
+    real = drive.submit_step
+
+    def spy(engine, step, notify=None):
+        b = real(engine, step, notify)
+        batches.append(b)
+        return b
+
+    def gen():
+        try:
+            res = yield [(fd, (i % 4) * 16 * MiB, 16 * MiB, hb.address) for i in range(48)], False
+            return [res], []
+        finally:
+            seen["batch_done"] = batches[-1].done() if batches else None
+
+    loop = asyncio.new_event_loop()
+    try:
+        drive.submit_step = spy
+        coro = drive.drive_async(e, gen(), lambda h: None)
+
+        async def start():
+            t = loop.create_task(coro)
+            while not batches:
+                await asyncio.sleep(0.001)
+            return t
+
+        loop.run_until_complete(start())
+        assert not batches[-1].done()  # the batch is in flight when the coroutine closes
+    finally:
+        drive.submit_step = real
+        loop.close()
+    coro.close()
+    assert seen == {"batch_done": True}
+    os.close(fd)
+    e.close()

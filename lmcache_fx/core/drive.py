@@ -162,6 +162,18 @@ async def _finish_batch(batch, loop: asyncio.AbstractEventLoop) -> None:
         pass
 
 
+def _wait_out(batch) -> None:
+    """A batch stopped (one not yet started ends unread) and waited for,
+    blocking: nothing of it is in flight after this."""
+    cancel = getattr(batch, "cancel", None)
+    if cancel is not None:
+        cancel()
+    try:
+        batch.wait()
+    except Exception:
+        pass  # ended with an error: nothing in flight either
+
+
 async def drive_async(engine, gen, release) -> list:
     """Runs a read_steps generator, awaiting each batch through its eventfd
     so the event loop keeps running while the engine reads. An engine error
@@ -195,6 +207,13 @@ async def drive_async(engine, gen, release) -> list:
             except Exception as e:
                 step = gen.throw(e)
                 continue
+            except BaseException:
+                # The coroutine closed (GeneratorExit: its task destroyed with
+                # the loop) or interrupted: nothing can be awaited, so wait
+                # here before the generator's finally closes the batch's files.
+                if batch is not None:
+                    _wait_out(batch)
+                raise
             step = gen.send(res)
     except StopIteration as stop:
         out, failed = stop.value
