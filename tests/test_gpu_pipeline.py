@@ -1333,7 +1333,7 @@ def test_sync_false_copy_failing_after_return_is_reported_by_the_next_call(drv, 
     try:
         for after in ("read", "close"):
             drv.fake_gpu_reset()
-            drv.fake_gpu_set_delay_us(50000)  # the copies outlast the reads: all queued at return
+            drv.fake_gpu_set_delay_us(200000)  # the copies outlast the reads: all queued at return
             drv.fake_gpu_fail_copy(ctypes.c_long(2), 1)  # the 2nd copy is accepted, then fails
             g = _fxio.GpuStaging(slots=8, slot_bytes=MiB, io_engine="threads")
             B, D = _fxio.HostBuffer(n), _fxio.HostBuffer(n)
@@ -1350,7 +1350,7 @@ def test_sync_false_copy_failing_after_return_is_reported_by_the_next_call(drv, 
             else:
                 with pytest.warns(RuntimeWarning, match=r"read\(sync=False\) failed"):
                     g.close()
-            assert bytes(memoryview(B)[MiB : 2 * MiB]) != data[MiB : 2 * MiB]  # what the reader reported
+            assert bytes(memoryview(B)) != data[:n]  # what it had reported as copied was not all there
     finally:
         os.close(fd)
 
