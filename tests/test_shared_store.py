@@ -8,6 +8,7 @@ Run as a child: `python tests/test_shared_store.py <role> <json-args>`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -573,3 +574,83 @@ def test_the_ledger_counts_its_changes_after_the_record_older_readers_read(tmp_p
             assert led.changes() == (1, 1300, 1300) and led.get() == (1300, 6.0)
     finally:
         led.release()
+
+
+def test_victims_moved_for_reuse_are_counted_once_when_the_evictor_rescans(tmp_path):
+    """A store whose victim list runs out mid-eviction (another process
+    removed and wrote chunks since the list was made) rescans: the walk
+    counted the victims it had just moved to this write's temporaries as a
+    live writer's files, and adopting them counted them again, so it evicted
+    more than it needed and the ledger stayed above the bytes on disk."""
+    path = str(tmp_path / "s")
+    a = F.open_store(path, max_capacity_gb=0.001)
+    src, n = F.Chunks(), 64 << 10
+    try:
+        assert a.write([src.item(f"k{i}", n) for i in range(5)]) == [True] * 5
+        b = F.open_store(path, max_capacity_gb=0.001)  # its victim list: k0..k4
+        try:
+            for i in range(3):
+                a.remove(f"k{i}")
+            assert a.write([src.item(f"k{i}", n) for i in range(5, 17)]) == [True] * 12
+            assert a.usage_bytes == b.usage_bytes == dir_bytes(path)  # b sees the store full: it will reuse
+            assert b.write([src.item(f"x{i}", n) for i in range(5)]) == [True] * 5
+            assert b.stats.recycled >= 1  # the victims' files were reused
+            assert b.usage_bytes == dir_bytes(path)
+            assert b.stats.evictions == 4  # 17 - 3 + 5 chunks of 68 KiB under a 1 MiB cap: 14 fit, 4 go
+        finally:
+            b.close()
+    finally:
+        a.close()
+
+
+def test_a_full_disk_while_reserving_keeps_the_ledger_exact(tmp_path, monkeypatch):
+    """ENOSPC making a temporary inside the reservation (the store full, so
+    temporaries are made under the ledger) evicted a little at once, nested
+    under the reservation, which then wrote its own usage back over that
+    eviction's: the evicted bytes stayed counted. The eviction runs once the
+    write is over now, and the ledger equals the bytes on disk."""
+    import errno
+
+    from lmcache_fx.core import store as store_mod
+
+    path = str(tmp_path / "s")
+    s = F.open_store(path, max_capacity_gb=1)
+    src, n = F.Chunks(), 64 << 10
+    try:
+        assert s.write([src.item(f"k{i}", n) for i in range(20)]) == [True] * 20
+        s._last_usage = s.options.max_capacity_bytes  # believed full: temporaries made in the reservation
+        real, made = os.open, [0]
+
+        def full_on_second(p, flags, *a, **kw):
+            if isinstance(p, str) and store_mod.TMP_MARK in p and flags & os.O_CREAT:
+                made[0] += 1
+                if made[0] == 2:
+                    raise OSError(errno.ENOSPC, "No space left on device (injected)")
+            return real(p, flags, *a, **kw)
+
+        monkeypatch.setattr(store_mod.os, "open", full_on_second)
+        assert s.write([src.item("x1", n), src.item("x2", n)]) == [True, False]
+        monkeypatch.undo()
+        assert s.stats.evictions >= 1 and s.usage_bytes == dir_bytes(path)
+    finally:
+        s.close()
+
+
+def test_a_key_too_long_for_the_header_fails_alone(tmp_path):
+    """A key (with its meta) too long for the 4 KiB header made write()
+    raise ValueError from inside the batch: every chunk of it was lost (and
+    the adapters marked them all failed). That chunk alone is False now,
+    with a warning; the others are stored; nothing is left counted."""
+    for odirect in ("auto", "false"):
+        path = str(tmp_path / f"s-{odirect}")
+        s = F.open_store(path, max_capacity_gb=1, odirect=odirect)
+        src, n = F.Chunks(), 64 << 10
+        try:
+            with F.LogCount() as logs:
+                got = s.write([src.item("good", n), src.item("k" * 5000, n), src.item("good2", n)])
+                warned = logs.count(logging.WARNING, "do not fit the 4096-byte header")
+            assert got == [True, False, True] and warned == 1
+            assert F.read_check(s, ["good", "good2"])[:2] == (2, 0)
+            assert s.usage_bytes == dir_bytes(path) and not F.tmp_files(path)
+        finally:
+            s.close()

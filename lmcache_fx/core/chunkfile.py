@@ -151,6 +151,17 @@ def _meta_json(meta: ChunkMeta) -> bytes:
     return json.dumps(meta.to_json(), separators=(",", ":")).encode()[1:]
 
 
+def header_fits(key: str, meta: ChunkMeta, mac: bool = False) -> bool:
+    """Whether the key and meta fit in a header (encode_header raises where
+    not). Cheap for the keys users write: json.dumps spells a character in
+    at most 12 bytes, so a key that short cannot overflow the header."""
+    limit = _MAX_META_MAC if mac else _MAX_META
+    rest = len(_meta_json(meta)) + 10  # '{"key":' and '"",' around it
+    if 12 * len(key) + rest <= limit:
+        return True
+    return len(header_body(key, meta)) <= limit
+
+
 def header_body_of(buf) -> bytes:
     """The JSON body bytes of an encoded header (unchecked: decode_header first)."""
     mv = memoryview(buf)

@@ -41,6 +41,7 @@ from .chunkfile import (
     decode_header,
     encode_header,
     header_body_of,
+    header_fits,
     mac_ok,
     memory_at,
 )
@@ -356,6 +357,7 @@ class _WriteFile:
     body: Optional[bytes] = None  # the header's JSON body
     recycled: bool = False  # an evicted chunk's file was moved to the temporary's name, to be written into
     recycled_ino: int = 0
+    recycled_size: int = 0  # its bytes, taken off the usage until the file is adopted (_open_deferred)
     mtime_ns: int = 0  # its LRU clock, set when it was put in place
 
 
@@ -368,6 +370,13 @@ class _Spare:
     ident: tuple[int, int]  # (st_dev, st_ino)
     size: int
     at: float  # monotonic, when it was kept
+
+
+def _less_moved(usage: int, files: Sequence["_WriteFile"]) -> int:
+    """A rescan's usage less the files moved to temporaries of this write
+    (victims, spares) and not adopted yet: the walk counts them as a live
+    writer's, and adopting one counts it again (_open_deferred)."""
+    return max(0, usage - sum(f.recycled_size for f in files if f.recycled))
 
 
 class _StrayAllocations(ValueError):
@@ -502,6 +511,7 @@ class ChunkStore:
         self._rootfds: list[int] = []  # per root, O_PATH, for the store's life
         self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
         self._enospc_until = 0.0
+        self._evict_after_write = False  # a full disk was met: evict a little once the write ends
         self._enospc_count = 0
         self._io_warn_until = 0.0
         self._io_warn_quiet = 0
@@ -1276,7 +1286,7 @@ class ChunkStore:
                     # Gone meanwhile: whoever removed it (a peer's scan, fsck --repair, gc) took its
                     # bytes off the ledger; by hand, they stay counted until a scan (only upwards).
                     continue
-                f.recycled, f.recycled_ino = True, st.st_ino
+                f.recycled, f.recycled_ino, f.recycled_size = True, st.st_ino, st.st_size
                 usage = max(0, usage - st.st_size)
         finally:
             for fd in dirfds.values():
@@ -1363,7 +1373,7 @@ class ChunkStore:
             u = self._rescan_locked()
             if u is None:
                 return usage
-            usage, rescanned = u, True
+            usage, rescanned = _less_moved(u, reuse), True
         waiting: dict[int, list] = {}  # file size -> files to write that could take a victim of it
         for f in reversed(reuse):
             if f.fd < 0 and not f.recycled:  # a temporary not yet made
@@ -1387,7 +1397,7 @@ class ChunkStore:
                         f = takers[-1]
                         st = rename_if_same(path, mt, f.dfd, f.tmp, dirfds)
                         if st is not None:
-                            f.recycled, f.recycled_ino = True, st.st_ino
+                            f.recycled, f.recycled_ino, f.recycled_size = True, st.st_ino, st.st_size
                             takers.pop()
                     if st is None:
                         st = unlink_if_same(path, mtime_ns=mt, dirfds=dirfds)
@@ -1409,7 +1419,7 @@ class ChunkStore:
                 u = self._rescan_locked()  # the list ran out: look again, once
                 if u is None:
                     break
-                usage, rescanned = u, True
+                usage, rescanned = _less_moved(u, reuse), True
         finally:
             for fd in dirfds.values():
                 os.close(fd)
@@ -1434,9 +1444,25 @@ class ChunkStore:
         todo = [
             (i, key, digests[i], addr, nbytes, meta) for i, (key, addr, nbytes, meta) in enumerate(items) if not out[i]
         ]
+        mac = self._mac_key is not None
+        if not all(header_fits(t[1], t[5], mac) for t in todo):
+            # Refused alone: raised from inside the batch, it cost every other chunk of it.
+            big = [t for t in todo if not header_fits(t[1], t[5], mac)]
+            log.warning(
+                "lmcache-fx: %d chunk(s) not stored: key and meta do not fit the %d-byte header (e.g. key %.80r...)",
+                len(big),
+                HEADER_SIZE,
+                big[0][1],
+            )
+            todo = [t for t in todo if header_fits(t[1], t[5], mac)]
         if not todo:
             return out
-        return self._write_files(todo, out)
+        try:
+            return self._write_files(todo, out)
+        finally:
+            if self._evict_after_write:
+                self._evict_after_write = False
+                self._evict_to(int(self.usage_bytes * 0.95))
 
     def _reserve(self, files: list["_WriteFile"]) -> list["_WriteFile"]:
         """Counts the files in the shared usage, evicting first where the cap
@@ -1976,8 +2002,9 @@ class ChunkStore:
             )
             self._enospc_count = 0
             self._enospc_until = now + 5.0
-            # Evict a little so stores can resume once space is back.
-            self._evict_to(int(self.usage_bytes * 0.95))
+            # Evict a little so stores can resume once space is back: when the write ends, not here,
+            # where a caller may hold the ledger with a usage of its own to write back over it.
+            self._evict_after_write = True
         self._enospc_count += n
 
     # ------------------------------------------------------------ reads
