@@ -320,7 +320,8 @@ fold512_body(uint32_t crc, const unsigned char *p, size_t len, unsigned char *d)
     }
 #undef COPY512
     if (d) {
-        memcpy(d, p, len); /* the tail, summed below */
+        memcpy(d, p, len); /* the tail, summed below from the copy: a shared mapping's */
+        p = d;             /* bytes may change between two reads, and the CRC must be of those copied */
         _mm_sfence();      /* streaming stores ordered before whatever follows */
     }
     /* 32 blocks to 8: z0..z3 move 256 bytes on, onto z4..z7; z4, z5 then

@@ -31,6 +31,7 @@ static FX_TLS sigjmp_buf *guard_env;
 static FX_TLS const char *guard_lo, *guard_hi;
 
 static struct sigaction prev_bus; /* the handler before ours */
+static volatile sig_atomic_t in_prev; /* prev_bus is running a foreign SIGBUS: one back from it ends here */
 static pthread_mutex_t install_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
@@ -42,13 +43,26 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
         guard_env = NULL;
         siglongjmp(*env, 1);
     }
-    /* Not a fault of a guarded copy. */
+    /* Not a fault of a guarded copy: the handler before ours gets it. One
+     * that hands it back from inside (faulthandler, enabled after us, saved
+     * ours as its previous and re-raises) finds the default action here,
+     * not itself again, for ever. */
+    if (in_prev) {
+        signal(SIGBUS, SIG_DFL);
+        if (si->si_code <= 0)
+            raise(sig);
+        return;
+    }
     if (prev_bus.sa_flags & SA_SIGINFO) {
+        in_prev = 1;
         prev_bus.sa_sigaction(sig, si, uc);
+        in_prev = 0;
         return;
     }
     if (prev_bus.sa_handler != SIG_DFL && prev_bus.sa_handler != SIG_IGN) {
+        in_prev = 1;
         prev_bus.sa_handler(sig);
+        in_prev = 0;
         return;
     }
     if (prev_bus.sa_handler == SIG_IGN && si->si_code <= 0)

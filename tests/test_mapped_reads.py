@@ -381,3 +381,86 @@ def test_staged_reads_ride_out_short_reads_and_eintr(kind, shm_root, tmp_path):
     )
     assert out["status"] == fx.CHUNK_OK and out["nbytes"] == n and out["exact"], out
     assert out["staged"] > 0 and out["short"] == 3 and out["eintr"] == 2, out
+
+
+def _toggle_byte(path, off, a, b, stop):
+    """Another process writing one byte of a mapped chunk file back and forth."""
+    import mmap
+
+    fd = os.open(path, os.O_RDWR)
+    m = mmap.mmap(fd, 0)
+    while not stop.is_set():
+        for _ in range(10000):
+            m[off] = b
+            m[off] = a
+    m[off] = a
+    m.close()
+    os.close(fd)
+
+
+def test_a_checked_mapped_read_never_passes_bytes_other_than_those_summed(shm_root):
+    """The one-pass copy with CRC32C read a piece's tail (under 512 bytes)
+    twice from the mapping, once to copy it and once to sum it: a byte
+    written by another process in between went to the destination while the
+    CRC was of the old one, and the read passed its check with bytes the
+    header's CRC is not of (7 in 2379 reads, 8 s, before). The tail is summed
+    from the copy now. A race, so bounded: 4 s of reads while a process flips
+    a tail byte; no read may pass with the flipped byte."""
+    import multiprocessing
+    import time
+
+    if not fx.CRC32C_COPY_ONE_PASS:
+        pytest.skip("this CPU has no one-pass copy with CRC32C (the path raced here)")
+    n = (2 << 20) + 1500  # the last 1 MiB piece is 1500 bytes: the one-pass copy, a 476-byte tail
+    payload = bytearray(random.Random(1).randbytes(n))
+    pos = (2 << 20) + 1024 + 200  # in that tail
+    a, b = payload[pos], payload[pos] ^ 0xFF
+    write_chunk(shm_root, "ab/c.fxkv", bytes(payload), key="c")
+    stop = multiprocessing.Event()
+    flipper = multiprocessing.Process(
+        target=_toggle_byte, args=(os.path.join(shm_root, "ab", "c.fxkv"), HEADER_SIZE + pos, a, b, stop)
+    )
+    flipper.start()
+    rfd = _rootfd(shm_root)
+    eng = fx.Engine("threads", queue_depth=4, split_bytes=1 << 20)
+    passed = wrong = 0
+    try:
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            res, datas, _ = read(eng, rfd, [("ab/c.fxkv", n)], verify=True, mapped=True)
+            if res[0][0] == fx.CHUNK_OK:
+                passed += 1
+                wrong += datas[0][pos] != a
+    finally:
+        stop.set()
+        flipper.join()
+        eng.close()
+        os.close(rfd)
+    assert passed > 0 and wrong == 0
+
+
+def test_sigbus_handed_back_by_faulthandler_ends_the_process(shm_root, tmp_path):
+    """faulthandler enabled after the engine's SIGBUS guard saves the guard
+    as its previous handler, and the guard, put back by the next mapped read,
+    saves faulthandler as its own: a SIGBUS from outside a guarded copy went
+    from one to the other for ever (47979 tracebacks in 10 s, the process
+    never died). It ends with one traceback and the default action now."""
+    n = 3 << 20
+    write_chunk(shm_root, "ab/f.fxkv", random.Random(5).randbytes(n), key="f")
+    code = f"""
+import faulthandler, os, signal, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from test_engine_chunks import read
+from lmcache_fx import _fxio as fx
+rfd = os.open({shm_root!r}, os.O_RDONLY | os.O_DIRECTORY)
+eng = fx.Engine("threads", queue_depth=4)
+assert read(eng, rfd, [("ab/f.fxkv", {n})], verify=True, mapped=True)[0][0][0] == fx.CHUNK_OK  # the guard
+faulthandler.enable()
+assert read(eng, rfd, [("ab/f.fxkv", {n})], verify=True, mapped=True)[0][0][0] == fx.CHUNK_OK  # put back
+assert fx.map_stats()[0] > 0
+os.kill(os.getpid(), signal.SIGBUS)
+print("survived")
+"""
+    r = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -signal.SIGBUS and "survived" not in r.stdout, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.count("Fatal Python error: Bus error") == 1
