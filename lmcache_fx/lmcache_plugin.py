@@ -167,7 +167,9 @@ class FxStorageBackend(StoragePluginInterface):
             now = time.monotonic()
             for old in [i for i, (t, _) in self._lookup_pins.items() if now - t > LOOKUP_PINS_KEPT_S]:
                 del self._lookup_pins[old]  # no load came: LMCache unpinned them (nothing left whole)
-            self._lookup_pins.setdefault(lookup_id, (now, []))[1].extend(keys[:n])
+            # A record still here under this id is of a lookup that loaded nothing (no whole chunk),
+            # whose pins LMCache released itself: replaced, not added to (its load would unpin twice).
+            self._lookup_pins[lookup_id] = (now, list(keys[:n]))
         return n
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
@@ -327,12 +329,15 @@ class FxStorageBackend(StoragePluginInterface):
 
     def _finish_stores(self) -> None:
         """Writes every queued store while LMCache's CPU pool is still there,
-        and takes no more (before_pool_frees: LMCache frees the pool before
-        this backend's close)."""
+        takes no more, and waits for reads in flight into the pool
+        (before_pool_frees: LMCache frees the pool before this backend's
+        close). Reads after this are misses: the engine is closed."""
         with self._put_lock:
             self._pool_gone = True
         if self._writer.is_alive():
             self.flush()
+        if self._gpu is None:  # GPU reads land in GPU memory, not in the pool
+            self.store.engine.close()  # waits for the batches running or queued
 
     def close(self) -> None:
         self._unhook_pool()

@@ -208,10 +208,13 @@ class FxRemoteConnector(RemoteConnector):
         """Lets the writes of the puts that started finish while LMCache's CPU
         pool is still there, and starts no more (before_pool_frees). Waits on
         the writer thread alone, so it holds also where LMCache closes from
-        its event loop's thread (where a put's coroutine could not resume)."""
+        its event loop's thread (where a put's coroutine could not resume).
+        Then waits for reads in flight into the pool; later ones are misses
+        (the engine is closed)."""
         with self._pending_lock:
             self._pool_gone = True
             self._pending_lock.wait_for(lambda: self._writes_queued == 0)
+        self.store.engine.close()  # waits for the batches running or queued
 
     async def close(self):
         self._unhook_pool()

@@ -554,3 +554,108 @@ def test_a_chunk_larger_than_lmcaches_pool_is_a_miss_not_a_wait(tmp_path):
         obj, addr, n = allocate_from(cpu, small)
         assert n == 2 * 4 * 256 * 128 * 2 and addr
         obj.ref_count_down()
+
+
+def test_a_lookup_id_used_again_unpins_each_key_once(tmp_path):
+    """A layerwise async lookup that hit less than one whole chunk loads
+    nothing (LMCache unpins its keys itself) and its record stays; the next
+    lookup under the same id (a re-lookup after preemption) added to that
+    record, so its load unpinned the first chunk's key twice, dropping
+    another request's pin. The record is replaced now."""
+    from lmcache.v1.event_manager import EventType
+
+    from lmcache_fx.core.chunkfile import chunk_digest
+
+    geo = GEOMETRIES["bf16-gqa"]
+    cfg = config_from_dict({**fx_config(tmp_path / "s", cpu_gb=0.05), "enable_async_loading": True}, tmp_path)
+    with lmcache_engine(cfg, geo, async_lookup=True) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, torch.arange(512), KV(geo, 512, seed=1), be)  # two chunks of 256 tokens
+        keys = [k for _, _, k in eng.token_database.process_tokens(tokens=torch.arange(1024))]
+        sm = eng.storage_manager
+        first = keys[0].to_string()
+        assert be.store.pin(first)  # another request's pin on the first chunk's file
+
+        def lookup(ks, starts):
+            asyncio.run_coroutine_threadsafe(
+                sm.async_lookup_and_prefetch("req-A", ks, starts, pin=True, keys_per_chunk=2), sm.loop
+            ).result(30)
+
+        lookup([keys[0], keys[3]], [0, 512])  # one key of a two-key chunk: no whole chunk, no load
+        assert be.store._pins == {chunk_digest(first): 1}
+        lookup([keys[0], keys[1]], [0, 512])  # the same id again: one whole chunk, loaded
+        end = time.monotonic() + 30
+        while True:
+            try:
+                loaded = eng.event_manager.get_event_future(EventType.LOADING, "req-A").result()
+                break
+            except AssertionError:  # not done yet
+                assert time.monotonic() < end
+                time.sleep(0.01)
+        for tier in loaded:
+            for _, obj in tier:
+                obj.ref_count_down()
+        assert be.store._pins == {chunk_digest(first): 1}  # the other request's pin is still there
+        assert be.store.unpin(first) and be.store._pins == {}
+
+
+POOL_FREED_AFTER_READS = """
+import asyncio, os, sys, time
+os.environ["LMCACHE_TRACK_USAGE"] = "false"
+import torch
+from lmcache_fx.testing import loopfs
+from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, store_and_wait
+
+work = {work!r}
+geo = Geometry(layers=32, kv_heads=8, head_dim=128)  # 32 MiB chunks
+ntok = 8 * geo.chunk
+cfg = config_from_dict(fx_config(os.path.join(work, "s"), cpu_gb=0.4), work)
+with lmcache_engine(cfg, geo) as eng:
+    be = fx_backend(eng)
+    store_and_wait(eng, torch.arange(ntok), KV(geo, ntok, seed=2), be)
+    keys = [k for _, _, k in eng.token_database.process_tokens(tokens=torch.arange(ntok))]
+    sm = eng.storage_manager
+    alloc, engine = sm.storage_backends["LocalCPUBackend"].memory_allocator, be.store.engine
+    seen = []
+    close_pool = alloc.close
+
+    def close_seen():
+        seen.append(sum(engine.batches_now))
+        close_pool()
+
+    alloc.close = close_seen
+    for attempt in range(20):  # until the close meets a read in flight
+        loopfs.drop_caches()  # root: the reads go to the disk, slower
+        fut = asyncio.run_coroutine_threadsafe(be.batched_get_non_blocking(f"lid-{{attempt}}", keys), sm.loop)
+        end = time.monotonic() + 10
+        while sum(engine.batches_now) == 0 and not fut.done() and time.monotonic() < end:
+            time.sleep(0.0005)
+        if sum(engine.batches_now):
+            break
+        for obj in fut.result(30):
+            obj.ref_count_down()
+    else:
+        print("RESULT none")
+        os._exit(0)
+    sm.close()  # LocalCPUBackend first: the hook, then the pool's close
+    fut.result(30)
+    print("RESULT", seen, flush=True)
+    os._exit(0)  # the engine's own teardown would close its storage manager again
+"""
+
+
+def test_lmcache_frees_its_pool_only_after_reads_into_it_end(tmp_path):
+    """LMCache closes its CPU tier, freeing the pool, before the plugin's
+    own close: an async load into that pool still reading went on writing
+    into freed memory (the process died of SIGSEGV). The hook that runs
+    before the pool is freed now also waits for the plugin's reads in flight
+    (its engine closes, so later reads are misses). Seen from the pool's
+    close: no batch of the plugin's engine is running or queued then."""
+    code = POOL_FREED_AFTER_READS.format(work=str(tmp_path))
+    env = {**os.environ, "LMCACHE_TRACK_USAGE": "false"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert r.returncode == 0 and line, (r.returncode, r.stderr[-3000:])
+    if line[-1] == "RESULT none":
+        pytest.skip("no read was still in flight when the pool closed (the medium is too fast here)")
+    assert line[-1] == "RESULT [0]"
