@@ -517,17 +517,25 @@ class _ThreadBatch:
                 if fd >= 0:
                     os.eventfd_write(fd, 1)
 
-        if track is not None:
-            track(self, True)
         self._t = threading.Thread(target=run, name="lmcache-fx-gpu-read", daemon=True)
-        self._t.start()
+        if track is not None:
+            track(self, True)  # close() from here on waits for it (join: on the event, started or not)
+        try:
+            self._t.start()
+        except BaseException:  # no thread (can't start new thread): nothing to wait for, nothing kept
+            if track is not None:
+                track(self, False)
+            self._close()
+            raise
 
     def overlaps(self, lo: int, hi: int) -> bool:
         return any(a < hi and lo < b for a, b in self._ranges)
 
     def join(self) -> None:
+        """Until the read is done writing (not the thread's end: callable
+        before the thread has started, and from inside it)."""
         if threading.current_thread() is not self._t:
-            self._t.join()
+            self._ev.wait()
 
     def fileno(self) -> int:
         return self._fd

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -244,6 +245,25 @@ def test_chunks_through_the_gpu_reader_bit_exact(fake_so, tmp_path):
     assert out["small_buffer_tokens"] == 512
 
 
+def test_close_while_a_routed_read_starts_waits_for_it(fake_so, tmp_path):
+    """A routed read registers its batch with the reader before its thread
+    runs; a close() from another thread in between joined a thread not yet
+    made or started and raised (AttributeError / RuntimeError), leaving the
+    staging pool open. It waits for that read now, then closes."""
+    out = _child("close_race", fake_so, tmp_path)
+    assert out["close"] == "ok" and out["result"] == [4 << 20] and out["tracked"] == 0 and out["closed"], out
+
+
+def test_a_routed_read_whose_thread_cannot_start_leaves_nothing_behind(fake_so, tmp_path):
+    """Thread creation failing (can't start new thread) left the batch
+    registered: every free of an overlapping chunk and every close raised
+    after it, and its eventfd stayed open. The error goes to the caller (a
+    miss) and nothing is kept."""
+    out = _child("start_fail", fake_so, tmp_path)
+    assert out["submit"].startswith("RuntimeError") and out["tracked"] == 0, out
+    assert out["free"] == "ok" and out["close"] == "ok" and out["eventfds"] == out["eventfds_before"], out
+
+
 # ------------------------------------------------------------------ the child side
 def _threads():
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("lmcache-fx"))
@@ -437,9 +457,92 @@ def child_roundtrip(store, workdir):
     return out
 
 
+def _router_setup(workdir, size):
+    import torch
+
+    from lmcache_fx import _fxio, gpu
+
+    path = os.path.join(workdir, "data.bin")
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+    a = gpu.GpuChunkAllocator(16 << 20, device=0, slots=2, slot_bytes=1 << 20, memory_device="cpu")
+    router = gpu.GpuRouter(_fxio.Engine("threads"), a.reader, a.owns)
+    obj = a.allocate([torch.Size([size])], [torch.uint8])
+    return a, router, obj, os.open(path, os.O_RDONLY)
+
+
+def _eventfds():
+    n = 0
+    for x in os.listdir("/proc/self/fd"):
+        try:
+            n += "eventfd" in os.readlink(f"/proc/self/fd/{x}")
+        except OSError:
+            pass
+    return n
+
+
+def child_close_race(workdir):
+    a, router, obj, fd = _router_setup(workdir, 4 << 20)
+    rd, orig, out = a.reader, a.reader._track, {}
+
+    def track(batch, on):  # registered, its thread not started: another thread closes the reader now
+        orig(batch, on)
+        if on:
+
+            def closer():
+                try:
+                    rd.close()
+                    out["close"] = "ok"
+                except BaseException as e:
+                    out["close"] = f"{type(e).__name__}: {e}"
+
+            threading.Thread(target=closer).start()
+            time.sleep(0.2)  # the closer is waiting (or has raised) by now
+
+    rd._track = track
+    out["result"] = router.submit([(fd, 0, 4 << 20, obj.data_ptr)]).wait()
+    end = time.monotonic() + 30
+    while "close" not in out and time.monotonic() < end:
+        time.sleep(0.01)
+    out["tracked"] = len(rd._inflight)
+    try:
+        rd.read_into([(fd, 0, 4096, obj.data_ptr)])
+        out["closed"] = False
+    except Exception:
+        out["closed"] = True
+    return out
+
+
+def child_start_fail(workdir):
+    a, router, obj, fd = _router_setup(workdir, 1 << 20)
+    out = {"eventfds_before": _eventfds()}
+    threading.stack_size(1 << 44)  # no thread can be made with this stack
+    try:
+        router.submit([(fd, 0, 4096, obj.data_ptr)])
+        out["submit"] = "started"
+    except Exception as e:
+        out["submit"] = f"{type(e).__name__}: {e}"
+    finally:
+        threading.stack_size(0)
+    out["tracked"] = len(a.reader._inflight)
+    out["eventfds"] = _eventfds()
+    for what, fn in (("free", obj.ref_count_down), ("close", a.close)):
+        try:
+            fn()
+            out[what] = "ok"
+        except Exception as e:
+            out[what] = f"{type(e).__name__}: {e}"
+    return out
+
+
 if __name__ == "__main__":
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    fn = {"refuse": child_refuse, "roundtrip": child_roundtrip}[sys.argv[1]]
+    fn = {
+        "refuse": child_refuse,
+        "roundtrip": child_roundtrip,
+        "close_race": child_close_race,
+        "start_fail": child_start_fail,
+    }[sys.argv[1]]
     print("RESULT " + json.dumps(fn(*sys.argv[2:])))
