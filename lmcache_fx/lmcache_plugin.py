@@ -45,6 +45,7 @@ from .integration.common import (
     options_from_extra,
     plugin_name,
     register_pool,
+    stray_plugin_keys,
     worker_metrics_port,
 )
 
@@ -70,6 +71,8 @@ class FxStorageBackend(StoragePluginInterface):
         self.name = plugin_name(config, type(self))
         prefix = f"storage_plugin.{self.name}."
         self.options = options_from_extra(config.extra_config, prefix)
+        for why in stray_plugin_keys(config.extra_config, list(config.storage_plugins or [])):
+            log.warning("lmcache-fx: %s", why)  # a misspelt key leaves this store at its defaults
         self._gpu = None
         gpu_device = None
         if self.options.direct_to_gpu:  # checked before anything starts

@@ -172,3 +172,107 @@ def test_an_option_name_that_is_not_a_string_is_named_in_the_error():
 
     o = options_from_extra({"storage_plugin.fx.path": "/tmp/x", 5: "y"}, "storage_plugin.fx.")
     assert o.paths == ["/tmp/x"]
+
+
+def test_a_path_with_a_tilde_is_the_home_directory_as_the_tools_read_it(tmp_path, monkeypatch):
+    """path: ~/... (the README's default is written so) made a directory
+    named '~' under the current one, where the tools (which expand it)
+    looked in the home directory. The store expands it too."""
+    from lmcache_fx.core.store import ChunkStore
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert FxOptions.from_mapping({"path": "~/fx, /b"}).paths == [str(tmp_path / "home" / "fx"), "/b"]
+    s = ChunkStore(FxOptions.from_mapping({"path": "~/fx"}))
+    try:
+        assert s.roots == [str(tmp_path / "home" / "fx")] and not (tmp_path / "~").exists()
+    finally:
+        s.close()
+
+
+def test_a_directory_listed_twice_is_refused():
+    """path: /a,/a was taken: every chunk was counted once per mention after a
+    restart (the capacity cut to a half). Refused, naming the directory."""
+    with pytest.raises(ConfigError, match=r"path: /a given more than once; list each directory once"):
+        FxOptions.from_mapping({"path": "/a, /b, /a/"})
+
+
+def test_misspelt_plugin_keys_are_named_with_the_fix():
+    """A key meant for the plugin under a misspelt prefix or an unlisted name
+    was ignored without a word, and the store ran at its defaults (the home
+    directory, 100 GB). Each such key is named, with what LMCache reads."""
+    from lmcache_fx.core.options import stray_plugin_keys
+
+    extra = {
+        "storage_plugin.fx.module_path": "lmcache_fx.lmcache_plugin",
+        "storage_plugin.fx.path": "/ok",
+        "storage_plugins.fx.path": "/nvme",
+        "storage_plugin.fx_.max_capacity_gb": 1,
+        "storage_plugin.other.thing": 2,  # another listed plugin's: not ours to judge
+        "remote_url": "x",
+        1: 2,
+    }
+    out = stray_plugin_keys(extra, ["fx", "other"])
+    assert len(out) == 2
+    assert "'storage_plugins.fx.path'" in out[0] and "rename it to 'storage_plugin.fx.path'" in out[0]
+    assert "'storage_plugin.fx_.max_capacity_gb'" in out[1] and "no plugin 'fx_' in storage_plugins" in out[1]
+
+
+def test_config_tool_names_misspelt_keys_and_takes_non_string_keys(tmp_path):
+    """lmcache-fx's --config reader: a non-string extra_config key crashed it
+    with a traceback; misspelt plugin keys were not named. Now both are
+    handled, the warning naming the key."""
+    from lmcache_fx.tools.lmcache_config import plugin_entries
+
+    class Cfg:
+        storage_plugins = ["fx"]
+        extra_config = {
+            1: 2,
+            "storage_plugin.fx.module_path": "lmcache_fx.lmcache_plugin",
+            "storage_plugin.fx.class_name": "FxStorageBackend",
+            "storage_plugins.fx.path": "/nvme",
+        }
+
+    entries, warns = plugin_entries(Cfg())
+    assert [e.name for e in entries] == ["fx"]
+    assert len(warns) == 1 and "'storage_plugins.fx.path'" in warns[0]
+
+
+def test_staged_reads_true_that_cannot_apply_says_why(tmp_path, caplog):
+    """staged_reads: true with the thread engine (or verify off, or no
+    O_DIRECT) was dropped without a word, where mapped_reads: true and
+    odirect: true refuse; it warns now, saying why."""
+    import logging
+
+    from lmcache_fx.core.store import ChunkStore
+
+    with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
+        s = ChunkStore(
+            FxOptions.from_mapping({"path": str(tmp_path / "s"), "staged_reads": "true", "io_engine": "threads"})
+        )
+    try:
+        assert not s.staged_reads
+        said = [r.getMessage() for r in caplog.records if "staged_reads: true has no effect" in r.getMessage()]
+        assert len(said) == 1 and "the thread engine reads in place" in said[0]
+    finally:
+        s.close()
+
+
+def test_odirect_fallback_on_a_device_warns_once(tmp_path, caplog, monkeypatch):
+    """A filesystem that refuses O_DIRECT (not a memory filesystem) fell back
+    to buffered I/O at info level: unseen at Python's default WARNING. One
+    warning now, saying why."""
+    import logging
+
+    from lmcache_fx.core import store as store_mod
+
+    monkeypatch.setattr(store_mod, "probe_odirect", lambda root: (False, "Invalid argument"))
+    monkeypatch.setattr(store_mod, "_page_cache_fs", lambda roots: False)
+    with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
+        s = store_mod.ChunkStore(FxOptions.from_mapping({"path": str(tmp_path / "s")}))
+    try:
+        said = [r for r in caplog.records if "O_DIRECT not supported" in r.getMessage()]
+        assert not s.odirect and len(said) == 1 and said[0].levelno == logging.WARNING
+        assert "Invalid argument" in said[0].getMessage()
+    finally:
+        s.close()

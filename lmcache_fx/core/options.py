@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 GIB = 1 << 30
 
@@ -341,7 +341,8 @@ class FxOptions:
 
     @property
     def paths(self) -> list[str]:
-        return [p.strip() for p in self.path.split(",") if p.strip()]
+        # ~ expanded as the tools expand it: the README's default is written with it
+        return [os.path.expanduser(p.strip()) for p in self.path.split(",") if p.strip()]
 
     @property
     def max_capacity_bytes(self) -> int:
@@ -372,6 +373,10 @@ class FxOptions:
             setattr(o, name, table[name].metadata["parse"](full, v))
         if not o.paths:
             raise ConfigError(f"{where}path: no directory given; set it to a directory on the NVMe filesystem")
+        roots = [os.path.abspath(p) for p in o.paths]
+        twice = sorted({p for p in roots if roots.count(p) > 1})
+        if twice:  # its chunks would be counted once per mention: the capacity cut to a part
+            raise ConfigError(f"{where}path: {', '.join(twice)} given more than once; list each directory once")
         if o.direct_to_gpu and o.auth_key:
             # verify works on the GPU path (the pipeline checksums each piece in its staging slot); the MAC
             # is computed over the payload in host memory, where a GPU-resident chunk never is.
@@ -383,6 +388,32 @@ class FxOptions:
 
 
 _PLUGIN_KEYS = ("module_path", "class_name")  # LMCache's own keys under a plugin's prefix
+
+
+def stray_plugin_keys(extra: dict, listed: Sequence[str]) -> list[str]:
+    """extra_config keys that look meant for a storage plugin but that no
+    plugin LMCache loads will read ('storage_plugins.fx.path', a name not in
+    storage_plugins), each with the fix: a misspelt key would otherwise
+    leave the store at its defaults without a word."""
+    out = []
+    for k in extra or {}:
+        if not isinstance(k, str):
+            continue
+        head, _, rest = k.partition(".")
+        name = rest.partition(".")[0]
+        if head == "storage_plugin" and name in listed:
+            continue
+        if head == "storage_plugin" and rest.count(".") >= 1:
+            out.append(
+                f"extra_config key '{k}': no plugin '{name}' in storage_plugins {list(listed)}; "
+                f"LMCache ignores it (use storage_plugin.<name>.<option> with a listed name)"
+            )
+        elif head != "storage_plugin" and head.replace("-", "_").rstrip("s") == "storage_plugin":
+            out.append(
+                f"extra_config key '{k}': LMCache reads storage_plugin.<name>.<option> (singular), "
+                f"so it ignores this one; rename it to 'storage_plugin.{rest}'"
+            )
+    return out
 
 
 def options_from_extra(extra: dict, prefix: str) -> FxOptions:

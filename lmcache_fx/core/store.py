@@ -563,10 +563,12 @@ class ChunkStore:
             self.engine = engine or make_engine(options, self.devices)
             self.odirect = self._decide_odirect()
             self.mapped_reads = self._decide_mapped_reads()
-            self.staged_reads = (
-                decide_staged_reads(self.options.staged_reads, self.roots, self.odirect, self.options.verify)[0]
-                and getattr(self.engine, "kind", "") == "io_uring"
-            )
+            staged, why = decide_staged_reads(self.options.staged_reads, self.roots, self.odirect, self.options.verify)
+            if staged and getattr(self.engine, "kind", "") != "io_uring":
+                staged, why = False, "the thread engine reads in place (staging is io_uring's)"
+            self.staged_reads = staged
+            if self.options.staged_reads == "true" and not staged:
+                log.warning("lmcache-fx: staged_reads: true has no effect here: %s", why)
             # auto stages only reads big enough to stream; true stages every read (to test the path).
             self.stage_above = STAGE_ABOVE_BYTES if self.options.staged_reads == "auto" else 0
             if self.staged_reads:
@@ -657,7 +659,10 @@ class ChunkStore:
         if not ok and mode == "true":
             raise ConfigError(f"odirect: true, but {self.roots[0]!r} does not allow O_DIRECT ({why}); use auto")
         if not ok:
-            log.info("lmcache-fx: O_DIRECT not supported on %s (%s); using buffered I/O", self.roots[0], why)
+            # A warning where the page cache is not the medium (reads then go through it); on tmpfs and
+            # ramfs buffered I/O is what reading memory is, so only said at info.
+            level = logging.INFO if _page_cache_fs(self.roots) else logging.WARNING
+            log.log(level, "lmcache-fx: O_DIRECT not supported on %s (%s); using buffered I/O", self.roots[0], why)
         return ok
 
     def _payload_write_engine(self) -> Any:

@@ -18,13 +18,14 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 
 from .. import _fxio
 from ..core.chunkfile import ChunkMeta
-from ..core.options import ConfigError, options_from_extra
+from ..core.options import ConfigError, options_from_extra, stray_plugin_keys
 
 log = logging.getLogger("lmcache_fx")
 
 __all__ = [
     "plugin_name",
     "options_from_extra",
+    "stray_plugin_keys",
     "meta_of",
     "hit_prefix",
     "allocate_from",

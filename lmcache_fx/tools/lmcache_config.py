@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..core.options import ConfigError, FxOptions, options_from_extra
+from ..core.options import ConfigError, FxOptions, options_from_extra, stray_plugin_keys
 from .common import AdminError
 
 PLUGIN_MODULE = "lmcache_fx.lmcache_plugin"
@@ -53,13 +53,18 @@ def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
         mp, cn = _names(extra, n)
         if _is_ours(mp, cn):
             out.append(PluginConf(n, mp, cn))
-    named = {k.split(".")[1] for k in extra if k.startswith("storage_plugin.") and k.count(".") >= 2}
+    named = {
+        k.split(".")[1] for k in extra if isinstance(k, str) and k.startswith("storage_plugin.") and k.count(".") >= 2
+    }
+    ours_unlisted = set()
     for n in sorted(named - set(listed)):
         if _is_ours(*_names(extra, n)):
+            ours_unlisted.add(n)
             warns.append(
                 f"extra_config has storage_plugin.{n}.* but storage_plugins does not list '{n}': "
                 f"LMCache will not load it (add it: storage_plugins: [{n!r}])"
             )
+    warns += [w for w in stray_plugin_keys(extra, listed) if not any(f"'{n}'" in w for n in ours_unlisted)]
     return out, warns
 
 
