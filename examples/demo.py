@@ -20,6 +20,7 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 
 # A mid-size GQA model's KV per token: 28 layers x 4 kv heads x 128 dim, bf16.
 GEOMETRY = dict(layers=28, kv_heads=4, head_dim=128)
+CHUNK_TOKENS = 256  # chunk_size of the config below (fx_config's default): LMCache stores whole chunks
 
 
 def phase(role, args):
@@ -97,6 +98,10 @@ def run_phase(role, args):
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
         sys.stderr.write(r.stderr[-4000:])
+        # The cause (a bad option, say) is an ERROR line early in the phase's output, cut off above.
+        errors = [x for x in r.stderr.splitlines() if " ERROR" in x or x.startswith("lmcache_fx.")]
+        if errors:
+            sys.stderr.write("\n".join(["", "errors in that phase:", *errors[:5], ""]))
         raise SystemExit(f"demo: the {role} phase failed (exit {r.returncode})")
     return json.loads(lines[-1][7:])
 
@@ -109,6 +114,10 @@ def main():
     ap.add_argument("--capacity-gb", type=float, default=20.0)
     ap.add_argument("--phase", choices=["store", "retrieve"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.tokens < CHUNK_TOKENS or args.tokens % CHUNK_TOKENS:
+        ap.error(f"--tokens must be a multiple of {CHUNK_TOKENS} (LMCache stores whole chunks only), not {args.tokens}")
+    if os.path.exists(args.store) and not os.path.isdir(args.store):
+        ap.error(f"--store {args.store}: not a directory")
     if args.phase:
         return phase(args.phase, args)
 

@@ -10,6 +10,7 @@ itself (lazy patching, the connector's copies) in the project's own venv.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -192,6 +193,72 @@ def test_the_demo_stops_its_server_when_the_start_fails(tmp_path):
     if alive:
         os.killpg(pid, 9)
     assert not alive, "the stand-in server outlived chat.py"
+
+
+SLEEPING_SERVER = """#!/bin/sh
+# Stands in for vLLM's interpreter: a server that never becomes ready.
+echo "$$" > "$FX_FAKE_PID"
+exec sleep 300
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_the_demo_stops_its_server_when_it_is_terminated(tmp_path, sig):
+    """SIGTERM or SIGHUP (a closed terminal) ended chat.py without its
+    finally: the vLLM server, in a session of its own, ran on. They end it as
+    Ctrl-C does now: the server is stopped, the exit status is 128 + the
+    signal's number."""
+    sys.path.insert(0, CHAT)
+    from server import ensure_model
+
+    model = ensure_model(work=str(tmp_path / "work"), python=sys.executable)
+    fake = tmp_path / "fake_python"
+    fake.write_text(SLEEPING_SERVER)
+    fake.chmod(0o755)
+    pidfile = tmp_path / "server.pid"
+    p = subprocess.Popen(
+        [sys.executable, os.path.join(CHAT, "chat.py"), "--python", str(fake), "--model", model,
+         "--work", str(tmp_path / "work"), "--doc-tokens", "300"],
+        env={**os.environ, "FX_FAKE_PID": str(pidfile)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    end = time.monotonic() + 120
+    while not pidfile.exists() and p.poll() is None and time.monotonic() < end:
+        time.sleep(0.1)
+    assert pidfile.exists(), p.communicate(timeout=30)[0][-2000:]
+    time.sleep(0.5)
+    p.send_signal(getattr(signal, sig))
+    out = p.communicate(timeout=120)[0]
+    pid = int(pidfile.read_text())
+    alive = _running(pid)
+    if alive:
+        os.killpg(pid, signal.SIGKILL)
+    assert not alive, "the stand-in server outlived chat.py"
+    assert p.returncode == 128 + getattr(signal, sig), out[-2000:]
+
+
+def test_the_store_demo_says_what_is_wrong_in_one_line(tmp_path):
+    """examples/demo.py: --tokens not a multiple of the chunk size ran the
+    whole demo and then reported the retrieval as wrong (LMCache stores
+    whole chunks only); a bad option value's one-line error was cut off the
+    end of the output shown. The first is refused up front, the second is
+    shown."""
+    demo = os.path.join(REPO, "examples", "demo.py")
+    r = subprocess.run([sys.executable, demo, "--tokens", "300", "--store", str(tmp_path / "s")],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "--tokens must be a multiple of 256" in r.stderr, r.stderr[-1000:]
+    r = subprocess.run([sys.executable, demo, "--tokens", "256", "--store", str(tmp_path / "s"), "--capacity-gb", "0"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode != 0 and "errors in that phase:" in r.stderr, r.stderr[-2000:]
+    shown = r.stderr.split("errors in that phase:")[1]
+    assert "storage_plugin.fx.max_capacity_gb: 0.0 is out of range" in shown
 
 
 # ---------------------------------------------------------------- slow: the server

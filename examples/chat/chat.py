@@ -32,7 +32,15 @@ import urllib.request
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from server import REPO, Server, add_server_args, check_python, ensure_model, server_from_args  # noqa: E402
+from server import (  # noqa: E402
+    REPO,
+    Server,
+    add_server_args,
+    check_python,
+    ensure_model,
+    exit_on_termination,
+    server_from_args,
+)
 
 QUESTIONS = [
     "Summarize the document above in three sentences.",
@@ -228,6 +236,7 @@ def main():
     )
     args = ap.parse_args()
     check_python(args.python)
+    exit_on_termination()
     t_all = time.monotonic()
 
     model = args.model or ensure_model(args.work, args.python)

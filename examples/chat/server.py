@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -222,6 +223,16 @@ class Server:
         )
 
     def stop(self, timeout: float = 30.0) -> None:
+        # A second Ctrl-C (or a SIGTERM) arriving while stopping would leave the server's group running,
+        # and its shared memory taken: held off until the group is gone.
+        held = _hold_signals()
+        try:
+            self._stop(timeout)
+        finally:
+            for sig, h in held.items():
+                signal.signal(sig, h)
+
+    def _stop(self, timeout: float) -> None:
         p = self.proc
         if p is None:
             return
@@ -311,6 +322,24 @@ def check_python(python: str) -> None:
             f"{python} not found: run examples/chat/setup_vllm.sh first (creates .venv-vllm), "
             f"or pass --python for an environment with vLLM, LMCache and lmcache-fx"
         )
+
+
+def _hold_signals() -> dict:
+    """Ignores SIGINT, SIGTERM and SIGHUP (main thread only); returns the handlers to put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
+def exit_on_termination() -> None:
+    """SIGTERM and SIGHUP (a closed terminal) end the program as Ctrl-C does, through every `finally`
+    (the server runs in a session of its own, so no terminal signal reaches it)."""
+
+    def _exit(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit)
 
 
 def _shm_segments() -> list[str]:
