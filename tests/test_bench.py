@@ -3386,6 +3386,36 @@ def _xfs_peer_and_fio_reads(runs: dict[str, list[dict]]) -> tuple[list[float], l
     )
 
 
+def _l2_noverify_cpu(runs: dict[str, list[dict]]) -> dict[str, list[float]]:
+    """fx-l2-noverify's tier CPU per GB over fs_native's, each run of each
+    XFS case of a main round."""
+    return {
+        c: [
+            d["readers"]["fx-l2-noverify"]["median"]["tier_cpu_s_per_gb"]
+            / d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"]
+            for d in runs[c]
+        ]
+        for c in ("xfs-64m", "xfs-10m", "xfs-2m")
+    }
+
+
+def _cpu_per_chunk_lines(runs: dict[str, list[dict]]) -> dict[str, tuple[list[float], tuple[float, float]]]:
+    """Per reader (fs_native, fx-l2-noverify): tier CPU µs per chunk at 64,
+    10 and 2 MiB (the median of the runs), and the line through the 2 and
+    64 MiB figures as (µs a chunk, µs a MiB)."""
+    out = {}
+    for n in ("fs_native", "fx-l2-noverify"):
+        at = [
+            statistics.median(
+                d["readers"][n]["median"]["tier_cpu_s_per_gb"] * d["config"]["chunk_bytes"] / 1e3 for d in runs[c]
+            )
+            for c in ("xfs-64m", "xfs-10m", "xfs-2m")
+        ]
+        mib = (at[0] - at[2]) / 62
+        out[n] = (at, (at[2] - 2 * mib, mib))
+    return out
+
+
 def _intel_round(folder: str, commit: str) -> tuple[types.ModuleType, str, dict[str, list[dict]]]:
     """A main round on the Intel host (CPU family 6, model 207) under
     docs/bench-repeats/folder: asserts the page holds `bench_tables.py
@@ -3523,14 +3553,7 @@ def test_round_at_b886275_on_the_intel_host_is_the_committed_json(monkeypatch):
     assert f"read the loop device at {min(peers + fio):.2f}–{max(peers + fio):.2f} GB/s" in readme
     assert f"check read at {unchecked} the best peer" in readme
     # CPU without the check at the L2 level: over 0.7x in every run
-    l2 = {
-        c: [
-            d["readers"]["fx-l2-noverify"]["median"]["tier_cpu_s_per_gb"]
-            / d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"]
-            for d in runs[c]
-        ]
-        for c in xfs
-    }
+    l2 = _l2_noverify_cpu(runs)
     assert min(v for c in xfs for v in l2[c]) > 0.7 and max(l2["xfs-64m"]) - 0.7 <= 0.035
     assert (
         f"{each(l2['xfs-64m'])} at 64 MiB, {each(l2['xfs-10m'])} at 10 MiB, {each(l2['xfs-2m'])} at 2 MiB: over the "
@@ -3545,19 +3568,11 @@ def test_round_at_b886275_on_the_intel_host_is_the_committed_json(monkeypatch):
         f"{_span(l2['xfs-10m'])} at 10 MiB and {_span(l2['xfs-2m'])} at 2 MiB" in readme
     )
 
-    def per_chunk(n, c):  # tier CPU µs per chunk, the median of the runs
-        return statistics.median(
-            d["readers"][n]["median"]["tier_cpu_s_per_gb"] * d["config"]["chunk_bytes"] / 1e3 for d in runs[c]
-        )
-
-    line = {}
-    for n in ("fs_native", "fx-l2-noverify"):
-        at = [per_chunk(n, c) for c in xfs]  # 64, 10, 2 MiB
+    lines = _cpu_per_chunk_lines(runs)
+    for n, (at, (c0, m0)) in lines.items():  # at 64, 10, 2 MiB
         assert f"{at[2]:.1f}, {at[1]:.1f} and {at[0]:.1f}" in text, n
-        mib = (at[0] - at[2]) / 62
-        line[n] = (at[2] - 2 * mib, mib)
-        assert f"`{n}` {line[n][0]:.1f} µs a chunk and {line[n][1]:.2f} µs a MiB" in text, n
-    (nc, nm), (fc, fm) = line["fs_native"], line["fx-l2-noverify"]
+        assert f"`{n}` {c0:.1f} µs a chunk and {m0:.2f} µs a MiB" in text, n
+    (nc, nm), (fc, fm) = lines["fs_native"][1], lines["fx-l2-noverify"][1]
     assert fm < nm and fc > 0.7 * (nc + 2 * nm)  # cheaper per MiB; its per-chunk part alone over 0.7x at 2 MiB
     assert (
         f"Per MiB fx costs {fm / nm:.2f}× `fs_native`, per chunk {fc / nc:.2f}×; 0.7× of `fs_native`'s CPU at 2 MiB, {0.7 * (nc + 2 * nm):.1f} µs a chunk"
@@ -3728,14 +3743,7 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
     assert f"read the loop device at {min(peers + fio):.2f}–{max(peers + fio):.2f} GB/s" in readme
     assert f"check read at {_span(unchecked)} the best peer" in readme
     # CPU without the check at the L2 level, and with it
-    l2_cpu = {
-        c: [
-            d["readers"]["fx-l2-noverify"]["median"]["tier_cpu_s_per_gb"]
-            / d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"]
-            for d in runs[c]
-        ]
-        for c in xfs
-    }
+    l2_cpu = _l2_noverify_cpu(runs)
     assert sum(v <= 0.7 for v in l2_cpu["xfs-64m"]) == 1 and min(l2_cpu["xfs-10m"] + l2_cpu["xfs-2m"]) > 0.7
     assert (
         f"{each(l2_cpu['xfs-64m'])} at 64 MiB, {each(l2_cpu['xfs-10m'])} at 10 MiB, {each(l2_cpu['xfs-2m'])} at 2 MiB"
@@ -3746,28 +3754,17 @@ def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
         f"{_span(l2_cpu['xfs-2m'])};" in text
     )
 
-    def per_chunk(n, c):  # tier CPU µs per chunk, the median of the runs
-        return statistics.median(
-            d["readers"][n]["median"]["tier_cpu_s_per_gb"] * d["config"]["chunk_bytes"] / 1e3 for d in runs[c]
-        )
-
-    line = {}
-    for n in ("fs_native", "fx-l2-noverify"):
-        at = [per_chunk(n, c) for c in xfs]  # 64, 10, 2 MiB
+    lines = _cpu_per_chunk_lines(runs)
+    for n, (at, (c0, m0)) in lines.items():  # at 64, 10, 2 MiB
         assert f"`{n}` {at[2]:.1f}, {at[1]:.1f} and {at[0]:.1f}" in text, n
-        mib = (at[0] - at[2]) / 62
-        line[n] = (at[2] - 2 * mib, mib)
-        assert f"`{n}` {line[n][0]:.1f} µs a chunk and {line[n][1]:.2f} µs a" in text, n
-    (nc, nm), (fc, fm) = line["fs_native"], line["fx-l2-noverify"]
+        assert f"`{n}` {c0:.1f} µs a chunk and {m0:.2f} µs a" in text, n
+    (nc, nm), (fc, fm) = lines["fs_native"][1], lines["fx-l2-noverify"][1]
     assert fm < nm and fc > 0.7 * (nc + 2 * nm)  # cheaper per MiB; its per-chunk part alone over 0.7x at 2 MiB
     assert f"Per MiB fx costs {fm / nm:.2f}× `fs_native`, per chunk {fc / nc:.2f}×" in text
     assert f"costs per chunk {fc / nc:.2f}× and per MiB {fm / nm:.2f}× `fs_native`'s in the round at `3088c95`" in text
     assert f"at 2 MiB, {0.7 * (nc + 2 * nm):.1f} µs a chunk" in text
     assert f"at 10 MiB the line puts fx at {fc + 10 * fm:.1f} µs against {nc + 10 * nm:.1f}" in text
-    assert (
-        f"where the runs measured {per_chunk('fx-l2-noverify', 'xfs-10m'):.1f} and {per_chunk('fs_native', 'xfs-10m'):.1f}"
-        in text
-    )
+    assert f"where the runs measured {lines['fx-l2-noverify'][0][1]:.1f} and {lines['fs_native'][0][1]:.1f}" in text
     cpu = {c: ratios(c, "fx", "tier_cpu") for c in xfs}
     cpu_nv = [v for c in xfs for v in ratios(c, "fx-noverify", "tier_cpu")]
     f1 = "{:.1f}"

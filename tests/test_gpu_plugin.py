@@ -471,16 +471,6 @@ def _router_setup(workdir, size):
     return a, router, obj, os.open(path, os.O_RDONLY)
 
 
-def _eventfds():
-    n = 0
-    for x in os.listdir("/proc/self/fd"):
-        try:
-            n += "eventfd" in os.readlink(f"/proc/self/fd/{x}")
-        except OSError:
-            pass
-    return n
-
-
 def child_close_race(workdir):
     a, router, obj, fd = _router_setup(workdir, 4 << 20)
     rd, orig, out = a.reader, a.reader._track, {}
@@ -515,7 +505,9 @@ def child_close_race(workdir):
 
 def child_start_fail(workdir):
     a, router, obj, fd = _router_setup(workdir, 1 << 20)
-    out = {"eventfds_before": _eventfds()}
+    from faults.fxfault import fds_of
+
+    out = {"eventfds_before": fds_of("eventfd")}
     threading.stack_size(1 << 44)  # no thread can be made with this stack
     try:
         router.submit([(fd, 0, 4096, obj.data_ptr)])
@@ -525,7 +517,7 @@ def child_start_fail(workdir):
     finally:
         threading.stack_size(0)
     out["tracked"] = len(a.reader._inflight)
-    out["eventfds"] = _eventfds()
+    out["eventfds"] = fds_of("eventfd")
     for what, fn in (("free", obj.ref_count_down), ("close", a.close)):
         try:
             fn()

@@ -448,6 +448,20 @@ def test_meta_of_is_built_once_per_shape_and_dtype():
     assert c.dtypes == ("float16",) and d.shapes == ((2, 4, 15, 8),) and len({a, c, d}) == 3
 
 
+def _loaded(eng, lookup_id: str, timeout: float = 30.0):
+    """What an async load put in LMCache's event manager (its load task runs
+    on LMCache's loop): the loaded objects per tier."""
+    from lmcache.v1.event_manager import EventType
+
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            return eng.event_manager.get_event_future(EventType.LOADING, lookup_id).result()
+        except AssertionError:  # not done yet
+            assert time.monotonic() < end
+            time.sleep(0.01)
+
+
 def test_layerwise_async_lookup_leaves_other_requests_pins(tmp_path):
     """With per-layer keys (keys_per_chunk 2), LMCache rounds an async
     lookup's hit down to whole chunks and unpins the keys it drops itself;
@@ -455,7 +469,6 @@ def test_layerwise_async_lookup_leaves_other_requests_pins(tmp_path):
     it unpinned every key it had pinned, so a dropped key lost a pin that
     another request held. A lookup of less than one whole chunk leaves no
     load and no record past LOOKUP_PINS_KEPT_S."""
-    from lmcache.v1.event_manager import EventType
 
     from lmcache_fx import lmcache_plugin
     from lmcache_fx.core.chunkfile import chunk_digest
@@ -478,14 +491,7 @@ def test_layerwise_async_lookup_leaves_other_requests_pins(tmp_path):
 
         # Keys of two chunks of two per-layer keys each: three hit, the third is rounded off.
         lookup("req-1", keys, [0, 512, 1024])
-        end = time.monotonic() + 30
-        while True:  # the load task runs on LMCache's loop
-            try:
-                loaded = eng.event_manager.get_event_future(EventType.LOADING, "req-1").result()
-                break
-            except AssertionError:  # not done yet
-                assert time.monotonic() < end
-                time.sleep(0.01)
+        loaded = _loaded(eng, "req-1")
         for tier in loaded:
             for _, obj in tier:  # the load's objects, as retrieve would take them
                 obj.ref_count_down()
@@ -562,7 +568,6 @@ def test_a_lookup_id_used_again_unpins_each_key_once(tmp_path):
     lookup under the same id (a re-lookup after preemption) added to that
     record, so its load unpinned the first chunk's key twice, dropping
     another request's pin. The record is replaced now."""
-    from lmcache.v1.event_manager import EventType
 
     from lmcache_fx.core.chunkfile import chunk_digest
 
@@ -584,14 +589,7 @@ def test_a_lookup_id_used_again_unpins_each_key_once(tmp_path):
         lookup([keys[0], keys[3]], [0, 512])  # one key of a two-key chunk: no whole chunk, no load
         assert be.store._pins == {chunk_digest(first): 1}
         lookup([keys[0], keys[1]], [0, 512])  # the same id again: one whole chunk, loaded
-        end = time.monotonic() + 30
-        while True:
-            try:
-                loaded = eng.event_manager.get_event_future(EventType.LOADING, "req-A").result()
-                break
-            except AssertionError:  # not done yet
-                assert time.monotonic() < end
-                time.sleep(0.01)
+        loaded = _loaded(eng, "req-A")
         for tier in loaded:
             for _, obj in tier:
                 obj.ref_count_down()

@@ -210,15 +210,20 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def rings() -> int:
-    """io_uring instances open in this process (the engine pools them)."""
+def fds_of(kind: str) -> int:
+    """Descriptors of this process whose link names `kind` (io_uring, eventfd)."""
     n = 0
     for f in os.listdir("/proc/self/fd"):
         try:
-            n += "io_uring" in os.readlink(f"/proc/self/fd/{f}")
+            n += kind in os.readlink(f"/proc/self/fd/{f}")
         except OSError:
             pass
     return n
+
+
+def rings() -> int:
+    """io_uring instances open in this process (the engine pools them)."""
+    return fds_of("io_uring")
 
 
 def os_threads() -> int:
