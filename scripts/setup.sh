@@ -11,6 +11,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     for p in liburing-dev xfsprogs fio util-linux; do
         dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
     done
+    # A fresh image's Python may lack venv (Debian splits it off) and the headers the C extension
+    # builds against, and the image a compiler: asked for only when missing (a pyenv Python has both).
+    ver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1 || need="$need python$ver-venv"
+    "$PY" -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+        || need="$need python$ver-dev"
+    command -v gcc >/dev/null || need="$need gcc"
     if [ -n "$need" ]; then
         echo "setup: apt-get install$need"
         apt-get update -qq
