@@ -132,8 +132,13 @@ def _cpu_vllm(engine) -> bool:
         from vllm.platforms import current_platform
 
         return bool(current_platform.is_cpu())
-    except Exception as e:
-        log.debug("lmcache-fx: not a vLLM CPU worker (%s)", e)
+    except Exception as e:  # an LMCache or vLLM without what this asks: say so, the KV goes unstored
+        log.warning(
+            "lmcache-fx: cannot tell whether this is a vLLM CPU worker (%s: %s); LMCache's own connector "
+            "(made for GPUs) is used instead of lmcache-fx's CPU one",
+            type(e).__name__,
+            e,
+        )
         return False
 
 

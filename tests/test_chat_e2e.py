@@ -71,6 +71,26 @@ class _Obj:
         self.tensor = t
 
 
+def test_a_cpu_worker_that_cannot_be_told_says_why(caplog):
+    """Whether this is a vLLM CPU worker is asked of LMCache and vLLM; an
+    import that failed there (a version without what is asked) was logged
+    at debug only, and LMCache's own connector went in without a word. It
+    warns now, naming the error."""
+    import importlib.util
+    import logging
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the question is answered")
+    from lmcache.utils import EngineType
+
+    from lmcache_fx import vllm_cpu
+
+    with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
+        assert vllm_cpu._cpu_vllm(EngineType.VLLM) is False
+    said = [r.getMessage() for r in caplog.records if "cannot tell whether this is a vLLM CPU worker" in r.getMessage()]
+    assert len(said) == 1 and "No module named 'vllm'" in said[0]
+
+
 @pytest.mark.parametrize("layout", ["vllm_cpu", "2_nb_bs_h_d", "nb_2_bs_h_d"])
 def test_cpu_connector_round_trip(layout):
     """A chunk gathered from a paged cache and scattered into other slots of an
