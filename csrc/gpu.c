@@ -215,6 +215,24 @@ static void set_error(GpuStagingObject *g, const char *fmt, ...)
 }
 
 /* Tears down whatever was built; safe on a half-built object. */
+/* A read(sync=False) left copies in flight: wait for them before the slots
+ * are touched. -1 when one of them failed (last_error says so): that read's
+ * results counted bytes the GPU never got, so its caller must be told. */
+static int settle_pending(GpuStagingObject *g)
+{
+    int r;
+
+    if (!g->pending)
+        return 0;
+    r = fx_gpu_driver.ops->stream_sync(g->stream);
+    g->pending = 0;
+    if (r == 0)
+        return 0;
+    set_error(g, "a copy queued by the last read(sync=False) failed: %s (%d); its data is not in GPU memory",
+              fx_gpu_errname(r), r);
+    return -1;
+}
+
 static void staging_free(GpuStagingObject *g)
 {
     saved_ctx sc;
@@ -236,15 +254,10 @@ static void staging_free(GpuStagingObject *g)
     if (fx_gpu_driver.ops && g->have_ctx && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
         const gpu_ops *d = fx_gpu_driver.ops;
         entered = d->ctx_enter(g->ctx, g->device, &sc) == 0;
-        if (g->stream) {
-            int r = d->stream_sync(g->stream); /* also the copies a read(sync=False) left in flight */
-            if (r != 0 && g->pending) {
-                set_error(g, "a copy queued by the last read(sync=False) failed: %s (%d); its data is not in GPU memory",
-                          fx_gpu_errname(r), r);
-                g->pending_failed = 1;
-            }
-        }
-        g->pending = 0;
+        if (g->pending)
+            g->pending_failed = settle_pending(g) < 0; /* the copies a read(sync=False) left in flight */
+        else if (g->stream)
+            d->stream_sync(g->stream);
         if (g->events) {
             for (unsigned i = 0; i < g->nslots; i++)
                 if (g->events[i])
@@ -805,24 +818,6 @@ static int wait_reads(run_t *R, long timeout_us)
             read_landed(R, ev[i].tag, ev[i].res);
         return 0;
     }
-}
-
-/* A read(sync=False) left copies in flight: wait for them before the slots
- * are touched. -1 when one of them failed (last_error says so): that read's
- * results counted bytes the GPU never got, so its caller must be told. */
-static int settle_pending(GpuStagingObject *g)
-{
-    int r;
-
-    if (!g->pending)
-        return 0;
-    r = fx_gpu_driver.ops->stream_sync(g->stream);
-    g->pending = 0;
-    if (r == 0)
-        return 0;
-    set_error(g, "a copy queued by the last read(sync=False) failed: %s (%d); its data is not in GPU memory",
-              fx_gpu_errname(r), r);
-    return -1;
 }
 
 /* Runs the whole pipeline; no GIL. Fills res[] per op, and crcs[] (CRC32C of

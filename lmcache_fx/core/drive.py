@@ -162,12 +162,17 @@ async def _finish_batch(batch, loop: asyncio.AbstractEventLoop) -> None:
         pass
 
 
+def _stop(batch) -> None:
+    """Stops a batch that has not started (it ends unread); one running goes on."""
+    cancel = getattr(batch, "cancel", None)  # C batches have it
+    if cancel is not None:
+        cancel()
+
+
 def _wait_out(batch) -> None:
     """A batch stopped (one not yet started ends unread) and waited for,
     blocking: nothing of it is in flight after this."""
-    cancel = getattr(batch, "cancel", None)
-    if cancel is not None:
-        cancel()
+    _stop(batch)
     try:
         batch.wait()
     except Exception:
@@ -198,9 +203,7 @@ async def drive_async(engine, gen, release) -> list:
             except asyncio.CancelledError as c:
                 cancelled = c
                 if batch is not None:
-                    cancel = getattr(batch, "cancel", None)  # C batches: one not yet started ends unread
-                    if cancel is not None:
-                        cancel()
+                    _stop(batch)
                     await _finish_batch(batch, loop)
                 step = gen.throw(ReadCancelled("the read was cancelled"))
                 continue

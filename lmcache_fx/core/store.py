@@ -1450,16 +1450,17 @@ class ChunkStore:
             (i, key, digests[i], addr, nbytes, meta) for i, (key, addr, nbytes, meta) in enumerate(items) if not out[i]
         ]
         mac = self._mac_key is not None
-        if not all(header_fits(t[1], t[5], mac) for t in todo):
+        fits = [header_fits(t[1], t[5], mac) for t in todo]
+        if not all(fits):
             # Refused alone: raised from inside the batch, it cost every other chunk of it.
-            big = [t for t in todo if not header_fits(t[1], t[5], mac)]
+            big = [t for t, ok in zip(todo, fits) if not ok]
             log.warning(
                 "lmcache-fx: %d chunk(s) not stored: key and meta do not fit the %d-byte header (e.g. key %.80r...)",
                 len(big),
                 HEADER_SIZE,
                 big[0][1],
             )
-            todo = [t for t in todo if header_fits(t[1], t[5], mac)]
+            todo = [t for t, ok in zip(todo, fits) if ok]
         if not todo:
             return out
         try:

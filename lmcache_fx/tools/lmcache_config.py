@@ -64,7 +64,10 @@ def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
                 f"extra_config has storage_plugin.{n}.* but storage_plugins does not list '{n}': "
                 f"LMCache will not load it (add it: storage_plugins: [{n!r}])"
             )
-    warns += [w for w in stray_plugin_keys(extra, listed) if not any(f"'{n}'" in w for n in ours_unlisted)]
+    said = tuple(f"storage_plugin.{n}." for n in ours_unlisted)  # warned of above, with their own fix
+    warns += stray_plugin_keys(
+        {k: v for k, v in extra.items() if not (isinstance(k, str) and k.startswith(said))}, listed
+    )
     return out, warns
 
 
