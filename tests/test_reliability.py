@@ -143,6 +143,44 @@ def test_sigkill_during_stores(store_dir):
     assert wrong == 0 and lost == 0 and tmp_left == 0 and acct_bad == 0 and large_found > 0
 
 
+def test_writer_killed_right_after_sizing_a_temporary_leaves_no_undercount(store_dir):
+    """A writer SIGKILLed just after the reservation sized its first
+    temporary (before its write or commit): the shared usage, as a peer
+    that had the store open reads it, counts at least every byte on disk
+    (an undercount lets the store pass its cap), and after the peer removes
+    the dead writer's temporary it equals the files' bytes again."""
+    peer = F.open_store(store_dir)
+    try:
+        src = F.Chunks()
+        assert all(peer.write([src.item(f"before/{i}", 300_000) for i in range(3)]))
+        p = F.spawn("writer", {"path": store_dir, "seed": 1, "n": 1, "kill_after_sizing": True})
+        assert p.stdout.readline().strip() == "READY", p.stderr.read()
+        p.communicate(timeout=60)
+        assert p.returncode == -signal.SIGKILL
+        tmps = F.tmp_files(store_dir)
+        assert len(tmps) == 1 and os.path.getsize(tmps[0]) > HEADER_SIZE, tmps
+        on_disk = sum(os.path.getsize(f) for f in F.chunk_files(store_dir) + tmps)
+        assert peer.usage_bytes >= on_disk
+
+        # A recompute whose walk another process's ledger change overtook: it keeps the ledger and takes the
+        # dead writer's temporary off it (the path that made an uncounted temporary an undercount).
+        real_walk = peer._walk
+
+        def walk_then_a_peer_changes_the_ledger(*a, **kw):
+            found = real_walk(*a, **kw)
+            with peer._ledger.hold():
+                peer._ledger.add(0)
+            return found
+
+        peer._walk = walk_then_a_peer_changes_the_ledger
+        peer._recompute()
+        peer._walk = real_walk
+        assert F.tmp_files(store_dir) == []
+        assert peer.usage_bytes == sum(os.path.getsize(f) for f in F.chunk_files(store_dir))
+    finally:
+        peer.close()
+
+
 @pytest.mark.slow
 def test_sigkill_through_plugin(tmp_path):
     """The same through a real LMCacheEngine, twice on one store: killed at a

@@ -1490,7 +1490,7 @@ class ChunkStore:
                 usage, self._scanned = rec
             if usage is None:
                 return ok
-            start = usage
+            start, counted_ahead = usage, False
             if self._spare_bytes:
                 usage = self._take_spares_locked(files, usage)
             reuse = files if self.reuse_evicted else ()
@@ -1511,6 +1511,11 @@ class ChunkStore:
                 try:
                     size = self._open_deferred(f) if f.fd < 0 else 0
                     if size != rsize:
+                        # Counted before it is sized: a writer killed in between leaves the ledger
+                        # above the files (eviction starts early) rather than below (the cap passed:
+                        # a dead writer's temporary is taken off at its size when it is removed).
+                        self._ledger.put(usage + rsize, (self._ledger.get() or (0, time.time()))[1])
+                        counted_ahead = True
                         # Size the file first: writes inside EOF run in parallel, where
                         # extending O_DIRECT writes are serialised by the filesystem.
                         os.ftruncate(f.fd, rsize)
@@ -1524,7 +1529,7 @@ class ChunkStore:
                 if f.recycled:  # moved for a file that got no room: evicted after all
                     _unlink_at(f.dfd, f.tmp)
                     f.recycled = False
-            if ok or usage != start:  # the evictor may have written the ledger meanwhile
+            if ok or usage != start or counted_ahead:  # the evictor may have written the ledger meanwhile
                 rec2 = self._ledger.get()
                 self._ledger.put(usage, rec2[1] if rec2 else time.time())
                 self._last_usage = usage

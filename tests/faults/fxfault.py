@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import random
+import signal
 import struct
 import subprocess
 import sys
@@ -359,6 +360,8 @@ def child_writer(a):
         store_mod.WRITE_SUB_BYTES, store_mod.WRITE_SUB_CHUNKS = 4096, 4
     store = open_store(a["path"], **a.get("opts", {}))
     rng = random.Random(a["seed"])
+    if a.get("kill_after_sizing"):
+        kill_after_first_ftruncate()
     if a.get("pause_at") is not None:
         pause_in_commit(store, lambda n: n == a["pause_at"])
     out("READY")
@@ -379,6 +382,19 @@ def child_writer(a):
             if good:
                 out(f"DONE {j}")
     out("FINISHED")
+
+
+def kill_after_first_ftruncate() -> None:
+    """Test-only fault hook for this process: the first ftruncate (a store
+    sizing its first temporary in the reservation) completes, then the
+    process dies by SIGKILL before anything else runs."""
+    real = os.ftruncate
+
+    def ftruncate(fd, length):
+        real(fd, length)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    os.ftruncate = ftruncate
 
 
 def pause_in_commit(store, when) -> None:
