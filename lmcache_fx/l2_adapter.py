@@ -342,7 +342,7 @@ class FxL2Adapter(L2AdapterInterface):
             with self._lock:
                 size = self._sizes.pop(k, None)
                 self._by_digest.pop(chunk_digest(s), None)
-            before = self.store.used_bytes
+            before = self.store.used_bytes if size is None else 0
             if self.store.remove(s):
                 gone.append(k)
                 sizes.append(size if size is not None else max(before - self.store.used_bytes, 0))

@@ -168,6 +168,85 @@ def test_stalled_lock_holder(store_dir, monkeypatch):
     assert ok_after == [True]
 
 
+def test_a_stopped_lock_holder_costs_one_wait_not_one_per_window(store_dir, monkeypatch):
+    """A peer stopped while holding the lock, for many LOCK_TIMEOUT windows:
+    after the first wait ran out, every later store, removal and usage read
+    returns at once while the ledger stays as the holder left it (before,
+    each window's end cost a whole wait again: a writer blocked about half
+    the time, a delete of LMCache's eviction 0.1 s a key). The warning names
+    the holder's pid and that it is stopped; the lock had again is said once."""
+    monkeypatch.setattr(ledger, "LOCK_TIMEOUT", 1.0)
+    s = F.open_store(store_dir)
+    src = F.Chunks()
+    keys = [f"stopped/{i}" for i in range(40)]
+    assert all(s.write([src.item(k, 65536) for k in keys]))
+    peer = _stalled_holder(store_dir)
+    rounds = []
+    try:
+        with F.LogCount() as logs:
+            t = time.monotonic()
+            assert s.write([src.item("stopped/new", 65536)]) == [False]  # the first wait runs out
+            first = time.monotonic() - t
+            stop = time.monotonic() + 3.5  # three windows and a half
+            while time.monotonic() < stop:
+                t = time.monotonic()
+                s.remove(keys[len(rounds) % len(keys)])
+                assert s.usage_bytes > 0
+                assert s.write([src.item(f"stopped/new/{len(rounds)}", 65536)]) == [False]
+                rounds.append(time.monotonic() - t)
+            named = logs.count(logging.WARNING, f"pid {peer.pid} (stopped)")
+    finally:
+        peer.send_signal(signal.SIGKILL)
+        peer.wait()
+    with F.LogCount() as logs:
+        assert s.write([src.item("stopped/after", 65536)]) == [True]
+        free_again = logs.count(logging.WARNING, "store lock is free again")
+    s.close()
+    assert first >= 1.0 and len(rounds) >= 5
+    assert max(rounds) < 0.8, rounds  # a whole wait again would be >= 1.0 s
+    assert named == 1 and free_again == 1
+
+
+def test_a_writer_stopped_past_the_stale_age_is_not_taken_off_the_ledger_twice(store_dir):
+    """A writer stopped mid-write (between its reservation and its commit)
+    for longer than STALE_TMP_SECONDS: a peer removes its temporary as a dead
+    writer's and takes its bytes off the ledger. Resumed, the writer took
+    them off again, leaving the shared usage a chunk low (the cap passable)
+    until a quiet recompute. It now sees its temporary was removed: the
+    chunk is not stored, one warning, and the usage equals the files' bytes."""
+    peer = F.open_store(store_dir)
+    try:
+        src = F.Chunks()
+        assert all(peer.write([src.item(f"before/{i}", 200_000) for i in range(3)]))
+        p = F.spawn(
+            "writer",
+            {"path": store_dir, "seed": 7, "n": 1, "pause_at": 1, "resume_on_stdin": True},
+            stdin=subprocess.PIPE,
+        )
+        try:
+            assert p.stdout.readline().strip() == "READY", p.stderr.read()
+            assert p.stdout.readline().strip() == "MIDWRITE", p.stderr.read()
+            (tmp,) = F.tmp_files(store_dir)
+            old = time.time() - layout.STALE_TMP_SECONDS - 60  # as if the writer had been stopped that long
+            os.utime(tmp, (old, old))
+            peer._recompute()  # a peer's periodic recompute: the temporary is a dead writer's by its age
+            assert F.tmp_files(store_dir) == []
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            so, se = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert "FINISHED" in so and "DONE 0" not in so, (so, se[-2000:])
+        assert "was removed as stale while this process was stopped" in se
+        files = F.chunk_files(store_dir)
+        assert len(files) == 3 and F.tmp_files(store_dir) == []
+        assert peer.usage_bytes == sum(os.path.getsize(f) for f in files)
+    finally:
+        peer.close()
+
+
 # ------------------------------------------------------------------ 2. swap attacks
 def _tree(path) -> dict:
     """Every file under path with its bytes (to see that nothing outside changed)."""

@@ -76,6 +76,11 @@ class Ledger:
         self._warn_until = 0.0
         self._quiet = 0
         self._stalled_until = 0.0
+        # After a wait for another process's flock ran out: the ledger's change token then, and when.
+        # While the token has not moved, that holder is taken as still stuck (short waits go on past
+        # the window); the first lock had after it ends the stall, with one line saying so.
+        self._stuck_token: Optional[tuple] = None
+        self._stuck_since = 0.0
 
     @classmethod
     def open(cls, root: str, mode: int, dir_mode: int, shared_group: bool, locked_reads: bool = False) -> "Ledger":
@@ -221,7 +226,7 @@ class Ledger:
         flock with LOCK_NB, then raises LockTimeout (one warning per burst).
         No thread ever blocks without bound on another process."""
         wait = LOCK_TIMEOUT if timeout is None else timeout
-        stalled = time.monotonic() < self._stalled_until
+        stalled = time.monotonic() < self._stalled_until or self._still_stuck()
         if stalled:
             # A wait just timed out: a short one only for a while, so a burst waits once, not per call.
             # Such a short wait failing does not prolong the while (ordinary contention would, for ever).
@@ -245,11 +250,27 @@ class Ledger:
         finally:
             self.mutex.release()
 
+    def _still_stuck(self) -> bool:
+        """Whether the process whose flock made a wait run out still looks
+        stuck: the ledger (read without the lock, as a hint) has not changed
+        since. Without this, a stopped holder cost every caller a whole
+        LOCK_TIMEOUT wait again each time the short-wait window ended (a
+        writer blocked half the time); a holder at work changes the ledger."""
+        token = self._stuck_token
+        if token is None:
+            return False
+        if self.changes() == token:
+            return True
+        self._stuck_token = None
+        return False
+
     def _flock(self, deadline: float, stall: bool = True) -> None:
         pause = 0.0005
         while True:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if self._stuck_since:
+                    self._lock_free_again()
                 return
             except BlockingIOError:
                 pass
@@ -261,9 +282,36 @@ class Ledger:
                     return
             left = deadline - time.monotonic()
             if left <= 0:
-                self._timed_out("another process holds it", stall)
+                if stall:
+                    self._stuck_token = self.changes()
+                    self._stuck_since = self._stuck_since or time.monotonic()
+                self._timed_out(f"another process holds it: {self._holder()}", stall)
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.05)
+
+    def _lock_free_again(self) -> None:
+        with self._warn_lock:
+            since, self._stuck_since, self._stuck_token = self._stuck_since, 0.0, None
+            self._stalled_until = 0.0
+        if since:
+            log.warning(
+                "lmcache-fx: the store lock is free again, after about %.0f s held by another process",
+                time.monotonic() - since,
+            )
+
+    def _holder(self) -> str:
+        """Who holds the lock file's flock, from /proc/locks (this pid
+        namespace's view): 'pid N (state)', or why that cannot be told."""
+        try:
+            st = os.fstat(self.fd)
+            ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+            with open("/proc/locks") as f:
+                pids = [w[4] for w in (line.split() for line in f) if len(w) > 5 and w[1] == "FLOCK" and w[5] == ident]
+        except OSError:
+            return "which one cannot be told here"
+        if not pids:
+            return "a process this host cannot see (another node or pid namespace)"
+        return ", ".join(f"pid {p} ({_proc_state(p)})" for p in pids)
 
     def _timed_out(self, who: str, stall: bool = True):
         """Raises LockTimeout; `stall`: a whole wait ran out, so calls for
@@ -292,7 +340,9 @@ class Ledger:
         raise LockTimeout(errno.ETIMEDOUT, "the store lock is held by another process")
 
     def get(self) -> Optional[tuple[int, float]]:
-        """(usage, last scan time), or None when the record is missing or bad. Hold the lock."""
+        """(usage, last scan time), or None when the record is missing or bad.
+        Hold the lock to act on it; without, it is a hint (a torn read fails
+        its CRC and gives None)."""
         try:
             b = os.pread(self.fd, self.REC.size + 4, 0)
         except OSError:
@@ -346,6 +396,19 @@ class Ledger:
             os.pwrite(self.fd, b + struct.pack("<I", zlib.crc32(b)) + pad + c + struct.pack("<I", zlib.crc32(c)), 0)
         except OSError:
             pass  # the next reader finds a bad record and rescans
+
+
+_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O", "T": "stopped", "t": "stopped by a tracer"}
+
+
+def _proc_state(pid: str) -> str:
+    """What /proc/<pid>/stat says the process is doing."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "state unknown"
+    return _STATES.get(state, f"state {state}")
 
 
 def _after_fork_in_child() -> None:

@@ -51,6 +51,7 @@ from .layout import (
     LOCK_DIR,
     LOCK_NAME,
     NETWORK_FS_MAGIC,
+    STALE_TMP_SECONDS,
     TMP_MARK,
     FileStat,
     chunk_digest_of_path,
@@ -1309,7 +1310,13 @@ class ChunkStore:
     @property
     def usage_bytes(self) -> int:
         """Bytes in the store, counted over every process writing to it (the
-        last known count while another process holds the lock too long)."""
+        last known count while another process holds the lock too long).
+        Read without the lock (a torn read fails the record's CRC): asked per
+        key by LMCache's eviction, it waited out a stalled peer's lock."""
+        rec = self._ledger.get()
+        if rec is not None:
+            self._last_usage = rec[0]
+            return rec[0]
         try:
             with self._ledger.hold():
                 rec = self._ledger.get()
@@ -1841,6 +1848,8 @@ class ChunkStore:
         delta = 0
         ready_ids = {id(f) for f in ready}
         for f in reserved:
+            if self._removed_as_stale(f):
+                continue  # its remover took its bytes off the ledger already
             if id(f) in ready_ids and not in_place[f.dfd]:
                 self.stats.add(write_errors=1)
                 self._io_warning(
@@ -1879,6 +1888,25 @@ class ChunkStore:
             _unlink_at(f.dfd, f.tmp)
             delta -= f.reserved
         return delta
+
+    def _removed_as_stale(self, f: "_WriteFile") -> bool:
+        """Whether a peer removed this write's temporary as a dead writer's
+        (ledger held, as removers hold it): this process was stopped longer
+        than STALE_TMP_SECONDS mid-write. Its bytes were taken off the
+        ledger then; taking them off again would leave it a chunk low."""
+        try:
+            gone = os.fstat(f.fd).st_nlink == 0
+        except OSError:
+            return False
+        if gone:
+            self.stats.add(write_errors=1)
+            self._io_warning(
+                "lmcache-fx: a store's temporary %s was removed as stale while this process was stopped for "
+                "over %.0f s; that chunk is not stored",
+                f.tmp,
+                STALE_TMP_SECONDS,
+            )
+        return gone
 
     def _unlink_other_copy_locked(self, f: "_WriteFile") -> int:
         """A chunk just put in place under one of its two roots: a copy under

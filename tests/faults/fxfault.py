@@ -363,7 +363,7 @@ def child_writer(a):
     if a.get("kill_after_sizing"):
         kill_after_first_ftruncate()
     if a.get("pause_at") is not None:
-        pause_in_commit(store, lambda n: n == a["pause_at"])
+        pause_in_commit(store, lambda n: n == a["pause_at"], resume_on_stdin=a.get("resume_on_stdin", False))
     out("READY")
     i = 0
     while i < a["n"]:
@@ -397,12 +397,13 @@ def kill_after_first_ftruncate() -> None:
     os.ftruncate = ftruncate
 
 
-def pause_in_commit(store, when) -> None:
+def pause_in_commit(store, when, resume_on_stdin: bool = False) -> None:
     """Test-only fault hook, on this store object only: the `when(n)`-th
     batch (or sub-batch) stops between writing its temporaries and renaming
-    them into place (prints MIDWRITE and sleeps until killed), so a SIGKILL
-    lands mid-write whatever the machine's speed; with overlapped sub-batches
-    the next one's writes are then in flight too."""
+    them into place (prints MIDWRITE and sleeps until killed, or with
+    `resume_on_stdin` until a line comes on stdin), so a SIGKILL lands
+    mid-write whatever the machine's speed; with overlapped sub-batches the
+    next one's writes are then in flight too."""
     real = store._commit
     count = [0]
 
@@ -410,8 +411,11 @@ def pause_in_commit(store, when) -> None:
         count[0] += 1
         if ready and when(count[0]):
             out("MIDWRITE")
-            while True:
-                time.sleep(3600)
+            if resume_on_stdin:
+                sys.stdin.readline()
+            else:
+                while True:
+                    time.sleep(3600)
         return real(files, ready, out_)
 
     store._commit = commit
