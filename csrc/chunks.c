@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -142,6 +143,30 @@ int fx_stat_beneath(int dirfd, const char *name, struct stat *st)
     if (fd < 0)
         return fd;
     r = fstat(fd, st) < 0 ? -errno : 0;
+    close(fd);
+    return r;
+}
+
+/* Sets the atime and mtime of the regular file <dirfd>/<name> to ns, no
+ * symlink followed on the way (utimensat's AT_SYMLINK_NOFOLLOW covers only
+ * the last component: a planted fan-out link led outside the store). Opened
+ * as a read opens it (O_NONBLOCK: a planted FIFO does not block). 0 or -errno. */
+int fx_utime_beneath(int dirfd, const char *name, long long ns)
+{
+    struct timespec ts[2];
+    struct stat st;
+    int r, fd = open_beneath(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+
+    if (fd < 0)
+        return fd;
+    ts[0].tv_sec = ts[1].tv_sec = (time_t)(ns / 1000000000LL);
+    ts[0].tv_nsec = ts[1].tv_nsec = (long)(ns % 1000000000LL);
+    if (fstat(fd, &st) < 0)
+        r = -errno;
+    else if (!S_ISREG(st.st_mode))
+        r = -EINVAL;
+    else
+        r = futimens(fd, ts) < 0 ? -errno : 0;
     close(fd);
     return r;
 }

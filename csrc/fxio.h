@@ -367,6 +367,8 @@ const char *fx_chunk_status_name(int status);
 /* lstat of <dirfd>/<name>, no symlink followed on the way: 0 or -errno. */
 struct stat;
 int fx_stat_beneath(int dirfd, const char *name, struct stat *st);
+/* atime and mtime of that regular file set to ns, the same way: 0 or -errno. */
+int fx_utime_beneath(int dirfd, const char *name, long long ns);
 
 /* ---- chunk files written, one pipeline per chunk ----
  * Each temporary fd (opened by the caller, its size reserved) gets its

@@ -60,6 +60,12 @@ typedef struct {
      * that runner's priority): more batches at once than CPUs only makes
      * them overtake each other, and the requests waiting on them finish
      * out of order (docs/benchmarks.md, "Awaited reads in arrival order"). */
+    /* register_buffer(obj): the export of the registered memory, held until
+     * it is replaced, cleared or the engine closes, so the memory cannot be
+     * freed (and another buffer mapped at its address, which READ_FIXED
+     * would then read into the old pinned pages) while registered. */
+    Py_buffer reg_view;
+    int reg_held;
     int max_running; /* 0: no bound */
     int whole;       /* small payloads whole when other submitted batches run or wait */
     int running;
@@ -67,6 +73,7 @@ typedef struct {
 } EngineObject;
 
 static PyTypeObject EngineType;
+static void release_registered(EngineObject *self);
 static PyTypeObject BatchType;
 static PyTypeObject NotifierType;
 static PyTypeObject HostBufferType;
@@ -289,8 +296,10 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
     int threads = 0, staged = 1, runner_nice = 0, max_running = 0, whole = 1;
     char why[256] = "";
 
-    if (self->kind >= 0 && (self->uring || self->pool)) {
-        PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
+    if (self->kind >= 0 && (self->uring || self->pool || self->closed)) {
+        /* closed: its threads would start again under an engine every call refuses */
+        PyErr_SetString(PyExc_RuntimeError,
+                        self->closed ? "Engine is closed; make a new one" : "Engine is already initialised");
         return -1;
     }
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|sLLipiip", kwlist, &engine, &qd, &split, &threads, &staged,
@@ -434,6 +443,7 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     engine_shutdown(self);
     Py_END_ALLOW_THREADS
+    release_registered(self);
     Py_RETURN_NONE;
 }
 
@@ -442,6 +452,7 @@ static void Engine_dealloc(EngineObject *self)
     int forked = FX_FORKED(self->gen);
 
     engine_shutdown(self); /* no users can remain: they hold references */
+    release_registered(self);
     if (!forked) {
         pthread_cond_destroy(&self->idle_cv);
         pthread_mutex_destroy(&self->mu);
@@ -518,21 +529,65 @@ static PyObject *Engine_write(EngineObject *self, PyObject *args, PyObject *kw)
     return engine_rw(self, args, kw, 1);
 }
 
+static void release_registered(EngineObject *self)
+{
+    if (self->reg_held) {
+        self->reg_held = 0;
+        PyBuffer_Release(&self->reg_view);
+    }
+}
+
 static PyObject *Engine_register_buffer(EngineObject *self, PyObject *args)
 {
-    unsigned long long addr, len;
-    int r = -ENOSYS;
+    PyObject *what;
+    unsigned long long addr, len = 0;
+    Py_buffer view;
+    int r = -ENOSYS, have_view = 0, len_given = PyTuple_GET_SIZE(args) > 1;
 
-    if (!PyArg_ParseTuple(args, "KK", &addr, &len))
+    if (!PyArg_ParseTuple(args, "O|K", &what, &len))
         return NULL;
-    if (begin_use(self) < 0)
+    if (PyLong_Check(what)) {
+        /* Foreign memory (a torch tensor, LMCache's pool): its owner clears
+         * the registration before freeing it. */
+        if (!len_given) {
+            PyErr_SetString(PyExc_TypeError, "register_buffer(address, length): the length is missing");
+            return NULL;
+        }
+        addr = PyLong_AsUnsignedLongLong(what);
+        if (PyErr_Occurred())
+            return NULL;
+    } else {
+        if (PyObject_GetBuffer(what, &view, PyBUF_WRITABLE) < 0)
+            return NULL;
+        have_view = 1;
+        addr = (uintptr_t)view.buf;
+        if (!len_given)
+            len = (unsigned long long)view.len;
+        if (len > (unsigned long long)view.len || !addr) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "register_buffer: length beyond the buffer");
+            return NULL;
+        }
+    }
+    if (begin_use(self) < 0) {
+        if (have_view)
+            PyBuffer_Release(&view);
         return NULL;
+    }
     if (self->kind == KIND_URING) {
         Py_BEGIN_ALLOW_THREADS
         r = fx_uring_register(self->uring, (void *)(uintptr_t)addr, (size_t)len);
         Py_END_ALLOW_THREADS
     }
     end_use(self);
+    if (self->kind == KIND_URING)
+        release_registered(self); /* the region now holds the new memory, or none */
+    if (have_view && r == 0 && len) {
+        self->reg_view = view;
+        self->reg_held = 1;
+    } else if (have_view) {
+        PyBuffer_Release(&view);
+    }
     return PyLong_FromLong(r);
 }
 
@@ -785,7 +840,7 @@ done:
 }
 
 /* utime_beneath(items): sets atime and mtime of each (dir_fd, name,
- * mtime_ns) to mtime_ns, a symlink in the last component not followed, in
+ * mtime_ns) to mtime_ns, no symlink followed on the way (as reads open), in
  * one call without the GIL: the store's shared LRU clock for a batch of
  * chunks, where Python set it one file at a time. Returns how many failed
  * (the clock is advisory: a chunk gone meanwhile is no error). */
@@ -820,14 +875,9 @@ static PyObject *mod_utime_beneath(PyObject *m, PyObject *items)
             goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < n; i++) {
-        struct timespec ts[2];
-
-        ts[0].tv_sec = ts[1].tv_sec = (time_t)(ns[i] / 1000000000LL);
-        ts[0].tv_nsec = ts[1].tv_nsec = (long)(ns[i] % 1000000000LL);
-        if (utimensat(fds[i], arena + off[i], ts, AT_SYMLINK_NOFOLLOW) < 0)
+    for (i = 0; i < n; i++)
+        if (fx_utime_beneath(fds[i], arena + off[i], ns[i]) < 0)
             failed++;
-    }
     Py_END_ALLOW_THREADS
     out = PyLong_FromSsize_t(failed);
 done:
@@ -851,19 +901,32 @@ static int run_engine_cb(void *ctx, fx_batch *b) { return engine_run((EngineObje
 static fx_pool *engine_side_pool(EngineObject *e, fx_pool **slot, int *width)
 {
     fx_pool *p;
+    int closed;
 
     if (e->kind == KIND_THREADS) {
         *width = e->nthreads;
         return e->pool;
     }
     *width = e->queue_depth < OPENERS_MAX ? (int)e->queue_depth : OPENERS_MAX;
-    if (*width < 2)
+    if (*width < 2 || FX_FORKED(e->gen)) /* forked: a parent thread may hold mu; the caller refuses later */
         return NULL;
     pthread_mutex_lock(&e->mu);
-    if (!*slot && !e->closed)
-        *slot = fx_pool_create(*width);
     p = *slot;
+    closed = e->closed;
     pthread_mutex_unlock(&e->mu);
+    if (!p && !closed) {
+        /* Started outside mu: thread creation is slow, and every user of the engine takes mu. */
+        fx_pool *made = fx_pool_create(*width);
+
+        pthread_mutex_lock(&e->mu);
+        if (!*slot && !e->closed) {
+            *slot = made;
+            made = NULL;
+        }
+        p = *slot;
+        pthread_mutex_unlock(&e->mu);
+        fx_pool_destroy(made); /* another thread's got there first, or the engine closed */
+    }
     if (p)
         *width = fx_pool_nthreads(p);
     return p; /* NULL (no threads to be had): the work runs on the calling thread */
@@ -1356,8 +1419,17 @@ fail:
     return NULL;
 }
 
+static int unlist_pending(EngineObject *e, BatchObject *bo);
+
 static void Batch_dealloc(BatchObject *bo)
 {
+    /* Still waiting for a runner (max_running): nobody can want its results
+     * now; taken off the queue rather than run into memory its owner let go
+     * (and waited for here, behind every batch ahead of it). */
+    if (bo->started && !FX_FORKED(bo->gen) && bo->engine && unlist_pending(bo->engine, bo)) {
+        bo->started = 0;
+        end_use(bo->engine);
+    }
     batch_join(bo); /* the thread writes into memory this object owns */
     if (bo->efd >= 0 && !bo->notifier)
         close(bo->efd);

@@ -165,12 +165,17 @@ class Engine:
     ) -> Batch:
         """read_chunks on a C thread; Batch.wait() returns its results.
         `notify` as for submit()."""
-    def register_buffer(self, address: int, length: int) -> int:
+    def register_buffer(self, buffer: int | Buffer, length: int | None = None, /) -> int:
         """Registers memory as io_uring fixed buffers (pieces inside it use
         READ_FIXED). 0 or -errno (-ENOMEM without CAP_IPC_LOCK, -ENOSYS on
         the thread engine, -EOPNOTSUPP for more than 256 MiB in all on a
         kernel before 6.12, where each ring would pin it again); failure
-        only means plain reads. (0, 0) clears."""
+        only means plain reads. (0, 0) clears. Given a writable buffer
+        object (a HostBuffer), the engine holds it until the registration is
+        replaced or cleared or the engine closes; given an address (memory
+        of another owner: a tensor, LMCache's pool), the owner must clear the
+        registration before freeing it, or reads into whatever is mapped
+        there next land in the old pinned pages."""
     def close(self) -> None:
         """Waits for running batches, then frees rings and threads."""
 

@@ -9,6 +9,7 @@ where that filesystem refuses O_DIRECT (tmpfs, for one).
 import asyncio
 import ctypes
 import errno
+import gc
 import os
 import pathlib
 import random
@@ -1429,6 +1430,82 @@ def test_register_buffer_odirect(make_engine, direct_ok, payload, fds):
     assert mv[:size] == data
     assert eng.read([(fd, 100, 5000, hb.address + 3)]) == [5000]  # bounced
     assert mv[3:5003] == data[100:5100]
+
+
+def test_a_registered_buffer_object_is_held_until_cleared(direct_ok, payload, fds):
+    """A HostBuffer registered by its address and freed without clearing:
+    the next buffer mapped at that address had its O_DIRECT reads land in
+    the old pinned pages (the whole length reported, the new buffer left
+    zeros). Registered as the object, the engine holds it (a buffer export)
+    until the registration is replaced or cleared or the engine closes, so
+    its memory cannot be freed and mapped again under the registration."""
+    eng = fx.Engine(io_engine="io_uring", queue_depth=4, split_bytes=256 * KiB)
+    try:
+        size = MiB
+        data = payload[:size]
+        fd = fds(write_file(direct_ok / "held.bin", data), os.O_RDONLY | os.O_DIRECT)
+        hb = fx.HostBuffer(size, hugepages=False)
+        refs = sys.getrefcount(hb)
+        if eng.register_buffer(hb) != 0:
+            pytest.skip("io_uring buffer registration refused here (RLIMIT_MEMLOCK?)")
+        assert eng.registered and sys.getrefcount(hb) == refs + 1  # held by the registration
+        addr = hb.address
+        del hb
+        gc.collect()
+        nxt = fx.HostBuffer(size, hugepages=False)
+        assert nxt.address != addr  # still mapped: not handed out again
+        assert eng.read([(fd, 0, size, nxt.address)]) == [size] and memoryview(nxt) == data
+        refs = sys.getrefcount(nxt)
+        assert eng.register_buffer(nxt) == 0 and sys.getrefcount(nxt) == refs + 1
+        assert eng.register_buffer(0, 0) == 0 and not eng.registered
+        assert sys.getrefcount(nxt) == refs  # cleared: released
+        with pytest.raises(ValueError, match="beyond the buffer"):
+            eng.register_buffer(nxt, size + 1)
+        assert sys.getrefcount(nxt) == refs
+        assert eng.register_buffer(nxt, size // 2) == 0 and sys.getrefcount(nxt) == refs + 1
+        eng.close()
+        assert sys.getrefcount(nxt) == refs  # released at close
+        with pytest.raises(TypeError, match="length is missing"):
+            fx.Engine(io_engine="io_uring").register_buffer(4096)
+    finally:
+        eng.close()
+
+
+def test_init_again_on_a_closed_engine_is_refused():
+    """__init__ on a closed Engine started its threads again under an engine
+    every call refuses (freed only by another close)."""
+    eng = fx.Engine(io_engine="threads", threads=4)
+    eng.close()
+    before = len(os.listdir("/proc/self/task"))
+    with pytest.raises(RuntimeError, match="closed; make a new one"):
+        eng.__init__(io_engine="threads", threads=4)
+    assert len(os.listdir("/proc/self/task")) == before and eng.closed
+
+
+def test_dropping_a_batch_still_waiting_for_a_runner_does_not_run_it(tmp_path, fds):
+    """max_running: a submitted batch that waits for a runner, dropped (its
+    last reference gone), was run anyway into memory its owner let go, and
+    the drop blocked until every batch ahead of it had run. It is taken off
+    the queue at once; the batch ahead and later ones are unaffected."""
+    size = 32 * MiB
+    data = random.Random(5).randbytes(size)
+    fd = fds(write_file(tmp_path / "slow.bin", data))
+    eng = fx.Engine(io_engine="io_uring", max_running=1, queue_depth=1, split_bytes=4096)
+    try:
+        ahead = bytearray(size)  # 8192 pieces one at a time: still running when the next is dropped
+        first = eng.submit([(fd, 0, size, addr_of(ahead))])
+        dropped_buf = bytearray(4096)
+        dropped = eng.submit([(fd, 0, 4096, addr_of(dropped_buf))])
+        assert eng.batches_now[1] == 1
+        del dropped
+        gc.collect()
+        assert eng.batches_now[1] == 0  # off the queue
+        assert first.wait() == [size] and ahead == data
+        assert dropped_buf == bytearray(4096)  # never read into
+        later = bytearray(4096)
+        assert eng.read([(fd, 0, 4096, addr_of(later))]) == [4096] and later == data[:4096]
+    finally:
+        eng.close()
 
 
 # ----------------------------------------------------------- 9. HostBuffer

@@ -526,6 +526,27 @@ def test_stat_beneath_sees_what_a_read_would_open(store, rootfd, tmp_path):
         fx.stat_beneath([(rootfd,)])
 
 
+def test_utime_beneath_touches_only_what_a_read_would_open(store, rootfd, tmp_path):
+    """utime_beneath (the store's LRU clock on hits) followed a symlinked
+    fan-out directory and "..": a planted link let it set times outside the
+    store. Now it follows no link on the way, touches only regular files (a
+    FIFO in a chunk's place neither blocks it nor is touched), and counts
+    each refusal as a failure."""
+    names, _ = _plant_hostile_names(store, tmp_path)
+    outside = tmp_path / "outside" / "real.fxkv"
+    every = [os.path.join(store, "ab", n) for n in ("link.fxkv", "rel.fxkv", "fifo.fxkv", "dir.fxkv", "good.fxkv")] + [
+        str(outside)
+    ]
+    before = {p: os.lstat(p).st_mtime_ns for p in every}
+    t = 123_456_789_000_000_000
+    failed = fx.utime_beneath([(rootfd, n, t) for n in names])
+    assert failed == len(names) - 1  # all but the good chunk
+    assert os.stat(os.path.join(store, "ab", "good.fxkv")).st_mtime_ns == t
+    for p in every[:-2] + every[-1:]:
+        assert os.lstat(p).st_mtime_ns == before[p], p
+    assert os.stat(outside).st_mtime_ns == before[str(outside)]
+
+
 def test_bad_arguments():
     eng = fx.Engine("threads")
     sb = fx.HostBuffer(4096, hugepages=False)

@@ -510,6 +510,8 @@ def test_fork_child_gets_a_clear_error(kind, data_file, tmp_path):
                 attempt("read", lambda: eng.read([(fd, 0, 4096, hb_addr)]))
                 attempt("write", lambda: eng.write([(fd, 0, 4096, hb_addr)]))
                 attempt("submit", lambda: eng.submit([(fd, 0, 4096, hb_addr)]))
+                # checksummed: took the engine's lock (maybe held by a parent thread at fork) first
+                attempt("submit_crc", lambda: eng.submit([(fd, 0, 4096, hb_addr)], crc=True))
                 attempt("register", lambda: eng.register_buffer(0, 0))
                 attempt("batch_wait", lambda: batch.wait())
                 attempt("batch_done", lambda: batch.done())
@@ -570,7 +572,17 @@ def test_fork_child_gets_a_clear_error(kind, data_file, tmp_path):
     )
     assert "HUNG" not in r["reports"], r["reports"]
     for rep in r["reports"]:
-        for name in ("read", "write", "submit", "register", "batch_wait", "batch_done", "hb_address", "hb_view"):
+        for name in (
+            "read",
+            "write",
+            "submit",
+            "submit_crc",
+            "register",
+            "batch_wait",
+            "batch_done",
+            "hb_address",
+            "hb_view",
+        ):
             assert rep[name][0] == "RuntimeError", (name, rep[name])
             assert "another process (fork)" in rep[name][1], (name, rep[name])
         assert "create a new Engine in the child" in rep["read"][1]

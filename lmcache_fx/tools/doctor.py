@@ -235,7 +235,7 @@ def check_memlock(pool_bytes: Optional[int]) -> list[Check]:
     try:
         size = PROBE_REGISTER_BYTES
         buf = _fxio.HostBuffer(size)
-        r = eng.register_buffer(buf.address, size)
+        r = eng.register_buffer(buf, size)
         eng.register_buffer(0, 0)
     finally:
         eng.close()

@@ -430,7 +430,7 @@ def run_sweep(path: str, geo: Geometry, n_chunks: int, reps: int, qds, splits, c
     prog = Progress(len(order), quiet)
     for (what, val, qd, sb), _rep in order:
         eng = _fxio.Engine("io_uring", qd, sb)
-        eng.register_buffer(dst.address, n_chunks * cb)
+        eng.register_buffer(dst, n_chunks * cb)
         s = ChunkStore(
             FxOptions(path=d, io_engine="io_uring", queue_depth=qd, split_bytes=sb, max_capacity_gb=1e6), engine=eng
         )
