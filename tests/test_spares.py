@@ -20,6 +20,7 @@ sys.path.insert(0, HERE)
 
 from faults import fxfault as F  # noqa: E402
 
+from lmcache_fx.core import layout  # noqa: E402
 from lmcache_fx.core import store as store_mod  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
 from lmcache_fx.core.layout import open_in  # noqa: E402
@@ -200,6 +201,54 @@ def test_a_dead_processes_spares_are_removed_by_the_next_store(shm_dir):
         assert F.read_check(s, KEYS[1:3])[:3] == (2, 0, [])
     finally:
         s.close()
+
+
+def test_an_idle_processes_old_spares_are_removed_by_a_peer(shm_dir):
+    """A live process that stopped storing (idle, or stopped) keeps its
+    spares, up to a quarter of the cap, until it stores again: its peers
+    took them for a live writer's temporaries for an hour. A spare's name
+    says it is one, and a peer's scan removes one older than
+    STALE_SPARE_SECONDS; the owner, storing again, finds it gone and counts
+    nothing twice."""
+    code = (
+        f"import os, sys; sys.path.insert(0, {HERE!r}); from faults import fxfault as F; "
+        f"s = F.open_store({shm_dir!r}, max_capacity_gb=0.01); src = F.Chunks(); "
+        f"assert s.write([src.item(k, {CHUNK}) for k in {KEYS[:4]!r}]) == [True] * 4; "
+        f"assert s.remove({KEYS[0]!r}) and s.remove({KEYS[1]!r}); print('IDLE', flush=True); sys.stdin.readline(); "
+        f"assert s.write([src.item(k, {CHUNK}) for k in {KEYS[4:6]!r}]) == [True] * 2; "
+        f"print('USAGE', s.usage_bytes, sum(os.path.getsize(p) for p in F.chunk_files({shm_dir!r}) + "
+        f"F.tmp_files({shm_dir!r})), flush=True); s.close()"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=os.path.dirname(HERE),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert owner.stdout.readline().strip() == "IDLE", owner.stderr.read()
+        spares = F.tmp_files(shm_dir)
+        assert len(spares) == 2
+        old = os.path.getmtime(spares[0]) - layout.STALE_SPARE_SECONDS - 10  # as if idle that long
+        for p in spares:
+            os.utime(p, (old, old))
+        peer = _open(shm_dir)
+        try:
+            peer._recompute()  # the periodic scan of any process
+            assert F.tmp_files(shm_dir) == []
+            assert peer.usage_bytes == _on_disk(shm_dir) == 2 * FILE
+        finally:
+            peer.close()
+        so, se = owner.communicate("go\n", timeout=60)
+        assert owner.returncode == 0, se[-2000:]
+        usage, on_disk = (int(x) for x in so.split("USAGE", 1)[1].split())
+        assert usage == on_disk == 4 * FILE
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
 
 
 def test_readers_beside_removes_and_writes_that_take_spares_never_see_wrong_bytes(shm_dir):

@@ -31,6 +31,11 @@ from .chunkfile import SUFFIX
 
 TMP_MARK = ".tmp."
 STALE_TMP_SECONDS = 3600  # a temporary file this old belongs to a dead writer
+# A spare (store.py: a removed chunk's file kept for reuse, SPARE_SECONDS at most while its process
+# stores) this old belongs to a process that stopped storing (idle, or stopped): any process may
+# remove it, or an idle peer's spares hold up to a quarter of the cap each for STALE_TMP_SECONDS.
+STALE_SPARE_SECONDS = 300
+SPARE_SEQ_MARK = "spare"  # in a spare's name: <digest>.fxkv.tmp.<pid>.spare<seq>.<host tag>
 PID_T_MAX = (1 << 31) - 1  # a temporary's "pid" beyond pid_t (or not positive) is no process's: age decides
 LOCK_DIR = ".fx"  # in the first root: shared state; no fan-out directory, so never scanned
 LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evictor lock; never a chunk
@@ -233,7 +238,7 @@ def fanout_dirs(root: str) -> list[str]:
 
 
 def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
-    # <digest>.fxkv.tmp.<pid>.<seq>[.<host tag>]: stale when the writer is gone
+    # <digest>.fxkv.tmp.<pid>.<seq>[.<host tag>]: stale when the writer is gone (or a spare, when old)
     try:
         parts = name.split(TMP_MARK, 1)[1].split(".")
         pid = int(parts[0])
@@ -245,6 +250,8 @@ def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
         return now - mtime > STALE_TMP_SECONDS  # another node's or container's pid: age only
     if pid == os.getpid():
         return False
+    if len(parts) >= 2 and parts[1].startswith(SPARE_SEQ_MARK) and now - mtime > STALE_SPARE_SECONDS:
+        return True  # an idle (or stopped) process's spare: its owner finds it gone and counts nothing
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -51,6 +51,7 @@ from .layout import (
     LOCK_DIR,
     LOCK_NAME,
     NETWORK_FS_MAGIC,
+    SPARE_SEQ_MARK,
     STALE_TMP_SECONDS,
     TMP_MARK,
     FileStat,
@@ -429,9 +430,10 @@ class _ChunkFiles:
     call: Optional[_Call] = None
 
 
-def _tmp_name(final: str) -> str:
-    """A temporary's name in the directory of `final` (a scan knows its writer by it)."""
-    return f"{os.path.basename(final)}{TMP_MARK}{_PID[0]}.{next(_tmp_seq)}.{HOST_TAG}"
+def _tmp_name(final: str, spare: bool = False) -> str:
+    """A temporary's name in the directory of `final` (a scan knows its writer
+    by it, and a spare as one: layout.tmp_is_stale)."""
+    return f"{os.path.basename(final)}{TMP_MARK}{_PID[0]}.{SPARE_SEQ_MARK if spare else ''}{next(_tmp_seq)}.{HOST_TAG}"
 
 
 def _unlink_at(dfd: int, name: str) -> None:
@@ -1216,7 +1218,7 @@ class ChunkStore:
             return False
         dirfds[sub] = dfd
         try:
-            name = _tmp_name(path)
+            name = _tmp_name(path, spare=True)
             st = rename_if_same(path, None, dfd, name, dirfds, ident=ident)
             if st is not None:
                 try:
