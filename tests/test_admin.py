@@ -720,10 +720,11 @@ def test_gc_takes_what_it_removes_off_a_running_stores_usage(capsys, store_copy)
         st.close()
 
 
-def test_fsck_repair_takes_what_it_removes_off_the_ledger(capsys, store_copy):
+def test_fsck_repair_leaves_what_it_removes_for_the_store_to_recount(capsys, store_copy):
     """fsck --repair beside a running store: a bad chunk and a dead writer's
-    temporary (its reservation counted, as a writer that died leaves it) come
-    off the ledger with their files."""
+    temporary (its reservation counted, as a writer that died leaves it) are
+    removed, their bytes left in the ledger (an overcount, never under), and
+    the store's own recount takes them off."""
     path, files = store_copy
     a = files["org/model-a"]
     st = ChunkStore(FxOptions(path=path, io_engine="threads", max_capacity_gb=1))
@@ -740,7 +741,34 @@ def test_fsck_repair_takes_what_it_removes_off_the_ledger(capsys, store_copy):
         assert rc == 1, obj
         assert not os.path.exists(a[3]) and not os.path.exists(stale)
         bad = {p["path"]: p for p in obj["problems"]}[a[3]]
-        assert _ledger_usage(st) == before - 8192 - bad["size"] == st._walk(remove_stale=False)[1]
+        truth = st._walk(remove_stale=False)[1]
+        assert _ledger_usage(st) == before == truth + 8192 + bad["size"]
+        with st._ledger.hold():
+            assert st._rescan_locked() == truth
+        assert _ledger_usage(st) == truth
+    finally:
+        st.close()
+
+
+def test_fsck_repair_of_a_file_the_ledger_never_counted_leaves_it_at_or_above_the_truth(capsys, tmp_path):
+    """A chunk-named garbage file planted beside a running store after it
+    counted its bytes: --repair removes it and the ledger stays at least
+    what the files hold, so running stores cannot pass their cap. Before,
+    its bytes came off the ledger, 1 MiB below the truth."""
+    F = _fx()
+    path = str(tmp_path / "store")
+    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
+    src = F.Chunks()
+    try:
+        assert all(st.write([src.item(f"m@1@0@h{i}@half", 65536) for i in range(4)]))
+        before = _ledger_usage(st)
+        os.makedirs(os.path.join(path, "ab"), 0o700, exist_ok=True)
+        planted = os.path.join(path, "ab", "ab" + "0" * 30 + ".fxkv")
+        with open(planted, "wb") as f:
+            f.write(os.urandom(1 << 20))
+        rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
+        assert rc == 1 and not os.path.exists(planted), obj
+        assert _ledger_usage(st) >= st._walk(remove_stale=False)[1] == before
     finally:
         st.close()
 
@@ -947,6 +975,148 @@ def test_fsck_repair_removes_only_the_stores_own_temporaries(capsys, store_copy,
     assert not os.path.exists(probe) and probs[probe]["removed"]
 
 
+def test_fsck_stopped_midway_waits_for_its_reads(tmp_path):
+    """fsck's verifier stopped with a batch in flight (Ctrl-C, an error, the
+    caller done: here the generator closed at its first verdict) waits for
+    the batch's reads before its buffer goes. Before, the buffer was freed
+    under the engine's thread: a segfault. In a child: a crash must not
+    take pytest down."""
+    F = _fx()
+    path = str(tmp_path / "store")
+    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
+    src = F.Chunks()
+    try:
+        assert all(st.write([src.item(f"m@1@0@h{i}@half", 2 << 20) for i in range(12)]))
+    finally:
+        st.close()
+    code = textwrap.dedent(
+        """
+        import sys
+        from lmcache_fx.tools.admin import scan
+        from lmcache_fx.tools.verify import ChunkVerifier
+        sc = scan([sys.argv[1]])
+        for engine in ("threads", "auto") * 5:
+            rd = ChunkVerifier(engine)
+            g = rd.verify(sc.chunks, 8 << 20)
+            assert next(g).status == "ok"
+            g.close()
+            rd.close()
+        print("survived")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0 and "survived" in r.stdout, (r.returncode, r.stderr[-2000:])
+
+
+def test_fsck_reads_a_file_larger_than_its_buffer_header_first_and_in_pieces(tmp_path):
+    """A 1 TiB chunk-named sparse file is bad by its header, its payload
+    never read; chunks larger than --buffer-mb are verified in pieces of it
+    (a flipped byte in the third piece is found). Before, fsck asked for a
+    1 TiB buffer and stopped with "give a smaller --buffer-mb"."""
+    F = _fx()
+    path = str(tmp_path / "store")
+    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
+    src = F.Chunks()
+    try:
+        assert all(st.write([src.item(f"m@1@0@h{i}@half", (5 << 19) + 123) for i in range(3)]))
+    finally:
+        st.close()
+    chunks = sorted(F.chunk_files(path))
+    _flip(chunks[0], HEADER_SIZE + (2 << 20) + 77)
+    os.makedirs(os.path.join(path, "56"), exist_ok=True)
+    huge = os.path.join(path, "56", "56" + "0" * 30 + ".fxkv")
+    with open(huge, "wb") as f:
+        f.truncate(1 << 40)
+    t0 = time.monotonic()
+    fx = os.path.join(os.path.dirname(sys.executable), "lmcache-fx")  # a child: a crash must not take pytest down
+    r = subprocess.run([fx, "fsck", path, "--buffer-mb", "1", "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 4, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    obj = json.loads(r.stdout)
+    assert obj["ok"] == 2 and obj["bad"] == 2, obj
+    probs = {p["path"]: p["problem"] for p in obj["problems"]}
+    assert "bad header" in probs[huge] and "payload checksum mismatch" in probs[chunks[0]]
+    assert time.monotonic() - t0 < 60  # the 1 TiB was not read
+
+
+def _unlistable(path):
+    """How to run the CLI so that a mode-000 directory cannot be listed:
+    as is, or as root without the capabilities that bypass modes."""
+    if os.geteuid() != 0:
+        return []
+    if not shutil.which("setpriv"):
+        pytest.skip("root without setpriv: cannot drop CAP_DAC_OVERRIDE")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+
+
+def test_a_fanout_directory_that_cannot_be_listed_is_unreadable_not_foreign(tmp_path):
+    """fsck calls a fan-out directory it cannot list UNREADABLE (exit 4),
+    gc says it could not see everything (exit 1). Before: FOREIGN, ignored,
+    "all ok", exit 0."""
+    F = _fx()
+    path = str(tmp_path / "store")
+    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
+    src = F.Chunks()
+    try:
+        assert all(st.write([src.item(f"m@1@0@h{i}@half", 4096) for i in range(6)]))
+    finally:
+        st.close()
+    sub = os.path.dirname(sorted(F.chunk_files(path))[0])
+    pre = _unlistable(path)
+    fx = [os.path.join(os.path.dirname(sys.executable), "lmcache-fx")]
+    os.chmod(sub, 0)
+    try:
+        r = subprocess.run([*pre, *fx, "fsck", path, "--json"], capture_output=True, text=True, timeout=60)
+        obj = json.loads(r.stdout)
+        assert r.returncode == 4, (obj, r.stderr)
+        p = {p["path"]: p for p in obj["problems"]}[sub]
+        assert p["kind"] == "unreadable" and "cannot list" in p["problem"]
+        r = subprocess.run([*pre, *fx, "gc", path, "--to-gb", "1"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "could not be listed" in r.stdout, (r.stdout, r.stderr)
+    finally:
+        os.chmod(sub, 0o700)
+
+
+def test_fsck_reports_a_fanout_name_that_is_a_link_or_a_file(capsys, store_copy, tmp_path):
+    """A fan-out name that is a symlink (to a directory of chunk files) or a
+    file: the store cannot write there; fsck says so and to remove it, exit
+    4, and never follows the link. Before: skipped in silence, exit 0."""
+    path, _ = store_copy
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    free = [n for n in (f"{i:02x}" for i in range(256)) if not os.path.lexists(os.path.join(path, n))]
+    link, plain = os.path.join(path, free[0]), os.path.join(path, free[1])
+    (outside / (free[0] + "0" * 30 + ".fxkv")).write_bytes(b"x" * 8192)
+    os.symlink(outside, link)
+    with open(plain, "w") as f:
+        f.write("x")
+    rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
+    assert rc == 4 and obj["ok"] == 6, obj
+    probs = {p["path"]: p for p in obj["problems"]}
+    assert probs[link]["kind"] == probs[plain]["kind"] == "fanout"
+    assert "replaced by a link" in probs[link]["problem"] and "remove it" in probs[link]["problem"]
+    assert "replaced by a file" in probs[plain]["problem"]
+    assert os.path.islink(link) and os.path.exists(outside / (free[0] + "0" * 30 + ".fxkv"))
+    rc, out, _ = cli(capsys, "fsck", path)
+    assert rc == 4 and "FANOUT" in out
+
+
+@pytest.mark.parametrize("cmd", ["gc", "fsck"])
+def test_the_same_directory_twice_is_refused(capsys, store_copy, tmp_path, cmd):
+    """D,D/ or D and a link to D: one store counted twice (gc removed twice
+    what it should; fsck called every chunk a DUPLICATE of itself). Refused,
+    as the store's own options refuse a path listed twice."""
+    path, files = store_copy
+    link = str(tmp_path / "link")
+    os.symlink(path, link)
+    extra = ["--to-gb", 0] if cmd == "gc" else []
+    for roots in (f"{path},{path}/", f"{path},{link}"):
+        rc, out, err = cli(capsys, cmd, roots, *extra)
+        assert rc == 2 and "given more than once; list each directory once" in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert all(os.path.exists(f) for fs in files.values() for f in fs)
+
+
 @pytest.mark.parametrize(
     "argv,flag",
     [
@@ -957,6 +1127,8 @@ def test_fsck_repair_removes_only_the_stores_own_temporaries(capsys, store_copy,
         (["gc", "--to-gb", "nan"], "--to-gb"),
         (["gc", "--to-gb", "inf"], "--to-gb"),
         (["gc", "--to-gb", "-1"], "--to-gb"),
+        (["gc", "--to-gb", "1e300"], "--to-gb"),
+        (["stat", "--capacity-gb", "1e300"], "--capacity-gb"),
         (["fsck", "--buffer-mb", "100000000"], "--buffer-mb"),
         (["fsck", "--buffer-mb", "0"], "--buffer-mb"),
     ],

@@ -10,7 +10,8 @@ unless asked (fsck --repair, gc). Removals go as the store's own do: under
 the store lock (waiting at most LOCK_TIMEOUT), relative to the directory
 listed (opened without following links, and still the one listed), each file
 only while it is the one judged (its inode; a temporary only while still
-stale by a fresh stat), and their bytes taken off the shared ledger.
+stale by a fresh stat), and gc's bytes taken off the shared ledger (fsck
+--repair's are left for the store to recount: see _remove).
 """
 
 from __future__ import annotations
@@ -74,14 +75,19 @@ examples:
 Verifies every chunk: header checksum, format version, the key against the
 file name, the payload length and the payload CRC32C, reading with the C
 engine (io_uring, O_DIRECT where allowed, two batches in flight). Also
-reports temporaries of dead writers and files that do not belong.
---repair removes bad chunks and stale temporaries under the store lock, and
-takes their bytes off the store's shared usage (never files of another
-format version, foreign files, temporaries of live writers, or files that
-could not be opened or read: those are reported as UNREADABLE).
+reports temporaries of dead writers, files that do not belong, fan-out
+directories that cannot be listed (UNREADABLE) or that are a link or a file
+(FANOUT: the store cannot write there; remove it).
+--repair removes bad chunks and stale temporaries under the store lock
+(never files of another format version, foreign files, temporaries of live
+writers, or files that could not be opened or read: those are reported as
+UNREADABLE). Their bytes stay in the store's shared usage until a running
+store next recounts (it may have never counted them): an overcount, never
+an undercount.
 
 exit status: 0 clean; 1 problems found and all repaired; 4 problems left
-(unreadable files included); 2 usage error or unreadable path.
+(unreadable files and directories, FANOUT included); 2 usage error or
+unreadable path.
 
 examples:
   lmcache-fx fsck /mnt/nvme/lmcache
@@ -94,6 +100,10 @@ Removes least recently written chunks until the chunk files take at most
 beside a running server: removals take the store lock, a chunk read since
 the listing is kept, and the bytes removed come off the shared usage count
 at once; a removed chunk is a miss there.
+
+exit status: 0 at most --to-gb left; 1 not reached, or a file not removed,
+or a fan-out directory that could not be listed (its chunks unseen);
+2 usage error or unreadable path.
 
 examples:
   lmcache-fx gc /mnt/nvme/lmcache --to-gb 1500
@@ -114,6 +124,10 @@ class Scan:
     others: list[StoreFile] = field(default_factory=list)
     looks_like_store: dict = field(default_factory=dict)  # root -> bool
     dirs: dict = field(default_factory=dict)  # directory listed -> its (st_dev, st_ino) then
+    # Fan-out directories that could not be listed (what they hold is unseen),
+    # and fan-out names that are a link or a file (the store cannot write there).
+    unlisted: list[StoreFile] = field(default_factory=list)
+    blocked: list[StoreFile] = field(default_factory=list)
 
 
 # The names the store gives its temporaries (core/layout.py, store._tmp_name,
@@ -177,12 +191,18 @@ def scan(roots: list[str]) -> Scan:
             for de in entries:
                 name = de.name
                 path = os.path.join(root, name)
-                if is_fanout_name(name) and de.is_dir(follow_symlinks=False):
+                if is_fanout_name(name) and not de.is_dir(follow_symlinks=False):
+                    sc.blocked.append(StoreFile(path, root, 0, 0, 0, 0, "other", why=_blocked_why(de)))
+                    continue
+                if is_fanout_name(name):
                     looks = True
                     try:
                         dfd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=rfd)
                     except OSError as e:
-                        sc.others.append(StoreFile(path, root, 0, 0, 0, 0, "other", why=f"cannot list: {e.strerror}"))
+                        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped since the listing
+                            sc.blocked.append(StoreFile(path, root, 0, 0, 0, 0, "other", why=_blocked_why(de)))
+                        else:
+                            sc.unlisted.append(_unlisted(path, root, e))
                         continue
                     try:
                         dst = os.fstat(dfd)
@@ -195,7 +215,7 @@ def scan(roots: list[str]) -> Scan:
                                 )
                             lists[f.kind].append(f)
                     except OSError as e:
-                        sc.others.append(StoreFile(path, root, 0, 0, 0, 0, "other", why=f"cannot list: {e.strerror}"))
+                        sc.unlisted.append(_unlisted(path, root, e))
                     finally:
                         os.close(dfd)
                 elif name == LOCK_DIR and de.is_dir(follow_symlinks=False):  # the shared-capacity lock
@@ -214,6 +234,16 @@ def scan(roots: list[str]) -> Scan:
         sc.looks_like_store[root] = looks or not entries
     sc.chunks.sort(key=lambda f: (f.mtime, f.digest))  # the store's order: least recently written first
     return sc
+
+
+def _unlisted(path: str, root: str, e: OSError) -> StoreFile:
+    why = f"cannot list this fan-out directory ({e.strerror}): its chunks were not seen; run as the store's owner"
+    return StoreFile(path, root, 0, 0, 0, 0, "other", why=why)
+
+
+def _blocked_why(de: os.DirEntry) -> str:
+    what = "a link" if de.is_symlink() else "a file"
+    return f"fan-out directory replaced by {what}: the store cannot use it (never followed); remove it"
 
 
 def _is_store_tmp(f: StoreFile) -> bool:
@@ -261,13 +291,14 @@ AGE_BUCKETS = [
 # ---------------------------------------------------------------- arguments
 
 MAX_BUFFER_MB = 4096  # fsck --buffer-mb: two batches of it in flight, 8 GiB at most
+MAX_GIB = 1 << 33  # 8 EiB: a size in bytes still fits an int64 (and a float stays finite)
 
 
 def _gib(value: float, flag: str, zero_ok: bool) -> float:
     """A size in GiB from the command line, or AdminError naming the flag."""
-    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok) or value > MAX_GIB:
         least = ">= 0" if zero_ok else "above 0"
-        raise AdminError(f"{flag} must be a finite number of GiB {least} (got {value})")
+        raise AdminError(f"{flag} must be a number of GiB {least} and at most {MAX_GIB} (got {value})")
     return value
 
 
@@ -347,7 +378,17 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
         raise AdminError("--plugin needs --config")
     if not paths:
         raise AdminError("no store given: pass its PATH, or --config with the LMCache YAML")
-    return [check_root(p) for p in paths], opts
+    roots = [check_root(p) for p in paths]
+    # D and D/, or D and a link to it: counted twice, gc would remove twice what it should.
+    seen: dict = {}
+    for r in roots:
+        st = os.stat(r)
+        first = seen.get((st.st_dev, st.st_ino))
+        if first is not None:
+            same = "" if first == r else f" (the same directory as {first})"
+            raise AdminError(f"path: {r}{same} given more than once; list each directory once")
+        seen[(st.st_dev, st.st_ino)] = r
+    return roots, opts
 
 
 # ---------------------------------------------------------------- commands
@@ -378,6 +419,11 @@ def _warn_not_store(sc: Scan) -> list[str]:
         for r, ok in sc.looks_like_store.items()
         if not ok
     ]
+
+
+def _warn_unseen(sc: Scan) -> list[str]:
+    """What ls, stat and gc could not see or the store cannot use (fsck reports them as problems)."""
+    return [f"{d.path}: {d.why}" for d in sc.unlisted + sc.blocked]
 
 
 def _chunk_record(f: StoreFile, h: Optional[Header], err: str, now: float) -> dict:
@@ -423,7 +469,7 @@ def cmd_ls(args) -> int:
     elif args.sort == "model":
         recs.sort(key=lambda r: (r.get("model", ""), r["mtime"]))
     shown = recs[: args.limit] if args.limit > 0 else recs
-    warnings = _warn_not_store(sc)
+    warnings = _warn_not_store(sc) + _warn_unseen(sc)
     obj = {
         "paths": roots,
         "chunks": shown,
@@ -520,7 +566,7 @@ def cmd_stat(args) -> int:
         ],
         "ages": [{"age": k, **v} for k, v in ages.items()],
         "filesystems": fss,
-        "warnings": _warn_not_store(sc),
+        "warnings": _warn_not_store(sc) + _warn_unseen(sc),
     }
     L = [f"store:        {', '.join(roots)}"]
     for r, fi in fss.items():
@@ -632,6 +678,10 @@ def cmd_fsck(args) -> int:
             problems.append(_problem(t, "stale-tmp", "temporary of a writer that is gone"))
     for o in sc.others:
         problems.append(_problem(o, "foreign", o.why))
+    for d in sc.unlisted:
+        problems.append(_problem(d, "unreadable", d.why))
+    for d in sc.blocked:
+        problems.append(_problem(d, "fanout", d.why))
     notes = []
     if args.repair:
         todo = [p for p in problems if p["kind"] in REMOVABLE]
@@ -641,8 +691,9 @@ def cmd_fsck(args) -> int:
     # temporaries, and files that could not be read (so not verified). Files
     # of another format version, foreign files and misplaced chunks are
     # reported but the store never reads them; duplicate copies are whole
-    # chunks the store heals on its next write of them.
-    found = [p for p in problems if p["kind"] in REMOVABLE or p["kind"] == "unreadable"]
+    # chunks the store heals on its next write of them. A fan-out directory
+    # that is a link or a file stops the store writing there: an error too.
+    found = [p for p in problems if p["kind"] in REMOVABLE or p["kind"] in ("unreadable", "fanout")]
     left = [p for p in found if not p.get("resolved")]
     code = 0 if not found else (1 if not left else 4)
     live_tmp = len(sc.temps) - sum(1 for p in problems if p["kind"] == "stale-tmp")
@@ -652,6 +703,7 @@ def cmd_fsck(args) -> int:
         "ok": counts["ok"],
         "bad": counts["bad"],
         "unreadable": counts["unreadable"],
+        "unlisted_dirs": len(sc.unlisted),
         "other_version": counts["version"],
         "vanished": counts["gone"],
         "bytes_verified": nbytes,
@@ -675,6 +727,7 @@ def cmd_fsck(args) -> int:
             "version": "VERSION",
             "misplaced": "MISPLACED",
             "duplicate": "DUPLICATE",
+            "fanout": "FANOUT",
         }[p["kind"]]
         act = ""
         if args.repair and p["kind"] in REMOVABLE:
@@ -688,6 +741,7 @@ def cmd_fsck(args) -> int:
         + (f", {counts['unreadable']} unreadable (not verified, never removed)" if counts["unreadable"] else "")
         + (f", {counts['version']} of another format version" if counts["version"] else "")
         + (f", {counts['gone']} removed meanwhile" if counts["gone"] else "")
+        + (f"; {len(sc.unlisted)} fan-out directories could not be listed" if sc.unlisted else "")
     )
     if live_tmp:
         L.append(f"{live_tmp} temporaries of running writers (left alone)")
@@ -729,8 +783,14 @@ def _remove(roots: list[str], sc: Scan, todo: list[dict]) -> list[str]:
             if root is None or not sc.looks_like_store.get(root, False):
                 p["note"] = "its directory does not look like an lmcache-fx store (left alone)"
                 continue
-            top = os.path.dirname(p["path"]) == root  # a root's O_DIRECT probe: never in the ledger
-            outcome, p["note"] = rm.remove(p["path"], p["ino"], p["dev"], temporary=p["temporary"], counted=not top)
+            # Not taken off the ledger: a bad file or a temporary may be one it never counted (a
+            # planted file), and taking it off would leave the ledger below the truth, letting
+            # running stores pass their cap. Left, it is an overcount, as of a file removed by
+            # hand: eviction starts early until a store's next walk recounts (the store's own
+            # periodic recompute). Recounting here would repeat the store's accounting and hold
+            # the lock for a walk; invalidating the record would make a running store walk
+            # under the lock at its next write.
+            outcome, p["note"] = rm.remove(p["path"], p["ino"], p["dev"], temporary=p["temporary"], counted=False)
             p["removed"] = outcome == "removed"
             p["resolved"] = outcome != "failed"  # gone, or no longer the file judged
     finally:
@@ -926,7 +986,8 @@ def cmd_gc(args) -> int:
         "removed": removed,
         "kept": kept,
         "failed": failed,
-        "warnings": _warn_not_store(sc),
+        "unlisted_dirs": [d.path for d in sc.unlisted],
+        "warnings": _warn_not_store(sc) + _warn_unseen(sc),
     }
     verb = "would remove" if args.dry_run else "removed"
     L = [
@@ -940,6 +1001,11 @@ def cmd_gc(args) -> int:
     if kept:
         L.append(f"kept {len(kept)} chunks read or replaced since the listing")
     L += [f"could not remove {x['path']}: {x['error']}" for x in failed]
+    if sc.unlisted:  # their chunks are in the store's usage but not in `usage` here
+        L.append(
+            f"error: {len(sc.unlisted)} fan-out directories could not be listed: the store may still hold "
+            "more than the target; run as the store's owner"
+        )
     L += [f"warning: {w}" for w in obj["warnings"]]
     _emit(args, obj, "\n".join(L))
-    return 1 if failed or usage > target else 0
+    return 1 if failed or sc.unlisted or usage > target else 0

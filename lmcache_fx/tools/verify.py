@@ -21,7 +21,7 @@ import os
 import resource
 import stat
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 from .. import _fxio
 from ..core.chunkfile import HEADER_SIZE, BadHeader, FormatVersionMismatch, Header, chunk_digest, decode_header
@@ -113,31 +113,33 @@ class ChunkVerifier:
     def verify(self, files: list[StoreFile], buffer_bytes: int) -> Iterator["Verdict"]:
         """Header + payload of every file, CRC32C by the engine; two batches of
         at most buffer_bytes in flight so the device never waits on Python.
-        Each file is laid out by the size fstat gives of the file opened.
-        Out of descriptors (EMFILE), what is open is read first and the open
-        tried again."""
+        Each file is laid out by the size fstat gives of the file opened. A
+        file larger than one batch is read apart (_verify_large): header
+        first, payload in pieces of buffer_bytes, so memory stays two batches
+        whatever sizes files claim. Out of descriptors (EMFILE), what is open
+        is read first and the open tried again."""
         pool: list = []
-        inflight: collections.deque = collections.deque()
+        inflight: collections.deque = collections.deque()  # _Job, oldest first
         pending: list[tuple[StoreFile, int, os.stat_result]] = []  # opened, for the next batch
         used = 0
 
         def submit() -> Iterator[Verdict]:
             """The files opened so far as a batch (pending emptied), at most two in flight."""
             if len(inflight) >= 2:
-                yield from self._finish(inflight.popleft(), pool)
-            inflight.append(self._submit(pending, buffer_bytes, pool))
+                yield from self._finish(inflight, pool)
+            self._submit(pending, buffer_bytes, pool, inflight)
 
         try:
             for f in files:
                 if not pending and len(inflight) >= 2:
-                    yield from self._finish(inflight.popleft(), pool)
+                    yield from self._finish(inflight, pool)
                 fd, st, why, err = self.open(f)
                 if fd < 0 and err in (errno.EMFILE, errno.ENFILE) and (pending or inflight):
                     if pending:
                         yield from submit()
                         used = 0
                     while inflight:
-                        yield from self._finish(inflight.popleft(), pool)
+                        yield from self._finish(inflight, pool)
                     fd, st, why, err = self.open(f)
                 if fd < 0 or st is None:
                     yield Verdict(f, "gone" if err in (errno.ENOENT, errno.ESTALE) else "unreadable", why)
@@ -149,6 +151,15 @@ class ChunkVerifier:
                     yield Verdict(f, "bad", why, ident=ident, size=size)
                     continue
                 span = _span(size)
+                if span > buffer_bytes:
+                    # Alone, after the batches before it: their buffers serve it.
+                    if pending:
+                        yield from submit()
+                        used = 0
+                    while inflight:
+                        yield from self._finish(inflight, pool)
+                    yield self._verify_large(f, fd, st, buffer_bytes, pool)
+                    continue
                 if pending and (used + span > buffer_bytes or len(pending) >= self.max_files):
                     yield from submit()
                     used = 0
@@ -157,69 +168,150 @@ class ChunkVerifier:
             if pending:
                 yield from submit()
             while inflight:
-                yield from self._finish(inflight.popleft(), pool)
+                yield from self._finish(inflight, pool)
         finally:
             for _, fd, _ in pending:
                 os.close(fd)
             while inflight:  # abandoned (an error, or the caller stopped): wait for the reads, then close
-                batch_obj, _, _, fds = inflight.popleft()
-                try:
-                    if batch_obj is not None:
-                        batch_obj.wait()
-                finally:
-                    for fd in fds:
-                        os.close(fd)
+                inflight[0].end()
+                inflight.popleft()
 
-    def _submit(self, pending: list, buffer_bytes: int, pool: list) -> tuple:
+    def _buffer(self, pool: list, need: int, buffer_bytes: int):
+        """A read buffer of at least `need` bytes: one of `pool`, or a new one
+        of max(need, buffer_bytes); AdminError when it cannot be had."""
+        for k, b in enumerate(pool):
+            if len(b) >= need:
+                return pool.pop(k)
+        size = max(need, buffer_bytes)
+        try:
+            return _fxio.HostBuffer(size)
+        except (OSError, MemoryError, ValueError) as e:
+            raise AdminError(
+                f"cannot allocate a {size >> 20} MiB read buffer ({e}); give a smaller --buffer-mb"
+            ) from None
+
+    def _submit(self, pending: list, buffer_bytes: int, pool: list, inflight: collections.deque) -> None:
         """Starts the reads of the files opened in `pending` (emptied: their
-        descriptors go with the batch, closed when it is finished)."""
+        descriptors go with the batch, closed when it is finished) as a _Job
+        appended to `inflight` before the reads start, so that whatever ends
+        verify() (an error, an interrupt) finds it and waits for its reads
+        before its buffer goes."""
         batch = list(pending)
         pending.clear()
-        fds = [fd for _, fd, _ in batch]
+        job = _Job(None, [fd for _, fd, _ in batch])
         try:
-            need = sum(_span(st.st_size) for _, _, st in batch)
-            buf = None
-            for k, b in enumerate(pool):
-                if len(b) >= need:
-                    buf = pool.pop(k)
-                    break
-            if buf is None:
-                try:
-                    buf = _fxio.HostBuffer(max(need, buffer_bytes))
-                except (OSError, MemoryError, ValueError) as e:
-                    raise AdminError(
-                        f"cannot allocate a {max(need, buffer_bytes) >> 20} MiB read buffer ({e}); "
-                        "give a smaller --buffer-mb"
-                    ) from None
-            ops, items = [], []
+            job.buf = self._buffer(pool, sum(_span(st.st_size) for _, _, st in batch), buffer_bytes)
+            ops = []
             off = 0
             for f, fd, st in batch:
                 plen = st.st_size - HEADER_SIZE
                 first = len(ops)
-                ops.append((fd, 0, HEADER_SIZE, buf.address + off))
+                ops.append((fd, 0, HEADER_SIZE, job.buf.address + off))
                 if plen:
-                    ops.append((fd, HEADER_SIZE, plen, buf.address + off + HEADER_SIZE))
-                items.append((f, off, first, plen, (st.st_dev, st.st_ino), st.st_size))
+                    ops.append((fd, HEADER_SIZE, plen, job.buf.address + off + HEADER_SIZE))
+                job.items.append((f, off, first, plen, (st.st_dev, st.st_ino), st.st_size))
                 off += _span(st.st_size)
-            batch_obj = self.engine.submit(ops, write=False, crc=True) if ops else None
+            inflight.append(job)
+            if ops:
+                job.batch = self.engine.submit(ops, write=False, crc=True)
         except BaseException:
-            for fd in fds:
-                os.close(fd)
+            if not inflight or inflight[-1] is not job:
+                job.end()  # never started: only its descriptors to close
             raise
-        return batch_obj, buf, items, fds
 
-    def _finish(self, entry, pool) -> Iterator["Verdict"]:
-        batch_obj, buf, items, fds = entry
-        try:
-            res = batch_obj.wait() if batch_obj is not None else []
-        finally:
-            for fd in fds:
-                os.close(fd)
-        for f, off, first, plen, ident, size in items:
+    def _finish(self, inflight: collections.deque, pool: list) -> Iterator["Verdict"]:
+        """Waits for the oldest batch of `inflight` (taken off it only once
+        its reads have ended) and judges its files."""
+        job = inflight[0]
+        res = job.end()
+        inflight.popleft()
+        for f, off, first, plen, ident, size in job.items:
             hn, _ = res[first]
             pn, pcrc = res[first + 1] if plen else (0, 0)
-            yield _judge(f, memoryview(buf)[off : off + HEADER_SIZE], hn, pn, pcrc, plen, ident, size)
-        pool.append(buf)
+            yield _judge(f, memoryview(job.buf)[off : off + HEADER_SIZE], hn, pn, pcrc, plen, ident, size)
+        pool.append(job.buf)
+
+    def _verify_large(self, f: StoreFile, fd: int, st: os.stat_result, buffer_bytes: int, pool: list) -> "Verdict":
+        """A file larger than one batch (fd closed here): its header read
+        alone and judged first, so a file whose size is not the header's
+        HEADER_SIZE + payload_len is bad without its payload read; then the
+        payload in pieces of buffer_bytes, two in flight, CRC32C continued
+        over the pieces."""
+        ident, size = (st.st_dev, st.st_ino), st.st_size
+        plen = size - HEADER_SIZE
+        piece = max(4096, buffer_bytes // 4096 * 4096)  # O_DIRECT: pieces start aligned
+        bufs: list = []
+        jobs: collections.deque = collections.deque()
+        try:
+            bufs.append(self._buffer(pool, piece, piece))
+            hn = self.engine.read([(fd, 0, HEADER_SIZE, bufs[0].address)])[0]
+            h = _judge_header(f, memoryview(bufs[0])[:HEADER_SIZE], hn, plen, ident, size)
+            if isinstance(h, Verdict):
+                return h
+            bufs.append(self._buffer(pool, piece, piece))
+            crc, pos, k = 0, HEADER_SIZE, 0
+            while pos < size or jobs:
+                while pos < size and len(jobs) < 2:
+                    n = min(piece, size - pos)
+                    job = _Job(bufs[k % 2], [])
+                    jobs.append((job, n))
+                    job.batch = self.engine.submit([(fd, pos, n, job.buf.address)], write=False, crc=False)
+                    pos, k = pos + n, k + 1
+                job, want = jobs[0]
+                got = job.end()[0]
+                jobs.popleft()
+                if got < 0:
+                    return Verdict(f, "unreadable", f"payload read failed: {os.strerror(-got)}", h, ident, size)
+                if got != want:
+                    why = f"payload read returned {got} of {want} bytes (the file changed while read)"
+                    return Verdict(f, "unreadable", why, h, ident, size)
+                crc = _fxio.crc32c_at(job.buf.address, got, crc)
+            if crc != h.payload_crc:
+                why = f"payload checksum mismatch (CRC32C {crc:08x}, header says {h.payload_crc:08x})"
+                return Verdict(f, "bad", why, h, ident, size)
+            return Verdict(f, "ok", "", h, ident, size)
+        finally:
+            while jobs:  # the reads land in bufs: wait for them before the buffers go
+                jobs[0][0].end()
+                jobs.popleft()
+            pool.extend(bufs)
+            os.close(fd)
+
+
+class _Job:
+    """A batch of reads and what it reads into. It holds its buffer until
+    the reads have ended (end()), however it is let go: the engine's thread
+    writes into the buffer, and a buffer freed under it crashes the process.
+    A Batch itself waits for its reads when deallocated, so only the buffer
+    must outlive it."""
+
+    __slots__ = ("batch", "buf", "fds", "items", "res")
+
+    def __init__(self, buf, fds: list):
+        self.batch = None  # the engine's Batch, once submitted
+        self.buf = buf
+        self.fds = fds  # descriptors the reads use, closed by end()
+        self.items: list = []
+        self.res: list = []
+
+    def end(self) -> list:
+        """Waits for the reads (once), then closes the descriptors; the results."""
+        try:
+            if self.batch is not None:
+                self.res = self.batch.wait()
+        finally:
+            self.batch = None  # dropped: its dealloc waits, should wait() not have run
+            fds, self.fds = self.fds, []
+            for fd in fds:
+                os.close(fd)
+        return self.res
+
+    def __del__(self):
+        if self.batch is not None:  # let go unwaited (an interrupt between two lines)
+            try:
+                self.end()
+            except BaseException:
+                pass
 
 
 def open_regular(path: str, flags: int) -> tuple[int, os.stat_result]:
@@ -278,7 +370,11 @@ class Verdict:
     size: int = 0  # its size (fstat)
 
 
-def _judge(f: StoreFile, hmv, hn: int, pn: int, pcrc: int, plen: int, ident: tuple[int, int], size: int) -> Verdict:
+def _judge_header(f: StoreFile, hmv, hn: int, plen: int, ident: tuple[int, int], size: int) -> Union[Header, "Verdict"]:
+    """The header read (hn bytes into hmv) of a file of `size` bytes: its
+    Header when the file holds the header's key and HEADER_SIZE +
+    payload_len bytes, else the Verdict."""
+
     def v(status: str, why: str = "", h: Optional[Header] = None) -> Verdict:
         return Verdict(f, status, why, h, ident, size)
 
@@ -297,6 +393,16 @@ def _judge(f: StoreFile, hmv, hn: int, pn: int, pcrc: int, plen: int, ident: tup
     if h.payload_len != plen:
         how = "truncated" if plen < h.payload_len else "too long"
         return v("bad", f"payload is {plen} bytes, header says {h.payload_len} ({how})", h)
+    return h
+
+
+def _judge(f: StoreFile, hmv, hn: int, pn: int, pcrc: int, plen: int, ident: tuple[int, int], size: int) -> Verdict:
+    def v(status: str, why: str = "", h: Optional[Header] = None) -> Verdict:
+        return Verdict(f, status, why, h, ident, size)
+
+    h = _judge_header(f, hmv, hn, plen, ident, size)
+    if isinstance(h, Verdict):
+        return h
     if pn < 0:
         return v("unreadable", f"payload read failed: {os.strerror(-pn)}", h)
     if pn != plen:
