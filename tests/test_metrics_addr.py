@@ -79,3 +79,37 @@ def test_stalled_clients_hold_no_more_than_a_few_threads_and_not_for_long(monkey
         for c in clients:
             c.close()
         h.close()
+
+
+def test_clients_trickling_a_byte_at_a_time_are_dropped_at_a_total_deadline(monkeypatch):
+    """MAX_CLIENTS clients each sending a header byte every 0.2 s (well
+    inside the 0.5 s timeout per receive) lose their slots once their
+    request has taken CLIENT_TIMEOUT_S in all, and a scrape is served. Before,
+    the timeout applied per receive: they held every slot for as long as
+    they trickled, and scrapes were refused."""
+    import time
+    import urllib.request
+
+    monkeypatch.setattr(metrics, "CLIENT_TIMEOUT_S", 0.5)
+    port = _free_port()
+    h = metrics.start_metrics(lambda: {"hits": 3}, name="t-trickle", port=port)
+    clients = []
+    try:
+        for _ in range(metrics.MAX_CLIENTS):
+            c = socket.create_connection(("127.0.0.1", port))
+            c.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            clients.append(c)
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:  # one byte of a header line each, every 0.2 s
+            for c in clients:
+                try:
+                    c.sendall(b"X")
+                except OSError:
+                    pass
+            time.sleep(0.2)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "lmcache_fx_hits_total" in body
+    finally:
+        for c in clients:
+            c.close()
+        h.close()

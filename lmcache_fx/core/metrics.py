@@ -37,8 +37,10 @@ GB/s over a window is best taken in PromQL:
 from __future__ import annotations
 
 import bisect
+import io
 import logging
 import threading
+import time
 from typing import Callable, Optional, Union
 
 log = logging.getLogger("lmcache_fx")
@@ -245,11 +247,34 @@ class MetricsHandle:
         server.server_close()
 
 
-# A scrape takes milliseconds: a client that sends nothing for this long is
-# dropped, and past this many at once new ones are refused, so stalled
-# clients cannot hold threads and sockets in the inference process.
+# A scrape takes milliseconds: a client whose request has not all come within
+# this long of its connection is dropped (a total, not per receive: one
+# trickling a byte at a time would keep its slot for ever), and past this
+# many at once new ones are refused, so stalled clients cannot hold threads
+# and sockets in the inference process.
 CLIENT_TIMEOUT_S = 10.0
 MAX_CLIENTS = 16
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's receiving side that gives up (TimeoutError) once `deadline`
+    (time.monotonic()) has passed, however the bytes trickle in."""
+
+    def __init__(self, sock, deadline: float):
+        self._sock, self._deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took too long")
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(b)
+        finally:
+            self._sock.settimeout(CLIENT_TIMEOUT_S)  # the response's sends keep a whole timeout each
 
 
 def _serve(addr: str, port: int, registry):
@@ -265,7 +290,18 @@ def _serve(addr: str, port: int, registry):
     slots = threading.BoundedSemaphore(MAX_CLIENTS)
 
     class Handler(WSGIRequestHandler):
-        timeout = CLIENT_TIMEOUT_S
+        timeout = CLIENT_TIMEOUT_S  # each send of the response
+
+        def setup(self):
+            super().setup()
+            deadline = time.monotonic() + CLIENT_TIMEOUT_S
+            self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline))
+
+        def handle(self):
+            try:
+                super().handle()
+            except OSError:  # timed out or reset: nothing to answer, nothing to print
+                self.close_connection = True
 
         def log_message(self, format, *args):  # noqa: A002 - the base class's name
             pass
