@@ -69,12 +69,31 @@ def test_path_and_mkfs_loop_are_exclusive_and_one_is_needed():
         ["--mixed", "--mixed-store-lead", "-1"],
         ["--l2-store-task-chunks", "-1"],
         ["--latency-awaited"],  # without --latency
+        ["--total-gb", "nan"],
+        ["--total-gb", "inf"],
+        ["--latency", "--concurrency", "a,b"],
+        ["--concurrency", "0"],
+        ["--queue-depth", "0"],
+        ["--json", "/nonexistent-dir/x.json"],
     ],
 )
 def test_bad_arguments_are_refused(bad):
     p, a = parse("--path", "/x", *bad)
     with pytest.raises(SystemExit):
         bench.check_args(p, a)
+
+
+def test_a_path_whose_parent_is_missing_is_refused_not_made(tmp_path, capsys):
+    """--path may be new (it is made), but not the directories above it: a
+    typo is refused instead of a tree of directories made; one clear line."""
+    typo = tmp_path / "typo" / "dir"
+    p, a = parse("--path", str(typo))
+    with pytest.raises(SystemExit) as e:
+        bench.check_args(p, a)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--path" in err.splitlines()[-1] and not (tmp_path / "typo").exists()
+    p, a = parse("--path", str(tmp_path / "new"))
+    assert bench.check_args(p, a) == bench.check_args(*parse("--path", "/x"))
 
 
 def test_reader_subset_keeps_order():

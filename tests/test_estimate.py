@@ -300,6 +300,34 @@ def test_bad_arguments(argv, capsys):
     assert e.value.code == 2
 
 
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--layers", "-3"], "--layers"),
+        (["--layers", "0"], "--layers"),
+        (["--kv-heads", "0"], "--kv-heads"),
+        (["--head-dim", "-1"], "--head-dim"),
+        (["--chunk", "0"], "--chunk"),
+        (["--tp", "0"], "--tp"),
+        (["--storage-gbps", "-1"], "--storage-gbps"),
+        (["--storage-gbps", "0"], "--storage-gbps"),
+        (["--storage-gbps", "nan"], "--storage-gbps"),
+        (["--link-gbit", "-1"], "--link-gbit"),
+        (["--prefill-tok-s", "-5"], "--prefill-tok-s"),
+        (["--pcie-gbps", "-1"], "--pcie-gbps"),
+        (["--json", "/nonexistent/x.json"], "--json"),
+    ],
+)
+def test_bad_numbers_and_paths_are_one_line_errors_naming_the_flag(argv, flag, capsys):
+    """0 given is not "unset" (before, --tp 0 took the preset's and --layers
+    0 the preset's layers), negatives are refused, and an unwritable --json
+    is said before anything runs (before: a traceback after)."""
+    with pytest.raises(SystemExit) as e:
+        est.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and flag in err.splitlines()[-1] and "Traceback" not in err, err
+
+
 def test_custom_geometry(capsys):
     d = run_json(
         capsys,

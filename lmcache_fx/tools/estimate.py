@@ -339,7 +339,7 @@ def measure_read(
             os.fsync(fd)
         dst = _fxio.HostBuffer(n * size)
         memoryview(dst)[:] = b"\0" * (n * size)  # fault the pages in before timing
-        eng.register_buffer(dst.address, n * size)
+        eng.register_buffer(dst, n * size)
         gbps, cold = [], True
         for _ in range(reps):
             cold = drop_caches() and cold
@@ -571,13 +571,43 @@ def add_arguments(p: argparse.ArgumentParser, command: str = "estimate") -> None
     p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="JSON to FILE (or stdout)")
 
 
+# Flags that must be > 0 when given (an attribute missing or None: not given).
+# --pcie-gbps may be 0 ("ignore"); --overhead-ms 0 is the default.
+POSITIVE = {
+    "layers": "--layers",
+    "kv_heads": "--kv-heads",
+    "head_dim": "--head-dim",
+    "chunk": "--chunk",
+    "tp": "--tp",
+    "storage_gbps": "--storage-gbps",
+    "link_gbit": "--link-gbit",
+    "prefill_tok_s": "--prefill-tok-s",
+}
+
+
+def check_numbers(args) -> None:
+    """ValueError naming the flag of a number that cannot be (0 included: a
+    0 given is not "unset")."""
+    for attr, flag in POSITIVE.items():
+        v = getattr(args, attr, None)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{flag} must be a number > 0 (got {v})")
+    for attr, flag in (("pcie_gbps", "--pcie-gbps"), ("overhead_ms", "--overhead-ms")):
+        v = getattr(args, attr, None)
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"{flag} must be a number >= 0 (got {v})")
+
+
 def inputs_from_args(args) -> Inputs:
+    check_numbers(args)
     ms = models()
     name = args.model or "qwen2.5-32b"
     if name not in ms:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(sorted(ms))} or give the geometry")
     m = ms[name]
-    over = {k: getattr(args, k) for k in ("layers", "kv_heads", "head_dim", "chunk") if getattr(args, k, None)}
+    over = {
+        k: getattr(args, k) for k in ("layers", "kv_heads", "head_dim", "chunk") if getattr(args, k, None) is not None
+    }
     if getattr(args, "kv_dtype", None):
         over["dtype"] = KV_DTYPES[args.kv_dtype]
     if getattr(args, "mla", False):
@@ -587,7 +617,7 @@ def inputs_from_args(args) -> Inputs:
     label = "custom" if custom else (m.name + (f", {args.kv_dtype} KV" if getattr(args, "kv_dtype", None) else ""))
     return Inputs(
         geo=geo,
-        tp=args.tp or m.preset_tp,
+        tp=args.tp if args.tp is not None else m.preset_tp,
         context=args.context,
         hit_rate=args.hit_rate,
         concurrency=args.concurrency,
@@ -612,8 +642,10 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
         parser.error("--hit-rate must be between 0 and 1")
     if args.concurrency < 1:
         parser.error("--concurrency must be >= 1")
-    if getattr(args, "overhead_ms", 0) and args.overhead_ms < 0:
-        parser.error("--overhead-ms must be >= 0")
+    if args.json and args.json != "-":
+        why = _unwritable(args.json)
+        if why:  # said before a --measure run, not after
+            parser.error(f"--json {args.json}: {why}")
     meas = None
     if args.measure:
         if args.storage_gbps:
@@ -633,8 +665,12 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
         if args.json == "-":
             print(text)
             return 0
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+        try:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+        except OSError as e:  # checked above; changed since, or a full disk
+            sys.stderr.write(f"estimate: --json {args.json}: {e.strerror or e}\n")
+            return 1
     out = format_text(res)
     if meas:
         out += (
@@ -646,6 +682,18 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
         )
     print(out)
     return 0
+
+
+def _unwritable(path: str) -> str:
+    """Why a file cannot be written at `path` ("" when it can), without making it."""
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a directory; give a file name"
+    if not os.path.isdir(d):
+        return f"no such directory {d}; create it or give another path"
+    if not os.access(path if os.path.exists(path) else d, os.W_OK):
+        return "permission denied; give a path you can write"
+    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -185,8 +186,17 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
     names = _reader_list(p, args.readers)
     if args.reps < 1:
         p.error("--reps must be >= 1")
-    if args.total_gb <= 0:
-        p.error("--total-gb must be > 0")
+    if not (math.isfinite(args.total_gb) and args.total_gb > 0):
+        p.error(f"--total-gb must be a number of GB > 0 (got {args.total_gb})")
+    if not 1 <= args.queue_depth <= 32768:
+        p.error(f"--queue-depth must be in 1..32768 (got {args.queue_depth})")
+    for flag, text in (("--concurrency", args.concurrency), ("--sweep-qd", getattr(args, "sweep_qd", "1"))):
+        try:
+            ok = all(n >= 1 for n in _ints(text)) and bool(_ints(text))
+        except ValueError:
+            ok = False
+        if not ok:
+            p.error(f"{flag} takes comma-separated whole numbers >= 1, like 1,4,16 (got {text!r})")
     if args.split_bytes % 4096:
         p.error("--split-bytes must be a multiple of 4096")
     if getattr(args, "l2_store_task_chunks", 0) < 0:
@@ -208,7 +218,30 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
         p.error("--devices must be 1..64")
     if args.mkfs_loop is None and args.path is None and devices is None:
         p.error("give --path DIR (a directory on the filesystem to measure), --mkfs-loop SIZE or --devices N (root)")
+    if args.path is not None:
+        # --path itself may be new (it is made), not the directories above it: a typo is not a tree of them.
+        parent = os.path.dirname(os.path.abspath(args.path))
+        if os.path.exists(args.path) and not os.path.isdir(args.path):
+            p.error(f"--path {args.path}: not a directory; give a directory on the filesystem to measure")
+        if not os.path.isdir(parent):
+            p.error(f"--path {args.path}: no such directory {parent}; create it, or give an existing directory")
+    for flag, out in (("--json", args.json), ("--png", getattr(args, "png", None))):
+        why = _unwritable(out) if out else ""
+        if why:  # said now, not after every measurement
+            p.error(f"{flag} {out}: {why}")
     return names
+
+
+def _unwritable(path: str) -> str:
+    """Why a file cannot be written at `path` ("" when it can), without making it."""
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a directory; give a file name"
+    if not os.path.isdir(d):
+        return f"no such directory {d}; create it or give another path"
+    if not os.access(path if os.path.exists(path) else d, os.W_OK):
+        return "permission denied; give a path you can write"
+    return ""
 
 
 def _ints(s: str, conv=int) -> list:
