@@ -747,6 +747,74 @@ def test_close_with_stores_queued_writes_them_before_lmcache_frees_its_pool(tmp_
         assert int(chunks) == 24
 
 
+REMOTE_POOL_FREED_AFTER_READS = """
+import asyncio, os, sys, time
+sys.path.insert(0, {tests!r})
+import torch
+from lmcache_fx.testing import loopfs
+from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, lmcache_engine
+from test_entry_points import backend_of, fx_store_of, remote_config
+
+work = {work!r}
+geo = Geometry(layers=32, kv_heads=8, head_dim=128)  # 32 MiB chunks
+ntok = 8 * geo.chunk
+d = remote_config(os.path.join(work, "s"), cpu_gb=0.4)
+d["chunk_size"] = geo.chunk
+with lmcache_engine(config_from_dict(d, work), geo) as eng:
+    be = backend_of(eng, "remote")
+    st, conn = fx_store_of(be), be.connection.getWrappedConnector()
+    tokens, kv = torch.arange(ntok), KV(geo, ntok, seed=2)
+    eng.store(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
+    end = time.monotonic() + 120
+    while len(st) < 8 or conn.pending_puts():
+        assert time.monotonic() < end, "remote puts still pending"
+        time.sleep(0.01)
+    keys = [k for _, _, k in eng.token_database.process_tokens(tokens=tokens)]
+    sm = eng.storage_manager
+    alloc, engine = sm.storage_backends["LocalCPUBackend"].memory_allocator, st.engine
+    seen = []
+    close_pool = alloc.close
+
+    def close_seen():
+        seen.append(sum(engine.batches_now))
+        close_pool()
+
+    alloc.close = close_seen
+    for attempt in range(20):  # until the close meets a read in flight
+        loopfs.drop_caches()  # root: the reads go to the disk, slower
+        fut = asyncio.run_coroutine_threadsafe(be.batched_get_non_blocking(f"lid-{{attempt}}", keys), sm.loop)
+        end = time.monotonic() + 10
+        while sum(engine.batches_now) == 0 and not fut.done() and time.monotonic() < end:
+            time.sleep(0.0005)
+        if sum(engine.batches_now):
+            break
+        for obj in fut.result(30):
+            obj.ref_count_down()
+    else:
+        print("RESULT none")
+        os._exit(0)
+    sm.close()  # LocalCPUBackend first: the hook, then the pool's close
+    fut.result(30)
+    print("RESULT", seen, flush=True)
+    os._exit(0)  # the engine's own teardown would close its storage manager again
+"""
+
+
+def test_remote_plugin_lets_lmcache_free_its_pool_only_after_reads_into_it_end(tmp_path):
+    """The remote form of the plugin's test (tests/test_plugin.py): LMCache
+    frees its CPU pool before the connector's close, and an async load still
+    reading into the pool wrote into freed memory. The connector's hook that
+    runs before the pool is freed waits for its reads in flight: seen from
+    the pool's close, no batch of its engine is running or queued."""
+    code = REMOTE_POOL_FREED_AFTER_READS.format(tests=os.path.dirname(os.path.abspath(__file__)), work=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300)
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert r.returncode == 0 and line, (r.returncode, r.stderr[-3000:])
+    if line[-1] == "RESULT none":
+        pytest.skip("no read was still in flight when the pool closed (the medium is too fast here)")
+    assert line[-1] == "RESULT [0]"
+
+
 def test_remote_plugin_and_l2_adapter_serve_their_metrics(tmp_path):
     """metrics_port and metrics_addr were accepted by the remote plugin and
     the L2 adapter and then ignored (their stores were in no /metrics at
