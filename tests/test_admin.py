@@ -1152,3 +1152,29 @@ def test_config_with_the_plugin_unlisted_says_to_list_it(capsys, tmp_path):
     rc, out, err = cli(capsys, "stat", "--config", y)
     assert rc == 2 and "storage_plugins does not list 'fx'" in err and "storage_plugins: ['fx']" in err, err
     assert "module_path: lmcache_fx" not in err
+
+
+def test_a_spare_is_one_of_the_stores_temporaries_to_the_tools(tmp_path):
+    """Spares are named <digest>.fxkv.tmp.<pid>.spare<n>.<host>: the tools
+    took them for foreign files ("not an lmcache-fx file"), so fsck --repair
+    and gc never removed a dead process's spares. They are temporaries."""
+    from faults import fxfault as F
+
+    from lmcache_fx.tools import admin
+
+    shm = f"/dev/shm/fx-admin-spare-{os.getpid()}"
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm: spares are kept on memory filesystems only")
+    shutil.rmtree(shm, ignore_errors=True)
+    try:
+        s = F.open_store(shm, max_capacity_gb=0.01)
+        src = F.Chunks()
+        assert s.write([src.item(f"k{i}", 128 * 1024) for i in range(3)]) == [True] * 3
+        assert s.remove("k0") and s.spare_bytes
+        (spare,) = F.tmp_files(shm)
+        assert ".spare" in os.path.basename(spare)
+        sc = admin.scan([shm])
+        assert [t.path for t in sc.temps] == [spare] and not sc.others
+        s.close()
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)

@@ -251,6 +251,69 @@ def test_an_idle_processes_old_spares_are_removed_by_a_peer(shm_dir):
             owner.wait()
 
 
+def test_a_writer_killed_after_taking_a_spare_leaves_the_ledger_at_or_above_the_files(shm_dir):
+    """A batch that takes a spare (moved to one of its temporaries, out of
+    the usage until adopted) and sizes another file first: the ledger
+    written before that sizing left the spare out while its file stayed on
+    disk, so a writer killed there left the shared usage below the files.
+    It counts moved files until they are adopted."""
+    code = (
+        f"import sys; sys.path.insert(0, {HERE!r}); from faults import fxfault as F; "
+        f"s = F.open_store({shm_dir!r}, max_capacity_gb=0.01); src = F.Chunks(); "
+        f"assert s.write([src.item(k, {CHUNK}) for k in {KEYS[:3]!r}]) == [True] * 3; "
+        f"assert s.remove({KEYS[0]!r}) and s.spare_bytes; F.kill_after_first_ftruncate(); "
+        f"s.write([src.item('new-size', {CHUNK + 4096}), src.item('spare-size', {CHUNK})])"
+    )
+    peer = _open(shm_dir)
+    try:
+        p = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(HERE), capture_output=True, timeout=120)
+        assert p.returncode == -9, p.stderr[-2000:]
+        assert len(F.tmp_files(shm_dir)) == 2  # the sized temporary and the spare moved for the second chunk
+        assert peer.usage_bytes >= _on_disk(shm_dir)
+        real_walk = peer._walk
+
+        def walk_then_a_peer_changes_the_ledger(*a, **kw):  # the recompute keeps the ledger, less the dead
+            found = real_walk(*a, **kw)
+            with peer._ledger.hold():
+                peer._ledger.add(0)
+            return found
+
+        peer._walk = walk_then_a_peer_changes_the_ledger
+        peer._recompute()
+        peer._walk = real_walk
+        assert F.tmp_files(shm_dir) == [] and peer.usage_bytes == _on_disk(shm_dir) == 2 * FILE
+    finally:
+        peer.close()
+
+
+def test_spares_a_peer_removed_are_not_taken_off_used_bytes_again(shm_dir):
+    """An idle process whose old spares a peer's walk removed (and took off
+    the shared usage) still counted them in spare_bytes, so used_bytes (what
+    LMCache's get_usage and the metrics report) read below the chunks
+    stored. Spares old enough for a peer to remove are no longer taken off."""
+    s = _open(shm_dir)
+    try:
+        _write(s, KEYS[:4])
+        assert s.remove(KEYS[0]) and s.remove(KEYS[1]) and s.spare_bytes == 2 * FILE
+        assert s.used_bytes == 2 * FILE
+        # time passes, as far as the spares' files and this process's record of them go
+        old = os.path.getmtime(F.tmp_files(shm_dir)[0]) - layout.STALE_SPARE_SECONDS - 10
+        for p in F.tmp_files(shm_dir):
+            os.utime(p, (old, old))
+        for lst in s._spares.values():
+            for sp in lst:
+                sp.at -= layout.STALE_SPARE_SECONDS + 10
+        code = (
+            f"import sys; sys.path.insert(0, {HERE!r}); from faults import fxfault as F; "
+            f"p = F.open_store({shm_dir!r}, max_capacity_gb=0.01); p._recompute(); p.close()"
+        )
+        subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(HERE), check=True, timeout=120)
+        assert F.tmp_files(shm_dir) == [] and s.usage_bytes == 2 * FILE
+        assert s.used_bytes == 2 * FILE
+    finally:
+        s.close()
+
+
 def test_readers_beside_removes_and_writes_that_take_spares_never_see_wrong_bytes(shm_dir):
     """Threads remove chunks and write new keys of the same size (each taking
     a removed chunk's file) while reader threads read random keys, removed

@@ -247,6 +247,53 @@ def test_a_writer_stopped_past_the_stale_age_is_not_taken_off_the_ledger_twice(s
         peer.close()
 
 
+def test_a_temporary_removed_as_stale_before_its_reservation_is_not_reserved(store_dir):
+    """A writer stopped for over STALE_TMP_SECONDS after making its empty
+    temporary but before reserving its bytes: a peer removes it (taking 0
+    bytes off the ledger). Resumed, the writer reserved the chunk's bytes on
+    the unlinked file, and its commit (which skips a temporary removed as
+    stale) left them counted: the ledger a chunk high for good. It is now
+    refused at the reservation; the ledger equals the files."""
+    peer = F.open_store(store_dir)
+    try:
+        src = F.Chunks()
+        assert all(peer.write([src.item(f"before/{i}", 131072) for i in range(2)]))
+        tests = os.path.dirname(os.path.abspath(__file__))
+        code = (
+            f"import sys; sys.path.insert(0, {tests!r}); from faults import fxfault as F\n"
+            f"s = F.open_store({store_dir!r}); src = F.Chunks(); real = s._reserve\n"
+            "def reserve(files):\n"
+            "    print('PREPARED', flush=True); sys.stdin.readline(); return real(files)\n"
+            "s._reserve = reserve\n"
+            "print('RESULT', s.write([src.item('late', 131072)]), flush=True); s.close()\n"
+        )
+        p = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert p.stdout.readline().strip() == "PREPARED", p.stderr.read()
+            (tmp,) = F.tmp_files(store_dir)
+            old = os.path.getmtime(tmp) - layout.STALE_TMP_SECONDS - 60  # as if stopped that long
+            os.utime(tmp, (old, old))
+            peer._recompute()
+            assert F.tmp_files(store_dir) == []
+            so, se = p.communicate("go\n", timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert "RESULT [False]" in so, (so, se[-2000:])
+        assert "was removed as stale while this process was stopped" in se
+        files = F.chunk_files(store_dir)
+        assert len(files) == 2 and peer.usage_bytes == sum(os.path.getsize(f) for f in files)
+    finally:
+        peer.close()
+
+
 # ------------------------------------------------------------------ 2. swap attacks
 def _tree(path) -> dict:
     """Every file under path with its bytes (to see that nothing outside changed)."""

@@ -285,7 +285,7 @@ class Ledger:
                 if stall:
                     self._stuck_token = self.changes()
                     self._stuck_since = self._stuck_since or time.monotonic()
-                self._timed_out(f"another process holds it: {self._holder()}", stall)
+                self._timed_out(lambda: f"another process holds it: {self._holder()}", stall)
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.05)
 
@@ -304,18 +304,23 @@ class Ledger:
         namespace's view): 'pid N (state)', or why that cannot be told."""
         try:
             st = os.fstat(self.fd)
-            ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+            dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
             with open("/proc/locks") as f:
-                pids = [w[4] for w in (line.split() for line in f) if len(w) > 5 and w[1] == "FLOCK" and w[5] == ident]
+                held = [(w[4], w[5]) for w in (line.split() for line in f) if len(w) > 5 and w[1] == "FLOCK"]
         except OSError:
             return "which one cannot be told here"
+        # The device /proc/locks names may not be the one fstat gives (btrfs subvolumes, overlayfs):
+        # by inode alone when no line has both.
+        ino = f":{st.st_ino}"
+        pids = [p for p, i in held if i == dev + ino] or [p for p, i in held if i.endswith(ino)]
         if not pids:
             return "a process this host cannot see (another node or pid namespace)"
         return ", ".join(f"pid {p} ({_proc_state(p)})" for p in pids)
 
-    def _timed_out(self, who: str, stall: bool = True):
+    def _timed_out(self, who, stall: bool = True):
         """Raises LockTimeout; `stall`: a whole wait ran out, so calls for
-        the next LOCK_TIMEOUT seconds wait only STALLED_WAIT."""
+        the next LOCK_TIMEOUT seconds wait only STALLED_WAIT. `who`: a str,
+        or a callable giving it (asked only when the warning is logged)."""
         now = time.monotonic()
         with self._warn_lock:
             self.timeouts += 1
@@ -334,7 +339,7 @@ class Ledger:
                 "lmcache-fx: the store lock was not free within %.1f s (%s); skipping what needed it "
                 "(stores, ledger updates, removals) until it is%s",
                 LOCK_TIMEOUT,
-                who,
+                who() if callable(who) else who,
                 f" ({quiet} more timeouts in the last {_WARN_EVERY:.0f} s not logged)" if quiet else "",
             )
         raise LockTimeout(errno.ETIMEDOUT, "the store lock is held by another process")

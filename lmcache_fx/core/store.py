@@ -52,6 +52,7 @@ from .layout import (
     LOCK_NAME,
     NETWORK_FS_MAGIC,
     SPARE_SEQ_MARK,
+    STALE_SPARE_SECONDS,
     STALE_TMP_SECONDS,
     TMP_MARK,
     FileStat,
@@ -366,7 +367,8 @@ class _WriteFile:
 @dataclass
 class _Spare:
     """A removed chunk's file, moved to a temporary's name of this process
-    (so a walk counts it, and removes it once this process is gone)."""
+    (so a walk counts it, and removes it once this process is gone or the
+    spare is older than STALE_SPARE_SECONDS)."""
 
     path: str
     ident: tuple[int, int]  # (st_dev, st_ino)
@@ -1243,7 +1245,8 @@ class ChunkStore:
     def _expire_spares_locked(self) -> int:
         """Unlinks the spares older than SPARE_SECONDS (ledger held); returns
         the bytes freed. Asked at every removal and every store that could
-        take a spare, so an idle store keeps its spares until the next."""
+        take a spare; an idle store's spares wait for its next, or for any
+        process's walk past STALE_SPARE_SECONDS (layout.tmp_is_stale)."""
         now = time.monotonic()
         return self._drop_spares_locked(lambda sp: now - sp.at > SPARE_SECONDS) if self._spare_bytes else 0
 
@@ -1333,8 +1336,17 @@ class ChunkStore:
     @property
     def spare_bytes(self) -> int:
         """Bytes of this process's spares: in usage_bytes (they hold the
-        space) but the first to go when room is needed."""
-        return self._spare_bytes if self._spares_pid == _PID[0] else 0
+        space) but the first to go when room is needed. Only those younger
+        than STALE_SPARE_SECONDS: an older one another process's walk may
+        have removed (and taken off usage_bytes), so it is not taken off
+        again here (used_bytes may overstate by it, never understate)."""
+        if self._spares_pid != _PID[0] or not self._spare_bytes:
+            return 0
+        old = time.monotonic() - STALE_SPARE_SECONDS
+        spares = list(self._spares.values())  # each list oldest first
+        if all(lst[0].at > old for lst in spares if lst):
+            return self._spare_bytes
+        return sum(sp.size for lst in spares for sp in lst if sp.at > old)
 
     @property
     def used_bytes(self) -> int:
@@ -1439,7 +1451,10 @@ class ChunkStore:
                 os.close(fd)
         if n:
             self.stats.add(evictions=n)
-        self._ledger.put(usage, (self._ledger.get() or (0, time.time()))[1])
+        # Victims moved to temporaries of `reuse` stay on disk until adopted: the ledger keeps them
+        # (a writer killed before adopting leaves it above the files, never below); `usage` does not.
+        moved = sum(f.recycled_size for f in reuse if f.recycled)
+        self._ledger.put(usage + moved, (self._ledger.get() or (0, time.time()))[1])
         self._last_usage = usage
         return usage
 
@@ -1517,13 +1532,18 @@ class ChunkStore:
                         self.options.max_capacity_gb,
                     )
                     continue
+                if f.fd >= 0 and self._removed_as_stale(f):
+                    continue  # made before the reservation, removed meanwhile (by its size then: 0)
                 try:
                     size = self._open_deferred(f) if f.fd < 0 else 0
                     if size != rsize:
                         # Counted before it is sized: a writer killed in between leaves the ledger
                         # above the files (eviction starts early) rather than below (the cap passed:
                         # a dead writer's temporary is taken off at its size when it is removed).
-                        self._ledger.put(usage + rsize, (self._ledger.get() or (0, time.time()))[1])
+                        # Files moved to this batch's temporaries (victims, spares) and not adopted yet
+                        # are on disk but out of `usage` until adopted: counted here too.
+                        moved = sum(g.recycled_size for g in files if g.recycled)
+                        self._ledger.put(usage + rsize + moved, (self._ledger.get() or (0, time.time()))[1])
                         counted_ahead = True
                         # Size the file first: writes inside EOF run in parallel, where
                         # extending O_DIRECT writes are serialised by the filesystem.

@@ -135,7 +135,7 @@ class Scan:
 # digest's fan-out directory, and .tmp.odirect.<pid>[.<host tag>] at a root.
 # A name with TMP_MARK in it that is neither is not the store's: reported as
 # foreign, never removed.
-_FANOUT_TMP = re.compile(r"([0-9a-f]{32})\.fxkv\.tmp\.[0-9]+\.[0-9]+(\.[0-9a-f]{8})?")
+_FANOUT_TMP = re.compile(r"([0-9a-f]{32})\.fxkv\.tmp\.[0-9]+\.(?:spare)?[0-9]+(\.[0-9a-f]{8})?")  # or a spare
 _ROOT_TMP = re.compile(r"\.tmp\.odirect\.[0-9]+(\.[0-9a-f]{8})?")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
