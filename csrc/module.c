@@ -66,6 +66,9 @@ typedef struct {
      * would then read into the old pinned pages) while registered. */
     Py_buffer reg_view;
     int reg_held;
+    /* Serialises register_buffer calls from the ring call to the swap of
+     * reg_view (taken without the GIL; never held while waiting for mu). */
+    pthread_mutex_t reg_mu;
     int max_running; /* 0: no bound */
     int whole;       /* small payloads whole when other submitted batches run or wait */
     int running;
@@ -396,6 +399,7 @@ static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (!self)
         return NULL;
     pthread_mutex_init(&self->mu, NULL);
+    pthread_mutex_init(&self->reg_mu, NULL);
     pthread_cond_init(&self->idle_cv, NULL);
     self->kind = -1;
     self->gen = fx_fork_gen;
@@ -456,6 +460,7 @@ static void Engine_dealloc(EngineObject *self)
     if (!forked) {
         pthread_cond_destroy(&self->idle_cv);
         pthread_mutex_destroy(&self->mu);
+        pthread_mutex_destroy(&self->reg_mu);
     }
     Py_XDECREF(self->fallback_reason);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -542,7 +547,8 @@ static PyObject *Engine_register_buffer(EngineObject *self, PyObject *args)
     PyObject *what;
     unsigned long long addr, len = 0;
     Py_buffer view;
-    int r = -ENOSYS, have_view = 0, len_given = PyTuple_GET_SIZE(args) > 1;
+    Py_buffer old;
+    int r = -ENOSYS, have_view = 0, still, release_old = 0, len_given = PyTuple_GET_SIZE(args) > 1;
 
     if (!PyArg_ParseTuple(args, "O|K", &what, &len))
         return NULL;
@@ -574,20 +580,37 @@ static PyObject *Engine_register_buffer(EngineObject *self, PyObject *args)
             PyBuffer_Release(&view);
         return NULL;
     }
-    if (self->kind == KIND_URING) {
-        Py_BEGIN_ALLOW_THREADS
-        r = fx_uring_register(self->uring, (void *)(uintptr_t)addr, (size_t)len);
-        Py_END_ALLOW_THREADS
+    if (self->kind != KIND_URING) {
+        end_use(self);
+        if (have_view)
+            PyBuffer_Release(&view);
+        return PyLong_FromLong(r);
     }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->reg_mu);
+    r = fx_uring_register(self->uring, (void *)(uintptr_t)addr, (size_t)len);
+    still = fx_uring_registered(self->uring);
+    Py_END_ALLOW_THREADS
     end_use(self);
-    if (self->kind == KIND_URING)
-        release_registered(self); /* the region now holds the new memory, or none */
+    /* Success: the region holds the new memory (or none). A failure may
+     * leave the old registration in place (no ring to register with):
+     * its buffer is held on until the region really changes. Exports are
+     * released after reg_mu (a release may run Python code). */
+    if ((r == 0 || !still) && self->reg_held) {
+        old = self->reg_view;
+        self->reg_held = 0;
+        release_old = 1;
+    }
     if (have_view && r == 0 && len) {
         self->reg_view = view;
         self->reg_held = 1;
-    } else if (have_view) {
-        PyBuffer_Release(&view);
+        have_view = 0;
     }
+    pthread_mutex_unlock(&self->reg_mu);
+    if (release_old)
+        PyBuffer_Release(&old);
+    if (have_view)
+        PyBuffer_Release(&view);
     return PyLong_FromLong(r);
 }
 

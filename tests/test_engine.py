@@ -1471,6 +1471,32 @@ def test_a_registered_buffer_object_is_held_until_cleared(direct_ok, payload, fd
         eng.close()
 
 
+def test_a_failed_registration_keeps_holding_the_buffer_still_registered():
+    """register_buffer(B) that fails before the registration changes (no
+    descriptor for the ring it needs) left A registered but let go of A's
+    buffer: A could be freed under its registration. A is held on until the
+    registration really changes."""
+    eng = fx.Engine(io_engine="io_uring", queue_depth=8)
+    try:
+        a, b = fx.HostBuffer(MiB, hugepages=False), fx.HostBuffer(MiB, hugepages=False)
+        if eng.register_buffer(a) != 0:
+            pytest.skip("io_uring buffer registration refused here (RLIMIT_MEMLOCK?)")
+        refs = sys.getrefcount(a)
+        low = os.open("/dev/null", os.O_RDONLY)  # the lowest free descriptor: none left above it
+        os.close(low)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        try:
+            r = eng.register_buffer(b)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert r < 0 and eng.registered  # still A's pages
+        assert sys.getrefcount(a) == refs  # still held for it
+        assert eng.register_buffer(0, 0) == 0 and sys.getrefcount(a) == refs - 1
+    finally:
+        eng.close()
+
+
 def test_init_again_on_a_closed_engine_is_refused():
     """__init__ on a closed Engine started its threads again under an engine
     every call refuses (freed only by another close)."""
