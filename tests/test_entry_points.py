@@ -748,10 +748,10 @@ def test_close_with_stores_queued_writes_them_before_lmcache_frees_its_pool(tmp_
 
 
 REMOTE_POOL_FREED_AFTER_READS = """
-import asyncio, os, sys, time
+import os, sys, time
 sys.path.insert(0, {tests!r})
 import torch
-from lmcache_fx.testing import loopfs
+from faults import fxfault as F
 from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, lmcache_engine
 from test_entry_points import backend_of, fx_store_of, remote_config
 
@@ -770,32 +770,7 @@ with lmcache_engine(config_from_dict(d, work), geo) as eng:
         assert time.monotonic() < end, "remote puts still pending"
         time.sleep(0.01)
     keys = [k for _, _, k in eng.token_database.process_tokens(tokens=tokens)]
-    sm = eng.storage_manager
-    alloc, engine = sm.storage_backends["LocalCPUBackend"].memory_allocator, st.engine
-    seen = []
-    close_pool = alloc.close
-
-    def close_seen():
-        seen.append(sum(engine.batches_now))
-        close_pool()
-
-    alloc.close = close_seen
-    for attempt in range(20):  # until the close meets a read in flight
-        loopfs.drop_caches()  # root: the reads go to the disk, slower
-        fut = asyncio.run_coroutine_threadsafe(be.batched_get_non_blocking(f"lid-{{attempt}}", keys), sm.loop)
-        end = time.monotonic() + 10
-        while sum(engine.batches_now) == 0 and not fut.done() and time.monotonic() < end:
-            time.sleep(0.0005)
-        if sum(engine.batches_now):
-            break
-        for obj in fut.result(30):
-            obj.ref_count_down()
-    else:
-        print("RESULT none")
-        os._exit(0)
-    sm.close()  # LocalCPUBackend first: the hook, then the pool's close
-    fut.result(30)
-    print("RESULT", seen, flush=True)
+    print("RESULT", F.close_lmcache_during_a_read(eng, be, st.engine, keys) or "none", flush=True)
     os._exit(0)  # the engine's own teardown would close its storage manager again
 """
 

@@ -598,10 +598,10 @@ def test_a_lookup_id_used_again_unpins_each_key_once(tmp_path):
 
 
 POOL_FREED_AFTER_READS = """
-import asyncio, os, sys, time
-os.environ["LMCACHE_TRACK_USAGE"] = "false"
+import os, sys
+sys.path.insert(0, {tests!r})
 import torch
-from lmcache_fx.testing import loopfs
+from faults import fxfault as F
 from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine, store_and_wait
 
 work = {work!r}
@@ -612,32 +612,7 @@ with lmcache_engine(cfg, geo) as eng:
     be = fx_backend(eng)
     store_and_wait(eng, torch.arange(ntok), KV(geo, ntok, seed=2), be)
     keys = [k for _, _, k in eng.token_database.process_tokens(tokens=torch.arange(ntok))]
-    sm = eng.storage_manager
-    alloc, engine = sm.storage_backends["LocalCPUBackend"].memory_allocator, be.store.engine
-    seen = []
-    close_pool = alloc.close
-
-    def close_seen():
-        seen.append(sum(engine.batches_now))
-        close_pool()
-
-    alloc.close = close_seen
-    for attempt in range(20):  # until the close meets a read in flight
-        loopfs.drop_caches()  # root: the reads go to the disk, slower
-        fut = asyncio.run_coroutine_threadsafe(be.batched_get_non_blocking(f"lid-{{attempt}}", keys), sm.loop)
-        end = time.monotonic() + 10
-        while sum(engine.batches_now) == 0 and not fut.done() and time.monotonic() < end:
-            time.sleep(0.0005)
-        if sum(engine.batches_now):
-            break
-        for obj in fut.result(30):
-            obj.ref_count_down()
-    else:
-        print("RESULT none")
-        os._exit(0)
-    sm.close()  # LocalCPUBackend first: the hook, then the pool's close
-    fut.result(30)
-    print("RESULT", seen, flush=True)
+    print("RESULT", F.close_lmcache_during_a_read(eng, be, be.store.engine, keys) or "none", flush=True)
     os._exit(0)  # the engine's own teardown would close its storage manager again
 """
 
@@ -649,7 +624,7 @@ def test_lmcache_frees_its_pool_only_after_reads_into_it_end(tmp_path):
     before the pool is freed now also waits for the plugin's reads in flight
     (its engine closes, so later reads are misses). Seen from the pool's
     close: no batch of the plugin's engine is running or queued then."""
-    code = POOL_FREED_AFTER_READS.format(work=str(tmp_path))
+    code = POOL_FREED_AFTER_READS.format(tests=os.path.dirname(os.path.abspath(__file__)), work=str(tmp_path))
     env = {**os.environ, "LMCACHE_TRACK_USAGE": "false"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]

@@ -162,19 +162,7 @@ def test_writer_killed_right_after_sizing_a_temporary_leaves_no_undercount(store
         on_disk = sum(os.path.getsize(f) for f in F.chunk_files(store_dir) + tmps)
         assert peer.usage_bytes >= on_disk
 
-        # A recompute whose walk another process's ledger change overtook: it keeps the ledger and takes the
-        # dead writer's temporary off it (the path that made an uncounted temporary an undercount).
-        real_walk = peer._walk
-
-        def walk_then_a_peer_changes_the_ledger(*a, **kw):
-            found = real_walk(*a, **kw)
-            with peer._ledger.hold():
-                peer._ledger.add(0)
-            return found
-
-        peer._walk = walk_then_a_peer_changes_the_ledger
-        peer._recompute()
-        peer._walk = real_walk
+        F.recompute_overtaken(peer)  # keeps the ledger, less the dead writer's temporaries
         assert F.tmp_files(store_dir) == []
         assert peer.usage_bytes == sum(os.path.getsize(f) for f in F.chunk_files(store_dir))
     finally:

@@ -56,6 +56,19 @@ def _unescape(s: str) -> str:
     return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
+def unwritable(path: str) -> str:
+    """Why a file cannot be written at `path` ("" when it can), without
+    making it: asked before a command's work, not after."""
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a directory; give a file name"
+    if not os.path.isdir(d):
+        return f"no such directory {d}; create it or give another path"
+    if not os.access(path if os.path.exists(path) else d, os.W_OK):
+        return "permission denied; give a path you can write"
+    return ""
+
+
 def quiet_broken_pipe() -> int:
     """`lmcache-fx ls | head`: stop quietly when the reader goes away."""
     fd = os.open(os.devnull, os.O_WRONLY)

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
+from .common import unwritable
 from .models import GB, MIB, PRESETS, Geometry, parse_size
 
 KIB = 1 << 10
@@ -643,7 +644,7 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
     if args.concurrency < 1:
         parser.error("--concurrency must be >= 1")
     if args.json and args.json != "-":
-        why = _unwritable(args.json)
+        why = unwritable(args.json)
         if why:  # said before a --measure run, not after
             parser.error(f"--json {args.json}: {why}")
     meas = None
@@ -682,18 +683,6 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
         )
     print(out)
     return 0
-
-
-def _unwritable(path: str) -> str:
-    """Why a file cannot be written at `path` ("" when it can), without making it."""
-    d = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return "is a directory; give a file name"
-    if not os.path.isdir(d):
-        return f"no such directory {d}; create it or give another path"
-    if not os.access(path if os.path.exists(path) else d, os.W_OK):
-        return "permission denied; give a path you can write"
-    return ""
 
 
 def build_parser() -> argparse.ArgumentParser:

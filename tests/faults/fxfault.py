@@ -145,6 +145,64 @@ def reads_until(store: ChunkStore, keys, stop, seed: int, hits: list, wrong: lis
             time.sleep(pause)
 
 
+def recompute_overtaken(store: ChunkStore) -> None:
+    """store's periodic recompute, with another process's ledger change
+    landing during its walk: it keeps the ledger and only takes the dead
+    writers' temporaries it removes off it (the path where a temporary the
+    ledger did not count became an undercount)."""
+    real_walk = store._walk
+
+    def walk_then_a_peer_changes_the_ledger(*a, **kw):
+        found = real_walk(*a, **kw)
+        with store._ledger.hold():
+            store._ledger.add(0)
+        return found
+
+    store._walk = walk_then_a_peer_changes_the_ledger
+    try:
+        store._recompute()
+    finally:
+        store._walk = real_walk
+
+
+def close_lmcache_during_a_read(eng, backend, engine, keys, attempts: int = 20):
+    """Starts async loads of `keys` through `backend` (a storage plugin of
+    LMCacheEngine `eng`) until one is in flight on `engine`, then closes
+    LMCache's storage manager (its CPU tier first: the hook run before the
+    pool is freed, then the pool's close). Returns [batches of `engine`
+    running or queued when the pool closed], or None when no load was ever
+    seen in flight. Root: the page cache is dropped before each try."""
+    import asyncio
+
+    from lmcache_fx.testing import loopfs
+
+    sm = eng.storage_manager
+    alloc = sm.storage_backends["LocalCPUBackend"].memory_allocator
+    seen: list = []
+    close_pool = alloc.close
+
+    def close_seen():
+        seen.append(sum(engine.batches_now))
+        close_pool()
+
+    alloc.close = close_seen
+    for attempt in range(attempts):
+        loopfs.drop_caches()  # the reads go to the disk, slower
+        fut = asyncio.run_coroutine_threadsafe(backend.batched_get_non_blocking(f"lid-{attempt}", keys), sm.loop)
+        end = time.monotonic() + 10
+        while sum(engine.batches_now) == 0 and not fut.done() and time.monotonic() < end:
+            time.sleep(0.0005)
+        if sum(engine.batches_now):
+            break
+        for obj in fut.result(30):
+            obj.ref_count_down()
+    else:
+        return None
+    sm.close()
+    fut.result(30)
+    return seen
+
+
 def open_store(path: str, **opts) -> ChunkStore:
     o = FxOptions.from_mapping({"path": path, **opts})
     return ChunkStore(o)

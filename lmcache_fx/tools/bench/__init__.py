@@ -29,6 +29,7 @@ import sys
 from contextlib import ExitStack, contextmanager
 from typing import Optional, Sequence
 
+from ..common import unwritable
 from ..models import GB, MIB, PRESETS, Geometry, parse_size
 from . import readers
 from .readers import lmcache_engine
@@ -226,22 +227,10 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
         if not os.path.isdir(parent):
             p.error(f"--path {args.path}: no such directory {parent}; create it, or give an existing directory")
     for flag, out in (("--json", args.json), ("--png", getattr(args, "png", None))):
-        why = _unwritable(out) if out else ""
+        why = unwritable(out) if out else ""
         if why:  # said now, not after every measurement
             p.error(f"{flag} {out}: {why}")
     return names
-
-
-def _unwritable(path: str) -> str:
-    """Why a file cannot be written at `path` ("" when it can), without making it."""
-    d = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return "is a directory; give a file name"
-    if not os.path.isdir(d):
-        return f"no such directory {d}; create it or give another path"
-    if not os.access(path if os.path.exists(path) else d, os.W_OK):
-        return "permission denied; give a path you can write"
-    return ""
 
 
 def _ints(s: str, conv=int) -> list:
