@@ -340,7 +340,7 @@ class L2Reader(Reader):
 
 class FsNativeReader(L2Reader):
     """LMCache's C++ filesystem L2 adapter, configured as its docs advise
-    for speed: use_odirect on, num_workers (4 by default, --fs-native-workers)."""
+    for speed: use_odirect on, num_workers (the bench's --fs-native-workers)."""
 
     name = "fs_native"
     label = "LMCache fs_native (L2)"

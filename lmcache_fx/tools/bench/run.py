@@ -286,7 +286,8 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
         lat_steps = len(live) * len(cfg.concurrency) * cfg.latency_rounds if cfg.latency else 0
         prog = Progress(cfg.reps * len(live) + lat_steps, quiet)
         for rep in range(cfg.reps):
-            for r in live:  # interleaved: A B C A B C ...
+            k = rep % len(live)
+            for r in live[k:] + live[:k]:  # interleaved, the order rotated every rep: A B C, B C A, ...
                 entry = results["readers"][r.name]
                 try:
                     res = r.run_rep(rep)
