@@ -597,6 +597,42 @@ def test_cancel_mid_batch(store_dir):
     assert landed == 0
 
 
+def test_a_read_whose_coroutine_is_closed_releases_every_handle(store_dir):
+    """An awaited read whose coroutine is closed mid-batch (its task
+    destroyed with its loop: GeneratorExit, neither a cancel nor an error)
+    waited for the batch, but its handles were never released: the read
+    generator was left to the collector (LMCache's objects were freed by its
+    own safety net, each with a warning). Every handle is released now, and
+    the store's reads-in-flight count is back to 0."""
+    n, size = 16, 2 << 20
+    s = F.open_store(store_dir)
+    src = F.Chunks()
+    keys = [f"closed/{i}" for i in range(n)]
+    assert all(s.write([src.item(k, size) for k in keys]))
+    slow = F.open_store(store_dir, queue_depth=1, split_bytes=4096)  # 4 KiB pieces one at a time
+    t = Tracker()
+    loop = asyncio.new_event_loop()
+    try:
+        coro = slow.read_async(keys, t.allocate, t.release)
+
+        async def start():
+            task = loop.create_task(coro)
+            while t.allocated < n:
+                await asyncio.sleep(0.0005)
+            return task
+
+        loop.run_until_complete(start())
+    finally:
+        loop.close()  # the task left pending, as at a loop's shutdown
+    coro.close()  # what destroying the task does: GeneratorExit into the read
+    try:
+        assert t.allocated == n and t.released == n
+        assert slow._ledger.reads_in_flight() == 0
+    finally:
+        slow.close()
+        s.close()
+
+
 # ------------------------------------------------------------------ 5. a good chunk renamed in meanwhile
 def test_damaged_chunk_removal_spares_a_replacement(store_dir, tmp_path):
     s = F.open_store(store_dir)

@@ -216,6 +216,7 @@ async def drive_async(engine, gen, release) -> list:
                 # here before the generator's finally closes the batch's files.
                 if batch is not None:
                     _wait_out(batch)
+                _abandon(gen, release)
                 raise
             step = gen.send(res)
     except StopIteration as stop:
@@ -228,6 +229,24 @@ async def drive_async(engine, gen, release) -> list:
                 release(h)
         raise cancelled
     return out
+
+
+def _abandon(gen, release) -> None:
+    """A read whose coroutine closes without awaiting (its batch waited out):
+    the generator is told the read was cancelled, so it closes its files and
+    hands back every handle, released here; left to the collector, it never
+    handed them back (LMCache's objects were freed by its own safety net,
+    with a warning each)."""
+    try:
+        gen.throw(ReadCancelled("the read's coroutine was closed"))
+    except StopIteration as stop:
+        out, failed = stop.value
+        for h in list(failed) + [h for h in out if h is not None]:
+            release(h)
+        return
+    except Exception:
+        return  # a generator that does not take the cancel: it has ended (its finally ran)
+    gen.close()  # it went on to another step: nothing more can run
 
 
 _engine_warned: set[str] = set()
