@@ -3739,6 +3739,99 @@ def test_round_at_b886275_on_the_intel_host_is_the_committed_json(monkeypatch):
     assert f"put that p50 at {_span(nv_p50('4'))} and {_span(nv_p50('16'))}" in readme
 
 
+def test_check_round_at_183af1e_is_the_committed_json():
+    """The check round at 183af1e (the package at the stop after b886275, a
+    tier's lookup timed with its gets, the readers' order rotated): its
+    tables on the page are bench_tables' over the committed runs (each clean
+    at 183af1e), and every figure the page and the README quote is
+    recomputed from them and from the round at b886275: reads ahead in all
+    15 runs by less, the host slower, stores on XFS behind, the 2 MiB tail
+    over the 2x line in two runs of three."""
+    mod = _bench_tables()
+    page = " ".join(_page().split())
+    readme = _readme_flat()
+    folder = os.path.join(ROOT, "docs", "bench-repeats", "round-183af1e")
+    runs, then = _main_round("round-183af1e", "183af1e"), _main_round("round-b886275", "b886275")
+    assert not any(d["git_commit"].endswith("+dirty") for rs in runs.values() for d in rs)
+    cases = [(label, [os.path.join(folder, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
+    assert " ".join(mod.readme_tables(cases).split()) in page
+    lat_cases = [
+        (f"{s} MiB, run {r}", os.path.join(folder, f"lat-{s}m-run{r}.json")) for s in (64, 2) for r in (1, 2, 3)
+    ]
+    assert " ".join(mod.latency_rounds_table(lat_cases).split()) in page
+    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
+
+    def sm(vs, fmt="{:.2f}"):
+        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
+
+    reads = {c: _round_ratios(runs, c, "fx", "tier_read") for c in xfs + mem}
+    assert min(v for vs in reads.values() for v in vs) > 1  # ahead in all 15
+    meds = [statistics.median(reads[c]) for c in xfs + mem]
+    old = [statistics.median(_round_ratios(then, c, "fx", "tier_read")) for c in xfs + mem]
+    assert all(m < o for m, o in zip(meds, old))  # by less
+    r64, r10, r2, t64, t2 = (sm(reads[c]) for c in xfs + mem)
+    assert (
+        f"**Reads: fx ahead in 15 runs of 15** again, by less: XFS {r64} at 64 MiB, {r10} at 10 MiB, {r2} at 2 MiB; "
+        f"tmpfs {t64} and {t2} (medians at `b886275`: " + ", ".join(f"{o:.2f}×" for o in old) + ")" in page
+    )  # fmt: skip
+    assert (
+        "fx read ahead of the best peer in all 15 runs again, by less: XFS medians "
+        f"{meds[0]:.2f}×, {meds[1]:.2f}× and {meds[2]:.2f}× at 64, 10 and 2 MiB, tmpfs {meds[3]:.2f}× and "
+        f"{meds[4]:.2f}×" in readme
+    )
+    peers = ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
+
+    def best(rnd):
+        vs = [max(d["readers"][n]["median"]["tier_read_gbps"] for n in peers) for c in xfs for d in rnd[c]]
+        return f"{min(vs):.2f}–{max(vs):.2f}"
+
+    now, before = best(runs), best(then)
+    assert f"the best peer read XFS at {now} GB/s, against {before} in the round at `b886275`" in page
+    assert f"the best peer read XFS at {now} GB/s ({before} in the round above)" in readme
+    nv = sm(_round_ratios(runs, "xfs-2m", "fx-noverify", "tier_cpu"), "{:.1f}")
+    nv_then = sm(_round_ratios(then, "xfs-2m", "fx-noverify", "tier_cpu"), "{:.1f}")
+    assert f"{nv} the lowest peer's at 2 MiB, against {nv_then} at `b886275`" in page
+    eng = {c: _round_ratios(runs, c, "fx", "store_same_level") for c in xfs}
+    sl2 = {c: _round_ratios(runs, c, "fx-l2", "store_same_level") for c in xfs}
+    assert max(v for vs in eng.values() for v in vs) < 1  # behind
+    assert (
+        "through LMCache's engine " + ", ".join(sm(eng[c]) for c in xfs[:2]) + f" and {sm(eng['xfs-2m'])} the best "
+        "engine-level tier at 64, 10 and 2 MiB; fx-l2 " + ", ".join(sm(sl2[c]) for c in xfs[:2])
+        + f" and {sm(sl2['xfs-2m'])} the best L2 adapter" in page
+    )  # fmt: skip
+    every_eng = [v for vs in eng.values() for v in vs]
+    assert f"Stores through LMCache's engine on XFS {_span(every_eng)} the best tier" in readme
+    lat = {}
+    for label, path in lat_cases:
+        with open(path) as f:
+            d = json.load(f)
+        assert d["git_commit"] == runs["xfs-64m"][0]["git_commit"] and d["config"]["latency_awaited"], label
+        for e in d["readers"].values():
+            for v in e["latency"].values():
+                assert v["host_steal_share"] < 0.01 and all(r["misses"] == 0 for r in v["rounds"]), label
+        lat.setdefault(int(label.split()[0]), []).append(d)
+
+    def a(s, c):
+        return [d["readers"]["fx"]["latency"][c]["p99_over_p50"] for d in lat[s]]
+
+    def p(s, c):
+        return [_fx_p50_over_best(d["readers"], c) for d in lat[s]]
+
+    over = sum(v > 2 for v in a(2, "4"))
+    assert over == 2 and max(a(64, "4") + a(64, "16")) < 2
+    assert (
+        f"at 64 MiB fx's p99 is {_span(a(64, '4') + a(64, '16'))} its p50 with 4 and 16 in flight and its p50 "
+        f"{_span(p(64, '4') + p(64, '16'))} the best tier's; at 2 MiB its p99 is {_span(a(2, '4'))} its p50 with 4 in "
+        f"flight (over the 2× target in {over} runs of 3) and {_span(a(2, '16'))} with 16, its p50 "
+        f"{_span(p(2, '4'))} and {_span(p(2, '16'))} the best tier's" in page
+    )
+    assert (
+        f"at 2 MiB fx's p99 was {_span(a(2, '4'))} its p50 with 4 in flight, over the 2× target in 2 runs of 3"
+        in readme
+    )
+    assert f"in the check round at `183af1e` {_span(a(2, '4'))}, over the target in 2 runs of 3" in readme
+
+
 def test_round_at_3088c95_on_the_intel_host_is_the_committed_json(monkeypatch):
     """The round at 3088c95 on the Intel host: the tables the README gave
     until the round at b886275 (kept in docs/bench-history.md) and the
