@@ -3552,6 +3552,24 @@ def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
 ROUND_3088C95 = os.path.join(ROOT, "docs", "bench-repeats", "round-3088c95")
 
 
+def _latency_runs(folder: str, git_commit: str) -> tuple[list[tuple[str, str]], dict[int, list[dict]]]:
+    """The latency cases of a main round (runs 1-3 at 64 and 2 MiB under
+    folder) as bench_tables' (label, path) list, and the runs by chunk MiB;
+    each asserted awaited, from `git_commit`, with no round missing a chunk
+    and under 1 % of the host's time stolen."""
+    cases = [(f"{s} MiB, run {r}", os.path.join(folder, f"lat-{s}m-run{r}.json")) for s in (64, 2) for r in (1, 2, 3)]
+    lat: dict[int, list[dict]] = {64: [], 2: []}
+    for label, path in cases:
+        with open(path) as f:
+            d = json.load(f)
+        assert d["git_commit"] == git_commit and d["config"]["latency_awaited"], label
+        for e in d["readers"].values():
+            for v in e["latency"].values():
+                assert v["host_steal_share"] < 0.01 and all(r["misses"] == 0 for r in v["rounds"]), label
+        lat[int(label.split()[0])].append(d)
+    return cases, lat
+
+
 ROUND_B886275 = os.path.join(ROOT, "docs", "bench-repeats", "round-b886275")
 
 
@@ -3677,19 +3695,8 @@ def test_round_at_b886275_on_the_intel_host_is_the_committed_json(monkeypatch):
         "best L2 adapter" in readme
     )
     # latency
-    cases = [
-        (f"{s} MiB, run {r}", os.path.join(ROUND_B886275, f"lat-{s}m-run{r}.json")) for s in (64, 2) for r in (1, 2, 3)
-    ]
+    cases, lat = _latency_runs(ROUND_B886275, runs["xfs-64m"][0]["git_commit"])
     assert mod.latency_rounds_table(cases) in page
-    lat: dict = {64: [], 2: []}
-    for label, path in cases:
-        with open(path) as f:
-            d = json.load(f)
-        assert d["git_commit"] == runs["xfs-64m"][0]["git_commit"] and d["config"]["latency_awaited"], label
-        for e in d["readers"].values():
-            for v in e["latency"].values():
-                assert v["host_steal_share"] < 0.01 and all(r["misses"] == 0 for r in v["rounds"]), label
-        lat[int(label.split()[0])].append(d)
 
     def a(s, c, n="fx"):
         return [d["readers"][n]["latency"][c]["p99_over_p50"] for d in lat[s]]
@@ -3755,9 +3762,7 @@ def test_check_round_at_183af1e_is_the_committed_json():
     assert not any(d["git_commit"].endswith("+dirty") for rs in runs.values() for d in rs)
     cases = [(label, [os.path.join(folder, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
     assert " ".join(mod.readme_tables(cases).split()) in page
-    lat_cases = [
-        (f"{s} MiB, run {r}", os.path.join(folder, f"lat-{s}m-run{r}.json")) for s in (64, 2) for r in (1, 2, 3)
-    ]
+    lat_cases, lat = _latency_runs(folder, runs["xfs-64m"][0]["git_commit"])
     assert " ".join(mod.latency_rounds_table(lat_cases).split()) in page
     xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
 
@@ -3801,15 +3806,6 @@ def test_check_round_at_183af1e_is_the_committed_json():
     )  # fmt: skip
     every_eng = [v for vs in eng.values() for v in vs]
     assert f"Stores through LMCache's engine on XFS {_span(every_eng)} the best tier" in readme
-    lat = {}
-    for label, path in lat_cases:
-        with open(path) as f:
-            d = json.load(f)
-        assert d["git_commit"] == runs["xfs-64m"][0]["git_commit"] and d["config"]["latency_awaited"], label
-        for e in d["readers"].values():
-            for v in e["latency"].values():
-                assert v["host_steal_share"] < 0.01 and all(r["misses"] == 0 for r in v["rounds"]), label
-        lat.setdefault(int(label.split()[0]), []).append(d)
 
     def a(s, c):
         return [d["readers"]["fx"]["latency"][c]["p99_over_p50"] for d in lat[s]]
