@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -55,6 +56,29 @@ log = logging.getLogger("lmcache_fx")
 # of less than one whole chunk of per-layer keys) it unpins them itself and no
 # load comes, so the record is dropped after this long.
 LOOKUP_PINS_KEPT_S = 600.0
+
+
+class _LookupPins:
+    """The keys an async lookup pinned (its load unpins those it was asked
+    to load), and those of them LMCache unpinned itself meanwhile."""
+
+    __slots__ = ("at", "keys", "_left")
+
+    def __init__(self, at: float, keys: list):
+        self.at = at
+        self.keys = keys
+        self._left = Counter(keys)  # pins of each key not yet released by LMCache
+
+    def released_one(self, key) -> bool:
+        """Notes one of LMCache's unpins of `key` here; False when none of this record's is left."""
+        if self._left.get(key, 0) <= 0:
+            return False
+        self._left[key] -= 1
+        return True
+
+    def unreleased(self) -> list:
+        """Each key once per pin of it still held for this lookup."""
+        return list(self._left.elements())
 
 
 class FxStorageBackend(StoragePluginInterface):
@@ -128,7 +152,8 @@ class FxStorageBackend(StoragePluginInterface):
         self._put_lock = threading.Lock()
         self._put_keys: set[CacheEngineKey] = set()
         self._pool_gone = False  # LMCache's CPU pool is freed (or being freed): no store can read it
-        self._lookup_pins: dict[str, tuple[float, list[CacheEngineKey]]] = {}  # lookup id -> (when, keys)
+        self._lookup_pins: dict[str, _LookupPins] = {}  # async lookup id -> the pins its load releases
+        self._pins_lock = threading.Lock()  # _lookup_pins: LMCache's loop, and unpin() from any thread
         self._writes: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name=f"lmcache-fx-writer-{self.name}", daemon=True)
         self._writer.start()
@@ -168,11 +193,21 @@ class FxStorageBackend(StoragePluginInterface):
         if pin and n:
             # LMCache sends no unpin after an async load: remember and release.
             now = time.monotonic()
-            for old in [i for i, (t, _) in self._lookup_pins.items() if now - t > LOOKUP_PINS_KEPT_S]:
-                del self._lookup_pins[old]  # no load came: LMCache unpinned them (nothing left whole)
-            # A record still here under this id is of a lookup that loaded nothing (no whole chunk),
-            # whose pins LMCache released itself: replaced, not added to (its load would unpin twice).
-            self._lookup_pins[lookup_id] = (now, list(keys[:n]))
+            with self._pins_lock:
+                gone = [
+                    self._lookup_pins.pop(i)
+                    for i, r in list(self._lookup_pins.items())
+                    if now - r.at > LOOKUP_PINS_KEPT_S
+                ]
+                # A record still here under this id is of a lookup whose load never ran (nothing whole,
+                # or cancelled before it started): replaced, not added to (its load would unpin twice).
+                old = self._lookup_pins.pop(lookup_id, None)
+                self._lookup_pins[lookup_id] = _LookupPins(now, list(keys[:n]))
+            # What no load and no unpin of LMCache's released (a load cancelled before it started: its
+            # finally never ran) is released here, or it would stay pinned for good.
+            for r in gone + ([old] if old is not None else []):
+                for k in r.unreleased():
+                    self.store.unpin(k.to_string())
         return n
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
@@ -183,6 +218,13 @@ class FxStorageBackend(StoragePluginInterface):
         return self.store.pin(key.to_string())
 
     def unpin(self, key: CacheEngineKey) -> bool:
+        # LMCache unpins the keys of an async lookup it rounds off (per-layer keys of a partial chunk)
+        # right after the lookup: noted on the newest record holding the key, so a record whose load
+        # never runs releases only what is still pinned for it.
+        with self._pins_lock:
+            for r in reversed(self._lookup_pins.values()):
+                if r.released_one(key):
+                    break
         return self.store.unpin(key.to_string())
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
@@ -241,7 +283,9 @@ class FxStorageBackend(StoragePluginInterface):
             # partial chunk, rounded off) it unpins itself, and unpinning them again would drop
             # another request's pin.
             asked = set(keys)
-            for k in self._lookup_pins.pop(lookup_id, (0.0, []))[1]:
+            with self._pins_lock:
+                rec = self._lookup_pins.pop(lookup_id, None)
+            for k in rec.keys if rec is not None else ():
                 if k in asked:
                     self.store.unpin(k.to_string())
         return hit_prefix(objs)

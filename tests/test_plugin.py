@@ -3,6 +3,7 @@ YAML exactly as a user writes it, with local_cpu: false so every retrieve
 reads the fx tier."""
 
 import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -501,8 +502,7 @@ def test_layerwise_async_lookup_leaves_other_requests_pins(tmp_path):
         be.store.unpin(other)
         lookup("req-2", [keys[0], keys[3]], [0, 512])
         assert be.store._pins == {} and list(be._lookup_pins) == ["req-2"]
-        when, _ = be._lookup_pins["req-2"]
-        be._lookup_pins["req-2"] = (when - lmcache_plugin.LOOKUP_PINS_KEPT_S - 1, be._lookup_pins["req-2"][1])
+        be._lookup_pins["req-2"].at -= lmcache_plugin.LOOKUP_PINS_KEPT_S + 1
         lookup("req-3", [keys[0], keys[3]], [0, 512])
         assert "req-2" not in be._lookup_pins
 
@@ -560,6 +560,53 @@ def test_a_chunk_larger_than_lmcaches_pool_is_a_miss_not_a_wait(tmp_path):
         obj, addr, n = allocate_from(cpu, small)
         assert n == 2 * 4 * 256 * 128 * 2 and addr
         obj.ref_count_down()
+
+
+def test_a_load_cancelled_before_it_starts_leaves_no_pin_for_good(tmp_path):
+    """An async lookup pins its chunks and the load releases them in its
+    finally; a load task cancelled before its first step (asyncio.wait_for
+    with no time left, or cancel() right after create_task) never runs that
+    finally, and its record was swept after LOOKUP_PINS_KEPT_S without
+    unpinning: the chunks stayed pinned (never evictable) for good. The
+    sweep releases what no load and no unpin of LMCache's released; a
+    record of the same id is released when it is replaced."""
+
+    from lmcache_fx import lmcache_plugin
+
+    geo = GEOMETRIES["bf16-gqa"]
+    cfg = config_from_dict({**fx_config(tmp_path / "s", cpu_gb=0.05), "enable_async_loading": True}, tmp_path)
+    with lmcache_engine(cfg, geo, async_lookup=True) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, torch.arange(768), KV(geo, 768, seed=1), be)  # three chunks
+        keys = [k for _, _, k in eng.token_database.process_tokens(tokens=torch.arange(768))]
+        loop = eng.storage_manager.loop
+
+        def on_loop(coro):
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
+
+        async def cancelled_before_start(lookup_id):
+            n = await be.batched_async_contains(lookup_id, keys, pin=True)
+            task = asyncio.ensure_future(be.batched_get_non_blocking(lookup_id, keys[:n]))
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return n
+
+        assert on_loop(cancelled_before_start("req-A")) == 3
+        assert sum(be.store._pins.values()) == 3  # held: no load ran to release them
+        assert on_loop(cancelled_before_start("req-A")) == 3  # the same id again: the first record's released
+        assert sum(be.store._pins.values()) == 3
+        be._lookup_pins["req-A"].at -= lmcache_plugin.LOOKUP_PINS_KEPT_S + 1
+
+        async def lookup_and_load(lookup_id):
+            n = await be.batched_async_contains(lookup_id, keys, pin=True)  # sweeps the expired record
+            objs = await be.batched_get_non_blocking(lookup_id, keys[:n])
+            for o in objs:
+                o.ref_count_down()
+            return len(objs)
+
+        assert on_loop(lookup_and_load("req-B")) == 3
+        assert be.store._pins == {} and be._lookup_pins == {}
 
 
 def test_a_lookup_id_used_again_unpins_each_key_once(tmp_path):
