@@ -1008,6 +1008,37 @@ def test_fsck_stopped_midway_waits_for_its_reads(tmp_path):
     assert r.returncode == 0 and "survived" in r.stdout, (r.returncode, r.stderr[-2000:])
 
 
+def test_fsck_stopped_at_a_verdict_leaves_no_chunk_file_open(tmp_path):
+    """A file the verifier has opened but not yet handed on (to a batch, or
+    to its read alone when larger than a batch) was only in a local while
+    earlier batches' verdicts were yielded: a stop there (Ctrl-C, the caller
+    done) left it open, and with it its read lock on the chunk (a writer's
+    lock on that file was refused). Closed now, in both places."""
+    from lmcache_fx.tools.admin import scan
+    from lmcache_fx.tools.verify import ChunkVerifier
+
+    F = _fx()
+    path = str(tmp_path / "store")
+    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
+    src = F.Chunks()
+    try:
+        assert all(st.write([src.item(f"m@1@0@s{i}@half", 100_000) for i in range(4)]))
+        assert all(st.write([src.item("m@1@0@large@half", 3_000_000)]))
+    finally:
+        st.close()
+    sc = scan([path])
+    small = [f for f in sc.chunks if f.size < 1 << 20]
+    large = [f for f in sc.chunks if f.size > 1 << 20]
+    for files, buffer_bytes in ((small[:2] + large, 1 << 20), (small, 106496 + 1000)):  # next: large; one per batch
+        rd = ChunkVerifier("threads")
+        before = F.open_fds()
+        g = rd.verify(files, buffer_bytes)
+        assert next(g).status == "ok"
+        g.close()
+        rd.close()
+        assert F.open_fds() == before, (len(files), buffer_bytes)
+
+
 def test_fsck_reads_a_file_larger_than_its_buffer_header_first_and_in_pieces(tmp_path):
     """A 1 TiB chunk-named sparse file is bad by its header, its payload
     never read; chunks larger than --buffer-mb are verified in pieces of it

@@ -129,11 +129,13 @@ class ChunkVerifier:
                 yield from self._finish(inflight, pool)
             self._submit(pending, buffer_bytes, pool, inflight)
 
+        held = -1  # a descriptor opened and not yet handed on (pending, _verify_large): a stop at a yield closes it
         try:
             for f in files:
                 if not pending and len(inflight) >= 2:
                     yield from self._finish(inflight, pool)
                 fd, st, why, err = self.open(f)
+                held = fd
                 if fd < 0 and err in (errno.EMFILE, errno.ENFILE) and (pending or inflight):
                     if pending:
                         yield from submit()
@@ -141,11 +143,13 @@ class ChunkVerifier:
                     while inflight:
                         yield from self._finish(inflight, pool)
                     fd, st, why, err = self.open(f)
+                    held = fd
                 if fd < 0 or st is None:
                     yield Verdict(f, "gone" if err in (errno.ENOENT, errno.ESTALE) else "unreadable", why)
                     continue
                 ident, size = (st.st_dev, st.st_ino), st.st_size
                 if size < HEADER_SIZE:
+                    held = -1
                     os.close(fd)
                     why = f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header (truncated)"
                     yield Verdict(f, "bad", why, ident=ident, size=size)
@@ -158,18 +162,22 @@ class ChunkVerifier:
                         used = 0
                     while inflight:
                         yield from self._finish(inflight, pool)
+                    held = -1  # _verify_large closes it
                     yield self._verify_large(f, fd, st, buffer_bytes, pool)
                     continue
                 if pending and (used + span > buffer_bytes or len(pending) >= self.max_files):
                     yield from submit()
                     used = 0
                 pending.append((f, fd, st))
+                held = -1
                 used += span
             if pending:
                 yield from submit()
             while inflight:
                 yield from self._finish(inflight, pool)
         finally:
+            if held >= 0:
+                os.close(held)
             for _, fd, _ in pending:
                 os.close(fd)
             while inflight:  # abandoned (an error, or the caller stopped): wait for the reads, then close
