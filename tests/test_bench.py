@@ -70,6 +70,9 @@ def test_path_and_mkfs_loop_are_exclusive_and_one_is_needed():
         ["--l2-store-task-chunks", "-1"],
         ["--latency-awaited"],  # without --latency
         ["--total-gb", "nan"],
+        ["--sweep-qd", "1,65536"],  # refused by the engine only after every other measurement
+        ["--sweep-split", "100000"],  # not a multiple of 4096
+        ["--sweep-split", "1M,abc"],
         ["--total-gb", "inf"],
         ["--latency", "--concurrency", "a,b"],
         ["--concurrency", "0"],

@@ -198,6 +198,17 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
             ok = False
         if not ok:
             p.error(f"{flag} takes comma-separated whole numbers >= 1, like 1,4,16 (got {text!r})")
+    # The sweep runs after every other measurement: what it would refuse is refused now.
+    if any(n > 32768 for n in _ints(getattr(args, "sweep_qd", "1"))):
+        p.error(f"--sweep-qd: each queue depth must be in 1..32768 (got {args.sweep_qd!r})")
+    try:
+        splits = _ints(getattr(args, "sweep_split", "1M"), parse_size)
+    except (ValueError, argparse.ArgumentTypeError):
+        splits = []
+    if not splits or any(b <= 0 or b % 4096 for b in splits):
+        p.error(
+            f"--sweep-split takes comma-separated sizes, each a multiple of 4096, like 1M,4M (got {args.sweep_split!r})"
+        )
     if args.split_bytes % 4096:
         p.error("--split-bytes must be a multiple of 4096")
     if getattr(args, "l2_store_task_chunks", 0) < 0:
