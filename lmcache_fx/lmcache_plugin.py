@@ -20,6 +20,7 @@ to the pipeline and the header reads to the engine.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -62,19 +63,25 @@ class _LookupPins:
     """The keys an async lookup pinned (its load unpins those it was asked
     to load), and those of them LMCache unpinned itself meanwhile."""
 
-    __slots__ = ("at", "keys", "_left")
+    __slots__ = ("at", "seq", "keys", "_left")
+    _seqs = itertools.count()
 
     def __init__(self, at: float, keys: list):
         self.at = at
+        self.seq = next(self._seqs)  # creation order: LMCache's unpins go to the newest record
         self.keys = keys
         self._left = Counter(keys)  # pins of each key not yet released by LMCache
 
-    def released_one(self, key) -> bool:
-        """Notes one of LMCache's unpins of `key` here; False when none of this record's is left."""
-        if self._left.get(key, 0) <= 0:
-            return False
+    def holds(self, key) -> bool:
+        """Whether a pin of `key` is still held for this lookup."""
+        return self._left.get(key, 0) > 0
+
+    def held(self) -> bool:
+        return any(v > 0 for v in self._left.values())
+
+    def released_one(self, key) -> None:
+        """Notes one of LMCache's unpins of `key` (held here)."""
         self._left[key] -= 1
-        return True
 
     def unreleased(self) -> list:
         """Each key once per pin of it still held for this lookup."""
@@ -152,7 +159,9 @@ class FxStorageBackend(StoragePluginInterface):
         self._put_lock = threading.Lock()
         self._put_keys: set[CacheEngineKey] = set()
         self._pool_gone = False  # LMCache's CPU pool is freed (or being freed): no store can read it
-        self._lookup_pins: dict[str, _LookupPins] = {}  # async lookup id -> the pins its load releases
+        # async lookup id -> its lookups' pins, oldest first: each load releases the oldest (a lookup of an id
+        # whose load still waits in LMCache's queue adds a record; it does not release the first's pins)
+        self._lookup_pins: dict[str, list[_LookupPins]] = {}
         self._pins_lock = threading.Lock()  # _lookup_pins: LMCache's loop, and unpin() from any thread
         self._writes: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name=f"lmcache-fx-writer-{self.name}", daemon=True)
@@ -193,19 +202,19 @@ class FxStorageBackend(StoragePluginInterface):
         if pin and n:
             # LMCache sends no unpin after an async load: remember and release.
             now = time.monotonic()
+            gone: list = []
             with self._pins_lock:
-                gone = [
-                    self._lookup_pins.pop(i)
-                    for i, r in list(self._lookup_pins.items())
-                    if now - r.at > LOOKUP_PINS_KEPT_S
-                ]
-                # A record still here under this id is of a lookup whose load never ran (nothing whole,
-                # or cancelled before it started): replaced, not added to (its load would unpin twice).
-                old = self._lookup_pins.pop(lookup_id, None)
-                self._lookup_pins[lookup_id] = _LookupPins(now, list(keys[:n]))
-            # What no load and no unpin of LMCache's released (a load cancelled before it started: its
-            # finally never ran) is released here, or it would stay pinned for good.
-            for r in gone + ([old] if old is not None else []):
+                for i, recs in list(self._lookup_pins.items()):
+                    # Past LOOKUP_PINS_KEPT_S no load is coming (one cancelled before it started never
+                    # ran its finally): what LMCache did not unpin itself is released below.
+                    gone += [r for r in recs if now - r.at > LOOKUP_PINS_KEPT_S]
+                    # A record of this id that LMCache released whole (nothing whole was hit: no load
+                    # follows) goes now: the next load of this id must take this lookup's record.
+                    recs[:] = [r for r in recs if now - r.at <= LOOKUP_PINS_KEPT_S and (i != lookup_id or r.held())]
+                    if not recs:
+                        del self._lookup_pins[i]
+                self._lookup_pins.setdefault(lookup_id, []).append(_LookupPins(now, list(keys[:n])))
+            for r in gone:
                 for k in r.unreleased():
                     self.store.unpin(k.to_string())
         return n
@@ -222,9 +231,9 @@ class FxStorageBackend(StoragePluginInterface):
         # right after the lookup: noted on the newest record holding the key, so a record whose load
         # never runs releases only what is still pinned for it.
         with self._pins_lock:
-            for r in reversed(self._lookup_pins.values()):
-                if r.released_one(key):
-                    break
+            holding = [r for recs in self._lookup_pins.values() for r in recs if r.holds(key)]
+            if holding:
+                max(holding, key=lambda r: r.seq).released_one(key)
         return self.store.unpin(key.to_string())
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
@@ -284,7 +293,10 @@ class FxStorageBackend(StoragePluginInterface):
             # another request's pin.
             asked = set(keys)
             with self._pins_lock:
-                rec = self._lookup_pins.pop(lookup_id, None)
+                recs = self._lookup_pins.get(lookup_id)
+                rec = recs.pop(0) if recs else None  # the oldest: loads run in their lookups' order
+                if recs == []:
+                    del self._lookup_pins[lookup_id]
             for k in rec.keys if rec is not None else ():
                 if k in asked:
                     self.store.unpin(k.to_string())

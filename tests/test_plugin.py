@@ -502,7 +502,7 @@ def test_layerwise_async_lookup_leaves_other_requests_pins(tmp_path):
         be.store.unpin(other)
         lookup("req-2", [keys[0], keys[3]], [0, 512])
         assert be.store._pins == {} and list(be._lookup_pins) == ["req-2"]
-        be._lookup_pins["req-2"].at -= lmcache_plugin.LOOKUP_PINS_KEPT_S + 1
+        be._lookup_pins["req-2"][0].at -= lmcache_plugin.LOOKUP_PINS_KEPT_S + 1
         lookup("req-3", [keys[0], keys[3]], [0, 512])
         assert "req-2" not in be._lookup_pins
 
@@ -568,8 +568,7 @@ def test_a_load_cancelled_before_it_starts_leaves_no_pin_for_good(tmp_path):
     with no time left, or cancel() right after create_task) never runs that
     finally, and its record was swept after LOOKUP_PINS_KEPT_S without
     unpinning: the chunks stayed pinned (never evictable) for good. The
-    sweep releases what no load and no unpin of LMCache's released; a
-    record of the same id is released when it is replaced."""
+    sweep releases what no load and no unpin of LMCache's released."""
 
     from lmcache_fx import lmcache_plugin
 
@@ -594,9 +593,12 @@ def test_a_load_cancelled_before_it_starts_leaves_no_pin_for_good(tmp_path):
 
         assert on_loop(cancelled_before_start("req-A")) == 3
         assert sum(be.store._pins.values()) == 3  # held: no load ran to release them
-        assert on_loop(cancelled_before_start("req-A")) == 3  # the same id again: the first record's released
-        assert sum(be.store._pins.values()) == 3
-        be._lookup_pins["req-A"].at -= lmcache_plugin.LOOKUP_PINS_KEPT_S + 1
+        # The same id again: both kept (a load still queued in LMCache could be the first's), each
+        # released by a load of its own, oldest first, or past LOOKUP_PINS_KEPT_S.
+        assert on_loop(cancelled_before_start("req-A")) == 3
+        assert sum(be.store._pins.values()) == 6 and len(be._lookup_pins["req-A"]) == 2
+        for rec in be._lookup_pins["req-A"]:
+            rec.at -= lmcache_plugin.LOOKUP_PINS_KEPT_S + 1
 
         async def lookup_and_load(lookup_id):
             n = await be.batched_async_contains(lookup_id, keys, pin=True)  # sweeps the expired record
@@ -606,6 +608,21 @@ def test_a_load_cancelled_before_it_starts_leaves_no_pin_for_good(tmp_path):
             return len(objs)
 
         assert on_loop(lookup_and_load("req-B")) == 3
+        assert be.store._pins == {} and be._lookup_pins == {}
+
+        # Two lookups of one id before its first load ran (queued in LMCache): each load releases one
+        # lookup's pins, the oldest first; the second's stay held for its own load.
+        async def load(lookup_id):
+            objs = await be.batched_get_non_blocking(lookup_id, keys)
+            for o in objs:
+                o.ref_count_down()
+
+        for _ in range(2):
+            assert on_loop(be.batched_async_contains("req-C", keys, pin=True)) == 3
+        assert sum(be.store._pins.values()) == 6
+        on_loop(load("req-C"))
+        assert sum(be.store._pins.values()) == 3
+        on_loop(load("req-C"))
         assert be.store._pins == {} and be._lookup_pins == {}
 
 

@@ -168,8 +168,8 @@ class ChunkVerifier:
                 if pending and (used + span > buffer_bytes or len(pending) >= self.max_files):
                     yield from submit()
                     used = 0
-                pending.append((f, fd, st))
                 held = -1
+                pending.append((f, fd, st))
                 used += span
             if pending:
                 yield from submit()
