@@ -391,6 +391,12 @@ class Ledger:
         self.put(usage, rec[1])
         return usage
 
+    def set_usage(self, usage: int) -> None:
+        """Writes usage, keeping the record's scan time (now when the record
+        is bad). Hold the lock."""
+        rec = self.get()
+        self.put(usage, rec[1] if rec else time.time())
+
     def put(self, usage: int, scanned: float) -> None:
         """Writes the record and counts the change (one write). Hold the lock."""
         count = self.changes()[0] or 0

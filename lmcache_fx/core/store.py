@@ -380,7 +380,13 @@ def _less_moved(usage: int, files: Sequence["_WriteFile"]) -> int:
     """A rescan's usage less the files moved to temporaries of this write
     (victims, spares) and not adopted yet: the walk counts them as a live
     writer's, and adopting one counts it again (_open_deferred)."""
-    return max(0, usage - sum(f.recycled_size for f in files if f.recycled))
+    return max(0, usage - _moved_bytes(files))
+
+
+def _moved_bytes(files: Sequence["_WriteFile"]) -> int:
+    """Bytes of the files moved to temporaries of this write (victims,
+    spares) and not adopted yet: on disk, out of the write's own count."""
+    return sum(f.recycled_size for f in files if f.recycled)
 
 
 class _StrayAllocations(ValueError):
@@ -1391,7 +1397,7 @@ class ChunkStore:
                 left -= sp.size
             usage = max(0, usage - self._drop_spares_locked(lambda sp: id(sp) in drop))
             if usage <= limit:
-                self._ledger.put(usage, (self._ledger.get() or (0, time.time()))[1])
+                self._ledger.set_usage(usage)
                 self._last_usage = usage
                 return usage
         rescanned = False
@@ -1453,8 +1459,7 @@ class ChunkStore:
             self.stats.add(evictions=n)
         # Victims moved to temporaries of `reuse` stay on disk until adopted: the ledger keeps them
         # (a writer killed before adopting leaves it above the files, never below); `usage` does not.
-        moved = sum(f.recycled_size for f in reuse if f.recycled)
-        self._ledger.put(usage + moved, (self._ledger.get() or (0, time.time()))[1])
+        self._ledger.set_usage(usage + _moved_bytes(reuse))
         self._last_usage = usage
         return usage
 
@@ -1542,8 +1547,7 @@ class ChunkStore:
                         # a dead writer's temporary is taken off at its size when it is removed).
                         # Files moved to this batch's temporaries (victims, spares) and not adopted yet
                         # are on disk but out of `usage` until adopted: counted here too.
-                        moved = sum(g.recycled_size for g in files if g.recycled)
-                        self._ledger.put(usage + rsize + moved, (self._ledger.get() or (0, time.time()))[1])
+                        self._ledger.set_usage(usage + rsize + _moved_bytes(files))
                         counted_ahead = True
                         # Size the file first: writes inside EOF run in parallel, where
                         # extending O_DIRECT writes are serialised by the filesystem.
@@ -1559,8 +1563,7 @@ class ChunkStore:
                     _unlink_at(f.dfd, f.tmp)
                     f.recycled = False
             if ok or usage != start or counted_ahead:  # the evictor may have written the ledger meanwhile
-                rec2 = self._ledger.get()
-                self._ledger.put(usage, rec2[1] if rec2 else time.time())
+                self._ledger.set_usage(usage)
                 self._last_usage = usage
         finally:
             hold.__exit__(None, None, None)
