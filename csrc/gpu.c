@@ -214,7 +214,6 @@ static void set_error(GpuStagingObject *g, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Tears down whatever was built; safe on a half-built object. */
 /* A read(sync=False) left copies in flight: wait for them before the slots
  * are touched. -1 when one of them failed (last_error says so): that read's
  * results counted bytes the GPU never got, so its caller must be told. */
@@ -233,6 +232,7 @@ static int settle_pending(GpuStagingObject *g)
     return -1;
 }
 
+/* Tears down whatever was built; safe on a half-built object. */
 static void staging_free(GpuStagingObject *g)
 {
     saved_ctx sc;

@@ -55,11 +55,6 @@ typedef struct {
     fx_pool *writers; /* io_uring engine: threads that write chunk files (write_chunks), apart from the openers */
     PyObject *fallback_reason; /* str, or None when the asked engine runs */
     unsigned gen;              /* process generation (fork guard) */
-    /* Submitted batches beyond max_running wait here (under mu), oldest
-     * first, and are run in arrival order by the runners that finish (at
-     * that runner's priority): more batches at once than CPUs only makes
-     * them overtake each other, and the requests waiting on them finish
-     * out of order (docs/benchmarks.md, "Awaited reads in arrival order"). */
     /* register_buffer(obj): the export of the registered memory, held until
      * it is replaced, cleared or the engine closes, so the memory cannot be
      * freed (and another buffer mapped at its address, which READ_FIXED
@@ -69,6 +64,11 @@ typedef struct {
     /* Serialises register_buffer calls from the ring call to the swap of
      * reg_view (taken without the GIL; never held while waiting for mu). */
     pthread_mutex_t reg_mu;
+    /* Submitted batches beyond max_running wait here (under mu), oldest
+     * first, and are run in arrival order by the runners that finish (at
+     * that runner's priority): more batches at once than CPUs only makes
+     * them overtake each other, and the requests waiting on them finish
+     * out of order (docs/benchmarks.md, "Awaited reads in arrival order"). */
     int max_running; /* 0: no bound */
     int whole;       /* small payloads whole when other submitted batches run or wait */
     int running;
