@@ -750,6 +750,20 @@ def test_fsck_repair_leaves_what_it_removes_for_the_store_to_recount(capsys, sto
         st.close()
 
 
+def _written_store(tmp_path, sizes: list) -> str:
+    """A store under tmp_path holding one chunk of each payload size (keys
+    m@1@0@h<i>@half, written by the store itself, closed); its path."""
+    F = _fx()
+    path = str(tmp_path / "store")
+    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
+    src = F.Chunks()
+    try:
+        assert all(st.write([src.item(f"m@1@0@h{i}@half", n) for i, n in enumerate(sizes)]))
+    finally:
+        st.close()
+    return path
+
+
 def test_fsck_repair_of_a_file_the_ledger_never_counted_leaves_it_at_or_above_the_truth(capsys, tmp_path):
     """A chunk-named garbage file planted beside a running store after it
     counted its bytes: --repair removes it and the ledger stays at least
@@ -981,14 +995,7 @@ def test_fsck_stopped_midway_waits_for_its_reads(tmp_path):
     the batch's reads before its buffer goes. Before, the buffer was freed
     under the engine's thread: a segfault. In a child: a crash must not
     take pytest down."""
-    F = _fx()
-    path = str(tmp_path / "store")
-    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
-    src = F.Chunks()
-    try:
-        assert all(st.write([src.item(f"m@1@0@h{i}@half", 2 << 20) for i in range(12)]))
-    finally:
-        st.close()
+    path = _written_store(tmp_path, [2 << 20] * 12)
     code = textwrap.dedent(
         """
         import sys
@@ -1018,14 +1025,7 @@ def test_fsck_stopped_at_a_verdict_leaves_no_chunk_file_open(tmp_path):
     from lmcache_fx.tools.verify import ChunkVerifier
 
     F = _fx()
-    path = str(tmp_path / "store")
-    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
-    src = F.Chunks()
-    try:
-        assert all(st.write([src.item(f"m@1@0@s{i}@half", 100_000) for i in range(4)]))
-        assert all(st.write([src.item("m@1@0@large@half", 3_000_000)]))
-    finally:
-        st.close()
+    path = _written_store(tmp_path, [100_000] * 4 + [3_000_000])
     sc = scan([path])
     small = [f for f in sc.chunks if f.size < 1 << 20]
     large = [f for f in sc.chunks if f.size > 1 << 20]
@@ -1045,13 +1045,7 @@ def test_fsck_reads_a_file_larger_than_its_buffer_header_first_and_in_pieces(tmp
     (a flipped byte in the third piece is found). Before, fsck asked for a
     1 TiB buffer and stopped with "give a smaller --buffer-mb"."""
     F = _fx()
-    path = str(tmp_path / "store")
-    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
-    src = F.Chunks()
-    try:
-        assert all(st.write([src.item(f"m@1@0@h{i}@half", (5 << 19) + 123) for i in range(3)]))
-    finally:
-        st.close()
+    path = _written_store(tmp_path, [(5 << 19) + 123] * 3)
     chunks = sorted(F.chunk_files(path))
     _flip(chunks[0], HEADER_SIZE + (2 << 20) + 77)
     os.makedirs(os.path.join(path, "56"), exist_ok=True)
@@ -1085,13 +1079,7 @@ def test_a_fanout_directory_that_cannot_be_listed_is_unreadable_not_foreign(tmp_
     gc says it could not see everything (exit 1). Before: FOREIGN, ignored,
     "all ok", exit 0."""
     F = _fx()
-    path = str(tmp_path / "store")
-    st = F.open_store(path, max_capacity_gb=1, io_engine="threads")
-    src = F.Chunks()
-    try:
-        assert all(st.write([src.item(f"m@1@0@h{i}@half", 4096) for i in range(6)]))
-    finally:
-        st.close()
+    path = _written_store(tmp_path, [4096] * 6)
     sub = os.path.dirname(sorted(F.chunk_files(path))[0])
     pre = _unlistable(path)
     fx = [os.path.join(os.path.dirname(sys.executable), "lmcache-fx")]
