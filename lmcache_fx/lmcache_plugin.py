@@ -20,7 +20,7 @@ to the pipeline and the header reads to the engine.
 
 from __future__ import annotations
 
-import itertools
+import asyncio
 import logging
 import queue
 import threading
@@ -63,12 +63,10 @@ class _LookupPins:
     """The keys an async lookup pinned (its load unpins those it was asked
     to load), and those of them LMCache unpinned itself meanwhile."""
 
-    __slots__ = ("at", "seq", "keys", "_left")
-    _seqs = itertools.count()
+    __slots__ = ("at", "keys", "_left")
 
     def __init__(self, at: float, keys: list):
         self.at = at
-        self.seq = next(self._seqs)  # creation order: LMCache's unpins go to the newest record
         self.keys = keys
         self._left = Counter(keys)  # pins of each key not yet released by LMCache
 
@@ -163,6 +161,10 @@ class FxStorageBackend(StoragePluginInterface):
         # whose load still waits in LMCache's queue adds a record; it does not release the first's pins)
         self._lookup_pins: dict[str, list[_LookupPins]] = {}
         self._pins_lock = threading.Lock()  # _lookup_pins: LMCache's loop, and unpin() from any thread
+        # (loop thread, record) of the async lookup that just returned, until its loop step ends: the
+        # only window in which LMCache unpins the keys it rounds off that lookup (storage_manager's
+        # async_lookup_and_prefetch, no await between). Any other unpin is not that lookup's.
+        self._rounding: Optional[tuple[int, _LookupPins]] = None
         self._writes: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name=f"lmcache-fx-writer-{self.name}", daemon=True)
         self._writer.start()
@@ -213,11 +215,19 @@ class FxStorageBackend(StoragePluginInterface):
                     recs[:] = [r for r in recs if now - r.at <= LOOKUP_PINS_KEPT_S and (i != lookup_id or r.held())]
                     if not recs:
                         del self._lookup_pins[i]
-                self._lookup_pins.setdefault(lookup_id, []).append(_LookupPins(now, list(keys[:n])))
+                rec = _LookupPins(now, list(keys[:n]))
+                self._lookup_pins.setdefault(lookup_id, []).append(rec)
+                self._rounding = (threading.get_ident(), rec)
+            asyncio.get_running_loop().call_soon(self._rounding_over, rec)
             for r in gone:
                 for k in r.unreleased():
                     self.store.unpin(k.to_string())
         return n
+
+    def _rounding_over(self, rec: _LookupPins) -> None:
+        with self._pins_lock:
+            if self._rounding is not None and self._rounding[1] is rec:
+                self._rounding = None
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
         with self._put_lock:
@@ -228,12 +238,13 @@ class FxStorageBackend(StoragePluginInterface):
 
     def unpin(self, key: CacheEngineKey) -> bool:
         # LMCache unpins the keys of an async lookup it rounds off (per-layer keys of a partial chunk)
-        # right after the lookup: noted on the newest record holding the key, so a record whose load
-        # never runs releases only what is still pinned for it.
+        # right after the lookup, on its loop: noted on that lookup's record, so a record whose load
+        # never runs releases only what is still pinned for it. A sync lookup's unpin (another thread,
+        # or later) releases that lookup's own pin and is not noted.
         with self._pins_lock:
-            holding = [r for recs in self._lookup_pins.values() for r in recs if r.holds(key)]
-            if holding:
-                max(holding, key=lambda r: r.seq).released_one(key)
+            r = self._rounding
+            if r is not None and r[0] == threading.get_ident() and r[1].holds(key):
+                r[1].released_one(key)
         return self.store.unpin(key.to_string())
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:

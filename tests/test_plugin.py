@@ -626,6 +626,41 @@ def test_a_load_cancelled_before_it_starts_leaves_no_pin_for_good(tmp_path):
         assert be.store._pins == {} and be._lookup_pins == {}
 
 
+def test_a_sync_unpin_is_not_taken_for_an_async_lookups_own(tmp_path):
+    """LMCache unpins the keys it rounds off an async lookup right after the
+    lookup, on its loop; a sync lookup's unpin (lookup_unpin, on the
+    caller's thread) releases that lookup's own pin. unpin() noted any
+    unpin on the newest async record holding the key, so a sync unpin
+    between an async lookup and a load that never runs made the sweep
+    release one pin too few: the chunk stayed pinned for good."""
+
+    from lmcache_fx import lmcache_plugin
+
+    geo = GEOMETRIES["bf16-gqa"]
+    cfg = config_from_dict({**fx_config(tmp_path / "s", cpu_gb=0.05), "enable_async_loading": True}, tmp_path)
+    with lmcache_engine(cfg, geo, async_lookup=True) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, torch.arange(768), KV(geo, 768, seed=1), be)  # three chunks
+        keys = [k for _, _, k in eng.token_database.process_tokens(tokens=torch.arange(768))]
+        loop = eng.storage_manager.loop
+
+        def on_loop(coro):
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
+
+        assert on_loop(be.batched_async_contains("req-A", keys, pin=True)) == 3  # its load never runs
+        # Another request's sync lookup pins the first chunk and lookup_unpin releases it, on this thread.
+        assert be.batched_contains(keys[:1], pin=True) == 1
+        assert sum(be.store._pins.values()) == 4
+        be.unpin(keys[0])
+        assert sum(be.store._pins.values()) == 3 and be._lookup_pins["req-A"][0].unreleased() == keys
+        be._lookup_pins["req-A"][0].at -= lmcache_plugin.LOOKUP_PINS_KEPT_S + 1
+        assert on_loop(be.batched_async_contains("req-B", keys, pin=True)) == 3  # sweeps req-A's record
+        assert sum(be.store._pins.values()) == 3 and list(be._lookup_pins) == ["req-B"]
+        for k in keys:
+            be.store.unpin(k.to_string())
+        assert be.store._pins == {}
+
+
 def test_a_lookup_id_used_again_unpins_each_key_once(tmp_path):
     """A layerwise async lookup that hit less than one whole chunk loads
     nothing (LMCache unpins its keys itself) and its record stays; the next
