@@ -562,6 +562,20 @@ def test_a_chunk_larger_than_lmcaches_pool_is_a_miss_not_a_wait(tmp_path):
         obj.ref_count_down()
 
 
+@contextlib.contextmanager
+def _three_chunks_async(tmp_path):
+    """An engine with async loading and three stored chunks: (the plugin,
+    the chunks' keys, a function running a coroutine on LMCache's loop)."""
+    geo = GEOMETRIES["bf16-gqa"]
+    cfg = config_from_dict({**fx_config(tmp_path / "s", cpu_gb=0.05), "enable_async_loading": True}, tmp_path)
+    with lmcache_engine(cfg, geo, async_lookup=True) as eng:
+        be = fx_backend(eng)
+        store_and_wait(eng, torch.arange(768), KV(geo, 768, seed=1), be)
+        keys = [k for _, _, k in eng.token_database.process_tokens(tokens=torch.arange(768))]
+        loop = eng.storage_manager.loop
+        yield be, keys, lambda coro: asyncio.run_coroutine_threadsafe(coro, loop).result(30)
+
+
 def test_a_load_cancelled_before_it_starts_leaves_no_pin_for_good(tmp_path):
     """An async lookup pins its chunks and the load releases them in its
     finally; a load task cancelled before its first step (asyncio.wait_for
@@ -572,16 +586,7 @@ def test_a_load_cancelled_before_it_starts_leaves_no_pin_for_good(tmp_path):
 
     from lmcache_fx import lmcache_plugin
 
-    geo = GEOMETRIES["bf16-gqa"]
-    cfg = config_from_dict({**fx_config(tmp_path / "s", cpu_gb=0.05), "enable_async_loading": True}, tmp_path)
-    with lmcache_engine(cfg, geo, async_lookup=True) as eng:
-        be = fx_backend(eng)
-        store_and_wait(eng, torch.arange(768), KV(geo, 768, seed=1), be)  # three chunks
-        keys = [k for _, _, k in eng.token_database.process_tokens(tokens=torch.arange(768))]
-        loop = eng.storage_manager.loop
-
-        def on_loop(coro):
-            return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
+    with _three_chunks_async(tmp_path) as (be, keys, on_loop):
 
         async def cancelled_before_start(lookup_id):
             n = await be.batched_async_contains(lookup_id, keys, pin=True)
@@ -636,17 +641,7 @@ def test_a_sync_unpin_is_not_taken_for_an_async_lookups_own(tmp_path):
 
     from lmcache_fx import lmcache_plugin
 
-    geo = GEOMETRIES["bf16-gqa"]
-    cfg = config_from_dict({**fx_config(tmp_path / "s", cpu_gb=0.05), "enable_async_loading": True}, tmp_path)
-    with lmcache_engine(cfg, geo, async_lookup=True) as eng:
-        be = fx_backend(eng)
-        store_and_wait(eng, torch.arange(768), KV(geo, 768, seed=1), be)  # three chunks
-        keys = [k for _, _, k in eng.token_database.process_tokens(tokens=torch.arange(768))]
-        loop = eng.storage_manager.loop
-
-        def on_loop(coro):
-            return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
-
+    with _three_chunks_async(tmp_path) as (be, keys, on_loop):
         assert on_loop(be.batched_async_contains("req-A", keys, pin=True)) == 3  # its load never runs
         # Another request's sync lookup pins the first chunk and lookup_unpin releases it, on this thread.
         assert be.batched_contains(keys[:1], pin=True) == 1
