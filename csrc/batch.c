@@ -779,6 +779,8 @@ int64_t fx_piece_run_sync(const fx_batch *b, fx_piece *p)
 {
     int fd = b->ops[p->op].fd;
 
+    if (fx_batch_stopped(b))
+        return -ECANCELED;
     if (b->ops[p->op].map && !b->write) {
         int64_t r = run_mapped(b, p);
 

@@ -432,6 +432,7 @@ typedef struct {
     int active;           /* lanes with files open, or opening them */
     unsigned long closes; /* waves whose files were closed, ever */
     int helper_done;
+    const atomic_int *stop; /* NULL, or set by a cancel: no further wave, no further piece */
     lane lanes[2];
 } reader;
 
@@ -444,7 +445,7 @@ static int lane_take(reader *R, lane *L)
     size_t got;
 
     pthread_mutex_lock(&R->mu);
-    got = R->ret == 0 ? wave_pick(&R->f, v) : 0;
+    got = R->ret == 0 && !(R->stop && atomic_load(R->stop)) ? wave_pick(&R->f, v) : 0;
     L->closes_seen = R->closes;
     if (got)
         R->active++;
@@ -550,6 +551,7 @@ static void lane_read(reader *R, lane *L)
         b.crc_width = R->width;
         b.hdrs = L->hdrs;
         b.hdr_res = L->hdr_res;
+        b.stop = R->stop;
         b.fds_known = direct ? FX_FDS_DIRECT | (all_mem ? FX_FDS_MEM : 0) : FX_FDS_BUFFERED;
         uint64_t split = unchecked_split(R->split, device, R->verify);
 
@@ -691,10 +693,10 @@ static void lane_free(lane *L)
 
 int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int verify,
                    uint64_t split, fx_run_fn run, void *ctx, struct fx_pool *openers,
-                   int open_width, fx_chunk_result *out)
+                   int open_width, const atomic_int *stop, fx_chunk_result *out)
 {
     reader R = {.c = c, .out = out, .scratch = scratch, .how = how, .verify = verify, .split = split,
-                .run = run, .ctx = ctx, .openers = openers, .width = open_width};
+                .run = run, .ctx = ctx, .openers = openers, .width = open_width, .stop = stop};
     int nlanes, ret = 0;
 
     for (size_t k = 0; k < n; k++) {

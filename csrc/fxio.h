@@ -9,6 +9,7 @@
 #define FXIO_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -125,7 +126,16 @@ typedef struct fx_batch {
      * memory fewer than a read into place and a sum of it. io_uring engine
      * only (uring_engine.c, STAGE_SLOT); the caller chooses per medium. */
     int stage_direct;
+    /* Optional (NULL: never): once set, pieces not yet begun end -ECANCELED
+     * without I/O, so a cancelled read waits only for what is in flight
+     * (Batch.cancel of a running batch). Reads only. */
+    const atomic_int *stop;
 } fx_batch;
+
+static inline int fx_batch_stopped(const fx_batch *b)
+{
+    return b->stop && atomic_load_explicit(b->stop, memory_order_relaxed);
+}
 
 enum { FX_FDS_PROBE = 0, FX_FDS_BUFFERED = 1, FX_FDS_DIRECT = 2, FX_FDS_MEM = 4 /* | with DIRECT */ };
 
@@ -359,10 +369,12 @@ struct fx_pool;
  * waves on two lanes, the calling thread and a runner, one wave each); no
  * GIL. Opens run on up to open_width threads of `openers` when given (a
  * cold open reads the inode: a wait per file), else on the lane's thread.
- * 0 or -errno (-ENOMEM, -EOWNERDEAD); per-chunk failures are in out. */
+ * Once *stop (optional) is set, no further wave opens and no further piece
+ * is read: those chunks end -ECANCELED. 0 or -errno (-ENOMEM, -EOWNERDEAD);
+ * per-chunk failures are in out. */
 int fx_chunks_read(const fx_chunk *c, size_t n, char *scratch, int how, int verify,
                    uint64_t split, fx_run_fn run, void *ctx, struct fx_pool *openers,
-                   int open_width, fx_chunk_result *out);
+                   int open_width, const atomic_int *stop, fx_chunk_result *out);
 const char *fx_chunk_status_name(int status);
 /* lstat of <dirfd>/<name>, no symlink followed on the way: 0 or -errno. */
 struct stat;

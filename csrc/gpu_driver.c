@@ -250,6 +250,7 @@ static const struct {
     {"libcuda.so.1", API_CUDA},
     {"libamdhip64.so.7", API_HIP},
     {"libamdhip64.so.6", API_HIP},
+    {"libamdhip64.so.5", API_HIP}, /* ROCm 5.x runtime-only hosts: the bare name comes with -dev */
     {"libamdhip64.so", API_HIP},
 };
 #define N_DRIVER_NAMES ((int)(sizeof(driver_names) / sizeof(driver_names[0])))

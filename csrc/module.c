@@ -962,7 +962,7 @@ static fx_pool *chunk_openers(EngineObject *e, int *width) { return engine_side_
  * (and memory copies, and checksums) of loads running beside it. */
 static fx_pool *chunk_writers(EngineObject *e, int *width) { return engine_side_pool(e, &e->writers, width); }
 
-static int chunks_run(EngineObject *e, chunk_args *a, int whole)
+static int chunks_run(EngineObject *e, chunk_args *a, int whole, const atomic_int *stop)
 {
     int width = 1;
     fx_pool *openers = a->n > 1 ? chunk_openers(e, &width) : NULL;
@@ -971,7 +971,7 @@ static int chunks_run(EngineObject *e, chunk_args *a, int whole)
                           (a->direct ? FX_OPEN_DIRECT : 0) | (a->lock ? FX_OPEN_LOCK : 0) | (a->mapped ? FX_OPEN_MAP : 0) |
                               (a->stage ? FX_OPEN_STAGE : 0) | (whole ? FX_OPEN_WHOLE : 0),
                           a->verify, e->split_bytes,
-                          run_engine_cb, e, openers, width, a->res);
+                          run_engine_cb, e, openers, width, stop, a->res);
 }
 
 static PyObject *chunk_results_to_list(const chunk_args *a)
@@ -1034,7 +1034,7 @@ static PyObject *Engine_read_chunks(EngineObject *self, PyObject *args, PyObject
         goto done;
     Py_BEGIN_ALLOW_THREADS
     t0 = fx_now_ns();
-    r = chunks_run(self, &a, 0);
+    r = chunks_run(self, &a, 0, NULL);
     t1 = fx_now_ns();
     Py_END_ALLOW_THREADS
     last_engine_ns = t1 - t0;
@@ -1133,6 +1133,7 @@ typedef struct BatchObject {
     int status; /* 0 or -errno from the run */
     int started;
     int cancelled; /* cancel() took it off the engine's list before it ran */
+    atomic_int stop; /* cancel() of a running read: pieces not yet begun end -ECANCELED */
     /* Set (under mu) by the runner after its last touch of this object:
      * what wait() and dealloc wait for, as a join waits for a thread. */
     int released;
@@ -1222,8 +1223,10 @@ static void batch_exec(BatchObject *bo)
     int r;
 
     if (bo->is_chunks) {
-        r = chunks_run(bo->engine, &bo->chunks, engine_busy(bo->engine));
+        r = chunks_run(bo->engine, &bo->chunks, engine_busy(bo->engine), &bo->stop);
     } else {
+        if (!bo->b.write)
+            bo->b.stop = &bo->stop;
         r = fx_batch_prepare(&bo->b, bo->engine->split_bytes);
         if (r == 0)
             r = engine_run(bo->engine, &bo->b);
@@ -1326,6 +1329,7 @@ static BatchObject *batch_new(EngineObject *self, int is_chunks)
     memset(&bo->b, 0, sizeof(bo->b));
     memset(&bo->chunks, 0, sizeof(bo->chunks));
     atomic_init(&bo->finished, 0);
+    atomic_init(&bo->stop, 0);
     bo->notifier = NULL;
     return bo;
 }
@@ -1517,7 +1521,8 @@ static int unlist_pending(EngineObject *e, BatchObject *bo)
 
 /* A batch cancelled before it ran ends at once, nothing read (its wait()
  * raises OSError ECANCELED): a cancelled request then neither waits its
- * turn nor reads for nobody. A running batch cannot be stopped part-way. */
+ * turn nor reads for nobody. A running read stops where it is: what is in
+ * flight completes, pieces and chunk files not yet begun end -ECANCELED. */
 static PyObject *Batch_cancel(BatchObject *bo, PyObject *unused)
 {
     EngineObject *e = bo->engine;
@@ -1525,8 +1530,10 @@ static PyObject *Batch_cancel(BatchObject *bo, PyObject *unused)
     (void)unused;
     if (batch_forked(bo))
         return NULL;
-    if (!unlist_pending(e, bo)) /* started, finished, or never bounded */
+    if (!unlist_pending(e, bo)) { /* started, finished, or never bounded */
+        atomic_store(&bo->stop, 1);
         Py_RETURN_FALSE;
+    }
     bo->cancelled = 1;
     atomic_store(&bo->finished, 1);
     end_use(e);
@@ -2088,7 +2095,8 @@ static PyMethodDef Batch_methods[] = {
     {"wait", (PyCFunction)(void (*)(void))Batch_wait, METH_VARARGS | METH_KEYWORDS,
      "wait() -> results, blocking without the GIL"},
     {"cancel", (PyCFunction)Batch_cancel, METH_NOARGS,
-     "cancel() -> True when the batch was still waiting for a runner: it ends at once, unread"},
+     "cancel() -> True when the batch was still waiting for a runner: it ends at once, unread. False: a "
+     "running read stops where it is (what is in flight completes; the rest ends ECANCELED), or it had ended"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -956,6 +956,11 @@ static void fill(fx_uring *u, fx_ring *s, run_state *st, size_t *next)
     while (*next < b->npieces && fx_ring_inflight(s) + fx_ring_queued(s) < u->qd) {
         fx_piece *p = &b->pieces[st->order ? st->order[*next] : *next];
 
+        if (fx_batch_stopped(b)) { /* cancelled: the rest end unread */
+            (*next)++;
+            finish(st, p, -ECANCELED);
+            continue;
+        }
         if (fx_piece_needs_bounce(p)) {
             /* Rare (unaligned tail or buffer on O_DIRECT): done inline. */
             (*next)++;

@@ -190,7 +190,9 @@ class Batch:
     def cancel(self) -> bool:
         """True when the batch was still waiting for a runner (its engine's
         max_running reached): it ends at once, nothing read. False when it
-        has started or finished: it runs to its end."""
+        has started or finished: a running read stops where it is (what is
+        in flight completes; pieces and chunk files not yet begun end
+        ECANCELED), wait() for it as before."""
 
 class Notifier:
     """One eventfd that every batch submitted with notify=it signals when

@@ -1075,9 +1075,10 @@ def test_max_running_bounds_batches_and_runs_the_rest_in_arrival_order(make_engi
 def test_a_batch_cancelled_while_waiting_for_a_runner_ends_unread(make_engine, payload, tmp_path, fds):
     """cancel() takes a batch still waiting for a runner (max_running
     reached) off the list: it is done at once and wait() raises ECANCELED;
-    a batch that has started runs to its end (cancel() False). Batches start
-    oldest first, so the cancelled ones are the newest; the rest read their
-    data. A plain engine's batch (no bound) is never waiting: False."""
+    a batch that has started stops where it is (cancel() False): its op is
+    read whole if all of it was in flight, else it ends ECANCELED. Batches
+    start oldest first, so the cancelled ones are the newest. A plain
+    engine's batch (no bound) is never waiting: False."""
     eng = make_engine(queue_depth=4, max_running=1)
     data = payload[: 2 * MiB]
     fd = fds(write_file(tmp_path / "c.bin", data))
@@ -1096,10 +1097,11 @@ def test_a_batch_cancelled_while_waiting_for_a_runner_ends_unread(make_engine, p
                 b.wait()
             assert e.value.errno == errno.ECANCELED and bytes(d) == bytes(2 * MiB)
         else:
-            assert b.wait() == [(2 * MiB, fx.crc32c(data))] and bytes(d) == data
+            got = b.wait()
+            assert got == [(2 * MiB, fx.crc32c(data))] and bytes(d) == data or got[0][0] == -errno.ECANCELED, got
     plain = make_engine(queue_depth=4)
     b = plain.submit([(fd, 0, 4096, dsts[0].address)])
-    assert b.cancel() is False and b.wait() == [4096]
+    assert b.cancel() is False and b.wait() in ([4096], [-errno.ECANCELED])
 
 
 def thread_nices(name: str) -> dict[int, int]:

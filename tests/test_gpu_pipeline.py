@@ -661,6 +661,28 @@ def test_hip_fresh_load_prefers_versioned_names(fake_hip_driver_dirs):
     assert out["info"]["api"] == "hip" and out["info"]["path"] == "libamdhip64.so.7", out
 
 
+def test_hip_found_on_a_rocm5_runtime_only_host(fake_hip_driver_dirs, tmp_path):
+    """A ROCm 5.x host without the -dev package has libamdhip64.so.5 and no
+    bare libamdhip64.so: the search list lacked .so.5, so such a host found
+    no GPU runtime at all."""
+    import shutil
+
+    from conftest import _build_fake_gpu_driver
+
+    loaded, _ = fake_hip_driver_dirs
+    only5 = tmp_path / "rocm5"
+    only5.mkdir()
+    _build_fake_gpu_driver(str(only5 / "libamdhip64.so.5"), "-DFAKE_HIP", soname="libamdhip64.so.5")
+    assert shutil.which("gcc") and sorted(os.listdir(only5)) == ["libamdhip64.so.5"]
+    out = _hip_child(
+        "import json; from lmcache_fx import _fxio; print(json.dumps({'info': _fxio.gpu_driver()}))",
+        loaded,
+        str(only5),
+        preload=False,
+    )
+    assert out["info"]["api"] == "hip" and out["info"]["path"] == "libamdhip64.so.5", out
+
+
 FORK_CHILD = r"""
 import ctypes, os, sys, threading, time
 from lmcache_fx import _fxio
