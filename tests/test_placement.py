@@ -403,9 +403,11 @@ def test_a_pinned_lookup_touches_stale_chunks_in_order_and_no_symlink(tmp_path, 
         st2 = _store(roots)  # fresh: entries' recency from the files' (old) mtimes
         try:
             st2.lookup(keys[:1], pin=True)  # touched now: the next lookup leaves it
+            assert st2.settle_touches()  # set by the store's toucher thread
             t0 = os.stat(st2.path_for(chunk_digest(keys[0]))).st_mtime_ns
             order = [keys[3], keys[1], keys[0], keys[4], keys[2], keys[5]]
             assert st2.lookup(order, pin=True) == [True] * 5 + [False]
+            assert st2.settle_touches()
             m = {k: os.stat(st2.path_for(chunk_digest(k))).st_mtime_ns for k in keys[:5]}
             assert m[keys[0]] == t0 > old
             assert old < m[keys[3]] < m[keys[1]] < m[keys[4]] < m[keys[2]]
@@ -448,6 +450,7 @@ def test_contains_and_pin_of_one_key_agree_with_the_batch_lookup(tmp_path):
         try:
             assert [fresh.pin(k) for k in keys] == want
             assert sorted(fresh._pins) == sorted(chunk_digest(k) for k, w in zip(keys, want) if w)
+            assert fresh.settle_touches()
             assert os.stat(fresh.path_for(chunk_digest(keys[4]))).st_mtime_ns > old  # touched: was stale
             assert [fresh.unpin(k) for k in keys] == want and not any(fresh._pins.values())
         finally:

@@ -8,10 +8,13 @@ scripts/reliability.py, which regenerates docs/reliability.md.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -332,6 +335,53 @@ def test_full_disk(tmp_path):
     assert resumed == [True] and h2 == 1 and not bad2
 
 
+def test_a_disk_another_writer_fills_does_not_drain_the_store(tmp_path):
+    """Another writer fills the store's filesystem and takes every byte the
+    store frees. Each burst of ENOSPC evicted 5 % of the store, for room the
+    other writer then took: the cache drained burst by burst and nothing new
+    was stored. An eviction for room is repeated only once the store grew
+    into what the last one freed."""
+    need_root_xfs()
+    with loopfs.xfs_loop("400M") as mnt, F.LogCount() as logs:
+        s = F.open_store(os.path.join(mnt, "store"), max_capacity_gb=10)
+        src = F.Chunks()
+        keys = [f"tenant/{i}" for i in range(32)]
+        assert s.write([src.item(k, 1 << 20) for k in keys]) == [True] * len(keys)
+        before = s.usage_bytes
+        with open(os.path.join(mnt, "other-writer"), "wb") as other:
+
+            def take_free_space():
+                os.sync()  # XFS frees a removed file's blocks in the background: counted once flushed
+                st = os.statvfs(mnt)
+                free = st.f_bavail * st.f_frsize - (256 << 10)
+                if free > 0:
+                    os.posix_fallocate(other.fileno(), os.fstat(other.fileno()).st_size, free)
+
+            take_free_space()
+            stored = []
+            for b in range(6):
+                s._enospc_until = 0.0  # each burst now, not 5 s after the last
+                stored += s.write([src.item(f"tenant/new/{b}", 1 << 20)])
+                take_free_space()
+        kept = sum(s.contains(k) for k in keys)
+        after = s.usage_bytes
+        hits, _, bad = F.read_check(s, [k for k in keys if s.contains(k)])
+        s.close()
+        skipped = logs.count(logging.WARNING, "not evicting again")
+    figure(
+        "Full disk, filled by another writer that takes every byte the store frees (400 MB XFS loop, 32 x 1 MiB chunks)",
+        "6 ENOSPC bursts",
+        "one eviction for room, not one per burst; the chunks kept read back right",
+        chunks_kept=f"{kept}/{len(keys)}",
+        usage_after_vs_before=round(after / before, 3),
+        evictions_skipped_with_a_warning=skipped,
+        wrong=len(bad),
+    )
+    assert stored == [False] * 6
+    assert kept >= len(keys) - 3 and after >= 0.9 * before  # one 5 % eviction at most
+    assert skipped >= 4 and hits == kept and not bad
+
+
 # ------------------------------------------------------------------ EIO
 def test_injected_eio(tmp_path):
     """The device under the store starts failing every I/O (EIO)."""
@@ -403,6 +453,201 @@ def _have(tool):
     import shutil
 
     return shutil.which(tool) is not None
+
+
+# ------------------------------------------------------------------ frozen filesystem
+def test_hits_do_not_wait_for_a_frozen_filesystem(monkeypatch):
+    """fsfreeze (what an LVM or cloud snapshot does) blocks every write to
+    the filesystem until it thaws. A hit's recency (its mtime, the shared LRU
+    clock) was set on the lookup and read path, so a pinned lookup and a
+    read of a chunk due a touch waited for the thaw; LMCache's scheduler
+    waited with them. The toucher sets it afterwards, on its own thread."""
+    from lmcache_fx.core import store as store_mod
+
+    need_root_xfs()
+    if not _have("fsfreeze"):
+        pytest.skip("fsfreeze not found (util-linux)")
+    monkeypatch.setattr(store_mod, "TOUCH_SECONDS", 0.0)  # every hit is due a touch
+    keys = [f"frozen/{i}" for i in range(8)]
+    with loopfs.xfs_loop("400M") as mnt:  # mkfs.xfs makes none under 300 MB
+        s = F.open_store(os.path.join(mnt, "s"))
+        src = F.Chunks()
+        assert s.write([src.item(k, 256 << 10) for k in keys]) == [True] * len(keys)
+        old = 1_000_000_000
+        for k in keys:
+            os.utime(s.path_for(chunk_digest(k)), ns=(old, old))
+        got: dict = {}
+
+        def hits():
+            t0 = time.monotonic()
+            got["lookup"] = s.lookup(keys, pin=True)
+            got["read"] = F.read_check(s, keys)
+            got["s"] = time.monotonic() - t0
+
+        subprocess.run(["fsfreeze", "-f", mnt], check=True)
+        try:
+            t = threading.Thread(target=hits, daemon=True)
+            t.start()
+            t.join(10)
+            hung = t.is_alive()
+        finally:
+            subprocess.run(["fsfreeze", "-u", mnt], check=True)
+        t.join(30)
+        touched = s.settle_touches(10)
+        mtimes = [os.stat(s.path_for(chunk_digest(k))).st_mtime_ns for k in keys]
+        for k in keys:
+            s.unpin(k)
+        s.close()
+    figure(
+        "Frozen filesystem (fsfreeze, as a snapshot does) under a pinned lookup and a read of chunks due an LRU touch",
+        len(keys),
+        "the lookup and the read return while frozen, whole and right; the recency is set after the thaw",
+        returned_while_frozen=not hung,
+        seconds=round(got.get("s", -1), 3),
+        lookup_hits=sum(got.get("lookup", [])),
+        read=f"{got['read'][0]}/{len(keys)} hit, {len(got['read'][2])} wrong" if "read" in got else "none",
+        touched_after_thaw=touched and all(m > old for m in mtimes),
+    )
+    assert not hung, "a hit waited for the frozen filesystem"
+    assert got["lookup"] == [True] * len(keys) and got["read"] == (len(keys), 0, [])
+    assert touched and all(m > old for m in mtimes)
+
+
+# ------------------------------------------------------------------ slow medium
+@contextlib.contextmanager
+def _reads_throttled(dev: str, bps: int):
+    """This process's reads of block device `dev` limited to `bps` bytes/s
+    (a cgroup v1 blkio throttle); skips where that cannot be set."""
+    base = "/sys/fs/cgroup/blkio"
+    if not os.path.isfile(os.path.join(base, "blkio.throttle.read_bps_device")):
+        pytest.skip("no cgroup v1 blkio throttle here to make a slow device")
+    cg = os.path.join(base, f"fx-slow-{os.getpid()}")
+    rdev = os.stat(dev).st_rdev
+    os.makedirs(cg, exist_ok=True)
+    try:
+        with open(os.path.join(cg, "blkio.throttle.read_bps_device"), "w") as f:
+            f.write(f"{os.major(rdev)}:{os.minor(rdev)} {bps}")
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        yield
+    finally:
+        with open(os.path.join(base, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        os.rmdir(cg)
+
+
+def _device_of(mnt: str) -> str:
+    with open("/proc/self/mounts") as f:
+        return next(line.split()[0] for line in f if line.split()[1] == mnt)
+
+
+@pytest.mark.parametrize("io_engine", ["io_uring", "threads"])
+def test_a_cancelled_read_waits_only_for_what_is_in_flight(io_engine):
+    """An awaited read cancelled (asyncio.wait_for timing out) while its batch
+    runs on a slow device: the engine went on reading every piece of the
+    batch, so the timeout returned only once the whole read was done, with
+    nothing in flight but its queue depth. Pieces and chunk files not yet
+    begun now end unread; what is in flight completes, and every handle is
+    released."""
+    need_root_xfs()
+    bps, n, size = 16 << 20, 24, 4 << 20  # the whole read takes 6 s at this speed
+    with loopfs.xfs_loop("400M") as mnt:
+        s = F.open_store(os.path.join(mnt, "s"), io_engine=io_engine)
+        keys = [f"slow/{i}" for i in range(n)]
+        src = F.Chunks()
+        assert s.write([src.item(k, size) for k in keys]) == [True] * n
+        taken, freed = [0], [0]
+        alloc = F.allocator()
+
+        def allocate(meta):
+            taken[0] += 1
+            return alloc(meta)
+
+        async def cancelled():
+            try:
+                await asyncio.wait_for(s.read_async(keys, allocate, lambda h: freed.__setitem__(0, freed[0] + 1)), 0.5)
+                return "completed"
+            except asyncio.TimeoutError:
+                return "timed out"
+
+        loopfs.drop_caches()
+        with _reads_throttled(_device_of(mnt), bps):
+            t0 = time.monotonic()
+            outcome = asyncio.run(cancelled())
+            took = time.monotonic() - t0
+        hits, _, bad = F.read_check(s, keys)  # unthrottled: the store is whole
+        s.close()
+    whole = n * size / bps
+    figure(
+        f"A read cancelled (asyncio.wait_for, 0.5 s) on a slow device (reads throttled to 16 MiB/s; 24 x 4 MiB; {io_engine})",
+        1,
+        "the cancel returns once what is in flight is read, not the whole batch; handles released; store whole",
+        outcome=outcome,
+        cancel_returned_after_s=round(took, 2),
+        whole_read_s=round(whole, 1),
+        handles=f"{freed[0]} of {taken[0]} released",
+        read_back=f"{hits}/{n} hit, {len(bad)} wrong",
+    )
+    assert outcome == "timed out"
+    assert took < 0.6 * whole, f"the cancel waited {took:.1f} s of a {whole:.0f} s read"
+    assert freed[0] == taken[0] and hits == n and not bad
+
+
+# ------------------------------------------------------------------ store directory replaced
+def test_a_store_directory_replaced_under_a_running_store(tmp_path):
+    """The store's directory removed and made again (rm -rf, mkdir), or a
+    filesystem mounted on it unmounted lazily (umount -l, root only). Writes
+    found fan-out directories by path, lookups and reads through the root's
+    descriptor opened at start: every store said stored and none was ever
+    read, and with umount -l the chunks filled the filesystem below, counted
+    in no ledger of it. Now stores are refused with a warning naming the
+    directory, and nothing is written under the new one."""
+    cases = ["replaced"] + (["unmounted"] if os.geteuid() == 0 else [])
+    seen: dict = {}
+    for case in cases:
+        root = str(tmp_path / case)
+        os.makedirs(root)
+        if case == "unmounted":
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=700", "fx-replaced", root], check=True)
+        try:
+            with F.LogCount() as logs:
+                s = F.open_store(root)
+                src = F.Chunks()
+                assert s.write([src.item(f"{case}/before", 64 << 10)]) == [True]
+                if case == "replaced":
+                    shutil.rmtree(root)
+                    os.makedirs(root)
+                else:
+                    subprocess.run(["umount", "-l", root], check=True)
+                stored = s.write([src.item(f"{case}/after/{i}", 64 << 10) for i in range(4)])
+                files_under_new = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+                warned = [
+                    r
+                    for r in logs.records
+                    if "was removed, replaced or unmounted" in r.getMessage() and root in r.getMessage()
+                ]
+                s.close()
+            fresh = F.open_store(root)  # a restart uses the new directory
+            assert fresh.write([src.item(f"{case}/new", 64 << 10)]) == [True]
+            hits, _, bad = F.read_check(fresh, [f"{case}/new"])
+            fresh.close()
+        finally:
+            if case == "unmounted":
+                subprocess.run(["umount", "-l", root], check=False, capture_output=True)
+        seen[case] = dict(stored=stored, files_under_new=files_under_new, warned=len(warned), new_ok=(hits, bad))
+    figure(
+        "Store directory removed and made again, or a filesystem on it unmounted lazily, under a running store",
+        len(cases),
+        "stores refused with a warning naming the directory; nothing written under the new one; a restart uses it",
+        **{f"{c}_stored": sum(v["stored"]) for c, v in seen.items()},
+        **{f"{c}_files_under_new": len(v["files_under_new"]) for c, v in seen.items()},
+        **{f"{c}_warnings": v["warned"] for c, v in seen.items()},
+    )
+    for case, v in seen.items():
+        assert v["stored"] == [False] * 4, case
+        assert v["files_under_new"] == [], case
+        assert v["warned"] == 1, case
+        assert v["new_ok"] == (1, []), case
 
 
 # ------------------------------------------------------------------ no io_uring
@@ -1066,7 +1311,7 @@ def test_bad_configuration(tmp_path):
         and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1M,mode=0755", "tmpfs", str(ro)]).returncode == 0
     ):
         mounted = True
-        paths += [(str(ro), "not writable"), (str(ro / "sub"), "cannot create")]
+        paths += [(str(ro), "on a read-only filesystem; mount it read-write"), (str(ro / "sub"), "cannot create")]
     paths.append((f"{tmp_path}/good-first,/proc/lmcache-fx", "cannot create"))
     # odirect: true where O_DIRECT is impossible (ramfs; tmpfs allows it since Linux 6.6);
     # io_engine: io_uring refused is exercised under seccomp (test_no_io_uring_under_seccomp)

@@ -258,6 +258,7 @@ def test_usage_is_shared_between_instances(tmp_path, monkeypatch):
     assert a.write([src.item(f"a{i}", CHUNK) for i in range(3)]) == [True] * 3
     assert b.usage_bytes == 3 * f
     F.read_check(b, ["a0"])  # a hit: a0 is now the most recently used, for both
+    assert b.settle_touches()  # once b's toucher has set its mtime (just after the hit)
     assert b.write([src.item("b0", CHUNK)]) == [True]
     assert a.usage_bytes == b.usage_bytes == 3 * f
     assert a.contains("a0") and not a.contains("a1") and a.contains("b0")

@@ -19,6 +19,7 @@ whoever wrote them.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
@@ -127,6 +128,7 @@ SCAN_DUTY = 100
 # batches, at most this many bytes of them idle: a fresh mapping costs a page fault, a zeroed
 # page and an unmap per chunk, about a quarter of a 4 KiB chunk's read from memory (perf).
 SCRATCH_KEPT_BYTES = 32 << 20
+TOUCHES_PENDING_MAX = 1 << 16  # recency updates waiting for the toucher; more are dropped (advisory)
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE)  # ESTALE: being reused (read locks)
@@ -444,6 +446,10 @@ def _tmp_name(final: str, spare: bool = False) -> str:
     return f"{os.path.basename(final)}{TMP_MARK}{_PID[0]}.{SPARE_SEQ_MARK if spare else ''}{next(_tmp_seq)}.{HOST_TAG}"
 
 
+def _gib_text(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
 def _unlink_at(dfd: int, name: str) -> None:
     try:
         os.unlink(name, dir_fd=dfd)
@@ -492,6 +498,94 @@ class Stats:
             return {k: (list(v) if isinstance(v, list) else v) for k, v in vars(self).items() if k != "lock"}
 
 
+class _Toucher:
+    """Sets the shared LRU clock (chunk mtimes) of hits on a thread of its
+    own, off the lookup and read path: a metadata write waits for as long as
+    the filesystem is frozen (fsfreeze, an LVM or cloud snapshot), and a hit
+    must not. Recency is advisory: past TOUCHES_PENDING_MAX waiting, more
+    are dropped. Holds its own descriptors of the roots, so that closing the
+    store never waits for a frozen filesystem, nor leaves one in use."""
+
+    def __init__(self, rootfds: Sequence[int]):
+        self._fds = [os.dup(fd) for fd in rootfds]
+        self._cv = threading.Condition()
+        self._pending: list[tuple[int, str, int]] = []
+        self._busy = False
+        self._stop = False
+        self._thread: Optional[threading.Thread] = None
+        self._pid = _PID[0]
+        self.dropped = 0
+
+    def submit(self, items: list[tuple[int, str, int]]) -> None:
+        """Queues (root index, name beneath it, mtime ns) touches, in order."""
+        if self._pid != _PID[0]:  # a forked child: the parent's thread and lock state are not here
+            self._cv, self._pending, self._busy, self._thread, self._pid = (
+                threading.Condition(),
+                [],
+                False,
+                None,
+                _PID[0],
+            )
+        with self._cv:
+            if self._stop:
+                return
+            room = max(TOUCHES_PENDING_MAX - len(self._pending), 0)
+            if len(items) > room:
+                self.dropped += len(items) - room
+                items = items[:room]
+            self._pending += items
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lmcache-fx-toucher", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        fds = self._fds
+        try:
+            while True:
+                with self._cv:
+                    while not self._pending and not self._stop:
+                        self._cv.wait()
+                    if not self._pending:
+                        return
+                    batch, self._pending, self._busy = self._pending, [], True
+                # Failures: gone, or not ours to touch; recency is advisory.
+                _fxio.utime_beneath([(fds[r], name, t) for r, name, t in batch])
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+        finally:
+            self._close_fds()
+
+    def settle(self, timeout: float = 5.0) -> bool:
+        """Waits until the touches queued so far are written; False if not
+        within `timeout` (a frozen filesystem)."""
+        end = time.monotonic() + timeout
+        with self._cv:
+            while self._pending or self._busy:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def close(self) -> None:
+        """Stops the thread once what is queued is written (not waited for
+        here); its descriptors go with it."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+            running = self._thread is not None and self._pid == _PID[0]
+        if not running:
+            self._close_fds()
+
+    def _close_fds(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class ChunkStore:
     def __init__(self, options: FxOptions, engine: Optional["_fxio.Engine"] = None):
         self.options = options
@@ -520,15 +614,19 @@ class ChunkStore:
         self._spare_bytes = 0  # their sizes' sum, kept so other threads read it without the ledger
         self._spares_pid = _PID[0]
         self._rootfds: list[int] = []  # per root, O_PATH, for the store's life
+        self._root_ids: list[tuple[int, int]] = []  # per root, (st_dev, st_ino) of what was opened
         self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
         self._enospc_until = 0.0
         self._evict_after_write = False  # a full disk was met: evict a little once the write ends
+        self._enospc_evicted_to: Optional[int] = None  # the usage the last full-disk eviction left
+        self._enospc_freed = 0
         self._enospc_count = 0
         self._io_warn_until = 0.0
         self._io_warn_quiet = 0
         self._scratch_kept: list = []  # header scratch HostBuffers kept between read batches, smallest first
         self._scratch_pid = _PID[0]
         self._last_mtime_ns = 0
+        self._toucher: Optional[_Toucher] = None
         self.stats = Stats()
         self.engine: Any = None
         if options.auth_key and options.direct_to_gpu:
@@ -544,6 +642,9 @@ class ChunkStore:
                 self._prepare_root(root, created)
             for root in self.roots:
                 self._rootfds.append(os.open(root, _DIR_FLAGS))
+                st = os.fstat(self._rootfds[-1])
+                self._root_ids.append((st.st_dev, st.st_ino))
+            self._toucher = _Toucher(self._rootfds)
             # Reads read-lock each chunk file on local filesystems: evicted files can then be reused
             # while other processes read the store (_open_deferred).
             self.lock_reads = _locks_reads(self.roots)
@@ -602,6 +703,8 @@ class ChunkStore:
                 self.engine.close()
             if self._wengine is not None and self._wengine is not self.engine:
                 self._wengine.close()
+            if self._toucher is not None:
+                self._toucher.close()
             self._close_fds()
             if self._ledger is not None:
                 # Its files stay: another process may have opened them since, and one made anew
@@ -1066,36 +1169,28 @@ class ChunkStore:
         for d in drop:
             del self._index[d]
 
-    def _touch(self, e: Entry, fd: int) -> None:
-        """Marks a chunk open at `fd` used for every process's LRU: its mtime,
-        at most once per TOUCH_SECONDS per chunk and process (by name:
-        _touch_many)."""
-        now = time.monotonic()
-        if now - e.touched < TOUCH_SECONDS:
-            return
-        e.touched = now
-        t = self._next_mtime_ns()
-        try:
-            os.utime(fd, ns=(t, t))
-        except OSError:
-            pass  # gone, or not ours to touch: recency is advisory
-
     def _touch_many(self, entries: Sequence[Entry]) -> None:
-        """_touch of many chunks by name: those due get their mtimes, in the
-        order given, in one C call (relative to the root's descriptor,
+        """Marks chunks used for every process's LRU: those due (at most once
+        per TOUCH_SECONDS per chunk and process) get their mtimes, in the
+        order given, by the toucher (relative to the root's descriptor,
         <ab>/<digest>.fxkv, the name itself not followed). A long-running
         server's hits are mostly older than TOUCH_SECONDS: each lookup and read
         touches nearly all of them."""
         now = time.monotonic()
         due = [e for e in entries if now - e.touched >= TOUCH_SECONDS]
-        if not due or not self._rootfds:
+        if not due or self._toucher is None or not self._rootfds:
             return
         t = self._next_mtime_ns(len(due))
         items = []
         for k, e in enumerate(due):
             e.touched = now
-            items.append((self._rootfd_of(e.path), relative_name(chunk_digest_of_path(e.path)), t + k))
-        _fxio.utime_beneath(items)  # failures: gone, or not ours to touch; recency is advisory
+            items.append((self._root_index_of(e.path), relative_name(chunk_digest_of_path(e.path)), t + k))
+        self._toucher.submit(items)
+
+    def settle_touches(self, timeout: float = 5.0) -> bool:
+        """Waits until the recency updates of the hits so far are written;
+        False if not within `timeout` (a frozen filesystem)."""
+        return self._toucher is None or self._toucher.settle(timeout)
 
     def _next_mtime_ns(self, count: int = 1) -> int:
         """Now, in ns, strictly increasing in this process: chunks written in
@@ -1497,7 +1592,28 @@ class ChunkStore:
         finally:
             if self._evict_after_write:
                 self._evict_after_write = False
-                self._evict_to(int(self.usage_bytes * 0.95))
+                self._evict_for_room()
+
+    def _evict_for_room(self) -> None:
+        """After a burst of ENOSPC: evicts 5 % of the store, so that its
+        stores resume, unless what the last such eviction freed went to other
+        files (the store did not grow back since): evicting at every burst
+        then only drained the cache while another writer took the room."""
+        usage = self.usage_bytes
+        last = self._enospc_evicted_to
+        if last is not None and usage <= last:
+            log.warning(
+                "lmcache-fx: not evicting again for room on the full filesystem of %s: the %s freed at the "
+                "last full-disk eviction went to other files (this store holds %s); free space there or "
+                "lower max_capacity_gb",
+                ",".join(self.roots),
+                _gib_text(max(self._enospc_freed, 0)),
+                _gib_text(usage),
+            )
+            return
+        self._evict_to(int(usage * 0.95))
+        self._enospc_evicted_to = self.usage_bytes
+        self._enospc_freed = usage - self._enospc_evicted_to
 
     def _reserve(self, files: list["_WriteFile"]) -> list["_WriteFile"]:
         """Counts the files in the shared usage, evicting first where the cap
@@ -1614,6 +1730,17 @@ class ChunkStore:
     def _write_files(self, todo, out: list[bool]) -> list[bool]:
         if time.monotonic() < self._enospc_until:
             self._count_enospc(len(todo))
+            return out
+        gone = self._root_replaced()
+        if gone is not None:
+            # Writes find fan-out directories by path, reads and lookups through the descriptors
+            # opened at start: written there, a chunk would never be read, nor counted in this ledger.
+            self.stats.add(write_errors=len(todo))
+            self._io_warning(
+                "lmcache-fx: store directory %s was removed, replaced or unmounted since this store opened "
+                "it; stores are skipped (reads go on from what was opened); restart to use the new one",
+                gone,
+            )
             return out
         # Each chunk's root, for the whole batch before it is cut into sub-batches: balanced
         # per 16-chunk sub-batch, 48 x 64 MiB still put 8 on one of 8 roots.
@@ -2033,6 +2160,19 @@ class ChunkStore:
             share_fd(fd, self._root_gid.get(root_of_path(final)), self.file_mode)
         return fd
 
+    def _root_replaced(self) -> Optional[str]:
+        """The first root whose path no longer leads to the directory opened
+        at start (removed, replaced, a filesystem unmounted from under it),
+        else None. A stat per root per write batch."""
+        for root, ident in zip(self.roots, self._root_ids):
+            try:
+                st = os.stat(root)
+            except OSError:
+                return root
+            if (st.st_dev, st.st_ino) != ident:
+                return root
+        return None
+
     def _write_failed(self, tmp: Optional[str], res: int) -> None:
         if tmp:
             unlink_quiet(tmp)
@@ -2395,10 +2535,7 @@ class ChunkStore:
         """The bookkeeping of a read batch, once: the shared LRU clock of the
         chunks used ((entry, fd or None) pairs), this process's recency,
         the stats. Returns (out, handles of failed chunks for the caller to free)."""
-        for e, fd in used:
-            if fd is not None:
-                self._touch(e, fd)
-        self._touch_many([e for e, fd in used if fd is None])
+        self._touch_many([e for e, _ in used])
         hits = len(used)
         if hits:
             with self._lock:
@@ -2528,6 +2665,8 @@ class ChunkStore:
         self.engine.close()
         if self._wengine is not None and self._wengine is not self.engine:
             self._wengine.close()
+        if self._toucher is not None:
+            self._toucher.close()
         self._close_fds()
         if self._ledger is not None:
             self._ledger.release()
