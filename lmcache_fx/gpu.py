@@ -457,7 +457,9 @@ class GpuRouter:
             (dev if self.owns(op[3]) else host).append(i)
         return dev, host
 
-    def read(self, ops, crc: bool = False):
+    def read(self, ops, crc: bool = False, stream: Any = None):
+        """`stream`: what the copies are ordered after (GpuReader.read_into);
+        None: torch's current stream of the calling thread."""
         dev, host = self._split(ops)
         if not dev:
             return self.engine.read(ops, crc=crc)
@@ -466,7 +468,7 @@ class GpuRouter:
             check()  # before the engine starts reading for a child that cannot finish
         batch = self.engine.submit([ops[i] for i in host], write=False, crc=crc) if host else None
         try:
-            dres = self.reader.read_into([ops[i] for i in dev], cancel_on_error=False, crc=crc)
+            dres = self.reader.read_into([ops[i] for i in dev], cancel_on_error=False, crc=crc, stream=stream)
         finally:
             hres = batch.wait() if batch is not None else []
         out = [0] * len(ops)
@@ -488,7 +490,10 @@ class GpuRouter:
             check()
         ranges = [(ops[i][3], ops[i][3] + ops[i][2]) for i in dev]
         track = getattr(self.reader, "_track", None)
-        return _ThreadBatch(lambda: self.read(ops, crc), ranges, track)
+        # torch's current stream is per thread: the read's own thread would see the default stream,
+        # which does not wait for the caller's non-blocking stream. Taken here, on the caller's.
+        stream = _stream_handle(None, self.reader.device)
+        return _ThreadBatch(lambda: self.read(ops, crc, stream), ranges, track)
 
 
 class _ThreadBatch:

@@ -61,10 +61,12 @@ step "1. bench --devices 8, 2 MiB ($(left) s left)"
   --reps 5 --readers fx,fx-unstaged,fx-threads,fx-l2,fio --json "$OUTDIR/bench-devices-8-2m.json"
 
 step "2. gpu_check ($(left) s left)"
-if [ "$(left)" -gt 110 ] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+# At 1 GiB the phases before the LMCache one took 37 s on the H200, the LMCache one 59-70 s
+# (docs/gpu-check-h200*.json): 200 s, not 100, so its own watchdog does not cut it off.
+if [ "$(left)" -gt 210 ] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   mkdir -p /root/fx-gpu-check
-  timeout -k 5 110 "$PY" scripts/gpu_check.py --dir /root/fx-gpu-check --size-gib 1 --json "$OUTDIR/gpu-check.json" \
-    --deadline-s 100
+  timeout -k 5 210 "$PY" scripts/gpu_check.py --dir /root/fx-gpu-check --size-gib 1 --json "$OUTDIR/gpu-check.json" \
+    --deadline-s 200
 fi
 
 step "3. inflight probe, 2 MiB ($(left) s left)"

@@ -84,15 +84,19 @@ def test_readme_rows_and_paragraph():
 class _StubReader:
     """read_into with memcpy: what the pipeline does, minus the pipeline."""
 
+    device = 0
+
     def __init__(self):
         self.calls = []
+        self.streams = []
 
-    def read_into(self, ops, cancel_on_error=True, crc=False):
+    def read_into(self, ops, cancel_on_error=True, crc=False, stream=None):
         import ctypes
 
         from lmcache_fx import _fxio
 
         self.calls.append(list(ops))
+        self.streams.append(stream)
         out = []
         for fd, off, n, addr in ops:
             data = os.pread(fd, n, off)
@@ -157,6 +161,33 @@ def test_router_splits_and_merges_in_op_order(tmp_path):
 
         assert asyncio.run(via_submit_crc()) == want
         assert r.kind == eng.kind  # everything else is the engine's
+    finally:
+        os.close(fd)
+        eng.close()
+
+
+def test_a_routed_read_on_its_own_thread_follows_the_callers_stream(tmp_path, monkeypatch):
+    """torch's current stream is per thread: submit() runs the pipeline on a
+    thread of its own, where read_into's default (torch's current stream)
+    was the default stream, which does not wait for the caller's
+    non-blocking stream. The caller's stream is taken on the caller's thread."""
+    from lmcache_fx import _fxio, gpu
+
+    monkeypatch.setattr(
+        gpu, "_stream_handle", lambda stream, device: threading.get_ident() if stream is None else stream
+    )
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(8192))
+    dev = _fxio.HostBuffer(8192, hugepages=False)
+    eng = _fxio.Engine("threads")
+    rd = _StubReader()
+    r = gpu.GpuRouter(eng, rd, lambda a: dev.address <= a < dev.address + len(dev))
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert r.submit([(fd, 0, 8192, dev.address)]).wait() == [8192]
+        assert rd.streams == [threading.get_ident()]  # this thread's, not the read thread's
+        assert r.read([(fd, 0, 8192, dev.address)]) == [8192]
+        assert rd.streams[-1] is None  # on the caller's thread: read_into resolves it there
     finally:
         os.close(fd)
         eng.close()
@@ -348,6 +379,9 @@ def child_roundtrip(store, workdir):
         class ReaderRecorder:
             def __init__(self, reader):
                 self.reader, self.ops = reader, []
+
+            def __getattr__(self, name):  # device, ...: the reader's
+                return getattr(self.reader, name)
 
             def read_into(self, ops, **kw):
                 self.ops += ops
