@@ -32,7 +32,7 @@ TRUST_MODEL = """
 | configuration | a torn or damaged file (power loss, crash, bad device, bit flips) | a file planted by someone who can write the store directory |
 |---|---|---|
 | `verify: true` (default) | a miss, never wrong data: the header CRC32C, the key in the header, the file length and the payload CRC32C are all checked | **served** if it is a well-formed chunk: CRC32C is no secret, anyone can compute it |
-| `verify: false` | a miss when the header is bad or the file is shorter than its header says; a full-length payload with bad bytes (blocks never written before a power cut) **is served** | served |
+| `verify: false` | a miss when the header is bad or the file is shorter than its header says; a full-length payload with bad bytes (blocks never written before a power cut: zeros, or an older version of the same chunk) **is served**. fx does not fsync, and after real power cuts of XFS with buffered writes such chunks were common; evicted files are not reused in this configuration (on disk filesystems), since a reused file's new header could stand over another chunk's payload | served |
 | `auth_key` set (either `verify`) | a miss: the MAC covers the header and the payload | a miss, and removed, unless its writer holds the key |
 
 A short read of a file that is long enough is a read error (a miss, counted in `read_errors`, the file kept), not corruption; a chunk is removed only after checking that the name still points at the file that was read (inode), so a good chunk renamed into place meanwhile by another process is never deleted.

@@ -193,6 +193,10 @@ def test_fsck_finds_and_repairs_damage_then_the_plugin_reads_the_rest(capsys, st
     open(stale, "w").write("partial")
     live = a[0] + f".tmp.{os.getpid()}.7"  # a temporary of a live writer
     open(live, "w").write("partial")
+    # Another host's, container's or boot's (its tag is not this one's), fresh: its writer cannot be
+    # checked from here. It was reported as one of "running writers".
+    elsewhere = a[0] + ".tmp.4242.3.0123abcd"
+    open(elsewhere, "w").write("partial")
     foreign = os.path.join(sub, "notes.txt")
     open(foreign, "w").write("hello")
 
@@ -205,10 +209,13 @@ def test_fsck_finds_and_repairs_damage_then_the_plugin_reads_the_rest(capsys, st
     assert "shorter than the 4096-byte header" in probs[empty]["problem"]
     assert "belongs in another file" in probs[other]["problem"]
     assert probs[stale]["kind"] == "stale-tmp" and probs[foreign]["kind"] == "foreign"
-    assert live not in probs and obj["live_temporaries"] == 1
+    assert live not in probs and elsewhere not in probs
+    assert obj["live_temporaries"] == 2 and obj["temporaries_judged_by_age"] == 1
     assert obj["ok"] == 3 and obj["bad"] == 5
     rc, out, _ = cli(capsys, "fsck", path)
     assert "run again with --repair" in out and "BAD" in out
+    assert "1 temporaries of writers running here" in out
+    assert "1 temporaries of writers of another host, container or boot" in out and "1 h old" in out
 
     rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
     assert rc == 1

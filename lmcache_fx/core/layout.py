@@ -237,6 +237,18 @@ def fanout_dirs(root: str) -> list[str]:
         return [de.path for de in top if is_fanout_name(de.name) and de.is_dir(follow_symlinks=False)]
 
 
+def tmp_judged_by_age(name: str) -> bool:
+    """Whether a temporary's writer can only be judged by the file's age
+    (STALE_TMP_SECONDS): one of another host, container or boot, or with no
+    pid in its name; else by whether its pid lives here."""
+    try:
+        parts = name.split(TMP_MARK, 1)[1].split(".")
+        pid = int(parts[0])
+    except (IndexError, ValueError):
+        return True
+    return not 0 < pid <= PID_T_MAX or (len(parts) >= 3 and parts[2] != HOST_TAG)
+
+
 def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
     # <digest>.fxkv.tmp.<pid>.<seq>[.<host tag>]: stale when the writer is gone (or a spare, when old)
     try:

@@ -35,12 +35,14 @@ from ..core.chunkfile import Header
 from ..core.layout import (
     LOCK_DIR,
     LOCK_NAME,
+    STALE_TMP_SECONDS,
     StoreFile,
     is_fanout_name,
     open_dir,
     paths_for,
     scan_fanout,
     tmp_is_stale,
+    tmp_judged_by_age,
     unlink_if_same,
 )
 from ..core.ledger import Ledger, LockTimeout
@@ -696,7 +698,11 @@ def cmd_fsck(args) -> int:
     found = [p for p in problems if p["kind"] in REMOVABLE or p["kind"] in ("unreadable", "fanout")]
     left = [p for p in found if not p.get("resolved")]
     code = 0 if not found else (1 if not left else 4)
-    live_tmp = len(sc.temps) - sum(1 for p in problems if p["kind"] == "stale-tmp")
+    stale_tmp = {p["path"] for p in problems if p["kind"] == "stale-tmp"}
+    live = [f for f in sc.temps if f.path not in stale_tmp]
+    live_tmp = len(live)
+    # Of another host, container or boot: whether their writer lives cannot be told from here.
+    aged_tmp = sum(1 for f in live if tmp_judged_by_age(os.path.basename(f.path)))
     obj = {
         "paths": roots,
         "checked": len(sc.chunks),
@@ -712,6 +718,7 @@ def cmd_fsck(args) -> int:
         "engine": engine_kind,
         "odirect": direct,
         "live_temporaries": live_tmp,
+        "temporaries_judged_by_age": aged_tmp,
         "problems": problems,
         "repair": args.repair,
         "exit_status": code,
@@ -743,8 +750,13 @@ def cmd_fsck(args) -> int:
         + (f", {counts['gone']} removed meanwhile" if counts["gone"] else "")
         + (f"; {len(sc.unlisted)} fan-out directories could not be listed" if sc.unlisted else "")
     )
-    if live_tmp:
-        L.append(f"{live_tmp} temporaries of running writers (left alone)")
+    if live_tmp - aged_tmp:
+        L.append(f"{live_tmp - aged_tmp} temporaries of writers running here (left alone)")
+    if aged_tmp:
+        L.append(
+            f"{aged_tmp} temporaries of writers of another host, container or boot (left alone: whether they "
+            f"still run cannot be told from here; removed once {STALE_TMP_SECONDS / 3600:g} h old)"
+        )
     if any(p["kind"] in REMOVABLE for p in found) and not args.repair:
         L.append("run again with --repair to remove the bad chunks and stale temporaries")
     L += [f"warning: {w}" for w in obj["warnings"]]
