@@ -39,7 +39,7 @@ from lmcache.v1.platform import create_event_notifier
 
 from .core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest
 from .core.drive import drive_blocking
-from .core.options import FxOptions, refuse_direct_to_gpu
+from .core.options import ConfigError, FxOptions, refuse_direct_to_gpu
 from .core.store import ChunkStore
 from .integration.common import meta_of, register_memory
 
@@ -74,6 +74,10 @@ def object_key_string(key: "ObjectKey") -> str:
     return f"{s}@{key.cache_salt}" if key.cache_salt else s
 
 
+# LMCache's own keys of every --l2-adapter entry (beside "type"), not adapter_params.
+_LMCACHE_ADAPTER_KEYS = frozenset({"eviction", "serde", "shared", "affinity_tag"})
+
+
 class FxL2AdapterConfig(L2AdapterConfigBase):
     """`adapter_params` are lmcache-fx options (README's table)."""
 
@@ -83,7 +87,19 @@ class FxL2AdapterConfig(L2AdapterConfigBase):
     @classmethod
     def from_dict(cls, d: dict) -> "FxL2AdapterConfig":
         d = {k: v for k, v in (d or {}).items() if k != "type"}
+        lmcaches = sorted(k for k in d if k in _LMCACHE_ADAPTER_KEYS)
+        if lmcaches:
+            raise ConfigError(
+                f"{WHERE}{lmcaches[0]}: an LMCache setting of every L2 adapter, not an lmcache-fx option; "
+                f'put it beside "type" in the --l2-adapter JSON, not in adapter_params'
+            )
         options = FxOptions.from_mapping(d, where=WHERE)
+        if "path" not in d:  # LMCache drops unknown keys beside "type": options put there leave no trace
+            log.warning(
+                "lmcache-fx: L2 adapter: adapter_params gives no path, so the store is at the default %s "
+                '(lmcache-fx options go under "adapter_params", not beside "type")',
+                ",".join(options.paths),
+            )
         refuse_direct_to_gpu(options, WHERE)
         return cls(options)
 
@@ -98,7 +114,12 @@ class FxL2AdapterConfig(L2AdapterConfigBase):
 
 
 class FxL2Adapter(L2AdapterInterface):
-    def __init__(self, config, l1_memory_desc: "Optional[L1MemoryDesc]" = None):
+    def __init__(self, config, l1_memory_desc: "Optional[L1MemoryDesc]" = None, **wrong_entry):
+        if "dst_device" in wrong_entry:  # built as a storage_plugins entry: the README row in the wrong list
+            raise ConfigError(
+                "lmcache_fx.l2_adapter.FxL2Adapter is an MP-mode L2 adapter (lmcache server --l2-adapter); "
+                "under storage_plugins use lmcache_fx.lmcache_plugin / FxStorageBackend"
+            )
         if not isinstance(config, FxL2AdapterConfig):  # raw adapter_params (no config class found)
             config = FxL2AdapterConfig.from_dict(config if isinstance(config, dict) else {})
         self.options = config.options

@@ -96,7 +96,7 @@ class FxStorageBackend(StoragePluginInterface):
             dst_device="cpu", config=config, metadata=metadata, local_cpu_backend=local_cpu_backend, loop=loop
         )
         if local_cpu_backend is None:
-            raise ConfigError("lmcache-fx needs LMCache's LocalCPUBackend as its allocator")
+            raise ConfigError("lmcache-fx needs LMCache's LocalCPUBackend as its allocator (max_local_cpu_size > 0)")
         self.name = plugin_name(config, type(self))
         prefix = f"storage_plugin.{self.name}."
         self.options = options_from_extra(config.extra_config, prefix)

@@ -36,7 +36,7 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .core.chunkfile import ChunkMeta
-from .core.options import ConfigError, refuse_direct_to_gpu
+from .core.options import ConfigError, refuse_direct_to_gpu, stray_plugin_keys
 from .core.store import ChunkStore
 from .integration.common import (
     allocate_from,
@@ -63,7 +63,12 @@ def remote_plugin_name(config, cls) -> str:
 
 
 class FxRemoteConnector(RemoteConnector):
-    def __init__(self, loop=None, local_cpu_backend=None, config=None):
+    def __init__(self, loop=None, local_cpu_backend=None, config=None, **wrong_entry):
+        if "dst_device" in wrong_entry:  # built as a storage_plugins entry: the README row in the wrong list
+            raise ConfigError(
+                "lmcache_fx.remote_plugin.FxRemoteConnector belongs under remote_storage_plugins "
+                "(remote_storage_plugin.<name>.*); under storage_plugins use lmcache_fx.lmcache_plugin / FxStorageBackend"
+            )
         if local_cpu_backend is None or getattr(local_cpu_backend, "metadata", None) is None:
             raise ConfigError("lmcache-fx remote plugin needs LMCache's LocalCPUBackend (max_local_cpu_size > 0)")
         super().__init__(config, local_cpu_backend.metadata)
@@ -71,6 +76,9 @@ class FxRemoteConnector(RemoteConnector):
         self.local_cpu_backend = local_cpu_backend
         self.name = remote_plugin_name(config, type(self))
         self.options = options_from_extra(config.extra_config, f"{PREFIX}{self.name}.")
+        listed = list(config.remote_storage_plugins or [])
+        for why in stray_plugin_keys(config.extra_config, listed, "remote_storage_plugin"):
+            log.warning("lmcache-fx: %s", why)  # a misspelt key leaves this store at its defaults
         refuse_direct_to_gpu(self.options, f"{PREFIX}{self.name}.")
         port = worker_metrics_port(self.options, local_cpu_backend.metadata, f"{PREFIX}{self.name}.")
         self.store = ChunkStore(self.options)

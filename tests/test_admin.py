@@ -311,6 +311,32 @@ def _fast_path_expected(path):
     return _fxio.io_uring_status()[0] and probe_odirect(path)[0]
 
 
+def test_doctor_space_counts_striped_paths_on_one_filesystem_together(tmp_path):
+    """With two paths on one filesystem, doctor compared each with half the
+    capacity as if each had that filesystem's free space to itself: a
+    capacity twice the free space passed as OK, and writes would meet
+    ENOSPC before eviction."""
+    from lmcache_fx.core.options import FxOptions
+    from lmcache_fx.tools.doctor import check_path
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    st = os.statvfs(tmp_path)
+    free_gib = st.f_bavail * st.f_frsize / (1 << 30)
+    opts = FxOptions.from_mapping({"path": f"{a},{b}", "max_capacity_gb": 1.5 * free_gib})
+    space = [c for c in check_path(str(a), opts, "") if c.name == "space"]
+    assert len(space) == 1 and space[0].status == "warn", space
+    assert "x 2 of them on this filesystem" in space[0].summary
+    assert f"below {free_gib * 0.95:.0f}" in space[0].fix
+
+
+def test_ls_limit_below_zero_is_refused(capsys, store_copy):
+    """--limit -1 listed every chunk, as 0 does, without a word."""
+    path, _ = store_copy
+    with pytest.raises(SystemExit) as e:
+        cli(capsys, "ls", path, "--limit", "-1")
+    assert e.value.code == 2 and "give 0 (all) or a positive count" in capsys.readouterr().err
+
+
 def test_doctor_on_a_real_store(capsys, store_copy):
     path, _ = store_copy
     rc, obj, _ = cli_json(capsys, "doctor", "--path", path)

@@ -276,3 +276,102 @@ def test_odirect_fallback_on_a_device_warns_once(tmp_path, caplog, monkeypatch):
         assert "Invalid argument" in said[0].getMessage()
     finally:
         s.close()
+
+
+def test_plugin_options_written_as_a_nested_map_are_refused_with_the_flat_keys():
+    """storage_plugin: {fx: {path: ..}} looks right in YAML, but LMCache reads
+    flat keys only: the plugin opened ~/.cache/lmcache-fx at 100 GB without a
+    word, and doctor said OK. Refused now, naming the flat keys to write."""
+    from lmcache_fx.core.options import stray_plugin_keys
+
+    nested = {"storage_plugin": {"fx": {"path": "/nvme", "max_capacity_gb": 5}}}
+    with pytest.raises(ConfigError, match=r"'storage_plugin' holds a map.*'storage_plugin\.fx\.path'"):
+        stray_plugin_keys(nested, ["fx"])
+    with pytest.raises(ConfigError, match=r"'storage_plugin\.fx\.max_capacity_gb'"):
+        stray_plugin_keys({"storage_plugin.fx": {"max_capacity_gb": 5}}, ["fx"])
+    with pytest.raises(ConfigError, match=r"'remote_storage_plugin\.fx\.path'"):
+        stray_plugin_keys({"remote_storage_plugins": {"fx": {"path": "/a"}}}, ["fx"], "remote_storage_plugin")
+
+
+def test_dotted_plugin_names_and_the_remote_prefix_are_judged_like_the_rest():
+    """A listed name with a dot in it (fx.nvme) drew a false 'no plugin fx'
+    warning for each of its keys; the remote plugin's keys were never
+    judged, so a plural or unlisted prefix left it at its defaults."""
+    from lmcache_fx.core.options import stray_plugin_keys
+
+    ok = {"storage_plugin.fx.nvme.path": "/a", "storage_plugin.fx.nvme.max_capacity_gb": 5}
+    assert stray_plugin_keys(ok, ["fx.nvme"]) == []
+    remote = {
+        "remote_storage_plugin.fx.path": "/a",
+        "remote_storage_plugins.fx.max_capacity_gb": 1,
+        "remote_storage_plugin.fxx.path": "/b",
+        "storage_plugin.fx.path": "/c",  # the in-process plugin's: not judged under the remote head
+    }
+    out = stray_plugin_keys(remote, ["fx"], "remote_storage_plugin")
+    assert len(out) == 2, out
+    assert "rename it to 'remote_storage_plugin.fx.max_capacity_gb'" in out[0]
+    assert "no plugin 'fxx' in remote_storage_plugins" in out[1]
+
+
+def test_config_tools_read_remote_entries_and_name_a_class_in_the_wrong_list():
+    """doctor and ls/stat/fsck/gc --config read only storage_plugins: the
+    documented remote_storage_plugins YAML was 'no lmcache-fx plugin'. And
+    FxRemoteConnector copied under storage_plugins passed the check, then
+    failed in LMCache with a TypeError naming no fix."""
+    from lmcache_fx.tools.lmcache_config import check_plugin, plugin_entries
+
+    class Remote:
+        storage_plugins: list = []
+        remote_storage_plugins = ["fx"]
+        extra_config = {
+            "remote_storage_plugin.fx.module_path": "lmcache_fx.remote_plugin",
+            "remote_storage_plugin.fx.class_name": "FxRemoteConnector",
+            "remote_storage_plugin.fx.path": "/mnt/nvmeof/lmcache",
+            "remote_storage_plugin.fx.max_capacity_gb": 2000,
+        }
+
+    entries, warns = plugin_entries(Remote())
+    assert [(e.name, e.head) for e in entries] == [("fx", "remote_storage_plugin")] and warns == []
+    check_plugin(entries[0], Remote())
+    assert not entries[0].error and entries[0].options.max_capacity_gb == 2000
+
+    class Misplaced:
+        storage_plugins = ["fx"]
+        extra_config = {
+            "storage_plugin.fx.module_path": "lmcache_fx.remote_plugin",
+            "storage_plugin.fx.class_name": "FxRemoteConnector",
+        }
+
+    entries, _ = plugin_entries(Misplaced())
+    check_plugin(entries[0], Misplaced())
+    assert "belongs under remote_storage_plugins" in entries[0].error
+    assert "use lmcache_fx.lmcache_plugin / FxStorageBackend" in entries[0].error
+
+
+def test_the_remote_and_l2_classes_built_as_a_storage_plugin_say_where_they_belong():
+    """LMCache builds a storage_plugins entry with dst_device=...: the remote
+    connector and the L2 adapter raised a bare TypeError."""
+    from lmcache_fx.l2_adapter import FxL2Adapter
+    from lmcache_fx.remote_plugin import FxRemoteConnector
+
+    kw = dict(config=None, dst_device="cpu", metadata=None, local_cpu_backend=None, loop=None)
+    with pytest.raises(ConfigError, match="belongs under remote_storage_plugins"):
+        FxRemoteConnector(**kw)
+    with pytest.raises(ConfigError, match="MP-mode L2 adapter.*under storage_plugins use lmcache_fx.lmcache_plugin"):
+        FxL2Adapter(**kw)
+
+
+def test_l2_adapter_settings_of_lmcache_in_adapter_params_and_a_defaulted_path(caplog):
+    """LMCache's own adapter keys put in adapter_params got 'unknown option'
+    without the fix; fx options put beside "type" (which LMCache drops)
+    left the store at its default path without a word."""
+    import logging
+
+    from lmcache_fx.l2_adapter import FxL2AdapterConfig
+
+    with pytest.raises(ConfigError, match=r'adapter_params.eviction: an LMCache setting.*beside "type"'):
+        FxL2AdapterConfig.from_dict({"path": "/tmp/x", "eviction": {"policy": "LRU"}})
+    with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
+        FxL2AdapterConfig.from_dict({"max_capacity_gb": 5})
+    said = [r.getMessage() for r in caplog.records if "adapter_params gives no path" in r.getMessage()]
+    assert len(said) == 1 and 'not beside "type"' in said[0]

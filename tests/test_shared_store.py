@@ -655,3 +655,19 @@ def test_a_key_too_long_for_the_header_fails_alone(tmp_path):
             assert s.usage_bytes == dir_bytes(path) and not F.tmp_files(path)
         finally:
             s.close()
+
+
+def test_a_batch_larger_than_the_cap_says_so_once(tmp_path):
+    """A write batch larger than max_capacity_gb logged 'no room ... (pinned
+    chunks fill it)' once per chunk left out, with nothing pinned. One
+    warning per batch now, with the reason that applies."""
+    f = HEADER_SIZE + CHUNK
+    s = F.open_store(str(tmp_path / "s"), max_capacity_gb=(3 * f + 10) / (1 << 30))
+    src = F.Chunks()
+    with F.LogCount() as logs:
+        got = s.write([src.item(f"big/{i}", CHUNK) for i in range(6)])
+    s.close()
+    assert got.count(True) == 3
+    said = [r.getMessage() for r in logs.records if "not stored: no room" in r.getMessage()]
+    assert len(said) == 1 and "3 of 6 chunks" in said[0] and "the batch alone" in said[0], said
+    assert logs.count(logging.WARNING, "pinned chunks fill it") == 0

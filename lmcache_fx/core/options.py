@@ -390,28 +390,47 @@ class FxOptions:
 _PLUGIN_KEYS = ("module_path", "class_name")  # LMCache's own keys under a plugin's prefix
 
 
-def stray_plugin_keys(extra: dict, listed: Sequence[str]) -> list[str]:
-    """extra_config keys that look meant for a storage plugin but that no
-    plugin LMCache loads will read ('storage_plugins.fx.path', a name not in
-    storage_plugins), each with the fix: a misspelt key would otherwise
-    leave the store at its defaults without a word."""
+def _flat_keys(value: Any, prefix: str) -> list[str]:
+    """The flat extra_config keys a nested map under `prefix` stands for."""
+    if not isinstance(value, dict):
+        return [prefix]
+    return [k for name, v in value.items() for k in _flat_keys(v, f"{prefix}.{name}")]
+
+
+def stray_plugin_keys(extra: dict, listed: Sequence[str], head: str = "storage_plugin") -> list[str]:
+    """extra_config keys that look meant for a plugin under `head`
+    (storage_plugin, remote_storage_plugin) but that no plugin LMCache
+    loads will read ('storage_plugins.fx.path', a name not in the list),
+    each with the fix: a misspelt key would otherwise leave the store at its
+    defaults without a word. A nested map (storage_plugin: {fx: {path: ..}})
+    is refused (ConfigError): LMCache reads flat keys only, and the store
+    would open at its default path and capacity."""
     out = []
+    lists = f"{head}s"
     for k in extra or {}:
         if not isinstance(k, str):
             continue
-        head, _, rest = k.partition(".")
-        name = rest.partition(".")[0]
-        if head == "storage_plugin" and name in listed:
-            continue
-        if head == "storage_plugin" and rest.count(".") >= 1:
-            out.append(
-                f"extra_config key '{k}': no plugin '{name}' in storage_plugins {list(listed)}; "
-                f"LMCache ignores it (use storage_plugin.<name>.<option> with a listed name)"
+        first = k.partition(".")[0]
+        if first.replace("-", "_").rstrip("s") == head and isinstance(extra[k], dict):
+            flat = _flat_keys(extra[k], head + k[len(first) :])
+            raise ConfigError(
+                f"extra_config key '{k}' holds a map, but LMCache reads flat keys only and would ignore it; "
+                f"write {', '.join(repr(f) for f in flat[:3])}{' ...' if len(flat) > 3 else ''}"
             )
-        elif head != "storage_plugin" and head.replace("-", "_").rstrip("s") == "storage_plugin":
+        if not k.startswith(f"{head}."):
+            if first != head and first.replace("-", "_").rstrip("s") == head:
+                out.append(
+                    f"extra_config key '{k}': LMCache reads {head}.<name>.<option> (singular), "
+                    f"so it ignores this one; rename it to '{head}.{k.partition('.')[2]}'"
+                )
+            continue
+        rest = k[len(head) + 1 :]
+        if any(rest.startswith(f"{n}.") for n in listed):  # a listed name, dots in it or not
+            continue
+        if "." in rest:
             out.append(
-                f"extra_config key '{k}': LMCache reads storage_plugin.<name>.<option> (singular), "
-                f"so it ignores this one; rename it to 'storage_plugin.{rest}'"
+                f"extra_config key '{k}': no plugin '{rest.rpartition('.')[0]}' in {lists} {list(listed)}; "
+                f"LMCache ignores it (use {head}.<name>.<option> with a listed name)"
             )
     return out
 

@@ -1648,16 +1648,13 @@ class ChunkStore:
             need = sum(HEADER_SIZE + round_up(f.nbytes, 4096) for f in files)
             if usage + need > cap:  # room for the whole batch in one eviction (the loop below mends the rest)
                 usage = self._evict_locked(max(cap - need, 0), usage, reuse)
+            no_room = 0
             for f in files:
                 rsize = HEADER_SIZE + round_up(f.nbytes, 4096)
                 if usage + rsize > cap and rsize <= cap:
                     usage = self._evict_locked(cap - rsize, usage, reuse)
                 if usage + rsize > cap:
-                    log.warning(
-                        "lmcache-fx: no room for a %d-byte chunk under max_capacity_gb=%s (pinned chunks fill it)",
-                        rsize,
-                        self.options.max_capacity_gb,
-                    )
+                    no_room += 1
                     continue
                 if f.fd >= 0 and self._removed_as_stale(f):
                     continue  # made before the reservation, removed meanwhile (by its size then: 0)
@@ -1684,12 +1681,34 @@ class ChunkStore:
                 if f.recycled:  # moved for a file that got no room: evicted after all
                     _unlink_at(f.dfd, f.tmp)
                     f.recycled = False
+            if no_room:
+                self._no_room_warning(no_room, len(files), need, cap)
             if ok or usage != start or counted_ahead:  # the evictor may have written the ledger meanwhile
                 self._ledger.set_usage(usage)
                 self._last_usage = usage
         finally:
             hold.__exit__(None, None, None)
         return ok
+
+    def _no_room_warning(self, skipped: int, batch: int, need: int, cap: int) -> None:
+        """Why chunks of a write batch found no room, once per batch."""
+        if need > cap:
+            why = f"the batch alone ({_gib_text(need)} in {batch} chunks) is more than the cap"
+        else:
+            with self._lock:
+                pinned = sum(1 for v in self._pins.values() if v)
+            why = (
+                f"what is left is pinned ({pinned} chunks pinned by this process's lookups and reads) "
+                "or being written by other processes"
+            )
+        self._burst_warning(
+            "batches with no room",
+            "lmcache-fx: %d of %d chunks not stored: no room under max_capacity_gb=%s: %s",
+            skipped,
+            batch,
+            self.options.max_capacity_gb,
+            why,
+        )
 
     def _open_deferred(self, f: "_WriteFile") -> int:
         """Opens the temporary of a file whose creation was deferred to the

@@ -304,6 +304,13 @@ def _gib(value: float, flag: str, zero_ok: bool) -> float:
     return value
 
 
+def _limit(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value}: give 0 (all) or a positive count")
+    return n
+
+
 def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
     p.epilog = EXAMPLES[command]
     p.add_argument(
@@ -320,7 +327,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
             default="age",
             help="order (default age: least recently written first, the eviction order)",
         )
-        p.add_argument("--limit", type=int, default=0, metavar="N", help="print at most N chunks")
+        p.add_argument("--limit", type=_limit, default=0, metavar="N", help="print at most N chunks (0: all)")
     if command == "stat":
         p.add_argument("--capacity-gb", type=float, metavar="N", help="max_capacity_gb to compare usage with")
     if command == "fsck":
@@ -358,9 +365,11 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
             if unlisted:  # the settings are there, the name is not listed: say that, with the fix
                 raise AdminError(f"{args.config}: {'; '.join(unlisted)}")
             raise AdminError(
-                f"{args.config}: storage_plugins has no lmcache-fx entry "
+                f"{args.config}: neither storage_plugins nor remote_storage_plugins has an lmcache-fx entry "
                 "(storage_plugin.<name>.module_path: lmcache_fx.lmcache_plugin)"
             )
+        for w in unlisted:  # settings LMCache will ignore: the store may not be the one meant
+            print(f"warning: {args.config}: {w}", file=sys.stderr)
         if args.plugin:
             plugins = [p for p in plugins if p.name == args.plugin]
             if not plugins:

@@ -516,7 +516,10 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
         room = fi["free_bytes"] + used
         d = {"free_bytes": fi["free_bytes"], "store_bytes": used, "capacity_bytes": cap}
         nroots = len(opts.paths)
-        share = cap / nroots  # striping spreads the capacity over the paths
+        # Striping spreads the capacity over the paths; the paths on this one filesystem share its room.
+        here = _device_of(root)
+        same = sum(1 for p in opts.paths if _device_of(p) == here) or 1
+        share = cap * same / nroots
         if share > room:
             out.append(
                 Check(
@@ -525,8 +528,9 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
                     f"{human_bytes(fi['free_bytes'])} free + {human_bytes(used)} in the store < "
                     f"max_capacity_gb {opts.max_capacity_gb:g}"
                     + (f" / {nroots} paths" if nroots > 1 else "")
+                    + (f" x {same} of them on this filesystem" if same > 1 else "")
                     + ": writes will fail with ENOSPC before eviction starts",
-                    f"set max_capacity_gb below {room * nroots / GIB * 0.95:.0f}",
+                    f"set max_capacity_gb below {room * nroots / same / GIB * 0.95:.0f}",
                     d,
                 )
             )
@@ -541,6 +545,18 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
                 )
             )
     return out
+
+
+def _device_of(path: str) -> Optional[int]:
+    """st_dev of a path, or of its nearest existing parent (a store made later)."""
+    p = os.path.abspath(path)
+    while True:
+        try:
+            return os.stat(p).st_dev
+        except OSError:
+            if p == os.path.dirname(p):
+                return None
+            p = os.path.dirname(p)
 
 
 def check_memory_fs(where: str, fi: dict, opts: FxOptions, tag: str) -> Optional[Check]:
@@ -649,8 +665,15 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
         except ValueError as e:
             checks.append(Check("config", "fail", str(e), "fix the file; LMCache would not start with it"))
             cfg = None
+        entries: list = []
         if cfg is not None:
-            entries, warns = plugin_entries(cfg)
+            try:
+                entries, warns = plugin_entries(cfg)
+            except ConfigError as e:
+                checks.append(Check("config", "fail", f"{config}: {e}", "write the keys flat, as named above"))
+                entries, warns = [], []
+                cfg = None
+        if cfg is not None:
             checks += [Check("config", "warn", w) for w in warns]
             try:  # LMCache's pool exists even with local_cpu: false (it is the staging allocator)
                 pool_bytes = int(float(cfg.max_local_cpu_size) * GIB)
@@ -661,7 +684,7 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
                     Check(
                         "config",
                         "fail",
-                        f"{config}: storage_plugins lists no lmcache-fx plugin",
+                        f"{config}: neither storage_plugins nor remote_storage_plugins lists an lmcache-fx plugin",
                         "add: storage_plugins: [fx] and extra_config: storage_plugin.fx.module_path: "
                         f"{PLUGIN_MODULE}, storage_plugin.fx.class_name: {PLUGIN_CLASS}",
                     )
@@ -679,7 +702,7 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
                         )
                     )
                     # Still check its path, so one run shows every problem.
-                    raw = (cfg.extra_config or {}).get(f"storage_plugin.{pc.name}.path")
+                    raw = (cfg.extra_config or {}).get(f"{pc.prefix}path")
                     try:
                         plugins.append((pc.name, FxOptions.from_mapping({"path": raw} if raw else {})))
                     except ConfigError:

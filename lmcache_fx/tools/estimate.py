@@ -651,6 +651,8 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
     if args.measure:
         if args.storage_gbps:
             parser.error("give --storage-gbps or --measure, not both")
+        if not os.path.isdir(args.measure):
+            parser.error(f"--measure {args.measure}: no such directory; give a directory on the storage to measure")
         rank, _ = rank_geometry(inp.geo, inp.tp)
         try:
             meas = measure_read(args.measure, rank.chunk_bytes, args.measure_size)

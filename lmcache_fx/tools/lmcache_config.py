@@ -12,6 +12,13 @@ from .common import AdminError
 
 PLUGIN_MODULE = "lmcache_fx.lmcache_plugin"
 PLUGIN_CLASS = "FxStorageBackend"
+REMOTE_MODULE = "lmcache_fx.remote_plugin"
+REMOTE_CLASS = "FxRemoteConnector"
+# (the extra_config head of a plugin's keys, the config list naming it, the module and class it takes)
+HEADS = (
+    ("storage_plugin", "storage_plugins", PLUGIN_MODULE, PLUGIN_CLASS),
+    ("remote_storage_plugin", "remote_storage_plugins", REMOTE_MODULE, REMOTE_CLASS),
+)
 
 
 @dataclass
@@ -23,6 +30,11 @@ class PluginConf:
     class_name: str
     options: Optional[FxOptions] = None
     error: str = ""
+    head: str = "storage_plugin"  # or remote_storage_plugin
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.head}.{self.name}."
 
 
 def load_lmcache_config(path: str):
@@ -44,68 +56,81 @@ def load_lmcache_config(path: str):
 
 
 def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
-    """The lmcache-fx entries of storage_plugins, and warnings about
-    storage_plugin.<name>.* settings LMCache will ignore."""
+    """The lmcache-fx entries of storage_plugins and remote_storage_plugins,
+    and warnings about <head>.<name>.* settings LMCache will ignore.
+    ConfigError for settings written as a nested map (LMCache ignores them
+    all, so the store would run at its defaults)."""
     extra = cfg.extra_config or {}
-    listed = list(cfg.storage_plugins or [])
     out, warns = [], []
-    for n in listed:
-        mp, cn = _names(extra, n)
-        if _is_ours(mp, cn):
-            out.append(PluginConf(n, mp, cn))
-    named = {
-        k.split(".")[1] for k in extra if isinstance(k, str) and k.startswith("storage_plugin.") and k.count(".") >= 2
-    }
-    ours_unlisted = set()
-    for n in sorted(named - set(listed)):
-        if _is_ours(*_names(extra, n)):
+    for head, list_key, _, _ in HEADS:
+        listed = list(getattr(cfg, list_key, None) or [])
+        for n in listed:
+            mp, cn = _names(extra, head, n)
+            if _is_ours(mp, cn):
+                out.append(PluginConf(n, mp, cn, head=head))
+        named = {
+            k[len(head) + 1 :].rpartition(".")[0]
+            for k in extra
+            if isinstance(k, str) and k.startswith(f"{head}.") and k.count(".") >= 2
+        }
+        ours_unlisted = set()
+        for n in sorted(named - set(listed)):
+            if any(n.startswith(f"{m}.") for m in listed) or not _is_ours(*_names(extra, head, n)):
+                continue
             ours_unlisted.add(n)
             warns.append(
-                f"extra_config has storage_plugin.{n}.* but storage_plugins does not list '{n}': "
-                f"LMCache will not load it (add it: storage_plugins: [{n!r}])"
+                f"extra_config has {head}.{n}.* but {list_key} does not list '{n}': "
+                f"LMCache will not load it (add it: {list_key}: [{n!r}])"
             )
-    said = tuple(f"storage_plugin.{n}." for n in ours_unlisted)  # warned of above, with their own fix
-    warns += stray_plugin_keys(
-        {k: v for k, v in extra.items() if not (isinstance(k, str) and k.startswith(said))}, listed
-    )
+        said = tuple(f"{head}.{n}." for n in ours_unlisted)  # warned of above, with their own fix
+        warns += stray_plugin_keys(
+            {k: v for k, v in extra.items() if not (isinstance(k, str) and k.startswith(said))}, listed, head
+        )
     return out, warns
 
 
-def _names(extra: dict, name: str) -> tuple[str, str]:
-    """module_path and class_name of storage_plugin.<name>."""
+def _names(extra: dict, head: str, name: str) -> tuple[str, str]:
+    """module_path and class_name of <head>.<name>."""
     return (
-        str(extra.get(f"storage_plugin.{name}.module_path") or ""),
-        str(extra.get(f"storage_plugin.{name}.class_name") or ""),
+        str(extra.get(f"{head}.{name}.module_path") or ""),
+        str(extra.get(f"{head}.{name}.class_name") or ""),
     )
 
 
 def _is_ours(module_path: str, class_name: str) -> bool:
-    """Whether a storage_plugin.<name> entry means lmcache-fx."""
-    return "lmcache_fx" in module_path or class_name == PLUGIN_CLASS
+    """Whether an entry means lmcache-fx."""
+    return "lmcache_fx" in module_path or class_name in (PLUGIN_CLASS, REMOTE_CLASS)
 
 
 def check_plugin(pc: PluginConf, cfg) -> None:
     """What LMCache does before the constructor, then the plugin's own option
     parsing: fills pc.options or pc.error."""
+    module, cls = next((m, c) for h, _, m, c in HEADS if h == pc.head)
     if not pc.module_path or not pc.class_name:
         pc.error = (
-            f"storage_plugin.{pc.name}.module_path and .class_name must both be set "
-            f"({PLUGIN_MODULE} / {PLUGIN_CLASS}); LMCache skips the plugin otherwise"
+            f"{pc.prefix}module_path and .class_name must both be set "
+            f"({module} / {cls}); LMCache skips the plugin otherwise"
         )
         return
     import importlib
 
     try:
         mod = importlib.import_module(pc.module_path)
-        getattr(mod, pc.class_name)
+        got = getattr(mod, pc.class_name)
     except Exception as e:  # noqa: BLE001
         pc.error = (
-            f"LMCache cannot load {pc.module_path}.{pc.class_name}: {type(e).__name__}: {e} "
-            f"(expected {PLUGIN_MODULE} / {PLUGIN_CLASS})"
+            f"LMCache cannot load {pc.module_path}.{pc.class_name}: {type(e).__name__}: {e} (expected {module} / {cls})"
+        )
+        return
+    other = next(((h, lk, m, c) for h, lk, m, c in HEADS if h != pc.head and got.__name__ == c), None)
+    if other is not None:  # a README row copied into the other list: LMCache calls it with the wrong arguments
+        pc.error = (
+            f"{pc.module_path}.{pc.class_name} belongs under {other[1]} ({other[0]}.<name>.*); "
+            f"under {pc.head}s use {module} / {cls}"
         )
         return
     try:
-        pc.options = options_from_extra(cfg.extra_config, f"storage_plugin.{pc.name}.")
+        pc.options = options_from_extra(cfg.extra_config, pc.prefix)
     except ConfigError as e:
         pc.error = str(e)
 
@@ -119,7 +144,10 @@ def load_plugin_configs(path: str) -> tuple[list[PluginConf], list[str]]:
         cfg = load_lmcache_config(path)
     except ValueError as e:
         raise AdminError(str(e)) from None
-    plugins, warns = plugin_entries(cfg)
+    try:
+        plugins, warns = plugin_entries(cfg)
+    except ConfigError as e:
+        raise AdminError(f"{path}: {e}") from None
     for pc in plugins:
         check_plugin(pc, cfg)
     return plugins, warns
