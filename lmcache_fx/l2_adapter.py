@@ -75,7 +75,7 @@ def object_key_string(key: "ObjectKey") -> str:
 
 
 # LMCache's own keys of every --l2-adapter entry (beside "type"), not adapter_params.
-_LMCACHE_ADAPTER_KEYS = frozenset({"eviction", "serde", "shared", "affinity_tag"})
+_LMCACHE_ADAPTER_KEYS = frozenset({"eviction", "serde", "shared", "affinity_tag", "persist_enabled"})
 
 
 class FxL2AdapterConfig(L2AdapterConfigBase):

@@ -327,6 +327,15 @@ def test_doctor_space_counts_striped_paths_on_one_filesystem_together(tmp_path):
     assert len(space) == 1 and space[0].status == "warn", space
     assert "x 2 of them on this filesystem" in space[0].summary
     assert f"below {free_gib * 0.95:.0f}" in space[0].fix
+    # The chunks under every path on the filesystem are room the store takes back, not only this path's:
+    # 0.5 x free in each (sparse files), capacity 1.8 x free, fits in free + both.
+    for i, root in enumerate((a, b)):
+        (root / "ab").mkdir(parents=True)
+        with open(root / "ab" / f"ab{i:030x}.fxkv", "wb") as f:
+            f.truncate(int(0.5 * free_gib * (1 << 30)))
+    opts = FxOptions.from_mapping({"path": f"{a},{b}", "max_capacity_gb": 1.8 * free_gib})
+    space = [c for c in check_path(str(a), opts, "") if c.name == "space"]
+    assert space[0].status == "ok" and space[0].data["store_bytes"] >= free_gib * (1 << 30) * 0.99, space
 
 
 def test_ls_limit_below_zero_is_refused(capsys, store_copy):

@@ -375,3 +375,13 @@ def test_l2_adapter_settings_of_lmcache_in_adapter_params_and_a_defaulted_path(c
         FxL2AdapterConfig.from_dict({"max_capacity_gb": 5})
     said = [r.getMessage() for r in caplog.records if "adapter_params gives no path" in r.getMessage()]
     assert len(said) == 1 and 'not beside "type"' in said[0]
+
+
+def test_a_map_valued_option_of_another_listed_plugin_is_left_alone():
+    """The nested-map check refused any map under the head, also a listed
+    plugin's own <head>.<name>.<option> with a map value (its business):
+    lmcache-fx then failed to start beside it."""
+    from lmcache_fx.core.options import stray_plugin_keys
+
+    extra = {"storage_plugin.fx.path": "/x", "storage_plugin.other.headers": {"a": 1}}
+    assert stray_plugin_keys(extra, ["fx", "other"]) == []

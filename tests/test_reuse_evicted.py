@@ -835,3 +835,16 @@ def test_no_reuse_where_nothing_would_tell_a_torn_reused_file(store_dir):
             _check_store(s, KEYS[4:8], KEYS[:4])
         finally:
             s.close()
+
+
+def test_no_reuse_with_verify_off_when_any_path_is_on_disk(tmp_path, shm_dir):
+    """One path on tmpfs and one on disk, verify off, no auth_key: the disk
+    path's evicted files could be torn by a power cut like any other, so
+    reuse is off unless every path is in memory."""
+    both = F.open_store(f"{shm_dir},{tmp_path / 'disk'}", verify=False)
+    mem = F.open_store(shm_dir + "-only", verify=False)
+    try:
+        assert not both.reuse_evicted and mem.reuse_evicted
+    finally:
+        both.close()
+        mem.close()

@@ -671,3 +671,76 @@ def test_a_batch_larger_than_the_cap_says_so_once(tmp_path):
     said = [r.getMessage() for r in logs.records if "not stored: no room" in r.getMessage()]
     assert len(said) == 1 and "3 of 6 chunks" in said[0] and "the batch alone" in said[0], said
     assert logs.count(logging.WARNING, "pinned chunks fill it") == 0
+
+
+def test_a_full_disk_eviction_that_freed_nothing_is_tried_again(tmp_path, monkeypatch):
+    """After an ENOSPC burst the store evicts 5 % for room, and not again
+    until it has grown into what that freed. An eviction that freed nothing
+    (the lock held elsewhere, every victim pinned) was recorded all the
+    same: no full-disk eviction ever ran again while the disk stayed full."""
+    s = F.open_store(str(tmp_path / "s"))
+    src = F.Chunks()
+    assert s.write([src.item(f"k{i}", CHUNK) for i in range(4)]) == [True] * 4
+    calls = []
+    monkeypatch.setattr(s, "_evict_to", lambda limit: calls.append(limit) or False)  # frees nothing
+    s._evict_for_room()
+    s._evict_for_room()
+    s.close()
+    assert len(calls) == 2 and s._enospc_evicted_to is None
+
+
+def test_the_toucher_survives_a_thread_it_cannot_start_and_a_fork(tmp_path, monkeypatch):
+    """The LRU clock's thread: one that could not start made the lookup
+    raise and left the toucher dead (every later touch queued for nothing,
+    its descriptors never closed); a child forked while its lock was held
+    hung in close()."""
+    import threading
+
+    from lmcache_fx.core import store as store_mod
+
+    monkeypatch.setattr(store_mod, "TOUCH_SECONDS", 0.0)
+    s = F.open_store(str(tmp_path / "s"))
+    src = F.Chunks()
+    assert s.write([src.item(f"t{i}", CHUNK) for i in range(3)]) == [True] * 3
+    real_start = threading.Thread.start
+
+    def no_thread(self):
+        if self.name == "lmcache-fx-toucher":
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    assert s.lookup(["t0", "t1"], pin=True) == [True, True]  # no raise: recency is advisory
+    monkeypatch.undo()
+    monkeypatch.setattr(store_mod, "TOUCH_SECONDS", 0.0)
+    old = 1_000_000_000
+    os.utime(s.path_for(chunk_digest("t2")), ns=(old, old))
+    assert s.lookup(["t2"], pin=True) == [True] and s.settle_touches()
+    assert os.stat(s.path_for(chunk_digest("t2"))).st_mtime_ns > old  # a thread started at the next touch
+    toucher = s._toucher
+    held, go = threading.Event(), threading.Event()
+
+    def hold():
+        with toucher._cv:
+            held.set()
+            go.wait(10)
+
+    h = threading.Thread(target=hold)
+    h.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the lock is held by a thread it does not have
+        import signal
+
+        signal.alarm(10)
+        s._toucher.close()
+        s._toucher.settle(0.1)
+        os._exit(0)
+    go.set()
+    h.join()
+    _, status = os.waitpid(pid, 0)
+    for k in ("t0", "t1", "t2"):
+        s.unpin(k)
+    s.close()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status  # SIGALRM: hung
+    assert toucher._fds == []  # closed with the thread, which close() waited for

@@ -411,7 +411,9 @@ def stray_plugin_keys(extra: dict, listed: Sequence[str], head: str = "storage_p
         if not isinstance(k, str):
             continue
         first = k.partition(".")[0]
-        if first.replace("-", "_").rstrip("s") == head and isinstance(extra[k], dict):
+        # A map where flat keys belong (the head, or <head>.<name>); a map value of a listed plugin's
+        # own <head>.<name>.<option> is that plugin's business.
+        if first.replace("-", "_").rstrip("s") == head and isinstance(extra[k], dict) and k.count(".") <= 1:
             flat = _flat_keys(extra[k], head + k[len(first) :])
             raise ConfigError(
                 f"extra_config key '{k}' holds a map, but LMCache reads flat keys only and would ignore it; "

@@ -516,27 +516,36 @@ class _Toucher:
         self._pid = _PID[0]
         self.dropped = 0
 
+    def _check_fork(self) -> None:
+        """A forked child: the parent's thread is not here, and its lock may
+        have been held at the fork."""
+        if self._pid != _PID[0]:
+            self._cv, self._pending, self._busy, self._thread = threading.Condition(), [], False, None
+            self._pid = _PID[0]
+
     def submit(self, items: list[tuple[int, str, int]]) -> None:
-        """Queues (root index, name beneath it, mtime ns) touches, in order."""
-        if self._pid != _PID[0]:  # a forked child: the parent's thread and lock state are not here
-            self._cv, self._pending, self._busy, self._thread, self._pid = (
-                threading.Condition(),
-                [],
-                False,
-                None,
-                _PID[0],
-            )
+        """Queues (root index, name beneath it, mtime ns) touches, in order;
+        past TOUCHES_PENDING_MAX the oldest waiting go (the newest matter
+        most to the LRU). Never raises: recency is advisory."""
+        self._check_fork()
         with self._cv:
             if self._stop:
                 return
-            room = max(TOUCHES_PENDING_MAX - len(self._pending), 0)
-            if len(items) > room:
-                self.dropped += len(items) - room
-                items = items[:room]
             self._pending += items
+            over = len(self._pending) - TOUCHES_PENDING_MAX
+            if over > 0:
+                self.dropped += over
+                del self._pending[:over]
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lmcache-fx-toucher", daemon=True)
-                self._thread.start()
+                t = threading.Thread(target=self._run, name="lmcache-fx-toucher", daemon=True)
+                try:
+                    t.start()
+                except RuntimeError as e:  # no thread to be had: these touches go, the next submit tries again
+                    self.dropped += len(self._pending)
+                    self._pending = []
+                    log.warning("lmcache-fx: no thread for the LRU clock (%s); hits' recency not recorded", e)
+                    return
+                self._thread = t
             self._cv.notify()
 
     def _run(self) -> None:
@@ -560,6 +569,7 @@ class _Toucher:
     def settle(self, timeout: float = 5.0) -> bool:
         """Waits until the touches queued so far are written; False if not
         within `timeout` (a frozen filesystem)."""
+        self._check_fork()
         end = time.monotonic() + timeout
         with self._cv:
             while self._pending or self._busy:
@@ -570,14 +580,18 @@ class _Toucher:
         return True
 
     def close(self) -> None:
-        """Stops the thread once what is queued is written (not waited for
-        here); its descriptors go with it."""
+        """Stops the thread once what is queued is written; its descriptors
+        go with it. Waited for up to a second (a frozen filesystem is not
+        waited out), so that the roots are not left in use when it is idle."""
+        self._check_fork()
         with self._cv:
             self._stop = True
             self._cv.notify_all()
-            running = self._thread is not None and self._pid == _PID[0]
-        if not running:
+            thread = self._thread
+        if thread is None:
             self._close_fds()
+        else:
+            thread.join(1.0)
 
     def _close_fds(self) -> None:
         fds, self._fds = self._fds, []
@@ -651,7 +665,9 @@ class ChunkStore:
             # another host cannot see this one's locks (nor this one another's).
             local_locks, posix_local, flock_local = client_local_locks(self.roots)
             self.reuse_evicted = options.reuse_evicted and not posix_local
-            if self.reuse_evicted and not options.verify and self._mac_key is None and not _page_cache_fs(self.roots):
+            magics = _fs_magics(self.roots)
+            in_memory = bool(magics) and magics <= MEMORY_FS_MAGICS  # every root: a disk one can be torn
+            if self.reuse_evicted and not options.verify and self._mac_key is None and not in_memory:
                 # A reused file's new header, payload and rename reach the disk in no set order (no
                 # fsync): after a power cut the new key's header can stand over the old key's payload,
                 # which only the payload check (or a MAC) tells. Without either, another prompt's KV
@@ -1618,8 +1634,9 @@ class ChunkStore:
             )
             return
         self._evict_to(int(usage * 0.95))
-        self._enospc_evicted_to = self.usage_bytes
-        self._enospc_freed = usage - self._enospc_evicted_to
+        after = self.usage_bytes
+        if after < usage:  # one that freed nothing (the lock not had, every victim pinned) is tried again
+            self._enospc_evicted_to, self._enospc_freed = after, usage - after
 
     def _reserve(self, files: list["_WriteFile"]) -> list["_WriteFile"]:
         """Counts the files in the shared usage, evicting first where the cap

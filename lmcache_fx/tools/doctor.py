@@ -506,19 +506,22 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
             )
     # Free space against capacity.
     if fi["free_bytes"] is not None:
+        # Striping spreads the capacity over the paths; the paths on this one filesystem share its room,
+        # and the chunks of each of them are room the store can take back.
+        here = _device_of(root)
+        mine = [p for p in opts.paths if _device_of(p) == here] or [root]
         used = 0
-        if os.path.isdir(root):
-            try:
-                used = sum(f.size for f in scan([root]).chunks)
-            except Exception:  # noqa: BLE001
-                used = 0
+        for p in mine:
+            if os.path.isdir(p):
+                try:
+                    used += sum(f.size for f in scan([p]).chunks)
+                except Exception:  # noqa: BLE001
+                    pass
         cap = opts.max_capacity_bytes
         room = fi["free_bytes"] + used
         d = {"free_bytes": fi["free_bytes"], "store_bytes": used, "capacity_bytes": cap}
         nroots = len(opts.paths)
-        # Striping spreads the capacity over the paths; the paths on this one filesystem share its room.
-        here = _device_of(root)
-        same = sum(1 for p in opts.paths if _device_of(p) == here) or 1
+        same = len(mine)
         share = cap * same / nroots
         if share > room:
             out.append(

@@ -122,7 +122,8 @@ def check_plugin(pc: PluginConf, cfg) -> None:
             f"LMCache cannot load {pc.module_path}.{pc.class_name}: {type(e).__name__}: {e} (expected {module} / {cls})"
         )
         return
-    other = next(((h, lk, m, c) for h, lk, m, c in HEADS if h != pc.head and got.__name__ == c), None)
+    got_name = getattr(got, "__name__", "")
+    other = next(((h, lk, m, c) for h, lk, m, c in HEADS if h != pc.head and got_name == c), None)
     if other is not None:  # a README row copied into the other list: LMCache calls it with the wrong arguments
         pc.error = (
             f"{pc.module_path}.{pc.class_name} belongs under {other[1]} ({other[0]}.<name>.*); "
