@@ -40,8 +40,7 @@ from lmcache.v1.platform import create_event_notifier
 from .core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest
 from .core.drive import drive_blocking
 from .core.options import ConfigError, FxOptions, refuse_direct_to_gpu
-from .core.store import ChunkStore
-from .integration.common import meta_of, register_memory
+from .integration.common import meta_of, open_store, register_memory
 
 if TYPE_CHECKING:
     from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
@@ -124,7 +123,7 @@ class FxL2Adapter(L2AdapterInterface):
             config = FxL2AdapterConfig.from_dict(config if isinstance(config, dict) else {})
         self.options = config.options
         super().__init__(max_capacity_bytes=self.options.max_capacity_bytes)
-        self.store = ChunkStore(self.options)
+        self.store = open_store(self.options, WHERE)
         from .core import metrics
 
         with _names_lock:  # the store label of its metrics: l2, then l2-2, l2-3 ... in one process

@@ -36,7 +36,6 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from .core.chunkfile import ChunkMeta
 from .core.options import ConfigError
-from .core.store import ChunkStore
 from .integration.common import (
     allocate_from,
     allocate_many_from,
@@ -44,6 +43,7 @@ from .integration.common import (
     gpu_index,
     hit_prefix,
     meta_of,
+    open_store,
     options_from_extra,
     plugin_name,
     register_pool,
@@ -114,7 +114,7 @@ class FxStorageBackend(StoragePluginInterface):
                     f"{prefix}direct_to_gpu: cannot serve chunks in GPU memory here: {why}; "
                     f"set {prefix}direct_to_gpu: false on hosts without a GPU"
                 )
-        self.store = ChunkStore(self.options)
+        self.store = open_store(self.options, prefix)
         if self.options.direct_to_gpu:
             try:
                 self._gpu = gpu.GpuChunkAllocator(

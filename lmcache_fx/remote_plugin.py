@@ -37,13 +37,13 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .core.chunkfile import ChunkMeta
 from .core.options import ConfigError, refuse_direct_to_gpu, stray_plugin_keys
-from .core.store import ChunkStore
 from .integration.common import (
     allocate_from,
     allocate_many_from,
     before_pool_frees,
     hit_prefix,
     meta_of,
+    open_store,
     options_from_extra,
     plugin_name,
     register_pool,
@@ -81,7 +81,7 @@ class FxRemoteConnector(RemoteConnector):
             log.warning("lmcache-fx: %s", why)  # a misspelt key leaves this store at its defaults
         refuse_direct_to_gpu(self.options, f"{PREFIX}{self.name}.")
         port = worker_metrics_port(self.options, local_cpu_backend.metadata, f"{PREFIX}{self.name}.")
-        self.store = ChunkStore(self.options)
+        self.store = open_store(self.options, f"{PREFIX}{self.name}.")
         register_pool(self.store.engine, local_cpu_backend)
         from .core import metrics
 

@@ -38,6 +38,16 @@ step() { echo "== [$(($(date +%s) - T0)) s] $*"; }
 exec > >(tee "$OUTDIR/log.txt") 2>&1
 export LMCACHE_LOG_LEVEL=WARNING PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+# What the list above brings along, when it was carried in .dev/ (untracked: bin/ fio and mkfs.xfs,
+# lib/ their libraries, uring/ liburing, whl/ LMCache's wheels): used from there.
+if [ -d .dev ]; then
+  export PATH=$PWD/.dev/bin:$PATH LD_LIBRARY_PATH=$PWD/.dev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  [ -d .dev/uring ] && export LIBURING_PREFIX=$PWD/.dev/uring
+  if [ -d .dev/whl ] && ! "$PY" -c "import lmcache" 2>/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/fx-site .dev/whl/*.whl &&
+      export PYTHONPATH=/tmp/fx-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  fi
+fi
 
 step "host"
 nproc

@@ -385,3 +385,30 @@ def test_a_map_valued_option_of_another_listed_plugin_is_left_alone():
 
     extra = {"storage_plugin.fx.path": "/x", "storage_plugin.other.headers": {"a": 1}}
     assert stray_plugin_keys(extra, ["fx", "other"]) == []
+
+
+def test_a_key_file_under_home_and_a_capacity_with_a_unit(tmp_path, monkeypatch):
+    """auth_key: file:~/key was read as a file named '~' (path expands ~);
+    max_capacity_gb: "10GB" said 'expected a number' without the unit."""
+    from lmcache_fx.core.options import auth_key_bytes
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "key").write_bytes(b"k" * 32 + b"\n")
+    assert auth_key_bytes("file:~/key") == auth_key_bytes("k" * 32)
+    with pytest.raises(ConfigError, match=r"max_capacity_gb: expected a number of GiB \(no unit: 10 means 10 GiB\)"):
+        FxOptions.from_mapping({"max_capacity_gb": "10GB"})
+
+
+def test_errors_the_store_raises_at_start_name_the_full_key(tmp_path):
+    """A path that is a file, or mapped_reads: true off tmpfs, was refused as
+    'path: ...' or 'mapped_reads: ...': with two plugins, or under the remote
+    or L2 prefix, that did not say which key. The adapters name the full key."""
+    from lmcache_fx.integration.common import open_store
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match=r"^adapter_params\.path: .* is not a directory"):
+        FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(afile)}))
+    with pytest.raises(ConfigError, match=r"^storage_plugin\.fast\.path: "):
+        open_store(FxOptions.from_mapping({"path": str(afile)}), "storage_plugin.fast.")

@@ -60,7 +60,8 @@ def _parse_number(name: str, v, kind, lo, hi):
         if kind is int and isinstance(v, float) and v != x:
             raise ValueError
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{name}: expected {'an integer' if kind is int else 'a number'}, got {v!r}") from None
+        unit = " of GiB (no unit: 10 means 10 GiB)" if name.endswith("_gb") else ""
+        raise ConfigError(f"{name}: expected {'an integer' if kind is int else 'a number'}{unit}, got {v!r}") from None
     if not (lo <= x <= hi):
         raise ConfigError(f"{name}: {x} is out of range [{lo}, {hi}]")
     return x
@@ -167,7 +168,7 @@ def auth_key_bytes(spec: str, full: str = "auth_key") -> bytes:
         if not raw_b:
             raise ConfigError(f"{full}: environment variable {var!r} is not set or empty")
     elif spec.startswith("file:"):
-        fn = spec[5:].strip()
+        fn = os.path.expanduser(spec[5:].strip())  # as path is
         try:
             with open(fn, "rb") as f:
                 raw_b = f.read((1 << 16) + 1).rstrip(b"\r\n")

@@ -18,11 +18,13 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 
 from .. import _fxio
 from ..core.chunkfile import ChunkMeta
-from ..core.options import ConfigError, options_from_extra, stray_plugin_keys
+from ..core.options import ConfigError, FxOptions, options_from_extra, stray_plugin_keys
+from ..core.store import ChunkStore
 
 log = logging.getLogger("lmcache_fx")
 
 __all__ = [
+    "open_store",
     "plugin_name",
     "options_from_extra",
     "stray_plugin_keys",
@@ -39,6 +41,21 @@ __all__ = [
 
 _claimed: dict[tuple, set] = {}  # (id(config), prefix) -> plugin names already built in this process
 _claim_lock = threading.Lock()
+
+
+def open_store(options: FxOptions, where: str) -> ChunkStore:
+    """The adapter's ChunkStore; a ConfigError the store raises at start
+    (a path that is a file, mapped_reads: true off tmpfs, ...) names the
+    option by its full key (`where`, e.g. 'storage_plugin.fx.'), as option
+    parsing does: with two plugins, or under the remote or L2 prefix, a
+    bare 'path:' did not say which."""
+    try:
+        return ChunkStore(options)
+    except ConfigError as e:
+        msg = str(e)
+        if msg.partition(":")[0] in FxOptions.doc():
+            raise ConfigError(f"{where}{msg}") from None
+        raise
 
 
 def plugin_name(config, cls, names=None, prefix: str = "storage_plugin.", list_name: str = "storage_plugins") -> str:
