@@ -3749,6 +3749,94 @@ def test_round_at_b886275_on_the_intel_host_is_the_committed_json(monkeypatch):
     assert f"put that p50 at {_span(nv_p50('4'))} and {_span(nv_p50('16'))}" in readme
 
 
+def test_check_round_at_6065ccf_is_the_committed_json():
+    """The check round at 6065ccf (hits' LRU clock off the read path, a
+    cancelled read stopped where it is): its tables on the page are
+    bench_tables' over the committed runs (each clean at 6065ccf), and every
+    figure the page, the targets table and the README quote is recomputed
+    from them and from the check round at 183af1e: reads ahead in all 15 runs
+    on a faster host day, stores on XFS still behind, the 2 MiB tail under the
+    2x line in every run, the 2 MiB p50 behind."""
+    mod = _bench_tables()
+    page = " ".join(_page().split())
+    readme = _readme_flat()
+    folder = os.path.join(ROOT, "docs", "bench-repeats", "round-6065ccf")
+    runs, then = _main_round("round-6065ccf", "6065ccf"), _main_round("round-183af1e", "183af1e")
+    assert not any(d["git_commit"].endswith("+dirty") for rs in runs.values() for d in rs)
+    cases = [(label, [os.path.join(folder, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
+    assert " ".join(mod.readme_tables(cases).split()) in page
+    lat_cases, lat = _latency_runs(folder, runs["xfs-64m"][0]["git_commit"])
+    assert " ".join(mod.latency_rounds_table(lat_cases).split()) in page
+    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
+
+    def sm(vs, fmt="{:.2f}"):
+        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
+
+    reads = {c: _round_ratios(runs, c, "fx", "tier_read") for c in xfs + mem}
+    assert min(v for vs in reads.values() for v in vs) > 1  # ahead in all 15
+    meds = [statistics.median(reads[c]) for c in xfs + mem]
+    old = [statistics.median(_round_ratios(then, c, "fx", "tier_read")) for c in xfs + mem]
+    r64, r10, r2, t64, t2 = (sm(reads[c]) for c in xfs + mem)
+    assert (
+        f"**Reads: fx ahead in 15 runs of 15**: XFS {r64} at 64 MiB, {r10} at 10 MiB, {r2} at 2 MiB; "
+        f"tmpfs {t64} and {t2} (medians at `183af1e`: " + ", ".join(f"{o:.2f}×" for o in old) + ")" in page
+    )  # fmt: skip
+    assert (
+        f"XFS medians {meds[0]:.2f}×, {meds[1]:.2f}× and {meds[2]:.2f}× at 64, 10 and 2 MiB, tmpfs {meds[3]:.2f}× and "
+        f"{meds[4]:.2f}×" in readme
+    )
+    peers = ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
+
+    def best(rnd):
+        vs = [max(d["readers"][n]["median"]["tier_read_gbps"] for n in peers) for c in xfs for d in rnd[c]]
+        return f"{min(vs):.2f}–{max(vs):.2f}"
+
+    now, before = best(runs), best(then)
+    assert f"the best peer read XFS at {now} GB/s, against {before} in the check round at `183af1e`" in page
+    assert f"on a faster host day (the best peer read XFS at {now} GB/s)" in readme
+    nv = sm(_round_ratios(runs, "xfs-2m", "fx-noverify", "tier_cpu"), "{:.1f}")
+    l2 = _l2_noverify_cpu(runs)
+    assert (
+        f"{nv} the lowest peer's at 2 MiB; at the L2 level fx's adapter without its check "
+        + ", ".join(sm(l2[c]) for c in xfs[:2]) + f" and {sm(l2['xfs-2m'])} `fs_native`'s" in page
+    )  # fmt: skip
+    eng = {c: _round_ratios(runs, c, "fx", "store_same_level") for c in xfs}
+    sl2 = {c: _round_ratios(runs, c, "fx-l2", "store_same_level") for c in xfs}
+    assert max(v for vs in eng.values() for v in vs) < 1 and max(v for vs in sl2.values() for v in vs) < 1  # behind
+    assert (
+        "through LMCache's engine " + ", ".join(sm(eng[c]) for c in xfs[:2]) + f" and {sm(eng['xfs-2m'])} the best "
+        "engine-level tier at 64, 10 and 2 MiB; fx-l2 " + ", ".join(sm(sl2[c]) for c in xfs[:2])
+        + f" and {sm(sl2['xfs-2m'])} the best L2 adapter" in page
+    )  # fmt: skip
+    assert (
+        f"Stores through LMCache's engine on XFS {_span([v for vs in eng.values() for v in vs])} the best tier"
+        in readme
+    )
+
+    def a(s, c):
+        return [d["readers"]["fx"]["latency"][c]["p99_over_p50"] for d in lat[s]]
+
+    def p(s, c):
+        return [_fx_p50_over_best(d["readers"], c) for d in lat[s]]
+
+    assert max(a(2, "4")) < 2 and max(a(64, "4") + a(64, "16")) < 2 and min(p(2, "4")) > 1  # under the line; p50 behind
+    assert (
+        f"at 64 MiB fx's p99 is {_span(a(64, '4') + a(64, '16'))} its p50 with 4 and 16 in flight and its p50 "
+        f"{_span(p(64, '4') + p(64, '16'))} the best tier's; at 2 MiB its p99 is {_span(a(2, '4'))} its p50 with 4 in "
+        f"flight (under the 2× target in every run) and {_span(a(2, '16'))} with 16, its p50 "
+        f"{_span(p(2, '4'))} and {_span(p(2, '16'))} the best tier's" in page
+    )
+    assert (
+        f"under it in every run, {_span(a(2, '4'))} with 4 and {_span(a(2, '16'))} with 16 at 2 MiB, "
+        f"{_span(a(64, '4') + a(64, '16'))} at 64 MiB" in page
+    )
+    assert (
+        f"at 2 MiB fx's p99 was {_span(a(2, '4'))} its p50 with 4 in flight, under the 2× target in every run, "
+        f"its p50 {_span(p(2, '4'))} the best tier's" in readme
+    )
+    assert f"in the check round at `6065ccf` {_span(a(2, '4'))}, under it in every run" in readme
+
+
 def test_check_round_at_183af1e_is_the_committed_json():
     """The check round at 183af1e (the package at the stop after b886275, a
     tier's lookup timed with its gets, the readers' order rotated): its
