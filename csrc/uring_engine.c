@@ -986,6 +986,12 @@ static void fill(fx_uring *u, fx_ring *s, run_state *st, size_t *next)
          * piece, in ticket order) holds no staging slot meanwhile. */
         if (!take_slot(u, st, n))
             break;
+        if (fx_batch_stopped(b)) { /* cancelled while it waited its turn for a slot: nothing more read */
+            give_slots(u, st, n);  /* the piece is done, unread */
+            (*next)++;
+            finish(st, p, -ECANCELED);
+            continue;
+        }
         if (staged && st->staged_out < st->stage_max)
             stage = stage_take();
         if (staged && !stage && may_wait) {

@@ -593,6 +593,38 @@ def test_a_cancelled_read_waits_only_for_what_is_in_flight(io_engine):
     assert freed[0] == taken[0] and hits == n and not bad
 
 
+def test_a_read_cancelled_while_it_waits_for_the_engines_slots_reads_nothing():
+    """A running batch that waits its turn for one of the engine's queue
+    slots (another batch holds them) and is cancelled meanwhile: it read its
+    first piece into its buffer once the slot came, for nobody. Now it ends
+    unread."""
+    need_root_xfs()
+    mib = 1 << 20
+    with loopfs.xfs_loop("400M") as mnt:
+        for name, size in (("a", 8 * mib), ("b", 4 * mib)):
+            with open(os.path.join(mnt, name), "wb") as f:
+                f.write(os.urandom(size))
+        loopfs.drop_caches()
+        eng = _fxio.Engine("io_uring", queue_depth=1, split_bytes=mib)
+        fa = os.open(os.path.join(mnt, "a"), os.O_RDONLY | os.O_DIRECT)
+        fb = os.open(os.path.join(mnt, "b"), os.O_RDONLY | os.O_DIRECT)
+        da, db = _fxio.HostBuffer(8 * mib), _fxio.HostBuffer(4 * mib)
+        try:
+            with _reads_throttled(_device_of(mnt), 16 * mib):  # a's 8 pieces: half a second
+                a = eng.submit([(fa, 0, 8 * mib, da.address)])
+                time.sleep(0.05)  # a holds the one slot
+                b = eng.submit([(fb, 0, 4 * mib, db.address)])
+                time.sleep(0.02)  # b is running, waiting for the slot
+                assert b.cancel() is False  # running: it stops where it is
+                got_b, got_a = b.wait(), a.wait()
+        finally:
+            os.close(fa)
+            os.close(fb)
+            eng.close()
+    assert got_a == [8 * mib]
+    assert got_b == [-errno.ECANCELED] and bytes(db) == bytes(4 * mib), "b read after its cancel"
+
+
 # ------------------------------------------------------------------ store directory replaced
 def test_a_store_directory_replaced_under_a_running_store(tmp_path):
     """The store's directory removed and made again (rm -rf, mkdir), or a
