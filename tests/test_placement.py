@@ -460,3 +460,28 @@ def test_contains_and_pin_of_one_key_agree_with_the_batch_lookup(tmp_path):
         assert st.lookup(keys) == want
     finally:
         st.close()
+
+
+def test_a_chunk_left_under_both_roots_keeps_only_its_newer_copy_at_start(tmp_path):
+    """A commit renames a chunk into place under one root and then removes a
+    copy under its other root: each on its own filesystem's log, so a power
+    cut can keep both. The older copy was counted, and read again once the
+    newer was evicted. A store starting alone on the paths removes it."""
+    roots = _roots(tmp_path, 2)
+    keys = [f"dup/{i}" for i in range(4)]
+    st, src = _written(roots, keys)
+    newer = st.path_for(chunk_digest(keys[0]))
+    st.close()
+    older = next(p for p in paths_for(roots, chunk_digest(keys[0])) if p != newer)
+    os.makedirs(os.path.dirname(older), exist_ok=True)
+    shutil.copyfile(newer, older)
+    os.utime(older, ns=(1_000_000_000, 1_000_000_000))
+    st2 = _store(roots)
+    try:
+        assert os.path.exists(newer) and not os.path.exists(older)
+        files = [os.path.join(d, f) for r in roots for d, _, fs in os.walk(r) for f in fs if f.endswith(".fxkv")]
+        assert len(files) == len(keys) and st2.usage_bytes == sum(os.path.getsize(f) for f in files)
+        got, dst = _read(st2, keys)
+        assert all(h is not None for h in got) and bytes(dst) == bytes(src)
+    finally:
+        st2.close()

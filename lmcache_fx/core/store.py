@@ -1026,7 +1026,7 @@ class ChunkStore:
             return
         try:
             with self._ledger.hold():
-                found, usage = self._walk()
+                found, usage = self._older_copies_dropped_locked(*self._walk())
                 self._start_from(found, usage)
                 self._ledger.put(usage, time.time())
                 self._last_usage = usage
@@ -1036,6 +1036,33 @@ class ChunkStore:
             self._index_found(found)
             self._last_usage = usage
             self._rescan_soon = True
+
+    def _older_copies_dropped_locked(self, found: list, usage: int) -> tuple[list, int]:
+        """A chunk under both of its roots (a crash between a commit's rename
+        and its removal of the other copy, each on its own filesystem's log):
+        the older copy goes (ledger held, this process alone on the store).
+        Left, it was counted, and read again once the newer was evicted."""
+        if len(self.roots) == 1:
+            return found, usage
+        seen: set = set()
+        keep, dropped = [], 0
+        for rec in found:  # newest first
+            if rec[1] in seen:
+                st = stat_in(rec[2])
+                gone = (
+                    unlink_if_same(rec[2], (st.st_dev, st.st_ino))
+                    if st is not None and stat.S_ISREG(st.st_mode)
+                    else None
+                )
+                if gone is not None:
+                    usage -= gone.st_size
+                    dropped += 1
+                    continue
+            seen.add(rec[1])
+            keep.append(rec)
+        if dropped:
+            log.info("lmcache-fx: removed the older copy of %d chunk(s) found under two of the paths", dropped)
+        return keep, usage
 
     def _start_from(self, found: list, usage: int) -> None:
         """A start-up walk's chunks become the index and the victim list."""
