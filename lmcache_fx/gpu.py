@@ -34,7 +34,7 @@ RuntimeError naming fork (its threads, ring, staging memory and GPU context
 stay with the parent); close() there only forgets them.
 
 The driver is found at run time: a CUDA/HIP library the process already
-loaded (torch's), else libcuda.so.1, else ROCm's libamdhip64.so.7/.6/.so;
+loaded (torch's), else libcuda.so.1, else ROCm's libamdhip64.so.7/.6/.5/.so;
 LMCACHE_FX_GPU_DRIVER=/path/lib.so selects another library exporting the
 CUDA driver names (the tests' stand-in, tests/fake_gpu_driver.c, whose
 "device pointers" are host addresses).

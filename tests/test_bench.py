@@ -3749,6 +3749,45 @@ def test_round_at_b886275_on_the_intel_host_is_the_committed_json(monkeypatch):
     assert f"put that p50 at {_span(nv_p50('4'))} and {_span(nv_p50('16'))}" in readme
 
 
+def _best_peer_xfs(rnd) -> str:
+    """min–max over a round's XFS runs of the best peer's tier read GB/s."""
+    peers = ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
+    vs = [
+        max(d["readers"][n]["median"]["tier_read_gbps"] for n in peers)
+        for c in ("xfs-64m", "xfs-10m", "xfs-2m")
+        for d in rnd[c]
+    ]
+    return f"{min(vs):.2f}–{max(vs):.2f}"
+
+
+def _check_round_reads(commit: str, before: str):
+    """A check round's committed runs against the round before it: the page
+    holds bench_tables' tables of them, each run clean at `commit`, fx read
+    ahead of the best peer in all 15. Returns (page, readme, runs, runs
+    before, latency runs by chunk MiB, the span-and-median formatter, fx's
+    read ratios per case, their medians, the medians before)."""
+    mod = _bench_tables()
+    page = " ".join(_page().split())
+    readme = _readme_flat()
+    folder = os.path.join(ROOT, "docs", "bench-repeats", f"round-{commit}")
+    runs, then = _main_round(f"round-{commit}", commit), _main_round(f"round-{before}", before)
+    assert not any(d["git_commit"].endswith("+dirty") for rs in runs.values() for d in rs)
+    cases = [(label, [os.path.join(folder, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
+    assert " ".join(mod.readme_tables(cases).split()) in page
+    lat_cases, lat = _latency_runs(folder, runs["xfs-64m"][0]["git_commit"])
+    assert " ".join(mod.latency_rounds_table(lat_cases).split()) in page
+    every = [c for _, c in README_CASES]
+
+    def sm(vs, fmt="{:.2f}"):
+        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
+
+    reads = {c: _round_ratios(runs, c, "fx", "tier_read") for c in every}
+    assert min(v for vs in reads.values() for v in vs) > 1  # ahead in all 15
+    meds = [statistics.median(reads[c]) for c in every]
+    old = [statistics.median(_round_ratios(then, c, "fx", "tier_read")) for c in every]
+    return page, readme, runs, then, lat, sm, reads, meds, old
+
+
 def test_check_round_at_6065ccf_is_the_committed_json():
     """The check round at 6065ccf (hits' LRU clock off the read path, a
     cancelled read stopped where it is): its tables on the page are
@@ -3757,25 +3796,8 @@ def test_check_round_at_6065ccf_is_the_committed_json():
     from them and from the check round at 183af1e: reads ahead in all 15 runs
     on a faster host day, stores on XFS still behind, the 2 MiB tail under the
     2x line in every run, the 2 MiB p50 behind."""
-    mod = _bench_tables()
-    page = " ".join(_page().split())
-    readme = _readme_flat()
-    folder = os.path.join(ROOT, "docs", "bench-repeats", "round-6065ccf")
-    runs, then = _main_round("round-6065ccf", "6065ccf"), _main_round("round-183af1e", "183af1e")
-    assert not any(d["git_commit"].endswith("+dirty") for rs in runs.values() for d in rs)
-    cases = [(label, [os.path.join(folder, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
-    assert " ".join(mod.readme_tables(cases).split()) in page
-    lat_cases, lat = _latency_runs(folder, runs["xfs-64m"][0]["git_commit"])
-    assert " ".join(mod.latency_rounds_table(lat_cases).split()) in page
+    page, readme, runs, then, lat, sm, reads, meds, old = _check_round_reads("6065ccf", "183af1e")
     xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
-
-    def sm(vs, fmt="{:.2f}"):
-        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
-
-    reads = {c: _round_ratios(runs, c, "fx", "tier_read") for c in xfs + mem}
-    assert min(v for vs in reads.values() for v in vs) > 1  # ahead in all 15
-    meds = [statistics.median(reads[c]) for c in xfs + mem]
-    old = [statistics.median(_round_ratios(then, c, "fx", "tier_read")) for c in xfs + mem]
     r64, r10, r2, t64, t2 = (sm(reads[c]) for c in xfs + mem)
     assert (
         f"**Reads: fx ahead in 15 runs of 15**: XFS {r64} at 64 MiB, {r10} at 10 MiB, {r2} at 2 MiB; "
@@ -3785,13 +3807,7 @@ def test_check_round_at_6065ccf_is_the_committed_json():
         f"XFS medians {meds[0]:.2f}×, {meds[1]:.2f}× and {meds[2]:.2f}× at 64, 10 and 2 MiB, tmpfs {meds[3]:.2f}× and "
         f"{meds[4]:.2f}×" in readme
     )
-    peers = ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
-
-    def best(rnd):
-        vs = [max(d["readers"][n]["median"]["tier_read_gbps"] for n in peers) for c in xfs for d in rnd[c]]
-        return f"{min(vs):.2f}–{max(vs):.2f}"
-
-    now, before = best(runs), best(then)
+    now, before = _best_peer_xfs(runs), _best_peer_xfs(then)
     assert f"the best peer read XFS at {now} GB/s, against {before} in the check round at `183af1e`" in page
     assert f"on a faster host day (the best peer read XFS at {now} GB/s)" in readme
     nv = sm(_round_ratios(runs, "xfs-2m", "fx-noverify", "tier_cpu"), "{:.1f}")
@@ -3845,25 +3861,8 @@ def test_check_round_at_183af1e_is_the_committed_json():
     recomputed from them and from the round at b886275: reads ahead in all
     15 runs by less, the host slower, stores on XFS behind, the 2 MiB tail
     over the 2x line in two runs of three."""
-    mod = _bench_tables()
-    page = " ".join(_page().split())
-    readme = _readme_flat()
-    folder = os.path.join(ROOT, "docs", "bench-repeats", "round-183af1e")
-    runs, then = _main_round("round-183af1e", "183af1e"), _main_round("round-b886275", "b886275")
-    assert not any(d["git_commit"].endswith("+dirty") for rs in runs.values() for d in rs)
-    cases = [(label, [os.path.join(folder, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
-    assert " ".join(mod.readme_tables(cases).split()) in page
-    lat_cases, lat = _latency_runs(folder, runs["xfs-64m"][0]["git_commit"])
-    assert " ".join(mod.latency_rounds_table(lat_cases).split()) in page
+    page, readme, runs, then, lat, sm, reads, meds, old = _check_round_reads("183af1e", "b886275")
     xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
-
-    def sm(vs, fmt="{:.2f}"):
-        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
-
-    reads = {c: _round_ratios(runs, c, "fx", "tier_read") for c in xfs + mem}
-    assert min(v for vs in reads.values() for v in vs) > 1  # ahead in all 15
-    meds = [statistics.median(reads[c]) for c in xfs + mem]
-    old = [statistics.median(_round_ratios(then, c, "fx", "tier_read")) for c in xfs + mem]
     assert all(m < o for m, o in zip(meds, old))  # by less
     r64, r10, r2, t64, t2 = (sm(reads[c]) for c in xfs + mem)
     assert (
@@ -3875,13 +3874,7 @@ def test_check_round_at_183af1e_is_the_committed_json():
         f"{meds[0]:.2f}×, {meds[1]:.2f}× and {meds[2]:.2f}× at 64, 10 and 2 MiB, tmpfs {meds[3]:.2f}× and "
         f"{meds[4]:.2f}×" in readme
     )
-    peers = ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
-
-    def best(rnd):
-        vs = [max(d["readers"][n]["median"]["tier_read_gbps"] for n in peers) for c in xfs for d in rnd[c]]
-        return f"{min(vs):.2f}–{max(vs):.2f}"
-
-    now, before = best(runs), best(then)
+    now, before = _best_peer_xfs(runs), _best_peer_xfs(then)
     assert f"the best peer read XFS at {now} GB/s, against {before} in the round at `b886275`" in page
     assert f"the best peer read XFS at {now} GB/s ({before} in the round above)" in readme
     nv = sm(_round_ratios(runs, "xfs-2m", "fx-noverify", "tier_cpu"), "{:.1f}")

@@ -140,7 +140,7 @@ class ReadCancelled(Exception):
 
 
 async def _finish_batch(batch, loop: asyncio.AbstractEventLoop) -> None:
-    """After a cancellation: the C batch cannot be aborted mid-flight, so
+    """After a cancellation: a running C batch stops where it is (what is in flight completes), so
     wait (in a thread; the loop keeps running) until nothing of it is in
     flight. Further cancellations only make this wait on."""
     if batch.done():
@@ -163,7 +163,7 @@ async def _finish_batch(batch, loop: asyncio.AbstractEventLoop) -> None:
 
 
 def _stop(batch) -> None:
-    """Stops a batch that has not started (it ends unread); one running goes on."""
+    """Stops a batch: one not started ends unread; one running ends once what is in flight completes."""
     cancel = getattr(batch, "cancel", None)  # C batches have it
     if cancel is not None:
         cancel()

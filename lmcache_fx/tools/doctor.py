@@ -420,7 +420,9 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
                     f"{tag}path",
                     "fail",
                     f"{why}: the plugin will not start",
-                    "use a directory of your own (chmod 700), or shared_group: true for a group store",
+                    "mount it read-write, or pick a path on another filesystem"
+                    if "read-only filesystem" in why
+                    else "use a directory of your own (chmod 700), or shared_group: true for a group store",
                     data,
                 )
             )
