@@ -40,7 +40,7 @@ from lmcache.v1.platform import create_event_notifier
 from .core.chunkfile import HEADER_SIZE, ChunkMeta, chunk_digest
 from .core.drive import drive_blocking
 from .core.options import ConfigError, FxOptions, refuse_direct_to_gpu
-from .integration.common import meta_of, open_store, register_memory
+from .integration.common import meta_of, open_store, refuse_as_storage_plugin, register_memory
 
 if TYPE_CHECKING:
     from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
@@ -114,11 +114,9 @@ class FxL2AdapterConfig(L2AdapterConfigBase):
 
 class FxL2Adapter(L2AdapterInterface):
     def __init__(self, config, l1_memory_desc: "Optional[L1MemoryDesc]" = None, **wrong_entry):
-        if "dst_device" in wrong_entry:  # built as a storage_plugins entry: the README row in the wrong list
-            raise ConfigError(
-                "lmcache_fx.l2_adapter.FxL2Adapter is an MP-mode L2 adapter (lmcache server --l2-adapter); "
-                "under storage_plugins use lmcache_fx.lmcache_plugin / FxStorageBackend"
-            )
+        refuse_as_storage_plugin(
+            wrong_entry, "lmcache_fx.l2_adapter.FxL2Adapter is an MP-mode L2 adapter (lmcache server --l2-adapter)"
+        )
         if not isinstance(config, FxL2AdapterConfig):  # raw adapter_params (no config class found)
             config = FxL2AdapterConfig.from_dict(config if isinstance(config, dict) else {})
         self.options = config.options

@@ -46,6 +46,7 @@ from .integration.common import (
     open_store,
     options_from_extra,
     plugin_name,
+    refuse_as_storage_plugin,
     register_pool,
     worker_metrics_port,
 )
@@ -64,11 +65,11 @@ def remote_plugin_name(config, cls) -> str:
 
 class FxRemoteConnector(RemoteConnector):
     def __init__(self, loop=None, local_cpu_backend=None, config=None, **wrong_entry):
-        if "dst_device" in wrong_entry:  # built as a storage_plugins entry: the README row in the wrong list
-            raise ConfigError(
-                "lmcache_fx.remote_plugin.FxRemoteConnector belongs under remote_storage_plugins "
-                "(remote_storage_plugin.<name>.*); under storage_plugins use lmcache_fx.lmcache_plugin / FxStorageBackend"
-            )
+        refuse_as_storage_plugin(
+            wrong_entry,
+            "lmcache_fx.remote_plugin.FxRemoteConnector belongs under remote_storage_plugins "
+            "(remote_storage_plugin.<name>.*)",
+        )
         if local_cpu_backend is None or getattr(local_cpu_backend, "metadata", None) is None:
             raise ConfigError("lmcache-fx remote plugin needs LMCache's LocalCPUBackend (max_local_cpu_size > 0)")
         super().__init__(config, local_cpu_backend.metadata)

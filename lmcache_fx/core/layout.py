@@ -83,22 +83,25 @@ def _host_tag() -> str:
 HOST_TAG = _host_tag()
 
 
+def device_of(path: str) -> Optional[int]:
+    """st_dev of a path, or of its nearest existing parent (a store made
+    later); None when not even / can be stat-ed."""
+    p = os.path.abspath(path)
+    while True:
+        try:
+            return os.stat(p).st_dev
+        except OSError:
+            parent = os.path.dirname(p)
+            if parent == p:
+                return None
+            p = parent
+
+
 def devices_under(paths: list[str]) -> int:
     """How many devices (distinct st_dev) the paths lie on, a path not yet
     made counting where its nearest existing parent lies: the store's queue
     depth and staging are per device (ChunkStore, doctor)."""
-    devs = set()
-    for p in paths:
-        p = os.path.abspath(p)
-        while True:
-            try:
-                devs.add(os.stat(p).st_dev)
-                break
-            except OSError:
-                parent = os.path.dirname(p)
-                if parent == p:
-                    break
-                p = parent
+    devs = {device_of(p) for p in paths} - {None}
     return max(len(devs), 1)
 
 
@@ -237,29 +240,35 @@ def fanout_dirs(root: str) -> list[str]:
         return [de.path for de in top if is_fanout_name(de.name) and de.is_dir(follow_symlinks=False)]
 
 
+def _tmp_writer(name: str) -> Optional[tuple[int, list[str]]]:
+    """<digest>.fxkv.tmp.<pid>.<seq>[.<host tag>]: (pid, the fields after
+    the mark) when the writer's pid means something here; None when only the
+    file's age can judge it (no pid in the name, not a pid that os.kill
+    could take (it would overflow, or signal a group), another node's or
+    container's pid)."""
+    try:
+        parts = name.split(TMP_MARK, 1)[1].split(".")
+        pid = int(parts[0])
+    except (IndexError, ValueError):
+        return None
+    if not 0 < pid <= PID_T_MAX or (len(parts) >= 3 and parts[2] != HOST_TAG):
+        return None
+    return pid, parts
+
+
 def tmp_judged_by_age(name: str) -> bool:
     """Whether a temporary's writer can only be judged by the file's age
     (STALE_TMP_SECONDS): one of another host, container or boot, or with no
     pid in its name; else by whether its pid lives here."""
-    try:
-        parts = name.split(TMP_MARK, 1)[1].split(".")
-        pid = int(parts[0])
-    except (IndexError, ValueError):
-        return True
-    return not 0 < pid <= PID_T_MAX or (len(parts) >= 3 and parts[2] != HOST_TAG)
+    return _tmp_writer(name) is None
 
 
 def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
-    # <digest>.fxkv.tmp.<pid>.<seq>[.<host tag>]: stale when the writer is gone (or a spare, when old)
-    try:
-        parts = name.split(TMP_MARK, 1)[1].split(".")
-        pid = int(parts[0])
-    except (IndexError, ValueError):
+    # Stale when the writer is gone (or a spare, when old)
+    writer = _tmp_writer(name)
+    if writer is None:
         return now - mtime > STALE_TMP_SECONDS
-    if not 0 < pid <= PID_T_MAX:  # not a pid (os.kill would overflow, or signal a group): age only
-        return now - mtime > STALE_TMP_SECONDS
-    if len(parts) >= 3 and parts[2] != HOST_TAG:
-        return now - mtime > STALE_TMP_SECONDS  # another node's or container's pid: age only
+    pid, parts = writer
     if pid == os.getpid():
         return False
     if len(parts) >= 2 and parts[1].startswith(SPARE_SEQ_MARK) and now - mtime > STALE_SPARE_SECONDS:

@@ -690,7 +690,7 @@ class ChunkStore:
                         if on
                     ),
                 )
-            self._keeps_spares = self.reuse_evicted and self.lock_reads and _page_cache_fs(self.roots)
+            self._keeps_spares = self.reuse_evicted and self.lock_reads and bool(magics & MEMORY_FS_MAGICS)
             # Distinct devices under the paths: queue depth and staging are per device, or a read
             # striped over eight devices keeps under one piece in flight on each.
             self.devices = devices_under(self.roots)
@@ -1048,12 +1048,7 @@ class ChunkStore:
         keep, dropped = [], 0
         for rec in found:  # newest first
             if rec[1] in seen:
-                st = stat_in(rec[2])
-                gone = (
-                    unlink_if_same(rec[2], (st.st_dev, st.st_ino))
-                    if st is not None and stat.S_ISREG(st.st_mode)
-                    else None
-                )
+                gone = unlink_if_same(rec[2])  # a regular file only, no link followed
                 if gone is not None:
                     usage -= gone.st_size
                     dropped += 1
@@ -2138,10 +2133,9 @@ class ChunkStore:
             return 0
         for p in paths_for(self.roots, f.digest):
             if p != f.final:
-                st = stat_in(p)
-                if st is not None and stat.S_ISREG(st.st_mode):
-                    gone = unlink_if_same(p, (st.st_dev, st.st_ino))
-                    return gone.st_size if gone is not None else 0
+                gone = unlink_if_same(p)  # a regular file only, no link followed
+                if gone is not None:
+                    return gone.st_size
         return 0
 
     def _add_victims_locked(self, done: list["_WriteFile"]) -> None:

@@ -25,6 +25,7 @@ log = logging.getLogger("lmcache_fx")
 
 __all__ = [
     "open_store",
+    "refuse_as_storage_plugin",
     "plugin_name",
     "options_from_extra",
     "stray_plugin_keys",
@@ -41,6 +42,14 @@ __all__ = [
 
 _claimed: dict[tuple, set] = {}  # (id(config), prefix) -> plugin names already built in this process
 _claim_lock = threading.Lock()
+
+
+def refuse_as_storage_plugin(wrong_entry: dict, what: str) -> None:
+    """LMCache builds a storage_plugins entry with dst_device=...: a class of
+    another entry point copied into that list (a README row in the wrong
+    list) says where it belongs instead of failing with a TypeError."""
+    if "dst_device" in wrong_entry:
+        raise ConfigError(f"{what}; under storage_plugins use lmcache_fx.lmcache_plugin / FxStorageBackend")
 
 
 def open_store(options: FxOptions, where: str) -> ChunkStore:

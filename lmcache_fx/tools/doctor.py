@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .. import _fxio
-from ..core.layout import probe_odirect, root_problem
+from ..core.layout import device_of, probe_odirect, root_problem
 from ..core.options import GIB, ConfigError, FxOptions
 from ..core.store import client_local_locks, decide_mapped_reads, decide_staged_reads, huge_page_tmpfs
 from .common import fs_info, human_bytes, quiet_broken_pipe
@@ -510,8 +510,8 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
     if fi["free_bytes"] is not None:
         # Striping spreads the capacity over the paths; the paths on this one filesystem share its room,
         # and the chunks of each of them are room the store can take back.
-        here = _device_of(root)
-        mine = [p for p in opts.paths if _device_of(p) == here] or [root]
+        here = device_of(root)
+        mine = [p for p in opts.paths if device_of(p) == here] or [root]
         used = 0
         for p in mine:
             if os.path.isdir(p):
@@ -550,18 +550,6 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
                 )
             )
     return out
-
-
-def _device_of(path: str) -> Optional[int]:
-    """st_dev of a path, or of its nearest existing parent (a store made later)."""
-    p = os.path.abspath(path)
-    while True:
-        try:
-            return os.stat(p).st_dev
-        except OSError:
-            if p == os.path.dirname(p):
-                return None
-            p = os.path.dirname(p)
 
 
 def check_memory_fs(where: str, fi: dict, opts: FxOptions, tag: str) -> Optional[Check]:
