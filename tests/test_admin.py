@@ -1239,3 +1239,33 @@ def test_a_spare_is_one_of_the_stores_temporaries_to_the_tools(tmp_path):
         s.close()
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_one_name_in_both_plugin_lists_is_two_stores_to_pick_from(capsys, tmp_path):
+    """storage_plugins and remote_storage_plugins may both list 'fx', with
+    keys of their own (storage_plugin.fx.* and remote_storage_plugin.fx.*):
+    two stores. --plugin fx took the first silently; it now asks for the
+    head, and --plugin <head>.fx picks that one."""
+    import yaml
+
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    local.mkdir()
+    remote.mkdir()
+    d = fx_config(local)
+    d["remote_storage_plugins"] = ["fx"]
+    d["extra_config"].update(
+        {
+            "remote_storage_plugin.fx.module_path": "lmcache_fx.remote_plugin",
+            "remote_storage_plugin.fx.class_name": "FxRemoteConnector",
+            "remote_storage_plugin.fx.path": str(remote),
+        }
+    )
+    y = tmp_path / "both.yaml"
+    y.write_text(yaml.safe_dump(d))
+    for argv in ((), ("--plugin", "fx")):
+        rc, out, err = cli(capsys, "stat", "--config", y, *argv)
+        assert rc == 2 and "storage_plugin.fx, remote_storage_plugin.fx" in err, err
+        assert "pick one with --plugin storage_plugin.fx" in err, err
+    for head, path in (("storage_plugin", local), ("remote_storage_plugin", remote)):
+        rc, obj, err = cli_json(capsys, "stat", "--config", y, "--plugin", f"{head}.fx")
+        assert rc == 0 and obj["paths"] == [str(path)], (obj, err)

@@ -33,9 +33,18 @@ def test_every_option_is_in_the_readme_table():
             assert float(shown) == float(default) if isinstance(default, float) else shown == str(default)
 
 
-@pytest.mark.parametrize("value,expected", [("4M", 4 << 20), ("2MiB", 2 << 20), (65536, 65536), ("128K", 128 << 10)])
+@pytest.mark.parametrize(
+    "value,expected",
+    [("4M", 4 << 20), ("2MiB", 2 << 20), (65536, 65536), ("128K", 128 << 10), ("1Mi", 1 << 20), ("512Ki", 512 << 10)],
+)
 def test_sizes_with_suffixes(value, expected):
     assert FxOptions.from_mapping({"split_bytes": value}).split_bytes == expected
+
+
+@pytest.mark.parametrize("value", ["1i", "Mi", "1Xi"])
+def test_a_lone_i_is_no_unit(value):
+    with pytest.raises(ConfigError, match=r"split_bytes: expected bytes like 1048576 or '1M'"):
+        FxOptions.from_mapping({"split_bytes": value})
 
 
 @pytest.mark.parametrize("value,expected", [("true", True), ("False", False), (True, True), (0, False), ("on", True)])

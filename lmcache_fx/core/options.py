@@ -72,12 +72,15 @@ _SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 def parse_size(text) -> int:
     """Bytes from an integer or a string with a K/M/G/T suffix (powers of
-    1024; 'M', 'MB' and 'MiB' alike). ValueError when it is not one."""
+    1024; 'M', 'MB', 'MiB' and Kubernetes' 'Mi' alike). ValueError when it
+    is not one."""
     if isinstance(text, bool):
         raise ValueError(f"expected a size, got {text!r}")
     if isinstance(text, int):
         return text
     s = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    if s[-2:-1] in _SIZE_UNITS and s.endswith("I"):  # 1Mi, as a pod spec writes it
+        s = s[:-1]
     mult = _SIZE_UNITS.get(s[-1:], 1)
     if mult != 1:
         s = s[:-1]

@@ -317,7 +317,12 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
         "path", nargs="*", metavar="PATH", help="store directory; several (or comma-separated) for a striped store"
     )
     p.add_argument("--config", metavar="YAML", help="take the path (and capacity) from an LMCache config file")
-    p.add_argument("--plugin", metavar="NAME", help="which storage_plugins entry of --config (default: the only one)")
+    p.add_argument(
+        "--plugin",
+        metavar="NAME",
+        help="which lmcache-fx entry of --config: its name, or <head>.<name> (storage_plugin.fx) "
+        "where both plugin lists have the name (default: the only one)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON for scripts instead of text")
     if command == "ls":
         p.add_argument("--model", help="only chunks of this model")
@@ -371,13 +376,15 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
         for w in unlisted:  # settings LMCache will ignore: the store may not be the one meant
             print(f"warning: {args.config}: {w}", file=sys.stderr)
         if args.plugin:
-            plugins = [p for p in plugins if p.name == args.plugin]
+            # A name, or <head>.<name> where both lists hold the name (two stores, two sets of keys)
+            plugins = [p for p in plugins if args.plugin in (p.name, p.prefix[:-1])]
             if not plugins:
                 raise AdminError(f"{args.config}: no lmcache-fx plugin named {args.plugin!r}")
-        elif len(plugins) > 1:
+        if len(plugins) > 1:
+            names = [p.name for p in plugins]
+            shown = [p.prefix[:-1] if names.count(p.name) > 1 else p.name for p in plugins]
             raise AdminError(
-                f"{args.config}: several lmcache-fx plugins ({', '.join(p.name for p in plugins)}); "
-                "pick one with --plugin"
+                f"{args.config}: several lmcache-fx plugins ({', '.join(shown)}); pick one with --plugin " + shown[0]
             )
         pc = plugins[0]
         if pc.error:
