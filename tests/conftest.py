@@ -103,9 +103,9 @@ def odirect_tmp(tmp_path):
 def shm_dir():
     """A store path on /dev/shm (a tmpfs), removed after the test; skipped
     where /dev/shm is no memory filesystem."""
-    from lmcache_fx.core import store as store_mod
+    from lmcache_fx.core import medium
 
-    if not os.path.isdir("/dev/shm") or not store_mod._page_cache_fs(["/dev/shm"]):
+    if not os.path.isdir("/dev/shm") or not medium.page_cache_fs(["/dev/shm"]):
         pytest.skip("/dev/shm is not a tmpfs here: spares are kept on memory filesystems only")
     d = os.path.join("/dev/shm", f"lmcache-fx-test-{uuid.uuid4().hex}")
     yield os.path.join(d, "store")

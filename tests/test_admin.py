@@ -358,7 +358,7 @@ def test_doctor_on_a_real_store(capsys, store_copy):
     assert obj["fast_path"] == expected and rc == (0 if expected else 1)
     assert checks["space"]["data"]["store_bytes"] > 0  # it counted the store's chunks
     if checks["O_DIRECT"]["status"] == "ok":  # the store's choice of staged reads, with its reason
-        from lmcache_fx.core.store import decide_staged_reads
+        from lmcache_fx.core.medium import decide_staged_reads
 
         staged, why = decide_staged_reads("auto", [path], True, True)
         assert checks["staged reads"]["data"] == {"staged_reads": staged} and why in checks["staged reads"]["summary"]
@@ -498,7 +498,7 @@ def test_doctor_says_what_a_memory_store_reads_with(capsys, tmp_path):
     failure that names the key and the fix. As root, the hint's remount is
     carried out on a tmpfs of our own, and the same check then says the
     reads are mapped (where the CPU has the one-pass copy)."""
-    from lmcache_fx.core.store import huge_page_tmpfs
+    from lmcache_fx.core.medium import huge_page_tmpfs
     from lmcache_fx.testing.loopfs import tmpfs
     from lmcache_fx.tools.common import fs_info
     from lmcache_fx.tools.doctor import check_memory_fs
@@ -694,7 +694,7 @@ def test_doctor_warns_where_file_locks_stay_on_this_host(capsys, tmp_path, monke
     format that says so): doctor warns that the store cannot be shared
     between hosts, says what is given up and how to mount it; a path on a
     mount with server-side locks gets no such line."""
-    from lmcache_fx.core import store as store_mod
+    from lmcache_fx.core import medium
     from lmcache_fx.tools import doctor
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -702,7 +702,7 @@ def test_doctor_warns_where_file_locks_stay_on_this_host(capsys, tmp_path, monke
 
     path = tmp_path / "s"
     path.mkdir()
-    real = store_mod.client_local_locks
+    real = medium.client_local_locks
     for options, warned in (("rw,vers=3,nolock", True), ("rw,vers=4.2,local_lock=none", False)):
         table = F.mount_table(tmp_path, str(path), "nfs", options)
         monkeypatch.setattr(doctor, "client_local_locks", lambda roots, t=table: real(roots, t))

@@ -32,7 +32,7 @@ from lmcache_fx.core.chunkfile import (
     decode_header,
     encode_header,
 )
-from lmcache_fx.core.store import _page_cache_fs
+from lmcache_fx.core.medium import page_cache_fs
 
 URING_OK, URING_WHY = fx.io_uring_status()
 needs_uring = pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable here: {URING_WHY}")
@@ -834,7 +834,7 @@ out(report=report, fired=fx._fault_counts(), fds=[fds0, fd_count()], threads=[th
 
 def _staged_expected(store, stage: bool) -> bool:
     """Whether O_DIRECT pieces of a stage=True read should go through staging slots here."""
-    return stage and True in directs(store) and not _page_cache_fs([store])
+    return stage and True in directs(store) and not page_cache_fs([store])
 
 
 STAGE_KINDS = [
@@ -1043,7 +1043,7 @@ def test_unchecked_device_reads_go_in_large_pieces(store, rootfd):
     each piece is checksummed as it lands. Both come back exact."""
     if True not in directs(store):
         pytest.skip("no O_DIRECT on this filesystem")
-    if _page_cache_fs([store]):
+    if page_cache_fs([store]):
         pytest.skip("the store is in memory: reads from memory keep their pieces")
     rng = random.Random(16)
     payloads = [rng.randbytes(32 << 20) for _ in range(2)]
@@ -1074,7 +1074,7 @@ def test_staged_device_reads_are_exact_and_bounded_by_the_slots(store, rootfd):
     or without stage nothing is staged."""
     if True not in directs(store):
         pytest.skip("no O_DIRECT on this filesystem")
-    if _page_cache_fs([store]):
+    if page_cache_fs([store]):
         pytest.skip("the store is in memory: nothing there is read O_DIRECT from a device")
     rng = random.Random(21)
     sizes = [24 << 20, 1, 5000, 60 << 10, (1 << 20) + 12345, 0, (3 << 20) + 4096, 8 << 20]
@@ -1128,7 +1128,7 @@ def test_a_staged_read_over_two_devices_keeps_eight_pieces_in_flight_on_each(xfs
     on one device keeps 8 (the test above); the bytes and CRCs are exact."""
     if os.stat(odirect_tmp).st_dev == os.stat(xfs_store).st_dev:
         pytest.skip("tmp_path is on the loop device's filesystem")
-    if _page_cache_fs([xfs_store]) or _page_cache_fs([str(odirect_tmp)]):
+    if page_cache_fs([xfs_store]) or page_cache_fs([str(odirect_tmp)]):
         pytest.skip("a path is in memory: nothing there is read O_DIRECT from a device")
     rng = random.Random(55)
     payloads = [rng.randbytes(12 << 20) for _ in range(2)]

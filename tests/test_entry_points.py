@@ -324,12 +324,12 @@ def test_l2_capacity_and_eviction_reported(tmp_path, where):
     import uuid
 
     from lmcache_fx.core.chunkfile import HEADER_SIZE
-    from lmcache_fx.core.store import _page_cache_fs
+    from lmcache_fx.core.medium import page_cache_fs
 
     chunk = HEADER_SIZE + GEO.chunk * GEO.bytes_per_token
     path = tmp_path / "store"
     if where == "shm":
-        if not _page_cache_fs(["/dev/shm"]):
+        if not page_cache_fs(["/dev/shm"]):
             pytest.skip("/dev/shm is not a tmpfs here")
         path = f"/dev/shm/lmcache-fx-test-{uuid.uuid4().hex}"
     side = MPSide(path, max_capacity_gb=5.5 * chunk / (1 << 30))

@@ -20,8 +20,9 @@ from test_engine_chunks import body_of, read, run_child, write_chunk
 
 from lmcache_fx import _fxio as fx
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta
+from lmcache_fx.core.medium import huge_page_tmpfs, page_cache_fs
 from lmcache_fx.core.options import ConfigError, FxOptions
-from lmcache_fx.core.store import ChunkStore, _page_cache_fs, huge_page_tmpfs
+from lmcache_fx.core.store import ChunkStore
 from lmcache_fx.testing.loopfs import tmpfs
 
 URING_OK, URING_WHY = fx.io_uring_status()
@@ -32,7 +33,7 @@ MAP_MIN = 2 << 20  # FX_MAP_MIN: files this big or bigger are mapped
 @pytest.fixture
 def shm_root():
     """A store-like directory on /dev/shm (tmpfs)."""
-    if not os.path.isdir("/dev/shm") or not _page_cache_fs(["/dev/shm"]):
+    if not os.path.isdir("/dev/shm") or not page_cache_fs(["/dev/shm"]):
         pytest.skip("/dev/shm is not a tmpfs here")
     d = tempfile.mkdtemp(prefix="fx-mapped-", dir="/dev/shm")
     os.makedirs(os.path.join(d, "ab"))
@@ -258,7 +259,7 @@ def test_mapped_reads_option_follows_the_medium(shm_root, tmp_path):
             st.close()
     disk = str(tmp_path / "disk")
     os.makedirs(disk)
-    if _page_cache_fs([disk]):
+    if page_cache_fs([disk]):
         pytest.skip("the temporary directory is itself a tmpfs: no disk filesystem to refuse")
     with pytest.raises(ConfigError, match=r"mapped_reads: true.*use auto"):
         _store(disk, mapped_reads="true")

@@ -273,10 +273,11 @@ def test_odirect_fallback_on_a_device_warns_once(tmp_path, caplog, monkeypatch):
     warning now, saying why."""
     import logging
 
+    from lmcache_fx.core import medium
     from lmcache_fx.core import store as store_mod
 
     monkeypatch.setattr(store_mod, "probe_odirect", lambda root: (False, "Invalid argument"))
-    monkeypatch.setattr(store_mod, "_page_cache_fs", lambda roots: False)
+    monkeypatch.setattr(medium, "page_cache_fs", lambda roots: False)
     with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
         s = store_mod.ChunkStore(FxOptions.from_mapping({"path": str(tmp_path / "s")}))
     try:

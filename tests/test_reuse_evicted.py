@@ -21,6 +21,7 @@ sys.path.insert(0, HERE)
 from faults import fxfault as F  # noqa: E402
 
 from lmcache_fx._fxio import crc32c  # noqa: E402
+from lmcache_fx.core import medium  # noqa: E402
 from lmcache_fx.core import store as store_mod  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest, decode_header  # noqa: E402
 from lmcache_fx.core.drive import _run_step, drive_blocking  # noqa: E402
@@ -62,7 +63,7 @@ def _peer(code: str) -> subprocess.Popen:
 
 
 # Makes stores opened from then on read without file locks, as on a network filesystem.
-_UNLOCKED = "import lmcache_fx.core.store as m; m._locks_reads = lambda roots: False"
+_UNLOCKED = "import lmcache_fx.core.medium as m; m.locks_reads = lambda roots: False"
 
 
 def _store_peer(store_dir: str, at_end: str = "", unlocked: bool = False) -> subprocess.Popen:
@@ -600,7 +601,7 @@ def test_a_chunk_rewritten_before_the_c_readers_lock_is_a_miss_not_corrupt(store
 def test_unlocked_reads_in_flight_keep_every_file(store_dir, monkeypatch):
     """Where reads take no file locks (a network filesystem), a read in
     flight in this process stops all reuse, from its first step."""
-    monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)
+    monkeypatch.setattr(medium, "locks_reads", lambda roots: False)
     s = _open(store_dir)
     try:
         assert not s.lock_reads
@@ -699,7 +700,7 @@ def test_a_forked_child_has_its_own_ledger_and_membership(store_dir, monkeypatch
     seen by the parent as another process with the store open (its reads
     without locks, so the parent reuses nothing while it is there)."""
     s = _open(store_dir)
-    monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)  # for the child's store
+    monkeypatch.setattr(medium, "locks_reads", lambda roots: False)  # for the child's store
     r, w = os.pipe()
     r2, w2 = os.pipe()
     pid = os.fork()
@@ -735,7 +736,7 @@ def test_a_second_store_on_the_path_keeps_this_process_a_member(store_dir, monke
     second must not drop the process's lock on .fx/members (POSIX locks go
     with any descriptor of the file closed), or another process would reuse
     files this one reads."""
-    monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)
+    monkeypatch.setattr(medium, "locks_reads", lambda roots: False)
     s = _open(store_dir)
     s2 = _open(store_dir)
     peer = _store_peer(store_dir, "print(s._ledger.may_reuse(), flush=True)")
@@ -756,7 +757,7 @@ def test_a_store_reading_without_locks_joins_a_locking_process_as_such(store_dir
         peer = _store_peer(store_dir, peer_code)
         out, _ = peer.communicate("", timeout=60)
         assert peer.returncode == 0 and out.strip() == "True"
-        monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)
+        monkeypatch.setattr(medium, "locks_reads", lambda roots: False)
         s2 = _open(store_dir)
         try:
             peer = _store_peer(store_dir, peer_code)
@@ -785,8 +786,8 @@ def test_mounts_that_keep_locks_on_this_host_are_told(tmp_path, fstype, options,
     nolock or local_lock, Lustre with localflock keep file locks on this
     client, which other hosts then cannot see."""
     table = F.mount_table(tmp_path, str(tmp_path), fstype, options)
-    assert store_mod.client_local_locks([str(tmp_path)], table) == want
-    assert store_mod.client_local_locks([str(tmp_path)], str(tmp_path / "no-such-table")) == ("", False, False)
+    assert medium.client_local_locks([str(tmp_path)], table) == want
+    assert medium.client_local_locks([str(tmp_path)], str(tmp_path / "no-such-table")) == ("", False, False)
 
 
 def test_no_reuse_where_other_hosts_cannot_see_this_ones_locks(tmp_path, monkeypatch, caplog):
@@ -796,8 +797,8 @@ def test_no_reuse_where_other_hosts_cannot_see_this_ones_locks(tmp_path, monkeyp
     store_dir = str(tmp_path / "store")
     os.makedirs(store_dir)
     table = F.mount_table(tmp_path, store_dir, "nfs", "rw,vers=3,nolock")
-    real = store_mod.client_local_locks
-    monkeypatch.setattr(store_mod, "client_local_locks", lambda roots: real(roots, table))
+    real = medium.client_local_locks
+    monkeypatch.setattr(medium, "client_local_locks", lambda roots: real(roots, table))
     with caplog.at_level("WARNING", logger="lmcache_fx"):
         s = _open(store_dir)
     try:

@@ -20,7 +20,7 @@ sys.path.insert(0, HERE)
 
 from faults import fxfault as F  # noqa: E402
 
-from lmcache_fx.core import layout  # noqa: E402
+from lmcache_fx.core import layout, medium  # noqa: E402
 from lmcache_fx.core import store as store_mod  # noqa: E402
 from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest  # noqa: E402
 from lmcache_fx.core.layout import open_in  # noqa: E402
@@ -172,7 +172,7 @@ def test_no_spares_on_disk_or_network_filesystems_or_with_reuse_off(where, shm_d
     elif where == "xfs":
         s = _open(os.path.join(request.getfixturevalue("xfs_store"), "store"))
     elif where == "network filesystem":
-        monkeypatch.setattr(store_mod, "_locks_reads", lambda roots: False)
+        monkeypatch.setattr(medium, "locks_reads", lambda roots: False)
         s = _open(shm_dir)
     else:
         s = _open(shm_dir, reuse_evicted=False)

@@ -16,8 +16,8 @@ from test_mapped_reads import _store
 
 from lmcache_fx import _fxio as fx
 from lmcache_fx.core.chunkfile import HEADER_SIZE, ChunkMeta
+from lmcache_fx.core.medium import decide_staged_reads, loop_backed, page_cache_fs
 from lmcache_fx.core.options import ConfigError, FxOptions
-from lmcache_fx.core.store import _loop_backed, _page_cache_fs, decide_staged_reads
 
 URING_OK, URING_WHY = fx.io_uring_status()
 
@@ -35,7 +35,7 @@ def test_the_choice_and_its_reasons(tmp_path):
     if not fx.CRC32C_COPY_ONE_PASS:
         assert (on, why) == (False, "this CPU has no one-pass copy and sum (AVX-512 VPCLMULQDQ)")
     else:
-        assert on == _loop_backed(root), why
+        assert on == loop_backed(root), why
         assert on or why.startswith("not a loop device"), why
     with pytest.raises(ConfigError, match="staged_reads"):
         FxOptions.from_mapping({"staged_reads": "sometimes"})
@@ -66,7 +66,7 @@ def test_a_store_on_a_loop_device_stages_its_checked_reads(xfs_store):
     through the store are exact, their pieces counted through the slots; a
     payload byte flipped on disk is a miss, never wrong data; with verify
     off nothing is staged."""
-    assert _loop_backed(xfs_store)
+    assert loop_backed(xfs_store)
     st = _store(xfs_store)
     try:
         assert st.odirect and st.staged_reads == bool(fx.CRC32C_COPY_ONE_PASS)
@@ -115,7 +115,7 @@ def test_auto_stages_only_reads_over_four_mib(xfs_store):
     place (one 2 MiB chunk, one 4 MiB chunk: no piece staged), a larger one
     is staged (three 2 MiB chunks: six 1 MiB pieces); every read exact.
     Under true even the smallest read is staged."""
-    from lmcache_fx.core.store import STAGE_ABOVE_BYTES
+    from lmcache_fx.core.medium import STAGE_ABOVE_BYTES
 
     assert STAGE_ABOVE_BYTES == 4 << 20
     st = _store(xfs_store)
@@ -200,7 +200,7 @@ def test_a_disk_store_off_a_loop_device_reads_in_place(tmp_path):
     auto does not stage: a drive that DMAs the data would pay a copy."""
     root = str(tmp_path / "store")
     os.makedirs(root)
-    if _page_cache_fs([root]) or _loop_backed(root):
+    if page_cache_fs([root]) or loop_backed(root):
         pytest.skip("the temporary directory is a memory filesystem or on a loop device")
     st = _store(root)
     try:

@@ -19,6 +19,7 @@ sys.path.insert(0, HERE)
 
 from faults import fxfault as F  # noqa: E402
 
+from lmcache_fx.core import medium  # noqa: E402
 from lmcache_fx.core import store as store_mod  # noqa: E402
 from lmcache_fx.core.layout import LOCK_DIR, LOCK_NAME  # noqa: E402
 from lmcache_fx.core.options import ConfigError  # noqa: E402
@@ -73,7 +74,7 @@ def test_a_refused_start_leaves_nothing(tmp_path):
     """mapped_reads: true where the store is not on a memory filesystem is
     refused before any shared file is made: the directories made for the
     store go again."""
-    if store_mod._page_cache_fs([str(tmp_path)]):
+    if medium.page_cache_fs([str(tmp_path)]):
         pytest.skip(f"{tmp_path} is a memory filesystem: mapped_reads: true is allowed there")
     store_dir = tmp_path / "new" / "store"
     with pytest.raises(ConfigError):

@@ -25,8 +25,8 @@ from typing import Optional
 
 from .. import _fxio
 from ..core.layout import device_of, probe_odirect, root_problem
+from ..core.medium import client_local_locks, decide_mapped_reads, decide_staged_reads, huge_page_tmpfs
 from ..core.options import GIB, ConfigError, FxOptions
-from ..core.store import client_local_locks, decide_mapped_reads, decide_staged_reads, huge_page_tmpfs
 from .common import fs_info, human_bytes, quiet_broken_pipe
 from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
 
