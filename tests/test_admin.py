@@ -110,6 +110,29 @@ def test_help_has_examples(capsys, cmd):
     assert "examples:" in out and f"lmcache-fx {cmd}" in out and "--json" in out
 
 
+@pytest.mark.parametrize(
+    "argv,said",
+    [
+        (["estimate", "--kv-dtype", "fp7"], "argument --kv-dtype: invalid choice: 'fp7'"),
+        (["estimate", "--bogus"], "unrecognized arguments: --bogus"),
+        (["bench", "--reps", "x"], "argument --reps: invalid int value: 'x'"),
+        (["bench", "--path", "/x", "--bogus"], "unrecognized arguments: --bogus"),
+        (["stat", "--bogus"], "unrecognized arguments: --bogus"),
+        (["doctor", "--strict", "yes"], "unrecognized arguments: yes"),
+        (["gc", "/x"], "the following arguments are required: --to-gb"),
+    ],
+)
+def test_a_wrong_flag_is_one_line_naming_the_command(capsys, argv, said):
+    """argparse printed its usage block first: 7 to 12 lines for estimate and
+    bench, the error last; a flag unknown to a command was said by
+    `lmcache-fx` itself, not naming the command."""
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"lmcache-fx {argv[0]}: error: {said}") and f"lmcache-fx {argv[0]} --help" in err, err
+
+
 @pytest.mark.parametrize("cmd", ["ls", "stat", "fsck", "gc"])
 def test_wrong_path_is_a_clear_error(capsys, tmp_path, cmd):
     extra = ["--to-gb", "1"] if cmd == "gc" else []

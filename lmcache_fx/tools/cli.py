@@ -21,8 +21,17 @@ SUBCOMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Errors as one line naming the command and where its help is, exit
+    status 2: argparse's usage block before them ran to a dozen lines for
+    bench and estimate, and the line that mattered came last."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmcache-fx")
+    p = OneLineParser(prog="lmcache-fx")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (mod, helptext) in SUBCOMMANDS.items():
         if importlib.util.find_spec(mod) is None:
@@ -38,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def command_parser(command: str, add_arguments, doc: str) -> argparse.ArgumentParser:
     """A parser for one subcommand on its own (`python -m lmcache_fx.tools.<module>`, tests)."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog=f"lmcache-fx {command}",
         description=(doc or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -54,10 +63,12 @@ def run_command(command: str, argv=None) -> int:
 
 def main(argv=None) -> int:
     p = build_parser()
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
     if not getattr(args, "command", None):
         p.print_help()
         return 2
+    if extra:  # said by the command's parser, so the line names the command
+        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return importlib.import_module(args._module).run(args, args._parser)
 
 
