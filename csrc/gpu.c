@@ -143,6 +143,7 @@ struct GpuStagingObject {
     PyObject_HEAD
     pthread_mutex_t run_mu; /* one read() at a time */
     int ready, closed;
+    int initialising; /* __init__ is running (it drops the GIL): a second call is refused */
     int device;
     int cudev; /* CUdevice handle (what the primary context is retained and released with) */
     void *ctx;
@@ -1004,7 +1005,25 @@ static void atfork_install(void) { pthread_atfork(NULL, NULL, fx_gpu_driver_atfo
 
 /* ------------------------------------------------------------- Python side */
 
+static int staging_init(GpuStagingObject *self, PyObject *args, PyObject *kw);
+
+/* As Engine's: a second __init__ while the first builds without the GIL
+ * would overwrite (leak) its memory, stream, events and ring. */
 static int GpuStaging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
+{
+    int r;
+
+    if (self->initialising) {
+        PyErr_SetString(PyExc_RuntimeError, "GpuStaging is being initialised by another call");
+        return -1;
+    }
+    self->initialising = 1;
+    r = staging_init(self, args, kw);
+    self->initialising = 0;
+    return r;
+}
+
+static int staging_init(GpuStagingObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"slots", "slot_bytes", "device", "engine", "io_engine", "numa_sysfs", NULL};
     long long slots = 8, slot_bytes = 4 << 20;

@@ -73,6 +73,7 @@ typedef struct {
     int whole;       /* small payloads whole when other submitted batches run or wait */
     int running;
     struct BatchObject *pend_head, *pend_tail;
+    int initialising; /* __init__ is running (it drops the GIL): a second call is refused */
 } EngineObject;
 
 static PyTypeObject EngineType;
@@ -290,7 +291,26 @@ static PyObject *results_to_list(const fx_result *res, size_t n, int want_crc)
 
 /* ----------------------------------------------------------------- Engine */
 
+static int engine_init(EngineObject *self, PyObject *args, PyObject *kw);
+
+/* __init__ called again from another thread while the first call has the GIL
+ * released would pass the "already initialised" check and overwrite (leak)
+ * the first call's ring or threads. */
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw)
+{
+    int r;
+
+    if (self->initialising) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine is being initialised by another call");
+        return -1;
+    }
+    self->initialising = 1;
+    r = engine_init(self, args, kw);
+    self->initialising = 0;
+    return r;
+}
+
+static int engine_init(EngineObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"io_engine",   "queue_depth", "split_bytes", "threads", "staged",
                              "runner_nice", "max_running", "whole_when_busy", NULL};
@@ -562,6 +582,13 @@ static PyObject *Engine_register_buffer(EngineObject *self, PyObject *args)
         addr = PyLong_AsUnsignedLongLong(what);
         if (PyErr_Occurred())
             return NULL;
+        /* Past the address space the ring's iovec count wraps to 0: nothing
+         * registered, and 0 (success) returned. */
+        if (len > (unsigned long long)PTRDIFF_MAX || addr + len < addr) {
+            PyErr_Format(PyExc_ValueError, "register_buffer: %llu bytes at %p run past the address space", len,
+                         (void *)(uintptr_t)addr);
+            return NULL;
+        }
     } else {
         if (PyObject_GetBuffer(what, &view, PyBUF_WRITABLE) < 0)
             return NULL;
@@ -1625,7 +1652,11 @@ static void HostBuffer_dealloc(HostBufferObject *hb)
      * something else by now. */
     if (hb->addr && !FX_FORKED(hb->gen)) {
         fx_mem m = {.addr = (char *)hb->addr, .mapped = hb->mapped};
+        /* Unmapping a touched GiB of 4 KiB pages takes tens of ms: not with
+         * every other Python thread waiting (as CPython's FileIO closes). */
+        Py_BEGIN_ALLOW_THREADS
         fx_mem_free(&m);
+        Py_END_ALLOW_THREADS
     }
     Py_TYPE(hb)->tp_free((PyObject *)hb);
 }
