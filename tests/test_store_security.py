@@ -982,6 +982,43 @@ def test_temporary_named_with_no_process_pid_is_judged_by_age(tmp_path, pid):
         s.close()
 
 
+@pytest.mark.skipif(not layout.SEAT_TAG or layout.BOOT_TIME is None, reason="no boot id or boot time here")
+def test_a_temporary_of_an_earlier_boot_is_stale_at_once(tmp_path):
+    """After a crash and reboot, the temporaries of this host's writers
+    waited an hour (their host tag, which names the boot, is not this one's:
+    judged by age), counted in the usage. One of this host name and pid
+    namespace (its seat tag) under another host tag, older than this boot,
+    is stale at once; another seat's, or one written since the boot, is
+    still judged by age (a same-named host's live writer on a network store)."""
+    boot, seat = layout.BOOT_TIME, layout.SEAT_TAG
+    earlier = f"{'ab' * 16}.fxkv{TMP_MARK}4242.7.0badb007.{seat}"
+    spare = f"{'ab' * 16}.fxkv{TMP_MARK}4242.spare3.0badb007.{seat}"
+    other_seat = f"{'ab' * 16}.fxkv{TMP_MARK}4242.7.0badb007.5ea75ea7"
+    assert layout.tmp_is_stale(earlier, boot - 1, boot + 60)
+    assert layout.tmp_is_stale(spare, boot - 1, boot + 60)
+    assert not layout.tmp_is_stale(earlier, boot + 1, boot + 60)  # written since this boot
+    assert not layout.tmp_is_stale(other_seat, boot - 1, boot + 60)
+    mine = f"{'ab' * 16}.fxkv{TMP_MARK}{os.getpid()}.7.{HOST_TAG}.{seat}"  # this boot's: judged by its pid
+    assert not layout.tmp_is_stale(mine, boot - 1, boot + 60)
+    # A store starting on the directory removes it
+    root = str(tmp_path / "store")
+    src = F.Chunks()
+    s = F.open_store(root, max_capacity_gb=1)
+    assert s.write([src.item("boot/0", 65536)]) == [True]
+    path = s.path_for(chunk_digest("boot/0")) + f"{TMP_MARK}4242.7.0badb007.{seat}"
+    s.close()
+    with open(path, "wb") as f:
+        f.write(b"x" * 4096)
+    os.utime(path, (boot - 1, boot - 1))
+    s = F.open_store(root, max_capacity_gb=1)
+    try:
+        assert not os.path.exists(path) and s.usage_bytes == s._walk(remove_stale=False)[1]
+    finally:
+        s.close()
+    # The store's own temporaries carry both tags
+    assert store_mod._tmp_name("/x/y.fxkv").endswith(f".{HOST_TAG}.{seat}")
+
+
 def test_one_lock_timeout_does_not_make_ordinary_contention_fail(tmp_path, monkeypatch):
     """After a wait for the store lock ran out, calls for the next
     LOCK_TIMEOUT seconds wait briefly; each such brief wait that failed

@@ -35,7 +35,7 @@ STALE_TMP_SECONDS = 3600  # a temporary file this old belongs to a dead writer
 # stores) this old belongs to a process that stopped storing (idle, or stopped): any process may
 # remove it, or an idle peer's spares hold up to a quarter of the cap each for STALE_TMP_SECONDS.
 STALE_SPARE_SECONDS = 300
-SPARE_SEQ_MARK = "spare"  # in a spare's name: <digest>.fxkv.tmp.<pid>.spare<seq>.<host tag>
+SPARE_SEQ_MARK = "spare"  # in a spare's name: <digest>.fxkv.tmp.<pid>.spare<seq>.<host tag>.<seat tag>
 PID_T_MAX = (1 << 31) - 1  # a temporary's "pid" beyond pid_t (or not positive) is no process's: age decides
 LOCK_DIR = ".fx"  # in the first root: shared state; no fan-out directory, so never scanned
 LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evictor lock; never a chunk
@@ -63,24 +63,45 @@ DIGEST_HEX = 32
 _HEX = frozenset("0123456789abcdef")
 
 
-def _host_tag() -> str:
-    """Names this kernel's pid space: temporaries of another node or container
-    are judged stale by age only, never by a pid that means nothing here."""
-    parts = [socket.gethostname()]
-    for f in ("/proc/sys/kernel/random/boot_id",):
-        try:
-            with open(f) as fh:
-                parts.append(fh.read().strip())
-        except OSError:
-            pass
+def _tags() -> tuple[str, str]:
+    """(host tag, seat tag). The host tag names this kernel's pid space (host
+    name, boot, pid namespace): temporaries of another node, container or
+    boot are never judged by a pid that means nothing here. The seat tag is
+    the same without the boot: a temporary of this host name and pid
+    namespace under another host tag is one of an earlier boot."""
+    host = socket.gethostname()
     try:
-        parts.append(os.readlink("/proc/self/ns/pid"))
+        ns = os.readlink("/proc/self/ns/pid")
     except OSError:
+        ns = ""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = ""
+
+    def tag(*parts: str) -> str:
+        return hashlib.blake2b("|".join(p for p in parts if p).encode(), digest_size=4).hexdigest()
+
+    return tag(host, boot, ns), tag("seat", host, ns) if boot else ""
+
+
+def _boot_time() -> Optional[float]:
+    """When this kernel booted (/proc/stat btime), or None."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
         pass
-    return hashlib.blake2b("|".join(parts).encode(), digest_size=4).hexdigest()
+    return None
 
 
-HOST_TAG = _host_tag()
+HOST_TAG, SEAT_TAG = _tags()
+BOOT_TIME = _boot_time()
+# The fields a temporary's name ends with after its pid and sequence number
+TMP_TAGS = f"{HOST_TAG}.{SEAT_TAG}" if SEAT_TAG else HOST_TAG
 
 
 def device_of(path: str) -> Optional[int]:
@@ -241,7 +262,7 @@ def fanout_dirs(root: str) -> list[str]:
 
 
 def _tmp_writer(name: str) -> Optional[tuple[int, list[str]]]:
-    """<digest>.fxkv.tmp.<pid>.<seq>[.<host tag>]: (pid, the fields after
+    """<digest>.fxkv.tmp.<pid>.<seq>[.<host tag>[.<seat tag>]]: (pid, the fields after
     the mark) when the writer's pid means something here; None when only the
     file's age can judge it (no pid in the name, not a pid that os.kill
     could take (it would overflow, or signal a group), another node's or
@@ -258,16 +279,28 @@ def _tmp_writer(name: str) -> Optional[tuple[int, list[str]]]:
 
 def tmp_judged_by_age(name: str) -> bool:
     """Whether a temporary's writer can only be judged by the file's age
-    (STALE_TMP_SECONDS): one of another host, container or boot, or with no
-    pid in its name; else by whether its pid lives here."""
+    (STALE_TMP_SECONDS): one of another host or container, or with no pid
+    in its name; else by whether its pid lives here."""
     return _tmp_writer(name) is None
+
+
+def _of_an_earlier_boot(name: str, mtime: float) -> bool:
+    """Whether a temporary was left by this host and pid namespace before
+    this boot (its seat tag ours, its host tag not, older than the boot):
+    its writer is gone, as after a crash and restart. Without this, such
+    files waited STALE_TMP_SECONDS, counted in the usage. The age check
+    keeps a same-named host's live writer safe (network stores)."""
+    if not SEAT_TAG or BOOT_TIME is None or mtime >= BOOT_TIME:
+        return False
+    parts = name.split(TMP_MARK, 1)[1].split(".") if TMP_MARK in name else []
+    return len(parts) >= 4 and parts[2] != HOST_TAG and parts[3] == SEAT_TAG
 
 
 def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
     # Stale when the writer is gone (or a spare, when old)
     writer = _tmp_writer(name)
     if writer is None:
-        return now - mtime > STALE_TMP_SECONDS
+        return _of_an_earlier_boot(name, mtime) or now - mtime > STALE_TMP_SECONDS
     pid, parts = writer
     if pid == os.getpid():
         return False
@@ -527,7 +560,7 @@ def probe_odirect(directory: str) -> tuple[bool, str]:
         except OSError as e:
             if e.errno == errno.EINVAL:  # O_DIRECT refused (O_TMPFILE itself fails with EOPNOTSUPP/EISDIR)
                 return False, _odirect_why(e)
-            name = f"{TMP_MARK}odirect.{os.getpid()}.{HOST_TAG}"
+            name = f"{TMP_MARK}odirect.{os.getpid()}.{TMP_TAGS}"
             try:
                 fd = os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
             except OSError as e2:

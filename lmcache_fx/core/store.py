@@ -56,6 +56,7 @@ from .layout import (
     STALE_SPARE_SECONDS,
     STALE_TMP_SECONDS,
     TMP_MARK,
+    TMP_TAGS,
     FileStat,
     chunk_digest_of_path,
     devices_under,
@@ -270,7 +271,7 @@ class _ChunkFiles:
 def _tmp_name(final: str, spare: bool = False) -> str:
     """A temporary's name in the directory of `final` (a scan knows its writer
     by it, and a spare as one: layout.tmp_is_stale)."""
-    return f"{os.path.basename(final)}{TMP_MARK}{_PID[0]}.{SPARE_SEQ_MARK if spare else ''}{next(_tmp_seq)}.{HOST_TAG}"
+    return f"{os.path.basename(final)}{TMP_MARK}{_PID[0]}.{SPARE_SEQ_MARK if spare else ''}{next(_tmp_seq)}.{TMP_TAGS}"
 
 
 def _gib_text(n: int) -> str:

@@ -133,12 +133,12 @@ class Scan:
 
 
 # The names the store gives its temporaries (core/layout.py, store._tmp_name,
-# layout.probe_odirect): <digest>.fxkv.tmp.<pid>.<n>[.<host tag>] in the
-# digest's fan-out directory, and .tmp.odirect.<pid>[.<host tag>] at a root.
-# A name with TMP_MARK in it that is neither is not the store's: reported as
-# foreign, never removed.
-_FANOUT_TMP = re.compile(r"([0-9a-f]{32})\.fxkv\.tmp\.[0-9]+\.(?:spare)?[0-9]+(\.[0-9a-f]{8})?")  # or a spare
-_ROOT_TMP = re.compile(r"\.tmp\.odirect\.[0-9]+(\.[0-9a-f]{8})?")
+# layout.probe_odirect): <digest>.fxkv.tmp.<pid>.<n>[.<host tag>[.<seat tag>]]
+# in the digest's fan-out directory, and .tmp.odirect.<pid>[.<host tag>[.<seat
+# tag>]] at a root. A name with TMP_MARK in it that is neither is not the
+# store's: reported as foreign, never removed.
+_FANOUT_TMP = re.compile(r"([0-9a-f]{32})\.fxkv\.tmp\.[0-9]+\.(?:spare)?[0-9]+(\.[0-9a-f]{8}){0,2}")  # or a spare
+_ROOT_TMP = re.compile(r"\.tmp\.odirect\.[0-9]+(\.[0-9a-f]{8}){0,2}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
