@@ -387,6 +387,41 @@ def test_two_real_users_share_a_store():
     assert owners == {u2} or owners == {u1, u2}
 
 
+def test_a_hit_of_another_user_refreshes_the_lru_clock():
+    """shared_group: a hit sets its chunk's mtime (the shared LRU clock) to an
+    exact time, which only the file's owner may do. Another user's hit failed
+    with EPERM, unsaid, so the chunk that user kept reading was evicted
+    first, as if never read. A hit on another user's chunk now sets it to
+    now (write access, the group's, is enough)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create two users (useradd) and run a child as each")
+    import tempfile
+
+    gid, ((u1, g1), (u2, g2)) = _two_users()
+    top = tempfile.mkdtemp(prefix="fx-users-")
+    try:
+        os.chmod(top, 0o755)
+        path = os.path.join(top, "store")
+        os.mkdir(path)
+        os.chown(path, 0, gid)
+        os.chmod(path, 0o770)
+        cap = 8 * (CHUNK + HEADER_SIZE)
+        keys = [f"model@2@0@{h:016x}@bfloat16" for h in range(4)]
+        r1 = _run_as(u1, g1, [gid], {"path": path, "cap": cap, "read": [], "read_rank": 0, "write": keys, "rank": 0})
+        assert r1["wrote"] == 4
+        files = F.chunk_files(path)
+        hour_ago = time.time() - 3600
+        for f in files:  # written an hour ago: a hit is due to refresh them
+            os.utime(f, (hour_ago, hour_ago))
+        r2 = _run_as(u2, g2, [gid], {"path": path, "cap": cap, "read": keys[:1], "read_rank": 0, "write": [], "rank": 1})
+        fresh = sorted(f for f in files if os.stat(f).st_mtime > hour_ago + 60)
+        owners = {os.stat(f).st_uid for f in files}
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    assert r2["hits"] == 1 and not r2["bad"] and owners == {u1}
+    assert len(fresh) == 1, fresh  # the chunk user 2 read, and only it
+
+
 def test_two_mount_namespaces(xfs_dir, tmp_path):
     """A process in another mount namespace mounts the same XFS elsewhere and
     shares the store: it reads the parent's chunks, the parent reads its
@@ -447,6 +482,7 @@ def child_user(a):
     write own chunks (evicting the other's under the shared cap)."""
     s = F.open_store(a["path"], shared_group=True, max_capacity_gb=a["cap"] / (1 << 30))
     h, m, bad = F.read_check(s, a["read"], a["read_rank"])
+    s.settle_touches()  # the hits' LRU clock, set by the store's toucher thread
     src = F.Chunks()
     ok = s.write([src.item(k, CHUNK, 0, a["rank"]) for k in a["write"]])
     st = s.stats.snapshot()
