@@ -413,7 +413,9 @@ def test_a_hit_of_another_user_refreshes_the_lru_clock():
         hour_ago = time.time() - 3600
         for f in files:  # written an hour ago: a hit is due to refresh them
             os.utime(f, (hour_ago, hour_ago))
-        r2 = _run_as(u2, g2, [gid], {"path": path, "cap": cap, "read": keys[:1], "read_rank": 0, "write": [], "rank": 1})
+        r2 = _run_as(
+            u2, g2, [gid], {"path": path, "cap": cap, "read": keys[:1], "read_rank": 0, "write": [], "rank": 1}
+        )
         fresh = sorted(f for f in files if os.stat(f).st_mtime > hour_ago + 60)
         owners = {os.stat(f).st_uid for f in files}
     finally:

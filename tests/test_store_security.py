@@ -1019,6 +1019,34 @@ def test_a_temporary_of_an_earlier_boot_is_stale_at_once(tmp_path):
     assert store_mod._tmp_name("/x/y.fxkv").endswith(f".{HOST_TAG}.{seat}")
 
 
+def test_a_last_recompute_in_the_future_is_due(tmp_path):
+    """A ledger whose last recompute lies in the future (written by a process
+    whose clock ran a day ahead, or before the clock was stepped back) made
+    every running store wait for that time to pass before its next walk: a
+    dead writer's temporary and its reserved bytes stayed meanwhile."""
+    root = str(tmp_path / "store")
+    src = F.Chunks()
+    s = F.open_store(root, max_capacity_gb=1)
+    try:
+        assert s.write([src.item("clock/0", 65536)]) == [True]
+        dead = s.path_for(chunk_digest("clock/1")) + f"{TMP_MARK}999999999.1.{HOST_TAG}"
+        os.makedirs(os.path.dirname(dead), exist_ok=True)
+        with open(dead, "wb") as f:
+            f.write(b"x" * 8192)
+        with s._ledger.hold():
+            usage = s._ledger.get()[0]
+            s._ledger.put(usage + 8192, time.time() + 86400)  # its reservation; a recompute a day ahead
+        assert s._recompute_due()
+        s._recompute()
+        assert F.tmp_files(root) == [] and s.usage_bytes == sum(os.path.getsize(f) for f in F.chunk_files(root))
+        assert abs(s._ledger.get()[1] - time.time()) < 60  # the record's time is this clock's again
+        with s._ledger.hold():
+            s._ledger.put(s._ledger.get()[0], time.time() + 30)  # a peer's clock a little ahead: not due
+        assert not s._recompute_due()
+    finally:
+        s.close()
+
+
 def test_one_lock_timeout_does_not_make_ordinary_contention_fail(tmp_path, monkeypatch):
     """After a wait for the store lock ran out, calls for the next
     LOCK_TIMEOUT seconds wait briefly; each such brief wait that failed

@@ -750,7 +750,7 @@ class ChunkStore:
         """Whether the ledger is due to be recomputed from the files: a
         ledger update was skipped, or the last recompute (by any process:
         read from the record, without the lock, as a hint) is older than
-        RESCAN_SECONDS (or SCAN_DUTY walks' time)."""
+        RESCAN_SECONDS (or SCAN_DUTY walks' time), or as far in the future."""
         if time.monotonic() < self._recompute_after:
             return False
         if self._rescan_soon:
@@ -760,7 +760,9 @@ class ChunkStore:
         rec = self._ledger.get()
         if rec is not None:
             self._scanned = rec[1]
-        return time.time() - self._scanned > self._every(RESCAN_SECONDS)
+        # A last recompute further in the future than an interval is a clock stepped back since (or
+        # a clock that once read 2099): due, or dead writers' temporaries would wait for it to pass.
+        return abs(time.time() - self._scanned) > self._every(RESCAN_SECONDS)
 
     def _recompute(self) -> None:
         """Recomputes the shared usage from the files by a walk made WITHOUT
