@@ -40,14 +40,13 @@ from .integration.common import (
     allocate_from,
     allocate_many_from,
     before_pool_frees,
+    configured_options,
     gpu_index,
     hit_prefix,
     meta_of,
     open_store,
-    options_from_extra,
     plugin_name,
     register_pool,
-    stray_plugin_keys,
     worker_metrics_port,
 )
 
@@ -99,9 +98,7 @@ class FxStorageBackend(StoragePluginInterface):
             raise ConfigError("lmcache-fx needs LMCache's LocalCPUBackend as its allocator (max_local_cpu_size > 0)")
         self.name = plugin_name(config, type(self))
         prefix = f"storage_plugin.{self.name}."
-        self.options = options_from_extra(config.extra_config, prefix)
-        for why in stray_plugin_keys(config.extra_config, list(config.storage_plugins or [])):
-            log.warning("lmcache-fx: %s", why)  # a misspelt key leaves this store at its defaults
+        self.options = configured_options(config, "storage_plugin", self.name)
         self._gpu = None
         gpu_device = None
         if self.options.direct_to_gpu:  # checked before anything starts

@@ -36,15 +36,15 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .core.chunkfile import ChunkMeta
-from .core.options import ConfigError, refuse_direct_to_gpu, stray_plugin_keys
+from .core.options import ConfigError, refuse_direct_to_gpu
 from .integration.common import (
     allocate_from,
     allocate_many_from,
     before_pool_frees,
+    configured_options,
     hit_prefix,
     meta_of,
     open_store,
-    options_from_extra,
     plugin_name,
     refuse_as_storage_plugin,
     register_pool,
@@ -76,10 +76,7 @@ class FxRemoteConnector(RemoteConnector):
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
         self.name = remote_plugin_name(config, type(self))
-        self.options = options_from_extra(config.extra_config, f"{PREFIX}{self.name}.")
-        listed = list(config.remote_storage_plugins or [])
-        for why in stray_plugin_keys(config.extra_config, listed, "remote_storage_plugin"):
-            log.warning("lmcache-fx: %s", why)  # a misspelt key leaves this store at its defaults
+        self.options = configured_options(config, "remote_storage_plugin", self.name)
         refuse_direct_to_gpu(self.options, f"{PREFIX}{self.name}.")
         port = worker_metrics_port(self.options, local_cpu_backend.metadata, f"{PREFIX}{self.name}.")
         self.store = open_store(self.options, f"{PREFIX}{self.name}.")

@@ -493,6 +493,61 @@ def test_doctor_checks_the_plugin_config(capsys, tmp_path):
     assert rc == 2 and "no such file" in err
 
 
+def test_doctor_names_each_entry_and_what_lmcache_would_log(capsys, tmp_path):
+    """fx in both plugin lists was labelled [fx] twice; a remote entry that
+    fails was said to make LMCache log 'Failed to create backend', which it
+    logs for storage_plugins only; and a failing entry's space was checked
+    against the default capacity it never asked for."""
+    import yaml
+
+    d = fx_config(tmp_path / "local")
+    d["remote_storage_plugins"] = ["fx"]
+    d["extra_config"].update(
+        {
+            "remote_storage_plugin.fx.module_path": "lmcache_fx.remote_plugin",
+            "remote_storage_plugin.fx.class_name": "FxRemoteConnector",
+            "remote_storage_plugin.fx.path": str(tmp_path / "remote"),
+            "remote_storage_plugin.fx.max_capacity_gb": "10GB",
+        }
+    )
+    y = tmp_path / "both.yaml"
+    y.write_text(yaml.safe_dump(d))
+    rc, obj, _ = cli_json(capsys, "doctor", "--config", y)
+    checks = {c["name"]: c for c in obj["checks"]}
+    assert checks["[storage_plugin.fx] plugin"]["status"] == "ok"
+    bad = checks["[remote_storage_plugin.fx] plugin"]
+    assert bad["status"] == "fail" and "Failed to initialize/re-establish remote connection" in bad["summary"]
+    assert "Failed to create backend" not in bad["summary"] and "'10GB'" in bad["summary"]
+    assert "[remote_storage_plugin.fx] path" in checks and "[remote_storage_plugin.fx] space" not in checks
+    assert "[storage_plugin.fx] space" in checks and rc == 1
+
+
+def test_doctor_says_to_free_space_where_no_capacity_would_fit(capsys, tmp_path):
+    """On a filesystem with less than a MiB free, the fix said "set
+    max_capacity_gb below 0", which the option refuses."""
+    import subprocess
+
+    import yaml
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        with open(mnt / "filler", "wb") as f:  # fill it
+            with contextlib.suppress(OSError):
+                f.write(b"x" * (1 << 20))
+        y = tmp_path / "c.yaml"
+        y.write_text(yaml.safe_dump(fx_config(mnt / "store", max_capacity_gb=1)))
+        rc, obj, _ = cli_json(capsys, "doctor", "--config", y)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+    space = {c["name"]: c for c in obj["checks"]}["[fx] space"]
+    assert space["status"] == "warn" and "below 0" not in space["fix"], space
+    assert space["fix"].startswith(f"free space on {mnt}/store's filesystem"), space
+
+
 SECCOMP_DOCTOR = textwrap.dedent("""
     import ctypes, struct, sys
     # A seccomp filter answering io_uring_setup (425) with EPERM, like Docker's default profile.

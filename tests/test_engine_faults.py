@@ -717,7 +717,8 @@ def test_engine_init_from_two_threads_builds_one_engine(kind):
         lambda: fx.Engine.__new__(fx.Engine), lambda e: e.__init__(io_engine=kind, queue_depth=8, threads=4)
     )
     assert both == 0 and said <= {"Engine is already initialised", "Engine is being initialised by another call"}
-    assert after == before, (before, after)
+    # fds back; threads not above (earlier tests' threads may still be ending)
+    assert after[0] == before[0] and after[1] <= before[1], (before, after)
 
 
 def test_register_buffer_past_the_address_space_is_refused():

@@ -422,3 +422,68 @@ def test_errors_the_store_raises_at_start_name_the_full_key(tmp_path):
         FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(afile)}))
     with pytest.raises(ConfigError, match=r"^storage_plugin\.fast\.path: "):
         open_store(FxOptions.from_mapping({"path": str(afile)}), "storage_plugin.fast.")
+
+
+def test_no_path_of_its_own_while_an_ignored_key_gives_one_is_refused():
+    """Options under a misspelt name, a plural head or the other plugin list's
+    head left the plugin at its defaults: a 100 GiB store in the home
+    directory, the meant path unused (the remote plugin said nothing). With
+    no path of its own and an ignored key giving one, the plugin stops,
+    naming the key and the fix."""
+    from lmcache_fx.core.options import plugin_options
+
+    remote_opts_as_local = {
+        "remote_storage_plugin.fx.module_path": "lmcache_fx.remote_plugin",
+        "storage_plugin.fx.path": "/nvme/store",
+    }
+    lists = {"storage_plugin": [], "remote_storage_plugin": ["fx"]}
+    with pytest.raises(ConfigError) as e:
+        plugin_options(remote_opts_as_local, "remote_storage_plugin", "fx", lists)
+    said = str(e.value)
+    assert said.startswith("remote_storage_plugin.fx.path is not set, so the store would open at its default (")
+    assert "100 GiB" in said and "rename it to 'remote_storage_plugin.fx.path'" in said
+    for extra, listed in (
+        ({"storage_plugin.fxx.path": "/nvme"}, ["fx"]),
+        ({"storage_plugins.fx.path": "/nvme"}, ["fx"]),
+        ({"remote_storage_plugin.fx.path": "/nvme"}, ["fx"]),
+    ):
+        with pytest.raises(ConfigError, match=r"^storage_plugin\.fx\.path is not set"):
+            plugin_options(extra, "storage_plugin", "fx", {"storage_plugin": listed})
+    # With a path of its own, ignored keys are warnings: they may be another plugin's
+    opts, warns = plugin_options(
+        {"storage_plugin.fx.path": "/a", "storage_plugin.fxx.path": "/b"},
+        "storage_plugin",
+        "fx",
+        {"storage_plugin": ["fx"]},
+    )
+    assert opts.paths == ["/a"] and len(warns) == 1 and "'storage_plugin.fxx.path'" in warns[0]
+    # Ignored keys that give no path leave the defaults, with a warning (as before)
+    opts, warns = plugin_options(
+        {"storage_plugin.fxx.verify": False}, "storage_plugin", "fx", {"storage_plugin": ["fx"]}
+    )
+    assert opts.verify and len(warns) == 1
+
+
+def test_each_config_warning_is_logged_once_however_many_plugins_read_it(tmp_path, caplog):
+    """Two lmcache-fx plugins in one config each logged every stray-key
+    warning: the same lines twice."""
+    from lmcache_fx.integration import common
+    from lmcache_fx.testing.cpu_engine import config_from_dict, fx_config
+
+    d = fx_config(tmp_path / "a", name="fx")
+    d["storage_plugins"] = ["fx", "fy"]
+    d["extra_config"].update(
+        {
+            "storage_plugin.fy.module_path": "lmcache_fx.lmcache_plugin",
+            "storage_plugin.fy.class_name": "FxStorageBackend",
+            "storage_plugin.fy.path": str(tmp_path / "b"),
+            f"storage_plugin.stray{os.getpid()}.verify": False,
+        }
+    )
+    cfg = config_from_dict(d, tmp_path)
+    with caplog.at_level("WARNING", logger="lmcache_fx"):
+        a = common.configured_options(cfg, "storage_plugin", "fx")
+        b = common.configured_options(cfg, "storage_plugin", "fy")
+    said = [r.getMessage() for r in caplog.records if f"stray{os.getpid()}" in r.getMessage()]
+    assert a.paths == [str(tmp_path / "a")] and b.paths == [str(tmp_path / "b")]
+    assert len(said) == 1, said

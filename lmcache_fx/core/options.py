@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 GIB = 1 << 30
 
@@ -401,16 +401,28 @@ def _flat_keys(value: Any, prefix: str) -> list[str]:
     return [k for name, v in value.items() for k in _flat_keys(v, f"{prefix}.{name}")]
 
 
-def stray_plugin_keys(extra: dict, listed: Sequence[str], head: str = "storage_plugin") -> list[str]:
+PLUGIN_HEADS = ("storage_plugin", "remote_storage_plugin")  # extra_config heads of LMCache's two plugin lists
+
+
+def stray_plugin_keys(
+    extra: dict, listed: Sequence[str], head: str = "storage_plugin", lists: Optional[dict] = None
+) -> list[str]:
     """extra_config keys that look meant for a plugin under `head`
     (storage_plugin, remote_storage_plugin) but that no plugin LMCache
     loads will read ('storage_plugins.fx.path', a name not in the list),
     each with the fix: a misspelt key would otherwise leave the store at its
-    defaults without a word. A nested map (storage_plugin: {fx: {path: ..}})
-    is refused (ConfigError): LMCache reads flat keys only, and the store
-    would open at its default path and capacity."""
+    defaults without a word. `lists` ({head: names listed}) lets the fix
+    name the other head where the name is listed there. A nested map
+    (storage_plugin: {fx: {path: ..}}) is refused (ConfigError): LMCache
+    reads flat keys only, and the store would open at its default path and
+    capacity."""
+    return [why for _, why in _stray_keys(extra, listed, head, lists or {})]
+
+
+def _stray_keys(extra: dict, listed: Sequence[str], head: str, lists: dict) -> list[tuple[str, str]]:
+    """stray_plugin_keys' (key, why) pairs."""
     out = []
-    lists = f"{head}s"
+    lists_key = f"{head}s"
     for k in extra or {}:
         if not isinstance(k, str):
             continue
@@ -426,19 +438,53 @@ def stray_plugin_keys(extra: dict, listed: Sequence[str], head: str = "storage_p
         if not k.startswith(f"{head}."):
             if first != head and first.replace("-", "_").rstrip("s") == head:
                 out.append(
-                    f"extra_config key '{k}': LMCache reads {head}.<name>.<option> (singular), "
-                    f"so it ignores this one; rename it to '{head}.{k.partition('.')[2]}'"
+                    (
+                        k,
+                        f"extra_config key '{k}': LMCache reads {head}.<name>.<option> (singular), "
+                        f"so it ignores this one; rename it to '{head}.{k.partition('.')[2]}'",
+                    )
                 )
             continue
         rest = k[len(head) + 1 :]
         if any(rest.startswith(f"{n}.") for n in listed):  # a listed name, dots in it or not
             continue
         if "." in rest:
+            name, _, option = rest.rpartition(".")
+            other = next((h for h in PLUGIN_HEADS if h != head and name in lists.get(h, ())), None)
+            fix = (
+                f"'{name}' is listed in {other}s, whose options LMCache reads as {other}.{name}.<option>: "
+                f"rename it to '{other}.{name}.{option}'"
+                if other
+                else f"use {head}.<name>.<option> with a listed name"
+            )
             out.append(
-                f"extra_config key '{k}': no plugin '{rest.rpartition('.')[0]}' in {lists} {list(listed)}; "
-                f"LMCache ignores it (use {head}.<name>.<option> with a listed name)"
+                (
+                    k,
+                    f"extra_config key '{k}': no plugin '{name}' in {lists_key} {list(listed)}; LMCache ignores it ({fix})",
+                )
             )
     return out
+
+
+def plugin_options(extra: dict, head: str, name: str, lists: dict) -> tuple[FxOptions, list[str]]:
+    """The options of the plugin LMCache builds as <head>.<name>, and the
+    warnings about extra_config keys no plugin LMCache loads will read, for
+    both heads (`lists`: {head: the names its list holds}). ConfigError for
+    a bad option or a nested map, and when the plugin has no path of its own
+    while an ignored key gives one (a misspelt name or prefix, the other
+    plugin's head): the store would open at its default path and capacity,
+    in the home directory, where the operator meant another."""
+    prefix = f"{head}.{name}."
+    options = options_from_extra(extra, prefix)
+    strays = [pair for h in PLUGIN_HEADS for pair in _stray_keys(extra, lists.get(h, ()), h, lists)]
+    lost = [why for k, why in strays if k.rpartition(".")[2] == "path"]
+    if lost and f"{prefix}path" not in (extra or {}):
+        default = FxOptions()
+        raise ConfigError(
+            f"{prefix}path is not set, so the store would open at its default ({default.path}, "
+            f"{default.max_capacity_gb:g} GiB); {lost[0]}"
+        )
+    return options, [why for _, why in strays]
 
 
 def options_from_extra(extra: dict, prefix: str) -> FxOptions:

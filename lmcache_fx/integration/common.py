@@ -18,7 +18,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 
 from .. import _fxio
 from ..core.chunkfile import ChunkMeta
-from ..core.options import ConfigError, FxOptions, options_from_extra, stray_plugin_keys
+from ..core.options import ConfigError, FxOptions, plugin_options
 from ..core.store import ChunkStore
 
 log = logging.getLogger("lmcache_fx")
@@ -27,8 +27,7 @@ __all__ = [
     "open_store",
     "refuse_as_storage_plugin",
     "plugin_name",
-    "options_from_extra",
-    "stray_plugin_keys",
+    "configured_options",
     "meta_of",
     "hit_prefix",
     "allocate_from",
@@ -42,6 +41,26 @@ __all__ = [
 
 _claimed: dict[tuple, set] = {}  # (id(config), prefix) -> plugin names already built in this process
 _claim_lock = threading.Lock()
+
+
+_warned_config: set = set()  # config warnings said in this process (each once, however many plugins read them)
+
+
+def configured_options(config, head: str, name: str) -> FxOptions:
+    """The options of plugin <head>.<name> of an LMCache config, each warning
+    about a key no loaded plugin reads logged once per process (two plugins
+    read one extra_config). ConfigError as core.options.plugin_options."""
+    lists = {
+        "storage_plugin": list(getattr(config, "storage_plugins", None) or []),
+        "remote_storage_plugin": list(getattr(config, "remote_storage_plugins", None) or []),
+    }
+    options, warnings = plugin_options(config.extra_config, head, name, lists)
+    with _claim_lock:
+        new = [w for w in warnings if w not in _warned_config]
+        _warned_config.update(new)
+    for why in new:
+        log.warning("lmcache-fx: %s", why)  # a misspelt key leaves a store at its defaults
+    return options
 
 
 def refuse_as_storage_plugin(wrong_entry: dict, what: str) -> None:

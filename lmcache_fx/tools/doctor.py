@@ -535,7 +535,9 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
                     + (f" / {nroots} paths" if nroots > 1 else "")
                     + (f" x {same} of them on this filesystem" if same > 1 else "")
                     + ": writes will fail with ENOSPC before eviction starts",
-                    f"set max_capacity_gb below {room * nroots / same / GIB * 0.95:.0f}",
+                    f"set max_capacity_gb below {room * nroots / same / GIB * 0.95:.3g}"
+                    if room * 0.95 >= 1 << 20
+                    else f"free space on {root}'s filesystem or give the store another one",
                     d,
                 )
             )
@@ -651,6 +653,7 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
     checks: list[Check] = []
     checks += check_versions()
     plugins: list[tuple[str, FxOptions]] = []
+    unsized: set[str] = set()  # plugins that fail to load: their paths are checked, not their space
     pool_bytes = None
     if config:
         try:
@@ -682,34 +685,40 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
                         f"{PLUGIN_MODULE}, storage_plugin.fx.class_name: {PLUGIN_CLASS}",
                     )
                 )
+            names = [pc.name for pc in entries]
             for pc in entries:
                 check_plugin(pc, cfg)
+                label = pc.prefix[:-1] if names.count(pc.name) > 1 else pc.name  # fx in both lists: which
                 if pc.error:
+                    said = (
+                        f"Failed to create backend {pc.name}"
+                        if pc.head == "storage_plugin"
+                        else "Failed to initialize/re-establish remote connection"
+                    )
                     checks.append(
                         Check(
-                            f"[{pc.name}] plugin",
+                            f"[{label}] plugin",
                             "fail",
-                            f"will not load (LMCache would log 'Failed to create backend {pc.name}' "
-                            f"and run without the tier): {pc.error}",
+                            f"will not load (LMCache would log '{said}' and run without the tier): {pc.error}",
                             "correct the setting named above in the YAML",
                         )
                     )
-                    # Still check its path, so one run shows every problem.
-                    raw = (cfg.extra_config or {}).get(f"{pc.prefix}path")
-                    try:
-                        plugins.append((pc.name, FxOptions.from_mapping({"path": raw} if raw else {})))
-                    except ConfigError:
-                        pass
+                    # Still check its path with the options that parse, so one run shows every problem;
+                    # not its space, against a capacity it may not have.
+                    o = _options_that_parse(cfg.extra_config or {}, pc.prefix)
+                    if o is not None:
+                        plugins.append((label, o))
+                        unsized.add(label)
                 else:
                     checks.append(
                         Check(
-                            f"[{pc.name}] plugin",
+                            f"[{label}] plugin",
                             "ok",
                             f"loads; options: {_opts_summary(pc.options)}",
                             data={**asdict(pc.options), "auth_key": _shown_key(pc.options.auth_key)},
                         )
                     )
-                    plugins.append((pc.name, pc.options))
+                    plugins.append((label, pc.options))
     io_engine = plugins[0][1].io_engine if plugins else "auto"
     checks.append(check_io_uring(io_engine))
     if path:
@@ -733,7 +742,8 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
         tag = f"[{name}] " if name else ""
         checks.append(check_engine(o, tag))
         for root in o.paths:
-            checks += check_path(root, o, tag if len(o.paths) == 1 else f"{tag}{root}: ")
+            found = check_path(root, o, tag if len(o.paths) == 1 else f"{tag}{root}: ")
+            checks += [c for c in found if not (name in unsized and c.name.endswith("space"))]
     checks += check_memlock(pool_bytes)
     checks.append(check_hugepages())
     checks.append(check_gpu())
@@ -754,6 +764,24 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
         if warns:
             verdict += f" ({len(warns)} warning{'s' if len(warns) > 1 else ''})"
     return {"checks": [asdict(c) for c in checks], "fast_path": not fails, "warnings": len(warns), "verdict": verdict}
+
+
+def _options_that_parse(extra: dict, prefix: str) -> Optional[FxOptions]:
+    """A failing plugin's options, those of its keys that parse on their own;
+    None when even these do not go together."""
+    good = {}
+    for k, v in extra.items():
+        opt = k[len(prefix) :] if isinstance(k, str) and k.startswith(prefix) else ""
+        if opt and opt not in ("module_path", "class_name"):
+            try:
+                FxOptions.from_mapping({opt: v})
+                good[opt] = v
+            except ConfigError:
+                pass
+    try:
+        return FxOptions.from_mapping(good)
+    except ConfigError:
+        return None
 
 
 def _opts_summary(o: FxOptions) -> str:

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..core.options import ConfigError, FxOptions, options_from_extra, stray_plugin_keys
+from ..core.options import ConfigError, FxOptions, plugin_options, stray_plugin_keys
 from .common import AdminError
 
 PLUGIN_MODULE = "lmcache_fx.lmcache_plugin"
@@ -62,6 +62,7 @@ def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
     all, so the store would run at its defaults)."""
     extra = cfg.extra_config or {}
     out, warns = [], []
+    lists = plugin_lists(cfg)
     for head, list_key, _, _ in HEADS:
         listed = list(getattr(cfg, list_key, None) or [])
         for n in listed:
@@ -84,9 +85,14 @@ def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
             )
         said = tuple(f"{head}.{n}." for n in ours_unlisted)  # warned of above, with their own fix
         warns += stray_plugin_keys(
-            {k: v for k, v in extra.items() if not (isinstance(k, str) and k.startswith(said))}, listed, head
+            {k: v for k, v in extra.items() if not (isinstance(k, str) and k.startswith(said))}, listed, head, lists
         )
     return out, warns
+
+
+def plugin_lists(cfg) -> dict:
+    """{head: the names its plugin list holds} of an LMCache config."""
+    return {head: list(getattr(cfg, list_key, None) or []) for head, list_key, _, _ in HEADS}
 
 
 def _names(extra: dict, head: str, name: str) -> tuple[str, str]:
@@ -131,7 +137,7 @@ def check_plugin(pc: PluginConf, cfg) -> None:
         )
         return
     try:
-        pc.options = options_from_extra(cfg.extra_config, pc.prefix)
+        pc.options = plugin_options(cfg.extra_config, pc.head, pc.name, plugin_lists(cfg))[0]
     except ConfigError as e:
         pc.error = str(e)
 
