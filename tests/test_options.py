@@ -487,3 +487,17 @@ def test_each_config_warning_is_logged_once_however_many_plugins_read_it(tmp_pat
     said = [r.getMessage() for r in caplog.records if f"stray{os.getpid()}" in r.getMessage()]
     assert a.paths == [str(tmp_path / "a")] and b.paths == [str(tmp_path / "b")]
     assert len(said) == 1, said
+
+
+def test_a_relative_path_or_an_unset_variable_is_refused_and_a_set_one_expanded(monkeypatch):
+    """A relative path was resolved against the server's working directory,
+    where doctor and the tools resolved it against theirs (they looked at
+    another directory); '$HOME/fx' made a directory literally named '$HOME'
+    under it."""
+    monkeypatch.setenv("FX_STORE_TOP", "/nvme")
+    monkeypatch.delenv("FX_NO_SUCH_VAR", raising=False)
+    assert FxOptions.from_mapping({"path": "$FX_STORE_TOP/a, ${FX_STORE_TOP}/b"}).paths == ["/nvme/a", "/nvme/b"]
+    with pytest.raises(ConfigError, match=r"x\.path: 'relstore' is relative, .* give an absolute path"):
+        FxOptions.from_mapping({"path": "relstore"}, where="x.")
+    with pytest.raises(ConfigError, match=r"path: '\$FX_NO_SUCH_VAR/a' names an environment variable"):
+        FxOptions.from_mapping({"path": "$FX_NO_SUCH_VAR/a"})

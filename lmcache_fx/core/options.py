@@ -205,8 +205,8 @@ class FxOptions:
     path: str = _opt(
         os.path.join(os.path.expanduser("~"), ".cache", "lmcache-fx"),
         "path[,path...]",
-        "store directory; several comma-separated paths stripe chunks over them (each chunk under one of two paths "
-        "its key names, a write batch spread evenly)",
+        "store directory, absolute (~ and $VARS expanded); several comma-separated paths stripe chunks over them "
+        "(each chunk under one of two paths its key names, a write batch spread evenly)",
         _path,
     )
     max_capacity_gb: float = _opt(
@@ -345,8 +345,8 @@ class FxOptions:
 
     @property
     def paths(self) -> list[str]:
-        # ~ expanded as the tools expand it: the README's default is written with it
-        return [os.path.expanduser(p.strip()) for p in self.path.split(",") if p.strip()]
+        # ~ and $VARS expanded as the tools expand them: the README's default is written with ~
+        return [os.path.expandvars(os.path.expanduser(p.strip())) for p in self.path.split(",") if p.strip()]
 
     @property
     def max_capacity_bytes(self) -> int:
@@ -377,6 +377,14 @@ class FxOptions:
             setattr(o, name, table[name].metadata["parse"](full, v))
         if not o.paths:
             raise ConfigError(f"{where}path: no directory given; set it to a directory on the NVMe filesystem")
+        for p in o.paths:
+            if "$" in p:  # expandvars leaves an unset variable as it is: a directory literally named so
+                raise ConfigError(f"{where}path: {p!r} names an environment variable this process does not have")
+            if not os.path.isabs(p):  # the server's working directory, not the one doctor and the tools run in
+                raise ConfigError(
+                    f"{where}path: {p!r} is relative, so each process would resolve it against its own working "
+                    f"directory; give an absolute path (here: {os.path.abspath(p)!r}) or one under ~"
+                )
         roots = [os.path.abspath(p) for p in o.paths]
         twice = sorted({p for p in roots if roots.count(p) > 1})
         if twice:  # its chunks would be counted once per mention: the capacity cut to a part

@@ -724,7 +724,9 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
     if path:
         base = plugins[0][1] if plugins else FxOptions()
         try:
-            o = FxOptions.from_mapping({**_nondefault(base), "path": path})
+            # A path given here is the operator's, against this working directory
+            here = ",".join(os.path.abspath(os.path.expanduser(p.strip())) for p in path.split(",") if p.strip())
+            o = FxOptions.from_mapping({**_nondefault(base), "path": here or path})
         except ConfigError as e:
             raise ValueError(f"--path: {e}") from None
         plugins = [("", o)]
