@@ -85,6 +85,15 @@ class FxL2AdapterConfig(L2AdapterConfigBase):
 
     @classmethod
     def from_dict(cls, d: dict) -> "FxL2AdapterConfig":
+        try:
+            return cls._from_dict(d)
+        except ConfigError as e:
+            # `lmcache server` prints a traceback of its start-up for it: the line that says what to fix first
+            log.error("lmcache-fx: L2 adapter not started: %s", e)
+            raise
+
+    @classmethod
+    def _from_dict(cls, d: dict) -> "FxL2AdapterConfig":
         d = {k: v for k, v in (d or {}).items() if k != "type"}
         lmcaches = sorted(k for k in d if k in _LMCACHE_ADAPTER_KEYS)
         if lmcaches:
@@ -333,14 +342,18 @@ class FxL2Adapter(L2AdapterInterface):
             self._notify_keys_accessed(hits)
         self._finish(self._done_load, tid, bm, self._load_efd)
 
-    @staticmethod
-    def _into(obj: "MemoryObj"):
+    def _into(self, obj: "MemoryObj"):
         mine = meta_of(obj)
         size = obj.get_size()
 
         def allocate(meta: ChunkMeta):
-            if meta.dtypes != mine.dtypes:
-                log.warning("lmcache-fx: stored chunk has dtypes %s, the L1 object %s; miss", meta.dtypes, mine.dtypes)
+            if meta.dtypes != mine.dtypes:  # MP keys carry no dtype: a KV dtype change meets every chunk
+                self.store.burst_warning(
+                    "chunks of another dtype",
+                    "lmcache-fx: stored chunk has dtypes %s, the L1 object %s; miss",
+                    meta.dtypes,
+                    mine.dtypes,
+                )
                 return None
             return obj, obj.data_ptr, size  # the store checks the payload length against size
 

@@ -506,6 +506,28 @@ def test_l2_load_task_misses_only_the_bad_keys(tmp_path):
         ad.close()
 
 
+def test_l2_chunks_of_another_dtype_warn_once_per_burst(tmp_path, caplog):
+    """MP keys carry no dtype: after a KV dtype change every stored chunk meets
+    an L1 object of another dtype, and each miss logged a warning (12 lines
+    for one 12-key load). Now once per 5 s with a count."""
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    nb, n = 64 << 10, 12
+    arena, obj, keys = _l2_objects(n, nb, 13)
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+    try:
+        assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
+        with caplog.at_level("WARNING", logger="lmcache_fx"):
+            for _ in range(2):
+                dst = [obj(n + i, torch.float16) for i in range(n)]
+                bm = _l2_task(ad, ad.submit_load_task, ad.query_load_result, ad.get_load_event_fd(), keys, dst)
+                assert bm.get_indices_list() == []
+    finally:
+        ad.close()
+    said = [r.getMessage() for r in caplog.records if "stored chunk has dtypes" in r.getMessage()]
+    assert len(said) == 1, said
+
+
 def test_l2_load_tasks_beyond_the_reader_threads_all_land_and_close_waits_for_them(tmp_path):
     """More one-key load tasks in flight than LOAD_THREADS: the later ones
     wait their turn; close() right after submitting lets every one finish
@@ -579,9 +601,13 @@ def test_l2_store_tasks_waiting_are_written_together(tmp_path):
         ({"split_bytes": 5000}, "adapter_params.split_bytes"),
     ],
 )
-def test_l2_bad_option_is_refused_with_its_name(tmp_path, params, needle):
-    with pytest.raises(ValueError, match=needle):  # ConfigError, raised while the server builds its adapters
-        MPSide(tmp_path / "s", **params)
+def test_l2_bad_option_is_refused_with_its_name(tmp_path, params, needle, caplog):
+    with caplog.at_level("ERROR", logger="lmcache_fx"):
+        with pytest.raises(ValueError, match=needle):  # ConfigError, raised while the server builds its adapters
+            MPSide(tmp_path / "s", **params)
+    # Said as one line of fx's own too: `lmcache server` buries the exception under a start-up traceback
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lmcache-fx: L2 adapter not started")]
+    assert len(said) == 1 and needle in said[0], said
 
 
 def _lmcache_cli():

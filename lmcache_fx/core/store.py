@@ -1572,7 +1572,7 @@ class ChunkStore:
                 f"what is left is pinned ({pinned} chunks pinned by this process's lookups and reads) "
                 "or being written by other processes"
             )
-        self._burst_warning(
+        self.burst_warning(
             "batches with no room",
             "lmcache-fx: %d of %d chunks not stored: no room under max_capacity_gb=%s: %s",
             skipped,
@@ -2079,12 +2079,13 @@ class ChunkStore:
 
     def _io_warning(self, msg: str, *args) -> None:
         """A failing device fails every chunk: one warning per 5 s, with a count."""
-        self._burst_warning("I/O errors", msg, *args)
+        self.burst_warning("I/O errors", msg, *args)
 
-    def _burst_warning(self, what: str, msg: str, *args) -> None:
+    def burst_warning(self, what: str, msg: str, *args) -> None:
         """One warning of a kind per 5 s, with a count of those not logged:
         a failing device, or a restart after a power cut, fails many chunks
-        at once, and a line each buried everything else."""
+        at once, and a line each buried everything else. The adapters' own
+        per-chunk warnings go through it too."""
         now = time.monotonic()
         with self._lock:
             until, quiet = self._warned.get(what, (0.0, 0))
@@ -2512,7 +2513,7 @@ class ChunkStore:
     ) -> None:
         if remove:
             self.stats.add(corrupt=1)
-            self._burst_warning(
+            self.burst_warning(
                 "bad chunk files",
                 "lmcache-fx: chunk file %s is bad (%s); treating it as a miss and removing it",
                 e.path,
