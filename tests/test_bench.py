@@ -4772,3 +4772,33 @@ def test_docs_reuse_zero_is_the_committed_json():
     )
     assert f"at `{d['git_commit'][:7]}`" in text and d["chunk_bytes"] == 2 << 20
     assert f"2 MiB on XFS: {med:.2f}× the same stores without that write, median of {d['reps']} pairs" in _readme_flat()
+
+
+def test_bench_on_a_read_only_path_or_with_no_reader_able_to_start_says_so(tmp_path, capsys):
+    """A --path on a read-only filesystem ended in an OSError traceback (exit
+    1); with every asked reader unable to start (rust_raw_block where O_DIRECT
+    fails) a ZeroDivisionError, and no reason. Both are one line, exit 2."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a read-only tmpfs and a ramfs")
+    small = ["--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "16", "--total-gb", "0.0001"]
+    ro, ram = tmp_path / "ro", tmp_path / "ram"
+    ro.mkdir()
+    ram.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(ro)], check=True)
+    try:
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--path", str(ro / "b"), *small, "--reps", "1", "--readers", "fx", "--warm", "--quiet"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "cannot make a directory there: Read-only file system" in err, err
+    finally:
+        subprocess.run(["umount", str(ro)], check=False)
+    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(ram)], check=True)
+    try:
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--path", str(ram), *small, "--reps", "1", "--readers", "rust_raw_block", "--warm", "--quiet"])
+        err = capsys.readouterr().err
+    finally:
+        subprocess.run(["umount", str(ram)], check=False)
+    last = err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "error: no reader could start: rust_raw_block: " in last, err
+    assert "Traceback" not in err

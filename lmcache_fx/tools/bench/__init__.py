@@ -39,6 +39,7 @@ from .run import (
     DEFAULT_READERS,
     READER_CLASSES,
     READER_LABELS,
+    NoReader,
     machine_info,
     run_bench,
     run_per_chunk,
@@ -374,7 +375,10 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             # what each image got: in 4 KiB pages (the kernel refused huge ones) the medium is not even
             loop_images = [image_pages(m) for m in (stripe or (base,))]
         path = os.path.join(base, f"lmcache-fx-bench-{os.getpid()}")
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as e:  # a read-only or full filesystem, a directory of another user's
+            parser.error(f"--path {base}: cannot make a directory there: {e.strerror}")
         stack.callback(shutil.rmtree, path, True)
         if stripe:
             stripe = tuple(os.path.join(m, f"lmcache-fx-bench-{os.getpid()}") for m in stripe)
@@ -404,7 +408,10 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             l2_store_task_chunks=args.l2_store_task_chunks,
             stripe=stripe,
         )
-        results = run_bench(cfg, names, quiet=args.quiet)
+        try:
+            results = run_bench(cfg, names, quiet=args.quiet)
+        except NoReader as e:
+            parser.error(str(e))
         if stripe:
             results["devices_note"] = (
                 f"{len(stripe)} devices: fx readers stripe over all of them (their path list), fio runs one job "

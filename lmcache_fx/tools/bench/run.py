@@ -21,6 +21,11 @@ from . import readers as rd
 from .readers import Reader
 from .workload import BenchConfig, Skip, Workload, combine_latency_rounds, cpu_seconds, median, ratio, summarize
 
+
+class NoReader(Exception):
+    """Not one of the readers asked for could start here (each one's reason said)."""
+
+
 READER_LIST = [
     rd.FxReader,
     rd.FxThreadsReader,
@@ -276,6 +281,11 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
                 entry.update(available=False, skip_reason=str(e))
             except Exception as e:  # a peer that fails to start is reported, not fatal
                 entry.update(available=False, skip_reason=f"{type(e).__name__}: {e}")
+        if not live:  # nothing to measure, nor to rotate over
+            raise NoReader(
+                "no reader could start: "
+                + "; ".join(f"{n}: {results['readers'][n].get('skip_reason', '?')}" for n in readers)
+            )
         # As vLLM does after start-up: the set-up's objects leave the collector's work, so a full
         # collection, set off by whichever reader allocates last, does not land in one reader's
         # timing. (LMCacheEngine turns the collector off only where py_enable_gc is false.)
