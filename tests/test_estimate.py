@@ -397,3 +397,17 @@ def test_speedup_bounded_by_bandwidth_over_break_even(h, gbps):
     sp = r["ttft"]["speedup_p50"]
     assert sp <= gbps / be * (1 + 1e-9) and sp <= 65536 / r["request"]["miss_tokens"] * (1 + 1e-9)
     assert sp <= r["break_even"]["speedup_bound"] * (1 + 1e-9)
+
+
+def test_output_into_a_closed_pipe_stops_quietly():
+    """`lmcache-fx estimate ... | head -c 10` ended in a BrokenPipeError
+    traceback, exit 1; ls, stat and doctor stopped quietly."""
+    import subprocess
+    import sys
+
+    cmd = (
+        f"{sys.executable} -m lmcache_fx.tools.estimate --storage-gbps 5 --prefill-tok-s 10000 "
+        "--model qwen2.5-32b | true; echo ${PIPESTATUS[0]}"  # true reads nothing: gone before the first write
+    )
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "0" and "Traceback" not in r.stderr, r.stderr[-2000:]

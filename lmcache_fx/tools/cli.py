@@ -69,7 +69,12 @@ def main(argv=None) -> int:
         return 2
     if extra:  # said by the command's parser, so the line names the command
         args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return importlib.import_module(args._module).run(args, args._parser)
+    try:
+        return importlib.import_module(args._module).run(args, args._parser)
+    except BrokenPipeError:  # `lmcache-fx estimate | head`: the reader went away
+        from .common import quiet_broken_pipe
+
+        return quiet_broken_pipe()
 
 
 if __name__ == "__main__":
