@@ -1319,6 +1319,31 @@ def test_a_spare_is_one_of_the_stores_temporaries_to_the_tools(tmp_path):
         shutil.rmtree(shm, ignore_errors=True)
 
 
+def test_a_missing_store_named_by_a_config_says_which_key(capsys, tmp_path):
+    """A store path from --config that does not exist was answered "give the
+    store's path, as in storage_plugin.<name>.path", the path having come
+    from that key (and for a remote entry, from another head)."""
+    import yaml
+
+    d = {
+        "chunk_size": 256,
+        "local_cpu": False,
+        "max_local_cpu_size": 0.1,
+        "remote_storage_plugins": ["fx"],
+        "extra_config": {
+            "remote_storage_plugin.fx.module_path": "lmcache_fx.remote_plugin",
+            "remote_storage_plugin.fx.class_name": "FxRemoteConnector",
+            "remote_storage_plugin.fx.path": str(tmp_path / "never-made"),
+        },
+    }
+    y = tmp_path / "remote.yaml"
+    y.write_text(yaml.safe_dump(d))
+    rc, out, err = cli(capsys, "stat", "--config", y)
+    assert rc == 2 and f"it is remote_storage_plugin.fx.path in {y}" in err and "storage_plugin.<name>" not in err, err
+    rc, out, err = cli(capsys, "stat", tmp_path / "never-made")
+    assert rc == 2 and "give the store's path (the plugin's path option)" in err, err
+
+
 def test_one_name_in_both_plugin_lists_is_two_stores_to_pick_from(capsys, tmp_path):
     """storage_plugins and remote_storage_plugins may both list 'fx', with
     keys of their own (storage_plugin.fx.* and remote_storage_plugin.fx.*):

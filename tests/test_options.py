@@ -501,3 +501,10 @@ def test_a_relative_path_or_an_unset_variable_is_refused_and_a_set_one_expanded(
         FxOptions.from_mapping({"path": "relstore"}, where="x.")
     with pytest.raises(ConfigError, match=r"path: '\$FX_NO_SUCH_VAR/a' names an environment variable"):
         FxOptions.from_mapping({"path": "$FX_NO_SUCH_VAR/a"})
+
+
+def test_a_size_with_a_unit_where_a_number_of_mib_goes_says_the_unit():
+    """'gpu_buffer_mib: 2Gi' said only "expected an integer"; the _gb options
+    said their unit, the _mib ones did not."""
+    with pytest.raises(ConfigError, match=r"gpu_buffer_mib: expected an integer of MiB \(no unit: 2048 means 2 GiB\)"):
+        FxOptions.from_mapping({"gpu_buffer_mib": "2Gi"})

@@ -709,6 +709,8 @@ def test_a_batch_larger_than_the_cap_says_so_once(tmp_path):
     said = [r.getMessage() for r in logs.records if "not stored: no room" in r.getMessage()]
     assert len(said) == 1 and "3 of 6 chunks" in said[0] and "the batch alone" in said[0], said
     assert logs.count(logging.WARNING, "pinned chunks fill it") == 0
+    # In the cap's unit with the digits it needs: "0.00 GiB in 6 chunks" said nothing
+    assert f"({6 * f / (1 << 30):.3g} GiB in 6 chunks)" in said[0] and "(0.00 GiB" not in said[0], said
 
 
 def test_a_full_disk_eviction_that_freed_nothing_is_tried_again(tmp_path, monkeypatch):

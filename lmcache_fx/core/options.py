@@ -60,7 +60,9 @@ def _parse_number(name: str, v, kind, lo, hi):
         if kind is int and isinstance(v, float) and v != x:
             raise ValueError
     except (TypeError, ValueError, OverflowError):
-        unit = " of GiB (no unit: 10 means 10 GiB)" if name.endswith("_gb") else ""
+        unit = {"_gb": " of GiB (no unit: 10 means 10 GiB)", "_mib": " of MiB (no unit: 2048 means 2 GiB)"}.get(
+            name[name.rfind("_") :], ""
+        )
         raise ConfigError(f"{name}: expected {'an integer' if kind is int else 'a number'}{unit}, got {v!r}") from None
     if not (lo <= x <= hi):
         raise ConfigError(f"{name}: {x} is out of range [{lo}, {hi}]")

@@ -275,7 +275,8 @@ def _tmp_name(final: str, spare: bool = False) -> str:
 
 
 def _gib_text(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
+    # In the unit of max_capacity_gb, with the digits a small cap needs (not "0.00 GiB")
+    return f"{n / (1 << 30):.3g} GiB"
 
 
 def _unlink_at(dfd: int, name: str) -> None:

@@ -142,17 +142,21 @@ _ROOT_TMP = re.compile(r"\.tmp\.odirect\.[0-9]+(\.[0-9a-f]{8}){0,2}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def check_root(root: str) -> str:
-    """The absolute root, or AdminError saying what is wrong with it."""
+def check_root(root: str, origin: str = "") -> str:
+    """The absolute root, or AdminError saying what is wrong with it;
+    `origin`: where the path came from (a config's key), said with it."""
     p = os.path.abspath(os.path.expanduser(root))
     try:
         st = os.stat(p)
     except FileNotFoundError:
         parent = os.path.dirname(p)
         hint = "" if os.path.isdir(parent) else f" (nor does {parent})"
-        raise AdminError(
-            f"{p}: no such directory{hint}; give the store's path, as in storage_plugin.<name>.path"
-        ) from None
+        fix = (
+            f"it is {origin}: no store has been made there yet, or the config is not the one the server reads"
+            if origin
+            else "give the store's path (the plugin's path option)"
+        )
+        raise AdminError(f"{p}: no such directory{hint}; {fix}") from None
     except PermissionError:
         raise AdminError(f"{p}: permission denied; run as the store's owner or root") from None
     if not stat_mod.S_ISDIR(st.st_mode):
@@ -362,7 +366,7 @@ def add_arguments(p: argparse.ArgumentParser, command: str) -> None:
 
 def resolve(args) -> tuple[list[str], Optional[object]]:
     """(roots, FxOptions from --config or None); AdminError on a wrong path."""
-    opts = None
+    opts, origin = None, ""
     paths = split_paths(args.path)
     if args.config:
         plugins, unlisted = load_plugin_configs(args.config)
@@ -392,11 +396,12 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
         opts = pc.options
         if not paths:
             paths = opts.paths
+            origin = f"{pc.prefix}path in {args.config}"
     elif args.plugin:
         raise AdminError("--plugin needs --config")
     if not paths:
         raise AdminError("no store given: pass its PATH, or --config with the LMCache YAML")
-    roots = [check_root(p) for p in paths]
+    roots = [check_root(p, origin) for p in paths]
     # D and D/, or D and a link to it: counted twice, gc would remove twice what it should.
     seen: dict = {}
     for r in roots:
