@@ -101,7 +101,7 @@ def _flip(path, offset):
 # ---------------------------------------------------------------- help and errors
 
 
-@pytest.mark.parametrize("cmd", ["doctor", "ls", "stat", "fsck", "gc"])
+@pytest.mark.parametrize("cmd", ["doctor", "ls", "stat", "fsck", "gc", "estimate", "bench"])
 def test_help_has_examples(capsys, cmd):
     with pytest.raises(SystemExit) as ei:
         main([cmd, "--help"])

@@ -512,6 +512,11 @@ def format_text(r: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser, command: str = "estimate") -> None:
     ms = models()
     p.epilog = (
+        "examples:\n"
+        "  lmcache-fx estimate --model qwen3-coder-480b --tp 8 --context 32k --concurrency 16 --hit-rate 0.8 \\\n"
+        "      --storage-gbps 5.2 --link-gbit 100 --prefill-tok-s 10000\n"
+        "  lmcache-fx estimate --model qwen2.5-32b --context 3584 --hit-rate 1 --measure /mnt/nvme/lmcache\n"
+        "  lmcache-fx estimate --layers 4 --kv-heads 2 --head-dim 64 --kv-dtype fp32 --json out.json\n\n"
         "models: "
         + ", ".join(sorted(k for k, m in ms.items() if k == m.name))
         + " (or the bench preset names, which also set --tp)\nformulas and assumptions: docs/estimate.md"

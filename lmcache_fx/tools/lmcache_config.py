@@ -43,6 +43,7 @@ def load_lmcache_config(path: str):
     if not os.path.exists(path):
         raise ValueError(f"{path}: no such file")
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # its INFO lines on import are not the tool's output
     try:
         from lmcache.v1.config import LMCacheEngineConfig
     except Exception as e:  # noqa: BLE001 - any import failure is the answer

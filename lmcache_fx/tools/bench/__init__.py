@@ -70,6 +70,13 @@ LOOP_IMAGE_WORDS = "image in 2 MiB pages, written through before mkfs, no discar
 
 
 def add_arguments(p: argparse.ArgumentParser, command: str = "bench") -> None:
+    p.epilog = """\
+examples:
+  lmcache-fx bench --mkfs-loop 5G --total-gb 0.5 --reps 5 --quiet --preset llama-3.2-1b-tp4   # root: XFS on RAM
+  lmcache-fx bench --path /mnt/nvme/lmcache-bench --total-gb 4 --reps 5 --json bench.json
+  lmcache-fx bench --path /dev/shm/fxbench --warm --readers fx,fx-l2,fs_native --latency
+methods, readers and the figures published: docs/benchmarks.md
+"""
     p.add_argument(
         "--preset",
         choices=sorted(PRESETS),
