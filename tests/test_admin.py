@@ -1372,3 +1372,30 @@ def test_one_name_in_both_plugin_lists_is_two_stores_to_pick_from(capsys, tmp_pa
     for head, path in (("storage_plugin", local), ("remote_storage_plugin", remote)):
         rc, obj, err = cli_json(capsys, "stat", "--config", y, "--plugin", f"{head}.fx")
         assert rc == 0 and obj["paths"] == [str(path)], (obj, err)
+
+
+def test_mp_mode_keys_name_their_model_and_ranks(capsys, tmp_path):
+    """The L2 adapter's keys (model with '/' as '-SEP-', kv_rank in hex, no
+    dtype) read as model '?' in ls and stat, 'world size , workers ' in stat,
+    and --model found none of them."""
+    from lmcache.v1.distributed.api import ObjectKey
+
+    from lmcache_fx.l2_adapter import object_key_string
+    from lmcache_fx.tools.admin import key_fields
+
+    rank = ObjectKey.ComputeKVRank(8, 5, 4, 1)  # TP worker 1 of node 1, TP 4 x PP 2
+    key = ObjectKey(chunk_hash=(77).to_bytes(32, "big"), model_name="org/m-1", kv_rank=rank)
+    assert key_fields(object_key_string(key)) == {"model": "org/m-1", "world_size": 8, "worker_id": 5, "kv_dtype": None}
+    salted = ObjectKey(chunk_hash=(78).to_bytes(32, "big"), model_name="org/m-1", kv_rank=rank, cache_salt="s1")
+    assert key_fields(object_key_string(salted))["model"] == "org/m-1"
+    s = ChunkStore(FxOptions.from_mapping({"path": str(tmp_path / "s"), "max_capacity_gb": 1}))
+    try:
+        data = torch.arange(4096, dtype=torch.uint8)
+        from lmcache_fx.core.chunkfile import ChunkMeta
+
+        meta = ChunkMeta(shapes=((4096,),), dtypes=("uint8",), fmt="KV_2LTD")
+        assert s.write([(object_key_string(key), data.data_ptr(), 4096, meta)]) == [True]
+    finally:
+        s.close()
+    rc, obj, _ = cli_json(capsys, "ls", tmp_path / "s", "--model", "org/m-1")
+    assert rc == 0 and len(obj["chunks"]) == 1 and obj["chunks"][0]["model"] == "org/m-1", obj

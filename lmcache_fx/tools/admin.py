@@ -269,8 +269,23 @@ def is_stale_tmp(f: StoreFile, now: Optional[float] = None) -> bool:
 
 def key_fields(key: str) -> dict:
     """model, world size, worker of an LMCache key (CacheEngineKey.to_string:
-    model@world_size@worker_id@hash@dtype[@tag%value...])."""
+    model@world_size@worker_id@hash@dtype[@tag%value...]), or of an MP-mode
+    key as the L2 adapter names it (l2_adapter.object_key_string:
+    model with '/' as '-SEP-'@kv_rank in 0x hex@group@hash[@salt]; kv_rank
+    packs world size, global rank, local world size and local rank a byte
+    each, LMCache's ObjectKey.ComputeKVRank; no dtype)."""
     parts = key.split("@")
+    if len(parts) >= 4 and parts[1].startswith("0x"):
+        try:
+            rank = int(parts[1], 16)
+        except ValueError:
+            rank = None
+        return {
+            "model": parts[0].replace("-SEP-", "/"),
+            "world_size": None if rank is None else (rank >> 24) & 0xFF,
+            "worker_id": None if rank is None else (rank >> 16) & 0xFF,
+            "kv_dtype": None,
+        }
     if len(parts) < 5:
         return {"model": "?", "world_size": None, "worker_id": None, "kv_dtype": None}
     try:
