@@ -522,6 +522,21 @@ def test_doctor_names_each_entry_and_what_lmcache_would_log(capsys, tmp_path):
     assert "[storage_plugin.fx] space" in checks and rc == 1
 
 
+def test_doctor_says_when_lmcache_extra_config_replaced_the_plugin_keys(capsys, tmp_path, monkeypatch):
+    """LMCache takes LMCACHE_EXTRA_CONFIG for the whole extra_config: the
+    YAML's plugin keys are gone. doctor said the YAML lists no lmcache-fx
+    plugin, and that its fix was to add the keys the YAML already has."""
+    import yaml
+
+    y = tmp_path / "c.yaml"
+    y.write_text(yaml.safe_dump(fx_config(tmp_path / "s")))
+    monkeypatch.setenv("LMCACHE_EXTRA_CONFIG", '{"storage_plugin.fx.max_capacity_gb": 5}')
+    rc, obj, _ = cli_json(capsys, "doctor", "--config", y)
+    fails = [c for c in obj["checks"] if c["status"] == "fail"]
+    assert rc == 1 and len(fails) == 1 and "LMCACHE_EXTRA_CONFIG is set" in fails[0]["summary"], fails
+    assert "in LMCACHE_EXTRA_CONFIG too, or unset it" in fails[0]["fix"]
+
+
 def test_doctor_says_to_free_space_where_no_capacity_would_fit(capsys, tmp_path):
     """On a filesystem with less than a MiB free, the fix said "set
     max_capacity_gb below 0", which the option refuses."""

@@ -675,7 +675,18 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
                 pool_bytes = int(float(cfg.max_local_cpu_size) * GIB)
             except (TypeError, ValueError):
                 pool_bytes = None
-            if not entries:
+            if not entries and os.environ.get("LMCACHE_EXTRA_CONFIG"):
+                # LMCache takes the variable's map for the whole extra_config: the YAML's keys are gone
+                checks.append(
+                    Check(
+                        "config",
+                        "fail",
+                        "LMCACHE_EXTRA_CONFIG is set, and LMCache takes it for the whole extra_config in "
+                        f"place of {config}'s: no lmcache-fx plugin's module_path and class_name are left in it",
+                        "put every storage_plugin.<name>.* key in LMCACHE_EXTRA_CONFIG too, or unset it",
+                    )
+                )
+            elif not entries:
                 checks.append(
                     Check(
                         "config",
