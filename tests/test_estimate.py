@@ -411,3 +411,19 @@ def test_output_into_a_closed_pipe_stops_quietly():
     )
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "0" and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_measure_on_a_memory_filesystem_is_not_called_cold(capsys):
+    """On tmpfs the page cache is the medium: dropping it drops nothing, yet
+    the measurement was labelled cold like a disk's."""
+    from lmcache_fx.core.medium import page_cache_fs
+
+    if not os.path.isdir("/dev/shm") or not page_cache_fs(["/dev/shm"]):
+        pytest.skip("no tmpfs at /dev/shm")
+    d = run_json(
+        capsys,
+        *("--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "256", "--context", "4k"),
+        *("--measure", "/dev/shm", "--measure-size", "1M", "--prefill-tok-s", "1000"),
+    )
+    m = d["measured"]
+    assert m["gbps"] > 0 and m["in_memory"] is True and m["cold"] is False, m
