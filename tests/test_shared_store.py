@@ -7,6 +7,7 @@ Run as a child: `python tests/test_shared_store.py <role> <json-args>`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -346,16 +347,8 @@ def test_two_real_users_share_a_store():
     store's group, files 0660 in it."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create two users (useradd) and run a child as each")
-    import tempfile
-
     gid, ((u1, g1), (u2, g2)) = _two_users()
-    top = tempfile.mkdtemp(prefix="fx-users-")  # under /tmp: reachable by the two users
-    try:
-        os.chmod(top, 0o755)
-        path = os.path.join(top, "store")
-        os.mkdir(path)
-        os.chown(path, 0, gid)
-        os.chmod(path, 0o770)
+    with _group_store(gid) as path:
         cap = 6 * (CHUNK + HEADER_SIZE)
         k1 = [f"model@2@0@{h:016x}@bfloat16" for h in range(4)]
         k2 = [f"model@2@1@{h:016x}@bfloat16" for h in range(4)]
@@ -367,8 +360,6 @@ def test_two_real_users_share_a_store():
         files = [os.path.join(dp, f) for dp, _, fs in os.walk(path) for f in fs]
         fmodes = {(oct(os.stat(f).st_mode & 0o777), os.stat(f).st_gid == gid) for f in files}
         owners = {os.stat(f).st_uid for f in F.chunk_files(path)}
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
     figure(
         "two-real-users",
         user1_wrote=r1["wrote"],
@@ -395,16 +386,8 @@ def test_a_hit_of_another_user_refreshes_the_lru_clock():
     now (write access, the group's, is enough)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create two users (useradd) and run a child as each")
-    import tempfile
-
     gid, ((u1, g1), (u2, g2)) = _two_users()
-    top = tempfile.mkdtemp(prefix="fx-users-")
-    try:
-        os.chmod(top, 0o755)
-        path = os.path.join(top, "store")
-        os.mkdir(path)
-        os.chown(path, 0, gid)
-        os.chmod(path, 0o770)
+    with _group_store(gid) as path:
         cap = 8 * (CHUNK + HEADER_SIZE)
         keys = [f"model@2@0@{h:016x}@bfloat16" for h in range(4)]
         r1 = _run_as(u1, g1, [gid], {"path": path, "cap": cap, "read": [], "read_rank": 0, "write": keys, "rank": 0})
@@ -418,8 +401,7 @@ def test_a_hit_of_another_user_refreshes_the_lru_clock():
         )
         fresh = sorted(f for f in files if os.stat(f).st_mtime > hour_ago + 60)
         owners = {os.stat(f).st_uid for f in files}
-    finally:
-        shutil.rmtree(top, ignore_errors=True)
+
     assert r2["hits"] == 1 and not r2["bad"] and owners == {u1}
     assert len(fresh) == 1, fresh  # the chunk user 2 read, and only it
 
@@ -515,6 +497,24 @@ def _two_users():
         pw = pwd.getpwnam(u)
         users.append((pw.pw_uid, pw.pw_gid))
     return grp.getgrnam(SHARE_GROUP).gr_gid, users
+
+
+@contextlib.contextmanager
+def _group_store(gid):
+    """A store directory the operator made for a group (root:<gid>, 0770, no
+    setgid) under /tmp, reachable by the group's users; removed after."""
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="fx-users-")
+    try:
+        os.chmod(top, 0o755)
+        path = os.path.join(top, "store")
+        os.mkdir(path)
+        os.chown(path, 0, gid)
+        os.chmod(path, 0o770)
+        yield path
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def _run_as(uid, gid, groups, args) -> dict:
