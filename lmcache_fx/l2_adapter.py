@@ -181,6 +181,8 @@ class FxL2Adapter(L2AdapterInterface):
 
     def _task_id(self) -> L2TaskId:
         with self._lock:
+            if self._closed:  # one answer for every submit: a store task made now would never finish
+                raise RuntimeError(f"lmcache-fx L2 adapter {self.name} is closed")
             self._next_id += 1
             self._in_flight += 1
             return self._next_id
@@ -203,8 +205,8 @@ class FxL2Adapter(L2AdapterInterface):
 
     # ------------------------------------------------------------ store
     def submit_store_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
-        tid = self._task_id()
-        with self._stores_cv:
+        with self._stores_cv:  # under the writer's lock: a task is queued before it stops, or refused
+            tid = self._task_id()
             self._stores_waiting.append((tid, list(keys), list(objects)))
             self._stores_cv.notify()
         return tid
@@ -338,8 +340,11 @@ class FxL2Adapter(L2AdapterInterface):
             log.exception("lmcache-fx: L2 load task %d failed", tid)
             bm = Bitmap(len(keys))
         hits = [keys[i] for i in bm.get_indices_list()]
-        if hits:
-            self._notify_keys_accessed(hits)
+        try:
+            if hits:
+                self._notify_keys_accessed(hits)
+        except Exception:  # a listener raised: the task still ends (its bytes landed), or LMCache waits for good
+            log.exception("lmcache-fx: reporting L2 load task %d's hits failed", tid)
         self._finish(self._done_load, tid, bm, self._load_efd)
 
     def _into(self, obj: "MemoryObj"):
@@ -367,6 +372,8 @@ class FxL2Adapter(L2AdapterInterface):
     def delete(self, keys: list["ObjectKey"]) -> None:
         """LMCache's L2 eviction controller (an `eviction` block in the
         adapter JSON) removes keys through here."""
+        if self._closed:
+            raise RuntimeError(f"lmcache-fx L2 adapter {self.name} is closed")
         gone, sizes = [], []
         for k in keys:
             s = object_key_string(k)
@@ -417,7 +424,7 @@ class FxL2Adapter(L2AdapterInterface):
         its own evictions); per-salt bytes from what this adapter stored."""
         base = super().get_usage()
         return AdapterUsage(
-            total_bytes_used=self.store.used_bytes,
+            total_bytes_used=0 if self._closed else self.store.used_bytes,  # closed: it holds nothing for LMCache
             total_capacity_bytes=self.options.max_capacity_bytes,
             bytes_by_cache_salt=MappingProxyType(dict(base.bytes_by_cache_salt)),
         )
@@ -427,6 +434,8 @@ class FxL2Adapter(L2AdapterInterface):
         alive = not self._closed
         with self._lock:
             in_flight, failures = self._in_flight, self._failures
+        if not alive:  # LMCache's status endpoint may ask after close; the store's ledger is gone
+            return {"is_healthy": False, "type": "FxL2Adapter", "paths": self.store.roots, "tasks_in_flight": in_flight}
         st = self.store.stats.snapshot()
         return {
             "is_healthy": alive,
@@ -460,8 +469,8 @@ class FxL2Adapter(L2AdapterInterface):
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        with self._stores_cv:
+        with self._stores_cv, self._lock:
+            self._closed = True  # submits from now on are refused (_task_id)
             self._stopping = True
             self._stores_cv.notify()
         self._writer.join()  # store tasks submitted are written first

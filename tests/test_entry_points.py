@@ -528,6 +528,68 @@ def test_l2_chunks_of_another_dtype_warn_once_per_burst(tmp_path, caplog):
     assert len(said) == 1, said
 
 
+def test_l2_a_listener_that_raises_does_not_hold_a_load_task(tmp_path):
+    """A listener raising in on_l2_keys_accessed left the load task unfinished
+    for good (LMCache's prefetch waiting on it), with nothing logged."""
+    from lmcache.v1.distributed.internal_api import L2AdapterListener
+
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    class Raising(L2AdapterListener):
+        def on_l2_keys_stored(self, keys, sizes):
+            pass
+
+        def on_l2_keys_accessed(self, keys):
+            raise RuntimeError("listener accessed")
+
+        def on_l2_keys_deleted(self, keys):
+            pass
+
+    nb, n = 64 << 10, 4
+    arena, obj, keys = _l2_objects(n, nb, 17)
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+    try:
+        assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
+        ad.register_listener(Raising())
+        bm = _l2_task(
+            ad,
+            ad.submit_load_task,
+            ad.query_load_result,
+            ad.get_load_event_fd(),
+            keys,
+            [obj(n + i) for i in range(n)],
+            timeout=20,
+        )
+        assert bm.popcount() == n and torch.equal(arena[n * nb :], arena[: n * nb])
+        assert ad.report_status()["tasks_in_flight"] == 0
+    finally:
+        ad.close()
+
+
+def test_l2_adapter_after_close_reports_unhealthy_and_refuses_tasks(tmp_path):
+    """After close(), report_status and get_usage raised AttributeError (the
+    store's ledger is gone), though LMCache's status endpoint may ask then; a
+    store task was given an id and never finished while lookups and loads
+    raised."""
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    nb, n = 64 << 10, 2
+    arena, obj, keys = _l2_objects(n, nb, 19)
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+    assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
+    ad.close()
+    assert ad.report_status()["is_healthy"] is False and ad.get_usage().total_bytes_used == 0
+    for call in (
+        lambda: ad.submit_store_task(keys, [obj(i) for i in range(n)]),
+        lambda: ad.submit_lookup_and_lock_task(keys, {}),
+        lambda: ad.submit_load_task(keys, [obj(n + i) for i in range(n)]),
+        lambda: ad.delete(keys),
+    ):
+        with pytest.raises(RuntimeError, match="L2 adapter .* is closed"):
+            call()
+    assert ad.report_status()["tasks_in_flight"] == 0
+
+
 def test_l2_load_tasks_beyond_the_reader_threads_all_land_and_close_waits_for_them(tmp_path):
     """More one-key load tasks in flight than LOAD_THREADS: the later ones
     wait their turn; close() right after submitting lets every one finish
