@@ -437,8 +437,10 @@ class FxL2Adapter(L2AdapterInterface):
         if not alive:  # LMCache's status endpoint may ask after close; the store's ledger is gone
             return {"is_healthy": False, "type": "FxL2Adapter", "paths": self.store.roots, "tasks_in_flight": in_flight}
         st = self.store.stats.snapshot()
+        problem = self.store.problem()
         return {
-            "is_healthy": alive,
+            "is_healthy": problem is None,
+            "problem": problem or "",
             "type": "FxL2Adapter",
             "paths": self.store.roots,
             "io_engine": self.store.engine.kind,

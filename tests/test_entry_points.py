@@ -10,6 +10,7 @@ Run as a script, this file is the other process of the cross-process test:
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -567,7 +568,8 @@ def test_l2_a_listener_that_raises_does_not_hold_a_load_task(tmp_path):
 
 
 def test_l2_adapter_after_close_reports_unhealthy_and_refuses_tasks(tmp_path):
-    """After close(), report_status and get_usage raised AttributeError (the
+    """With its directory removed under it (every store skipped), the adapter
+    reported itself healthy. After close(), report_status and get_usage raised AttributeError (the
     store's ledger is gone), though LMCache's status endpoint may ask then; a
     store task was given an id and never finished while lookups and loads
     raised."""
@@ -577,6 +579,10 @@ def test_l2_adapter_after_close_reports_unhealthy_and_refuses_tasks(tmp_path):
     arena, obj, keys = _l2_objects(n, nb, 19)
     ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
     assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
+    assert ad.report_status()["is_healthy"] is True
+    shutil.rmtree(tmp_path / "s")  # its directory gone: every store is skipped until a restart
+    st = ad.report_status()
+    assert st["is_healthy"] is False and "was removed, replaced or unmounted" in st["problem"], st
     ad.close()
     assert ad.report_status()["is_healthy"] is False and ad.get_usage().total_bytes_used == 0
     for call in (

@@ -652,6 +652,7 @@ def test_a_store_directory_replaced_under_a_running_store(tmp_path):
                 else:
                     subprocess.run(["umount", "-l", root], check=True)
                 stored = s.write([src.item(f"{case}/after/{i}", 64 << 10) for i in range(4)])
+                problem = s.problem()  # what a health report says (the L2 adapter's report_status)
                 files_under_new = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
                 warned = [
                     r
@@ -666,7 +667,9 @@ def test_a_store_directory_replaced_under_a_running_store(tmp_path):
         finally:
             if case == "unmounted":
                 subprocess.run(["umount", "-l", root], check=False, capture_output=True)
-        seen[case] = dict(stored=stored, files_under_new=files_under_new, warned=len(warned), new_ok=(hits, bad))
+        seen[case] = dict(
+            stored=stored, files_under_new=files_under_new, warned=len(warned), new_ok=(hits, bad), problem=problem
+        )
     figure(
         "Store directory removed and made again, or a filesystem on it unmounted lazily, under a running store",
         len(cases),
@@ -680,6 +683,7 @@ def test_a_store_directory_replaced_under_a_running_store(tmp_path):
         assert v["files_under_new"] == [], case
         assert v["warned"] == 1, case
         assert v["new_ok"] == (1, []), case
+        assert v["problem"] and "was removed, replaced or unmounted" in v["problem"], case
 
 
 # ------------------------------------------------------------------ no io_uring

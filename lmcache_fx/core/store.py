@@ -2056,6 +2056,13 @@ class ChunkStore:
             share_fd(fd, self._root_gid.get(root_of_path(final)), self.file_mode)
         return fd
 
+    def problem(self) -> Optional[str]:
+        """What keeps this store from storing, for a health report: a root
+        removed, replaced or unmounted since start (every store is skipped
+        until a restart); None when nothing does."""
+        gone = self._root_replaced()
+        return None if gone is None else f"store directory {gone} was removed, replaced or unmounted; restart"
+
     def _root_replaced(self) -> Optional[str]:
         """The first root whose path no longer leads to the directory opened
         at start (removed, replaced, a filesystem unmounted from under it),
