@@ -114,6 +114,7 @@ def main():
     ap.add_argument("--capacity-gb", type=float, default=20.0)
     ap.add_argument("--phase", choices=["store", "retrieve"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.store = os.path.abspath(os.path.expanduser(args.store))  # the plugin takes absolute paths only
     if args.tokens < CHUNK_TOKENS or args.tokens % CHUNK_TOKENS:
         ap.error(f"--tokens must be a multiple of {CHUNK_TOKENS} (LMCache stores whole chunks only), not {args.tokens}")
     if os.path.exists(args.store) and not os.path.isdir(args.store):

@@ -136,7 +136,7 @@ def main() -> int:
     args = ap.parse_args()
     with ExitStack() as stack:
         if args.path:
-            base = args.path
+            base = os.path.abspath(args.path)
             medium = "directory"
         else:
             why = loopfs.why_not_available()

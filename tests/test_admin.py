@@ -537,6 +537,25 @@ def test_doctor_says_when_lmcache_extra_config_replaced_the_plugin_keys(capsys, 
     assert "in LMCACHE_EXTRA_CONFIG too, or unset it" in fails[0]["fix"]
 
 
+def test_doctor_checks_the_directory_meant(capsys, tmp_path, monkeypatch):
+    """--path '$VAR/fx' was made absolute before $VAR was expanded (the
+    working directory prefixed to it); and a plugin that failed on its path
+    had its path checked at the default, ~/.cache/lmcache-fx, reported OK."""
+    import yaml
+
+    monkeypatch.setenv("FX_DOCTOR_TOP", str(tmp_path))
+    (tmp_path / "fx").mkdir()
+    rc, obj, _ = cli_json(capsys, "doctor", "--path", "$FX_DOCTOR_TOP/fx")
+    paths = [c for c in obj["checks"] if c["name"] == "path"]
+    assert len(paths) == 1 and paths[0]["summary"].startswith(f"{tmp_path}/fx on "), paths
+    y = tmp_path / "rel.yaml"
+    y.write_text(yaml.safe_dump(fx_config("relstore")))
+    rc, obj, _ = cli_json(capsys, "doctor", "--config", y)
+    names = {c["name"]: c for c in obj["checks"]}
+    assert rc == 1 and "is relative" in names["[fx] plugin"]["summary"]
+    assert "[fx] path" not in names and "[fx] O_DIRECT" not in names, sorted(names)
+
+
 def test_doctor_says_to_free_space_where_no_capacity_would_fit(capsys, tmp_path):
     """On a filesystem with less than a MiB free, the fix said "set
     max_capacity_gb below 0", which the option refuses."""

@@ -4802,3 +4802,13 @@ def test_bench_on_a_read_only_path_or_with_no_reader_able_to_start_says_so(tmp_p
     last = err.strip().splitlines()[-1]
     assert e.value.code == 2 and "error: no reader could start: rust_raw_block: " in last, err
     assert "Traceback" not in err
+
+
+def test_a_relative_path_is_taken_against_this_directory(tmp_path, monkeypatch):
+    """fx takes absolute store paths only: a relative --path reached its
+    readers as given, and both fx readers were refused ("no reader could
+    start")."""
+    monkeypatch.chdir(tmp_path)
+    p, a = parse("--path", "relbench")
+    bench.check_args(p, a)
+    assert a.path == str(tmp_path / "relbench")

@@ -1043,6 +1043,11 @@ def test_a_last_recompute_in_the_future_is_due(tmp_path):
         with s._ledger.hold():
             s._ledger.put(s._ledger.get()[0], time.time() + 30)  # a peer's clock a little ahead: not due
         assert not s._recompute_due()
+        # A peer whose clock runs 10 min ahead recomputes too and stamps its time: due again at once,
+        # each host's stamp the other's, was a whole walk per write. Once an interval, by this clock.
+        with s._ledger.hold():
+            s._ledger.put(s._ledger.get()[0], time.time() + 600)
+        assert not s._recompute_due()
     finally:
         s.close()
 

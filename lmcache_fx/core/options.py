@@ -69,6 +69,12 @@ def _parse_number(name: str, v, kind, lo, hi):
     return x
 
 
+def expand_path(p: str) -> str:
+    """~ and $VARS of a store path, expanded as the plugin, doctor and the
+    tools all expand them (the README's default is written with ~)."""
+    return os.path.expandvars(os.path.expanduser(p.strip()))
+
+
 _SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -347,8 +353,7 @@ class FxOptions:
 
     @property
     def paths(self) -> list[str]:
-        # ~ and $VARS expanded as the tools expand them: the README's default is written with ~
-        return [os.path.expandvars(os.path.expanduser(p.strip())) for p in self.path.split(",") if p.strip()]
+        return [expand_path(p) for p in self.path.split(",") if p.strip()]
 
     @property
     def max_capacity_bytes(self) -> int:

@@ -440,6 +440,7 @@ class ChunkStore:
         self._rescan_soon = False  # a ledger update was skipped (lock timeout): the next write recomputes it
         self._scanned = time.time()  # when the ledger was last recomputed, as last read from it
         self._recompute_after = 0.0  # monotonic: no recompute before (a busy store's walk was wasted)
+        self._recomputed_at = -1e18  # monotonic: this process's last recompute
         self._lock = threading.RLock()  # never held while taking the ledger
         self._index: "OrderedDict[str, Entry]" = OrderedDict()  # digest -> entry, LRU first (this process)
         self._index_limit = 65536
@@ -763,7 +764,10 @@ class ChunkStore:
             self._scanned = rec[1]
         # A last recompute further in the future than an interval is a clock stepped back since (or
         # a clock that once read 2099): due, or dead writers' temporaries would wait for it to pass.
-        return abs(time.time() - self._scanned) > self._every(RESCAN_SECONDS)
+        # At most once an interval by this process's own clock: hosts whose clocks differ by more
+        # would each find the other's stamp due at every write, a whole walk each time.
+        age, every = time.time() - self._scanned, self._every(RESCAN_SECONDS)
+        return age > every or (age < -every and time.monotonic() - self._recomputed_at > every)
 
     def _recompute(self) -> None:
         """Recomputes the shared usage from the files by a walk made WITHOUT
@@ -780,6 +784,7 @@ class ChunkStore:
         walks' time); what else its ledger drifted by meanwhile (files
         removed behind the store's back: an overcount, so eviction starts
         early) waits for a quiet walk."""
+        self._recomputed_at = time.monotonic()
         try:
             with self._ledger.hold():
                 before = self._ledger.changes()

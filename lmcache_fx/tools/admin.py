@@ -46,7 +46,7 @@ from ..core.layout import (
     unlink_if_same,
 )
 from ..core.ledger import Ledger, LockTimeout
-from ..core.options import GIB
+from ..core.options import GIB, expand_path
 from .common import AdminError, fs_info, human_age, human_bytes, quiet_broken_pipe
 from .lmcache_config import load_plugin_configs
 from .verify import ChunkVerifier
@@ -145,7 +145,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 def check_root(root: str, origin: str = "") -> str:
     """The absolute root, or AdminError saying what is wrong with it;
     `origin`: where the path came from (a config's key), said with it."""
-    p = os.path.abspath(os.path.expanduser(root))
+    p = os.path.abspath(expand_path(root))
     try:
         st = os.stat(p)
     except FileNotFoundError:

@@ -26,7 +26,7 @@ from typing import Optional
 from .. import _fxio
 from ..core.layout import device_of, probe_odirect, root_problem
 from ..core.medium import client_local_locks, decide_mapped_reads, decide_staged_reads, huge_page_tmpfs
-from ..core.options import GIB, ConfigError, FxOptions
+from ..core.options import GIB, ConfigError, FxOptions, expand_path
 from .common import fs_info, human_bytes, quiet_broken_pipe
 from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
 
@@ -736,7 +736,7 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
         base = plugins[0][1] if plugins else FxOptions()
         try:
             # A path given here is the operator's, against this working directory
-            here = ",".join(os.path.abspath(os.path.expanduser(p.strip())) for p in path.split(",") if p.strip())
+            here = ",".join(os.path.abspath(expand_path(p)) for p in path.split(",") if p.strip())
             o = FxOptions.from_mapping({**_nondefault(base), "path": here or path})
         except ConfigError as e:
             raise ValueError(f"--path: {e}") from None
@@ -781,7 +781,7 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
 
 def _options_that_parse(extra: dict, prefix: str) -> Optional[FxOptions]:
     """A failing plugin's options, those of its keys that parse on their own;
-    None when even these do not go together."""
+    None when its path is not among them, or when they do not go together."""
     good = {}
     for k, v in extra.items():
         opt = k[len(prefix) :] if isinstance(k, str) and k.startswith(prefix) else ""
@@ -791,6 +791,8 @@ def _options_that_parse(extra: dict, prefix: str) -> Optional[FxOptions]:
                 good[opt] = v
             except ConfigError:
                 pass
+    if "path" not in good:  # its path did not parse, or it has none: the default is not where it would be
+        return None
     try:
         return FxOptions.from_mapping(good)
     except ConfigError:
