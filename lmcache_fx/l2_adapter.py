@@ -181,11 +181,22 @@ class FxL2Adapter(L2AdapterInterface):
 
     def _task_id(self) -> L2TaskId:
         with self._lock:
-            if self._closed:  # one answer for every submit: a store task made now would never finish
-                raise RuntimeError(f"lmcache-fx L2 adapter {self.name} is closed")
-            self._next_id += 1
-            self._in_flight += 1
-            return self._next_id
+            return self._task_id_locked()
+
+    def _task_id_locked(self) -> L2TaskId:
+        if self._closed:  # one answer for every submit: a task made now would never finish
+            raise RuntimeError(f"lmcache-fx L2 adapter {self.name} is closed")
+        self._next_id += 1
+        self._in_flight += 1
+        return self._next_id
+
+    def _submit(self, pool, fn, *args) -> L2TaskId:
+        """A lookup or load task given to its threads under the lock close()
+        refuses new tasks under: given before the threads stop, or refused."""
+        with self._lock:
+            tid = self._task_id_locked()
+            pool.submit(fn, tid, *args)
+            return tid
 
     def _finish(self, table: dict, task_id: L2TaskId, result, efd) -> None:
         with self._lock:
@@ -295,9 +306,7 @@ class FxL2Adapter(L2AdapterInterface):
     def submit_lookup_and_lock_task(
         self, keys: list["ObjectKey"], group_layout_descs: "dict[int, MemoryLayoutDesc]"
     ) -> L2TaskId:
-        tid = self._task_id()
-        self._lookups.submit(self._lookup, tid, list(keys))
-        return tid
+        return self._submit(self._lookups, self._lookup, list(keys))
 
     def _lookup(self, tid: L2TaskId, keys) -> None:
         bm = Bitmap(len(keys))
@@ -320,9 +329,7 @@ class FxL2Adapter(L2AdapterInterface):
 
     # ------------------------------------------------------------ load
     def submit_load_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
-        tid = self._task_id()
-        self._readers.submit(self._load, tid, list(keys), list(objects))
-        return tid
+        return self._submit(self._readers, self._load, list(keys), list(objects))
 
     def _load(self, tid: L2TaskId, keys, objects) -> None:
         bm = Bitmap(len(keys))
@@ -372,8 +379,16 @@ class FxL2Adapter(L2AdapterInterface):
     def delete(self, keys: list["ObjectKey"]) -> None:
         """LMCache's L2 eviction controller (an `eviction` block in the
         adapter JSON) removes keys through here."""
+        try:
+            self._delete(keys)
+        except Exception:
+            if self._closed:  # before or during close: one answer
+                raise RuntimeError(f"lmcache-fx L2 adapter {self.name} is closed") from None
+            raise
+
+    def _delete(self, keys: list["ObjectKey"]) -> None:
         if self._closed:
-            raise RuntimeError(f"lmcache-fx L2 adapter {self.name} is closed")
+            raise RuntimeError("closed")
         gone, sizes = [], []
         for k in keys:
             s = object_key_string(k)
@@ -423,19 +438,35 @@ class FxL2Adapter(L2AdapterInterface):
         """Bytes from the store itself (it counts chunks of every process and
         its own evictions); per-salt bytes from what this adapter stored."""
         base = super().get_usage()
+        try:
+            used = 0 if self._closed else self.store.used_bytes
+        except Exception:
+            if not self._closed:
+                raise
+            used = 0  # closed meanwhile: it holds nothing for LMCache
         return AdapterUsage(
-            total_bytes_used=0 if self._closed else self.store.used_bytes,  # closed: it holds nothing for LMCache
+            total_bytes_used=used,
             total_capacity_bytes=self.options.max_capacity_bytes,
             bytes_by_cache_salt=MappingProxyType(dict(base.bytes_by_cache_salt)),
         )
 
     # ------------------------------------------------------------ status and close
     def report_status(self) -> dict:
-        alive = not self._closed
+        try:
+            return self._status()
+        except Exception:
+            if not self._closed:
+                raise
+        # LMCache's status endpoint may ask during or after close, when the store's ledger is gone
+        with self._lock:
+            in_flight = self._in_flight
+        return {"is_healthy": False, "type": "FxL2Adapter", "paths": self.store.roots, "tasks_in_flight": in_flight}
+
+    def _status(self) -> dict:
+        if self._closed:
+            raise RuntimeError("closed")
         with self._lock:
             in_flight, failures = self._in_flight, self._failures
-        if not alive:  # LMCache's status endpoint may ask after close; the store's ledger is gone
-            return {"is_healthy": False, "type": "FxL2Adapter", "paths": self.store.roots, "tasks_in_flight": in_flight}
         st = self.store.stats.snapshot()
         problem = self.store.problem()
         return {

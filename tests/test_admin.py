@@ -535,6 +535,14 @@ def test_doctor_says_when_lmcache_extra_config_replaced_the_plugin_keys(capsys, 
     fails = [c for c in obj["checks"] if c["status"] == "fail"]
     assert rc == 1 and len(fails) == 1 and "LMCACHE_EXTRA_CONFIG is set" in fails[0]["summary"], fails
     assert "in LMCACHE_EXTRA_CONFIG too, or unset it" in fails[0]["fix"]
+    # A YAML that never named fx: the variable is not to blame
+    d = fx_config(tmp_path / "s")
+    d["extra_config"] = {"some_other_key": 1}
+    del d["storage_plugins"]
+    y.write_text(yaml.safe_dump(d))
+    rc, obj, _ = cli_json(capsys, "doctor", "--config", y)
+    fails = [c for c in obj["checks"] if c["status"] == "fail"]
+    assert rc == 1 and len(fails) == 1 and "LMCACHE_EXTRA_CONFIG" not in fails[0]["summary"], fails
 
 
 def test_doctor_checks_the_directory_meant(capsys, tmp_path, monkeypatch):

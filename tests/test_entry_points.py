@@ -596,6 +596,48 @@ def test_l2_adapter_after_close_reports_unhealthy_and_refuses_tasks(tmp_path):
     assert ad.report_status()["tasks_in_flight"] == 0
 
 
+def test_l2_tasks_submitted_while_it_closes_finish_or_are_refused(tmp_path):
+    """A lookup or load that passed the closed check just before close() met
+    the shut-down thread pool: "cannot schedule new futures after shutdown",
+    and tasks_in_flight stayed above 0 for good; a status asked meanwhile
+    raised AttributeError. Each submit now either runs or is refused as
+    closed, and a status during close says unhealthy."""
+    import threading
+
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    nb, n = 4096, 2
+    arena, obj, keys = _l2_objects(n, nb, 23)
+    for _ in range(5):
+        ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+        assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
+        said, stop = [], threading.Event()
+
+        def hammer(ad=ad, said=said, stop=stop):
+            while not stop.is_set():
+                for call in (
+                    lambda: ad.submit_lookup_and_lock_task(keys, {}),
+                    lambda: ad.submit_load_task(keys, [obj(n + i) for i in range(n)]),
+                    lambda: ad.report_status()["is_healthy"],
+                ):
+                    try:
+                        call()
+                    except RuntimeError as e:
+                        said.append(str(e))
+                    except Exception as e:  # noqa: BLE001 - what the test is for
+                        said.append(f"UNEXPECTED {type(e).__name__}: {e}")
+
+        t = threading.Thread(target=hammer)
+        t.start()
+        time.sleep(0.05)
+        ad.close()
+        stop.set()
+        t.join()
+        assert not [x for x in said if not x.endswith(" is closed")], said[:3]
+        with ad._lock:
+            assert ad._in_flight == 0
+
+
 def test_l2_load_tasks_beyond_the_reader_threads_all_land_and_close_waits_for_them(tmp_path):
     """More one-key load tasks in flight than LOAD_THREADS: the later ones
     wait their turn; close() right after submitting lets every one finish

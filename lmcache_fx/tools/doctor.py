@@ -675,7 +675,7 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
                 pool_bytes = int(float(cfg.max_local_cpu_size) * GIB)
             except (TypeError, ValueError):
                 pool_bytes = None
-            if not entries and os.environ.get("LMCACHE_EXTRA_CONFIG"):
+            if not entries and os.environ.get("LMCACHE_EXTRA_CONFIG") and _yaml_names_fx(config):
                 # LMCache takes the variable's map for the whole extra_config: the YAML's keys are gone
                 checks.append(
                     Check(
@@ -777,6 +777,19 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
         if warns:
             verdict += f" ({len(warns)} warning{'s' if len(warns) > 1 else ''})"
     return {"checks": [asdict(c) for c in checks], "fast_path": not fails, "warnings": len(warns), "verdict": verdict}
+
+
+def _yaml_names_fx(config: str) -> bool:
+    """Whether the YAML itself (before LMCache's environment overrides)
+    has an lmcache-fx plugin's keys in its extra_config."""
+    try:
+        import yaml
+
+        with open(config) as f:
+            extra = (yaml.safe_load(f) or {}).get("extra_config") or {}
+    except Exception:  # noqa: BLE001 - unreadable: LMCache's own reading said so above
+        return False
+    return isinstance(extra, dict) and any("lmcache_fx" in str(v) for v in extra.values())
 
 
 def _options_that_parse(extra: dict, prefix: str) -> Optional[FxOptions]:
