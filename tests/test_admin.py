@@ -133,6 +133,16 @@ def test_a_wrong_flag_is_one_line_naming_the_command(capsys, argv, said):
     assert err.startswith(f"lmcache-fx {argv[0]}: error: {said}") and f"lmcache-fx {argv[0]} --help" in err, err
 
 
+@pytest.mark.parametrize("argv", [["--bogus"], ["--bogus", "ls", "/tmp"]])
+def test_a_wrong_flag_before_the_command_is_the_top_levels(capsys, argv):
+    """'lmcache-fx --bogus' printed the help without naming the flag, and
+    '--bogus ls' blamed ls for a flag given before it."""
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and err == "lmcache-fx: error: unrecognized arguments: --bogus (see lmcache-fx --help)\n"
+
+
 @pytest.mark.parametrize("cmd", ["ls", "stat", "fsck", "gc"])
 def test_wrong_path_is_a_clear_error(capsys, tmp_path, cmd):
     extra = ["--to-gb", "1"] if cmd == "gc" else []

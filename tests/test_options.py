@@ -457,6 +457,14 @@ def test_no_path_of_its_own_while_an_ignored_key_gives_one_is_refused():
         {"storage_plugin": ["fx"]},
     )
     assert opts.paths == ["/a"] and len(warns) == 1 and "'storage_plugin.fxx.path'" in warns[0]
+    # A nested map under the other head is the other plugin's to refuse: a warning here
+    opts, warns = plugin_options(
+        {"storage_plugin.fx.path": "/a", "remote_storage_plugin": {"x": {"path": "/b"}}},
+        "storage_plugin",
+        "fx",
+        {"storage_plugin": ["fx"]},
+    )
+    assert opts.paths == ["/a"] and len(warns) == 1 and "holds a map" in warns[0]
     # Ignored keys that give no path leave the defaults, with a warning (as before)
     opts, warns = plugin_options(
         {"storage_plugin.fxx.verify": False}, "storage_plugin", "fx", {"storage_plugin": ["fx"]}
@@ -499,8 +507,9 @@ def test_a_relative_path_or_an_unset_variable_is_refused_and_a_set_one_expanded(
     assert FxOptions.from_mapping({"path": "$FX_STORE_TOP/a, ${FX_STORE_TOP}/b"}).paths == ["/nvme/a", "/nvme/b"]
     with pytest.raises(ConfigError, match=r"x\.path: 'relstore' is relative, .* give an absolute path"):
         FxOptions.from_mapping({"path": "relstore"}, where="x.")
-    with pytest.raises(ConfigError, match=r"path: '\$FX_NO_SUCH_VAR/a' names an environment variable"):
+    with pytest.raises(ConfigError, match=r"path: '\$FX_NO_SUCH_VAR/a': \$FX_NO_SUCH_VAR is not set"):
         FxOptions.from_mapping({"path": "$FX_NO_SUCH_VAR/a"})
+    assert FxOptions.from_mapping({"path": "/mnt/price$1"}).paths == ["/mnt/price$1"]  # no variable's name
 
 
 def test_a_size_with_a_unit_where_a_number_of_mib_goes_says_the_unit():

@@ -2,8 +2,10 @@
 the store, its scans and the admin tools share.
 
     <root>/<ab>/<32 hex digest>.fxkv               a chunk (ab = its first two hex digits)
-    <root>/<ab>/<digest>.fxkv.tmp.<pid>.<n>.<host> a write in progress (renamed into place when whole)
-    <root>/.tmp.odirect.<pid>                      the O_DIRECT probe of a starting store
+    <root>/<ab>/<digest>.fxkv.tmp.<pid>.<n>.<host>.<seat>
+                                                   a write in progress (renamed into place when whole;
+                                                   host and seat tags: layout._tags)
+    <root>/.tmp.odirect.<pid>.<host>.<seat>        the O_DIRECT probe of a starting store
     <first root>/.fx/store.lock                    the shared ledger and evictor lock
     <first root>/.fx/members                       a POSIX read lock per process with the store open
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional, Sequence
 
@@ -385,8 +386,12 @@ class FxOptions:
         if not o.paths:
             raise ConfigError(f"{where}path: no directory given; set it to a directory on the NVMe filesystem")
         for p in o.paths:
-            if "$" in p:  # expandvars leaves an unset variable as it is: a directory literally named so
-                raise ConfigError(f"{where}path: {p!r} names an environment variable this process does not have")
+            unset = re.search(r"\$(\{)?([A-Za-z_][A-Za-z0-9_]*)(?(1)\})", p)
+            if unset:  # expandvars leaves an unset variable as it is: a directory literally named so
+                raise ConfigError(
+                    f"{where}path: {p!r}: ${unset.group(2)} is not set in this process's environment "
+                    "(a store path's $NAME is expanded, as ~ is)"
+                )
             if not os.path.isabs(p):  # the server's working directory, not the one doctor and the tools run in
                 raise ConfigError(
                     f"{where}path: {p!r} is relative, so each process would resolve it against its own working "
@@ -417,6 +422,12 @@ def _flat_keys(value: Any, prefix: str) -> list[str]:
 
 
 PLUGIN_HEADS = ("storage_plugin", "remote_storage_plugin")  # extra_config heads of LMCache's two plugin lists
+
+
+def plugin_lists(config) -> dict:
+    """{head: the names its list holds} of an LMCache config object (its
+    storage_plugins and remote_storage_plugins)."""
+    return {h: list(getattr(config, f"{h}s", None) or []) for h in PLUGIN_HEADS}
 
 
 def stray_plugin_keys(
@@ -491,15 +502,23 @@ def plugin_options(extra: dict, head: str, name: str, lists: dict) -> tuple[FxOp
     in the home directory, where the operator meant another."""
     prefix = f"{head}.{name}."
     options = options_from_extra(extra, prefix)
-    strays = [pair for h in PLUGIN_HEADS for pair in _stray_keys(extra, lists.get(h, ()), h, lists)]
+    strays, notes = [], []
+    for h in PLUGIN_HEADS:
+        try:
+            strays += _stray_keys(extra, lists.get(h, ()), h, lists)
+        except ConfigError as e:  # a nested map under the other head is the other plugin's to refuse
+            if h == head:
+                raise
+            notes.append(str(e))
     lost = [why for k, why in strays if k.rpartition(".")[2] == "path"]
     if lost and f"{prefix}path" not in (extra or {}):
         default = FxOptions()
+        more = f" (and {len(lost) - 1} more such key{'s' if len(lost) > 2 else ''})" if len(lost) > 1 else ""
         raise ConfigError(
             f"{prefix}path is not set, so the store would open at its default ({default.path}, "
-            f"{default.max_capacity_gb:g} GiB); {lost[0]}"
+            f"{default.max_capacity_gb:g} GiB); {lost[0]}{more}"
         )
-    return options, [why for _, why in strays]
+    return options, [why for _, why in strays] + notes
 
 
 def options_from_extra(extra: dict, prefix: str) -> FxOptions:

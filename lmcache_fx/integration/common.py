@@ -18,7 +18,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 
 from .. import _fxio
 from ..core.chunkfile import ChunkMeta
-from ..core.options import ConfigError, FxOptions, plugin_options
+from ..core.options import ConfigError, FxOptions, plugin_lists, plugin_options
 from ..core.store import ChunkStore
 
 log = logging.getLogger("lmcache_fx")
@@ -50,11 +50,7 @@ def configured_options(config, head: str, name: str) -> FxOptions:
     """The options of plugin <head>.<name> of an LMCache config, each warning
     about a key no loaded plugin reads logged once per process (two plugins
     read one extra_config). ConfigError as core.options.plugin_options."""
-    lists = {
-        "storage_plugin": list(getattr(config, "storage_plugins", None) or []),
-        "remote_storage_plugin": list(getattr(config, "remote_storage_plugins", None) or []),
-    }
-    options, warnings = plugin_options(config.extra_config, head, name, lists)
+    options, warnings = plugin_options(config.extra_config, head, name, plugin_lists(config))
     with _claim_lock:
         new = [w for w in warnings if w not in _warned_config]
         _warned_config.update(new)

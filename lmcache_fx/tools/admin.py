@@ -47,7 +47,7 @@ from ..core.layout import (
 )
 from ..core.ledger import Ledger, LockTimeout
 from ..core.options import GIB, expand_path
-from .common import AdminError, fs_info, human_age, human_bytes, quiet_broken_pipe
+from .common import AdminError, fs_info, human_age, human_bytes
 from .lmcache_config import load_plugin_configs
 from .verify import ChunkVerifier
 
@@ -254,7 +254,8 @@ def _blocked_why(de: os.DirEntry) -> str:
 
 def _is_store_tmp(f: StoreFile) -> bool:
     """Whether a temporary of a fan-out directory has a name the store gives
-    its own: <digest>.fxkv.tmp.<pid>.<n>[.<host tag>], digest of that directory."""
+    its own: <digest>.fxkv.tmp.<pid>.<n>[.<host tag>[.<seat tag>]], digest of that
+    directory."""
     m = _FANOUT_TMP.fullmatch(os.path.basename(f.path))
     return m is not None and m.group(1)[:2] == os.path.basename(os.path.dirname(f.path))
 
@@ -435,9 +436,7 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
 def run(args, parser=None) -> int:
     try:
         return {"ls": cmd_ls, "stat": cmd_stat, "fsck": cmd_fsck, "gc": cmd_gc}[args.command](args)
-    except BrokenPipeError:
-        return quiet_broken_pipe()
-    except AdminError as e:
+    except AdminError as e:  # a closed stdout is the dispatcher's (cli.main)
         print(f"lmcache-fx {args.command}: error: {e}", file=sys.stderr)
         if getattr(args, "json", False):
             print(json.dumps({"error": str(e)}))

@@ -63,11 +63,17 @@ def run_command(command: str, argv=None) -> int:
 
 def main(argv=None) -> int:
     p = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = p.parse_known_args(argv)
-    if not getattr(args, "command", None):
+    command = getattr(args, "command", None)
+    # A flag before the command is the top level's; after it, the command's (the line names it)
+    before = argv[: argv.index(command)] if command in argv else argv
+    if [x for x in extra if x in before]:
+        p.error(f"unrecognized arguments: {' '.join(x for x in extra if x in before)}")
+    if not command:
         p.print_help()
         return 2
-    if extra:  # said by the command's parser, so the line names the command
+    if extra:
         args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return importlib.import_module(args._module).run(args, args._parser)

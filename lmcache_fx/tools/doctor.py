@@ -27,7 +27,7 @@ from .. import _fxio
 from ..core.layout import device_of, probe_odirect, root_problem
 from ..core.medium import client_local_locks, decide_mapped_reads, decide_staged_reads, huge_page_tmpfs
 from ..core.options import GIB, ConfigError, FxOptions, expand_path
-from .common import fs_info, human_bytes, quiet_broken_pipe
+from .common import fs_info, human_bytes
 from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
 
 EXAMPLES = """\
@@ -838,10 +838,7 @@ def run(args, parser=None) -> int:
         return 2
     code = 0 if res["fast_path"] and not (args.strict and res["warnings"]) else 1
     res["exit_status"] = code
-    try:
-        _print(res, args.json)
-    except BrokenPipeError:
-        quiet_broken_pipe()
+    _print(res, args.json)  # a closed stdout is the dispatcher's (cli.main)
     return code
 
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..core.options import ConfigError, FxOptions, plugin_options, stray_plugin_keys
+from ..core.options import ConfigError, FxOptions, plugin_lists, plugin_options, stray_plugin_keys
 from .common import AdminError
 
 PLUGIN_MODULE = "lmcache_fx.lmcache_plugin"
@@ -89,11 +89,6 @@ def plugin_entries(cfg) -> tuple[list[PluginConf], list[str]]:
             {k: v for k, v in extra.items() if not (isinstance(k, str) and k.startswith(said))}, listed, head, lists
         )
     return out, warns
-
-
-def plugin_lists(cfg) -> dict:
-    """{head: the names its plugin list holds} of an LMCache config."""
-    return {head: list(getattr(cfg, list_key, None) or []) for head, list_key, _, _ in HEADS}
 
 
 def _names(extra: dict, head: str, name: str) -> tuple[str, str]:
