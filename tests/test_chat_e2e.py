@@ -373,3 +373,24 @@ def test_vllm_restart_reads_kv_from_fx(chat, tmp_path):
         assert healed["tokens"] == ref["tokens"]
         assert _close(healed["logprobs"], ref["logprobs"]) < 1e-3
     assert shm_left(shm0) == [], "the stopped server left its shared memory in /dev/shm"
+
+
+def test_a_second_server_on_a_port_in_use_says_so_and_touches_nothing(tmp_path):
+    """A second server.py on the port of a running one took the first one's
+    /health for its own readiness ("ready in 0 s", exit 0), after deleting the
+    running server's stats file and rewriting its config. It now stops first,
+    saying the port is in use."""
+    import socket
+
+    sys.path.insert(0, CHAT)
+    import server
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        work = tmp_path / "w"
+        srv = server.Server(str(tmp_path / "model"), work=str(work), port=port)
+        with pytest.raises(RuntimeError, match=f"port {port} is in use"):
+            srv.start()
+    assert not work.exists() and srv.proc is None

@@ -359,4 +359,8 @@ def write_json(path: str, first: list, again: list, ok: bool) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the servers were stopped on the way out (their `finally`)
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

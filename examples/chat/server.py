@@ -176,6 +176,11 @@ class Server:
         return env
 
     def start(self) -> "Server":
+        # Before anything of a running server's is touched (its stats file, config, log): a second
+        # server on its port took the first one's /health for its own readiness.
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                raise RuntimeError(f"port {self.port} is in use (another server?); give another with --port")
         os.makedirs(self.work, exist_ok=True)
         os.makedirs(self.store, exist_ok=True)
         with open(os.path.join(self.work, "lmcache.yaml"), "w") as f:
@@ -419,15 +424,28 @@ def main():
     check_python(args.python)
     model = args.model or ensure_model(args.work, args.python)
     srv = server_from_args(args, model, port=args.port, extra_args=args.server_args)
-    srv.start()
+    exit_on_termination()  # SIGTERM and SIGHUP stop vLLM too: it runs in a session of its own
+    try:
+        srv.start()
+    except RuntimeError as e:
+        print(f"server: error: {e}", file=sys.stderr)
+        return 2
     print(f"server: {srv.url} (log {srv.log_path}, store {srv.store}); Ctrl-C stops it", flush=True)
+    rc = 0
     try:
         print(f"ready in {srv.wait_ready():.0f} s", flush=True)
-        srv.proc.wait()
+        if srv.proc.wait() != 0:  # vLLM ended on its own
+            print(f"server: vLLM exited with {srv.proc.returncode}; last lines of {srv.log_path}:", file=sys.stderr)
+            print(srv.log_tail(), file=sys.stderr)
+            rc = 1
     except KeyboardInterrupt:
         pass
+    except (RuntimeError, TimeoutError) as e:
+        print(f"server: error: {e}", file=sys.stderr)
+        rc = 1
     finally:
         srv.stop()
+    return rc
 
 
 if __name__ == "__main__":
