@@ -379,16 +379,16 @@ class FxL2Adapter(L2AdapterInterface):
     def delete(self, keys: list["ObjectKey"]) -> None:
         """LMCache's L2 eviction controller (an `eviction` block in the
         adapter JSON) removes keys through here."""
+        if self._closed:
+            raise RuntimeError(f"lmcache-fx L2 adapter {self.name} is closed")
         try:
             self._delete(keys)
         except Exception:
-            if self._closed:  # before or during close: one answer
+            if self._closed:  # closed under it: the same answer as before
                 raise RuntimeError(f"lmcache-fx L2 adapter {self.name} is closed") from None
             raise
 
     def _delete(self, keys: list["ObjectKey"]) -> None:
-        if self._closed:
-            raise RuntimeError("closed")
         gone, sizes = [], []
         for k in keys:
             s = object_key_string(k)
@@ -452,19 +452,18 @@ class FxL2Adapter(L2AdapterInterface):
 
     # ------------------------------------------------------------ status and close
     def report_status(self) -> dict:
-        try:
-            return self._status()
-        except Exception:
-            if not self._closed:
-                raise
+        if not self._closed:
+            try:
+                return self._status()
+            except Exception:
+                if not self._closed:
+                    raise
         # LMCache's status endpoint may ask during or after close, when the store's ledger is gone
         with self._lock:
             in_flight = self._in_flight
         return {"is_healthy": False, "type": "FxL2Adapter", "paths": self.store.roots, "tasks_in_flight": in_flight}
 
     def _status(self) -> dict:
-        if self._closed:
-            raise RuntimeError("closed")
         with self._lock:
             in_flight, failures = self._in_flight, self._failures
         st = self.store.stats.snapshot()

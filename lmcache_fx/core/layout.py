@@ -263,14 +263,21 @@ def fanout_dirs(root: str) -> list[str]:
         return [de.path for de in top if is_fanout_name(de.name) and de.is_dir(follow_symlinks=False)]
 
 
+def _tmp_fields(name: str) -> list[str]:
+    """The dot-separated fields of a temporary's name after the mark:
+    <pid>, <seq>, <host tag>, <seat tag> (the O_DIRECT probe's: odirect,
+    <pid>, <host tag>, <seat tag>); [] when the name has no mark."""
+    return name.split(TMP_MARK, 1)[1].split(".") if TMP_MARK in name else []
+
+
 def _tmp_writer(name: str) -> Optional[tuple[int, list[str]]]:
     """<digest>.fxkv.tmp.<pid>.<seq>[.<host tag>[.<seat tag>]]: (pid, the fields after
     the mark) when the writer's pid means something here; None when only the
     file's age can judge it (no pid in the name, not a pid that os.kill
     could take (it would overflow, or signal a group), another node's or
     container's pid)."""
+    parts = _tmp_fields(name)
     try:
-        parts = name.split(TMP_MARK, 1)[1].split(".")
         pid = int(parts[0])
     except (IndexError, ValueError):
         return None
@@ -294,7 +301,7 @@ def _of_an_earlier_boot(name: str, mtime: float) -> bool:
     keeps a same-named host's live writer safe (network stores)."""
     if not SEAT_TAG or BOOT_TIME is None or mtime >= BOOT_TIME:
         return False
-    parts = name.split(TMP_MARK, 1)[1].split(".") if TMP_MARK in name else []
+    parts = _tmp_fields(name)  # the host and seat tags are fields 2 and 3 in both forms of name
     return len(parts) >= 4 and parts[2] != HOST_TAG and parts[3] == SEAT_TAG
 
 

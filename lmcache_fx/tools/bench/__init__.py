@@ -29,6 +29,7 @@ import sys
 from contextlib import ExitStack, contextmanager
 from typing import Optional, Sequence
 
+from ...core.options import expand_path
 from ..common import unwritable
 from ..models import GB, MIB, PRESETS, Geometry, parse_size
 from . import readers
@@ -239,7 +240,7 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
     if args.mkfs_loop is None and args.path is None and devices is None:
         p.error("give --path DIR (a directory on the filesystem to measure), --mkfs-loop SIZE or --devices N (root)")
     if args.path is not None:
-        args.path = os.path.abspath(os.path.expanduser(args.path))  # against this directory: fx takes absolute paths
+        args.path = os.path.abspath(expand_path(args.path))  # against this directory: fx takes absolute paths
         # --path itself may be new (it is made), not the directories above it: a typo is not a tree of them.
         parent = os.path.dirname(os.path.abspath(args.path))
         if os.path.exists(args.path) and not os.path.isdir(args.path):
