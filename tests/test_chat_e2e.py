@@ -264,6 +264,47 @@ def test_the_demo_stops_its_server_when_it_is_terminated(tmp_path, sig):
     assert p.returncode == 128 + getattr(signal, sig), out[-2000:]
 
 
+def test_the_demo_refuses_a_store_it_cannot_write_before_starting_vllm(tmp_path):
+    """A --store fx could not write ran the whole demo with every turn
+    recomputed (fx's one-line refusal was in server.log only), and the
+    terminal said so at the end. The store is tried first: one line, and no
+    server started."""
+    sys.path.insert(0, CHAT)
+    from server import ensure_model
+
+    model = ensure_model(work=str(tmp_path / "work"), python=sys.executable)
+    fake = tmp_path / "fake_python"
+    fake.write_text(SLEEPING_SERVER)
+    fake.chmod(0o755)
+    pidfile = tmp_path / "server.pid"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = subprocess.run(
+        [sys.executable, os.path.join(CHAT, "chat.py"), "--python", str(fake), "--model", model,
+         "--work", str(tmp_path / "work"), "--doc-tokens", "300", "--store", str(blocker / "store")],
+        env={**os.environ, "FX_FAKE_PID": str(pidfile)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 1, (r.stdout + r.stderr)[-2000:]
+    err = r.stderr.strip().splitlines()
+    assert err == [f"server 1: error: the store directory {blocker / 'store'} cannot be written (Not a directory); "
+                   "give another with --store"], r.stderr[-2000:]  # fmt: skip
+    assert not pidfile.exists(), "vLLM was started"
+
+
+def test_the_demo_claims_no_gain_for_a_turn_with_no_hit():
+    """The summary's "vs recompute" compared the restarted server's TTFT with
+    recompute even where nothing came from fx: two recomputes on two servers
+    shown as a speed-up."""
+    sys.path.insert(0, CHAT)
+    import chat as mod
+
+    hit = {"hit": 4864, "fx_chunks": 19, "ttft": 0.14}
+    assert mod._speedup(1.05, hit) == "7.5x faster"
+    assert mod._speedup(1.05, dict(hit, hit=0)) == "no hit"
+    assert mod._speedup(1.05, dict(hit, hit=None)) == "no hit"
+    assert mod._speedup(1.05, dict(hit, fx_chunks=0)) == "no hit"
+
+
 def test_the_store_demo_says_what_is_wrong_in_one_line(tmp_path):
     """examples/demo.py: --tokens not a multiple of the chunk size ran the
     whole demo and then reported the retrieval as wrong (LMCache stores

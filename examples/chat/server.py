@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -182,7 +183,8 @@ class Server:
             if sock.connect_ex(("127.0.0.1", self.port)) == 0:
                 raise RuntimeError(f"port {self.port} is in use (another server?); give another with --port")
         os.makedirs(self.work, exist_ok=True)
-        os.makedirs(self.store, exist_ok=True)
+        if self.lmcache:
+            self._check_store()
         with open(os.path.join(self.work, "lmcache.yaml"), "w") as f:
             f.write(lmcache_yaml(self.store, self.capacity_gb, self.cpu_gb, local_cpu=self.local_cpu))
         with open(os.path.join(self.work, "logging.json"), "w") as f:
@@ -206,6 +208,20 @@ class Server:
             start_new_session=True,
         )
         return self
+
+    def _check_store(self) -> None:
+        """The store directory made and written to once, before vLLM starts:
+        fx in the server refuses a store it cannot write with one line in
+        server.log, and vLLM then serves the whole demo without it (every turn
+        recomputed), which the terminal showed only at the end."""
+        try:
+            os.makedirs(self.store, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.store):
+                pass
+        except OSError as e:
+            raise RuntimeError(
+                f"the store directory {self.store} cannot be written ({e.strerror or e}); give another with --store"
+            ) from None
 
     def wait_ready(self, timeout: float = 420.0) -> float:
         end = time.monotonic() + timeout
