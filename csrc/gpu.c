@@ -158,7 +158,7 @@ struct GpuStagingObject {
     void *ev_in;  /* recorded on the caller's stream; the pipeline stream waits on it */
     void *ev_out; /* recorded after the last copy; the caller's stream waits on it */
     int pending;  /* a read(sync=False) left copies out of the slots in flight */
-    int pending_failed; /* close() found one of those copies failed (last_error says how) */
+    char close_warning[512]; /* what close() found wrong, given as one RuntimeWarning ("" if nothing) */
     int io; /* 1 io_uring, 0 threads */
     int fixed;
     char fixed_error[256]; /* why the slots are not io_uring fixed buffers (io_uring only) */
@@ -220,6 +220,7 @@ static void set_error(GpuStagingObject *g, const char *fmt, ...)
  * results counted bytes the GPU never got, so its caller must be told. */
 static int settle_pending(GpuStagingObject *g)
 {
+    char why[256];
     int r;
 
     if (!g->pending)
@@ -228,8 +229,11 @@ static int settle_pending(GpuStagingObject *g)
     g->pending = 0;
     if (r == 0)
         return 0;
-    set_error(g, "a copy queued by the last read(sync=False) failed: %s (%d); its data is not in GPU memory",
-              fx_gpu_errname(r), r);
+    snprintf(why, sizeof(why), "a copy queued by the last read(sync=False) failed: %s (%d); its data is not in GPU memory",
+             fx_gpu_errname(r), r);
+    set_error(g, "%s", why);
+    if (g->closed)
+        snprintf(g->close_warning, sizeof(g->close_warning), "%s", why);
     return -1;
 }
 
@@ -237,7 +241,7 @@ static int settle_pending(GpuStagingObject *g)
 static void staging_free(GpuStagingObject *g)
 {
     saved_ctx sc;
-    int entered = 0;
+    int keep_mem = 0;
 
     if (fx_tq_free(g->tq) == 0) /* every read was reaped by then */
         g->tq = NULL;
@@ -254,9 +258,21 @@ static void staging_free(GpuStagingObject *g)
     g->reg_handle = 0;
     if (fx_gpu_driver.ops && g->have_ctx && (g->stream || g->events || g->pinned || g->ev_in || g->ev_out)) {
         const gpu_ops *d = fx_gpu_driver.ops;
-        entered = d->ctx_enter(g->ctx, g->device, &sc) == 0;
+        int r = d->ctx_enter(g->ctx, g->device, &sc);
+        if (r != 0) {
+            /* Nothing context-bound can be released without the context, and
+             * the staging memory may still be pinned or read by queued copies:
+             * it stays mapped (freed, the DMA would read freed pages, and a
+             * later mapping at its address could not be pinned). */
+            keep_mem = g->mem != NULL;
+            snprintf(g->close_warning, sizeof(g->close_warning),
+                     "GpuStaging.close: the GPU context of device %d could not be made current: %s (%d); its stream, "
+                     "events and pinned staging memory (%zu MiB, kept mapped) are not released",
+                     g->device, fx_gpu_errname(r), r, g->mapped >> 20);
+            goto no_context;
+        }
         if (g->pending)
-            g->pending_failed = settle_pending(g) < 0; /* the copies a read(sync=False) left in flight */
+            (void)settle_pending(g); /* the copies a read(sync=False) left in flight */
         else if (g->stream)
             d->stream_sync(g->stream);
         if (g->events) {
@@ -273,9 +289,9 @@ static void staging_free(GpuStagingObject *g)
             d->stream_destroy(g->stream);
         if (g->pinned)
             d->host_unregister(g->mem);
-        if (entered)
-            d->ctx_leave(&sc);
+        d->ctx_leave(&sc);
     }
+no_context:
     free(g->events);
     g->events = NULL;
     g->stream = NULL;
@@ -284,7 +300,7 @@ static void staging_free(GpuStagingObject *g)
         fx_gpu_driver.ops->ctx_release(g->cudev); /* the device handle, as retained */
     g->have_ctx = 0;
     g->ctx = NULL;
-    if (g->mem) {
+    if (g->mem && !keep_mem) {
         fx_mem m = {.addr = g->mem, .mapped = g->mapped};
         fx_mem_free(&m);
     }
@@ -567,12 +583,15 @@ static int slot_fixed(GpuStagingObject *g, const slot_t *s, const char *buf, uin
     return s->idx;
 }
 
+static void slot_done(run_t *R, slot_t *s);
+
 static int start_read(run_t *R, slot_t *s)
 {
     GpuStagingObject *g = R->g;
     op_t *o = &R->ops[R->cur];
     uint64_t end = R->pos + g->slot_bytes < o->rb ? R->pos + g->slot_bytes : o->rb;
     uint64_t ue = o->off + o->len;
+    int r;
 
     if (R->want_crc && (size_t)R->npieces >= R->pcap) {
         size_t cap = R->pcap ? R->pcap * 2 : 256;
@@ -614,14 +633,22 @@ static int start_read(run_t *R, slot_t *s)
     if (g->io) {
         fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx), .len = s->rd_len, .off = s->rd_off, .tag = s};
         io.fixed = slot_fixed(g, s, io.buf, io.len);
-        return fx_ring_queue(g->ring, &io); /* room: the ring holds at least nslots */
-    }
+        r = fx_ring_queue(g->ring, &io); /* room: the ring holds at least nslots */
+    } else
 #endif
     {
         fx_io io = {.fd = s->fd, .buf = slot_addr(g, s->idx), .len = s->rd_len, .off = s->rd_off,
                     .fixed = -1, .direct = s->direct, .tag = s};
-        return fx_tq_queue(g->tq, &io, s->want_crc ? tq_crc : NULL, g);
+        r = fx_tq_queue(g->tq, &io, s->want_crc ? tq_crc : NULL, g);
     }
+    if (r < 0) {
+        /* Not in flight: counted as reading, it would be waited for forever. */
+        R->reading--;
+        slot_done(R, s);
+        op_fail(R, s->op, -r, 1);
+        set_error(g, "op %zu: queueing a read failed: %s", s->op, strerror(-r));
+    }
+    return r;
 }
 
 #ifdef FX_HAVE_LIBURING
@@ -647,7 +674,7 @@ static void read_landed(run_t *R, slot_t *s, int64_t res)
 {
     GpuStagingObject *g = R->g;
     op_t *o = &R->ops[s->op];
-    const char *src;
+    const char *src, *what;
     int r;
 
     R->reading--;
@@ -677,16 +704,19 @@ static void read_landed(run_t *R, slot_t *s, int64_t res)
     /* Traced before the call: the copy may start before it returns. */
     tr_add(g, T_COPY_ISSUE, s->idx, (int64_t)s->op, s->piece, (int64_t)s->copied);
     r = fx_gpu_driver.ops->copy_htod(o->dev + (s->use_off - o->off), src, s->copied, g->stream);
+    what = fx_gpu_driver.ops->copy_name;
     if (r == 0) {
         r = fx_gpu_driver.ops->event_record(g->events[s->idx], g->stream);
         if (r != 0) {
-            /* The copy is queued but has no event: wait for the stream. */
+            /* The copy is queued but has no event to judge it by: wait for
+             * the stream, and fail the op (a miss, never a guess). */
             fx_gpu_driver.ops->stream_sync(g->stream);
+            what = "recording the event after its copy";
         }
     }
     if (r != 0) {
         op_fail(R, s->op, EIO, 1);
-        set_error(g, "op %zu: %s failed: %s (%d)", s->op, fx_gpu_driver.ops->copy_name, fx_gpu_errname(r), r);
+        set_error(g, "op %zu: %s failed: %s (%d)", s->op, what, fx_gpu_errname(r), r);
         tr_add(g, T_ERROR, s->idx, (int64_t)s->op, s->piece, -r);
         slot_done(R, s);
         return;
@@ -919,30 +949,38 @@ static int run_pipeline(GpuStagingObject *g, op_t *ops, size_t nops, int64_t *re
         }
     }
     if (R.copying) {
-        /* sync=False: copies that ended are judged by their events; those
-         * still running count as done (queued), the caller's stream is
-         * ordered after them, and the next read (or close) waits for them
-         * before it touches the slots and reports one that failed. */
-        while (R.fn) {
-            slot_t *s = &R.slots[R.fifo[R.fh]];
-            int q = fx_gpu_driver.ops->event_query(g->events[s->idx]);
-            if (q != NOT_READY) {
-                copy_finished(&R, q);
-                continue;
+        /* sync=False: the caller's stream is ordered after the copies first.
+         * Only then may copies still running count as done (queued): the
+         * next read (or close) waits for them before it touches the slots
+         * and reports one that failed. Where the order cannot be set (after
+         * a GPU fault every later call returns the fault), each copy is
+         * judged here by its event, as with sync=True: counted as done
+         * first, a failed copy's bytes were reported, with the CRC of the
+         * staging slot, and no later call said otherwise. */
+        const gpu_ops *d = fx_gpu_driver.ops;
+        if ((r = d->event_record(g->ev_out, g->stream)) == 0 && (r = d->stream_wait(cstream, g->ev_out)) == 0) {
+            while (R.fn) {
+                slot_t *s = &R.slots[R.fifo[R.fh]];
+                int q = d->event_query(g->events[s->idx]);
+                if (q != NOT_READY) {
+                    copy_finished(&R, q);
+                    continue;
+                }
+                R.ops[s->op].bytes += s->copied;
+                g->st_bytes += s->copied;
+                R.fh = (R.fh + 1) % g->nslots;
+                R.fn--;
+                R.ops[s->op].outstanding--;
             }
-            R.ops[s->op].bytes += s->copied;
-            g->st_bytes += s->copied;
-            R.fh = (R.fh + 1) % g->nslots;
-            R.fn--;
-            R.ops[s->op].outstanding--;
-        }
-        R.copying = 0;
-        g->pending = 1;
-        if ((r = fx_gpu_driver.ops->event_record(g->ev_out, g->stream)) != 0 || (r = fx_gpu_driver.ops->stream_wait(cstream, g->ev_out)) != 0) {
-            /* Cannot order the caller's stream: wait here instead. */
-            set_error(g, "ordering the caller's stream after the copies failed: %s (%d)", fx_gpu_errname(r), r);
-            fx_gpu_driver.ops->stream_sync(g->stream);
-            g->pending = 0;
+            R.copying = 0;
+            g->pending = 1;
+        } else {
+            set_error(g, "ordering the caller's stream after the copies failed: %s (%d); waited for them instead",
+                      fx_gpu_errname(r), r);
+            while (R.fn)
+                reap_copies(&R, 1);
+            R.copying = 0;
+            d->stream_sync(g->stream);
         }
     } else {
         /* Nothing may touch the staging slots after return. */
@@ -1168,10 +1206,12 @@ static PyObject *GpuStaging_close(GpuStagingObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     staging_close(self);
     Py_END_ALLOW_THREADS
-    if (self->pending_failed) {
+    if (self->close_warning[0]) {
         /* A warning, not an exception: close() runs in cleanup paths. */
-        self->pending_failed = 0;
-        if (PyErr_WarnEx(PyExc_RuntimeWarning, self->last_error, 1) < 0)
+        char msg[sizeof(self->close_warning)];
+        memcpy(msg, self->close_warning, sizeof(msg));
+        self->close_warning[0] = 0;
+        if (PyErr_WarnEx(PyExc_RuntimeWarning, msg, 1) < 0)
             return NULL;
     }
     Py_RETURN_NONE;

@@ -29,9 +29,13 @@ static int cu_ctx_retain(int handle, void **ctx) { return cu.DevicePrimaryCtxRet
 static void cu_ctx_release(int handle) { cu.DevicePrimaryCtxRelease(handle); }
 static int cu_ctx_enter(void *ctx, int ordinal, saved_ctx *s)
 {
+    int r;
+
     (void)ordinal;
     s->ctx = NULL;
-    cu.CtxGetCurrent(&s->ctx);
+    /* Unknown, the caller's context could not be put back on leaving. */
+    if ((r = cu.CtxGetCurrent(&s->ctx)) != 0)
+        return r;
     return cu.CtxSetCurrent(ctx);
 }
 static void cu_ctx_leave(const saved_ctx *s) { cu.CtxSetCurrent(s->ctx); }
@@ -87,9 +91,12 @@ static int hip_ctx_retain(int handle, void **ctx)
 static void hip_ctx_release(int handle) { (void)handle; }
 static int hip_ctx_enter(void *ctx, int ordinal, saved_ctx *s)
 {
+    int r;
+
     (void)ctx;
     s->dev = -1;
-    hip.GetDevice(&s->dev);
+    if ((r = hip.GetDevice(&s->dev)) != 0) /* as for CUDA: the caller's device must be put back */
+        return r;
     return hip.SetDevice(ordinal);
 }
 static void hip_ctx_leave(const saved_ctx *s)
@@ -216,7 +223,14 @@ static int try_lib(const char *path, int want, int noload)
     }
     memset(&cu, 0, sizeof(cu));
     memset(&hip, 0, sizeof(hip));
-    ops = want == API_CUDA || (want == API_ANY && dlsym(lib, "cuInit")) ? load_cuda(lib, path) : load_hip(lib, path);
+    if (want == API_ANY && !dlsym(lib, "cuInit") && !dlsym(lib, "hipInit")) {
+        /* else reported as "symbol hipInit missing", as if it were a broken HIP runtime */
+        snprintf(fx_gpu_driver.err, sizeof(fx_gpu_driver.err),
+                 "%s exports neither cuInit nor hipInit: not a CUDA driver or HIP runtime library", path);
+        ops = NULL;
+    } else {
+        ops = want == API_CUDA || (want == API_ANY && dlsym(lib, "cuInit")) ? load_cuda(lib, path) : load_hip(lib, path);
+    }
     if (ops) {
         fx_gpu_driver.ops = ops; /* for drv_errname */
         r = ops->init();

@@ -26,7 +26,10 @@
  *   fake_gpu_log_len(), fake_gpu_log_get(i, out[6]) -> kind, t_ns, seq, dst,
  *   src, n (kind 1 copy start, 2 copy end, 3 event done), fake_gpu_pinned_bytes(),
  *   fake_gpu_unpinned_copies(), fake_gpu_fail_register(on) (host register
- *   refused), fake_gpu_set_bus_id(str), fake_gpu_ctx_refs(), fake_gpu_ndev(),
+ *   refused), fake_gpu_fail_call(name, nth, code) (the nth call of the entry
+ *   point `name` from now returns `code`; CUDA_ERROR_ILLEGAL_ADDRESS also sticks,
+ *   as a GPU fault does: for cuCtxGetCurrent, cuCtxSetCurrent, cuEventRecord,
+ *   cuStreamWaitEvent), fake_gpu_set_bus_id(str), fake_gpu_ctx_refs(), fake_gpu_ndev(),
  *   fake_gpu_api() ("cuda" or "hip"), and the caller's-stream model:
  *   fake_gpu_stream_new() -> stream, fake_gpu_stream_sync(stream),
  *   fake_gpu_kernel(stream, dst, src, byte, n, delay_us) (after the delay:
@@ -83,6 +86,9 @@ static long ncopies = 0, fail_at = 0, nkernels = 0;
 static int fail_mode = 0;
 static int sticky = 0;
 static int fail_register = 0;
+static char fail_name[64];
+static long fail_nth, fail_calls;
+static int fail_code;
 static char bus_id[64] = "0000:FA:1E.0";
 static int ctxs[FAKE_NDEV], ctx_refs[FAKE_NDEV];
 static __thread void *current __attribute__((unused));
@@ -204,6 +210,20 @@ static void enqueue(stream_t *s, item_t *it)
         s->head = it;
     s->tail = it;
     pthread_cond_signal(&s->cv);
+}
+
+/* The code fake_gpu_fail_call asked of this call of `name`, else OK. */
+__attribute__((unused)) static int injected(const char *name)
+{
+    int r = OK;
+    pthread_mutex_lock(&mu);
+    if (fail_nth && !strcmp(name, fail_name) && ++fail_calls == fail_nth) {
+        r = fail_code;
+        if (r == E_ILLEGAL_ADDRESS)
+            sticky = r;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 /* ---- the driver, API-neutral ---- */
@@ -337,8 +357,13 @@ static int f_event_create(void **out)
 static int f_event_record(void *ev, void *st)
 {
     event_t *e = ev;
-    item_t *it = calloc(1, sizeof(*it));
+    item_t *it;
     pthread_mutex_lock(&mu);
+    if (sticky) { /* a faulted context refuses new work */
+        pthread_mutex_unlock(&mu);
+        return sticky;
+    }
+    it = calloc(1, sizeof(*it));
     it->kind = 2;
     it->ev = e;
     it->gen = ++e->recorded;
@@ -423,8 +448,20 @@ API int cuDeviceGetCount(int *n) { *n = FAKE_NDEV; return OK; }
 API int cuDeviceGet(int *d, int ord) { return f_device_get(d, ord); }
 API int cuDevicePrimaryCtxRetain(void **ctx, int dev) { return f_ctx_retain(ctx, dev); }
 API int cuDevicePrimaryCtxRelease_v2(int dev) { return f_ctx_release(dev); }
-API int cuCtxSetCurrent(void *ctx) { current = ctx; return OK; }
-API int cuCtxGetCurrent(void **ctx) { *ctx = current; return OK; }
+API int cuCtxSetCurrent(void *ctx)
+{
+    int r = injected("cuCtxSetCurrent");
+    if (r == OK)
+        current = ctx;
+    return r;
+}
+API int cuCtxGetCurrent(void **ctx)
+{
+    int r = injected("cuCtxGetCurrent");
+    if (r == OK)
+        *ctx = current;
+    return r;
+}
 API int cuDeviceGetPCIBusId(char *out, int len, int dev) { return f_bus_id(out, len, dev); }
 
 API int cuGetErrorName(int code, const char **s)
@@ -437,8 +474,13 @@ API int cuGetErrorName(int code, const char **s)
     return OK;
 }
 
-API int cuMemHostRegister_v2(void *p, size_t n, unsigned flags) { (void)flags; return f_host_register(p, n); }
-API int cuMemHostUnregister(void *p) { return f_host_unregister(p); }
+/* Pinned memory belongs to a context: CUDA refuses both calls without one current. */
+API int cuMemHostRegister_v2(void *p, size_t n, unsigned flags)
+{
+    (void)flags;
+    return current ? f_host_register(p, n) : E_INVALID_CONTEXT;
+}
+API int cuMemHostUnregister(void *p) { return current ? f_host_unregister(p) : E_INVALID_CONTEXT; }
 
 API int cuStreamCreate(void **out, unsigned flags)
 {
@@ -452,6 +494,9 @@ API int cuStreamSynchronize(void *st) { return f_stream_sync(st); }
 API int cuStreamDestroy_v2(void *st) { return f_stream_destroy(st); }
 API int cuStreamWaitEvent(void *st, void *ev, unsigned flags)
 {
+    int r = injected("cuStreamWaitEvent");
+    if (r != OK)
+        return r;
     if (!current)
         return E_INVALID_CONTEXT;
     return f_stream_wait_event(st, ev, flags);
@@ -466,7 +511,11 @@ API int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n, 
 
 API int cuEventCreate(void **out, unsigned flags) { (void)flags; return f_event_create(out); }
 API int cuEventDestroy_v2(void *ev) { free(ev); return OK; }
-API int cuEventRecord(void *ev, void *st) { return f_event_record(ev, st); }
+API int cuEventRecord(void *ev, void *st)
+{
+    int r = injected("cuEventRecord");
+    return r != OK ? r : f_event_record(ev, st);
+}
 API int cuEventQuery(void *ev) { return f_event_query(ev); }
 API int cuEventSynchronize(void *ev) { return f_event_sync(ev); }
 #else
@@ -517,6 +566,7 @@ API void fake_gpu_reset(void)
     delay_us = 0;
     unpinned_copies = 0;
     fail_register = 0;
+    fail_nth = fail_calls = 0;
     snprintf(bus_id, sizeof(bus_id), "0000:FA:1E.0");
     pthread_mutex_unlock(&mu);
 }
@@ -529,6 +579,15 @@ API void fake_gpu_fail_copy(long nth, int mode)
     pthread_mutex_unlock(&mu);
 }
 API void fake_gpu_fail_register(int on) { fail_register = on; }
+API void fake_gpu_fail_call(const char *name, long nth, int code)
+{
+    pthread_mutex_lock(&mu);
+    snprintf(fail_name, sizeof(fail_name), "%s", name);
+    fail_nth = nth;
+    fail_calls = 0;
+    fail_code = code;
+    pthread_mutex_unlock(&mu);
+}
 API void fake_gpu_set_bus_id(const char *s)
 {
     pthread_mutex_lock(&mu);

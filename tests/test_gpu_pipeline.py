@@ -1469,3 +1469,131 @@ def test_init_from_two_threads_builds_one_staging(drv):
     }
     assert after[0] == before[0], (before, after)
     assert drv.fake_gpu_pinned_bytes() == 0
+
+
+E_INVALID_VALUE, E_INVALID_CONTEXT, E_ILLEGAL_ADDRESS = 1, 201, 700
+
+
+@pytest.mark.parametrize("code", [E_ILLEGAL_ADDRESS, E_INVALID_VALUE])
+def test_sync_false_that_cannot_order_the_callers_stream_judges_every_copy(drv, datafile, code):
+    """read(sync=False) counted the copies still running as done before it
+    ordered the caller's stream after them; where that order failed it
+    waited for the stream, ignored what that said, and dropped the pending
+    state. A GPU fault at that moment (after which every call returns it)
+    then reported every byte, with the CRC of the staging slots, and no
+    later call said otherwise. Each copy is now judged by its event there:
+    a fault fails the op; an order refused for another reason waits, and
+    the data is there on return."""
+    path, data = datafile
+    n = 6 * MiB
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        drv.fake_gpu_set_delay_us(20000)  # the copies outlast the reads: queued at the end of the read
+        g = _fxio.GpuStaging(slots=4, slot_bytes=MiB, io_engine="threads")
+        B = _fxio.HostBuffer(n)
+        drv.fake_gpu_fail_call(b"cuStreamWaitEvent", ctypes.c_long(2), code)  # 1st: the pipeline on ev_in
+        res = g.read([(fd, 0, n, B.address)], sync=False, crc=True)
+        assert "ordering the caller's stream after the copies failed" in g.last_error
+        if code == E_ILLEGAL_ADDRESS:
+            assert res == [(-errno.EIO, 0)], res
+        else:
+            assert res == [(n, _fxio.crc32c(data[:n]))]
+            assert bytes(memoryview(B)) == data[:n]  # waited for: there at return
+        drv.fake_gpu_reset()
+        with warnings_as_errors():
+            g.close()  # nothing left pending to report
+    finally:
+        os.close(fd)
+
+
+class warnings_as_errors:
+    def __enter__(self):
+        import warnings
+
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        self._w.__exit__(*exc)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_close_without_the_context_releases_nothing_bound_to_it(drv, datafile, sync):
+    """close() whose context could not be made current went on with the
+    teardown anyway: unregistering the pinned memory without a context
+    (CUDA refuses it: the registration outlived the munmap, and the next
+    pool at that address could not be pinned), and after a read(sync=False)
+    freeing the staging memory under the copies still queued (the stand-in's
+    stream then read freed pages; a GPU would DMA from them). Now nothing
+    context-bound is called, the memory stays mapped, and close() says so
+    once."""
+    path, data = datafile
+    n = 4 * MiB
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        g = _fxio.GpuStaging(slots=4, slot_bytes=MiB, io_engine="threads")
+        pinned = drv.fake_gpu_pinned_bytes()
+        assert g.pinned and pinned > 0
+        B = _fxio.HostBuffer(n)
+        if not sync:
+            drv.fake_gpu_set_delay_us(20000)
+        res = g.read([(fd, 0, n, B.address)], sync=sync)
+        assert res == [n]
+        drv.fake_gpu_fail_call(b"cuCtxSetCurrent", ctypes.c_long(1), E_INVALID_CONTEXT)  # close()'s enter
+        with pytest.warns(RuntimeWarning, match=r"context of device 0 could not be made current.*kept mapped") as w:
+            g.close()
+        assert len(w) == 1
+        assert g.closed
+        assert drv.fake_gpu_pinned_bytes() == pinned  # not unregistered without its context
+        end = time.monotonic() + 10
+        while bytes(memoryview(B)) != data[:n] and time.monotonic() < end:
+            time.sleep(0.02)  # the queued copies read memory that is still there
+        assert bytes(memoryview(B)) == data[:n]
+        drv.fake_gpu_set_delay_us(0)
+        g2 = _fxio.GpuStaging(slots=4, slot_bytes=MiB, io_engine="threads")
+        assert g2.pinned, g2.pin_error
+        g2.close()
+    finally:
+        os.close(fd)
+
+
+def test_a_read_that_cannot_learn_the_callers_context_leaves_it_current(drv, datafile):
+    """ctx_enter ignored a failing cuCtxGetCurrent and then 'restored' no
+    context: the caller's thread lost its own (torch's, or another GPU's)
+    after the read. The read now fails instead, and the context stays."""
+    path, _ = datafile
+    g = _fxio.GpuStaging(slots=4, slot_bytes=MiB, io_engine="threads")
+    B = _fxio.HostBuffer(MiB)
+    mine = ctypes.c_int(0)  # any address stands for a context in the stand-in
+    drv.cuCtxSetCurrent(ctypes.byref(mine))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        drv.fake_gpu_fail_call(b"cuCtxGetCurrent", ctypes.c_long(1), E_INVALID_VALUE)
+        res = g.read([(fd, 0, MiB, B.address)])
+        assert res[0] < 0, res
+        cur = ctypes.c_void_p()
+        drv.cuCtxGetCurrent(ctypes.byref(cur))
+        assert cur.value == ctypes.addressof(mine)
+        assert g.read([(fd, 0, MiB, B.address)]) == [MiB], g.last_error  # the next read works
+        cur = ctypes.c_void_p()
+        drv.cuCtxGetCurrent(ctypes.byref(cur))
+        assert cur.value == ctypes.addressof(mine)
+    finally:
+        os.close(fd)
+        drv.cuCtxSetCurrent(None)
+        g.close()
+
+
+def test_a_library_that_is_no_gpu_driver_is_named_so():
+    """A library exporting neither API was reported as "symbol hipInit
+    missing", as if it were a broken HIP runtime."""
+    env = dict(os.environ, LMCACHE_FX_GPU_DRIVER="libm.so.6", PYTHONPATH=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", "from lmcache_fx import _fxio; print(_fxio.gpu_driver()['error'])"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert (
+        out.stdout.strip() == "libm.so.6 exports neither cuInit nor hipInit: not a CUDA driver or HIP runtime library"
+    )
