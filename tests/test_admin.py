@@ -196,6 +196,92 @@ def test_stat_summarises_models_geometries_ages_usage(capsys, store_copy):
     assert "org/model-a" in out and "KV_MLA_FMT" in out and "capacity:     unknown" in out
 
 
+def test_ls_and_stat_do_not_take_a_copy_under_another_name_for_a_chunk(capsys, store_copy):
+    """A valid chunk copied under another digest's name: the store never
+    reads it as that key, fsck calls it bad, but ls listed it as a chunk (two
+    entries of one key) and stat counted it under its model."""
+    path, files = store_copy
+    a = files["org/model-a"]
+    d = os.path.basename(a[0])
+    other = os.path.join(os.path.dirname(a[0]), d[:2] + "f" * 30 + ".fxkv")
+    shutil.copy(a[0], other)
+    rc, obj, _ = cli_json(capsys, "ls", path)
+    bad = [c for c in obj["chunks"] if c["path"] == other]
+    assert rc == 0 and len(bad) == 1 and "belongs in another file" in bad[0]["error"], bad
+    assert len({c["key"] for c in obj["chunks"] if "key" in c}) == 6
+    rc, obj, _ = cli_json(capsys, "stat", path)
+    assert obj["bad_headers"] == 1 and {m["model"]: m["chunks"] for m in obj["models"]}["org/model-a"] == 4
+
+
+def test_names_and_keys_are_printed_escaped(capsys, store_copy):
+    """Names and keys come from whoever wrote the store. A file name with a
+    byte that is no UTF-8 stopped fsck's report with a traceback on a UTF-8
+    terminal (and --repair had removed files by then); a newline in a name
+    forged a report line; a terminal escape in a key reached the terminal.
+    Each is printed escaped now, and the report is whole."""
+    path, files = store_copy
+    sub = os.path.dirname(files["org/model-a"][0])
+    odd = os.path.join(os.fsencode(sub), b"bad\xff\nchecked 0 chunks: 0 ok, 0 bad\x1b]0;t\x07")
+    with open(odd, "wb") as f:
+        f.write(b"x")
+    rc, out, err = cli(capsys, "fsck", path)
+    assert rc == 0, err
+    line = [x for x in out.splitlines() if "bad\\xff" in x]
+    assert line == [
+        f"FOREIGN    {sub}/bad\\xff\\x0achecked 0 chunks: 0 ok, 0 bad\\x1b]0;t\\x07: not an lmcache-fx file"
+    ], out
+    assert [x for x in out.splitlines() if x.startswith("checked ")] == [out.splitlines()[-1]] and "\x1b" not in out
+    r = subprocess.run(
+        [sys.executable, "-m", "lmcache_fx.tools.cli", "fsck", path],
+        capture_output=True, env=dict(os.environ, PYTHONIOENCODING="utf-8"), cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0 and b"Traceback" not in r.stderr and b"checked 6 chunks" in r.stdout, r.stderr[-500:]
+
+
+def test_fsck_into_a_closed_pipe_keeps_its_status(store_copy):
+    """`fsck | head` stopped quietly but exited 0, even where fsck found
+    damage: with pipefail a script saw a clean store. The report's status
+    stays."""
+    path, files = store_copy
+    _flip(files["org/model-a"][1], 100)
+    sub = os.path.dirname(files["org/model-a"][0])
+    for i in range(1500):  # a report longer than the pipe holds: the write meets the closed pipe
+        open(os.path.join(sub, f"notes-{i:04d}-" + "x" * 80), "w").close()
+    r = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f"{sys.executable} -m lmcache_fx.tools.cli fsck {path} | head -c 1 >/dev/null"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 4 and not r.stderr, r.stderr
+
+
+def test_gc_stopped_by_ctrl_c_says_what_it_removed(capsys, store_copy, monkeypatch):
+    """Ctrl-C during gc printed a traceback and nothing of what it had
+    removed. It stops at that chunk, counts what went off the ledger, says
+    so and exits 130."""
+    from lmcache_fx.tools import admin
+
+    path, files = store_copy
+    order = files["org/model-a"] + files["org/mla-b"]
+    st = ChunkStore(FxOptions(path=path, io_engine="threads", max_capacity_gb=1))
+    real, calls = admin.Remover.remove, []
+
+    def remove(self, *a, **kw):
+        calls.append(a[0])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(admin.Remover, "remove", remove)
+    try:
+        rc, out, err = cli(capsys, "gc", path, "--to-gb", 0)
+        assert rc == 130 and "Traceback" not in err
+        assert out.startswith("removed 2 of 6 chunks") and "interrupted: stopped before the target" in out, out
+        assert not any(os.path.exists(f) for f in order[:2]) and all(os.path.exists(f) for f in order[2:])
+        assert _ledger_usage(st) == st._walk(remove_stale=False)[1]
+    finally:
+        st.close()
+
+
 # ---------------------------------------------------------------- fsck
 
 
@@ -399,6 +485,62 @@ def test_doctor_on_a_real_store(capsys, store_copy):
     assert not [f for f in os.listdir(path) if ".tmp." in f]  # the probe is gone
     rc, out, _ = cli(capsys, "doctor", "--path", path)
     assert ("fast path will be used" in out) == expected
+
+
+def test_a_store_path_that_is_a_link_to_a_directory_is_followed(capsys, store_copy, tmp_path):
+    """A store path that is a symlink to the real directory (a mount moved
+    behind a stable name): every tool followed it, but the store refused it
+    with a bare NotADirectoryError and doctor died with a traceback. The
+    link is followed, as the tools do; below the root no link is."""
+    path, files = store_copy
+    link = str(tmp_path / "link")
+    os.symlink(path, link)
+    rc, obj, _ = cli_json(capsys, "doctor", "--path", link)
+    checks = {c["name"]: c for c in obj["checks"]}
+    assert checks["path"]["status"] == "ok" and checks["O_DIRECT"]["status"] in ("ok", "fail"), checks
+    st = ChunkStore(FxOptions(path=link, io_engine="threads", max_capacity_gb=1))
+    try:
+        assert len(st) == 6 and st.lookup([k for k in _keys(files)]) == [True] * 6
+    finally:
+        st.close()
+
+
+def _keys(files):
+    from lmcache_fx.core.chunkfile import decode_header
+
+    out = []
+    for fs in files.values():
+        for f in fs:
+            with open(f, "rb") as fh:
+                out.append(decode_header(fh.read(HEADER_SIZE)).key)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink", "fifo"])
+def test_doctor_fails_a_lock_file_the_store_would_refuse(capsys, store_copy, tmp_path, kind):
+    """.fx/store.lock made a directory, a link or a FIFO: the plugin refuses
+    to start on it ("... not a regular file; remove it"), while doctor said
+    the fast path would be used. It fails the check and says to remove it;
+    gc no longer blames the user it runs as."""
+    path, _ = store_copy
+    lock = os.path.join(path, ".fx", "store.lock")
+    os.unlink(lock)
+    if kind == "directory":
+        os.mkdir(lock)
+    elif kind == "symlink":
+        os.symlink(str(tmp_path / "elsewhere"), lock)
+    else:
+        os.mkfifo(lock)
+    rc, obj, _ = cli_json(capsys, "doctor", "--path", path)
+    checks = {c["name"]: c for c in obj["checks"]}
+    assert rc == 1 and checks["lock file"]["status"] == "fail", checks.get("lock file")
+    assert checks["lock file"]["summary"].startswith(f"{lock} is not a regular file")
+    assert checks["lock file"]["fix"] == f"remove it (rm -r {lock})"
+    if kind != "fifo":
+        rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", 0)
+        assert (
+            rc == 1 and obj["failed"][0]["error"] == f"the store's lock file {lock} is not a regular file (remove it)"
+        )
 
 
 def test_devices_under_counts_filesystems_not_paths(tmp_path):
@@ -891,6 +1033,73 @@ def test_gc_takes_what_it_removes_off_a_running_stores_usage(capsys, store_copy)
         assert _ledger_usage(st) == keep == st._walk(remove_stale=False)[1]
     finally:
         st.close()
+
+
+def test_gc_of_planted_files_keeps_the_usage_at_what_is_left(capsys, store_copy):
+    """Chunk-named files planted since the ledger's last recount were never
+    counted; gc took their sizes off it anyway, the count fell below the
+    files (to 0 in the repro) and a running store then stored past its cap
+    until its next recount. The count now stays at or above what gc's
+    listing still holds."""
+    path, files = store_copy
+    order = files["org/model-a"] + files["org/mla-b"]
+    st = ChunkStore(FxOptions(path=path, io_engine="threads", max_capacity_gb=1))
+    try:
+        total = sum(os.path.getsize(f) for f in order)
+        assert _ledger_usage(st) == total
+        planted = []
+        for i in range(4):  # 1 MiB each, older than every chunk: gc's first victims
+            d = "%032x" % (0xABC0 + i)
+            p = os.path.join(path, d[:2], d + ".fxkv")
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "wb") as f:
+                f.write(b"x" * (1 << 20))
+            os.utime(p, (1, 1))
+            planted.append(p)
+        keep = sum(os.path.getsize(f) for f in order[1:])
+        rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", keep / GIB)
+        assert rc == 0 and obj["removed_chunks"] == 5, obj
+        assert not any(os.path.exists(p) for p in planted)
+        assert _ledger_usage(st) == keep == st._walk(remove_stale=False)[1]
+    finally:
+        st.close()
+
+
+def test_gc_leaves_waiting_stores_their_turn_at_the_lock(store_copy):
+    """gc's removals hold the store lock 0.1 s at a time, and took it again
+    at once: a store of another process waiting for it (trying every 50 ms
+    at the most) almost never got it, and a long removal made stores give up
+    after their 5 s (16 stores skipped in the review's repro). Between holds
+    the lock is now free longer than a waiter's pause between tries."""
+    from lmcache_fx.tools import admin
+
+    path, _ = store_copy
+    waiter = textwrap.dedent(
+        f"""
+        import json, time
+        from lmcache_fx.core.ledger import Ledger
+        led, waits = Ledger.join({path!r}), []
+        time.sleep(0.5)
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            with led.hold(timeout=3.0):
+                waits.append(time.monotonic() - t0)
+            time.sleep(0.05)
+        print(json.dumps(waits))
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", waiter], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    rm = admin.Remover([path], {})  # no directory is the listing's: each removal fails, under the lock
+    try:
+        while child.poll() is None:
+            rm.remove(os.path.join(path, "ab", "x.fxkv"), 0)
+    finally:
+        rm.close()
+    out = child.communicate(timeout=30)[0]
+    assert child.returncode == 0
+    waits = json.loads(out)
+    assert len(waits) >= 5 and max(waits) < 1.0, waits
 
 
 def test_fsck_repair_leaves_what_it_removes_for_the_store_to_recount(capsys, store_copy):

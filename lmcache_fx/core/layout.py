@@ -560,7 +560,7 @@ def probe_odirect(directory: str) -> tuple[bool, str]:
     (ok, why not)."""
     import mmap
 
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # a store root: a link to it is followed
     name = None
     try:
         flags = os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC

@@ -29,6 +29,7 @@ log = logging.getLogger("lmcache_fx")
 LOCK_TIMEOUT = 5.0  # seconds a thread waits for the store lock before giving up (a stalled peer holds it)
 STALLED_WAIT = 0.05  # the wait for it during the LOCK_TIMEOUT seconds after a wait ran out
 _WARN_EVERY = 5.0  # one warning per burst of lock timeouts
+LOCK_POLL_MAX = 0.05  # the longest pause between a waiter's tries for the store lock (_flock)
 # Bytes of .fx/members a process read-locks while it has the store open:
 UNLOCKED_READS = 0  # its reads of chunk files take no file locks (a network filesystem; fsck)
 LOCKED_READS = 1  # each chunk file it reads is read-locked (layout.read_lock)
@@ -287,7 +288,7 @@ class Ledger:
                     self._stuck_since = self._stuck_since or time.monotonic()
                 self._timed_out(lambda: f"another process holds it: {self._holder()}", stall)
             time.sleep(min(pause, left))
-            pause = min(pause * 2, 0.05)
+            pause = min(pause * 2, LOCK_POLL_MAX)
 
     def _lock_free_again(self) -> None:
         with self._warn_lock:

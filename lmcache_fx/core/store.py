@@ -132,6 +132,9 @@ SCRATCH_KEPT_BYTES = 32 << 20
 TOUCHES_PENDING_MAX = 1 << 16  # recency updates waiting for the toucher; more are dropped (advisory)
 _tmp_seq = itertools.count(1)  # process-wide: two stores on one path in one process never collide
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A root is the path the operator gave, a link to it followed (every tool follows it too); what
+# lies below it is opened with _DIR_FLAGS: a link planted there redirects nothing.
+_ROOT_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE)  # ESTALE: being reused (read locks)
 _PID = [os.getpid()]  # this process's pid for temporary names, re-read in a forked child
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
@@ -484,7 +487,7 @@ class ChunkStore:
             for root in self.roots:
                 self._prepare_root(root, created)
             for root in self.roots:
-                self._rootfds.append(os.open(root, _DIR_FLAGS))
+                self._rootfds.append(os.open(root, _ROOT_FLAGS))
                 st = os.fstat(self._rootfds[-1])
                 self._root_ids.append((st.st_dev, st.st_ino))
             self._toucher = _Toucher(self._rootfds)

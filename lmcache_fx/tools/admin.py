@@ -47,7 +47,7 @@ from ..core.layout import (
 )
 from ..core.ledger import Ledger, LockTimeout
 from ..core.options import GIB, expand_path
-from .common import AdminError, fs_info, human_age, human_bytes
+from .common import AdminError, fs_info, human_age, human_bytes, printable, quiet_broken_pipe
 from .lmcache_config import load_plugin_configs
 from .verify import ChunkVerifier
 
@@ -437,17 +437,28 @@ def run(args, parser=None) -> int:
     try:
         return {"ls": cmd_ls, "stat": cmd_stat, "fsck": cmd_fsck, "gc": cmd_gc}[args.command](args)
     except AdminError as e:  # a closed stdout is the dispatcher's (cli.main)
-        print(f"lmcache-fx {args.command}: error: {e}", file=sys.stderr)
+        print(f"lmcache-fx {args.command}: error: {printable(e)}", file=sys.stderr)
         if getattr(args, "json", False):
             print(json.dumps({"error": str(e)}))
         return 2
+    except KeyboardInterrupt:  # gc says what it removed; a removal under way is finished or left whole
+        print(f"lmcache-fx {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _emit(args, obj: dict, text: str) -> None:
-    if args.json:
-        print(json.dumps(obj, indent=1))
-    else:
-        print(text, end="" if text.endswith("\n") else "\n")
+    """The report, as JSON or text (each line made printable: the fields
+    that come from files are escaped where they are put in, so a newline in
+    one cannot start a line of its own). Into a closed pipe (`fsck | head`)
+    it stops quietly and the command still returns its own status."""
+    try:
+        if args.json:
+            print(json.dumps(obj, indent=1))
+        else:
+            print("\n".join(printable(line) for line in text.rstrip("\n").split("\n")))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_broken_pipe()
 
 
 def _warn_not_store(sc: Scan) -> list[str]:
@@ -520,11 +531,13 @@ def cmd_ls(args) -> int:
         lines.append(f"{'AGE':>6}  {'SIZE':>10}  {'MODEL':<24} {'GEOMETRY':<36} KEY")
     for r in shown:
         if "error" in r:
-            lines.append(f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  BAD: {r['error']}  ({r['path']})")
+            lines.append(
+                f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  BAD: {printable(r['error'])}  ({printable(r['path'])})"
+            )
         else:
             lines.append(
-                f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  {r['model']:<24} "
-                f"{r['geometry']:<36} {r['key']}"
+                f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  {printable(r['model']):<24} "
+                f"{printable(r['geometry']):<36} {printable(r['key'])}"
             )
     total = sum(r["size"] for r in recs)
     more = f" (showing {len(shown)})" if len(shown) < len(recs) else ""
@@ -533,7 +546,7 @@ def cmd_ls(args) -> int:
         + (f"; {len(sc.temps)} temporaries" if sc.temps else "")
         + (f"; {len(sc.others)} other files (see fsck)" if sc.others else "")
     )
-    lines += [f"warning: {w}" for w in warnings]
+    lines += [f"warning: {printable(w)}" for w in warnings]
     _emit(args, obj, "\n".join(lines))
     return 0
 
@@ -641,20 +654,20 @@ def cmd_stat(args) -> int:
         L.append("models:")
         for m in obj["models"]:
             L.append(
-                f"  {m['model']:<32} {m['chunks']:>8} chunks {human_bytes(m['bytes']):>11}   world size "
+                f"  {printable(m['model']):<32} {m['chunks']:>8} chunks {human_bytes(m['bytes']):>11}   world size "
                 f"{','.join(map(str, m['world_sizes']))}, workers {','.join(map(str, m['workers']))}"
             )
     if geos:
         L.append("geometries:")
         for g in obj["geometries"]:
-            L.append(f"  {g['geometry']:<44} {g['chunks']:>8} chunks {human_bytes(g['bytes']):>11}")
+            L.append(f"  {printable(g['geometry']):<44} {g['chunks']:>8} chunks {human_bytes(g['bytes']):>11}")
     if sc.chunks:
         L.append("age (since written):")
         peak = max(v["chunks"] for v in ages.values()) or 1
         for k, v in ages.items():
             bar = "#" * round(30 * v["chunks"] / peak)
             L.append(f"  {k:<16} {v['chunks']:>8} {human_bytes(v['bytes']):>11}  {bar}".rstrip())
-    L += [f"warning: {w}" for w in obj["warnings"]]
+    L += [f"warning: {printable(w)}" for w in obj["warnings"]]
     _emit(args, obj, "\n".join(L))
     return 0
 
@@ -773,8 +786,8 @@ def cmd_fsck(args) -> int:
         }[p["kind"]]
         act = ""
         if args.repair and p["kind"] in REMOVABLE:
-            act = "  -> removed" if p["removed"] else f"  -> not removed: {p['note']}"
-        L.append(f"{tag:<10} {p['path']}: {p['problem']}{act}")
+            act = "  -> removed" if p["removed"] else f"  -> not removed: {printable(p['note'])}"
+        L.append(f"{tag:<10} {printable(p['path'])}: {printable(p['problem'])}{act}")
     L.append(
         f"checked {len(sc.chunks)} chunks ({human_bytes(nbytes)} verified) in {secs:.2f} s"
         + (f", {nbytes / secs / 1e9:.2f} GB/s" if secs > 0 and nbytes else "")
@@ -794,7 +807,7 @@ def cmd_fsck(args) -> int:
         )
     if any(p["kind"] in REMOVABLE for p in found) and not args.repair:
         L.append("run again with --repair to remove the bad chunks and stale temporaries")
-    L += [f"warning: {w}" for w in obj["warnings"]]
+    L += [f"warning: {printable(w)}" for w in obj["warnings"]]
     _emit(args, obj, "\n".join(L))
     return code
 
@@ -855,11 +868,18 @@ class Remover:
     (layout.unlink_if_same: a regular file of that inode, not newer than the
     fresh stat it was judged by; a temporary only while that stat still finds
     it stale); the bytes removed taken off the shared ledger before the lock
-    is let go. A store with no lock file (no store ever opened it) is cleaned
+    is let go, though never below `floor` (what the caller's listing still
+    holds: a chunk-named file planted since the ledger's last recount was
+    never counted, and taking it off left the count below the files, stores
+    then passing the cap). Between two holds the lock is left free for longer
+    than a waiting store's pause between tries: taken again at once, a store
+    waiting for it almost never got it, and a long removal made its stores
+    time out. A store with no lock file (no store ever opened it) is cleaned
     without the lock; one whose lock file cannot be opened or written is left
     alone."""
 
     BATCH_SECONDS = 0.1
+    YIELD_SECONDS = 1.2 * ledger_mod.LOCK_POLL_MAX
 
     def __init__(self, roots: list[str], dirs: dict):
         self.roots = roots
@@ -871,11 +891,18 @@ class Remover:
         self._dirfds: dict[str, int] = {}
         self._hold: Optional[Any] = None  # Ledger.hold() entered
         self._until = 0.0
+        self._released = 0.0  # when the last hold ended
+        self.floor = 0  # bytes the caller's listing still holds, counted or not: the ledger stays at or above
         lock = os.path.join(roots[0], LOCK_NAME)
         self.ledger = Ledger.join(roots[0])
         if self.ledger is None:
             if os.path.lexists(lock):
-                self.stuck = f"cannot open the store's lock file {lock} (run as the store's owner)"
+                regular = os.path.isfile(lock) and not os.path.islink(lock)
+                self.stuck = (
+                    f"cannot open the store's lock file {lock} (run as the store's owner)"
+                    if regular
+                    else f"the store's lock file {lock} is not a regular file (remove it)"
+                )
         elif fcntl.fcntl(self.ledger.fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
             self.stuck = f"cannot write the store's lock file {lock}, which counts its bytes (run as the store's owner)"
         if self.stuck:
@@ -887,6 +914,9 @@ class Remover:
         if self.ledger is None or (self._hold is not None and time.monotonic() < self._until):
             return True
         self._unlock()
+        wait = self._released + self.YIELD_SECONDS - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)  # a waiting store's turn
         hold = self.ledger.hold()
         try:
             hold.__enter__()
@@ -906,11 +936,14 @@ class Remover:
             return
         try:
             if self.freed and self.ledger is not None:
-                self.ledger.add(-self.freed)  # a bad record: the next store to meet it rescans
+                rec = self.ledger.get()
+                if rec is not None:  # else a bad record: the next store to meet it rescans
+                    self.ledger.put(max(rec[0] - self.freed, self.floor), rec[1])
                 self.freed = 0
         finally:
             hold, self._hold = self._hold, None
             hold.__exit__(None, None, None)
+            self._released = time.monotonic()
 
     def _dir(self, sub: str) -> tuple[int, str]:
         """A descriptor of directory `sub`, still the one listed; (-1, why) if not."""
@@ -999,27 +1032,33 @@ def cmd_gc(args) -> int:
     failed: list[dict[str, str]] = []
     kept: list[dict[str, str]] = []
     rm = None if args.dry_run else Remover(roots, sc.dirs)
+    interrupted = False
     try:
-        for f in sc.chunks:  # least recently written first
-            if usage <= target:
-                break
-            if rm is not None:
-                outcome, note = rm.remove(f.path, f.ino, mtime_ns=f.mtime_ns)
-                if outcome == "gone":
-                    usage -= f.size
-                    continue
-                if outcome == "changed":
-                    kept.append({"path": f.path, "why": note})
-                    continue
-                if outcome == "failed":
-                    failed.append({"path": f.path, "error": note})
-                    if rm.stuck:
-                        break
-                    continue
-            removed.append({"path": f.path, "size": f.size, "age_s": round(time.time() - f.mtime, 3)})
-            usage -= f.size
+        try:
+            for f in sc.chunks:  # least recently written first
+                if usage <= target:
+                    break
+                if rm is not None:
+                    rm.floor = usage  # what the listing holds still, this one included
+                    outcome, note = rm.remove(f.path, f.ino, mtime_ns=f.mtime_ns)
+                    if outcome == "gone":
+                        usage -= f.size
+                        continue
+                    if outcome == "changed":
+                        kept.append({"path": f.path, "why": note})
+                        continue
+                    if outcome == "failed":
+                        failed.append({"path": f.path, "error": note})
+                        if rm.stuck:
+                            break
+                        continue
+                removed.append({"path": f.path, "size": f.size, "age_s": round(time.time() - f.mtime, 3)})
+                usage -= f.size
+        except KeyboardInterrupt:  # Ctrl-C: what was removed is taken off the ledger, then said
+            interrupted = True
     finally:
         if rm is not None:
+            rm.floor = usage
             rm.close()
     obj = {
         "paths": roots,
@@ -1030,6 +1069,7 @@ def cmd_gc(args) -> int:
         "removed_chunks": len(removed),
         "freed_bytes": sum(r["size"] for r in removed),
         "dry_run": args.dry_run,
+        "interrupted": interrupted,
         "removed": removed,
         "kept": kept,
         "failed": failed,
@@ -1047,12 +1087,16 @@ def cmd_gc(args) -> int:
         )
     if kept:
         L.append(f"kept {len(kept)} chunks read or replaced since the listing")
-    L += [f"could not remove {x['path']}: {x['error']}" for x in failed]
+    L += [f"could not remove {printable(x['path'])}: {printable(x['error'])}" for x in failed]
     if sc.unlisted:  # their chunks are in the store's usage but not in `usage` here
         L.append(
             f"error: {len(sc.unlisted)} fan-out directories could not be listed: the store may still hold "
             "more than the target; run as the store's owner"
         )
-    L += [f"warning: {w}" for w in obj["warnings"]]
+    L += [f"warning: {printable(w)}" for w in obj["warnings"]]
+    if interrupted:
+        L.append("interrupted: stopped before the target")
     _emit(args, obj, "\n".join(L))
+    if interrupted:
+        return 130
     return 1 if failed or sc.unlisted or usage > target else 0

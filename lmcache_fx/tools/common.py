@@ -11,6 +11,26 @@ class AdminError(Exception):
     """A problem the user can fix (wrong path, bad config): one clear line."""
 
 
+def printable(text: object) -> str:
+    """`text` safe to print as one line: each character that is not
+    printable (control characters, a newline, a terminal escape, a file
+    name's byte that is no UTF-8, kept by Python as a lone surrogate) as an
+    escape. Store files are named and keyed by whoever wrote them: printed
+    raw, a name with a newline forged a report line, an escape sequence
+    reached the terminal, and an undecodable byte stopped the report with a
+    UnicodeEncodeError."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else _escape(ord(c)) for c in s)
+
+
+def _escape(o: int) -> str:
+    if 0xDC80 <= o <= 0xDCFF:  # os.fsdecode's stand-in for the byte o - 0xDC00
+        return f"\\x{o - 0xDC00:02x}"
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

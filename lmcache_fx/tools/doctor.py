@@ -19,12 +19,13 @@ import argparse
 import json
 import os
 import resource
+import stat
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .. import _fxio
-from ..core.layout import device_of, probe_odirect, root_problem
+from ..core.layout import LOCK_DIR, LOCK_NAME, device_of, probe_odirect, root_problem
 from ..core.medium import client_local_locks, decide_mapped_reads, decide_staged_reads, huge_page_tmpfs
 from ..core.options import GIB, ConfigError, FxOptions, expand_path
 from .common import fs_info, human_bytes
@@ -394,6 +395,23 @@ def _shown_key(spec: str) -> str:
     return spec if not spec or spec.startswith(("env:", "file:")) else "(set in the config; not shown)"
 
 
+def _lock_file_problem(root: str) -> str:
+    """What the store would refuse of the shared state under `root`: its
+    directory or lock file in place but not a real directory and a regular
+    file (a link, a FIFO, a directory made by hand); "" when sound or absent."""
+    for name, want, what in ((LOCK_DIR, stat.S_ISDIR, "a directory"), (LOCK_NAME, stat.S_ISREG, "a regular file")):
+        p = os.path.join(root, name)
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return ""
+        except OSError:
+            return ""  # unreadable: the path check says why
+        if not want(st.st_mode):
+            return f"{p} is not {what}" + (" (a symlink)" if stat.S_ISLNK(st.st_mode) else "")
+    return ""
+
+
 def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
     from .admin import scan
 
@@ -429,6 +447,16 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
         else:
             out.append(
                 Check(f"{tag}path", "ok", f"{root} on {fi['fstype']} ({fi['device']} at {fi['mountpoint']})", data=data)
+            )
+        bad = _lock_file_problem(root)
+        if bad:
+            out.append(
+                Check(
+                    f"{tag}lock file",
+                    "fail",
+                    f"{bad}: the plugin will not start",
+                    f"remove it (rm -r {bad.split()[0]})",
+                )
             )
     elif not os.access(where, os.W_OK | os.X_OK):
         return [

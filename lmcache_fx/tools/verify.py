@@ -105,9 +105,14 @@ class ChunkVerifier:
                     yield f, None, _short_why(n, size)
                     continue
                 try:
-                    yield f, decode_header(memoryview(buf)[HEADER_SIZE * j : HEADER_SIZE * (j + 1)]), ""
+                    h = decode_header(memoryview(buf)[HEADER_SIZE * j : HEADER_SIZE * (j + 1)])
                 except BadHeader as e:
                     yield f, None, f"bad header: {e}"
+                    continue
+                if chunk_digest(h.key) != f.digest:  # a copy under another chunk's name: never read as it
+                    yield f, None, f"holds key {h.key!r}, which belongs in another file"
+                else:
+                    yield f, h, ""
 
     # -- whole chunks with CRC (fsck)
     def verify(self, files: list[StoreFile], buffer_bytes: int) -> Iterator["Verdict"]:
