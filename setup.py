@@ -2,9 +2,10 @@
 
 liburing is linked statically when its header and static library are found
 (Debian/Ubuntu: liburing-dev), so the installed module needs no liburing at
-run time. Without it the build still succeeds with the thread engine only,
-and says so. LMCACHE_FX_NO_URING=1 forces that build; LIBURING_PREFIX points
-at a liburing installed elsewhere.
+run time; where only its shared library is installed (Fedora/RHEL:
+liburing-devel), it is linked to that. Without it the build still succeeds
+with the thread engine only, and says so. LMCACHE_FX_NO_URING=1 forces that
+build; LIBURING_PREFIX points at a liburing installed elsewhere.
 """
 
 import glob
@@ -22,22 +23,32 @@ def find_liburing():
         header = os.path.join(prefix, "include", "liburing.h")
         if not os.path.exists(header):
             continue
-        libs = glob.glob(os.path.join(prefix, "lib*", "liburing.a")) + glob.glob(
-            os.path.join(prefix, "lib*", "*-linux-gnu*", "liburing.a")
-        )
-        if libs:
-            return (os.path.join(prefix, "include"), libs[0]), None
-    return None, "liburing.h and liburing.a not found (apt-get install liburing-dev)"
+        for lib in ("liburing.a", "liburing.so"):  # static first: nothing to install at run time
+            libs = glob.glob(os.path.join(prefix, "lib*", lib)) + glob.glob(
+                os.path.join(prefix, "lib*", "*-linux-gnu*", lib)
+            )
+            if libs:
+                return (os.path.join(prefix, "include"), libs[0]), None
+        return None, f"{header} found but no liburing.a or liburing.so next to it"
+    return None, (
+        "liburing.h not found (Debian/Ubuntu: apt-get install liburing-dev; Fedora/RHEL: dnf install liburing-devel)"
+    )
 
 
 uring, why_not = find_liburing()
 define_macros = []
 include_dirs = ["csrc"]
 extra_objects = []
+libraries = ["pthread", "dl"]
+library_dirs = []
 if uring:
     define_macros.append(("FX_HAVE_LIBURING", "1"))
     include_dirs.append(uring[0])
-    extra_objects.append(uring[1])
+    if uring[1].endswith(".a"):
+        extra_objects.append(uring[1])
+    else:  # linked to the shared library: liburing must be installed where the module runs
+        libraries.append("uring")
+        library_dirs.append(os.path.dirname(uring[1]))
 else:
     sys.stderr.write(f"lmcache-fx: building WITHOUT io_uring: {why_not}. Only the thread engine will be available.\n")
 
@@ -57,7 +68,8 @@ setup(
                 "-Wno-missing-field-initializers",
                 "-Wno-cast-function-type",
             ],
-            libraries=["pthread", "dl"],
+            libraries=libraries,
+            library_dirs=library_dirs,
         )
     ],
 )

@@ -7,6 +7,7 @@
  * runs with pread/pwrite on the calling thread instead. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ring.h"
 
@@ -243,6 +245,47 @@ int fx_uring_give_ring(fx_uring *u, fx_ring *s)
 
 int fx_uring_available(void) { return 1; }
 
+/* kernel.io_uring_disabled (Linux 6.6+): 0, 1 or 2; -1 where there is none.
+ * Tells an EPERM from it apart from one of a seccomp profile. */
+static int io_uring_disabled_sysctl(void)
+{
+    int fd = open("/proc/sys/kernel/io_uring_disabled", O_RDONLY | O_CLOEXEC);
+    char b[8] = {0};
+    ssize_t n;
+
+    if (fd < 0)
+        return -1;
+    n = read(fd, b, sizeof(b) - 1);
+    close(fd);
+    return n > 0 && b[0] >= '0' && b[0] <= '2' ? b[0] - '0' : -1;
+}
+
+/* One NOP submitted and reaped: a ring that can be set up may still be
+ * unusable (a seccomp profile that allows io_uring_setup but refuses
+ * io_uring_enter), and then every read would fail instead of falling back.
+ * 0, or -errno. */
+static int ring_works(struct io_uring *ring)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+    struct io_uring_cqe *cqe;
+    int r;
+
+    if (!sqe)
+        return -EBUSY;
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data64(sqe, 0);
+    do
+        r = io_uring_submit_and_wait(ring, 1);
+    while (r == -EINTR);
+    if (r < 0)
+        return r;
+    if ((r = io_uring_peek_cqe(ring, &cqe)) < 0)
+        return r;
+    r = cqe->res;
+    io_uring_cqe_seen(ring, cqe);
+    return r < 0 ? r : 0;
+}
+
 fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
 {
     fx_uring *u = calloc(1, sizeof(*u));
@@ -275,8 +318,12 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
     }
     s = fx_ring_new(qd, engine_iowq(), &r);
     if (!s) {
-        const char *hint = r == -ENOSYS   ? " (kernel without io_uring)"
-                           : r == -EPERM  ? " (blocked: kernel.io_uring_disabled or a seccomp profile)"
+        int disabled = io_uring_disabled_sysctl();
+        const char *hint = r == -ENOSYS   ? " (kernel without io_uring, or a seccomp profile answering ENOSYS)"
+                           : r == -EPERM  ? (disabled == 2   ? " (blocked: kernel.io_uring_disabled=2)"
+                                             : disabled == 1 ? " (blocked: kernel.io_uring_disabled=1, and this "
+                                                               "process is not in kernel.io_uring_group)"
+                                                             : " (blocked by a seccomp profile)")
                            : r == -ENOMEM ? " (memlock limit too low for the ring)"
                                           : "";
         snprintf(why, whylen, "io_uring_setup failed: %s%s", strerror(-r), hint);
@@ -292,6 +339,12 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
             fx_ring_discard(s);
             goto fail;
         }
+    }
+    if ((r = ring_works(&s->ring)) < 0) {
+        snprintf(why, whylen, "io_uring_enter failed: %s%s", strerror(-r),
+                 r == -EPERM || r == -ENOSYS ? " (io_uring_setup allowed, io_uring_enter blocked: a seccomp profile)" : "");
+        fx_ring_discard(s);
+        goto fail;
     }
     u->free_list[u->nfree++] = s;
     return u;

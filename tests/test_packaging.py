@@ -119,9 +119,33 @@ def test_wheel_installs_without_build_tools_and_round_trips(wheel, tmp_path):
     assert "INSTALLED-OK io_uring" in r.stdout
 
 
+def _clean_tree(dst) -> str:
+    """The files a fresh clone has (tracked, and new ones git does not
+    ignore), without this checkout's build leftovers: a stale
+    lmcache_fx.egg-info here lists every file, and hid an sdist that left
+    the C headers out."""
+    files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT).stdout
+    for rel in filter(None, files.split("\0")):
+        src = os.path.join(ROOT, rel)
+        if os.path.isfile(src) and not rel.startswith("docs/"):
+            os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dst, rel))
+    return str(dst)
+
+
 def test_sdist_without_liburing_builds_thread_engine_only(tmp_path):
-    run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path / "sd"), ROOT], cwd=ROOT)
+    if not os.path.isdir(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout: the files of a fresh clone cannot be told")
+    src = _clean_tree(tmp_path / "src")
+    run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path / "sd"), src], cwd=src)
     (sdist,) = glob.glob(str(tmp_path / "sd" / "*.tar.gz"))
+    import tarfile
+
+    with tarfile.open(sdist) as t:
+        names = [n.split("/", 1)[1] for n in t.getnames() if "/" in n]
+    headers = sorted(os.path.relpath(h, ROOT) for h in glob.glob(os.path.join(ROOT, "csrc", "*.h")))
+    assert headers and set(headers) <= set(names), sorted(n for n in names if n.startswith("csrc/"))
+    assert not [n for n in names if n.startswith("docs/")]
     r = run(
         [
             sys.executable,
@@ -189,6 +213,32 @@ def test_c_core_and_store_on_other_pythons(tmp_path, version):
     """)
     r = run([vpy, "-c", script], cwd=str(build))
     assert f"PY-OK ({version.replace('.', ', ')})" in r.stdout
+
+
+def test_a_liburing_with_only_its_shared_library_is_linked_to_it(tmp_path):
+    """Fedora and RHEL's liburing-devel installs liburing.h and liburing.so,
+    no liburing.a: the build took that for no liburing at all and made the
+    thread engine only, saying "not found (apt-get install liburing-dev)"."""
+    so = sorted(glob.glob("/usr/lib*/*-linux-gnu*/liburing.so.*") + glob.glob("/usr/lib*/liburing.so.*"))
+    if not so or not os.path.exists("/usr/include/liburing.h"):
+        pytest.skip("no liburing here to lay out as Fedora's")
+    prefix = tmp_path / "prefix"
+    (prefix / "include").mkdir(parents=True)
+    (prefix / "lib64").mkdir()
+    os.symlink("/usr/include/liburing.h", prefix / "include" / "liburing.h")
+    os.symlink("/usr/include/liburing", prefix / "include" / "liburing")
+    os.symlink(so[0], prefix / "lib64" / "liburing.so")
+    build = _clean_tree(tmp_path / "src")
+    r = run(
+        [sys.executable, "setup.py", "build_ext", "--inplace"],
+        cwd=build,
+        env=dict(os.environ, LIBURING_PREFIX=str(prefix)),
+    )
+    assert "WITHOUT io_uring" not in r.stdout + r.stderr
+    (mod,) = glob.glob(os.path.join(build, "lmcache_fx", "_fxio*.so"))
+    assert "liburing.so" in run(["ldd", mod]).stdout
+    r = run([sys.executable, "-c", "from lmcache_fx import _fxio as f; print(f.HAVE_LIBURING)"], cwd=build)
+    assert r.stdout.strip() == "1"
 
 
 def test_dockerfile_lints_clean():

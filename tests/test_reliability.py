@@ -695,23 +695,29 @@ def test_no_io_uring_under_seccomp(tmp_path):
         F.spawn("noring", {"path": base + "-eperm", "deny": errno.EPERM, "plugin": True, "workdir": str(tmp_path)}), 300
     )
     enosys = F.result_of(F.spawn("noring", {"path": base + "-enosys", "deny": errno.ENOSYS}))
+    # A profile that allows io_uring_setup but not io_uring_enter: the ring was made, every read then
+    # failed (each chunk a miss) and nothing fell back.
+    enter = F.result_of(F.spawn("noring", {"path": base + "-enter", "deny": errno.EPERM, "calls": [426]}))
     figure(
-        "No io_uring: backend started under a seccomp filter denying io_uring_setup (EPERM as Docker, and ENOSYS)",
-        3,
+        "No io_uring: backend started under a seccomp filter denying io_uring (EPERM as Docker, and ENOSYS), "
+        "or only io_uring_enter",
+        4,
         "thread engine, exactly one warning for two stores, same bytes as with io_uring; "
         "io_engine: io_uring refused naming the option; a real LMCacheEngine round trip",
         engine_without_filter=plain["kinds"][0],
         engine_eperm=eperm["kinds"],
         engine_enosys=enosys["kinds"],
-        warnings=[eperm["warnings"], enosys["warnings"]],
+        engine_enter_denied=enter["kinds"],
+        warnings=[eperm["warnings"], enosys["warnings"], enter["warnings"]],
         reason=eperm["fallback_reason"],
-        same_bytes=eperm["digest"] == plain["digest"] == enosys["digest"],
+        same_bytes=eperm["digest"] == plain["digest"] == enosys["digest"] == enter["digest"],
         strict=eperm["strict"][:90],
         plugin=eperm["plugin"],
     )
     if plain["kinds"][0] != "io_uring":
         pytest.skip(f"io_uring unavailable even without the filter: {plain['why']}")
-    for r in (eperm, enosys):
+    assert "io_uring_enter failed" in enter["fallback_reason"] and "seccomp" in enter["fallback_reason"]
+    for r in (eperm, enosys, enter):
         assert not r["io_uring_usable"]
         assert r["kinds"] == ["threads", "threads"] and r["warnings"] == 1
         assert r["stored"] == 12 and r["bad"] == 0 and r["digest"] == plain["digest"]

@@ -320,24 +320,20 @@ def os_threads_at_rest(settle: float = 0.3, limit: float = 10.0) -> int:
 
 
 # --------------------------------------------------------------- seccomp
-def deny_io_uring(err: int = 1) -> None:
-    """Installs a seccomp filter failing io_uring_setup/enter/register with
-    errno `err` (1 = EPERM, as Docker's default profile; 38 = ENOSYS)."""
+def deny_io_uring(err: int = 1, calls: tuple = (425, 426, 427)) -> None:
+    """Installs a seccomp filter failing the io_uring system calls `calls`
+    (io_uring_setup 425, io_uring_enter 426, io_uring_register 427: all by
+    default) with errno `err` (1 = EPERM, as Docker's default profile;
+    38 = ENOSYS)."""
     import platform
 
     arch = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[platform.machine()]
     LD, JEQ, RET = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
     allow, deny = 0x7FFF0000, 0x00050000 | err
-    prog = [
-        (LD, 0, 0, 4),  # arch
-        (JEQ, 0, 5, arch),
-        (LD, 0, 0, 0),  # syscall number
-        (JEQ, 2, 0, 425),  # io_uring_setup
-        (JEQ, 1, 0, 426),  # io_uring_enter
-        (JEQ, 0, 1, 427),  # io_uring_register
-        (RET, 0, 0, deny),
-        (RET, 0, 0, allow),
-    ]
+    n = len(calls)
+    prog = [(LD, 0, 0, 4), (JEQ, 0, n + 1, arch), (LD, 0, 0, 0)]  # arch (else allow), then the number
+    prog += [(JEQ, n - i, 0, nr) for i, nr in enumerate(calls)]  # one of them: to the deny
+    prog += [(RET, 0, 0, allow), (RET, 0, 0, deny)]
 
     class SockFilter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
@@ -538,7 +534,7 @@ def child_conc(a):
 def child_noring(a):
     """Store and read back under a seccomp filter denying io_uring (or not)."""
     if a.get("deny") is not None:
-        deny_io_uring(a["deny"])
+        deny_io_uring(a["deny"], tuple(a.get("calls", (425, 426, 427))))
     from lmcache_fx.core.options import ConfigError
 
     with LogCount() as logs:
