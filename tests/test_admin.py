@@ -1661,3 +1661,28 @@ def test_mp_mode_keys_name_their_model_and_ranks(capsys, tmp_path):
         s.close()
     rc, obj, _ = cli_json(capsys, "ls", tmp_path / "s", "--model", "org/m-1")
     assert rc == 0 and len(obj["chunks"]) == 1 and obj["chunks"][0]["model"] == "org/m-1", obj
+
+
+@pytest.mark.parametrize("group,fix", [("-1", "kernel.io_uring_group=<a group"), ("1000", "add the server's user")])
+def test_doctor_io_uring_group_fix_is_one_that_can_be_done(monkeypatch, group, fix):
+    """kernel.io_uring_disabled=1 with kernel.io_uring_group=-1 (no group):
+    doctor told the operator to add the server's user to group -1."""
+    from lmcache_fx.tools import doctor
+
+    real = doctor._read
+    facts = {"/proc/sys/kernel/io_uring_disabled": "1", "/proc/sys/kernel/io_uring_group": group}
+    monkeypatch.setattr(doctor, "_read", lambda p: facts.get(p, real(p)))
+    monkeypatch.setattr(doctor._fxio, "io_uring_status", lambda: (False, "io_uring_setup failed: EPERM"))
+    monkeypatch.setattr(doctor, "has_cap", lambda st, bit: False)
+    c = doctor.check_io_uring("auto")
+    assert c.status == "fail" and "kernel.io_uring_disabled=1" in c.summary, c
+    assert fix in c.fix, c.fix
+
+
+def test_version_flag(capsys):
+    """`lmcache-fx --version` was an unknown flag."""
+    from lmcache_fx import __version__
+
+    with pytest.raises(SystemExit) as ei:
+        main(["--version"])
+    assert ei.value.code == 0 and capsys.readouterr().out == f"lmcache-fx {__version__}\n"

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import glob
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import time
 import pytest
 import torch
 
+from lmcache_fx import _fxio
 from lmcache_fx.core.chunkfile import HEADER_SIZE
 from lmcache_fx.core.options import ConfigError
 from lmcache_fx.testing.cpu_engine import (
@@ -726,3 +728,57 @@ def test_lmcache_frees_its_pool_only_after_reads_into_it_end(tmp_path):
     if line[-1] == "RESULT none":
         pytest.skip("no read was still in flight when the pool closed (the medium is too fast here)")
     assert line[-1] == "RESULT [0]"
+
+
+def test_a_memlock_limit_that_refuses_the_pool_is_one_warning(tmp_path):
+    """Under a small RLIMIT_MEMLOCK without CAP_IPC_LOCK the pool's fixed
+    buffer registration is refused (reads then pin pages each time): that
+    was said at INFO, which a server's default logging does not show. One
+    warning per process now, naming the limit and the fix."""
+    import shutil
+    import subprocess
+    import sys
+
+    if not (shutil.which("prlimit") and shutil.which("setpriv")):
+        pytest.skip("prlimit and setpriv (util-linux) are needed to drop the limit and the capability")
+    if not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable: nothing is registered")
+    code = (
+        "import logging; logging.basicConfig(format='%(levelname)s %(message)s')\n"
+        "from lmcache_fx.integration.common import register_memory\n"
+        "from lmcache_fx import _fxio\n"
+        "e = _fxio.Engine(); b = _fxio.HostBuffer(64 << 20)\n"
+        "print([register_memory(e, b.address, 64 << 20, 'the pool') for _ in range(2)])\n"
+    )
+    r = subprocess.run(
+        ["prlimit", "--memlock=65536", "setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock",
+         sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[False, False]"
+    warned = [x for x in r.stderr.splitlines() if x.startswith("WARNING lmcache-fx")]
+    assert len(warned) == 1 and "RLIMIT_MEMLOCK, ulimit -l: 64 KiB" in warned[0] and "CAP_IPC_LOCK" in warned[0], warned
+
+
+def test_huge_pages_off_is_one_warning(monkeypatch, caplog, tmp_path):
+    """Transparent huge pages off (never): the pool stays in 4 KiB pages and
+    reads cost more CPU per GB; only doctor said so. One warning per process
+    now. (The sysfs file is read through _thp_mode, given a file of the same
+    form here: the host's setting is not the test's to change.)"""
+    from lmcache_fx.integration import common
+
+    thp = tmp_path / "enabled"
+    thp.write_text("always madvise [never]\n")
+    real = common._thp_mode
+    assert real(str(thp)) == "never"
+    monkeypatch.setattr(common, "_thp_mode", lambda: real(str(thp)))
+    monkeypatch.setattr(common, "_said", set())
+    e = _fxio.Engine()
+    b = _fxio.HostBuffer(4 << 20)
+    with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
+        for _ in range(2):
+            common.register_memory(e, b.address, 4 << 20, "the pool")
+    said = [r.getMessage() for r in caplog.records if "transparent huge pages are off" in r.getMessage()]
+    assert len(said) == 1 and "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled" in said[0]
+    e.close()

@@ -135,6 +135,7 @@ _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # A root is the path the operator gave, a link to it followed (every tool follows it too); what
 # lies below it is opened with _DIR_FLAGS: a link planted there redirects nothing.
 _ROOT_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+_ODIRECT_SAID: set = set()  # (root, why) whose lack of O_DIRECT this process has said
 _GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE)  # ESTALE: being reused (read locks)
 _PID = [os.getpid()]  # this process's pid for temporary names, re-read in a forked child
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
@@ -633,7 +634,9 @@ class ChunkStore:
             # A warning where the page cache is not the medium (reads then go through it); on tmpfs and
             # ramfs buffered I/O is what reading memory is, so only said at info.
             level = logging.INFO if medium.page_cache_fs(self.roots) else logging.WARNING
-            log.log(level, "lmcache-fx: O_DIRECT not supported on %s (%s); using buffered I/O", self.roots[0], why)
+            if (self.roots[0], why) not in _ODIRECT_SAID:  # once per path and reason, however many stores open it
+                _ODIRECT_SAID.add((self.roots[0], why))
+                log.log(level, "lmcache-fx: O_DIRECT not supported on %s (%s); using buffered I/O", self.roots[0], why)
         return ok
 
     def _payload_write_engine(self) -> Any:

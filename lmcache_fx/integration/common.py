@@ -252,12 +252,53 @@ def allocate_many_from(local_cpu_backend, meta: ChunkMeta, count: int) -> Option
     return [(o, o.data_ptr, o.get_size()) for o in objs]
 
 
+_said: set = set()  # what register_memory warned of in this process (each once)
+
+
+def _warn_once(key: str, msg: str, *args) -> None:
+    if key not in _said:
+        _said.add(key)
+        log.warning(msg, *args)
+
+
+def _thp_mode(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str:
+    """The transparent huge page mode in force ("always", "madvise",
+    "never"), "" where it cannot be read."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[text.find("[") + 1 : text.find("]")] if "[" in text else ""
+
+
+def _memlock_text() -> str:
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    if soft == resource.RLIM_INFINITY:
+        return "unlimited"
+    return f"{soft >> 10} KiB" if soft < (1 << 20) else f"{soft >> 20} MiB"
+
+
 def register_memory(engine, addr: int, size: int, what: str) -> bool:
     """Huge pages and io_uring fixed buffers on memory LMCache reads into,
-    where the kernel allows: bigger requests and no per-I/O page pinning."""
+    where the kernel allows: bigger requests and no per-I/O page pinning.
+    What is refused for a reason the operator can change (huge pages off,
+    the memlock limit) is one warning per process: at INFO, a server's
+    default logging showed none of it, and doctor was the only place that
+    said what it costs."""
     if not addr or not size:
         return False
     _fxio.advise_hugepages(addr, size)
+    if _thp_mode() == "never":
+        _warn_once(
+            "thp",
+            "lmcache-fx: transparent huge pages are off (never): %s stays in 4 KiB pages, and reads into it "
+            "take more CPU per GB (smaller requests, a page pinned per 4 KiB); fix: echo madvise > "
+            "/sys/kernel/mm/transparent_hugepage/enabled (lmcache-fx doctor measures the cost)",
+            what,
+        )
     r = engine.register_buffer(addr, size)
     if r == -errno.EOPNOTSUPP:
         log.info(
@@ -266,6 +307,19 @@ def register_memory(engine, addr: int, size: int, what: str) -> bool:
             "ring would hold up the first concurrent reads; plain reads are used",
             what,
             size / (1 << 30),
+        )
+        return False
+    if r in (-errno.ENOMEM, -errno.EPERM):
+        _warn_once(
+            "memlock",
+            "lmcache-fx: %s (%.1f GiB) not registered as io_uring fixed buffers (%s): the locked-memory limit "
+            "(RLIMIT_MEMLOCK, ulimit -l: %s) is below it and the process lacks CAP_IPC_LOCK; plain reads are used, "
+            "which pin pages on every read (more CPU per GB); fix: raise it (docker run --ulimit memlock=-1, "
+            "or LimitMEMLOCK=infinity in a systemd unit)",
+            what,
+            size / (1 << 30),
+            os.strerror(-r),
+            _memlock_text(),
         )
         return False
     if r < 0:

@@ -8,6 +8,8 @@ import importlib
 import importlib.util
 import sys
 
+from .. import __version__
+
 # subcommand -> (module, one-line help). A module supplies
 # add_arguments(parser, command) and run(args, parser).
 SUBCOMMANDS = {
@@ -32,6 +34,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="lmcache-fx")
+    p.add_argument("--version", action="version", version=f"lmcache-fx {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (mod, helptext) in SUBCOMMANDS.items():
         if importlib.util.find_spec(mod) is None:

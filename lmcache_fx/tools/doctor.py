@@ -129,7 +129,11 @@ def check_io_uring(io_engine: str) -> Check:
     # Why not, most specific first.
     if not _fxio.HAVE_LIBURING:
         why = "lmcache-fx was built without liburing (only the thread engine is in it)"
-        fix = "apt-get install liburing-dev, then reinstall lmcache-fx (pip install --force-reinstall .)"
+        # --no-deps: a plain --force-reinstall reinstalls torch too (another build of it, in a vLLM image)
+        fix = (
+            "install liburing-dev (Debian/Ubuntu) or liburing-devel (Fedora/RHEL), then rebuild lmcache-fx alone: "
+            "pip install --force-reinstall --no-deps --no-cache-dir <the lmcache-fx source you installed from>"
+        )
     elif (maj, mnr) < (5, 6):
         why = f"kernel {rel} is older than 5.6 (no IORING_OP_READ/WRITE)"
         fix = "upgrade the kernel (5.15+ recommended)"
@@ -141,7 +145,12 @@ def check_io_uring(io_engine: str) -> Check:
             f"kernel.io_uring_disabled=1: only CAP_SYS_ADMIN or members of group "
             f"{group} (kernel.io_uring_group) may use io_uring"
         )
-        fix = "add the server's user to that group, or sysctl -w kernel.io_uring_disabled=0"
+        fix = (
+            "add the server's user to that group, or sysctl -w kernel.io_uring_disabled=0"
+            if str(group).strip() not in ("", "-1")
+            else "sysctl -w kernel.io_uring_group=<a group of the server's user> (it is -1: no group), "
+            "or sysctl -w kernel.io_uring_disabled=0"
+        )
     elif seccomp == "2":
         why = f"a seccomp filter blocks io_uring_setup ({filters} filter(s); Docker's default profile does this)"
         fix = (
