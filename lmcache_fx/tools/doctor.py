@@ -16,7 +16,9 @@ Exit status: 0 the configured fast path will be used (warnings may remain);
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import resource
 import stat
@@ -26,7 +28,13 @@ from typing import Optional
 
 from .. import _fxio
 from ..core.layout import LOCK_DIR, LOCK_NAME, device_of, probe_odirect, root_problem
-from ..core.medium import client_local_locks, decide_mapped_reads, decide_staged_reads, huge_page_tmpfs
+from ..core.medium import (
+    client_local_locks,
+    decide_mapped_reads,
+    decide_staged_reads,
+    huge_page_tmpfs,
+    page_cache_fs,
+)
 from ..core.options import GIB, ConfigError, FxOptions, expand_path
 from .common import fs_info, human_bytes
 from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
@@ -527,6 +535,17 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
                     data={"staged_reads": staged},
                 )
             )
+        elif opts.odirect != "true" and page_cache_fs([where]):
+            # On a memory filesystem buffered I/O is what reading memory is: the store says so at info only.
+            out.append(
+                Check(
+                    f"{tag}O_DIRECT",
+                    "info",
+                    f"not supported on {fi['fstype']} ({why}): reads and writes copy from memory, as on any "
+                    "memory filesystem",
+                    data={"error": why},
+                )
+            )
         else:
             out.append(
                 Check(
@@ -544,7 +563,17 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
                 )
             )
     # Free space against capacity.
-    if fi["free_bytes"] is not None:
+    if fi["total_bytes"] == 0 and fi["fstype"] == "ramfs":  # no size at all: statvfs says 0 of 0 free
+        out.append(
+            Check(
+                f"{tag}space",
+                "info",
+                f"ramfs has no size limit: the store is bounded by max_capacity_gb "
+                f"({opts.max_capacity_gb:g}) and the host's memory alone",
+                data={"free_bytes": None, "capacity_bytes": opts.max_capacity_bytes},
+            )
+        )
+    elif fi["free_bytes"] is not None:
         # Striping spreads the capacity over the paths; the paths on this one filesystem share its room,
         # and the chunks of each of them are room the store can take back.
         here = device_of(root)
@@ -862,12 +891,31 @@ def _nondefault(o: FxOptions) -> dict:
     return {k: getattr(o, k) for k in FxOptions.names() if getattr(o, k) != getattr(d, k)}
 
 
+@contextlib.contextmanager
+def _plugin_logs_held():
+    """The plugin's own log lines while doctor builds what the plugin builds
+    (its engine, a store): each says what a check then reports in the table,
+    and printed by Python's last-resort handler they came before it on
+    stderr, bare."""
+    logger = logging.getLogger("lmcache_fx")
+    held = logging.NullHandler()
+    before = logger.propagate
+    logger.addHandler(held)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.propagate = before
+        logger.removeHandler(held)
+
+
 def run(args, parser=None) -> int:
     config = args.config or os.environ.get("LMCACHE_CONFIG_FILE") or None
     try:
         if config and not os.path.isfile(config):
             raise ValueError(f"{config}: no such file" + ("" if args.config else " (from $LMCACHE_CONFIG_FILE)"))
-        res = diagnose(args.path, config)
+        with _plugin_logs_held():
+            res = diagnose(args.path, config)
     except ValueError as e:
         print(f"lmcache-fx doctor: error: {e}", file=sys.stderr)
         if args.json:
