@@ -21,7 +21,7 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --awaited-probe docs/awaited-cost-probe.json 7e41988-nice1 ...
         # runs of scripts/awaited_cost_probe.py with the loop's run-queue wait (since 7e41988)
     python scripts/bench_tables.py --positions docs/loop-position-probe.json
-    python scripts/bench_tables.py --image-memory docs/image-memory-probe.json
+    python scripts/bench_tables.py --image-memory docs/bench-repeats/image-memory/run1.json
     python scripts/bench_tables.py --lmcache-l2 docs/bench-lmcache-l2.json     # LMCache's `lmcache bench l2`
     python scripts/bench_tables.py --medium-limit docs/medium-limit-probe.json # fio over a grid
     python scripts/bench_tables.py --staged-direct "run 1" docs/bench-repeats/staged-direct/run1.json ...
@@ -950,6 +950,9 @@ def lookup_table(d: dict, before: str, after: str) -> str:
 
 
 if __name__ == "__main__":
+    if not sys.argv[1:] or sys.argv[1] in ("-h", "--help"):  # the forms are in the docstring
+        print(__doc__.strip())
+        sys.exit(0)
     if sys.argv[1:2] == ["--probe"]:
         for path in sys.argv[2:]:
             with open(path) as f:

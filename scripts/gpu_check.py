@@ -66,12 +66,26 @@ def log(*a):
     print(*a, flush=True)
 
 
+def _git_commit():
+    """The checkout's commit (+dirty where the measured code differs), or None off a checkout."""
+    try:
+        from lmcache_fx.tools.bench import MEASURED_PATHS
+        from lmcache_fx.tools.bench import _git_commit as commit
+
+        return commit(ROOT, MEASURED_PATHS)
+    except Exception:  # noqa: BLE001 - a report without it beats no report
+        return None
+
+
 # ------------------------------------------------------------------ the report
 class Report:
     def __init__(self, path, args):
         self.path = path
         self.data = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            # what produced it, as the bench's JSON records it: a page quoting the run names this
+            "command": "python " + " ".join(["scripts/gpu_check.py", *sys.argv[1:]]),
+            "git_commit": _git_commit(),
             "stand_in": args.stand_in,
             "args": vars(args),
             "phases": {},

@@ -1127,6 +1127,8 @@ def test_gpu_check_script_on_the_stand_in(tmp_path):
     )
     rep = json.loads(report.read_text())
     assert out.returncode == 0, (out.stdout[-3000:], json.dumps(rep["phases"], default=str)[-3000:])
+    # What produced it, so a page quoting it can be held to a commit (the H200 runs' JSONs had neither).
+    assert rep["command"].startswith("python scripts/gpu_check.py --stand-in") and rep["git_commit"], rep.get("command")
     ph = rep["phases"]
     assert list(ph) == ["environment", "driver", "correctness", "errors", "ordering", "throughput", "lmcache"]
     assert all(p["outcome"] == "pass" for p in ph.values()), {k: (v["outcome"], v.get("why")) for k, v in ph.items()}
