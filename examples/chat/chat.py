@@ -335,6 +335,19 @@ def _speedup(recompute: float, after: dict) -> str:
     return f"{recompute / after['ttft']:.1f}x faster"
 
 
+def _versions() -> dict:
+    """The versions the servers ran (this interpreter is theirs unless --python said otherwise)."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("vllm", "lmcache", "lmcache-fx", "torch"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def write_json(path: str, first: list, again: list, ok: bool) -> None:
     import platform
     import subprocess
@@ -353,6 +366,7 @@ def write_json(path: str, first: list, again: list, ok: bool) -> None:
     doc = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "git_commit": commit,
+        "versions": _versions(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()},
         "ok": ok,
         "turns": [
