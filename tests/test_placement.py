@@ -485,3 +485,31 @@ def test_a_chunk_left_under_both_roots_keeps_only_its_newer_copy_at_start(tmp_pa
         assert all(h is not None for h in got) and bytes(dst) == bytes(src)
     finally:
         st2.close()
+
+
+def test_a_process_listing_the_paths_otherwise_is_told(tmp_path, caplog, monkeypatch):
+    """Two processes listing a striped store's paths in another order kept
+    two ledgers (the first path holds it) and each filled the cap on its own:
+    the store held 1.78x the cap, with nothing said. The same list with a
+    path added (a rolling restart) shared the ledger but not the count. The
+    second opener now warns once, naming both lists; the same list says
+    nothing."""
+    import logging
+
+    from lmcache_fx.core import store as store_mod
+
+    monkeypatch.setattr(store_mod, "_ROOTS_SAID", set())
+    a, b, c = _roots(tmp_path, 3)
+    with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
+        _store([a, b]).close()
+        _store([a, b]).close()
+        assert not [r for r in caplog.records if "same order" in r.getMessage()]
+        _store([b, a]).close()  # another order: b first holds a second ledger
+        _store([a, b, c]).close()  # a path added
+    said = [r.getMessage() for r in caplog.records if "same order" in r.getMessage()]
+    assert len(said) == 3, said
+    assert said[0].startswith(f"lmcache-fx: {a} is listed first by another process")
+    assert f"this process lists {b},{a}" in said[0]
+    assert said[1].startswith(f"lmcache-fx: {a} was last opened with the paths listed as {a},{b};")
+    assert f"this process lists {a},{b},{c}" in said[1]
+    assert said[2].startswith(f"lmcache-fx: {b} is listed first by another process")  # the [b, a] process

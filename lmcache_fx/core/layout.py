@@ -8,6 +8,7 @@ the store, its scans and the admin tools share.
     <root>/.tmp.odirect.<pid>.<host>.<seat>        the O_DIRECT probe of a starting store
     <first root>/.fx/store.lock                    the shared ledger and evictor lock
     <first root>/.fx/members                       a POSIX read lock per process with the store open
+    <first root>/.fx/roots                         the paths the last opener listed, in its order
 
 With several roots a chunk lies under one of two roots its digest names
 (root_choices): a write batch puts each chunk under the one with fewer of the
@@ -41,6 +42,9 @@ SPARE_SEQ_MARK = "spare"  # in a spare's name: <digest>.fxkv.tmp.<pid>.spare<seq
 PID_T_MAX = (1 << 31) - 1  # a temporary's "pid" beyond pid_t (or not positive) is no process's: age decides
 LOCK_DIR = ".fx"  # in the first root: shared state; no fan-out directory, so never scanned
 LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evictor lock; never a chunk
+# The paths the last process to open the store listed, "<st_dev>:<st_ino> <path>" a line, first to last:
+# processes that list them otherwise split the ledger or miss each other's chunks (store._note_roots).
+ROOTS_NAME = os.path.join(LOCK_DIR, "roots")
 MEMBERS_NAME = os.path.join(LOCK_DIR, "members")  # a read lock per process that has the store open
 FLOCK = struct.Struct("@hhqqi4x")  # struct flock (Linux, 64-bit): l_type, l_whence, l_start, l_len, l_pid
 # Filesystems whose file locks go to a server or a cluster lock manager: a

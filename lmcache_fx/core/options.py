@@ -215,7 +215,8 @@ class FxOptions:
         os.path.join(os.path.expanduser("~"), ".cache", "lmcache-fx"),
         "path[,path...]",
         "store directory, absolute (~ and $VARS expanded); several comma-separated paths stripe chunks over them "
-        "(each chunk under one of two paths its key names, a write batch spread evenly)",
+        "(each chunk under one of two paths its key names, a write batch spread evenly); every process sharing a "
+        "store lists the same paths in the same order (the first holds the shared usage)",
         _path,
     )
     max_capacity_gb: float = _opt(

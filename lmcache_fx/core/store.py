@@ -52,6 +52,7 @@ from .layout import (
     HOST_TAG,
     LOCK_DIR,
     LOCK_NAME,
+    ROOTS_NAME,
     SPARE_SEQ_MARK,
     STALE_SPARE_SECONDS,
     STALE_TMP_SECONDS,
@@ -136,6 +137,7 @@ _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # lies below it is opened with _DIR_FLAGS: a link planted there redirects nothing.
 _ROOT_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _ODIRECT_SAID: set = set()  # (root, why) whose lack of O_DIRECT this process has said
+_ROOTS_SAID: set = set()  # path-list mismatches this process has said
 _GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE)  # ESTALE: being reused (read locks)
 _PID = [os.getpid()]  # this process's pid for temporary names, re-read in a forked child
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
@@ -555,6 +557,7 @@ class ChunkStore:
             self._ledger = Ledger.open(
                 self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
             )
+            self._note_roots()
             self._scan()
         except BaseException:
             if self.engine is not None and engine is None:
@@ -616,6 +619,67 @@ class ChunkStore:
         if why:
             raise ConfigError(f"path: {why}")
         self._root_gid[root] = st.st_gid
+
+    def _note_roots(self) -> None:
+        """Says, once, where another process opened this store with its paths
+        listed otherwise, and records this one's list. The first path holds
+        the shared usage and the evictor's lock, and a chunk's two candidate
+        paths are positions in the list: two processes listing the paths in
+        another order (or one with a path added, in a rolling restart) each
+        kept to the cap on their own, the store holding up to twice it, and
+        looked for each other's chunks under other paths."""
+        ids = []
+        for fd in self._rootfds:
+            st = os.fstat(fd)
+            ids.append(f"{st.st_dev}:{st.st_ino}")
+        theirs: list = []
+        try:
+            with open(os.path.join(self.roots[0], ROOTS_NAME)) as f:
+                theirs = [line.split(" ", 1) for line in f.read().splitlines() if " " in line]
+        except (OSError, UnicodeDecodeError):
+            pass
+        if theirs and [t[0] for t in theirs] != ids:
+            self._roots_warning(
+                f"{self.roots[0]} was last opened with the paths listed as {','.join(t[1] for t in theirs)}"
+            )
+        for root in self.roots[1:]:
+            if os.path.lexists(os.path.join(root, ROOTS_NAME)):
+                self._roots_warning(
+                    f"{root} is listed first by another process (its {ROOTS_NAME} holds a store's shared usage; "
+                    "if no process lists it first any more, remove that directory)"
+                )
+        if [t[0] for t in theirs] == ids:
+            return
+        try:  # the next opener compares with this list; a store this user cannot write keeps the last one
+            dfd = open_dir(os.path.join(self.roots[0], LOCK_DIR))
+            try:
+                tmp = f"roots.{os.getpid()}{TMP_MARK}"
+                fd = os.open(
+                    tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd
+                )
+                try:
+                    os.write(fd, "".join(f"{i} {r}\n" for i, r in zip(ids, self.roots)).encode())
+                    if self.options.shared_group:
+                        os.fchmod(fd, self.file_mode)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, os.path.basename(ROOTS_NAME), src_dir_fd=dfd, dst_dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+    def _roots_warning(self, what: str) -> None:
+        if what in _ROOTS_SAID:
+            return
+        _ROOTS_SAID.add(what)
+        log.warning(
+            "lmcache-fx: %s; this process lists %s. Every process sharing a store must list the same paths in the "
+            "same order: the first holds the shared usage and the evictor (the cap is not shared otherwise), and a "
+            "chunk is looked for under paths named by its position in the list",
+            what,
+            ",".join(self.roots),
+        )
 
     def _decide_mapped_reads(self) -> bool:
         return medium.decide_mapped_reads(self.options.mapped_reads, self.roots)[0]
