@@ -499,6 +499,8 @@ int fx_ring_free(fx_ring *r);
 /* After a failed commit: reaps nothing, frees the ring (its unsubmitted
  * entries die with it). Only when nothing is in flight. */
 void fx_ring_discard(fx_ring *r);
+/* One NOP through a new ring: 0, or -errno where io_uring_enter is refused. */
+int fx_ring_works(fx_ring *r);
 /* After a failed commit: forgets the entries the kernel never took (the ring
  * must then be discarded once what is in flight was reaped); how many. */
 unsigned fx_ring_unqueue(fx_ring *r);

@@ -457,6 +457,11 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
                                                    : "");
     } else if (want_uring) {
         g->ring = fx_ring_new(g->nslots + 2, 0, &r);
+        if (g->ring && fx_ring_works(g->ring) < 0) {
+            /* io_uring_enter refused (a seccomp profile allowing only the setup): the reader threads. */
+            fx_ring_discard(g->ring);
+            g->ring = NULL;
+        }
         if (g->ring) {
             struct iovec *iov = calloc(g->nslots, sizeof(*iov));
             g->io = 1;

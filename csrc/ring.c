@@ -60,6 +60,33 @@ fx_ring *fx_ring_new(unsigned entries, unsigned iowq_max, int *err)
     return r;
 }
 
+/* One NOP submitted and reaped: a ring that can be set up may still be
+ * unusable (a seccomp profile that allows io_uring_setup but refuses
+ * io_uring_enter), and then every read would fail instead of falling back.
+ * 0, or -errno. A ring of fx_ring_new, nothing queued on it yet. */
+int fx_ring_works(fx_ring *r0)
+{
+    struct io_uring *ring = &r0->ring;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+    struct io_uring_cqe *cqe;
+    int r;
+
+    if (!sqe)
+        return -EBUSY;
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data64(sqe, 0);
+    do
+        r = io_uring_submit_and_wait(ring, 1);
+    while (r == -EINTR);
+    if (r < 0)
+        return r;
+    if ((r = io_uring_peek_cqe(ring, &cqe)) < 0)
+        return r;
+    r = cqe->res;
+    io_uring_cqe_seen(ring, cqe);
+    return r < 0 ? r : 0;
+}
+
 void fx_ring_discard(fx_ring *r)
 {
     if (!r)
@@ -213,6 +240,7 @@ fx_ring *fx_ring_new(unsigned entries, unsigned iowq_max, int *err)
 }
 int fx_ring_free(fx_ring *r) { return r ? -ENOSYS : 0; }
 void fx_ring_discard(fx_ring *r) { (void)r; }
+int fx_ring_works(fx_ring *r) { return r ? -ENOSYS : 0; }
 int fx_ring_register_buffers(fx_ring *r, const struct iovec *iov, unsigned n)
 {
     (void)r;

@@ -260,31 +260,6 @@ static int io_uring_disabled_sysctl(void)
     return n > 0 && b[0] >= '0' && b[0] <= '2' ? b[0] - '0' : -1;
 }
 
-/* One NOP submitted and reaped: a ring that can be set up may still be
- * unusable (a seccomp profile that allows io_uring_setup but refuses
- * io_uring_enter), and then every read would fail instead of falling back.
- * 0, or -errno. */
-static int ring_works(struct io_uring *ring)
-{
-    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
-    struct io_uring_cqe *cqe;
-    int r;
-
-    if (!sqe)
-        return -EBUSY;
-    io_uring_prep_nop(sqe);
-    io_uring_sqe_set_data64(sqe, 0);
-    do
-        r = io_uring_submit_and_wait(ring, 1);
-    while (r == -EINTR);
-    if (r < 0)
-        return r;
-    if ((r = io_uring_peek_cqe(ring, &cqe)) < 0)
-        return r;
-    r = cqe->res;
-    io_uring_cqe_seen(ring, cqe);
-    return r < 0 ? r : 0;
-}
 
 fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
 {
@@ -340,7 +315,7 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
             goto fail;
         }
     }
-    if ((r = ring_works(&s->ring)) < 0) {
+    if ((r = fx_ring_works(s)) < 0) {
         snprintf(why, whylen, "io_uring_enter failed: %s%s", strerror(-r),
                  r == -EPERM || r == -ENOSYS ? " (io_uring_setup allowed, io_uring_enter blocked: a seccomp profile)" : "");
         fx_ring_discard(s);

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -1599,3 +1600,32 @@ def test_a_library_that_is_no_gpu_driver_is_named_so():
     assert (
         out.stdout.strip() == "libm.so.6 exports neither cuInit nor hipInit: not a CUDA driver or HIP runtime library"
     )
+
+
+def test_staging_on_its_own_ring_falls_back_where_io_uring_enter_is_refused(fake_gpu_driver_so, datafile):
+    """A seccomp profile that allows io_uring_setup but refuses
+    io_uring_enter: the engine's rings are tried with a NOP and fall back,
+    but a GpuStaging on a ring of its own (no engine given, the default of
+    GpuReader) was never tried, and every GPU read failed. It reads with its
+    threads now, and the bytes arrive."""
+    if not _fxio.io_uring_status()[0]:
+        pytest.skip("io_uring unavailable here to begin with")
+    path, data = datafile
+    child = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {os.path.join(HERE, "faults")!r})
+        import fxfault
+        fxfault.deny_io_uring(1, (426,))  # io_uring_enter only, EPERM
+        from lmcache_fx import _fxio
+        g = _fxio.GpuStaging(slots=4, slot_bytes=1 << 20)
+        B = _fxio.HostBuffer(1 << 20)
+        fd = os.open({path!r}, os.O_RDONLY)
+        print("RESULT", g.io, g.read([(fd, 0, 1 << 20, B.address)]), bytes(memoryview(B)) == open({path!r}, "rb").read(1 << 20))
+        g.close()
+        """
+    )
+    env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=fake_gpu_driver_so, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "RESULT threads [1048576] True", r.stdout
