@@ -19,6 +19,7 @@ def find_liburing():
     if os.environ.get("LMCACHE_FX_NO_URING") == "1":
         return None, "LMCACHE_FX_NO_URING=1"
     prefixes = [os.environ.get("LIBURING_PREFIX", ""), "/usr", "/usr/local"]
+    why = ""
     for prefix in filter(None, prefixes):
         header = os.path.join(prefix, "include", "liburing.h")
         if not os.path.exists(header):
@@ -29,7 +30,9 @@ def find_liburing():
             )
             if libs:
                 return (os.path.join(prefix, "include"), libs[0]), None
-        return None, f"{header} found but no liburing.a or liburing.so next to it"
+        why = f"{header} found but no liburing.a or liburing.so next to it"
+    if why:
+        return None, why
     return None, (
         "liburing.h not found (Debian/Ubuntu: apt-get install liburing-dev; Fedora/RHEL: dnf install liburing-devel)"
     )
@@ -41,6 +44,7 @@ include_dirs = ["csrc"]
 extra_objects = []
 libraries = ["pthread", "dl"]
 library_dirs = []
+runtime_library_dirs = []
 if uring:
     define_macros.append(("FX_HAVE_LIBURING", "1"))
     include_dirs.append(uring[0])
@@ -49,6 +53,8 @@ if uring:
     else:  # linked to the shared library: liburing must be installed where the module runs
         libraries.append("uring")
         library_dirs.append(os.path.dirname(uring[1]))
+        if not os.path.dirname(uring[1]).startswith(("/usr/lib", "/lib")):  # where the loader does not look
+            runtime_library_dirs.append(os.path.dirname(uring[1]))
 else:
     sys.stderr.write(f"lmcache-fx: building WITHOUT io_uring: {why_not}. Only the thread engine will be available.\n")
 
@@ -70,6 +76,7 @@ setup(
             ],
             libraries=libraries,
             library_dirs=library_dirs,
+            runtime_library_dirs=runtime_library_dirs,
         )
     ],
 )

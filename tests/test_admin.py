@@ -523,6 +523,9 @@ def test_doctor_fails_a_lock_file_the_store_would_refuse(capsys, store_copy, tmp
     the fast path would be used. It fails the check and says to remove it;
     gc no longer blames the user it runs as."""
     path, _ = store_copy
+    spaced = os.path.join(os.path.dirname(path), "my store")  # the fix named "rm -r .../my" once
+    os.rename(path, spaced)
+    path = spaced
     lock = os.path.join(path, ".fx", "store.lock")
     os.unlink(lock)
     if kind == "directory":
@@ -535,7 +538,7 @@ def test_doctor_fails_a_lock_file_the_store_would_refuse(capsys, store_copy, tmp
     checks = {c["name"]: c for c in obj["checks"]}
     assert rc == 1 and checks["lock file"]["status"] == "fail", checks.get("lock file")
     assert checks["lock file"]["summary"].startswith(f"{lock} is not a regular file")
-    assert checks["lock file"]["fix"] == f"remove it (rm -r {lock})"
+    assert checks["lock file"]["fix"] == f"remove it (rm -r '{lock}')"
     if kind != "fifo":
         rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", 0)
         assert (
@@ -1041,8 +1044,8 @@ def test_gc_of_planted_files_keeps_the_usage_at_what_is_left(capsys, store_copy)
     """Chunk-named files planted since the ledger's last recount were never
     counted; gc took their sizes off it anyway, the count fell below the
     files (to 0 in the repro) and a running store then stored past its cap
-    until its next recount. The count now stays at or above what gc's
-    listing still holds."""
+    until its next recount, five minutes on. gc now marks the count for a
+    recount, which the store's next write makes."""
     path, files = store_copy
     order = files["org/model-a"] + files["org/mla-b"]
     st = ChunkStore(FxOptions(path=path, io_engine="threads", max_capacity_gb=1))
@@ -1062,7 +1065,36 @@ def test_gc_of_planted_files_keeps_the_usage_at_what_is_left(capsys, store_copy)
         rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", keep / GIB)
         assert rc == 0 and obj["removed_chunks"] == 5, obj
         assert not any(os.path.exists(p) for p in planted)
-        assert _ledger_usage(st) == keep == st._walk(remove_stale=False)[1]
+        assert st._recompute_due()
+        F = _fx()
+        src = F.Chunks()
+        assert st.write([src.item("org/model-a@1@0@new@half", 8192)]) == [True]
+        assert _ledger_usage(st) == keep + HEADER_SIZE + 8192 == st._walk(remove_stale=False)[1]
+    finally:
+        st.close()
+
+
+def test_gc_beside_a_store_that_evicts_keeps_the_count_exact(capsys, store_copy, monkeypatch):
+    """A store evicting a chunk gc has listed but not reached takes it off
+    the count itself; gc's first fix (never below what its listing held)
+    then put it back, the count above the files until a recount."""
+    path, files = store_copy
+    order = files["org/model-a"] + files["org/mla-b"]
+    st = ChunkStore(FxOptions(path=path, io_engine="threads", max_capacity_gb=1))
+    try:
+        gone = order[4]  # listed, not among gc's victims: evicted by the store meanwhile
+
+        def evicted_meanwhile():
+            size = os.path.getsize(gone)
+            os.unlink(gone)
+            with st._ledger.hold():
+                st._ledger.add(-size)
+
+        _after_scan(monkeypatch, evicted_meanwhile)
+        keep = sum(os.path.getsize(f) for f in order[2:] if f != gone)
+        rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", (keep + os.path.getsize(order[5])) / GIB)
+        assert rc == 0 and obj["removed_chunks"] == 2, obj
+        assert _ledger_usage(st) == st._walk(remove_stale=False)[1]
     finally:
         st.close()
 

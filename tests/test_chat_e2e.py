@@ -317,10 +317,15 @@ def test_the_demo_json_names_the_versions_it_ran(tmp_path):
 
     t = {"prompt_tokens": 5037, "ttft": 0.14, "recompute_ttft": 1.05, "hit": 4864, "tokens": [1, 2]}
     out = tmp_path / "run.json"
-    mod.write_json(str(out), [t], [t], True)
+    mod.write_json(str(out), [t], [t], True, sys.executable)
     doc = json.loads(out.read_text())
     assert doc["versions"]["lmcache-fx"] == __version__ and doc["versions"]["lmcache"] == "0.5.6"
     assert set(doc["versions"]) == {"vllm", "lmcache", "lmcache-fx", "torch"}
+    # Asked of the servers' interpreter (--python), not of the one running chat.py.
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    mod.write_json(str(out), [t], [t], True, str(bare / "bin" / "python"))
+    assert json.loads(out.read_text())["versions"] == dict.fromkeys(["vllm", "lmcache", "lmcache-fx", "torch"])
 
 
 def test_the_store_demo_says_what_is_wrong_in_one_line(tmp_path):

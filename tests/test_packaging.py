@@ -237,6 +237,8 @@ def test_a_liburing_with_only_its_shared_library_is_linked_to_it(tmp_path):
     assert "WITHOUT io_uring" not in r.stdout + r.stderr
     (mod,) = glob.glob(os.path.join(build, "lmcache_fx", "_fxio*.so"))
     assert "liburing.so" in run(["ldd", mod]).stdout
+    # Found at run time where the loader would not look: the build records where it linked it.
+    assert str(prefix / "lib64") in run(["readelf", "-d", mod]).stdout
     r = run([sys.executable, "-c", "from lmcache_fx import _fxio as f; print(f.HAVE_LIBURING)"], cwd=build)
     assert r.stdout.strip() == "1"
 

@@ -322,7 +322,7 @@ def main():
     )
     ok = all(x["tokens"] == y["tokens"] for x, y in zip(first, again)) and all((y["hit"] or 0) > 0 for y in again)
     if args.json:
-        write_json(args.json, first, again, ok)
+        write_json(args.json, first, again, ok, args.python)
     if not ok:
         raise SystemExit("chat demo: after the restart the KV did not come back from fx, or the replies differ")
 
@@ -335,20 +335,32 @@ def _speedup(recompute: float, after: dict) -> str:
     return f"{recompute / after['ttft']:.1f}x faster"
 
 
-def _versions() -> dict:
-    """The versions the servers ran (this interpreter is theirs unless --python said otherwise)."""
-    from importlib import metadata
-
-    out = {}
-    for name in ("vllm", "lmcache", "lmcache-fx", "torch"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+VERSIONS_OF = ("vllm", "lmcache", "lmcache-fx", "torch")
 
 
-def write_json(path: str, first: list, again: list, ok: bool) -> None:
+def _versions(python: str) -> dict:
+    """The versions the servers ran: asked of their interpreter (--python),
+    which need not be this one. None for a package it does not have, or
+    each None where it cannot be asked."""
+    code = (
+        "import json; from importlib import metadata as m\n"
+        "def v(n):\n"
+        "    try:\n"
+        "        return m.version(n)\n"
+        "    except m.PackageNotFoundError:\n"
+        "        return None\n"
+        f"print(json.dumps({{n: v(n) for n in {VERSIONS_OF!r}}}))"
+    )
+    import subprocess
+
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")  # no checkout's
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return dict.fromkeys(VERSIONS_OF)
+
+
+def write_json(path: str, first: list, again: list, ok: bool, python: str = sys.executable) -> None:
     import platform
     import subprocess
 
@@ -366,7 +378,7 @@ def write_json(path: str, first: list, again: list, ok: bool) -> None:
     doc = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "git_commit": commit,
-        "versions": _versions(),
+        "versions": _versions(python),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()},
         "ok": ok,
         "turns": [

@@ -272,6 +272,23 @@ def _thp_mode(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str:
     return text[text.find("[") + 1 : text.find("]")] if "[" in text else ""
 
 
+def _memlock_below(size: int) -> bool:
+    """Whether the locked-memory limit is what refused `size` bytes: below it,
+    and no CAP_IPC_LOCK to pass it (else an ENOMEM is something else, and is
+    said as it is)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    if soft == resource.RLIM_INFINITY or soft >= size:
+        return False
+    try:
+        with open("/proc/self/status") as f:
+            eff = next((int(x.split()[1], 16) for x in f if x.startswith("CapEff:")), 0)
+    except (OSError, ValueError):
+        return True
+    return not eff >> 14 & 1  # CAP_IPC_LOCK
+
+
 def _memlock_text() -> str:
     import resource
 
@@ -309,7 +326,7 @@ def register_memory(engine, addr: int, size: int, what: str) -> bool:
             size / (1 << 30),
         )
         return False
-    if r in (-errno.ENOMEM, -errno.EPERM):
+    if r in (-errno.ENOMEM, -errno.EPERM) and _memlock_below(size):
         _warn_once(
             "memlock",
             "lmcache-fx: %s (%.1f GiB) not registered as io_uring fixed buffers (%s): the locked-memory limit "

@@ -441,7 +441,7 @@ def run(args, parser=None) -> int:
         if getattr(args, "json", False):
             print(json.dumps({"error": str(e)}))
         return 2
-    except KeyboardInterrupt:  # gc says what it removed; a removal under way is finished or left whole
+    except KeyboardInterrupt:  # gc says what it removed (a file unlinked as Ctrl-C came may go unsaid)
         print(f"lmcache-fx {args.command}: interrupted", file=sys.stderr)
         return 130
 
@@ -455,7 +455,7 @@ def _emit(args, obj: dict, text: str) -> None:
         if args.json:
             print(json.dumps(obj, indent=1))
         else:
-            print("\n".join(printable(line) for line in text.rstrip("\n").split("\n")))
+            print("\n".join(printable(line, backslashes=False) for line in text.rstrip("\n").split("\n")))
         sys.stdout.flush()
     except BrokenPipeError:
         quiet_broken_pipe()
@@ -868,10 +868,12 @@ class Remover:
     (layout.unlink_if_same: a regular file of that inode, not newer than the
     fresh stat it was judged by; a temporary only while that stat still finds
     it stale); the bytes removed taken off the shared ledger before the lock
-    is let go, though never below `floor` (what the caller's listing still
-    holds: a chunk-named file planted since the ledger's last recount was
-    never counted, and taking it off left the count below the files, stores
-    then passing the cap). Between two holds the lock is left free for longer
+    is let go; once done, the record is marked for a recount by the next
+    store that writes (a chunk-named file planted since the last recount was
+    never counted: taken off, it left the count below the files, and stores
+    passed the cap until their own recount, five minutes on; clamping at what
+    the listing still held overcounted where a store evicted a listed file
+    meanwhile). Between two holds the lock is left free for longer
     than a waiting store's pause between tries: taken again at once, a store
     waiting for it almost never got it, and a long removal made its stores
     time out. A store with no lock file (no store ever opened it) is cleaned
@@ -892,7 +894,6 @@ class Remover:
         self._hold: Optional[Any] = None  # Ledger.hold() entered
         self._until = 0.0
         self._released = 0.0  # when the last hold ended
-        self.floor = 0  # bytes the caller's listing still holds, counted or not: the ledger stays at or above
         lock = os.path.join(roots[0], LOCK_NAME)
         self.ledger = Ledger.join(roots[0])
         if self.ledger is None:
@@ -936,9 +937,7 @@ class Remover:
             return
         try:
             if self.freed and self.ledger is not None:
-                rec = self.ledger.get()
-                if rec is not None:  # else a bad record: the next store to meet it rescans
-                    self.ledger.put(max(rec[0] - self.freed, self.floor), rec[1])
+                self.ledger.add(-self.freed)  # a bad record: the next store to meet it rescans
                 self.freed = 0
         finally:
             hold, self._hold = self._hold, None
@@ -1014,6 +1013,11 @@ class Remover:
 
     def close(self) -> None:
         try:
+            if self.removed_bytes and self.ledger is not None and self._lock():
+                rec = self.ledger.get()
+                if rec is not None:  # recounted from the files by the next store's write
+                    self.ledger.put(max(rec[0] - self.freed, 0), 0.0)
+                    self.freed = 0
             self._unlock()
         finally:
             if self.ledger is not None:
@@ -1039,7 +1043,6 @@ def cmd_gc(args) -> int:
                 if usage <= target:
                     break
                 if rm is not None:
-                    rm.floor = usage  # what the listing holds still, this one included
                     outcome, note = rm.remove(f.path, f.ino, mtime_ns=f.mtime_ns)
                     if outcome == "gone":
                         usage -= f.size
@@ -1058,7 +1061,6 @@ def cmd_gc(args) -> int:
             interrupted = True
     finally:
         if rm is not None:
-            rm.floor = usage
             rm.close()
     obj = {
         "paths": roots,

@@ -11,7 +11,7 @@ class AdminError(Exception):
     """A problem the user can fix (wrong path, bad config): one clear line."""
 
 
-def printable(text: object) -> str:
+def printable(text: object, backslashes: bool = True) -> str:
     """`text` safe to print as one line: each character that is not
     printable (control characters, a newline, a terminal escape, a file
     name's byte that is no UTF-8, kept by Python as a lone surrogate) as an
@@ -20,9 +20,12 @@ def printable(text: object) -> str:
     reached the terminal, and an undecodable byte stopped the report with a
     UnicodeEncodeError."""
     s = str(text)
-    if s.isprintable():
+    if s.isprintable() and not (backslashes and "\\" in s):
         return s
-    return "".join(c if c.isprintable() else _escape(ord(c)) for c in s)
+    # A backslash doubled, so that a name holding the text "\\x0a" is not shown as one holding a newline;
+    # not with `backslashes` false, for a line whose fields were made printable already.
+    esc = "\\\\" if backslashes else "\\"
+    return "".join(esc if c == "\\" else c if c.isprintable() else _escape(ord(c)) for c in s)
 
 
 def _escape(o: int) -> str:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import resource
+import shlex
 import stat
 import sys
 from dataclasses import asdict, dataclass, field
@@ -412,21 +413,20 @@ def _shown_key(spec: str) -> str:
     return spec if not spec or spec.startswith(("env:", "file:")) else "(set in the config; not shown)"
 
 
-def _lock_file_problem(root: str) -> str:
+def _lock_file_problem(root: str) -> tuple[str, str]:
     """What the store would refuse of the shared state under `root`: its
     directory or lock file in place but not a real directory and a regular
-    file (a link, a FIFO, a directory made by hand); "" when sound or absent."""
+    file (a link, a FIFO, a directory made by hand), as (path, what is
+    wrong); ("", "") when sound or absent."""
     for name, want, what in ((LOCK_DIR, stat.S_ISDIR, "a directory"), (LOCK_NAME, stat.S_ISREG, "a regular file")):
         p = os.path.join(root, name)
         try:
             st = os.lstat(p)
-        except FileNotFoundError:
-            return ""
         except OSError:
-            return ""  # unreadable: the path check says why
+            return "", ""  # absent, or unreadable: the path check says why
         if not want(st.st_mode):
-            return f"{p} is not {what}" + (" (a symlink)" if stat.S_ISLNK(st.st_mode) else "")
-    return ""
+            return p, f"is not {what}" + (" (a symlink)" if stat.S_ISLNK(st.st_mode) else "")
+    return "", ""
 
 
 def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
@@ -465,14 +465,14 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
             out.append(
                 Check(f"{tag}path", "ok", f"{root} on {fi['fstype']} ({fi['device']} at {fi['mountpoint']})", data=data)
             )
-        bad = _lock_file_problem(root)
+        bad, what = _lock_file_problem(root)
         if bad:
             out.append(
                 Check(
                     f"{tag}lock file",
                     "fail",
-                    f"{bad}: the plugin will not start",
-                    f"remove it (rm -r {bad.split()[0]})",
+                    f"{bad} {what}: the plugin will not start",
+                    f"remove it (rm -r {shlex.quote(bad)})",
                 )
             )
     elif not os.access(where, os.W_OK | os.X_OK):
@@ -892,11 +892,11 @@ def _nondefault(o: FxOptions) -> dict:
 
 
 @contextlib.contextmanager
-def _plugin_logs_held():
-    """The plugin's own log lines while doctor builds what the plugin builds
-    (its engine, a store): each says what a check then reports in the table,
-    and printed by Python's last-resort handler they came before it on
-    stderr, bare."""
+def _plugin_logs_dropped():
+    """The plugin's own log lines are dropped while doctor builds what the
+    plugin builds (its engine, a store): each says what a check then reports
+    in the table, and printed by Python's last-resort handler they came
+    before it on stderr, bare."""
     logger = logging.getLogger("lmcache_fx")
     held = logging.NullHandler()
     before = logger.propagate
@@ -914,7 +914,7 @@ def run(args, parser=None) -> int:
     try:
         if config and not os.path.isfile(config):
             raise ValueError(f"{config}: no such file" + ("" if args.config else " (from $LMCACHE_CONFIG_FILE)"))
-        with _plugin_logs_held():
+        with _plugin_logs_dropped():
             res = diagnose(args.path, config)
     except ValueError as e:
         print(f"lmcache-fx doctor: error: {e}", file=sys.stderr)
