@@ -1023,15 +1023,20 @@ def _after_scan(monkeypatch, fn):
     monkeypatch.setattr(admin, "scan", scan_then)
 
 
-def test_gc_takes_what_it_removes_off_a_running_stores_usage(capsys, store_copy):
-    """gc beside a running store: the bytes it removes come off the shared
-    ledger at once, so the store does not go on evicting as if still full."""
+def _running_store(store_copy):
+    """(path, chunk files oldest first, a store open on them whose ledger counts them all)."""
     path, files = store_copy
     order = files["org/model-a"] + files["org/mla-b"]
     st = ChunkStore(FxOptions(path=path, io_engine="threads", max_capacity_gb=1))
+    assert _ledger_usage(st) == sum(os.path.getsize(f) for f in order)
+    return path, order, st
+
+
+def test_gc_takes_what_it_removes_off_a_running_stores_usage(capsys, store_copy):
+    """gc beside a running store: the bytes it removes come off the shared
+    ledger at once, so the store does not go on evicting as if still full."""
+    path, order, st = _running_store(store_copy)
     try:
-        total = sum(os.path.getsize(f) for f in order)
-        assert _ledger_usage(st) == total
         keep = sum(os.path.getsize(f) for f in order[3:])
         rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", keep / GIB)
         assert rc == 0 and obj["removed_chunks"] == 3
@@ -1046,12 +1051,8 @@ def test_gc_of_planted_files_keeps_the_usage_at_what_is_left(capsys, store_copy)
     files (to 0 in the repro) and a running store then stored past its cap
     until its next recount, five minutes on. gc now marks the count for a
     recount, which the store's next write makes."""
-    path, files = store_copy
-    order = files["org/model-a"] + files["org/mla-b"]
-    st = ChunkStore(FxOptions(path=path, io_engine="threads", max_capacity_gb=1))
+    path, order, st = _running_store(store_copy)
     try:
-        total = sum(os.path.getsize(f) for f in order)
-        assert _ledger_usage(st) == total
         planted = []
         for i in range(4):  # 1 MiB each, older than every chunk: gc's first victims
             d = "%032x" % (0xABC0 + i)

@@ -184,18 +184,24 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
 
-def test_the_demo_stops_its_server_when_the_start_fails(tmp_path):
-    """The demo starts vLLM in a session of its own (Ctrl-C does not reach
-    it); a start that failed (here the warm-up's HTTP 500) left it running
-    after chat.py exited. It is stopped on every way out."""
+def _stand_in_server(tmp_path, script: str):
+    """The demo's model, an interpreter standing in for vLLM's (`script`,
+    which writes its pid to $FX_FAKE_PID), and that pid file's path."""
     sys.path.insert(0, CHAT)
     from server import ensure_model
 
     model = ensure_model(work=str(tmp_path / "work"), python=sys.executable)
     fake = tmp_path / "fake_python"
-    fake.write_text(FAKE_SERVER.format(python=sys.executable))
+    fake.write_text(script)
     fake.chmod(0o755)
-    pidfile = tmp_path / "server.pid"
+    return model, fake, tmp_path / "server.pid"
+
+
+def test_the_demo_stops_its_server_when_the_start_fails(tmp_path):
+    """The demo starts vLLM in a session of its own (Ctrl-C does not reach
+    it); a start that failed (here the warm-up's HTTP 500) left it running
+    after chat.py exited. It is stopped on every way out."""
+    model, fake, pidfile = _stand_in_server(tmp_path, FAKE_SERVER.format(python=sys.executable))
     r = subprocess.run(
         [sys.executable, os.path.join(CHAT, "chat.py"), "--python", str(fake), "--model", model,
          "--work", str(tmp_path / "work"), "--doc-tokens", "300"],
@@ -236,14 +242,7 @@ def test_the_demo_stops_its_server_when_it_is_terminated(tmp_path, sig):
     finally: the vLLM server, in a session of its own, ran on. They end it as
     Ctrl-C does now: the server is stopped, the exit status is 128 + the
     signal's number."""
-    sys.path.insert(0, CHAT)
-    from server import ensure_model
-
-    model = ensure_model(work=str(tmp_path / "work"), python=sys.executable)
-    fake = tmp_path / "fake_python"
-    fake.write_text(SLEEPING_SERVER)
-    fake.chmod(0o755)
-    pidfile = tmp_path / "server.pid"
+    model, fake, pidfile = _stand_in_server(tmp_path, SLEEPING_SERVER)
     p = subprocess.Popen(
         [sys.executable, os.path.join(CHAT, "chat.py"), "--python", str(fake), "--model", model,
          "--work", str(tmp_path / "work"), "--doc-tokens", "300"],
@@ -269,14 +268,7 @@ def test_the_demo_refuses_a_store_it_cannot_write_before_starting_vllm(tmp_path)
     recomputed (fx's one-line refusal was in server.log only), and the
     terminal said so at the end. The store is tried first: one line, and no
     server started."""
-    sys.path.insert(0, CHAT)
-    from server import ensure_model
-
-    model = ensure_model(work=str(tmp_path / "work"), python=sys.executable)
-    fake = tmp_path / "fake_python"
-    fake.write_text(SLEEPING_SERVER)
-    fake.chmod(0o755)
-    pidfile = tmp_path / "server.pid"
+    model, fake, pidfile = _stand_in_server(tmp_path, SLEEPING_SERVER)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     r = subprocess.run(
