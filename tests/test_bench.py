@@ -4209,7 +4209,10 @@ def test_latency_at_de6fad2_on_the_intel_host_is_the_committed_json():
         f"On the Intel host at `de6fad2`: {_span(a(2, '4'))} with 4 in flight, {_span(a(2, '16'))} with 16, the p50 "
         f"with 16 in flight {_span(p(2, '16'))} the best tier's" in readme
     )
-    assert f"on the Intel host at `de6fad2` {p64} at 64 MiB, {_span(p(2, '16'))} at 2 MiB" in text
+    assert (
+        f"on the Intel host at `de6fad2` {_span(p(64, '4'))} and {p64} at 64 MiB, {_span(p(2, '4'))} and "
+        f"{_span(p(2, '16'))} at 2 MiB (4 and 16 in flight)" in text
+    )
 
 
 def test_docs_store_loop_busy_is_the_committed_json():
