@@ -8,6 +8,7 @@ import functools
 import gc
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -4815,3 +4816,77 @@ def test_a_relative_path_is_taken_against_this_directory(tmp_path, monkeypatch):
     p, a = parse("--path", "relbench")
     bench.check_args(p, a)
     assert a.path == str(tmp_path / "relbench")
+
+
+SMALL = ["--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--chunk", "16", "--total-gb", "0.0001"]
+
+
+@pytest.mark.parametrize(
+    "argv,said",
+    [
+        (["--readers", "fx,fx"], "--readers: fx given more than once; name each reader once"),
+        (["--readers", ","], "--readers: give at least one of"),
+        (["--mkfs-loop", "100M"], "--mkfs-loop 100 MiB: XFS needs at least 300 MiB; give 512M or more"),
+    ],
+)
+def test_bench_refuses_what_would_fail_later_in_one_line(tmp_path, capsys, argv, said):
+    """Two instances of one reader shared a store directory (the second
+    removed the first's under it, then waited 120 s a rep); --readers ","
+    said "no reader could start: " and nothing more; --mkfs-loop below
+    XFS's minimum ended in mkfs's CalledProcessError."""
+    base = ["--path", str(tmp_path)] if "--mkfs-loop" not in argv else []
+    with pytest.raises(SystemExit) as e:
+        bench.main([*base, *SMALL, "--reps", "1", "--readers", "fx", "--warm", "--quiet", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err and err.count("\n") == 1, err
+
+
+def test_bench_json_that_cannot_be_written_is_one_line_and_a_made_path_goes(tmp_path, capsys):
+    """--json onto a full disk raised OSError after the whole run (the
+    results lost, an existing file truncated); a --path the bench made was
+    left behind, empty."""
+    made = tmp_path / "fresh"
+    rc = bench.main(
+        ["--path", str(made), *SMALL, "--reps", "1", "--readers", "fx", "--warm", "--quiet", "--json", "/dev/full"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 1 and "bench: --json /dev/full: not written: No space left on device" in err, err
+    assert not made.exists()
+    import stat
+
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)  # written in place: a rename over it made it a file once
+
+
+def test_bench_stopped_by_sigterm_leaves_no_loop_device_mount_or_image(tmp_path):
+    """Only --devices turned SIGTERM and SIGHUP into a clean exit: a
+    --mkfs-loop run stopped by `kill` or `timeout` (or a closed terminal's
+    SIGHUP) left its loop device, its XFS mount and the tmpfs holding its
+    512 MiB image, every time. Every mode cleans up now."""
+    from lmcache_fx.testing.loopfs import why_not_available
+
+    why = why_not_available()
+    if why:
+        pytest.skip(f"--mkfs-loop: {why}")
+    cmd = [sys.executable, "-m", "lmcache_fx.tools.cli", "bench", "--mkfs-loop", "512M", *SMALL[:-2]]
+    cmd += ["--total-gb", "0.05", "--reps", "50", "--readers", "fx"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    tag = f"lmcache-fx-bench-{p.pid}"
+    end = time.monotonic() + 120
+    mounted = []
+    while time.monotonic() < end and p.poll() is None:
+        mounted = [ln for ln in open("/proc/self/mountinfo") if "lmcache-fx-xfs-" in ln]
+        if any(os.path.isdir(os.path.join(ln.split()[4], tag)) for ln in mounted):
+            break
+        time.sleep(0.2)
+    assert p.poll() is None, p.communicate()[1][-2000:]
+    points = [ln.split()[4] for ln in mounted if os.path.isdir(os.path.join(ln.split()[4], tag))]
+    assert points, "the bench's filesystem never appeared"
+    images = [ln.split()[4] for ln in open("/proc/self/mountinfo") if "lmcache-fx-tmpfs-" in ln]
+    time.sleep(1.0)  # into the reps
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
+    left = open("/proc/self/mountinfo").read()
+    assert not [m for m in points + images if f" {m} " in left], (points, images)
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert not [m for m in images if m in loops], loops

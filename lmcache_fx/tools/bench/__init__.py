@@ -184,11 +184,16 @@ methods, readers and the figures published: docs/benchmarks.md
     p.add_argument("--quiet", action="store_true")
 
 
-def _reader_list(p, s: str) -> list[str]:
+def _reader_list(p, s: str, flag: str = "--readers") -> list[str]:
     names = [r.strip() for r in s.split(",") if r.strip()]
+    if not names:
+        p.error(f"{flag}: give at least one of {', '.join(ALL_READERS)}")
     bad = [r for r in names if r not in READER_CLASSES]
     if bad:
         p.error(f"unknown reader(s) {', '.join(bad)}; choose from {', '.join(ALL_READERS)}")
+    twice = sorted({r for r in names if names.count(r) > 1})
+    if twice:  # two instances share one store directory: the second removed the first's under it
+        p.error(f"{flag}: {', '.join(twice)} given more than once; name each reader once")
     return names
 
 
@@ -237,6 +242,10 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
     devices = getattr(args, "devices", None)
     if devices is not None and not 1 <= devices <= 64:
         p.error("--devices must be 1..64")
+    if args.mkfs_loop is not None and args.mkfs_loop < XFS_MIN_BYTES:
+        p.error(
+            f"--mkfs-loop {args.mkfs_loop >> 20} MiB: XFS needs at least {XFS_MIN_BYTES >> 20} MiB; give 512M or more"
+        )
     if args.mkfs_loop is None and args.path is None and devices is None:
         p.error("give --path DIR (a directory on the filesystem to measure), --mkfs-loop SIZE or --devices N (root)")
     if args.path is not None:
@@ -252,6 +261,9 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
         if why:  # said now, not after every measurement
             p.error(f"{flag} {out}: {why}")
     return names
+
+
+XFS_MIN_BYTES = 300 << 20  # mkfs.xfs refuses a smaller filesystem
 
 
 def _ints(s: str, conv=int) -> list:
@@ -286,12 +298,19 @@ def _git_commit(where: Optional[str] = None, paths: Sequence[str] = ()) -> Optio
 
 @contextmanager
 def _signals_as_exit():
-    """While the devices exist, Ctrl-C raises KeyboardInterrupt and SIGTERM /
-    SIGHUP SystemExit, so the ExitStack's cleanup (unmount, detach, remove
-    the images) runs whichever way the run ends."""
+    """While the run's filesystems and directories exist, Ctrl-C raises
+    KeyboardInterrupt and SIGTERM / SIGHUP SystemExit, so the ExitStack's
+    cleanup (stores removed; loop devices unmounted, detached, their images
+    removed) runs whichever way the run ends. Before, only --devices had
+    this: a SIGTERM (`timeout`, a closed terminal's SIGHUP) in a --mkfs-loop
+    run left the loop device, its mount and 512 MiB of RAM behind."""
     import signal
 
     def bye(signum, _frame):
+        # One is enough: a second one arriving while the first's cleanup runs cut it short (an empty
+        # mount point left; by reading, a loop device). Until the cleanup is done they are ignored.
+        for sig in old:
+            signal.signal(sig, signal.SIG_IGN)
         if signum == signal.SIGINT:  # also when started with SIGINT ignored (a background job)
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
@@ -334,7 +353,6 @@ def build_devices(parser, args, stack: ExitStack, geo, n_chunks: int, names: lis
     too_big = check_memory(probe, readers_all, sizes)
     if too_big:
         parser.error(f"--devices {n}: {too_big}")
-    stack.enter_context(_signals_as_exit())
     mounts = []
     for i, size in enumerate(sizes):
         if not args.quiet:
@@ -362,6 +380,7 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
     n_chunks = plan_chunks(geo, int(args.total_gb * GB))
     devices = getattr(args, "devices", None)
     with ExitStack() as stack:
+        stack.enter_context(_signals_as_exit())
         stripe: tuple = ()
         if devices:
             base, fs, stripe = build_devices(parser, args, stack, geo, n_chunks, names, per_chunk_names)
@@ -371,6 +390,14 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             why = why_not_available()
             if why:
                 parser.error(f"--mkfs-loop: {why}")
+            from .run import check_memory
+
+            probe = BenchConfig(path="", geo=geo, n_chunks=n_chunks, reps=args.reps, latency=args.latency)
+            too_big = check_memory(probe, list(dict.fromkeys(names + per_chunk_names)), [args.mkfs_loop])
+            if too_big:  # its image lies in RAM: past the host's memory, the OOM killer picks who goes
+                parser.error(
+                    f"--mkfs-loop {args.mkfs_loop >> 20} MiB: {too_big.replace('--devices, ', '--mkfs-loop, ')}"
+                )
             if not args.quiet:
                 sys.stderr.write(f"bench: writing the {args.mkfs_loop / (1 << 30):.1f} GiB loop image through\n")
             base = stack.enter_context(xfs_loop(args.mkfs_loop, touch=True))
@@ -384,6 +411,8 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             # what each image got: in 4 KiB pages (the kernel refused huge ones) the medium is not even
             loop_images = [image_pages(m) for m in (stripe or (base,))]
         path = os.path.join(base, f"lmcache-fx-bench-{os.getpid()}")
+        if not os.path.exists(base):  # --path made here (its parent exists): removed after, when left empty
+            stack.callback(_rmdir_if_empty, base)
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as e:  # a read-only or full filesystem, a directory of another user's
@@ -456,8 +485,10 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
     if "sweep" in results:
         print(format_sweep(results["sweep"]))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        why = _write_json(args.json, results)
+        if why:
+            sys.stderr.write(f"bench: --json {args.json}: not written: {why}\n")
+            return 1
     if args.png:
         why = write_png(results, args.png)
         if why:
@@ -465,8 +496,55 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
     bad = [n for n, e in results["readers"].items() if e.get("available") and not e.get("all_ok")]
     if bad:
         sys.stderr.write(f"bench: readers with failed or unverified reps: {', '.join(bad)}\n")
+        for n in bad:
+            why = _first_error(results["readers"][n])
+            if why:
+                sys.stderr.write(f"  {n}: {why}\n")
         return 1
     return 0
+
+
+def _first_error(entry: dict) -> str:
+    """The first error a reader's reps recorded (the JSON keeps them all), as one line."""
+    for rep in entry.get("reps") or ():
+        err = rep.get("error") if isinstance(rep, dict) else None
+        if err:
+            return str(err).strip().splitlines()[0][:300]
+    err = entry.get("error")
+    return str(err).strip().splitlines()[0][:300] if err else ""
+
+
+def _write_json(path: str, results: dict) -> str:
+    """The results to `path`, a regular file through a temporary beside it:
+    a full disk neither loses them to a traceback nor truncates the file
+    there. Anything else (a pipe, /dev/stdout, a device) is written in place:
+    renamed over, it would be replaced by a file. "" or why not."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        try:
+            with open(path, "w") as f:
+                json.dump(results, f, indent=1)
+        except OSError as e:
+            return e.strerror or str(e)
+        return ""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return e.strerror or str(e)
+    return ""
+
+
+def _rmdir_if_empty(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def build_parser() -> argparse.ArgumentParser:

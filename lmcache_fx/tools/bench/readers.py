@@ -31,6 +31,21 @@ from .workload import (
     zero,
 )
 
+
+def _die_with_parent() -> None:
+    """In fio's child before its exec: killed with the bench, however the
+    bench ends. A second Ctrl-C landing in subprocess.run's own kill of the
+    child, or a SIGKILL, left fio running under init, writing into the
+    directory the bench then removes."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 # ------------------------------------------------------------------ LMCache driving
 
 
@@ -635,7 +650,7 @@ class FioReader(Reader):
         ]
         for i, f in enumerate(self.files):
             cmd += [f"--name=fxbench{i}", f"--filename={f}"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent)
         if r.returncode != 0:
             raise RuntimeError(f"fio failed: {r.stderr.strip()[-400:]}")
         txt = r.stdout[r.stdout.index("{") :]
