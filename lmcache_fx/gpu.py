@@ -51,12 +51,12 @@ import weakref
 from typing import Any, Iterable, Optional, Sequence
 
 from . import _fxio
+from .core.once import log_once
 
 DEFAULT_SLOTS = 8
 DEFAULT_SLOT_BYTES = 4 << 20
 
 log = logging.getLogger("lmcache_fx.gpu")
-_warned: set = set()
 
 
 def driver_info() -> dict:
@@ -147,9 +147,10 @@ class GpuReader:
         )
         self._inflight: set = set()  # routed reads running on threads (GpuRouter.submit)
         self._inflight_mu = threading.Lock()
-        if warn and self.degraded and self.degraded not in _warned:
-            _warned.add(self.degraded)
-            log.warning("lmcache-fx: GPU reads on a slow path: %s", self.degraded)
+        if warn and self.degraded:
+            log_once(
+                log, ("gpu", self.degraded), logging.WARNING, "lmcache-fx: GPU reads on a slow path: %s", self.degraded
+            )
 
     # -- properties of the staging pool
     @property

@@ -492,14 +492,15 @@ def test_python_api_takes_the_stream(drv, datafile):
     assert bytes(memoryview(C)[:4096]) == b"\x22" * 4096 and bytes(memoryview(B)) == data[:MiB]
 
 
-def test_unpinned_staging_warns_once_with_the_reason(drv, datafile, caplog):
+def test_unpinned_staging_warns_once_with_the_reason(drv, datafile, caplog, monkeypatch):
     import logging
 
     from lmcache_fx import gpu
+    from lmcache_fx.core import once
 
     path, data = datafile
     drv.fake_gpu_fail_register(1)
-    gpu._warned.clear()
+    monkeypatch.setattr(once, "_said", set())
     with caplog.at_level(logging.WARNING, logger="lmcache_fx.gpu"):
         rd = gpu.GpuReader(device=0, slots=2, slot_bytes=MiB)
         rd2 = gpu.GpuReader(device=0, slots=2, slot_bytes=MiB)

@@ -273,12 +273,12 @@ def test_odirect_fallback_on_a_device_warns_once(tmp_path, caplog, monkeypatch):
     warning now, saying why."""
     import logging
 
-    from lmcache_fx.core import medium
+    from lmcache_fx.core import medium, once
     from lmcache_fx.core import store as store_mod
 
     monkeypatch.setattr(store_mod, "probe_odirect", lambda root: (False, "Invalid argument"))
     monkeypatch.setattr(medium, "page_cache_fs", lambda roots: False)
-    monkeypatch.setattr(store_mod, "_ODIRECT_SAID", set())
+    monkeypatch.setattr(once, "_said", set())
     with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
         # Two stores on one path (the plugin and an L2 adapter, two engines): one warning, not one each.
         stores = [store_mod.ChunkStore(FxOptions.from_mapping({"path": str(tmp_path / "s")})) for _ in range(2)]

@@ -496,9 +496,9 @@ def test_a_process_listing_the_paths_otherwise_is_told(tmp_path, caplog, monkeyp
     nothing."""
     import logging
 
-    from lmcache_fx.core import store as store_mod
+    from lmcache_fx.core import once
 
-    monkeypatch.setattr(store_mod, "_ROOTS_SAID", set())
+    monkeypatch.setattr(once, "_said", set())
     a, b, c = _roots(tmp_path, 3)
     with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
         _store([a, b]).close()

@@ -768,6 +768,7 @@ def test_huge_pages_off_is_one_warning(monkeypatch, caplog, tmp_path):
     reads cost more CPU per GB; only doctor said so. One warning per process
     now. (The sysfs file is read through _thp_mode, given a file of the same
     form here: the host's setting is not the test's to change.)"""
+    from lmcache_fx.core import once
     from lmcache_fx.integration import common
 
     thp = tmp_path / "enabled"
@@ -775,7 +776,7 @@ def test_huge_pages_off_is_one_warning(monkeypatch, caplog, tmp_path):
     real = common._thp_mode
     assert real(str(thp)) == "never"
     monkeypatch.setattr(common, "_thp_mode", lambda: real(str(thp)))
-    monkeypatch.setattr(common, "_said", set())
+    monkeypatch.setattr(once, "_said", set())
     e = _fxio.Engine()
     b = _fxio.HostBuffer(4 << 20)
     with caplog.at_level(logging.WARNING, logger="lmcache_fx"):

@@ -10,6 +10,7 @@ import os
 import weakref
 
 from .. import _fxio
+from .once import log_once
 from .options import ConfigError, FxOptions
 
 log = logging.getLogger("lmcache_fx")
@@ -249,9 +250,6 @@ def _abandon(gen, release) -> None:
     gen.close()  # it went on to another step: nothing more can run
 
 
-_engine_warned: set[str] = set()
-
-
 def _first_line(path: str) -> str | None:
     try:
         with open(path) as f:
@@ -333,7 +331,12 @@ def make_engine(options: FxOptions, devices: int = 1):
         )
     except OSError as e:
         raise ConfigError(f"io_engine: {e}; use io_engine: auto to fall back to the thread engine") from None
-    if eng.fallback_reason and eng.fallback_reason not in _engine_warned:
-        _engine_warned.add(eng.fallback_reason)
-        log.warning("lmcache-fx: io_uring unavailable (%s); using the thread engine", eng.fallback_reason)
+    if eng.fallback_reason:
+        log_once(
+            log,
+            ("engine", eng.fallback_reason),
+            logging.WARNING,
+            "lmcache-fx: io_uring unavailable (%s); using the thread engine",
+            eng.fallback_reason,
+        )
     return eng

@@ -85,6 +85,7 @@ from .layout import (
 )
 from .ledger import Ledger, LockTimeout
 from .metrics import READ_LATENCY_BUCKETS, latency_bucket
+from .once import log_once
 from .options import ConfigError, FxOptions, auth_key_bytes
 
 log = logging.getLogger("lmcache_fx")
@@ -136,8 +137,6 @@ _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # A root is the path the operator gave, a link to it followed (every tool follows it too); what
 # lies below it is opened with _DIR_FLAGS: a link planted there redirects nothing.
 _ROOT_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-_ODIRECT_SAID: set = set()  # (root, why) whose lack of O_DIRECT this process has said
-_ROOTS_SAID: set = set()  # path-list mismatches this process has said
 _GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ESTALE)  # ESTALE: being reused (read locks)
 _PID = [os.getpid()]  # this process's pid for temporary names, re-read in a forked child
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
@@ -670,10 +669,10 @@ class ChunkStore:
             pass
 
     def _roots_warning(self, what: str) -> None:
-        if what in _ROOTS_SAID:
-            return
-        _ROOTS_SAID.add(what)
-        log.warning(
+        log_once(
+            log,
+            ("roots", what),
+            logging.WARNING,
             "lmcache-fx: %s; this process lists %s. Every process sharing a store must list the same paths in the "
             "same order: the first holds the shared usage and the evictor (the cap is not shared otherwise), and a "
             "chunk is looked for under paths named by its position in the list",
@@ -698,9 +697,14 @@ class ChunkStore:
             # A warning where the page cache is not the medium (reads then go through it); on tmpfs and
             # ramfs buffered I/O is what reading memory is, so only said at info.
             level = logging.INFO if medium.page_cache_fs(self.roots) else logging.WARNING
-            if (self.roots[0], why) not in _ODIRECT_SAID:  # once per path and reason, however many stores open it
-                _ODIRECT_SAID.add((self.roots[0], why))
-                log.log(level, "lmcache-fx: O_DIRECT not supported on %s (%s); using buffered I/O", self.roots[0], why)
+            log_once(  # once per path and reason, however many stores open it
+                log,
+                ("odirect", self.roots[0], why),
+                level,
+                "lmcache-fx: O_DIRECT not supported on %s (%s); using buffered I/O",
+                self.roots[0],
+                why,
+            )
         return ok
 
     def _payload_write_engine(self) -> Any:

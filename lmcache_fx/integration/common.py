@@ -18,6 +18,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 
 from .. import _fxio
 from ..core.chunkfile import ChunkMeta
+from ..core.once import log_once
 from ..core.options import ConfigError, FxOptions, plugin_lists, plugin_options
 from ..core.store import ChunkStore
 
@@ -252,15 +253,6 @@ def allocate_many_from(local_cpu_backend, meta: ChunkMeta, count: int) -> Option
     return [(o, o.data_ptr, o.get_size()) for o in objs]
 
 
-_said: set = set()  # what register_memory warned of in this process (each once)
-
-
-def _warn_once(key: str, msg: str, *args) -> None:
-    if key not in _said:
-        _said.add(key)
-        log.warning(msg, *args)
-
-
 def _thp_mode(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str:
     """The transparent huge page mode in force ("always", "madvise",
     "never"), "" where it cannot be read."""
@@ -309,8 +301,10 @@ def register_memory(engine, addr: int, size: int, what: str) -> bool:
         return False
     _fxio.advise_hugepages(addr, size)
     if _thp_mode() == "never":
-        _warn_once(
+        log_once(
+            log,
             "thp",
+            logging.WARNING,
             "lmcache-fx: transparent huge pages are off (never): %s stays in 4 KiB pages, and reads into it "
             "take more CPU per GB (smaller requests, a page pinned per 4 KiB); fix: echo madvise > "
             "/sys/kernel/mm/transparent_hugepage/enabled (lmcache-fx doctor measures the cost)",
@@ -327,8 +321,10 @@ def register_memory(engine, addr: int, size: int, what: str) -> bool:
         )
         return False
     if r in (-errno.ENOMEM, -errno.EPERM) and _memlock_below(size):
-        _warn_once(
+        log_once(
+            log,
             "memlock",
+            logging.WARNING,
             "lmcache-fx: %s (%.1f GiB) not registered as io_uring fixed buffers (%s): the locked-memory limit "
             "(RLIMIT_MEMLOCK, ulimit -l: %s) is below it and the process lacks CAP_IPC_LOCK; plain reads are used, "
             "which pin pages on every read (more CPU per GB); fix: raise it (docker run --ulimit memlock=-1, "
