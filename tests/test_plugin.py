@@ -749,8 +749,8 @@ def test_a_memlock_limit_that_refuses_the_pool_is_one_warning(tmp_path):
         "from lmcache_fx import _fxio\n"
         "e = _fxio.Engine(); b = _fxio.HostBuffer(64 << 20)\n"
         "print([register_memory(e, b.address, 64 << 20, 'the pool') for _ in range(2)])\n"
-        "from lmcache_fx.integration.common import _memlock_below\n"
-        "print(_memlock_below(1 << 10), _memlock_below(64 << 20))\n"
+        "from lmcache_fx.core.drive import memlock_refuses\n"
+        "print(memlock_refuses(1 << 10), memlock_refuses(64 << 20))\n"
     )
     r = subprocess.run(
         ["prlimit", "--memlock=65536", "setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock",

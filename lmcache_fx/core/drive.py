@@ -258,6 +258,37 @@ def _first_line(path: str) -> str | None:
         return None
 
 
+CAP_IPC_LOCK = 14  # the capability that lets a process lock memory past RLIMIT_MEMLOCK
+
+
+def memlock_refuses(size: int, status: str = "/proc/self/status") -> bool:
+    """Whether the locked-memory limit refuses pinning `size` bytes (an io_uring
+    fixed-buffer registration): the soft RLIMIT_MEMLOCK below it and no
+    CAP_IPC_LOCK to pass it. Where the capability cannot be read, it is
+    taken as absent."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    if soft == resource.RLIM_INFINITY or soft >= size:
+        return False
+    try:
+        with open(status) as f:
+            eff = next((int(x.split()[1], 16) for x in f if x.startswith("CapEff:")), 0)
+    except (OSError, ValueError):
+        return True
+    return not eff >> CAP_IPC_LOCK & 1
+
+
+def memlock_text(limit: int) -> str:
+    """A RLIMIT_MEMLOCK value for people: "unlimited", KiB below 1 MiB (the
+    common 64 KiB default read "0 MiB"), else MiB."""
+    import resource
+
+    if limit == resource.RLIM_INFINITY:
+        return "unlimited"
+    return f"{limit >> 10} KiB" if limit < (1 << 20) else f"{limit >> 20} MiB"
+
+
 def cgroup_cpu_limit(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> float | None:
     """The CPUs this process's cgroup may use (a container's CPU limit: its
     quota over its period), from cgroup v2's cpu.max or v1's CFS files; None

@@ -9,6 +9,7 @@ import functools
 import logging
 import math
 import os
+import resource
 import sys
 import threading
 from typing import Callable, Optional
@@ -18,6 +19,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 
 from .. import _fxio
 from ..core.chunkfile import ChunkMeta
+from ..core.drive import memlock_refuses, memlock_text
 from ..core.once import log_once
 from ..core.options import ConfigError, FxOptions, plugin_lists, plugin_options
 from ..core.store import ChunkStore
@@ -264,32 +266,6 @@ def _thp_mode(path: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> str:
     return text[text.find("[") + 1 : text.find("]")] if "[" in text else ""
 
 
-def _memlock_below(size: int) -> bool:
-    """Whether the locked-memory limit is what refused `size` bytes: below it,
-    and no CAP_IPC_LOCK to pass it (else an ENOMEM is something else, and is
-    said as it is)."""
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
-    if soft == resource.RLIM_INFINITY or soft >= size:
-        return False
-    try:
-        with open("/proc/self/status") as f:
-            eff = next((int(x.split()[1], 16) for x in f if x.startswith("CapEff:")), 0)
-    except (OSError, ValueError):
-        return True
-    return not eff >> 14 & 1  # CAP_IPC_LOCK
-
-
-def _memlock_text() -> str:
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
-    if soft == resource.RLIM_INFINITY:
-        return "unlimited"
-    return f"{soft >> 10} KiB" if soft < (1 << 20) else f"{soft >> 20} MiB"
-
-
 def register_memory(engine, addr: int, size: int, what: str) -> bool:
     """Huge pages and io_uring fixed buffers on memory LMCache reads into,
     where the kernel allows: bigger requests and no per-I/O page pinning.
@@ -320,7 +296,7 @@ def register_memory(engine, addr: int, size: int, what: str) -> bool:
             size / (1 << 30),
         )
         return False
-    if r in (-errno.ENOMEM, -errno.EPERM) and _memlock_below(size):
+    if r in (-errno.ENOMEM, -errno.EPERM) and memlock_refuses(size):
         log_once(
             log,
             "memlock",
@@ -332,7 +308,7 @@ def register_memory(engine, addr: int, size: int, what: str) -> bool:
             what,
             size / (1 << 30),
             os.strerror(-r),
-            _memlock_text(),
+            memlock_text(resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]),
         )
         return False
     if r < 0:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .. import _fxio
+from ..core.drive import CAP_IPC_LOCK, memlock_refuses, memlock_text
 from ..core.layout import LOCK_DIR, LOCK_NAME, device_of, probe_odirect, root_problem
 from ..core.medium import (
     client_local_locks,
@@ -52,7 +53,6 @@ options turn them off) will be used; 1 it will not; 2 usage error.
 """
 
 LMCACHE_RANGE = ((0, 5, 6), (0, 6, 0))  # >=0.5.6,<0.6 as in pyproject.toml
-CAP_IPC_LOCK = 14
 PROBE_REGISTER_BYTES = 64 << 20
 
 
@@ -228,9 +228,6 @@ def check_memlock(pool_bytes: Optional[int]) -> list[Check]:
     soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     cap = has_cap(st, CAP_IPC_LOCK)
 
-    def fmt(x):
-        return "unlimited" if x == resource.RLIM_INFINITY else f"{x / (1 << 20):.0f} MiB"
-
     data = {
         "memlock_soft": None if soft == resource.RLIM_INFINITY else soft,
         "memlock_hard": None if hard == resource.RLIM_INFINITY else hard,
@@ -241,7 +238,7 @@ def check_memlock(pool_bytes: Optional[int]) -> list[Check]:
         Check(
             "memlock",
             "ok" if cap or soft == resource.RLIM_INFINITY else "info",
-            f"RLIMIT_MEMLOCK {fmt(soft)} (hard {fmt(hard)}), CAP_IPC_LOCK {'yes' if cap else 'no'}",
+            f"RLIMIT_MEMLOCK {memlock_text(soft)} (hard {memlock_text(hard)}), CAP_IPC_LOCK {'yes' if cap else 'no'}",
             data=data,
         )
     ]
@@ -270,14 +267,13 @@ def check_memlock(pool_bytes: Optional[int]) -> list[Check]:
                 data,
             )
         ]
-    limited = not cap and soft != resource.RLIM_INFINITY
-    if pool_bytes and limited and pool_bytes > soft:
+    if pool_bytes and memlock_refuses(pool_bytes):
         return out + [
             Check(
                 "fixed buffers",
                 "warn",
                 f"a {size >> 20} MiB buffer registers, but LMCache's pool of {pool_bytes / GIB:.1f} GiB "
-                f"exceeds the memlock limit ({fmt(soft)}) without CAP_IPC_LOCK: it will not register",
+                f"exceeds the memlock limit ({memlock_text(soft)}) without CAP_IPC_LOCK: it will not register",
                 "raise the memlock limit above the pool size (ulimit -l unlimited) or grant CAP_IPC_LOCK",
                 data,
             )
