@@ -42,6 +42,14 @@ def raise_nofile() -> int:
     return soft
 
 
+def _key_elsewhere(f: StoreFile, h: Header) -> str:
+    """Why a file's header is not its own chunk's (a copy under another
+    chunk's name, which the store never reads as that key), or ""."""
+    if chunk_digest(h.key) != f.digest:
+        return f"holds key {h.key!r}, which belongs in another file"
+    return ""
+
+
 class ChunkVerifier:
     """Opens chunk files (O_DIRECT where the filesystem allows) and reads them
     in batches through the C engine."""
@@ -109,10 +117,8 @@ class ChunkVerifier:
                 except BadHeader as e:
                     yield f, None, f"bad header: {e}"
                     continue
-                if chunk_digest(h.key) != f.digest:  # a copy under another chunk's name: never read as it
-                    yield f, None, f"holds key {h.key!r}, which belongs in another file"
-                else:
-                    yield f, h, ""
+                why = _key_elsewhere(f, h)
+                yield (f, None, why) if why else (f, h, "")
 
     # -- whole chunks with CRC (fsck)
     def verify(self, files: list[StoreFile], buffer_bytes: int) -> Iterator["Verdict"]:
@@ -401,8 +407,9 @@ def _judge_header(f: StoreFile, hmv, hn: int, plen: int, ident: tuple[int, int],
         return v("version", str(e))
     except BadHeader as e:
         return v("bad", f"bad header: {e}")
-    if chunk_digest(h.key) != f.digest:
-        return v("bad", f"holds key {h.key!r}, which belongs in another file", h)
+    why = _key_elsewhere(f, h)
+    if why:
+        return v("bad", why, h)
     if h.payload_len != plen:
         how = "truncated" if plen < h.payload_len else "too long"
         return v("bad", f"payload is {plen} bytes, header says {h.payload_len} ({how})", h)
