@@ -381,15 +381,16 @@ class Ledger:
         magic, count, written = self.CHANGES.unpack(tail[:-4])
         return (count, written, usage) if magic == self.CHANGES_MAGIC else (0, None, usage)
 
-    def add(self, delta: int) -> Optional[int]:
-        """Adds delta to the usage (never below 0), keeping the scan time; the
-        new usage, or None when the record is missing or bad (it is left for
-        a scan to rebuild). Hold the lock."""
+    def add(self, delta: int, recount: bool = False) -> Optional[int]:
+        """Adds delta to the usage (never below 0), keeping the scan time, or
+        with `recount` setting it to 0, so that the next store to write
+        recounts the files; the new usage, or None when the record is missing
+        or bad (it is left for a scan to rebuild). Hold the lock."""
         rec = self.get()
         if rec is None:
             return None
         usage = max(0, rec[0] + delta)
-        self.put(usage, rec[1])
+        self.put(usage, 0.0 if recount else rec[1])
         return usage
 
     def set_usage(self, usage: int) -> None:

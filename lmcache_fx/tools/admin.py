@@ -1014,10 +1014,8 @@ class Remover:
     def close(self) -> None:
         try:
             if self.removed_bytes and self.ledger is not None and self._lock():
-                rec = self.ledger.get()
-                if rec is not None:  # recounted from the files by the next store's write
-                    self.ledger.put(max(rec[0] - self.freed, 0), 0.0)
-                    self.freed = 0
+                self.ledger.add(-self.freed, recount=True)
+                self.freed = 0
             self._unlock()
         finally:
             if self.ledger is not None:
