@@ -721,7 +721,10 @@ def test_devices_plan_and_memory_refusal():
     assert check_memory(cfg, ["fx", "fio"], sizes) is None
     huge = bench.BenchConfig(path="", geo=geo, n_chunks=1 << 30)
     msg = check_memory(huge, ["fx", "fio"], plan_devices(huge, ["fx", "fio"], 2))
-    assert msg and "available" in msg
+    assert msg and "available" in msg and msg.endswith("lower --total-gb, --devices or --readers")
+    # --mkfs-loop's refusal names its own flag (its message once said --devices)
+    msg = check_memory(huge, ["fx"], [1 << 30], "--mkfs-loop")
+    assert msg and msg.endswith("lower --total-gb, --mkfs-loop or --readers")
 
 
 @pytest.mark.slow

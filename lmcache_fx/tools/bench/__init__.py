@@ -26,7 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from typing import Optional, Sequence
 
 from ...core.options import expand_path
@@ -328,6 +328,19 @@ def _signals_as_exit():
             signal.signal(sig, h)
 
 
+def _sizing_config(args, geo, n_chunks: int) -> BenchConfig:
+    """The run's workload as far as sizing its RAM-backed images and the
+    memory it takes needs it (--devices, --mkfs-loop)."""
+    return BenchConfig(
+        path="",
+        geo=geo,
+        n_chunks=n_chunks,
+        reps=args.reps,
+        latency=args.latency,
+        concurrency=tuple(_ints(args.concurrency)),
+    )
+
+
 def build_devices(parser, args, stack: ExitStack, geo, n_chunks: int, names: list, per_chunk_names: list):
     """--devices N: N RAM-backed loop XFS filesystems sized from the
     workload, refused when the host's memory would not hold the run; each is
@@ -340,14 +353,7 @@ def build_devices(parser, args, stack: ExitStack, geo, n_chunks: int, names: lis
     why = why_not_available()
     if why:
         parser.error(f"--devices: {why}")
-    probe = BenchConfig(
-        path="",
-        geo=geo,
-        n_chunks=n_chunks,
-        reps=args.reps,
-        latency=args.latency,
-        concurrency=tuple(_ints(args.concurrency)),
-    )
+    probe = _sizing_config(args, geo, n_chunks)
     readers_all = list(dict.fromkeys(names + per_chunk_names))
     sizes = plan_devices(probe, readers_all, n)
     too_big = check_memory(probe, readers_all, sizes)
@@ -392,12 +398,10 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
                 parser.error(f"--mkfs-loop: {why}")
             from .run import check_memory
 
-            probe = BenchConfig(path="", geo=geo, n_chunks=n_chunks, reps=args.reps, latency=args.latency)
-            too_big = check_memory(probe, list(dict.fromkeys(names + per_chunk_names)), [args.mkfs_loop])
+            readers_all = list(dict.fromkeys(names + per_chunk_names))
+            too_big = check_memory(_sizing_config(args, geo, n_chunks), readers_all, [args.mkfs_loop], "--mkfs-loop")
             if too_big:  # its image lies in RAM: past the host's memory, the OOM killer picks who goes
-                parser.error(
-                    f"--mkfs-loop {args.mkfs_loop >> 20} MiB: {too_big.replace('--devices, ', '--mkfs-loop, ')}"
-                )
+                parser.error(f"--mkfs-loop {args.mkfs_loop >> 20} MiB: {too_big}")
             if not args.quiet:
                 sys.stderr.write(f"bench: writing the {args.mkfs_loop / (1 << 30):.1f} GiB loop image through\n")
             base = stack.enter_context(xfs_loop(args.mkfs_loop, touch=True))
@@ -519,23 +523,17 @@ def _write_json(path: str, results: dict) -> str:
     a full disk neither loses them to a traceback nor truncates the file
     there. Anything else (a pipe, /dev/stdout, a device) is written in place:
     renamed over, it would be replaced by a file. "" or why not."""
-    if os.path.exists(path) and not os.path.isfile(path):
-        try:
-            with open(path, "w") as f:
-                json.dump(results, f, indent=1)
-        except OSError as e:
-            return e.strerror or str(e)
-        return ""
-    tmp = f"{path}.tmp.{os.getpid()}"
+    in_place = os.path.exists(path) and not os.path.isfile(path)
+    target = path if in_place else f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "w") as f:
+        with open(target, "w") as f:
             json.dump(results, f, indent=1)
-        os.replace(tmp, path)
+        if not in_place:
+            os.replace(target, path)
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if not in_place:
+            with suppress(OSError):
+                os.unlink(target)
         return e.strerror or str(e)
     return ""
 

@@ -140,8 +140,9 @@ def memory_needed(cfg: BenchConfig, readers: list[str], sizes: list[int]) -> int
     return need
 
 
-def check_memory(cfg: BenchConfig, readers: list[str], sizes: list[int]) -> Optional[str]:
-    """None when the run fits in this host's available memory, else why not."""
+def check_memory(cfg: BenchConfig, readers: list[str], sizes: list[int], shrink: str = "--devices") -> Optional[str]:
+    """None when the run fits in this host's available memory, else why not
+    (`shrink`: the flag that sized the images, named among the fixes)."""
     need, avail = memory_needed(cfg, readers, sizes), mem_available()
     if avail is None:
         return None
@@ -149,7 +150,7 @@ def check_memory(cfg: BenchConfig, readers: list[str], sizes: list[int]) -> Opti
         return (
             f"{len(sizes)} RAM-backed loop filesystems of {', '.join(f'{s / (1 << 30):.2f}' for s in sizes)} GiB "
             f"plus the workload and the readers' buffers need about {need / (1 << 30):.1f} GiB, but only "
-            f"{avail / (1 << 30):.1f} GiB is available (90% may be used): lower --total-gb, --devices or --readers"
+            f"{avail / (1 << 30):.1f} GiB is available (90% may be used): lower --total-gb, {shrink} or --readers"
         )
     return None
 
