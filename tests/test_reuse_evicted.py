@@ -838,6 +838,98 @@ def test_no_reuse_where_nothing_would_tell_a_torn_reused_file(store_dir):
             s.close()
 
 
+@pytest.mark.parametrize("reads", ["read_chunks", "two_op"])
+def test_torn_reused_files_are_misses_even_with_verify_off(store_dir, reads):
+    """After a power cut a file a new chunk was written into can hold the new
+    header over part of the old chunk's payload, or the old header (its
+    renames and header writes lost) over part of the new payload: full
+    length, well formed. A store that reuses files on disk flags every chunk
+    it writes (FLAG_CHECK_PAYLOAD); one restarted with verify off still
+    checks those payloads (in C on read_chunks, through the engine's CRC on
+    the two-op path) and misses both tears. A verify-off store on disk reuses
+    nothing, and its own chunks are not flagged."""
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:4])
+        paths = {k: s.path_for(chunk_digest(k)) for k in KEYS[:6]}
+        with open(paths[KEYS[0]], "rb") as f:
+            first = f.read()  # KEYS[0]'s file as it stood before its reuse
+        _fill(s, KEYS[4:6])  # KEYS[4] and KEYS[5] go into the files of KEYS[0] and KEYS[1]
+        assert s.stats.snapshot()["recycled"] == 2
+    finally:
+        s.close()
+    for k in KEYS[2:6]:
+        with open(paths[k], "rb") as f:
+            assert decode_header(f.read(HEADER_SIZE)).check_payload, k
+    assert decode_header(first[:HEADER_SIZE]).check_payload
+    with open(paths[KEYS[4]], "rb") as f:
+        new4 = f.read()
+    # Tear 1: KEYS[4]'s header landed, its payload's first 4 KiB did not (another chunk's bytes there).
+    with open(paths[KEYS[2]], "rb") as f:
+        other = f.read()[HEADER_SIZE : HEADER_SIZE + 4096]
+    fd = os.open(paths[KEYS[4]], os.O_WRONLY)
+    try:
+        assert os.pwrite(fd, other, HEADER_SIZE) == 4096
+    finally:
+        os.close(fd)
+    # Tear 2: at KEYS[0]'s old name, its own header over KEYS[4]'s first 4 KiB (renames and headers lost).
+    with open(paths[KEYS[0]], "wb") as f:
+        f.write(first[:HEADER_SIZE] + new4[HEADER_SIZE : HEADER_SIZE + 4096] + first[HEADER_SIZE + 4096 :])
+    s = F.open_store(store_dir, verify=False)  # room for the five files: none evicted at start
+    try:
+        keys = KEYS[:6]
+        if reads == "two_op":
+            got = drive_blocking(s.engine, s.read_steps(keys, F.allocator(), chunks=False), lambda h: None)
+        else:
+            assert s._takes_chunks(s.engine)
+            got = s.read(keys, F.allocator(), lambda h: None)
+        assert [h is not None for h in got] == [False, False, True, True, False, True]
+        assert all(F.check(k, memoryview(h)) == "ok" for k, h in zip(keys, got) if h is not None)
+        assert s.stats.snapshot()["corrupt"] == 2
+        assert not os.path.exists(paths[KEYS[0]]) and not os.path.exists(paths[KEYS[4]])
+        src = F.Chunks()
+        assert s.write([src.item(KEYS[6], CHUNK)]) == [True]
+        with open(s.path_for(chunk_digest(KEYS[6])), "rb") as f:
+            assert not decode_header(f.read(HEADER_SIZE)).check_payload
+    finally:
+        s.close()
+
+
+def test_a_chunk_reused_since_the_two_op_path_last_saw_it_is_read_again_with_its_crc(store_dir):
+    """The two-op path asks the engine for CRCs only where a chunk's header as
+    last seen was flagged. One rewritten since by a store that flags its
+    chunks (another process) is read without its CRC: a miss, its file kept;
+    the next read learns the flag and checks the payload."""
+    from lmcache_fx.core.chunkfile import encode_header
+
+    s = _open(store_dir, verify=False)  # reuses nothing on disk: its chunks are not flagged
+    try:
+        _fill(s, KEYS[:4])
+    finally:
+        s.close()
+    s = _open(store_dir, verify=False)
+    try:
+
+        def read():
+            return drive_blocking(s.engine, s.read_steps([KEYS[0]], F.allocator(), chunks=False), lambda h: None)[0]
+
+        assert read() is not None  # its header learnt: not flagged
+        p = s.path_for(chunk_digest(KEYS[0]))
+        with open(p, "r+b") as f:  # rewritten meanwhile by a store that flags its chunks: the same chunk
+            h = decode_header(f.read(HEADER_SIZE))
+            buf = bytearray(HEADER_SIZE)
+            encode_header(buf, h.key, h.meta, h.payload_len, h.payload_crc, h.created_ns, check_payload=True)
+            f.seek(0)
+            f.write(buf)
+        assert read() is None and os.path.exists(p) and s.stats.snapshot()["corrupt"] == 0
+        with open(p, "r+b") as f:  # and torn by a power cut
+            f.seek(HEADER_SIZE)
+            f.write(bytes(4096))
+        assert read() is None and s.stats.snapshot()["corrupt"] == 1 and not os.path.exists(p)
+    finally:
+        s.close()
+
+
 def test_no_reuse_with_verify_off_when_any_path_is_on_disk(tmp_path, shm_dir):
     """One path on tmpfs and one on disk, verify off, no auth_key: the disk
     path's evicted files could be torn by a power cut like any other, so

@@ -8,7 +8,8 @@ length and CRC32C, and a CRC32C of the header itself.
     offset size  field
     0      8     magic b"LMCFXKV\\0"
     8      2     format version
-    10     2     flags: bit 0 = a MAC is present (auth_key)
+    10     2     flags: bit 0 = a MAC is present (auth_key); bit 1 = its
+                 payload CRC is checked even with verify off
     12     4     header size (4096)
     16     8     payload length
     24     4     payload CRC32C
@@ -24,6 +25,18 @@ covers them either way). So files written with auth_key are read by every
 version, with or without a key; a reader with auth_key treats a file with no
 MAC, or one that does not verify, as a miss. A keyed header leaves 32 bytes
 less room for the meta.
+
+Flag bit 1 (FLAG_CHECK_PAYLOAD) marks a chunk written by a store that
+writes new chunks into evicted chunks' files on a disk filesystem
+(reuse_evicted). Headers, payloads and renames reach the disk in no set order
+(no fsync), so after a power cut such a file can hold either chunk's header
+over part of the other's payload, full length and well formed: only the
+payload CRC tells. Every chunk such a store writes is flagged, not only those
+it writes into a reused file: the one whose file is reused later keeps its
+header, and a lost header write can leave that header at its old name over
+the new payload. Readers check the payload CRC of flagged chunks even with
+verify off. Readers of earlier versions ignore the bit, as they ignore the
+MAC's.
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ SUFFIX = ".fxkv"
 _FIXED = struct.Struct("<8sHHIQIIQ")  # up to and including the creation time
 _MAX_META = HEADER_SIZE - _FIXED.size - 4
 FLAG_MAC = 1
+FLAG_CHECK_PAYLOAD = 2
 MAC_SIZE = 32
 MAC_OFF = HEADER_SIZE - 4 - MAC_SIZE  # the MAC covers bytes 0..MAC_OFF-1 of the header, then the payload
 _MAX_META_MAC = MAC_OFF - _FIXED.size
@@ -100,6 +114,7 @@ class Header:
     payload_crc: int
     created_ns: int
     mac: bytes = b""  # empty when the file carries none
+    check_payload: bool = False  # FLAG_CHECK_PAYLOAD: its payload CRC is checked even with verify off
 
 
 @functools.lru_cache(maxsize=16384)
@@ -119,17 +134,19 @@ def encode_header(
     created_ns: int,
     mac_key: bytes | None = None,
     payload=None,
+    check_payload: bool = False,
 ) -> bytes:
     """Writes a header into the first 4096 bytes of a writable buffer; with
-    `mac_key`, a MAC of the header and `payload` (a buffer) too. Returns the
-    header's JSON body (what a reader passes as read_chunks' `expect`)."""
+    `mac_key`, a MAC of the header and `payload` (a buffer) too; with
+    `check_payload`, FLAG_CHECK_PAYLOAD. Returns the header's JSON body (what a reader
+    passes as read_chunks' `expect`)."""
     body = header_body(key, meta)
     limit = _MAX_META if mac_key is None else _MAX_META_MAC
     if len(body) > limit:
         raise ValueError(f"chunk key and meta take {len(body)} bytes, more than the header's {limit}")
     mv = memoryview(buf)[:HEADER_SIZE]
     mv[:] = _ZERO_HEADER
-    flags = 0 if mac_key is None else FLAG_MAC
+    flags = (0 if mac_key is None else FLAG_MAC) | (FLAG_CHECK_PAYLOAD if check_payload else 0)
     _FIXED.pack_into(mv, 0, MAGIC, FORMAT_VERSION, flags, HEADER_SIZE, payload_len, payload_crc, len(body), created_ns)
     mv[_FIXED.size : _FIXED.size + len(body)] = body
     if mac_key is not None:
@@ -225,7 +242,7 @@ def decode_header(buf) -> Header:
         # make the reader allocate the wrong (possibly huge) destination.
         raise BadHeader(f"shapes and dtypes make {expect} bytes, payload length is {plen}")
     mac = bytes(mv[MAC_OFF : MAC_OFF + MAC_SIZE]) if flags & FLAG_MAC else b""
-    return Header(key, meta, plen, pcrc, created, mac)
+    return Header(key, meta, plen, pcrc, created, mac, bool(flags & FLAG_CHECK_PAYLOAD))
 
 
 _ITEMSIZE = {

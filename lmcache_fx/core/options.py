@@ -295,7 +295,13 @@ class FxOptions:
         "a completion; a read alone keeps its pieces; false: pieces always",
         _boolean,
     )
-    verify: bool = _opt(True, "true | false", "check each payload's CRC32C on read; a mismatch is a miss", _boolean)
+    verify: bool = _opt(
+        True,
+        "true | false",
+        "check each payload's CRC32C on read; a mismatch is a miss (with false, chunks written by a store that "
+        "reuses evicted files on disk are still checked)",
+        _boolean,
+    )
     reuse_evicted: bool = _opt(
         True,
         "true | false",

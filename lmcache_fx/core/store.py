@@ -175,6 +175,7 @@ class Entry:
     meta: Optional[ChunkMeta] = None  # known once the header was read or written
     touched: float = 0.0  # time.monotonic() of the last mtime refresh by this process
     body: Optional[bytes] = None  # the header's JSON body as last seen (read_chunks' `expect`)
+    check_payload: bool = False  # its header as last seen has FLAG_CHECK_PAYLOAD
 
 
 @dataclass
@@ -525,6 +526,10 @@ class ChunkStore:
                         if on
                     ),
                 )
+            # A store that rewrites evicted files on disk flags every chunk it writes: after a power cut
+            # either chunk's header can stand over part of the other's payload, so every reader checks
+            # those payloads, verify or not (chunkfile.py, FLAG_CHECK_PAYLOAD).
+            self._check_payload = self.reuse_evicted and not in_memory
             self._keeps_spares = self.reuse_evicted and self.lock_reads and bool(magics & medium.MEMORY_FS_MAGICS)
             # Distinct devices under the paths: queue depth and staging are per device, or a read
             # striped over eight devices keeps under one piece in flight on each.
@@ -1754,6 +1759,7 @@ class ChunkStore:
                     now,
                     self._mac_key,
                     memory_at(f.addr, f.nbytes) if self._mac_key else None,
+                    self._check_payload,
                 )
                 hdr_ops.append((f.fd, 0, HEADER_SIZE, hdrs.address + off))
                 good2.append(f)
@@ -1891,7 +1897,15 @@ class ChunkStore:
         ops = []
         for j, f in enumerate(good):
             off = HEADER_SIZE * j
-            f.body = encode_header(memoryview(hdrs)[off : off + HEADER_SIZE], f.key, f.meta, f.nbytes, 0, now)
+            f.body = encode_header(
+                memoryview(hdrs)[off : off + HEADER_SIZE],
+                f.key,
+                f.meta,
+                f.nbytes,
+                0,
+                now,
+                check_payload=self._check_payload,
+            )
             if not f.nbytes % 4096:  # else trimmed under the lock, which sets the clock again
                 f.mtime_ns = self._next_mtime_ns()
             ops.append((f.fd, f.addr, f.nbytes, hdrs.address + off, f.mtime_ns))
@@ -2011,7 +2025,14 @@ class ChunkStore:
                     done.append(f)
                     with self._lock:
                         self._index.pop(f.digest, None)
-                        self._index[f.digest] = Entry(f.final, size, f.meta, touched=time.monotonic(), body=f.body)
+                        self._index[f.digest] = Entry(
+                            f.final,
+                            size,
+                            f.meta,
+                            touched=time.monotonic(),
+                            body=f.body,
+                            check_payload=self._check_payload,
+                        )
                     continue
             _unlink_at(f.dfd, f.tmp)
             delta -= f.reserved
@@ -2297,7 +2318,7 @@ class ChunkStore:
                 if h is None:
                     entries[i] = None
                 else:
-                    e.meta, e.body = h.meta, header_body_of(mv)
+                    e.meta, e.body, e.check_payload = h.meta, header_body_of(mv), h.check_payload
             while fds:
                 os.close(fds.pop())
         # Phase 2: header again (the file may have been replaced) and payload.
@@ -2329,7 +2350,9 @@ class ChunkStore:
             ops.append((fd, 0, HEADER_SIZE, hbuf.address + HEADER_SIZE * i))
             ops.append((fd, HEADER_SIZE, a[2], a[1]))
             slots.append(i)
-        res = yield ops, self.options.verify
+        # Chunks last seen with FLAG_CHECK_PAYLOAD get their payload CRC whatever verify says.
+        crc = self.options.verify or any(entries[i].check_payload for i in slots)
+        res = yield ops, crc
         nbytes = 0
         for k, i in enumerate(slots):
             hr, pr = res[2 * k], res[2 * k + 1]
@@ -2352,11 +2375,17 @@ class ChunkStore:
                 else:
                     self._short_payload(keys[i], e, size, h.payload_len, prn, ident)
                 continue
-            if pcrc is not None and pcrc != h.payload_crc:
+            if pcrc is not None and (self.options.verify or h.check_payload) and pcrc != h.payload_crc:
                 self._corrupt(keys[i], e, "payload checksum mismatch", ident=_identity(fd)[0])
+                continue
+            if h.check_payload and pcrc is None:
+                # Flagged since its header was last seen (rewritten by another store), so read without
+                # its CRC: a miss this time; the next read learns the flag in phase 1 and asks for it.
+                e.meta = e.body = None
                 continue
             if self._mac_rejects(keys[i], e, mv, h, allocs[i][1], prn, _identity(fd)[0]):
                 continue
+            e.check_payload = h.check_payload
             out[i] = allocs[i][0]
             nbytes += prn
         used = [(entries[i], fds[k]) for k, i in enumerate(slots) if out[i] is not None]
@@ -2450,7 +2479,7 @@ class ChunkStore:
                 # takes its header anew (phase 1, which checks the file holds what the header claims).
                 e.meta = e.body = None
                 return False
-            e.body = header_body_of(mv)
+            e.body, e.check_payload = header_body_of(mv), h.check_payload
             return not self._mac_rejects(key, e, mv, h, alloc[1], nb, ident)
         if status in _CORRUPT_STATUSES:  # or being reused (its header zeroed first)
             why = _fxio.CHUNK_STATUS_NAMES[status].replace("_", " ")
