@@ -162,6 +162,7 @@ struct GpuStagingObject {
     int io; /* 1 io_uring, 0 threads */
     int fixed;
     char fixed_error[256]; /* why the slots are not io_uring fixed buffers (io_uring only) */
+    char io_error[256];    /* why reads run on threads where io_uring was asked for, or "" */
     int numa_node;         /* node the staging memory was bound to, or -1 */
     char numa_info[256];
     pid_t pid;             /* process that built the pool */
@@ -457,8 +458,12 @@ static int staging_build(GpuStagingObject *g, int want_uring, const char *sysfs,
                                                    : "");
     } else if (want_uring) {
         g->ring = fx_ring_new(g->nslots + 2, 0, &r);
-        if (g->ring && fx_ring_works(g->ring) < 0) {
+        if (!g->ring)
+            snprintf(g->io_error, sizeof(g->io_error), "io_uring ring for the staging slots: %s", strerror(-r));
+        else if ((r = fx_ring_works(g->ring)) < 0) {
             /* io_uring_enter refused (a seccomp profile allowing only the setup): the reader threads. */
+            snprintf(g->io_error, sizeof(g->io_error), "io_uring_enter on the staging slots' ring failed: %s",
+                     strerror(-r));
             fx_ring_discard(g->ring);
             g->ring = NULL;
         }
@@ -1451,6 +1456,13 @@ static PyObject *g_fixed_error(GpuStagingObject *g, void *c)
         Py_RETURN_NONE;
     return PyUnicode_FromString(g->fixed_error);
 }
+static PyObject *g_io_error(GpuStagingObject *g, void *c)
+{
+    (void)c;
+    if (!g->io_error[0])
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(g->io_error);
+}
 static PyObject *g_numa_node(GpuStagingObject *g, void *c)
 {
     (void)c;
@@ -1517,6 +1529,7 @@ static PyGetSetDef GpuStaging_getset[] = {
     {"pin_error", (getter)g_pin_error, NULL, "why it is not, or None", NULL},
     {"fixed_buffers", (getter)g_fixed, NULL, "slots are io_uring fixed buffers", NULL},
     {"fixed_error", (getter)g_fixed_error, NULL, "why io_uring refused them as fixed buffers, or None", NULL},
+    {"io_error", (getter)g_io_error, NULL, "why reads run on threads where io_uring was asked for, or None", NULL},
     {"numa_node", (getter)g_numa_node, NULL, "NUMA node the staging memory is bound to, or -1", NULL},
     {"numa_info", (getter)g_numa_info, NULL, "how the staging memory was placed, and why", NULL},
     {"forked", (getter)g_forked, NULL, "this process is a fork()ed child of the pool's: unusable", NULL},

@@ -320,7 +320,9 @@ class GpuStaging:
     pinned: bool
     pin_error: str | None
     fixed_buffers: bool
+    fixed_error: str | None
     io: Literal["io_uring", "threads"]
+    io_error: str | None  # why reads run on threads where io_uring was asked for
     driver: str
     last_error: str | None
     closed: bool

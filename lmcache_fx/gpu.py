@@ -172,8 +172,9 @@ class GpuReader:
     @property
     def degraded(self) -> Optional[str]:
         """Why reads run slower than they could, or None: staging not
-        page-locked (every copy synchronous, no overlap) or io_uring refusing
-        the slots as fixed buffers (pages pinned again on every read)."""
+        page-locked (every copy synchronous, no overlap), io_uring refusing
+        the slots as fixed buffers (pages pinned again on every read), or its
+        own ring refused (reads on threads)."""
         why = []
         if not self._st.pinned:
             why.append(
@@ -182,6 +183,8 @@ class GpuReader:
             )
         if self._st.fixed_error:
             why.append(f"{self._st.fixed_error}: every read pins its pages again")
+        if self._st.io_error:
+            why.append(f"{self._st.io_error}: reads run on threads")
         return "; ".join(why) or None
 
     @property

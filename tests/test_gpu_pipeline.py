@@ -1623,10 +1623,20 @@ def test_staging_on_its_own_ring_falls_back_where_io_uring_enter_is_refused(fake
         B = _fxio.HostBuffer(1 << 20)
         fd = os.open({path!r}, os.O_RDONLY)
         print("RESULT", g.io, g.read([(fd, 0, 1 << 20, B.address)]), bytes(memoryview(B)) == open({path!r}, "rb").read(1 << 20))
+        print("WHY", g.io_error)
         g.close()
+        from lmcache_fx.gpu import GpuReader
+        r = GpuReader(slots=4, slot_bytes=1 << 20)
+        print("DEGRADED", r.degraded)
+        r.close()
         """
     )
     env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=fake_gpu_driver_so, PYTHONPATH=ROOT)
     r = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip().splitlines()[-1] == "RESULT threads [1048576] True", r.stdout
+    lines = r.stdout.strip().splitlines()
+    assert lines[-3] == "RESULT threads [1048576] True", r.stdout
+    # Why it reads on threads is kept, and the reader's warning says it.
+    assert lines[-2] == "WHY io_uring_enter on the staging slots' ring failed: Operation not permitted", r.stdout
+    assert lines[-1].startswith("DEGRADED ") and "io_uring_enter on the staging slots' ring failed" in lines[-1]
+    assert "reads run on threads" in r.stderr, r.stderr[-2000:]
