@@ -272,9 +272,22 @@ class FxStorageBackend(StoragePluginInterface):
         return self.batched_get_blocking([key])[0]
 
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
-        return self.store.read(
-            [k.to_string() for k in keys], self._allocate, self._release, self._reads, self._allocate_many
-        )
+        holds = [False]  # whether this read holds some of LMCache's pool yet
+
+        def allocate(meta: ChunkMeta):
+            # Only a destination taken while this read holds none of the pool may wait for room:
+            # after that, waiting can wait on this read itself forever (a hit prefix of more chunks
+            # than the pool holds). Later ones take what is free, else they and the rest miss.
+            got = self._allocate(meta, busy_loop=not holds[0])
+            holds[0] = holds[0] or got is not None
+            return got
+
+        def allocate_many(meta: ChunkMeta, count: int):
+            got = self._allocate_many(meta, count)
+            holds[0] = holds[0] or got is not None
+            return got
+
+        return self.store.read([k.to_string() for k in keys], allocate, self._release, self._reads, allocate_many)
 
     def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
         fut: Future = Future()

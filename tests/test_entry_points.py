@@ -959,3 +959,54 @@ def test_remote_plugin_and_l2_adapter_serve_their_metrics(tmp_path):
     finally:
         side.close()
     assert 'store="l2"' not in generate_latest(REGISTRY).decode()  # taken out at close
+
+
+_SMALL_POOL = """
+import json, sys, threading, time
+import torch
+from test_entry_points import GEO, backend_of, engine_config, fx_store_of, store_engine
+from lmcache_fx.testing.cpu_engine import KV, config_from_dict, fx_config, lmcache_engine, retrieve
+entry, store, work, local_cpu = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+n = 8 * GEO.chunk
+tokens, kv = torch.arange(n) % 5000, KV(GEO, n, seed=7)
+with lmcache_engine(engine_config(entry, store, work), GEO) as eng:
+    store_engine(eng, entry, tokens, kv)
+cfg = fx_config(store, cpu_gb=0.0006, local_cpu=local_cpu) if entry == "plugin" else None
+if cfg is None:
+    from test_entry_points import remote_config
+    cfg = remote_config(store, cpu_gb=0.0006)
+with lmcache_engine(config_from_dict(cfg, work), GEO) as eng:
+    got, res = kv.empty_like(), {}
+    th = threading.Thread(target=lambda: res.setdefault("n", retrieve(eng, tokens, got)), daemon=True)
+    th.start()
+    th.join(60)
+    if th.is_alive():
+        print(json.dumps({"hung": True}), flush=True)
+        import os
+        os._exit(3)
+    alloc = eng.storage_manager.storage_backends["LocalCPUBackend"].get_memory_allocator()
+    alloc = getattr(alloc, "pin_allocator", alloc)
+    print(json.dumps({"tokens": res["n"], "equal": kv.tokens_equal(got, res["n"]),
+                      "held": alloc.num_active_allocations}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("entry,local_cpu", [("plugin", False), ("plugin", True), ("remote", False)])
+def test_a_hit_prefix_larger_than_lmcaches_pool_loads_what_fits(tmp_path, entry, local_cpu):
+    """A cached prompt of more chunks than LMCache's CPU pool holds (8 stored,
+    room for 2): the plugin's blocking read waited in LMCache's busy loop for
+    room its own earlier chunks held, and the retrieve never returned. Only a
+    destination taken while the read holds none may wait now: the prefix
+    that fits is loaded, bit-exact, and the pool is given back."""
+    r = subprocess.run(
+        [sys.executable, "-c", _SMALL_POOL, entry, str(tmp_path / "store"), str(tmp_path), "1" if local_cpu else "0"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.stdout.strip(), r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out.get("hung") is None, "the retrieve never returned"
+    assert 0 < out["tokens"] < 8 * GEO.chunk and out["tokens"] % GEO.chunk == 0, out
+    assert out["equal"] and out["held"] == 0, out
