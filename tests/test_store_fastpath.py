@@ -581,3 +581,17 @@ def test_write_after_fanout_directory_swapped_between_batches(root, tmp_path):
         assert _read_one(st, c, SIZE) == bytes([2]) * SIZE
     finally:
         st.close()
+
+
+def test_remove_after_close_is_false_not_an_error(tmp_path):
+    """LMCache may still call remove() on a backend it has closed (shutdown
+    order): it got AttributeError from the released ledger. Now False, and
+    the file stays for the next process."""
+    s = ChunkStore(FxOptions(path=str(tmp_path / "s")))
+    buf = _filled(1, 1 << 16)
+    meta = ChunkMeta(((1 << 15,),), ("bfloat16",), "KV_2LTD")
+    assert s.write([("k0", buf.address, 1 << 16, meta)]) == [True]
+    path = s.path_for(store_mod.chunk_digest("k0"))
+    s.close()
+    assert s.remove("k0") is False
+    assert os.path.exists(path)

@@ -1220,6 +1220,8 @@ class ChunkStore:
         return True
 
     def remove(self, key: str) -> bool:
+        if self._ledger is None:  # closed: nothing to count a removal in (and nothing is served)
+            return False
         d = chunk_digest(key)
         removed = self._drop(d, unlink=True)
         if len(self.roots) > 1:  # a copy under its other root too (two writers raced), or moved there
