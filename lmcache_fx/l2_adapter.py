@@ -367,6 +367,16 @@ class FxL2Adapter(L2AdapterInterface):
                     mine.dtypes,
                 )
                 return None
+            if meta != mine:  # nor a layout: one of the same bytes in other shapes would scramble the KV
+                self.store.burst_warning(
+                    "chunks of another shape",
+                    "lmcache-fx: stored chunk has shapes %s (%s), the L1 object %s (%s); miss",
+                    meta.shapes,
+                    meta.fmt,
+                    mine.shapes,
+                    mine.fmt,
+                )
+                return None
             return obj, obj.data_ptr, size  # the store checks the payload length against size
 
         return allocate

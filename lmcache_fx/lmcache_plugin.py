@@ -37,6 +37,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 from .core.chunkfile import ChunkMeta
 from .core.options import ConfigError
 from .integration.common import (
+    EngineShapes,
     allocate_from,
     allocate_many_from,
     before_pool_frees,
@@ -112,6 +113,7 @@ class FxStorageBackend(StoragePluginInterface):
                     f"set {prefix}direct_to_gpu: false on hosts without a GPU"
                 )
         self.store = open_store(self.options, prefix)
+        self._shapes = EngineShapes(metadata, self.store)
         if self.options.direct_to_gpu:
             try:
                 self._gpu = gpu.GpuChunkAllocator(
@@ -258,11 +260,15 @@ class FxStorageBackend(StoragePluginInterface):
 
     # ------------------------------------------------------------ reads
     def _allocate(self, meta: ChunkMeta, busy_loop: bool = True):
+        if not self._shapes.fits(meta):
+            return None
         return allocate_from(self._gpu or self.local_cpu_backend, meta, busy_loop)
 
     def _allocate_many(self, meta: ChunkMeta, count: int):
         # Host destinations only: the GPU pipeline's pool allocates per chunk.
-        return None if self._gpu else allocate_many_from(self.local_cpu_backend, meta, count)
+        if self._gpu or not self._shapes.fits(meta):
+            return None
+        return allocate_many_from(self.local_cpu_backend, meta, count)
 
     @staticmethod
     def _release(obj: MemoryObj) -> None:

@@ -38,6 +38,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from .core.chunkfile import ChunkMeta
 from .core.options import ConfigError, refuse_direct_to_gpu
 from .integration.common import (
+    EngineShapes,
     allocate_from,
     allocate_many_from,
     before_pool_frees,
@@ -80,6 +81,7 @@ class FxRemoteConnector(RemoteConnector):
         refuse_direct_to_gpu(self.options, f"{PREFIX}{self.name}.")
         port = worker_metrics_port(self.options, local_cpu_backend.metadata, f"{PREFIX}{self.name}.")
         self.store = open_store(self.options, f"{PREFIX}{self.name}.")
+        self._shapes = EngineShapes(local_cpu_backend.metadata, self.store)
         register_pool(self.store.engine, local_cpu_backend)
         from .core import metrics
 
@@ -128,10 +130,12 @@ class FxRemoteConnector(RemoteConnector):
     # ------------------------------------------------------------ reads
     def _allocate(self, meta: ChunkMeta):
         # busy_loop=False: this runs on LMCache's event loop, which must not spin.
+        if not self._shapes.fits(meta):
+            return None
         return allocate_from(self.local_cpu_backend, meta, busy_loop=False)
 
     def _allocate_many(self, meta: ChunkMeta, count: int):
-        return allocate_many_from(self.local_cpu_backend, meta, count)
+        return allocate_many_from(self.local_cpu_backend, meta, count) if self._shapes.fits(meta) else None
 
     @staticmethod
     def _release(obj: MemoryObj) -> None:

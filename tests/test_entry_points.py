@@ -1010,3 +1010,89 @@ def test_a_hit_prefix_larger_than_lmcaches_pool_loads_what_fits(tmp_path, entry,
     assert out.get("hung") is None, "the retrieve never returned"
     assert 0 < out["tokens"] < 8 * GEO.chunk and out["tokens"] % GEO.chunk == 0, out
     assert out["equal"] and out["held"] == 0, out
+
+
+def test_l2_a_chunk_of_the_same_bytes_in_other_shapes_is_a_miss(tmp_path, caplog):
+    """MP keys carry no layout: a server whose L1 objects for the same keys
+    have other shapes of the same dtype and bytes (a KV layout change) got
+    every chunk as a hit, its tensors scrambled. Each is a miss now, with a
+    warning that names both shapes."""
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    nb, n = 64 << 10, 3
+    arena, obj, keys = _l2_objects(n, nb, 5)
+
+    def reshaped(i):
+        t = arena[i * nb : (i + 1) * nb].view(2, nb // 2)
+        meta = MemoryObjMetadata(
+            shape=t.shape, dtype=torch.uint8, address=i * nb, phy_size=nb, fmt=MemoryFormat.KV_2LTD, ref_count=1
+        )
+        return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
+
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+    try:
+        assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
+        with caplog.at_level("WARNING", logger="lmcache_fx"):
+            bm = _l2_task(
+                ad,
+                ad.submit_load_task,
+                ad.query_load_result,
+                ad.get_load_event_fd(),
+                keys,
+                [reshaped(n + i) if i else obj(n + i) for i in range(n)],
+            )
+        assert bm.get_indices_list() == [0]  # the one of its own shape still loads
+        assert not arena[(n + 1) * nb :].any()  # nothing landed in the others
+        assert any("shapes ((65536,),)" in r.getMessage() and "(2, 32768)" in r.getMessage() for r in caplog.records)
+    finally:
+        ad.close()
+
+
+_OTHER_GEOMETRY = """
+import json, sys
+import torch
+from test_entry_points import GEO, backend_of, engine_config, store_engine
+from lmcache_fx.testing.cpu_engine import KV, Geometry, lmcache_engine, retrieve
+entry, store, work, layers, heads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+n = 4 * GEO.chunk
+tokens = torch.arange(n) % 5000
+with lmcache_engine(engine_config(entry, store, work), GEO) as eng:
+    store_engine(eng, entry, tokens, KV(GEO, n, seed=7))
+other = Geometry(layers=layers, kv_heads=heads, head_dim=GEO.head_dim, dtype=GEO.dtype)
+with lmcache_engine(engine_config(entry, store, work), other) as eng:
+    kv = KV(other, n, seed=9)
+    got = kv.empty_like()
+    try:
+        hit = retrieve(eng, tokens, got)
+    except Exception as e:
+        print(json.dumps({"raised": f"{type(e).__name__}: {e}"[:300]}), flush=True)
+        sys.exit(0)
+    alloc = eng.storage_manager.storage_backends["LocalCPUBackend"].get_memory_allocator()
+    alloc = getattr(alloc, "pin_allocator", alloc)
+    written = sum(int((c != 0).sum()) for c in got.caches)
+    print(json.dumps({"tokens": hit, "written": written, "held": alloc.num_active_allocations}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("entry", ["plugin", "remote"])
+@pytest.mark.parametrize("layers,heads", [(1, 4), (4, 2)])
+def test_chunks_of_another_models_geometry_under_one_model_name_are_misses(tmp_path, entry, layers, heads):
+    """Keys carry the model name, not the KV geometry: a model of other layers
+    and heads served under the same name (both at /model) met the first
+    one's chunks, and fx handed LMCache tensors of their shapes: its
+    retrieve raised (IndexError, a shape mismatch), and on a GPU the same
+    bytes in another layout could have been scattered. Such chunks are
+    misses now, checked against LMCacheMetadata's shapes for their tokens."""
+    r = subprocess.run(
+        [sys.executable, "-c", _OTHER_GEOMETRY, entry, str(tmp_path / "store"), str(tmp_path), str(layers), str(heads)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.stdout.strip(), r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"tokens": 0, "written": 0, "held": 0}, out
+    assert "this engine's KV cache makes" in r.stderr

@@ -35,6 +35,7 @@ __all__ = [
     "hit_prefix",
     "allocate_from",
     "allocate_many_from",
+    "EngineShapes",
     "register_memory",
     "register_pool",
     "before_pool_frees",
@@ -181,6 +182,59 @@ def hit_prefix(objs: list) -> list:
         if o is not None:
             o.ref_count_down()
     return out
+
+
+class EngineShapes:
+    """Whether a stored chunk is a chunk of this engine's KV cache: for
+    LMCache's KV_2LTD format, the shapes and dtypes LMCacheMetadata gives a
+    chunk of its token count. Keys carry no geometry, so two models served
+    under one model name (each at /model, say) share them, and a chunk of the
+    other one's shape, handed to LMCache, made its retrieve raise, or on a
+    GPU could scatter KV of another layout. Such a chunk is a miss. Other
+    formats (layerwise, MLA's own) are not checked. Judged once per meta;
+    again once the serving engine registers its layer groups."""
+
+    def __init__(self, metadata, store=None):
+        self._md = metadata
+        self._store = store  # for its burst_warning
+        self._judged: dict[ChunkMeta, bool] = {}
+        self._groups = None
+
+    def fits(self, meta: ChunkMeta) -> bool:
+        md = self._md
+        if md is None or meta.fmt != "KV_2LTD":
+            return True
+        groups = getattr(md, "kv_layer_groups_manager", None)
+        if groups is not self._groups:
+            self._judged, self._groups = {}, groups
+        ok = self._judged.get(meta)
+        if ok is None:
+            ok = self._judged[meta] = self._judge(meta)
+        if not ok and self._store is not None:
+            self._store.burst_warning(
+                "chunks of another shape",
+                "lmcache-fx: stored chunk has shapes %s (%s), this engine's KV cache makes %s (%s) for its tokens: "
+                "another model under this model name? miss",
+                meta.shapes,
+                meta.dtypes,
+                *self._expected(meta),
+            )
+        return ok
+
+    def _expected(self, meta: ChunkMeta) -> tuple:
+        tokens = meta.shapes[0][2] if meta.shapes and len(meta.shapes[0]) > 2 else 0
+        shapes = tuple(tuple(int(x) for x in s) for s in self._md.get_shapes(tokens))
+        dtypes = tuple(str(d).removeprefix("torch.") for d in self._md.get_dtypes())
+        return shapes, dtypes
+
+    def _judge(self, meta: ChunkMeta) -> bool:
+        if not meta.shapes or len(meta.shapes[0]) != 4:
+            return False
+        try:
+            shapes, dtypes = self._expected(meta)
+        except (AttributeError, TypeError, IndexError):  # metadata without these: not checked
+            return True
+        return meta.shapes == shapes and meta.dtypes == dtypes
 
 
 def _alloc_args(meta: ChunkMeta) -> Optional[tuple]:
