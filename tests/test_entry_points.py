@@ -596,6 +596,36 @@ def test_l2_adapter_after_close_reports_unhealthy_and_refuses_tasks(tmp_path):
     assert ad.report_status()["tasks_in_flight"] == 0
 
 
+def test_l2_adapter_whose_stores_fail_reports_unhealthy_until_one_succeeds(tmp_path):
+    """A store directory that cannot be written (made immutable here, as a
+    read-only remount would): every store task failed, yet report_status
+    said healthy with an empty problem. Four failed chunk stores in a row
+    are a problem now; a store that writes clears it."""
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    if os.geteuid() != 0 or not shutil.which("chattr"):
+        pytest.skip("needs root and chattr to make the store directory immutable")
+    nb, n = 64 << 10, 4
+    arena, obj, keys = _l2_objects(3 * n, nb, 23)
+    store = tmp_path / "s"
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(store)}))
+    try:
+        assert _l2_store(ad, keys[:n], [obj(i) for i in range(n)]).is_successful()
+        assert ad.report_status()["is_healthy"] is True
+        if subprocess.run(["chattr", "-R", "+i", str(store)], capture_output=True).returncode != 0:
+            pytest.skip(f"chattr +i is refused on {tmp_path}'s filesystem")
+        try:
+            assert not _l2_store(ad, keys[n : 2 * n], [obj(i) for i in range(n, 2 * n)]).is_successful()
+            st = ad.report_status()
+        finally:
+            subprocess.run(["chattr", "-R", "-i", str(store)], check=True)
+        assert st["is_healthy"] is False and "the last 4 chunk stores failed" in st["problem"], st
+        assert _l2_store(ad, keys[2 * n :], [obj(i) for i in range(2 * n, 3 * n)]).is_successful()
+        assert ad.report_status()["is_healthy"] is True
+    finally:
+        ad.close()
+
+
 def test_l2_tasks_submitted_while_it_closes_finish_or_are_refused(tmp_path):
     """A lookup or load that passed the closed check just before close() met
     the shut-down thread pool: "cannot schedule new futures after shutdown",

@@ -112,6 +112,7 @@ WRITE_WHOLE = 1 << 30  # Engine.write split: one piece per payload (the largest 
 # chunks), each one's payloads written while the next is prepared and the one before put in place.
 WRITE_SUB_BYTES = 64 << 20
 WRITE_SUB_CHUNKS = 16
+FAILED_STORES_PROBLEM = 4  # chunk stores failed in a row before problem() reports it
 VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before scanning again
 # On memory filesystems a removed chunk's file is kept as a spare for the next chunk of its size
 # (fresh pages cost more than the copy into them): at most this long, and at most this share of
@@ -467,6 +468,7 @@ class ChunkStore:
         self._root_ids: list[tuple[int, int]] = []  # per root, (st_dev, st_ino) of what was opened
         self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
         self._enospc_until = 0.0
+        self._errors_at_write = 0  # stats.write_errors at the last store that wrote a chunk (problem())
         self._evict_after_write = False  # a full disk was met: evict a little once the write ends
         self._enospc_evicted_to: Optional[int] = None  # the usage the last full-disk eviction left
         self._enospc_freed = 0
@@ -1958,6 +1960,7 @@ class ChunkStore:
             with self._lock:
                 self._bound_index()
             self.stats.add(chunks_written=len(done), bytes_written=sum(HEADER_SIZE + f.nbytes for f in done))
+            self._errors_at_write = self.stats.write_errors
 
     def _before_commit(self, ready: list["_WriteFile"]) -> dict[int, bool]:
         """What of a commit needs no store lock, done before it is taken (the
@@ -2161,9 +2164,19 @@ class ChunkStore:
     def problem(self) -> Optional[str]:
         """What keeps this store from storing, for a health report: a root
         removed, replaced or unmounted since start (every store is skipped
-        until a restart); None when nothing does."""
+        until a restart), the filesystem full (stores skipped for a while),
+        or at least FAILED_STORES_PROBLEM chunk stores failed since the last
+        one that did not (a read-only remount, lost permissions: the log
+        says why); None when nothing does."""
         gone = self._root_replaced()
-        return None if gone is None else f"store directory {gone} was removed, replaced or unmounted; restart"
+        if gone is not None:
+            return f"store directory {gone} was removed, replaced or unmounted; restart"
+        if time.monotonic() < self._enospc_until:
+            return "the store filesystem is full (ENOSPC): stores are skipped for now"
+        failed = self.stats.write_errors - self._errors_at_write
+        if failed >= FAILED_STORES_PROBLEM:
+            return f"the last {failed} chunk stores failed (the log says why)"
+        return None
 
     def _root_replaced(self) -> Optional[str]:
         """The first root whose path no longer leads to the directory opened
