@@ -19,6 +19,11 @@ before the next mode writes.
 
     .venv/bin/python scripts/store_check_probe.py --reps 15 --json docs/bench-repeats/store-check/<commit>-run1.json
 
+--staged adds writers that copy each segment (2 MiB, 256 KiB) into a
+staging buffer of their own with its CRC32C in one pass and write from
+there: the mirror of fx's staged reads, so that the loop's copy would read
+from cache.
+
 --loop-busy also records, per write, the share of time the loop device had
 a write in flight (/sys/block/loopN/inflight read every 0.5 ms by a process
 of its own, started before and stopped after the timing): how much of a
@@ -35,6 +40,7 @@ import select
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -71,7 +77,12 @@ def _write_like_fs_native(d: str, names: list, src: int, cb: int, crc: str, hdr:
     SEGMENT just before that segment's write (fx's order), "steps" the
     segments with fx's other steps per chunk on the same threads: a fan-out
     directory, the file sized first, the payload after a 4 KiB header
-    written last (from `hdr`), the mtime set, the final name stat'ed."""
+    written last (from `hdr`), the mtime set, the final name stat'ed;
+    "staged<K>" each K KiB segment copied into a staging buffer of the
+    thread's own with its CRC32C in the same pass, and written from there
+    (so the medium's copy reads it from cache)."""
+    local = threading.local()
+    stage_k = int(crc[len("staged") :]) * 1024 if crc.startswith("staged") else 0
 
     def one(i: int) -> None:
         sub = os.path.join(d, f"{i % 256:02x}") if crc == "steps" else d
@@ -82,7 +93,16 @@ def _write_like_fs_native(d: str, names: list, src: int, cb: int, crc: str, hdr:
             base = HEADER if crc == "steps" else 0
             if crc == "steps":
                 os.ftruncate(fd, HEADER + cb)
-            if crc in ("segments", "steps"):
+            if stage_k:
+                st = getattr(local, "buf", None)
+                if st is None:
+                    st = local.buf = _fxio.HostBuffer(stage_k, hugepages=False)
+                c = 0
+                for off in range(0, cb, stage_k):
+                    k = min(stage_k, cb - off)
+                    c = _fxio.crc32c_copy(st.address, a + off, k, c)
+                    _pwrite_all(fd, st.address, k, off)
+            elif crc in ("segments", "steps"):
                 for off in range(0, cb, SEGMENT):
                     k = min(SEGMENT, cb - off)
                     _fxio.crc32c_at(a + off, k)
@@ -179,13 +199,15 @@ def _clear(d: str) -> None:
     os.sync()
 
 
-def stores(mnt: str, cb: int, n: int, reps: int, loop_busy: bool = False) -> dict:
+def stores(mnt: str, cb: int, n: int, reps: int, loop_busy: bool = False, staged: bool = False) -> dict:
     src = _fxio.HostBuffer(cb * n, hugepages=True)
     src_mv = memoryview(src)
     src_mv[:] = os.urandom(MIB) * (cb * n // MIB)
     meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
     hdr = _fxio.HostBuffer(HEADER)
     dirs = {m: os.path.join(mnt, m) for m in ("plain", "crc", "seg", "steps", "fsn", "fx")}
+    for m in ("stg2048", "stg256"):
+        dirs[m] = os.path.join(mnt, m)
     for d in dirs.values():
         os.makedirs(d, exist_ok=True)
     for j in range(256):  # fx's fan-out directories, made once as fx's are
@@ -200,6 +222,13 @@ def stores(mnt: str, cb: int, n: int, reps: int, loop_busy: bool = False) -> dic
         "the same, with fx's file steps per chunk (fan-out directory, sized first, header, mtime, stat)": "steps",
         "fx ChunkStore.write (defaults: header, CRC32C, crash-safe commit)": "fx",
     }
+    if staged:
+        modes[
+            "the same as fx's order, each 2 MiB segment copied into a staging buffer with its CRC32C, written from there"
+        ] = "stg2048"
+        modes[
+            "the same as fx's order, each 256 KiB segment copied into a staging buffer with its CRC32C, written from there"
+        ] = "stg256"
     raw: dict = {m: [] for m in modes}
     fx_keys: list = []
     for rep in range(-1, reps):  # rep -1: untimed, every path warmed once
@@ -217,7 +246,8 @@ def stores(mnt: str, cb: int, n: int, reps: int, loop_busy: bool = False) -> dic
                 if not all(ok):
                     raise RuntimeError("fx store refused a chunk")
             else:
-                crc = {"plain": "", "crc": "whole", "seg": "segments", "steps": "steps"}[how]
+                named = {"plain": "", "crc": "whole", "seg": "segments", "steps": "steps"}
+                crc = named[how] if how in named else "staged" + how[3:]
                 _write_like_fs_native(dirs[how], names, src.address, cb, crc, hdr.address)
             dt = time.perf_counter() - t0
             c, b1 = cpu_seconds() - c0, host_ticks()
@@ -265,13 +295,19 @@ def main() -> None:
     ap.add_argument("--sizes", default="64M,10M,2M", help="chunk sizes in MiB, each ~0.47 GB a write")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--loop-busy", action="store_true", help="also the share of each write the loop device was busy")
+    ap.add_argument(
+        "--staged",
+        action="store_true",
+        help="also writers that copy each segment into a staging buffer of their own with its CRC32C in one pass "
+        "and write from there, as staged reads do the other way",
+    )
     args = ap.parse_args()
     cases = []
     with xfs_loop("3G", touch=True) as mnt:
         for s in args.sizes.split(","):
             cb = int(s.rstrip("Mm")) * MIB
             n = max(1, (448 * MIB) // cb)
-            cases.append(stores(mnt, cb, n, args.reps, args.loop_busy))
+            cases.append(stores(mnt, cb, n, args.reps, args.loop_busy, args.staged))
             print(f"{cases[-1]['chunks']}, medians of {args.reps}:")
             for m, v in cases[-1]["modes"].items():
                 print(
