@@ -991,6 +991,17 @@ def test_remote_plugin_and_l2_adapter_serve_their_metrics(tmp_path):
     assert 'store="l2"' not in generate_latest(REGISTRY).decode()  # taken out at close
 
 
+def _engine_script(code: str, *args) -> tuple[dict, str]:
+    """Runs `code` (an engine scenario) in a process of its own, so that a
+    hang fails the test instead of stopping the run; its last stdout line
+    as JSON, and its stderr."""
+    r = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], env=_env(), capture_output=True, text=True, timeout=180
+    )
+    assert r.stdout.strip(), r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
 _SMALL_POOL = """
 import json, sys, threading, time
 import torch
@@ -1028,15 +1039,7 @@ def test_a_hit_prefix_larger_than_lmcaches_pool_loads_what_fits(tmp_path, entry,
     room its own earlier chunks held, and the retrieve never returned. Only a
     destination taken while the read holds none may wait now: the prefix
     that fits is loaded, bit-exact, and the pool is given back."""
-    r = subprocess.run(
-        [sys.executable, "-c", _SMALL_POOL, entry, str(tmp_path / "store"), str(tmp_path), "1" if local_cpu else "0"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert r.stdout.strip(), r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out, _ = _engine_script(_SMALL_POOL, entry, tmp_path / "store", tmp_path, "1" if local_cpu else "0")
     assert out.get("hung") is None, "the retrieve never returned"
     assert 0 < out["tokens"] < 8 * GEO.chunk and out["tokens"] % GEO.chunk == 0, out
     assert out["equal"] and out["held"] == 0, out
@@ -1115,14 +1118,6 @@ def test_chunks_of_another_models_geometry_under_one_model_name_are_misses(tmp_p
     retrieve raised (IndexError, a shape mismatch), and on a GPU the same
     bytes in another layout could have been scattered. Such chunks are
     misses now, checked against LMCacheMetadata's shapes for their tokens."""
-    r = subprocess.run(
-        [sys.executable, "-c", _OTHER_GEOMETRY, entry, str(tmp_path / "store"), str(tmp_path), str(layers), str(heads)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert r.stdout.strip(), r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out, err = _engine_script(_OTHER_GEOMETRY, entry, tmp_path / "store", tmp_path, layers, heads)
     assert out == {"tokens": 0, "written": 0, "held": 0}, out
-    assert "this engine's KV cache makes" in r.stderr
+    assert "this engine's KV cache makes" in err
