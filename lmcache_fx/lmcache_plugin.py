@@ -259,10 +259,10 @@ class FxStorageBackend(StoragePluginInterface):
         return self.local_cpu_backend
 
     # ------------------------------------------------------------ reads
-    def _allocate(self, meta: ChunkMeta, busy_loop: bool = True):
+    def _allocate(self, meta: ChunkMeta, busy_loop: bool = True, held: int = 0):
         if not self._shapes.fits(meta):
             return None
-        return allocate_from(self._gpu or self.local_cpu_backend, meta, busy_loop)
+        return allocate_from(self._gpu or self.local_cpu_backend, meta, busy_loop, held)
 
     def _allocate_many(self, meta: ChunkMeta, count: int):
         # Host destinations only: the GPU pipeline's pool allocates per chunk.
@@ -278,19 +278,19 @@ class FxStorageBackend(StoragePluginInterface):
         return self.batched_get_blocking([key])[0]
 
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
-        holds = [False]  # whether this read holds some of LMCache's pool yet
+        held = [0]  # bytes of LMCache's pool this read holds
 
         def allocate(meta: ChunkMeta):
-            # Only a destination taken while this read holds none of the pool may wait for room:
-            # after that, waiting can wait on this read itself forever (a hit prefix of more chunks
-            # than the pool holds). Later ones take what is free, else they and the rest miss.
-            got = self._allocate(meta, busy_loop=not holds[0])
-            holds[0] = holds[0] or got is not None
+            # A destination waits for room only where it fits beside what this read holds: else the
+            # wait is on this read itself, for good (a hit prefix of more chunks than the pool
+            # holds). It takes what is free then, or it and the rest miss.
+            got = self._allocate(meta, held=held[0])
+            held[0] += got[2] if got is not None else 0
             return got
 
         def allocate_many(meta: ChunkMeta, count: int):
             got = self._allocate_many(meta, count)
-            holds[0] = holds[0] or got is not None
+            held[0] += sum(g[2] for g in got) if got is not None else 0
             return got
 
         return self.store.read([k.to_string() for k in keys], allocate, self._release, self._reads, allocate_many)

@@ -785,3 +785,28 @@ def test_huge_pages_off_is_one_warning(monkeypatch, caplog, tmp_path):
     said = [r.getMessage() for r in caplog.records if "transparent huge pages are off" in r.getMessage()]
     assert len(said) == 1 and "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled" in said[0]
     e.close()
+
+
+def test_engine_shapes_judges_kv_2ltd_chunks_by_the_metadatas_shapes():
+    """LMCache's own metadata decides: a chunk of its shapes for any token
+    count up to a chunk fits (a partial last chunk too); other layers, heads
+    or dtype do not; a chunk of several tensors is not judged before the
+    serving engine registers its layer groups (the metadata then knows one
+    group only), nor are other formats."""
+    from lmcache.v1.metadata import LMCacheMetadata
+
+    from lmcache_fx.core.chunkfile import ChunkMeta
+    from lmcache_fx.integration.common import EngineShapes
+
+    md = LMCacheMetadata("m", 1, 1, 0, 0, torch.bfloat16, (2, 2, 256, 2, 64))
+    shapes = EngineShapes(md)
+
+    def meta(*shapes, dtype="bfloat16", fmt="KV_2LTD"):
+        return ChunkMeta(tuple(shapes), (dtype,) * len(shapes), fmt)
+
+    assert shapes.fits(meta((2, 2, 256, 128))) and shapes.fits(meta((2, 2, 100, 128)))
+    assert not shapes.fits(meta((2, 1, 256, 256)))  # the same bytes: one layer of four heads
+    assert not shapes.fits(meta((2, 4, 256, 128)))
+    assert not shapes.fits(meta((2, 2, 256, 128), dtype="float16"))
+    assert shapes.fits(meta((2, 2, 256, 128), (2, 1, 256, 64)))  # two groups, none registered yet
+    assert shapes.fits(meta((256, 2, 128), fmt="KV_T2D"))

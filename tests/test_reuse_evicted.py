@@ -895,6 +895,32 @@ def test_torn_reused_files_are_misses_even_with_verify_off(store_dir, reads):
         s.close()
 
 
+def test_a_store_that_flags_its_chunks_writes_into_no_unflagged_file(store_dir):
+    """A victim whose header is unflagged (a verify-off store's chunk, or an
+    earlier version's) keeps that header where a power cut loses the reuse's
+    renames and header writes, over part of the new payload, and a reader
+    with verify off would not check it. Such files are unlinked, not reused,
+    also after a restart (the header is read where the index does not know);
+    flagged victims are reused."""
+    s = _open(store_dir, verify=False)  # on disk: reuses nothing, flags nothing
+    try:
+        _fill(s, KEYS[:4])
+    finally:
+        s.close()
+    for i in range(2):
+        s = _open(store_dir)
+        try:
+            if i == 0:
+                _fill(s, KEYS[4:6])  # evicts two unflagged chunks
+                assert (s.stats.snapshot()["evictions"], s.stats.snapshot()["recycled"]) == (2, 0)
+            else:  # restarted: two unflagged and two flagged victims, the index knowing none of them
+                _fill(s, KEYS[6:10])
+                assert (s.stats.snapshot()["evictions"], s.stats.snapshot()["recycled"]) == (4, 2)
+                _check_store(s, KEYS[6:10], KEYS[:6])
+        finally:
+            s.close()
+
+
 def test_a_chunk_reused_since_the_two_op_path_last_saw_it_is_read_again_with_its_crc(store_dir):
     """The two-op path asks the engine for CRCs only where a chunk's header as
     last seen was flagged. One rewritten since by a store that flags its

@@ -34,9 +34,11 @@ over part of the other's payload, full length and well formed: only the
 payload CRC tells. Every chunk such a store writes is flagged, not only those
 it writes into a reused file: the one whose file is reused later keeps its
 header, and a lost header write can leave that header at its old name over
-the new payload. Readers check the payload CRC of flagged chunks even with
-verify off. Readers of earlier versions ignore the bit, as they ignore the
-MAC's.
+the new payload. For the same reason such a store writes into no file whose
+header is unflagged (a chunk of a verify-off store, or of an earlier
+version): it removes those. Readers check the payload CRC of flagged chunks
+even with verify off. Readers of earlier versions ignore the bit, as they
+ignore the MAC's.
 """
 
 from __future__ import annotations
@@ -210,6 +212,18 @@ def memory_at(address: int, nbytes: int) -> memoryview:
     if nbytes <= 0:
         return memoryview(b"")
     return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B").toreadonly()
+
+
+def unflagged_chunk(prefix) -> bool:
+    """Whether the first bytes of a file (at least 12) are a chunk header of
+    this format without FLAG_CHECK_PAYLOAD: a file a store must not write a
+    new chunk into on disk, since a power cut could leave that header over
+    part of the new payload, and readers with verify off would not check it."""
+    mv = memoryview(prefix)
+    if len(mv) < 12 or bytes(mv[:8]) != MAGIC:
+        return False
+    (flags,) = struct.unpack_from("<H", mv, 10)
+    return not flags & FLAG_CHECK_PAYLOAD
 
 
 def decode_header(buf) -> Header:

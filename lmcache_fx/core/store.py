@@ -46,6 +46,7 @@ from .chunkfile import (
     header_fits,
     mac_ok,
     memory_at,
+    unflagged_chunk,
 )
 from .drive import ReadCancelled, drive_async, drive_blocking, make_engine
 from .layout import (
@@ -1485,7 +1486,7 @@ class ChunkStore:
                         continue
                     st = None
                     takers = waiting.get(size)
-                    if takers:
+                    if takers and self._reusable(d, path):
                         f = takers[-1]
                         st = rename_if_same(path, mt, f.dfd, f.tmp, dirfds)
                         if st is not None:
@@ -1522,6 +1523,30 @@ class ChunkStore:
         self._ledger.set_usage(usage + _moved_bytes(reuse))
         self._last_usage = usage
         return usage
+
+    def _reusable(self, digest: str, path: str) -> bool:
+        """Whether an evicted chunk's file may take a new chunk (ledger held).
+        On disk only one whose header carries FLAG_CHECK_PAYLOAD: after a
+        power cut an unflagged header (a verify-off store's chunk, or an
+        earlier version's) could stand at its old name over part of the new
+        payload, unchecked by readers with verify off. Known from the index
+        for chunks this process wrote or read; else its first bytes are read."""
+        if not self._check_payload:
+            return True
+        with self._lock:
+            e = self._index.get(digest)
+        if e is not None and e.path == path and e.check_payload:
+            return True
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return False
+        try:
+            return not unflagged_chunk(os.pread(fd, 12, 0))
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------ writes
     def write(self, items: Sequence[tuple[str, int, int, ChunkMeta]]) -> list[bool]:

@@ -190,14 +190,16 @@ class EngineShapes:
     chunk of its token count. Keys carry no geometry, so two models served
     under one model name (each at /model, say) share them, and a chunk of the
     other one's shape, handed to LMCache, made its retrieve raise, or on a
-    GPU could scatter KV of another layout. Such a chunk is a miss. Other
-    formats (layerwise, MLA's own) are not checked. Judged once per meta;
-    again once the serving engine registers its layer groups."""
+    GPU could scatter KV of another layout. Such a chunk is a miss. Not
+    checked: other formats (layerwise, MLA's own), and chunks of several
+    tensors while the serving engine has not registered its layer groups
+    (until then the metadata knows one). Judged once per meta; again once
+    the layer groups are registered."""
 
     def __init__(self, metadata, store=None):
         self._md = metadata
         self._store = store  # for its burst_warning
-        self._judged: dict[ChunkMeta, bool] = {}
+        self._judged: dict[ChunkMeta, Optional[ChunkMeta]] = {}  # meta -> None if it fits, else what would
         self._groups = None
 
     def fits(self, meta: ChunkMeta) -> bool:
@@ -207,34 +209,31 @@ class EngineShapes:
         groups = getattr(md, "kv_layer_groups_manager", None)
         if groups is not self._groups:
             self._judged, self._groups = {}, groups
-        ok = self._judged.get(meta)
-        if ok is None:
-            ok = self._judged[meta] = self._judge(meta)
-        if not ok and self._store is not None:
+        if meta not in self._judged:
+            self._judged[meta] = self._misfit(meta, groups)
+        want = self._judged[meta]
+        if want is not None and self._store is not None:
             self._store.burst_warning(
                 "chunks of another shape",
                 "lmcache-fx: stored chunk has shapes %s (%s), this engine's KV cache makes %s (%s) for its tokens: "
                 "another model under this model name? miss",
                 meta.shapes,
                 meta.dtypes,
-                *self._expected(meta),
+                want.shapes,
+                want.dtypes,
             )
-        return ok
+        return want is None
 
-    def _expected(self, meta: ChunkMeta) -> tuple:
-        tokens = meta.shapes[0][2] if meta.shapes and len(meta.shapes[0]) > 2 else 0
-        shapes = tuple(tuple(int(x) for x in s) for s in self._md.get_shapes(tokens))
-        dtypes = tuple(str(d).removeprefix("torch.") for d in self._md.get_dtypes())
-        return shapes, dtypes
-
-    def _judge(self, meta: ChunkMeta) -> bool:
-        if not meta.shapes or len(meta.shapes[0]) != 4:
-            return False
+    def _misfit(self, meta: ChunkMeta, groups) -> Optional[ChunkMeta]:
+        """None when meta fits, else the meta this engine would have made."""
+        if groups is None and len(meta.shapes) != 1:
+            return None  # several tensors: the groups are not known yet
+        tokens = meta.shapes[0][2] if meta.shapes and len(meta.shapes[0]) == 4 else 0
         try:
-            shapes, dtypes = self._expected(meta)
+            want = _build_meta(self._md.get_shapes(tokens), self._md.get_dtypes(), MemoryFormat.KV_2LTD)
         except (AttributeError, TypeError, IndexError):  # metadata without these: not checked
-            return True
-        return meta.shapes == shapes and meta.dtypes == dtypes
+            return None
+        return None if want == meta else want
 
 
 def _alloc_args(meta: ChunkMeta) -> Optional[tuple]:
@@ -247,9 +246,12 @@ def _alloc_args(meta: ChunkMeta) -> Optional[tuple]:
         return None
 
 
-def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
+def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True, held: int = 0):
     """A MemoryObj for a chunk from LMCache's pool, as (obj, address, bytes)
-    for ChunkStore reads; None when the pool is full or the meta is foreign."""
+    for ChunkStore reads; None when the pool is full or the meta is foreign.
+    `held`: bytes of the pool the calling read holds already; it waits for
+    room (busy_loop) only where that and this chunk fit in the pool, since
+    room it holds itself never comes."""
     args = _alloc_args(meta)
     if args is None:
         return None
@@ -257,6 +259,8 @@ def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
         # LMCache's busy loop waits for room that never comes (a header may say anything its CRC covers).
         log.warning("lmcache-fx: a chunk of %s is larger than LMCache's CPU pool; miss", meta.shapes)
         return None
+    if busy_loop and held and held + _meta_bytes(meta) > _pool_bytes(local_cpu_backend):
+        busy_loop = False  # what is free now, else a miss: this read and those after it
     obj = local_cpu_backend.allocate(*args, busy_loop=busy_loop)
     if obj is None:
         return None
