@@ -199,6 +199,7 @@ class _WriteFile:
     recycled: bool = False  # an evicted chunk's file was moved to the temporary's name, to be written into
     recycled_ino: int = 0
     recycled_size: int = 0  # its bytes, taken off the usage until the file is adopted (_open_deferred)
+    recycled_flagged: bool = False  # the evictor's index knew its header carries FLAG_CHECK_PAYLOAD
     mtime_ns: int = 0  # its LRU clock, set when it was put in place
 
 
@@ -1486,11 +1487,12 @@ class ChunkStore:
                         continue
                     st = None
                     takers = waiting.get(size)
-                    if takers and self._reusable(d, path):
+                    if takers:
                         f = takers[-1]
                         st = rename_if_same(path, mt, f.dfd, f.tmp, dirfds)
                         if st is not None:
                             f.recycled, f.recycled_ino, f.recycled_size = True, st.st_ino, st.st_size
+                            f.recycled_flagged = self._known_flagged(d, path)
                             takers.pop()
                     if st is None:
                         st = unlink_if_same(path, mtime_ns=mt, dirfds=dirfds)
@@ -1524,21 +1526,24 @@ class ChunkStore:
         self._last_usage = usage
         return usage
 
-    def _reusable(self, digest: str, path: str) -> bool:
-        """Whether an evicted chunk's file may take a new chunk (ledger held).
-        On disk only one whose header carries FLAG_CHECK_PAYLOAD: after a
-        power cut an unflagged header (a verify-off store's chunk, or an
-        earlier version's) could stand at its old name over part of the new
-        payload, unchecked by readers with verify off. Known from the index
-        for chunks this process wrote or read; else its first bytes are read."""
-        if not self._check_payload:
-            return True
+    def _known_flagged(self, digest: str, path: str) -> bool:
+        """Whether the index knows the chunk at path carries FLAG_CHECK_PAYLOAD
+        (written or read by this process), so its reuse needs no look at it."""
         with self._lock:
             e = self._index.get(digest)
-        if e is not None and e.path == path and e.check_payload:
+        return e is not None and e.path == path and e.check_payload
+
+    def _may_write_into(self, f: "_WriteFile") -> bool:
+        """Whether the evicted file moved to f's temporary may take f's chunk.
+        On disk only one whose header carries FLAG_CHECK_PAYLOAD (or that is
+        no chunk): after a power cut an unflagged header (a verify-off store's
+        chunk, or an earlier version's) could stand at its old name over part
+        of the new payload, unchecked by readers with verify off. Its first
+        bytes are read where the evictor's index did not know."""
+        if not self._check_payload or f.recycled_flagged:
             return True
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = os.open(f.tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=f.dfd)
         except OSError:
             return False
         try:
@@ -1720,6 +1725,7 @@ class ChunkStore:
                         stat.S_ISREG(st.st_mode)
                         and st.st_ino == f.recycled_ino
                         and st.st_uid == os.geteuid()
+                        and self._may_write_into(f)
                         and write_lock(fd)
                         # The write also sets its mtime to now: other processes' scans judge a
                         # live writer's temporary by its age (layout.tmp_is_stale), not the victim's.
