@@ -448,14 +448,16 @@ def _l2_task(adapter, submit, result, efd, *args, timeout=60):
 
 def _l2_objects(n: int, nb: int, seed: int):
     """An arena of 2 x n chunks of nb bytes, the first n random; obj(i)
-    (optionally of another dtype) a TensorMemoryObj over chunk i; n ObjectKeys."""
+    (optionally of another dtype or shape) a TensorMemoryObj over chunk i; n
+    ObjectKeys."""
     from lmcache.v1.distributed.api import ObjectKey
     from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
 
     arena = torch.zeros(2 * n * nb, dtype=torch.uint8)
 
-    def obj(i, dtype=torch.uint8):
+    def obj(i, dtype=torch.uint8, shape=None):
         t = arena[i * nb : (i + 1) * nb].view(dtype)
+        t = t if shape is None else t.view(*shape)
         meta = MemoryObjMetadata(
             shape=t.shape, dtype=dtype, address=i * nb, phy_size=nb, fmt=MemoryFormat.KV_2LTD, ref_count=1
         )
@@ -472,6 +474,11 @@ def _l2_store(ad, keys, objs):
     return _l2_task(
         ad, ad.submit_store_task, lambda t: ad.pop_completed_store_tasks().get(t), ad.get_store_event_fd(), keys, objs
     )
+
+
+def _l2_load(ad, keys, objs, **kw):
+    """One load task through the adapter, waited for; its Bitmap of hits."""
+    return _l2_task(ad, ad.submit_load_task, ad.query_load_result, ad.get_load_event_fd(), keys, objs, **kw)
 
 
 def test_l2_load_task_misses_only_the_bad_keys(tmp_path):
@@ -494,9 +501,7 @@ def test_l2_load_task_misses_only_the_bad_keys(tmp_path):
             f.write(bytes([b[0] ^ 0x40]))
         os.unlink(ad.store.path_for(chunk_digest(object_key_string(keys[4]))))
         dst = [obj(n + i, torch.float16 if i == 5 else torch.uint8) for i in range(n)]
-        bm = _l2_task(
-            ad, ad.submit_load_task, ad.query_load_result, ad.get_load_event_fd(), keys, dst
-        )  # key 7 was never stored
+        bm = _l2_load(ad, keys, dst)  # key 7 was never stored
         assert bm.get_indices_list() == [0, 1, 3, 6]
         for i in (0, 1, 3, 4, 5, 6):  # 2 was read whole, then refused by its CRC
             same = torch.equal(arena[(n + i) * nb : (n + i + 1) * nb], arena[i * nb : (i + 1) * nb])
@@ -521,7 +526,7 @@ def test_l2_chunks_of_another_dtype_warn_once_per_burst(tmp_path, caplog):
         with caplog.at_level("WARNING", logger="lmcache_fx"):
             for _ in range(2):
                 dst = [obj(n + i, torch.float16) for i in range(n)]
-                bm = _l2_task(ad, ad.submit_load_task, ad.query_load_result, ad.get_load_event_fd(), keys, dst)
+                bm = _l2_load(ad, keys, dst)
                 assert bm.get_indices_list() == []
     finally:
         ad.close()
@@ -552,15 +557,7 @@ def test_l2_a_listener_that_raises_does_not_hold_a_load_task(tmp_path):
     try:
         assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
         ad.register_listener(Raising())
-        bm = _l2_task(
-            ad,
-            ad.submit_load_task,
-            ad.query_load_result,
-            ad.get_load_event_fd(),
-            keys,
-            [obj(n + i) for i in range(n)],
-            timeout=20,
-        )
+        bm = _l2_load(ad, keys, [obj(n + i) for i in range(n)], timeout=20)
         assert bm.popcount() == n and torch.equal(arena[n * nb :], arena[: n * nb])
         assert ad.report_status()["tasks_in_flight"] == 0
     finally:
@@ -724,9 +721,7 @@ def test_l2_store_tasks_waiting_are_written_together(tmp_path):
             time.sleep(0.01)
         assert all(results[t].is_successful() for t in tids)
         assert len(calls) == 2 and len(calls[1]) == n - 1 == len(set(calls[1])), calls
-        bm = _l2_task(
-            ad, ad.submit_load_task, ad.query_load_result, ad.get_load_event_fd(), keys, [obj(n + i) for i in range(n)]
-        )
+        bm = _l2_load(ad, keys, [obj(n + i) for i in range(n)])
         assert bm.popcount() == n
         assert torch.equal(arena[n * nb :], arena[: n * nb])
     finally:
@@ -1050,32 +1045,15 @@ def test_l2_a_chunk_of_the_same_bytes_in_other_shapes_is_a_miss(tmp_path, caplog
     have other shapes of the same dtype and bytes (a KV layout change) got
     every chunk as a hit, its tensors scrambled. Each is a miss now, with a
     warning that names both shapes."""
-    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
-
     from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
 
     nb, n = 64 << 10, 3
     arena, obj, keys = _l2_objects(n, nb, 5)
-
-    def reshaped(i):
-        t = arena[i * nb : (i + 1) * nb].view(2, nb // 2)
-        meta = MemoryObjMetadata(
-            shape=t.shape, dtype=torch.uint8, address=i * nb, phy_size=nb, fmt=MemoryFormat.KV_2LTD, ref_count=1
-        )
-        return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
-
     ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
     try:
         assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
         with caplog.at_level("WARNING", logger="lmcache_fx"):
-            bm = _l2_task(
-                ad,
-                ad.submit_load_task,
-                ad.query_load_result,
-                ad.get_load_event_fd(),
-                keys,
-                [reshaped(n + i) if i else obj(n + i) for i in range(n)],
-            )
+            bm = _l2_load(ad, keys, [obj(n + i, shape=(2, nb // 2)) if i else obj(n + i) for i in range(n)])
         assert bm.get_indices_list() == [0]  # the one of its own shape still loads
         assert not arena[(n + 1) * nb :].any()  # nothing landed in the others
         assert any("shapes ((65536,),)" in r.getMessage() and "(2, 32768)" in r.getMessage() for r in caplog.records)
