@@ -57,6 +57,9 @@ log = logging.getLogger("lmcache_fx")
 # of less than one whole chunk of per-layer keys) it unpins them itself and no
 # load comes, so the record is dropped after this long.
 LOOKUP_PINS_KEPT_S = 600.0
+# How long a blocking read that holds some of LMCache's pool and finds no room waits for this
+# plugin's queued stores to be written (their objects then give room back) before it misses.
+STORE_DRAIN_WAIT = 1.0
 
 
 class _LookupPins:
@@ -259,10 +262,14 @@ class FxStorageBackend(StoragePluginInterface):
         return self.local_cpu_backend
 
     # ------------------------------------------------------------ reads
-    def _allocate(self, meta: ChunkMeta, busy_loop: bool = True, held: int = 0):
+    def _allocate(self, meta: ChunkMeta, busy_loop: bool = True):
         if not self._shapes.fits(meta):
             return None
-        return allocate_from(self._gpu or self.local_cpu_backend, meta, busy_loop, held)
+        return allocate_from(self._gpu or self.local_cpu_backend, meta, busy_loop)
+
+    def _stores_queued(self) -> bool:
+        with self._put_lock:
+            return bool(self._put_keys)
 
     def _allocate_many(self, meta: ChunkMeta, count: int):
         # Host destinations only: the GPU pipeline's pool allocates per chunk.
@@ -278,19 +285,27 @@ class FxStorageBackend(StoragePluginInterface):
         return self.batched_get_blocking([key])[0]
 
     def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
-        held = [0]  # bytes of LMCache's pool this read holds
+        holds = [False]  # whether this read holds some of LMCache's pool
 
         def allocate(meta: ChunkMeta):
-            # A destination waits for room only where it fits beside what this read holds: else the
-            # wait is on this read itself, for good (a hit prefix of more chunks than the pool
-            # holds). It takes what is free then, or it and the rest miss.
-            got = self._allocate(meta, held=held[0])
-            held[0] += got[2] if got is not None else 0
+            # LMCache's busy loop, entered by a read that holds some of the pool, can wait on the
+            # read itself (a hit prefix of more chunks than the pool holds) or on another read
+            # waiting on this one, for good. Only a read that holds none waits so. One that holds
+            # some and finds no room waits, bounded, for this plugin's queued stores (their objects
+            # give room back once written) and tries once more; else it and the rest miss.
+            got = self._allocate(meta, busy_loop=not holds[0])
+            if got is None and holds[0] and self._shapes.fits(meta) and self._stores_queued():
+                try:
+                    self.flush(STORE_DRAIN_WAIT)
+                except TimeoutError:
+                    pass
+                got = self._allocate(meta, busy_loop=False)
+            holds[0] = holds[0] or got is not None
             return got
 
         def allocate_many(meta: ChunkMeta, count: int):
             got = self._allocate_many(meta, count)
-            held[0] += sum(g[2] for g in got) if got is not None else 0
+            holds[0] = holds[0] or got is not None
             return got
 
         return self.store.read([k.to_string() for k in keys], allocate, self._release, self._reads, allocate_many)

@@ -1099,3 +1099,98 @@ def test_chunks_of_another_models_geometry_under_one_model_name_are_misses(tmp_p
     out, err = _engine_script(_OTHER_GEOMETRY, entry, tmp_path / "store", tmp_path, layers, heads)
     assert out == {"tokens": 0, "written": 0, "held": 0}, out
     assert "this engine's KV cache makes" in err
+
+
+_CONCURRENT_READS = """
+import json, os, sys, threading, time
+import torch
+from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine
+from lmcache_fx.testing.cpu_engine import retrieve, store_and_wait
+work = sys.argv[1]
+geo = Geometry(layers=8)  # 1 MiB chunks
+cfg = config_from_dict(fx_config(os.path.join(work, "s"), cpu_gb=0.0065), work)  # room for 6
+with lmcache_engine(cfg, geo) as eng:
+    be = fx_backend(eng)
+    cpu = be.local_cpu_backend
+    reqs = [(torch.arange(1024) + 50000 * i, KV(geo, 1024, seed=i)) for i in range(3)]
+    for t, kv in reqs:
+        store_and_wait(eng, t, kv, be)
+    one, many = cpu.allocate, cpu.memory_allocator.batched_allocate
+
+    def slow(f):
+        def g(*a, **k):
+            o = f(*a, **k)
+            time.sleep(0.05)  # the three reads' allocations interleave
+            return o
+        return g
+
+    cpu.allocate, cpu.memory_allocator.batched_allocate = slow(one), slow(many)
+    res = {}
+
+    def run(i, t, kv):
+        got = kv.empty_like()
+        n = retrieve(eng, t, got)
+        res[i] = [n, kv.tokens_equal(got, n)]
+
+    ths = [threading.Thread(target=run, args=(i, t, kv), daemon=True) for i, (t, kv) in enumerate(reqs)]
+    for th in ths:
+        th.start()
+        time.sleep(0.01)
+    for th in ths:
+        th.join(60)
+    alloc = cpu.get_memory_allocator()
+    alloc = getattr(alloc, "pin_allocator", alloc)
+    print(json.dumps({"hung": sum(th.is_alive() for th in ths), "res": res, "held": alloc.num_active_allocations}))
+    sys.stdout.flush()
+    os._exit(0)
+"""
+
+
+def test_concurrent_blocking_retrieves_never_wait_on_each_other(tmp_path):
+    """Three blocking retrieves of 4 chunks each into a pool of 6: a read
+    that held some of the pool and waited in LMCache's busy loop for more
+    could wait on another read doing the same, for good. Only a read that
+    holds none waits there now; every retrieve returns, each a bit-exact
+    prefix, and the pool is given back."""
+    out, err = _engine_script(_CONCURRENT_READS, tmp_path)
+    assert out["hung"] == 0, err[-3000:]
+    assert len(out["res"]) == 3 and all(n > 0 and equal for n, equal in out["res"].values()), out
+    assert out["held"] == 0, out
+
+
+_READ_AFTER_STORES = """
+import json, os, sys, time
+import torch
+from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine
+from lmcache_fx.testing.cpu_engine import retrieve, store_and_wait
+work = sys.argv[1]
+geo = Geometry(layers=8)  # 1 MiB chunks
+cfg = config_from_dict(fx_config(os.path.join(work, "s"), cpu_gb=0.0065), work)  # room for 6
+with lmcache_engine(cfg, geo) as eng:
+    be = fx_backend(eng)
+    a, b = [(torch.arange(1024) + 50000 * i, KV(geo, 1024, seed=i)) for i in range(2)]
+    store_and_wait(eng, a[0], a[1], be)
+    write = be.store.write
+
+    def slow_write(items):
+        time.sleep(0.5)  # B's objects stay queued, holding 4 of the pool's 6 chunks, while A is read
+        return write(items)
+
+    be.store.write = slow_write
+    eng.store(b[0], kvcaches=b[1].caches, slot_mapping=b[1].slot_mapping)
+    got = a[1].empty_like()
+    n = retrieve(eng, a[0], got)
+    be.flush(30)
+    print(json.dumps({"tokens": n, "equal": a[1].tokens_equal(got, n)}))
+    sys.stdout.flush()
+    os._exit(0)
+"""
+
+
+def test_a_read_right_after_stores_waits_for_them_to_give_the_pool_back(tmp_path):
+    """A read that holds some of the pool does not wait in LMCache's busy
+    loop; finding no room while this plugin's stores are queued (their
+    objects hold the pool until written), it waits for them, bounded, and
+    loads the whole prefix instead of missing all but what was free."""
+    out, err = _engine_script(_READ_AFTER_STORES, tmp_path)
+    assert out == {"tokens": 1024, "equal": True}, (out, err[-2000:])

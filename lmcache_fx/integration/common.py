@@ -246,12 +246,9 @@ def _alloc_args(meta: ChunkMeta) -> Optional[tuple]:
         return None
 
 
-def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True, held: int = 0):
+def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True):
     """A MemoryObj for a chunk from LMCache's pool, as (obj, address, bytes)
-    for ChunkStore reads; None when the pool is full or the meta is foreign.
-    `held`: bytes of the pool the calling read holds already; it waits for
-    room (busy_loop) only where that and this chunk fit in the pool, since
-    room it holds itself never comes."""
+    for ChunkStore reads; None when the pool is full or the meta is foreign."""
     args = _alloc_args(meta)
     if args is None:
         return None
@@ -259,8 +256,6 @@ def allocate_from(local_cpu_backend, meta: ChunkMeta, busy_loop: bool = True, he
         # LMCache's busy loop waits for room that never comes (a header may say anything its CRC covers).
         log.warning("lmcache-fx: a chunk of %s is larger than LMCache's CPU pool; miss", meta.shapes)
         return None
-    if busy_loop and held and held + _meta_bytes(meta) > _pool_bytes(local_cpu_backend):
-        busy_loop = False  # what is free now, else a miss: this read and those after it
     obj = local_cpu_backend.allocate(*args, busy_loop=busy_loop)
     if obj is None:
         return None
