@@ -116,6 +116,15 @@ class FxStorageBackend(StoragePluginInterface):
                     f"set {prefix}direct_to_gpu: false on hosts without a GPU"
                 )
         self.store = open_store(self.options, prefix)
+        if getattr(config, "use_layerwise", False):
+            log.warning(
+                "lmcache-fx: LMCache's layerwise retrieve (use_layerwise) checks only each chunk's first layer "
+                "before it loads every layer, and loads what a backend returns per layer without checking that "
+                "every chunk came back: a layer's chunk file lost or found damaged since (a full disk, a torn "
+                "file) leaves that chunk's KV unwritten for that layer, not a miss. A retrieve after LMCache's "
+                "lookup (vLLM's connector) is checked on every layer first; one without it (retrieve_layer "
+                "called directly, as SGLang does) is not"
+            )
         self._shapes = EngineShapes(metadata, self.store)
         if self.options.direct_to_gpu:
             try:

@@ -810,3 +810,16 @@ def test_engine_shapes_judges_kv_2ltd_chunks_by_the_metadatas_shapes():
     assert not shapes.fits(meta((2, 2, 256, 128), dtype="float16"))
     assert shapes.fits(meta((2, 2, 256, 128), (2, 1, 256, 64)))  # two groups, none registered yet
     assert shapes.fits(meta((256, 2, 128), fmt="KV_T2D"))
+
+
+def test_layerwise_mode_is_warned_about_at_start(tmp_path, caplog):
+    """LMCache's retrieve_layer checks only a chunk's first layer and loads
+    short per-layer results without a word (a layer file lost since leaves
+    stale KV; reproduced with a layerwise connector on CPU). fx cannot turn
+    that into a miss from a backend, so it says so once at start."""
+    cfg = config_from_dict({**fx_config(tmp_path / "s", cpu_gb=0.05), "use_layerwise": True}, tmp_path)
+    with caplog.at_level("WARNING", logger="lmcache_fx"):
+        with lmcache_engine(cfg, GEOMETRIES["bf16-gqa"]):
+            pass
+    said = [r.getMessage() for r in caplog.records if "use_layerwise" in r.getMessage()]
+    assert len(said) == 1 and "checks only each chunk's first layer" in said[0], said
