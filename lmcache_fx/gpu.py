@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import sys
 import threading
@@ -418,7 +419,20 @@ class GpuChunkAllocator:
 
         if self.allocator is None:
             return None
-        return self.allocator.allocate(shapes, dtypes, fmt or MemoryFormat.KV_2LTD)
+        obj = self.allocator.allocate(shapes, dtypes, fmt or MemoryFormat.KV_2LTD)
+        if obj is None:
+            need = sum(math.prod(s) * d.itemsize for s, d in zip(shapes, dtypes))
+            if need > self.size:  # never a hit, where the CPU path says so (integration.common.allocate_from)
+                log_once(
+                    log,
+                    ("gpu-chunk-too-big", need),
+                    logging.WARNING,
+                    "lmcache-fx: a chunk of %.1f MiB is larger than the GPU chunk buffer (%.1f MiB): every such "
+                    "chunk is a miss; raise gpu_buffer_mib",
+                    need / (1 << 20),
+                    self.size / (1 << 20),
+                )
+        return obj
 
     def batched_allocate(self, shapes, dtypes, batch_size: int, fmt=None, busy_loop: bool = True):
         from lmcache.v1.memory_management import MemoryFormat

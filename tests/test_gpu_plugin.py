@@ -285,6 +285,16 @@ def test_close_while_a_routed_read_starts_waits_for_it(fake_so, tmp_path):
     assert out["close"] == "ok" and out["result"] == [4 << 20] and out["tracked"] == 0 and out["closed"], out
 
 
+def test_a_chunk_larger_than_the_gpu_buffer_is_said_once(fake_so, tmp_path):
+    """With gpu_buffer_mib below one chunk every retrieve missed and nothing
+    was logged (the CPU path warns in that case). One warning per size now,
+    naming the option; a chunk that fits still gets its buffer."""
+    out = _child("too_big", fake_so, tmp_path)
+    assert out["got"] == [False, False] and out["fits"], out
+    warned = [m for m in out["said"] if "larger than the GPU chunk buffer" in m]
+    assert len(warned) == 1 and "2.0 MiB" in warned[0] and "gpu_buffer_mib" in warned[0], out
+
+
 def test_a_routed_read_whose_thread_cannot_start_leaves_nothing_behind(fake_so, tmp_path):
     """Thread creation failing (can't start new thread) left the batch
     registered: every free of an overlapping chunk and every close raised
@@ -561,6 +571,27 @@ def child_start_fail(workdir):
     return out
 
 
+def child_too_big(workdir):
+    """A chunk larger than the whole GPU chunk buffer, asked for twice."""
+    import logging
+
+    import torch
+
+    from lmcache_fx import gpu
+
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda r: said.append(r.getMessage())
+    logging.getLogger("lmcache_fx").addHandler(handler)
+    a = gpu.GpuChunkAllocator(1 << 20, device=0, slots=2, slot_bytes=1 << 20, memory_device="cpu")
+    got = [a.allocate([torch.Size([1 << 20])], [torch.bfloat16]) for _ in range(2)]
+    fits = a.allocate([torch.Size([1 << 18])], [torch.bfloat16])
+    out = {"got": [g is not None for g in got], "fits": fits is not None, "said": said}
+    fits.ref_count_down()
+    a.close()
+    return out
+
+
 if __name__ == "__main__":
     import logging
 
@@ -570,5 +601,6 @@ if __name__ == "__main__":
         "roundtrip": child_roundtrip,
         "close_race": child_close_race,
         "start_fail": child_start_fail,
+        "too_big": child_too_big,
     }[sys.argv[1]]
     print("RESULT " + json.dumps(fn(*sys.argv[2:])))

@@ -595,3 +595,21 @@ def test_remove_after_close_is_false_not_an_error(tmp_path):
     s.close()
     assert s.remove("k0") is False
     assert os.path.exists(path)
+
+
+def test_a_full_disk_is_one_error_per_burst_with_the_previous_bursts_count(tmp_path, caplog):
+    """The first ENOSPC error said "(0 skipped in the last burst)": the count
+    it gave is the previous burst's, unknown for the first. Said only where
+    there was one now, and named as the previous burst's."""
+    s = ChunkStore(FxOptions(path=str(tmp_path / "s")))
+    try:
+        with caplog.at_level("ERROR", logger="lmcache_fx"):
+            s._count_enospc(3)
+            s._count_enospc(2)  # the same burst: no second line
+            s._enospc_until = 0.0  # the burst's 5 s are over
+            s._count_enospc(1)
+        said = [r.getMessage() for r in caplog.records if "ENOSPC" in r.getMessage()]
+        assert len(said) == 2 and "burst" not in said[0], said
+        assert "(5 chunk stores failed or skipped in the previous burst)" in said[1], said
+    finally:
+        s.close()

@@ -2255,10 +2255,12 @@ class ChunkStore:
         """One error per burst of full-disk failures, not one per chunk."""
         now = time.monotonic()
         if now >= self._enospc_until:
+            # The count is the previous burst's (this one's is not known yet): said only where there was one.
+            before = f" ({self._enospc_count} chunk stores failed or skipped in the previous burst)"
             log.error(
-                "lmcache-fx: the store filesystem is full (ENOSPC); skipping stores for 5 s "
-                "(%d skipped in the last burst). Lower max_capacity_gb below the free space.",
-                self._enospc_count,
+                "lmcache-fx: the store filesystem is full (ENOSPC); skipping stores for 5 s%s. "
+                "Lower max_capacity_gb below the free space.",
+                before if self._enospc_count else "",
             )
             self._enospc_count = 0
             self._enospc_until = now + 5.0
