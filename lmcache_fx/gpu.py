@@ -489,6 +489,11 @@ class GpuRouter:
             dres = self.reader.read_into([ops[i] for i in dev], cancel_on_error=False, crc=crc, stream=stream)
         finally:
             hres = batch.wait() if batch is not None else []
+        why = self.reader.last_error if any((r[0] if isinstance(r, tuple) else r) < 0 for r in dres) else None
+        if why:
+            # The store sees an op's -errno only ("read failed: Input/output error"): the GPU's own
+            # reason (an illegal address, a failed copy) is said here, once per reason.
+            log_once(log, ("gpu-read", why), logging.WARNING, "lmcache-fx: a read into GPU memory failed: %s", why)
         out = [0] * len(ops)
         for i, r in zip(dev, dres):
             out[i] = r

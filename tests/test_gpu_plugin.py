@@ -285,6 +285,18 @@ def test_close_while_a_routed_read_starts_waits_for_it(fake_so, tmp_path):
     assert out["close"] == "ok" and out["result"] == [4 << 20] and out["tracked"] == 0 and out["closed"], out
 
 
+def test_a_failed_copy_to_the_gpu_is_logged_with_the_drivers_reason_once(fake_so, tmp_path):
+    """A GPU fault reached the log only as the store's "read failed:
+    Input/output error" of a chunk file, as if the disk had failed; the
+    driver's reason stayed in the reader's last_error. Said once per reason
+    (the faulting copy's; then, the fault sticking, each later read's)."""
+    out = _child("copy_fault", fake_so, tmp_path)
+    assert all(r[0] < 0 for r in out["res"]), out
+    said = [m for m in out["said"] if "a read into GPU memory failed" in m]
+    assert 1 <= len(said) < 3 and len(set(said)) == len(said), out
+    assert all("CUDA_ERROR_ILLEGAL_ADDRESS" in m for m in said), out
+
+
 def test_a_chunk_larger_than_the_gpu_buffer_is_said_once(fake_so, tmp_path):
     """With gpu_buffer_mib below one chunk every retrieve missed and nothing
     was logged (the CPU path warns in that case). One warning per size now,
@@ -571,6 +583,25 @@ def child_start_fail(workdir):
     return out
 
 
+def child_copy_fault(workdir):
+    """Three routed reads after a copy to the GPU faults (the fault sticks)."""
+    import ctypes
+    import logging
+
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda r: said.append(r.getMessage())
+    logging.getLogger("lmcache_fx").addHandler(handler)
+    a, router, obj, fd = _router_setup(workdir, 1 << 20)
+    drv = ctypes.CDLL(os.environ["LMCACHE_FX_GPU_DRIVER"])
+    drv.fake_gpu_fail_copy(ctypes.c_long(1), 1)  # the next copy fails on the stream, and the fault sticks
+    res = [router.read([(fd, 0, 1 << 20, obj.data_ptr)]) for _ in range(3)]
+    os.close(fd)
+    obj.ref_count_down()
+    a.close()
+    return {"res": res, "said": said}
+
+
 def child_too_big(workdir):
     """A chunk larger than the whole GPU chunk buffer, asked for twice."""
     import logging
@@ -602,5 +633,6 @@ if __name__ == "__main__":
         "close_race": child_close_race,
         "start_fail": child_start_fail,
         "too_big": child_too_big,
+        "copy_fault": child_copy_fault,
     }[sys.argv[1]]
     print("RESULT " + json.dumps(fn(*sys.argv[2:])))
