@@ -1101,7 +1101,8 @@ def test_chunks_of_another_models_geometry_under_one_model_name_are_misses(tmp_p
     assert "this engine's KV cache makes" in err
 
 
-_CONCURRENT_READS = """
+# An engine whose LMCache pool has room for six 1 MiB chunks, as `eng`, its fx backend as `be`.
+_POOL_OF_SIX = """
 import json, os, sys, threading, time
 import torch
 from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine
@@ -1111,6 +1112,11 @@ geo = Geometry(layers=8)  # 1 MiB chunks
 cfg = config_from_dict(fx_config(os.path.join(work, "s"), cpu_gb=0.0065), work)  # room for 6
 with lmcache_engine(cfg, geo) as eng:
     be = fx_backend(eng)
+"""
+
+_CONCURRENT_READS = (
+    _POOL_OF_SIX
+    + """
     cpu = be.local_cpu_backend
     reqs = [(torch.arange(1024) + 50000 * i, KV(geo, 1024, seed=i)) for i in range(3)]
     for t, kv in reqs:
@@ -1144,6 +1150,7 @@ with lmcache_engine(cfg, geo) as eng:
     sys.stdout.flush()
     os._exit(0)
 """
+)
 
 
 def test_concurrent_blocking_retrieves_never_wait_on_each_other(tmp_path):
@@ -1158,16 +1165,9 @@ def test_concurrent_blocking_retrieves_never_wait_on_each_other(tmp_path):
     assert out["held"] == 0, out
 
 
-_READ_AFTER_STORES = """
-import json, os, sys, time
-import torch
-from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, fx_backend, fx_config, lmcache_engine
-from lmcache_fx.testing.cpu_engine import retrieve, store_and_wait
-work = sys.argv[1]
-geo = Geometry(layers=8)  # 1 MiB chunks
-cfg = config_from_dict(fx_config(os.path.join(work, "s"), cpu_gb=0.0065), work)  # room for 6
-with lmcache_engine(cfg, geo) as eng:
-    be = fx_backend(eng)
+_READ_AFTER_STORES = (
+    _POOL_OF_SIX
+    + """
     a, b = [(torch.arange(1024) + 50000 * i, KV(geo, 1024, seed=i)) for i in range(2)]
     store_and_wait(eng, a[0], a[1], be)
     write = be.store.write
@@ -1185,6 +1185,7 @@ with lmcache_engine(cfg, geo) as eng:
     sys.stdout.flush()
     os._exit(0)
 """
+)
 
 
 def test_a_read_right_after_stores_waits_for_them_to_give_the_pool_back(tmp_path):
