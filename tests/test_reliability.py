@@ -382,6 +382,31 @@ def test_a_disk_another_writer_fills_does_not_drain_the_store(tmp_path):
     assert skipped >= 4 and hits == kept and not bad
 
 
+def test_a_full_disk_eviction_spares_the_prompt_it_stopped(tmp_path):
+    """A write that meets ENOSPC evicts 5 % of the store by age once it ends.
+    Where the store held little else, that was the first chunks of the very
+    write that met it, and the rest of its prompt, stored, could never be a
+    hit (LMCache needs the prefix; found with a tmpfs and XFS another writer
+    filled). The write's own chunks are spared: every chunk it said it
+    stored is there after it."""
+    need_root_xfs()
+    with loopfs.xfs_loop("300M") as mnt:
+        s = F.open_store(os.path.join(mnt, "store"), max_capacity_gb=10)
+        src = F.Chunks()
+        with open(os.path.join(mnt, "other-writer"), "wb") as other:
+            os.sync()
+            st = os.statvfs(mnt)
+            left = st.f_bavail * st.f_frsize - (6 << 20)  # room for about six of the next eight
+            os.posix_fallocate(other.fileno(), 0, left)
+            keys = [f"prompt/{i}" for i in range(8)]
+            out = s.write([src.item(k, 1 << 20) for k in keys])
+        assert 0 < sum(out) < len(keys), out
+        assert [s.contains(k) for k in keys] == out, out
+        hits, _, bad = F.read_check(s, [k for k, ok in zip(keys, out) if ok])
+        assert hits == sum(out) and not bad
+        s.close()
+
+
 # ------------------------------------------------------------------ EIO
 def test_injected_eio(tmp_path):
     """The device under the store starts failing every I/O (EIO)."""

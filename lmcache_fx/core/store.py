@@ -1587,13 +1587,16 @@ class ChunkStore:
         finally:
             if self._evict_after_write:
                 self._evict_after_write = False
-                self._evict_for_room()
+                self._evict_for_room(spare=[t[2] for t in todo])
 
-    def _evict_for_room(self) -> None:
+    def _evict_for_room(self, spare: Sequence[str] = ()) -> None:
         """After a burst of ENOSPC: evicts 5 % of the store, so that its
         stores resume, unless what the last such eviction freed went to other
         files (the store did not grow back since): evicting at every burst
-        then only drained the cache while another writer took the room."""
+        then only drained the cache while another writer took the room. The
+        chunks of the write that met it (digests `spare`) are not evicted:
+        by age its first ones went first, and the rest of its prompt, still
+        stored, could then never be a hit (LMCache needs the prefix)."""
         usage = self.usage_bytes
         last = self._enospc_evicted_to
         if last is not None and usage <= last:
@@ -1606,7 +1609,19 @@ class ChunkStore:
                 _gib_text(usage),
             )
             return
-        self._evict_to(int(usage * 0.95))
+        with self._lock:  # pinned for the eviction: the evictor keeps pinned victims
+            for d in spare:
+                self._pins[d] = self._pins.get(d, 0) + 1
+        try:
+            self._evict_to(int(usage * 0.95))
+        finally:
+            with self._lock:
+                for d in spare:
+                    n = self._pins.get(d, 0) - 1
+                    if n > 0:
+                        self._pins[d] = n
+                    else:
+                        self._pins.pop(d, None)
         after = self.usage_bytes
         if after < usage:  # one that freed nothing (the lock not had, every victim pinned) is tried again
             self._enospc_evicted_to, self._enospc_freed = after, usage - after
