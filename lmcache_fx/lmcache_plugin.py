@@ -302,8 +302,10 @@ class FxStorageBackend(StoragePluginInterface):
             # waiting on this one, for good. Only a read that holds none waits so. One that holds
             # some and finds no room waits, bounded, for this plugin's queued stores (their objects
             # give room back once written) and tries once more; else it and the rest miss.
+            if not self._shapes.fits(meta):
+                return None
             got = self._allocate(meta, busy_loop=not holds[0])
-            if got is None and holds[0] and self._shapes.fits(meta) and self._stores_queued():
+            if got is None and holds[0] and self._stores_queued():
                 try:
                     self.flush(STORE_DRAIN_WAIT)
                 except TimeoutError:

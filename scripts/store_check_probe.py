@@ -206,7 +206,7 @@ def stores(mnt: str, cb: int, n: int, reps: int, loop_busy: bool = False, staged
     meta = ChunkMeta(((cb // 2,),), ("bfloat16",), "KV_2LTD")
     hdr = _fxio.HostBuffer(HEADER)
     dirs = {m: os.path.join(mnt, m) for m in ("plain", "crc", "seg", "steps", "fsn", "fx")}
-    for m in ("stg2048", "stg256"):
+    for m in ("stg2048", "stg256") if staged else ():
         dirs[m] = os.path.join(mnt, m)
     for d in dirs.values():
         os.makedirs(d, exist_ok=True)

@@ -1185,11 +1185,24 @@ class ChunkStore:
     def _pin_found(self, digests: Sequence[str], found: Sequence[Optional[Entry]]) -> None:
         """Pins each chunk found (an entry, not None) and touches it, to keep
         it from other processes' evictors: a pinned lookup announces a read."""
-        with self._lock:
-            for d, e in zip(digests, found):
-                if e is not None:
-                    self._pins[d] = self._pins.get(d, 0) + 1
+        self._pin_digests([d for d, e in zip(digests, found) if e is not None])
         self._touch_many([e for e in found if e is not None])
+
+    def _pin_digests(self, digests: Sequence[str]) -> None:
+        with self._lock:
+            for d in digests:
+                self._pins[d] = self._pins.get(d, 0) + 1
+
+    def _unpin_locked(self, d: str) -> bool:
+        """One pin of digest d let go (self._lock held); False where it had none."""
+        n = self._pins.get(d, 0)
+        if n <= 0:
+            return False
+        if n == 1:
+            del self._pins[d]
+        else:
+            self._pins[d] = n - 1
+        return True
 
     def take_evicted(self) -> Optional[list[str]]:
         """The digests of the chunks this process's evictor removed since the
@@ -1214,14 +1227,7 @@ class ChunkStore:
     def unpin(self, key: str) -> bool:
         d = chunk_digest(key)
         with self._lock:
-            n = self._pins.get(d, 0)
-            if n <= 0:
-                return False
-            if n == 1:
-                del self._pins[d]
-            else:
-                self._pins[d] = n - 1
-        return True
+            return self._unpin_locked(d)
 
     def remove(self, key: str) -> bool:
         if self._ledger is None:  # closed: nothing to count a removal in (and nothing is served)
@@ -1609,19 +1615,13 @@ class ChunkStore:
                 _gib_text(usage),
             )
             return
-        with self._lock:  # pinned for the eviction: the evictor keeps pinned victims
-            for d in spare:
-                self._pins[d] = self._pins.get(d, 0) + 1
+        self._pin_digests(spare)  # for the eviction: the evictor keeps pinned victims
         try:
             self._evict_to(int(usage * 0.95))
         finally:
             with self._lock:
                 for d in spare:
-                    n = self._pins.get(d, 0) - 1
-                    if n > 0:
-                        self._pins[d] = n
-                    else:
-                        self._pins.pop(d, None)
+                    self._unpin_locked(d)
         after = self.usage_bytes
         if after < usage:  # one that freed nothing (the lock not had, every victim pinned) is tried again
             self._enospc_evicted_to, self._enospc_freed = after, usage - after
