@@ -1,5 +1,5 @@
 import sys
 
-from . import main
+from ..cli import console
 
-sys.exit(main())
+console(["bench", *sys.argv[1:]])
