@@ -520,3 +520,33 @@ def test_a_size_with_a_unit_where_a_number_of_mib_goes_says_the_unit():
     said their unit, the _mib ones did not."""
     with pytest.raises(ConfigError, match=r"gpu_buffer_mib: expected an integer of MiB \(no unit: 2048 means 2 GiB\)"):
         FxOptions.from_mapping({"gpu_buffer_mib": "2Gi"})
+
+
+def test_a_path_under_no_plugin_head_is_refused_where_the_plugin_has_none():
+    """`path: /nvme`, `fx.path: /nvme` or `fx: {path: /nvme}` in extra_config
+    were dropped without a word (LMCache passes a plugin only its
+    <head>.<name>.<option> keys), and the store opened at its default: 100 GiB
+    in the home directory. They stop the plugin now, naming the key and the
+    fix; LMCache's own *_path keys and a plugin with a path of its own are
+    left alone."""
+    from lmcache_fx.core.options import plugin_options
+
+    lists = {"storage_plugin": ["fx"], "remote_storage_plugin": []}
+    for extra, named in (
+        ({"path": "/nvme"}, "extra_config key 'path' gives a path"),
+        ({"fx.path": "/nvme"}, "extra_config key 'fx.path' gives a path"),
+        ({"fx": {"path": "/nvme", "verify": True}}, "extra_config key 'fx' holds a map giving 'fx.path'"),
+        ({"lmcache_fx": {"store": {"Path": "/nvme"}}}, "holds a map giving 'lmcache_fx.store.Path'"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            plugin_options(
+                {"storage_plugin.fx.module_path": "lmcache_fx.lmcache_plugin", **extra}, "storage_plugin", "fx", lists
+            )
+        said = str(e.value)
+        assert said.startswith("storage_plugin.fx.path is not set, so the store would open at its default ("), said
+        assert named in said and "'storage_plugin.fx.path'" in said, said
+    for extra in ({"rust_raw_block.device_path": "/dev/nvme0n1"}, {"dax.device_path": "/dev/dax0.0"}):
+        opts, warns = plugin_options(extra, "storage_plugin", "fx", lists)
+        assert warns == [] and opts.path == FxOptions().path
+    opts, warns = plugin_options({"storage_plugin.fx.path": "/a", "path": "/b"}, "storage_plugin", "fx", lists)
+    assert opts.path == "/a"

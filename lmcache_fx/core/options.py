@@ -499,6 +499,32 @@ def _stray_keys(extra: dict, listed: Sequence[str], head: str, lists: dict) -> l
     return out
 
 
+def _bare_paths(extra: dict, prefix: str) -> list[str]:
+    """extra_config keys under no plugin head that give a path: `path`,
+    `fx.path`, a map holding one (`fx: {path: ..}`). LMCache passes a plugin
+    only its <head>.<name>.<option> keys and reads none of its own ending in
+    `path` alone (its are `rust_raw_block.device_path` and the like), so
+    such a key was meant for a plugin and is lost."""
+    out = []
+    for k, v in (extra or {}).items():
+        if not isinstance(k, str) or k.partition(".")[0].replace("-", "_").rstrip("s") in PLUGIN_HEADS:
+            continue  # a plugin head's key: _stray_keys judges it
+        given = [f for f in _flat_keys(v, k) if f.rpartition(".")[2].lower() == "path"]
+        if not given:
+            continue
+        if isinstance(v, dict):
+            out.append(
+                f"extra_config key '{k}' holds a map giving '{given[0]}', but LMCache reads flat keys only and "
+                f"passes a plugin only its own: write '{prefix}path'"
+            )
+        else:
+            out.append(
+                f"extra_config key '{k}' gives a path, but LMCache passes the plugin only {prefix}<option> "
+                f"keys: rename it to '{prefix}path'"
+            )
+    return out
+
+
 def plugin_options(extra: dict, head: str, name: str, lists: dict) -> tuple[FxOptions, list[str]]:
     """The options of the plugin LMCache builds as <head>.<name>, and the
     warnings about extra_config keys no plugin LMCache loads will read, for
@@ -518,6 +544,8 @@ def plugin_options(extra: dict, head: str, name: str, lists: dict) -> tuple[FxOp
                 raise
             notes.append(str(e))
     lost = [why for k, why in strays if k.rpartition(".")[2] == "path"]
+    if f"{prefix}path" not in (extra or {}):
+        lost += _bare_paths(extra, prefix)
     if lost and f"{prefix}path" not in (extra or {}):
         default = FxOptions()
         more = f" (and {len(lost) - 1} more such key{'s' if len(lost) > 2 else ''})" if len(lost) > 1 else ""
