@@ -298,8 +298,12 @@ class FxL2Adapter(L2AdapterInterface):
         self._finish(self._done_store, tid, L2StoreResult(ok, nbytes), self._store_efd)
 
     def pop_completed_store_tasks(self) -> dict[L2TaskId, L2StoreResult]:
+        # Emptied in place, never swapped: a finisher holds the table from before it takes the lock,
+        # and a result put into a table already handed to LMCache was never seen (its L1 objects
+        # stayed read-locked, the task in LMCache's in-flight table for good).
         with self._lock:
-            done, self._done_store = self._done_store, {}
+            done = dict(self._done_store)
+            self._done_store.clear()
         return done
 
     # ------------------------------------------------------------ lookup and lock
