@@ -574,6 +574,37 @@ def test_l2_chunks_of_another_dtype_warn_once_per_burst(tmp_path, caplog):
     assert len(said) == 1, said
 
 
+def test_l2_a_chunk_stored_again_in_another_dtype_replaces_the_old_one(tmp_path):
+    """MP keys carry no dtype. After a KV dtype change the stored chunk was a
+    miss at load, and the recomputed KV stored under its key was skipped (the
+    key was there) while the task said it succeeded: those prompts were never
+    cached again (a review, through LMCache's StorageManager). A chunk read
+    as another layout is written anew."""
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    nb, n = 64 << 10, 4
+    arena, obj, keys = _l2_objects(n, nb, 19)
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+    try:
+        assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()  # the old server's bf16 stand-in
+        assert _l2_load(ad, keys, [obj(n + i, torch.float16) for i in range(n)]).get_indices_list() == []
+        arena[n * nb :] = torch.randint(
+            0, 256, (n * nb,), generator=torch.Generator().manual_seed(23), dtype=torch.uint8
+        )
+        new = arena[n * nb :].clone()
+        r = _l2_store(ad, keys, [obj(n + i, torch.float16) for i in range(n)])  # the recomputed KV
+        assert r.is_successful()
+        arena[n * nb :] = 0
+        assert _l2_load(ad, keys, [obj(n + i, torch.float16) for i in range(n)]).get_indices_list() == list(range(n))
+        assert torch.equal(arena[n * nb :], new)
+        # the same layout again is still a chunk already there: not written twice
+        before = ad.store.stats.snapshot()["chunks_written"]
+        assert _l2_store(ad, keys, [obj(n + i, torch.float16) for i in range(n)]).is_successful()
+        assert ad.store.stats.snapshot()["chunks_written"] == before
+    finally:
+        ad.close()
+
+
 def test_l2_a_listener_that_raises_does_not_hold_a_load_task(tmp_path):
     """A listener raising in on_l2_keys_accessed left the load task unfinished
     for good (LMCache's prefetch waiting on it), with nothing logged."""

@@ -1568,9 +1568,11 @@ class ChunkStore:
         digests = [chunk_digest(it[0]) for it in items]
         with self._lock:
             known = [i for i, d in enumerate(digests) if d in self._index]
-        if known:  # still there (another process may have evicted it): nothing to write
+        if known:  # still there (another process may have evicted it): nothing to write...
             for i, e in zip(known, self._entries([digests[i] for i in known], check=True)):
-                out[i] = e is not None
+                # ...unless it was read as another layout than this one. MP keys carry no dtype: after a
+                # KV dtype change every such chunk was a miss at load and, skipped here, a miss for good.
+                out[i] = e is not None and (e.meta is None or e.meta == items[i][3])
         todo = [
             (i, key, digests[i], addr, nbytes, meta) for i, (key, addr, nbytes, meta) in enumerate(items) if not out[i]
         ]
