@@ -1742,3 +1742,50 @@ def test_doctor_on_ramfs_says_what_the_store_does_there(capsys, tmp_path):
         assert checks["O_DIRECT"]["status"] in ("info", "ok"), checks["O_DIRECT"]
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_fsck_with_the_configs_auth_key_finds_the_chunks_a_keyed_store_removes(capsys, tmp_path):
+    """fsck ignored auth_key, even with --config: chunks without a MAC made
+    with the key (planted by a group member, or stored by a server without
+    it) were 'ok', and the next keyed read removed them. With the config's
+    key fsck judges them as the store does, for chunks read whole and for
+    those read in pieces (past --buffer-mb); without it, it says that MACs
+    went unchecked."""
+    import yaml
+
+    F = _fx()
+    path = str(tmp_path / "store")
+    key_a, key_b = "A" * 32, "B" * 32
+    src = F.Chunks()
+    good = [("m@1@0@a0@half", 64 << 10), ("m@1@0@a1@half", 3 << 20)]
+    other = [("m@1@0@b0@half", 3 << 20)]
+    unkeyed = [("m@1@0@u0@half", 64 << 10)]
+    for key, items in ((key_a, good), (key_b, other), ("", unkeyed)):
+        st = F.open_store(path, max_capacity_gb=1, io_engine="threads", **({"auth_key": key} if key else {}))
+        try:
+            assert all(st.write([src.item(k, n) for k, n in items]))
+        finally:
+            st.close()
+    y = tmp_path / "lmcache.yaml"
+    y.write_text(yaml.safe_dump(fx_config(path, max_capacity_gb=1, auth_key=key_a)))
+    rc, obj, _ = cli_json(capsys, "fsck", path, "--buffer-mb", 1)
+    assert rc == 0 and obj["ok"] == 4 and obj["macs_unchecked"] == 3 and not obj["macs_checked"]
+    rc, out, _ = cli(capsys, "fsck", path)
+    assert "3 chunks carry a MAC (auth_key), not checked: pass --config" in out
+    rc, obj, _ = cli_json(capsys, "fsck", "--config", y, "--buffer-mb", 1)
+    assert obj["macs_checked"] and obj["ok"] == 2 and obj["bad"] == 2, obj
+    why = {p["path"]: p["problem"] for p in obj["problems"]}
+    digest = {F.chunk_digest(k): k for k, _ in good + other + unkeyed}
+    by_key = {digest[os.path.basename(p)[: -len(".fxkv")]]: w for p, w in why.items()}
+    assert by_key == {
+        "m@1@0@b0@half": "MAC does not verify with auth_key: the store removes it on read",
+        "m@1@0@u0@half": "no MAC (written without auth_key): the store removes it on read",
+    }
+    rc, obj, _ = cli_json(capsys, "fsck", "--config", y, "--repair")
+    assert rc == 1 and sum(p.get("removed", False) for p in obj["problems"]) == 2
+    st = F.open_store(path, max_capacity_gb=1, io_engine="threads", auth_key=key_a)
+    try:
+        hits, misses, bad = F.read_check(st, [k for k, _ in good])
+        assert (hits, misses, bad) == (2, 0, [])
+    finally:
+        st.close()

@@ -192,10 +192,22 @@ def chunk_mac(mac_key: bytes, header_prefix, payload) -> bytes:
     """Keyed BLAKE2b-256 of a header's bytes 0..MAC_OFF-1 (every field, the
     key and the meta) and the payload. hashlib releases the GIL over large
     buffers."""
-    h = hashlib.blake2b(key=mac_key, digest_size=MAC_SIZE, person=_MAC_PERSON)
-    h.update(header_prefix)
+    h = mac_hasher(mac_key, header_prefix)
     h.update(payload)
     return h.digest()
+
+
+def mac_hasher(mac_key: bytes, header_prefix):
+    """chunk_mac's hash with the header taken, for a payload given in pieces
+    (update(), then digest())."""
+    h = hashlib.blake2b(key=mac_key, digest_size=MAC_SIZE, person=_MAC_PERSON)
+    h.update(header_prefix)
+    return h
+
+
+def why_no_mac(h: "Header") -> str:
+    """Why a chunk whose MAC was checked is refused by a store with auth_key."""
+    return "MAC does not verify with auth_key" if h.mac else "no MAC (written without auth_key)"
 
 
 def mac_ok(mac_key: bytes, header, h: "Header", payload) -> bool:

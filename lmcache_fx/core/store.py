@@ -47,6 +47,7 @@ from .chunkfile import (
     mac_ok,
     memory_at,
     unflagged_chunk,
+    why_no_mac,
 )
 from .drive import ReadCancelled, drive_async, drive_blocking, make_engine
 from .layout import (
@@ -2638,7 +2639,7 @@ class ChunkStore:
         the header and the payload at addr does not verify."""
         if self._mac_key is None or mac_ok(self._mac_key, mv, h, memory_at(addr, nbytes)):
             return False
-        why = "MAC does not verify with auth_key" if h.mac else "no MAC (written without auth_key)"
+        why = why_no_mac(h)
         self._corrupt(key, e, why, ident=ident)
         return True
 

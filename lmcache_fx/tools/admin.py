@@ -46,7 +46,7 @@ from ..core.layout import (
     unlink_if_same,
 )
 from ..core.ledger import Ledger, LockTimeout
-from ..core.options import GIB, expand_path
+from ..core.options import GIB, ConfigError, auth_key_bytes, expand_path
 from .common import AdminError, fs_info, human_age, human_bytes, printable, quiet_broken_pipe
 from .lmcache_config import load_plugin_configs
 from .verify import ChunkVerifier
@@ -75,7 +75,8 @@ examples:
 """,
     "fsck": """\
 Verifies every chunk: header checksum, format version, the key against the
-file name, the payload length and the payload CRC32C, reading with the C
+file name, the payload length and the payload CRC32C (with --config naming a
+store with auth_key, its MAC too, as the store checks it), reading with the C
 engine (io_uring, O_DIRECT where allowed, two batches in flight). Also
 reports temporaries of dead writers, files that do not belong, fan-out
 directories that cannot be listed (UNREADABLE) or that are a link or a file
@@ -678,8 +679,14 @@ def cmd_fsck(args) -> int:
     if not 1 <= args.queue_depth <= 32768:
         raise AdminError("--queue-depth must be in 1..32768")
     roots, opts = resolve(args)
+    mac_key = None
+    if opts is not None and opts.auth_key:  # checked as the store checks: a chunk it would remove is bad
+        try:
+            mac_key = auth_key_bytes(opts.auth_key, "auth_key")
+        except ConfigError as e:
+            raise AdminError(f"{args.config}: {e}") from None
     sc = scan(roots)
-    rd = ChunkVerifier(args.io_engine, args.queue_depth, odirect=not args.no_odirect)
+    rd = ChunkVerifier(args.io_engine, args.queue_depth, odirect=not args.no_odirect, mac_key=mac_key)
     t0 = time.perf_counter()
     problems, counts, nbytes = [], collections.Counter(), 0
     ok_paths: dict[str, list[StoreFile]] = {}  # digest -> its good files (two: a copy under each root)
@@ -707,6 +714,7 @@ def cmd_fsck(args) -> int:
             problems.append(_problem(v.file, v.status, v.problem, v.ident, v.size))
         engine_kind = rd.engine.kind
         direct = rd.used_direct
+        macs_unchecked = rd.macs_unchecked
     finally:
         rd.close()
         if member is not None:
@@ -765,6 +773,8 @@ def cmd_fsck(args) -> int:
         "gb_per_s": round(nbytes / secs / 1e9, 3) if secs > 0 else None,
         "engine": engine_kind,
         "odirect": direct,
+        "macs_checked": mac_key is not None,
+        "macs_unchecked": macs_unchecked,
         "live_temporaries": live_tmp,
         "temporaries_judged_by_age": aged_tmp,
         "problems": problems,
@@ -798,6 +808,13 @@ def cmd_fsck(args) -> int:
         + (f", {counts['gone']} removed meanwhile" if counts["gone"] else "")
         + (f"; {len(sc.unlisted)} fan-out directories could not be listed" if sc.unlisted else "")
     )
+    if mac_key is not None:
+        L.append("MACs checked with the auth_key of the config")
+    elif macs_unchecked:
+        L.append(
+            f"{macs_unchecked} chunks carry a MAC (auth_key), not checked: pass --config with the store's "
+            "auth_key to check them (a server with the key removes those it does not verify, and chunks with none)"
+        )
     if live_tmp - aged_tmp:
         L.append(f"{live_tmp - aged_tmp} temporaries of writers running here (left alone)")
     if aged_tmp:

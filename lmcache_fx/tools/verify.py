@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import errno
 import fcntl
+import hmac
 import os
 import resource
 import stat
@@ -24,7 +25,18 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Union
 
 from .. import _fxio
-from ..core.chunkfile import HEADER_SIZE, BadHeader, FormatVersionMismatch, Header, chunk_digest, decode_header
+from ..core.chunkfile import (
+    HEADER_SIZE,
+    MAC_OFF,
+    BadHeader,
+    FormatVersionMismatch,
+    Header,
+    chunk_digest,
+    decode_header,
+    mac_hasher,
+    mac_ok,
+    why_no_mac,
+)
 from ..core.layout import StoreFile, open_in, round_up
 from .common import AdminError
 
@@ -55,13 +67,22 @@ class ChunkVerifier:
     in batches through the C engine."""
 
     def __init__(
-        self, io_engine: str = "auto", queue_depth: int = 64, split_bytes: int = 1 << 20, odirect: bool = True
+        self,
+        io_engine: str = "auto",
+        queue_depth: int = 64,
+        split_bytes: int = 1 << 20,
+        odirect: bool = True,
+        mac_key: Optional[bytes] = None,
     ):
         try:
             self.engine = _fxio.Engine(io_engine, queue_depth, split_bytes)
         except OSError as e:
             raise AdminError(f"--io-engine {io_engine}: {e}") from None
         self.odirect = odirect
+        # With the store's auth_key: a whole chunk without a MAC made with it is bad, as the store
+        # judges it (a miss, removed). Without: MACs are not checked, only counted.
+        self.mac_key = mac_key
+        self.macs_unchecked = 0
         self._no_direct: set[str] = set()  # roots where O_DIRECT was refused
         self.used_direct = False
         self.max_files = max(16, min(4096, (raise_nofile() - 64) // 2))
@@ -247,8 +268,30 @@ class ChunkVerifier:
         for f, off, first, plen, ident, size in job.items:
             hn, _ = res[first]
             pn, pcrc = res[first + 1] if plen else (0, 0)
-            yield _judge(f, memoryview(job.buf)[off : off + HEADER_SIZE], hn, pn, pcrc, plen, ident, size)
+            v = _judge(f, memoryview(job.buf)[off : off + HEADER_SIZE], hn, pn, pcrc, plen, ident, size)
+            if v.status == "ok" and v.header is not None:
+                whole = memoryview(job.buf)[off : off + HEADER_SIZE + plen]
+                v = self._judge_mac(v, whole[:HEADER_SIZE], lambda w=whole: w[HEADER_SIZE:])
+            yield v
         pool.append(job.buf)
+
+    def _judge_mac(self, v: "Verdict", hmv, payload) -> "Verdict":
+        """A whole chunk's verdict once its MAC is judged (payload(): its
+        bytes, or a hash of them with the header taken, from _verify_large)."""
+        h = v.header
+        assert h is not None
+        if self.mac_key is None:
+            self.macs_unchecked += bool(h.mac)
+            return v
+        got = payload()
+        ok = bool(h.mac) and (
+            mac_ok(self.mac_key, hmv, h, got)
+            if isinstance(got, memoryview)
+            else hmac.compare_digest(got.digest(), h.mac)
+        )
+        if ok:
+            return v
+        return Verdict(v.file, "bad", f"{why_no_mac(h)}: the store removes it on read", h, v.ident, v.size)
 
     def _verify_large(self, f: StoreFile, fd: int, st: os.stat_result, buffer_bytes: int, pool: list) -> "Verdict":
         """A file larger than one batch (fd closed here): its header read
@@ -267,6 +310,7 @@ class ChunkVerifier:
             h = _judge_header(f, memoryview(bufs[0])[:HEADER_SIZE], hn, plen, ident, size)
             if isinstance(h, Verdict):
                 return h
+            mac = mac_hasher(self.mac_key, memoryview(bufs[0])[:MAC_OFF]) if self.mac_key and h.mac else None
             bufs.append(self._buffer(pool, piece, piece))
             crc, pos, k = 0, HEADER_SIZE, 0
             while pos < size or jobs:
@@ -285,10 +329,12 @@ class ChunkVerifier:
                     why = f"payload read returned {got} of {want} bytes (the file changed while read)"
                     return Verdict(f, "unreadable", why, h, ident, size)
                 crc = _fxio.crc32c_at(job.buf.address, got, crc)
+                if mac is not None:
+                    mac.update(memoryview(job.buf)[:got])
             if crc != h.payload_crc:
                 why = f"payload checksum mismatch (CRC32C {crc:08x}, header says {h.payload_crc:08x})"
                 return Verdict(f, "bad", why, h, ident, size)
-            return Verdict(f, "ok", "", h, ident, size)
+            return self._judge_mac(Verdict(f, "ok", "", h, ident, size), None, lambda: mac)
         finally:
             while jobs:  # the reads land in bufs: wait for them before the buffers go
                 jobs[0][0].end()
