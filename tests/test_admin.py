@@ -1789,3 +1789,59 @@ def test_fsck_with_the_configs_auth_key_finds_the_chunks_a_keyed_store_removes(c
         assert (hits, misses, bad) == (2, 0, [])
     finally:
         st.close()
+
+
+def test_tools_on_a_read_only_filesystem_say_so(capsys, tmp_path):
+    """On a read-only filesystem gc and fsck --repair told root to 'run as the
+    store's owner', and estimate --json said 'permission denied': EROFS,
+    which no owner's rights mend, is said as such."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs and remount it read-only")
+    F = _fx()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True)
+    try:
+        st = F.open_store(str(mnt / "st"), max_capacity_gb=1, io_engine="threads")
+        src = F.Chunks()
+        try:
+            assert all(st.write([src.item(f"m@1@0@r{i}@half", 64 << 10) for i in range(3)]))
+        finally:
+            st.close()
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        rc, out, err = cli(capsys, "gc", mnt / "st", "--to-gb", 0)
+        said = out + err
+        assert rc == 1 and "read-only filesystem" in said and "owner" not in said, said
+        with pytest.raises(SystemExit) as e:
+            cli(capsys, "estimate", "--json", mnt / "x.json")
+        rc, said = e.value.code, capsys.readouterr().err
+        assert rc == 2 and "on a read-only filesystem" in said and "permission denied" not in said, said
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_ls_and_stat_say_another_format_version_as_fsck_does(capsys, tmp_path):
+    """ls showed a chunk of another format version as 'BAD ... ' and stat
+    counted it 'with a bad header: run fsck', while fsck (rightly) reports it
+    as VERSION and never removes it: in a rolling upgrade an operator was
+    told to delete good chunks. All three say the same now."""
+    import struct
+
+    from lmcache_fx import _fxio
+
+    path = _written_store(tmp_path, [64 << 10, 64 << 10])
+    victim = sorted(F for F in _fx().chunk_files(path))[0]
+    b = bytearray(open(victim, "rb").read(4096))
+    struct.pack_into("<H", b, 8, 2)  # format version 2, its header checksum made right
+    struct.pack_into("<I", b, 4092, _fxio.crc32c(bytes(b[:4092])))
+    with open(victim, "r+b") as f:
+        f.write(b)
+    rc, out, _ = cli(capsys, "ls", path)
+    line = next(ln for ln in out.splitlines() if os.path.basename(victim) in ln)
+    assert "VERSION: another format version" in line and "BAD" not in out, out
+    rc, obj, _ = cli_json(capsys, "stat", path)
+    assert obj["bad_headers"] == 0 and obj["other_version"] == 1, obj
+    rc, out, _ = cli(capsys, "stat", path)
+    assert "(1 of another format version, left alone)" in out and "run fsck" not in out, out
+    rc, obj, _ = cli_json(capsys, "fsck", path)
+    assert rc == 0 and obj["other_version"] == 1 and obj["bad"] == 0

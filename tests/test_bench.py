@@ -4931,3 +4931,25 @@ def test_the_command_exits_past_a_thread_left_running():
     assert r.returncode == 0, r.stderr
     assert "lmcache-fx" in r.stdout  # --version's line, flushed before the exit
     assert "exiting without 1 thread(s) still running after 0.3 s: left-running" in r.stderr, r.stderr
+
+
+def test_a_bench_on_tmpfs_is_labelled_warm_without_asking(tmp_path):
+    """On tmpfs the run said 'COLD: page cache dropped before every read'
+    (cold: true in its JSON) and dropped the whole host's page cache before
+    every read: a tmpfs file is its page cache, so the reads were from
+    memory. A memory filesystem is run and labelled warm, and says why."""
+    import shutil
+    import tempfile
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    base = tempfile.mkdtemp(prefix="fx-bench-tmpfs-", dir="/dev/shm")
+    try:
+        out = tmp_path / "r.json"
+        rc = bench.main(["--path", base, *SMALL, "--reps", "1", "--readers", "fx", "--quiet", "--json", str(out)])
+        assert rc == 0
+        d = json.loads(out.read_text())
+        assert d["cold"] is False
+        assert d["cache_note"].startswith("a memory filesystem (tmpfs, ramfs) is its page cache"), d["cache_note"]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -49,7 +49,7 @@ from ..core.ledger import Ledger, LockTimeout
 from ..core.options import GIB, ConfigError, auth_key_bytes, expand_path
 from .common import AdminError, fs_info, human_age, human_bytes, printable, quiet_broken_pipe
 from .lmcache_config import load_plugin_configs
-from .verify import ChunkVerifier
+from .verify import OTHER_VERSION, ChunkVerifier
 
 # ---------------------------------------------------------------- help texts
 
@@ -488,6 +488,8 @@ def _chunk_record(f: StoreFile, h: Optional[Header], err: str, now: float) -> di
             created_ns=h.created_ns,
             geometry=geometry(h),
         )
+    elif err.startswith(OTHER_VERSION):  # left alone by the store and fsck: not a bad chunk
+        rec["other_version"] = err
     else:
         rec["error"] = err
     return rec
@@ -531,9 +533,10 @@ def cmd_ls(args) -> int:
     if shown:
         lines.append(f"{'AGE':>6}  {'SIZE':>10}  {'MODEL':<24} {'GEOMETRY':<36} KEY")
     for r in shown:
-        if "error" in r:
+        if "error" in r or "other_version" in r:
+            tag, why = ("BAD", r["error"]) if "error" in r else ("VERSION", r["other_version"])
             lines.append(
-                f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  BAD: {printable(r['error'])}  ({printable(r['path'])})"
+                f"{human_age(r['age_s']):>6}  {human_bytes(r['size']):>10}  {tag}: {printable(why)}  ({printable(r['path'])})"
             )
         else:
             lines.append(
@@ -565,10 +568,13 @@ def cmd_stat(args) -> int:
     total = sum(f.size for f in sc.chunks)
     models: dict = collections.OrderedDict()
     geos: dict = collections.OrderedDict()
-    bad = 0
+    bad = other_version = 0
     for r in recs:
         if "error" in r:
             bad += 1
+            continue
+        if "other_version" in r:
+            other_version += 1
             continue
         m = models.setdefault(r["model"], {"chunks": 0, "bytes": 0, "world_sizes": set(), "workers": set()})
         m["chunks"] += 1
@@ -594,6 +600,7 @@ def cmd_stat(args) -> int:
         "chunks": len(sc.chunks),
         "bytes": total,
         "bad_headers": bad,
+        "other_version": other_version,
         "temporaries": len(sc.temps),
         "stale_temporaries": stale,
         "other_files": len(sc.others),
@@ -630,6 +637,7 @@ def cmd_stat(args) -> int:
     L.append(
         f"chunks:       {len(sc.chunks)}, {human_bytes(total)}"
         + (f"  ({bad} with a bad header: run fsck)" if bad else "")
+        + (f"  ({other_version} of another format version, left alone)" if other_version else "")
     )
     if cap_gb is not None:
         src = "--capacity-gb" if args.capacity_gb is not None else "max_capacity_gb"
@@ -875,6 +883,18 @@ def _remove(roots: list[str], sc: Scan, todo: list[dict]) -> list[str]:
     return rm.warnings
 
 
+def _fix_for_unwritable(root: str) -> str:
+    """What to do about a store file this process cannot write: nothing can
+    be done on a read-only filesystem (EROFS), where the owner's rights would
+    not help; else run as its owner."""
+    try:
+        if os.statvfs(root).f_flag & os.ST_RDONLY:
+            return "the store is on a read-only filesystem: nothing can be removed there"
+    except OSError:
+        pass
+    return "run as the store's owner"
+
+
 class Remover:
     """Removes store files as the store's own cleanup does (store.py's
     stale-temporary removal and evictor): under the store lock, taken with its
@@ -917,12 +937,14 @@ class Remover:
             if os.path.lexists(lock):
                 regular = os.path.isfile(lock) and not os.path.islink(lock)
                 self.stuck = (
-                    f"cannot open the store's lock file {lock} (run as the store's owner)"
+                    f"cannot open the store's lock file {lock} ({_fix_for_unwritable(roots[0])})"
                     if regular
                     else f"the store's lock file {lock} is not a regular file (remove it)"
                 )
         elif fcntl.fcntl(self.ledger.fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
-            self.stuck = f"cannot write the store's lock file {lock}, which counts its bytes (run as the store's owner)"
+            self.stuck = (
+                f"cannot write the store's lock file {lock}, which counts its bytes ({_fix_for_unwritable(roots[0])})"
+            )
         if self.stuck:
             self.warnings.append(f"nothing removed: {self.stuck}")
 

@@ -88,6 +88,11 @@ def unwritable(path: str) -> str:
     if not os.path.isdir(d):
         return f"no such directory {d}; create it or give another path"
     if not os.access(path if os.path.exists(path) else d, os.W_OK):
+        try:  # access() says EROFS for root too; the owner's rights would not help there
+            if os.statvfs(d).f_flag & os.ST_RDONLY:
+                return "on a read-only filesystem; give a path you can write"
+        except OSError:
+            pass
         return "permission denied; give a path you can write"
     return ""
 

@@ -660,12 +660,19 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
         if args.storage_gbps:
             parser.error("give --storage-gbps or --measure, not both")
         if not os.path.isdir(args.measure):
-            parser.error(f"--measure {args.measure}: no such directory; give a directory on the storage to measure")
+            what = "not a directory" if os.path.exists(args.measure) else "no such directory"
+            parser.error(f"--measure {args.measure}: {what}; give a directory on the storage to measure")
+        why = unwritable(os.path.join(args.measure, ".lmcache-fx-estimate"))
+        if why:  # it writes its files there first
+            parser.error(
+                f"--measure {args.measure}: {why.replace('a path you can write', 'a directory you can write')}"
+            )
         rank, _ = rank_geometry(inp.geo, inp.tp)
         try:
             meas = measure_read(args.measure, rank.chunk_bytes, args.measure_size)
         except OSError as e:
-            sys.stderr.write(f"estimate: --measure {args.measure}: {e}\n")
+            why = e.strerror if e.strerror and e.filename else str(e)
+            sys.stderr.write(f"estimate: --measure {args.measure}: {why}\n")
             return 1
         inp.storage_gbps = meas["gbps"]
     res = estimate(inp)

@@ -225,10 +225,14 @@ def machine_info(path: str) -> dict:
 
 def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict:
     from ... import __version__
+    from ...core.medium import page_cache_fs
     from ...testing.loopfs import drop_caches
 
     asked_warm = not cfg.cold
-    if cfg.cold and not drop_caches():
+    # A file of tmpfs or ramfs is its page cache: dropping caches cannot make it cold (the run was
+    # labelled COLD regardless), and would only empty the rest of the host's page cache.
+    in_memory = page_cache_fs(list(cfg.stripe) or [cfg.path])
+    if cfg.cold and (in_memory or not drop_caches()):
         cfg.cold = False
     w = Workload(cfg.geo, cfg.n_chunks)
     results: dict = {
@@ -238,6 +242,8 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
         if cfg.cold
         else "page cache not dropped (--warm): results are WARM"
         if asked_warm
+        else "a memory filesystem (tmpfs, ramfs) is its page cache, which cannot be dropped: results are WARM"
+        if in_memory
         else "page cache could NOT be dropped (not root): results are WARM",
         "config_fs_native_workers": cfg.fs_native_workers,
         "config": {
