@@ -1845,3 +1845,21 @@ def test_ls_and_stat_say_another_format_version_as_fsck_does(capsys, tmp_path):
     assert "(1 of another format version, left alone)" in out and "run fsck" not in out, out
     rc, obj, _ = cli_json(capsys, "fsck", path)
     assert rc == 0 and obj["other_version"] == 1 and obj["bad"] == 0
+
+
+def test_plugin_options_outside_extra_config_are_named(capsys, tmp_path):
+    """storage_plugin.fx.max_capacity_gb written at the top level of the YAML
+    (beside chunk_size) is dropped by LMCache with its 'Unknown configuration
+    key', and the plugin ran at 100 GiB while doctor said all was well."""
+    import yaml
+
+    d = {**fx_config(tmp_path / "s"), "storage_plugin.fx.max_capacity_gb": 1}
+    y = tmp_path / "split.yaml"
+    y.write_text(yaml.safe_dump(d))
+    rc, obj, _ = cli_json(capsys, "doctor", "--config", y)
+    said = [c["summary"] for c in obj["checks"] if c["name"] == "config" and c["status"] == "warn"]
+    assert any(s.startswith("top-level key 'storage_plugin.fx.max_capacity_gb' is no LMCache setting") for s in said)
+    assert all("move it under extra_config" in s for s in said if "top-level" in s)
+    os.makedirs(tmp_path / "s")
+    rc, out, err = cli(capsys, "stat", "--config", y)
+    assert rc == 0 and "top-level key 'storage_plugin.fx.max_capacity_gb'" in err, err

@@ -550,3 +550,23 @@ def test_a_path_under_no_plugin_head_is_refused_where_the_plugin_has_none():
         assert warns == [] and opts.path == FxOptions().path
     opts, warns = plugin_options({"storage_plugin.fx.path": "/a", "path": "/b"}, "storage_plugin", "fx", lists)
     assert opts.path == "/a"
+
+
+def test_lmcache_own_settings_among_the_plugins_options_are_said_as_such():
+    """storage_plugin.fx.chunk_size was refused with the list of fx's options
+    only: the operator was not told that chunk_size is LMCache's own setting,
+    set at the top level. Each name so treated is one LMCache has."""
+    import dataclasses
+
+    from lmcache.v1.config import LMCacheEngineConfig
+
+    from lmcache_fx.core.options import LMCACHE_OWN_KEYS
+
+    with pytest.raises(ConfigError) as e:
+        FxOptions.from_mapping({"path": "/nvme", "chunk_size": 256}, "storage_plugin.fx.")
+    assert str(e.value) == (
+        "unknown option 'storage_plugin.fx.chunk_size': chunk_size is LMCache's own setting; set it at the top "
+        "level of the LMCache config, not among the plugin's options"
+    )
+    assert LMCACHE_OWN_KEYS <= {f.name for f in dataclasses.fields(LMCacheEngineConfig)}
+    assert not LMCACHE_OWN_KEYS & {f.name for f in dataclasses.fields(FxOptions)}

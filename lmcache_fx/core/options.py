@@ -386,6 +386,11 @@ class FxOptions:
             if not isinstance(name, str):  # e.g. a YAML key that parsed as a number
                 raise ConfigError(f"option name {full!r} is not a string: quote it in the config")
             if name not in table:
+                if name in LMCACHE_OWN_KEYS:
+                    raise ConfigError(
+                        f"unknown option '{full}': {name} is LMCache's own setting; set it at the top level "
+                        "of the LMCache config, not among the plugin's options"
+                    )
                 close = difflib.get_close_matches(name, list(table), n=1)
                 hint = f"did you mean '{where}{close[0]}'?" if close else f"valid options: {', '.join(table)}"
                 raise ConfigError(f"unknown option '{full}': {hint}")
@@ -417,6 +422,24 @@ class FxOptions:
             )
         return o
 
+
+# LMCache's own top-level settings users put among a plugin's options (read from LMCache 0.5.6's
+# config; named here because core/ does not import LMCache): said as such, not as a misspelling.
+LMCACHE_OWN_KEYS = frozenset(
+    {
+        "chunk_size",
+        "local_cpu",
+        "max_local_cpu_size",
+        "local_disk",
+        "max_local_disk_size",
+        "remote_url",
+        "remote_serde",
+        "save_unfull_chunk",
+        "use_layerwise",
+        "save_decode_cache",
+        "enable_blending",
+    }
+)
 
 _PLUGIN_KEYS = ("module_path", "class_name")  # LMCache's own keys under a plugin's prefix
 

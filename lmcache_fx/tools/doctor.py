@@ -39,7 +39,14 @@ from ..core.medium import (
 )
 from ..core.options import GIB, ConfigError, FxOptions, expand_path
 from .common import fs_info, human_bytes
-from .lmcache_config import PLUGIN_CLASS, PLUGIN_MODULE, check_plugin, load_lmcache_config, plugin_entries
+from .lmcache_config import (
+    PLUGIN_CLASS,
+    PLUGIN_MODULE,
+    check_plugin,
+    keys_outside_extra_config,
+    load_lmcache_config,
+    plugin_entries,
+)
 
 EXAMPLES = """\
 examples:
@@ -732,7 +739,7 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
                 entries, warns = [], []
                 cfg = None
         if cfg is not None:
-            checks += [Check("config", "warn", w) for w in warns]
+            checks += [Check("config", "warn", w) for w in keys_outside_extra_config(config) + warns]
             try:  # LMCache's pool exists even with local_cpu: false (it is the staging allocator)
                 pool_bytes = int(float(cfg.max_local_cpu_size) * GIB)
             except (TypeError, ValueError):

@@ -138,6 +138,27 @@ def check_plugin(pc: PluginConf, cfg) -> None:
         pc.error = str(e)
 
 
+def keys_outside_extra_config(path: str) -> list[str]:
+    """Warnings for plugin options written at the top level of the YAML
+    (`storage_plugin.fx.max_capacity_gb: 2` beside chunk_size): LMCache
+    logs 'Unknown configuration key' and drops them, and the plugin runs at
+    its defaults; only extra_config reaches a plugin."""
+    try:
+        import yaml
+
+        with open(path) as f:
+            top = yaml.safe_load(f) or {}
+    except Exception:  # noqa: BLE001 - unreadable: LMCache's own reading says so
+        return []
+    heads = tuple(h for h, _, _, _ in HEADS)
+    return [
+        f"top-level key '{k}' is no LMCache setting (LMCache logs 'Unknown configuration key' and drops it, "
+        "and the plugin runs without it): move it under extra_config"
+        for k in (top if isinstance(top, dict) else {})
+        if isinstance(k, str) and k.partition(".")[0].replace("-", "_").rstrip("s") in heads and "." in k
+    ]
+
+
 def load_plugin_configs(path: str) -> tuple[list[PluginConf], list[str]]:
     """lmcache-fx entries of an LMCache YAML with their options or errors
     (used by ls/stat/fsck/gc --config), and plugin_entries' warnings about
@@ -153,4 +174,4 @@ def load_plugin_configs(path: str) -> tuple[list[PluginConf], list[str]]:
         raise AdminError(f"{path}: {e}") from None
     for pc in plugins:
         check_plugin(pc, cfg)
-    return plugins, warns
+    return plugins, keys_outside_extra_config(path) + warns
