@@ -203,12 +203,13 @@ class FxStorageBackend(StoragePluginInterface):
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
         k = key.to_string()
         if pin:
-            return self.store.pin(k)
-        return self.store.contains(k)
+            return self.store.pin(k, self._shapes.fits)
+        return self.store.contains(k, self._shapes.fits)
 
     def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
         # The hit prefix, its files stat'ed in one call (store.lookup).
-        return sum(self.store.lookup([k.to_string() for k in keys], pin=pin, prefix=True))
+        # A chunk read before as another model's shape is no hit (EngineShapes).
+        return sum(self.store.lookup([k.to_string() for k in keys], pin=pin, prefix=True, usable=self._shapes.fits))
 
     async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
         n = self.batched_contains(keys, pin)
@@ -245,7 +246,7 @@ class FxStorageBackend(StoragePluginInterface):
             return key in self._put_keys
 
     def pin(self, key: CacheEngineKey) -> bool:
-        return self.store.pin(key.to_string())
+        return self.store.pin(key.to_string(), self._shapes.fits)
 
     def unpin(self, key: CacheEngineKey) -> bool:
         # LMCache unpins the keys of an async lookup it rounds off (per-layer keys of a partial chunk)

@@ -110,16 +110,16 @@ class FxRemoteConnector(RemoteConnector):
 
     # ------------------------------------------------------------ lookups
     async def exists(self, key: CacheEngineKey) -> bool:
-        return self.store.contains(key.to_string())
+        return self.store.contains(key.to_string(), self._shapes.fits)
 
     def exists_sync(self, key: CacheEngineKey) -> bool:
-        return self.store.contains(key.to_string())
+        return self.store.contains(key.to_string(), self._shapes.fits)
 
     def support_batched_contains(self) -> bool:
         return True
 
     def batched_contains(self, keys: List[CacheEngineKey]) -> int:
-        return sum(self.store.lookup([k.to_string() for k in keys], prefix=True))
+        return sum(self.store.lookup([k.to_string() for k in keys], prefix=True, usable=self._shapes.fits))
 
     def support_batched_async_contains(self) -> bool:
         return True

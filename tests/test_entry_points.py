@@ -1172,6 +1172,80 @@ def test_chunks_of_another_models_geometry_under_one_model_name_are_misses(tmp_p
     assert "this engine's KV cache makes" in err
 
 
+_STUCK = """
+import json, struct, sys, time
+import torch
+from test_entry_points import GEO, backend_of, engine_config, fx_store_of, store_engine
+from lmcache_fx import _fxio
+from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
+from lmcache_fx.testing.cpu_engine import KV, Geometry, lmcache_engine, retrieve
+entry, store, work, case = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+n = 4 * GEO.chunk
+tokens = torch.arange(n) % 5000
+with lmcache_engine(engine_config(entry, store, work), GEO) as eng:
+    store_engine(eng, entry, tokens, KV(GEO, n, seed=7))
+    keys = [k for _, _, k in eng.token_database.process_tokens(tokens=tokens)]
+    victim = fx_store_of(backend_of(eng, entry)).path_for(chunk_digest(keys[1].to_string()))
+geo = GEO
+if case == "version":  # chunk 1 written by a newer lmcache-fx: format version 2, its header checksum right
+    with open(victim, "r+b") as f:
+        h = bytearray(f.read(HEADER_SIZE))
+        struct.pack_into("<H", h, 8, 2)
+        struct.pack_into("<I", h, HEADER_SIZE - 4, _fxio.crc32c(bytes(h[: HEADER_SIZE - 4])))
+        f.seek(0)
+        f.write(h)
+else:  # another model of other layers under the same model name
+    geo = Geometry(layers=4, kv_heads=GEO.kv_heads, head_dim=GEO.head_dim, dtype=GEO.dtype)
+rounds = []
+with lmcache_engine(engine_config(entry, store, work), geo) as eng:
+    be = backend_of(eng, entry)
+    st = fx_store_of(be)
+    kv = KV(geo, n, seed=9 if case == "geometry" else 7)
+    for r in range(3):
+        found = eng.lookup(tokens)
+        got = kv.empty_like()
+        hit = retrieve(eng, tokens, got)
+        ok = kv.tokens_equal(got, hit)
+        # vLLM's adapter stores past the hits the lookup told it of (num_saved_tokens)
+        mask = torch.ones(n, dtype=torch.bool)
+        mask[:found] = False
+        before = st.stats.snapshot().get("chunks_written", 0)
+        if found < n:
+            eng.store(tokens, mask=mask, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
+            if entry == "plugin":
+                be.flush(30)
+            else:
+                conn, end = be.connection.getWrappedConnector(), time.monotonic() + 30
+                time.sleep(0.2)
+                while conn.pending_puts() and time.monotonic() < end:
+                    time.sleep(0.01)
+        rounds.append([found, hit, ok, st.stats.snapshot().get("chunks_written", 0) - before])
+    print(json.dumps({"rounds": rounds, "pins": len(st._pins)}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("entry", ["plugin", "remote"])
+@pytest.mark.parametrize("case", ["version", "geometry"])
+def test_a_chunk_every_read_refuses_is_no_hit_and_is_stored_again(tmp_path, entry, case):
+    """A chunk file of another format version (a newer lmcache-fx beside this
+    one), or of another model's shape under the same model name, was found by
+    every lookup and refused by every read; a caller storing past the hits it
+    was told of (vLLM's adapter) never stored it again, and a store of it was
+    skipped as already there: the prompt loaded a shorter prefix than the
+    lookup said, for good (a review, through LMCache's engine on CPU). After
+    the first refusal lookups answer as the read would, the store writes it
+    anew, and the next round loads the whole prompt."""
+    out, err = _engine_script(_STUCK, entry, tmp_path / "store", tmp_path, case)
+    (f1, h1, ok1, _), (f2, h2, ok2, w2), (f3, h3, ok3, w3) = out["rounds"]
+    n = 4 * GEO.chunk
+    want = GEO.chunk if case == "version" else 0  # the prefix before the refused chunk
+    assert (f1, h1, ok1) == (n, want, True), out
+    # stored again: the refused chunk, or (another model) every chunk, whose headers the read saw
+    assert f2 == want and h2 == want and w2 == (1 if case == "version" else 4), out
+    assert (f3, h3, ok3, w3) == (n, n, True, 0), out
+    assert out["pins"] == 0, out
+
+
 # An engine whose LMCache pool has room for six 1 MiB chunks, as `eng`, its fx backend as `be`.
 _POOL_OF_SIX = """
 import json, os, sys, threading, time

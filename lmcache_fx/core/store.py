@@ -179,6 +179,18 @@ class Entry:
     touched: float = 0.0  # time.monotonic() of the last mtime refresh by this process
     body: Optional[bytes] = None  # the header's JSON body as last seen (read_chunks' `expect`)
     check_payload: bool = False  # its header as last seen has FLAG_CHECK_PAYLOAD
+    # Its header was of another format version when last read: a miss for lookups here, and written
+    # over by a store of its key (else it was found by every lookup, refused by every read, never
+    # stored again).
+    other_version: bool = False
+
+
+def _fit(e: Optional[Entry], usable: Optional[Callable[[ChunkMeta], bool]]) -> Optional[Entry]:
+    """e, or None where a read before found it of another format version or
+    of a meta `usable` refuses (lookups answer as the read would)."""
+    if e is None or e.other_version or (usable is not None and e.meta is not None and not usable(e.meta)):
+        return None
+    return e
 
 
 @dataclass
@@ -1167,18 +1179,33 @@ class ChunkStore:
             self._last_mtime_ns = t + count - 1
             return t
 
-    def contains(self, key: str) -> bool:
-        return self._entry(key, check=True) is not None
+    def contains(self, key: str, usable: Optional[Callable[[ChunkMeta], bool]] = None) -> bool:
+        return _fit(self._entry(key, check=True), usable) is not None
 
-    def lookup(self, keys: Sequence[str], pin: bool = False, prefix: bool = False) -> list[bool]:
+    def lookup(
+        self,
+        keys: Sequence[str],
+        pin: bool = False,
+        prefix: bool = False,
+        usable: Optional[Callable[[ChunkMeta], bool]] = None,
+    ) -> list[bool]:
         """Whether each chunk is in the store, each file confirmed on disk
         (another process may have evicted it), the batch's stats in one call.
         With `pin`, each one found is pinned (never evicted until unpinned)
         and its recency touched: a lookup announces a read. `prefix`: the keys
         after the first missing one are not looked at (False), as LMCache asks
-        for a prompt's chunks, whose hits end at the first miss."""
+        for a prompt's chunks, whose hits end at the first miss. A chunk read
+        before as unfit is not found: of another format version, or of a meta
+        `usable` refuses (the caller's read would refuse it; found, a caller
+        that stores only past the hits it was told of never stored it again)."""
         digests = [chunk_digest(k) for k in keys]
         found = self._entries(digests, check=True, prefix=prefix)
+        for i, e in enumerate(found):
+            if e is not None and _fit(e, usable) is None:
+                found[i] = None
+                if prefix:
+                    found[i:] = [None] * (len(found) - i)
+                    break
         if pin:
             self._pin_found(digests, found)
         return [e is not None for e in found]
@@ -1215,11 +1242,11 @@ class ChunkStore:
             out, self._evicted = self._evicted, []
         return out
 
-    def pin(self, key: str) -> bool:
+    def pin(self, key: str, usable: Optional[Callable[[ChunkMeta], bool]] = None) -> bool:
         """lookup([key], pin=True) on the one-chunk path (LMCache's
         contains(key, pin=True) asks one key at a time)."""
         d = chunk_digest(key)
-        e = self._entry(key, d, check=True)
+        e = _fit(self._entry(key, d, check=True), usable)
         if e is None:
             return False  # a miss takes no lock
         self._pin_found((d,), (e,))
@@ -1573,7 +1600,7 @@ class ChunkStore:
             for i, e in zip(known, self._entries([digests[i] for i in known], check=True)):
                 # ...unless it was read as another layout than this one. MP keys carry no dtype: after a
                 # KV dtype change every such chunk was a miss at load and, skipped here, a miss for good.
-                out[i] = e is not None and (e.meta is None or e.meta == items[i][3])
+                out[i] = e is not None and not e.other_version and (e.meta is None or e.meta == items[i][3])
         todo = [
             (i, key, digests[i], addr, nbytes, meta) for i, (key, addr, nbytes, meta) in enumerate(items) if not out[i]
         ]
@@ -2384,7 +2411,12 @@ class ChunkStore:
                 if h is None:
                     entries[i] = None
                 else:
-                    e.meta, e.body, e.check_payload = h.meta, header_body_of(mv), h.check_payload
+                    e.meta, e.body, e.check_payload, e.other_version = (
+                        h.meta,
+                        header_body_of(mv),
+                        h.check_payload,
+                        False,
+                    )
             while fds:
                 os.close(fds.pop())
         # Phase 2: header again (the file may have been replaced) and payload.
@@ -2545,7 +2577,7 @@ class ChunkStore:
                 # takes its header anew (phase 1, which checks the file holds what the header claims).
                 e.meta = e.body = None
                 return False
-            e.body, e.check_payload = header_body_of(mv), h.check_payload
+            e.body, e.check_payload, e.other_version = header_body_of(mv), h.check_payload, False
             return not self._mac_rejects(key, e, mv, h, alloc[1], nb, ident)
         if status in _CORRUPT_STATUSES:  # or being reused (its header zeroed first)
             why = _fxio.CHUNK_STATUS_NAMES[status].replace("_", " ")
@@ -2553,7 +2585,7 @@ class ChunkStore:
                 key, e, why if status != _fxio.CHUNK_PAYLOAD_CRC else "payload checksum mismatch", ident
             )
         elif status == _fxio.CHUNK_VERSION:
-            log.warning("lmcache-fx: %s has another format version; treating it as a miss", e.path)
+            self._other_version(e, "another format version")
         elif status == _fxio.CHUNK_SHORT:
             self._short_payload(key, e, size if size >= 0 else None, length, nb, ident)
         elif status < 0 and -status in _GONE:
@@ -2680,7 +2712,7 @@ class ChunkStore:
         try:
             h = decode_header(mv)
         except FormatVersionMismatch as ex:
-            log.warning("lmcache-fx: %s has %s; treating it as a miss", e.path, ex)
+            self._other_version(e, str(ex))
             return None
         except BadHeader as ex:
             self._corrupt(key, e, str(ex), ident=_identity(fd)[0])
@@ -2689,6 +2721,17 @@ class ChunkStore:
             self._corrupt(key, e, f"holds key {h.key!r}, not the one asked for", ident=_identity(fd)[0])
             return None
         return h
+
+    def _other_version(self, e: Entry, why: str) -> None:
+        """A chunk of another format version (a newer lmcache-fx beside this
+        one): left alone, a miss here until a store of its key writes over it."""
+        e.other_version = True
+        self.burst_warning(
+            "chunks of another format version",
+            "lmcache-fx: %s has %s; a miss here until its key is stored again",
+            e.path,
+            why,
+        )
 
     def _corrupt(
         self, key: str, e: Entry, why: str, remove: bool = True, ident: Optional[tuple[int, int]] = None
