@@ -4897,7 +4897,7 @@ def test_bench_stopped_by_sigterm_leaves_no_loop_device_mount_or_image(tmp_path)
 
 def test_bench_interrupted_is_one_line_and_leaves_no_files(tmp_path):
     """A Ctrl-C printed a 30-line traceback through argparse and LMCache; it
-    is one line and status 130 now, after the run's own cleanup."""
+    is one line now, after the run's own cleanup."""
     base = tmp_path / "b"
     cmd = [sys.executable, "-m", "lmcache_fx.tools.bench", "--path", str(base), "--warm", *SMALL[:-2]]
     cmd += ["--total-gb", "0.05", "--reps", "50", "--readers", "fx,local_disk"]
@@ -4910,7 +4910,7 @@ def test_bench_interrupted_is_one_line_and_leaves_no_files(tmp_path):
     time.sleep(1.0)  # into the reps, LMCache's engine running
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
-    assert p.returncode == 130, err[-2000:]
+    assert p.returncode == -signal.SIGINT, err[-2000:]  # dies of it, as a shell expects (status 130 there)
     assert "lmcache-fx: interrupted" in err and "Traceback" not in err, err[-3000:]
     assert not made.exists()
 
@@ -4953,3 +4953,53 @@ def test_a_bench_on_tmpfs_is_labelled_warm_without_asking(tmp_path):
         assert d["cache_note"].startswith("a memory filesystem (tmpfs, ramfs) is its page cache"), d["cache_note"]
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+_INTERRUPTIBLE = (
+    "import threading, time\n"
+    "from lmcache_fx.tools import cli\n"
+    "def main(argv=None):\n"
+    "    if argv == ['leave']:\n"
+    "        threading.Thread(target=threading.Event().wait, name='left-running').start()\n"
+    "    print('running', flush=True)\n"
+    "    time.sleep(60)\n"
+    "cli.main = main\n"
+    "cli.console(__import__('sys').argv[1:])\n"
+)
+
+
+def test_a_ctrl_c_stops_the_shell_loop_running_the_command(tmp_path):
+    """console() turned a Ctrl-C into exit(130), and a shell loop or script
+    running lmcache-fx went on to its next line (an interrupted program must
+    die of SIGINT for the shell to stop). A second Ctrl-C while it waits for
+    threads left running ends it at once, without a traceback."""
+    script = f'for i in 1 2 3; do {sys.executable} -c "$CODE" 2>>{tmp_path}/err; echo "went on $i"; done; echo finished'
+    p = subprocess.Popen(
+        ["bash", "-c", script],
+        env={**os.environ, "CODE": _INTERRUPTIBLE},
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert p.stdout.readline() == "running\n"
+    os.killpg(p.pid, signal.SIGINT)
+    out, _ = p.communicate(timeout=60)
+    assert "went on" not in out and "finished" not in out, out
+    err = (tmp_path / "err").read_text()
+    assert "lmcache-fx: interrupted" in err and "Traceback" not in err, err
+    q = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTIBLE, "leave"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert q.stdout.readline() == "running\n"
+    q.send_signal(signal.SIGINT)  # the command ends; its thread is waited for up to 5 s
+    time.sleep(1.0)
+    q.send_signal(signal.SIGINT)  # and an impatient second one
+    q.wait(timeout=3)
+    err = q.stderr.read()
+    assert q.returncode == -signal.SIGINT and "Traceback" not in err, err

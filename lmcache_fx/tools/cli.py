@@ -7,6 +7,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import threading
 import time
@@ -95,9 +96,11 @@ STRAY_THREAD_GRACE_S = 5.0
 
 
 def console(argv=None) -> None:
-    """The `lmcache-fx` command. A Ctrl-C is one line and status 130, not a
-    traceback: each command's own cleanup (stores closed, bench's loop
-    devices unmounted and removed) has run by then. Then the process exits
+    """The `lmcache-fx` command. A Ctrl-C is one line, not a traceback, and
+    the process then dies of SIGINT (status 130 to a caller that only reads
+    codes), as a shell expects of an interrupted program: a loop or a script
+    running it stops too. Each command's own cleanup (stores closed, bench's
+    loop devices unmounted and removed) has run by then. The process exits
     even where a thread that is not a daemon is still running: Python waits
     for every such thread at exit, and an LMCache engine interrupted before
     its close leaves some behind, so a Ctrl-C'd bench could hang for good
@@ -113,33 +116,41 @@ def console(argv=None) -> None:
             code = 1
         else:
             code = e.code or 0
-    leave_stray_threads(code)
+    if code == 130:  # interrupted (gc and fsck catch their Ctrl-C and return 130): a second one ends it at once
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        stray = stray_threads(STRAY_THREAD_GRACE_S)
+    except KeyboardInterrupt:  # Ctrl-C while waiting for them
+        code, stray = 130, ["(not waited for)"]
+    if stray:
+        sys.stderr.write(
+            f"lmcache-fx: exiting without {len(stray)} thread(s) still running after "
+            f"{STRAY_THREAD_GRACE_S:g} s: {', '.join(stray[:4])}\n"
+        )
+    if code == 130 or stray:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+    if code == 130:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    if stray:
+        os._exit(code)  # no atexit handlers: they would wait for the threads too
     sys.exit(code)
 
 
-def leave_stray_threads(code: int, grace_s: float | None = None) -> None:
-    """Waits up to `grace_s` for the threads still running that are not
-    daemons; if some are left, says which and ends the process at once
-    (os._exit: no atexit handlers, which would wait for them too)."""
-    grace_s = STRAY_THREAD_GRACE_S if grace_s is None else grace_s
+def stray_threads(grace_s: float) -> list[str]:
+    """The names of the threads that are not daemons still running after
+    waiting up to `grace_s` for them to end."""
     deadline = time.monotonic() + grace_s
     for t in threading.enumerate():
         if t is not threading.current_thread() and not t.daemon:
             t.join(max(0.0, deadline - time.monotonic()))
-    stray = [
+    return [
         t.name for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon and t.is_alive()
     ]
-    if not stray:
-        return
-    sys.stderr.write(
-        f"lmcache-fx: exiting without {len(stray)} thread(s) still running after {grace_s:g} s: {', '.join(stray[:4])}\n"
-    )
-    for f in (sys.stdout, sys.stderr):
-        try:
-            f.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 if __name__ == "__main__":
