@@ -275,24 +275,31 @@ class FxL2Adapter(L2AdapterInterface):
 
     def _finish_store(self, tid: L2TaskId, keys, items, done) -> None:
         ok, nbytes = done is not None, 0
-        new_keys, new_sizes = [], []
+        new_keys, new_sizes, resized, old_sizes = [], [], [], []
         for k, it, d in zip(keys, items or (), done or ()):
             if not d:
                 ok = False
                 continue
             size = HEADER_SIZE + it[2]
             with self._lock:
-                known = k in self._sizes
+                old = self._sizes.get(k)
                 self._sizes[k] = size
-                if not known:
+                if old is None:
                     self._by_digest[chunk_digest(it[0])] = k
-            if not known:
+            if old != size:
+                # New, or written anew at another size (a KV dtype change: MP keys carry none), which
+                # listeners hear of as the old size gone and the new stored: per-salt bytes stay true.
+                if old is not None:
+                    resized.append(k)
+                    old_sizes.append(old)
                 new_keys.append(k)
                 new_sizes.append(size)
                 nbytes += it[2]
         if not ok:
             with self._lock:
                 self._failures += 1
+        if resized:
+            self._notify_keys_deleted(resized, old_sizes)
         if new_keys:
             self._notify_keys_stored(new_keys, new_sizes)
         self._finish(self._done_store, tid, L2StoreResult(ok, nbytes), self._store_efd)

@@ -605,6 +605,49 @@ def test_l2_a_chunk_stored_again_in_another_dtype_replaces_the_old_one(tmp_path)
         ad.close()
 
 
+def test_l2_a_chunk_written_anew_at_another_size_keeps_the_per_salt_bytes_true(tmp_path):
+    """A chunk stored again after a KV dtype change of another size (bf16 to
+    fp8: half the bytes) is written anew; the adapter told LMCache's
+    listeners nothing of it, and its per-salt bytes kept the old size, then
+    leaked the difference for good once the key was deleted (a read-back).
+    The old size is reported gone and the new one stored."""
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    from lmcache_fx.core.chunkfile import HEADER_SIZE
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+    nb, n = 64 << 10, 2
+    arena, obj, keys = _l2_objects(n, nb, 29)
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+
+    def fp8(i):  # half of slot i's bytes, one byte an element
+        t = arena[i * nb : i * nb + nb // 2].view(torch.float8_e4m3fn)
+        meta = MemoryObjMetadata(
+            shape=t.shape, dtype=t.dtype, address=i * nb, phy_size=nb // 2, fmt=MemoryFormat.KV_2LTD, ref_count=1
+        )
+        return TensorMemoryObj(raw_data=t, metadata=meta, parent_allocator=None)
+
+    def usage():
+        u = ad.get_usage()
+        return u.total_bytes_used, sum(u.bytes_by_cache_salt.values()), ad.store.used_bytes
+
+    try:
+        assert _l2_store(ad, keys, [obj(i, torch.bfloat16) for i in range(n)]).is_successful()
+        assert usage() == (n * (HEADER_SIZE + nb),) * 3
+        half = [fp8(n + i) for i in range(n)]
+        assert _l2_load(ad, keys, half).get_indices_list() == []  # the bf16 chunks: a miss
+        assert _l2_store(ad, keys, half).is_successful()
+        assert _l2_load(ad, keys, half).get_indices_list() == list(range(n))
+        assert usage() == (n * (HEADER_SIZE + nb // 2),) * 3
+        ad.delete(keys)
+        end = time.monotonic() + 30
+        while usage() != (0, 0, 0):
+            assert time.monotonic() < end, usage()
+            time.sleep(0.05)
+    finally:
+        ad.close()
+
+
 def test_l2_a_listener_that_raises_does_not_hold_a_load_task(tmp_path):
     """A listener raising in on_l2_keys_accessed left the load task unfinished
     for good (LMCache's prefetch waiting on it), with nothing logged."""
