@@ -1863,3 +1863,22 @@ def test_plugin_options_outside_extra_config_are_named(capsys, tmp_path):
     os.makedirs(tmp_path / "s")
     rc, out, err = cli(capsys, "stat", "--config", y)
     assert rc == 0 and "top-level key 'storage_plugin.fx.max_capacity_gb'" in err, err
+    # A path there (flat, as a map, or under no plugin head), with none in extra_config: the plugin
+    # opens its default store, 100 GiB in the home directory. doctor fails it; the tools refuse it.
+    for top in (
+        {"storage_plugin.fx.path": str(tmp_path / "s")},
+        {"storage_plugin": {"fx": {"path": str(tmp_path / "s")}}},
+        {"fx.path": str(tmp_path / "s")},
+        {"fx": {"paths": str(tmp_path / "s")}},
+    ):
+        d = fx_config(tmp_path / "s")
+        del d["extra_config"]["storage_plugin.fx.path"]
+        y.write_text(yaml.safe_dump({**d, **top}))
+        rc, obj, _ = cli_json(capsys, "doctor", "--config", y)
+        failed = [c["summary"] for c in obj["checks"] if c["status"] == "fail"]
+        assert rc == 1 and any(
+            f.startswith("storage_plugin.fx.path is not set in extra_config, so the store opens at its default")
+            for f in failed
+        ), (top, failed)
+        rc, out, err = cli(capsys, "stat", "--config", y)
+        assert rc == 2 and "storage_plugin.fx.path is not set in extra_config" in err, (top, err)

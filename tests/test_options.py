@@ -537,6 +537,7 @@ def test_a_path_under_no_plugin_head_is_refused_where_the_plugin_has_none():
         ({"fx.path": "/nvme"}, "extra_config key 'fx.path' gives a path"),
         ({"fx": {"path": "/nvme", "verify": True}}, "extra_config key 'fx' holds a map giving 'fx.path'"),
         ({"lmcache_fx": {"store": {"Path": "/nvme"}}}, "holds a map giving 'lmcache_fx.store.Path'"),
+        ({"fx.paths": "/nvme"}, "extra_config key 'fx.paths' gives a path"),
     ):
         with pytest.raises(ConfigError) as e:
             plugin_options(

@@ -444,11 +444,11 @@ LMCACHE_OWN_KEYS = frozenset(
 _PLUGIN_KEYS = ("module_path", "class_name")  # LMCache's own keys under a plugin's prefix
 
 
-def _flat_keys(value: Any, prefix: str) -> list[str]:
+def flat_keys(value: Any, prefix: str) -> list[str]:
     """The flat extra_config keys a nested map under `prefix` stands for."""
     if not isinstance(value, dict):
         return [prefix]
-    return [k for name, v in value.items() for k in _flat_keys(v, f"{prefix}.{name}")]
+    return [k for name, v in value.items() for k in flat_keys(v, f"{prefix}.{name}")]
 
 
 PLUGIN_HEADS = ("storage_plugin", "remote_storage_plugin")  # extra_config heads of LMCache's two plugin lists
@@ -486,7 +486,7 @@ def _stray_keys(extra: dict, listed: Sequence[str], head: str, lists: dict) -> l
         # A map where flat keys belong (the head, or <head>.<name>); a map value of a listed plugin's
         # own <head>.<name>.<option> is that plugin's business.
         if first.replace("-", "_").rstrip("s") == head and isinstance(extra[k], dict) and k.count(".") <= 1:
-            flat = _flat_keys(extra[k], head + k[len(first) :])
+            flat = flat_keys(extra[k], head + k[len(first) :])
             raise ConfigError(
                 f"extra_config key '{k}' holds a map, but LMCache reads flat keys only and would ignore it; "
                 f"write {', '.join(repr(f) for f in flat[:3])}{' ...' if len(flat) > 3 else ''}"
@@ -532,7 +532,7 @@ def _bare_paths(extra: dict, prefix: str) -> list[str]:
     for k, v in (extra or {}).items():
         if not isinstance(k, str) or k.partition(".")[0].replace("-", "_").rstrip("s") in PLUGIN_HEADS:
             continue  # a plugin head's key: _stray_keys judges it
-        given = [f for f in _flat_keys(v, k) if f.rpartition(".")[2].lower() == "path"]
+        given = [f for f in flat_keys(v, k) if f.rpartition(".")[2].lower() in ("path", "paths")]
         if not given:
             continue
         if isinstance(v, dict):

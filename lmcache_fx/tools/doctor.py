@@ -45,6 +45,8 @@ from .lmcache_config import (
     check_plugin,
     keys_outside_extra_config,
     load_lmcache_config,
+    lost_path,
+    outside_warning,
     plugin_entries,
 )
 
@@ -739,7 +741,8 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
                 entries, warns = [], []
                 cfg = None
         if cfg is not None:
-            checks += [Check("config", "warn", w) for w in keys_outside_extra_config(config) + warns]
+            outside = keys_outside_extra_config(config)
+            checks += [Check("config", "warn", w) for w in [outside_warning(k) for k in outside] + warns]
             try:  # LMCache's pool exists even with local_cpu: false (it is the staging allocator)
                 pool_bytes = int(float(cfg.max_local_cpu_size) * GIB)
             except (TypeError, ValueError):
@@ -768,6 +771,11 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
             names = [pc.name for pc in entries]
             for pc in entries:
                 check_plugin(pc, cfg)
+                why = lost_path(pc, cfg, outside)
+                if why and not pc.error:  # it loads, at a path the operator did not mean
+                    checks.append(
+                        Check("config", "fail", why, "move the key under extra_config, as storage_plugin.<name>.path")
+                    )
                 label = pc.prefix[:-1] if names.count(pc.name) > 1 else pc.name  # fx in both lists: which
                 if pc.error:
                     said = (

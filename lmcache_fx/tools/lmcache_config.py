@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
-from ..core.options import ConfigError, FxOptions, plugin_lists, plugin_options, stray_plugin_keys
+from ..core.options import ConfigError, FxOptions, flat_keys, plugin_lists, plugin_options, stray_plugin_keys
 from .common import AdminError
 
 PLUGIN_MODULE = "lmcache_fx.lmcache_plugin"
@@ -139,10 +139,11 @@ def check_plugin(pc: PluginConf, cfg) -> None:
 
 
 def keys_outside_extra_config(path: str) -> list[str]:
-    """Warnings for plugin options written at the top level of the YAML
-    (`storage_plugin.fx.max_capacity_gb: 2` beside chunk_size): LMCache
-    logs 'Unknown configuration key' and drops them, and the plugin runs at
-    its defaults; only extra_config reaches a plugin."""
+    """The plugin options written at the top level of the YAML, as flat keys
+    (`storage_plugin.fx.max_capacity_gb: 2` beside chunk_size, or a map
+    under a plugin head): LMCache logs 'Unknown configuration key' and drops
+    them, and the plugin runs at its defaults; only extra_config reaches a
+    plugin."""
     try:
         import yaml
 
@@ -150,13 +151,50 @@ def keys_outside_extra_config(path: str) -> list[str]:
             top = yaml.safe_load(f) or {}
     except Exception:  # noqa: BLE001 - unreadable: LMCache's own reading says so
         return []
-    heads = tuple(h for h, _, _, _ in HEADS)
-    return [
-        f"top-level key '{k}' is no LMCache setting (LMCache logs 'Unknown configuration key' and drops it, "
+    out = []
+    for k, v in (top if isinstance(top, dict) else {}).items():
+        if not isinstance(k, str) or k == "extra_config":
+            continue
+        if _under_a_head(k):
+            if isinstance(v, dict):
+                out += flat_keys(v, k)
+            elif "." in k:  # not storage_plugins: [..], LMCache's own list
+                out.append(k)
+        else:  # a path under no head (fx.path, fx: {path: ..}): none of LMCache's own keys is one
+            out += [f for f in flat_keys(v, k) if "." in f and _gives_path(f)]
+    return out
+
+
+def _under_a_head(key: str) -> bool:
+    return key.partition(".")[0].replace("-", "_").rstrip("s") in tuple(h for h, _, _, _ in HEADS)
+
+
+def _gives_path(key: str) -> bool:
+    return key.rpartition(".")[2].lower() in ("path", "paths")
+
+
+def lost_path(pc: PluginConf, cfg, outside: Sequence[str]) -> str:
+    """Why the plugin's store opens at its default path (100 GiB in the home
+    directory) though the YAML gives one: a key outside extra_config
+    (`outside`, keys_outside_extra_config) gives it, where extra_config gives
+    the plugin none; "" otherwise."""
+    if f"{pc.prefix}path" in (cfg.extra_config or {}):
+        return ""
+    lost = [k for k in outside if _gives_path(k) and (k.startswith(pc.prefix) or not _under_a_head(k))]
+    if not lost:
+        return ""
+    default = FxOptions()
+    return (
+        f"{pc.prefix}path is not set in extra_config, so the store opens at its default ({default.path}, "
+        f"{default.max_capacity_gb:g} GiB); {outside_warning(lost[0])}"
+    )
+
+
+def outside_warning(key: str) -> str:
+    return (
+        f"top-level key '{key}' is no LMCache setting (LMCache logs 'Unknown configuration key' and drops it, "
         "and the plugin runs without it): move it under extra_config"
-        for k in (top if isinstance(top, dict) else {})
-        if isinstance(k, str) and k.partition(".")[0].replace("-", "_").rstrip("s") in heads and "." in k
-    ]
+    )
 
 
 def load_plugin_configs(path: str) -> tuple[list[PluginConf], list[str]]:
@@ -172,6 +210,10 @@ def load_plugin_configs(path: str) -> tuple[list[PluginConf], list[str]]:
         plugins, warns = plugin_entries(cfg)
     except ConfigError as e:
         raise AdminError(f"{path}: {e}") from None
+    outside = keys_outside_extra_config(path)
     for pc in plugins:
         check_plugin(pc, cfg)
-    return plugins, keys_outside_extra_config(path) + warns
+        why = lost_path(pc, cfg, outside)
+        if why and not pc.error:  # the tools would look at the default store, not the one meant
+            pc.options, pc.error = None, why
+    return plugins, [outside_warning(k) for k in outside] + warns
