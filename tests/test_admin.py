@@ -1781,6 +1781,10 @@ def test_fsck_with_the_configs_auth_key_finds_the_chunks_a_keyed_store_removes(c
         "m@1@0@b0@half": "MAC does not verify with auth_key: the store removes it on read",
         "m@1@0@u0@half": "no MAC (written without auth_key): the store removes it on read",
     }
+    # the config's key is its own store's: another store named beside it is not judged by it
+    other = _written_store(tmp_path / "other", [64 << 10])
+    rc, out, _ = cli(capsys, "fsck", other, "--config", y, "--repair")
+    assert rc == 0 and f"auth_key of {y} not applied: its store is {path}, not this one" in out, out
     rc, obj, _ = cli_json(capsys, "fsck", "--config", y, "--repair")
     assert rc == 1 and sum(p.get("removed", False) for p in obj["problems"]) == 2
     st = F.open_store(path, max_capacity_gb=1, io_engine="threads", auth_key=key_a)
@@ -1812,6 +1816,10 @@ def test_tools_on_a_read_only_filesystem_say_so(capsys, tmp_path):
         rc, out, err = cli(capsys, "gc", mnt / "st", "--to-gb", 0)
         said = out + err
         assert rc == 1 and "read-only filesystem" in said and "owner" not in said, said
+        rc, obj, _ = cli_json(capsys, "doctor", "--path", mnt / "new")
+        path_check = next(c for c in obj["checks"] if c["name"] == "path")
+        assert path_check["status"] == "fail" and "is on a read-only filesystem" in path_check["summary"], path_check
+        assert path_check["fix"] == "give a path on a writable filesystem", path_check
         with pytest.raises(SystemExit) as e:
             cli(capsys, "estimate", "--json", mnt / "x.json")
         rc, said = e.value.code, capsys.readouterr().err

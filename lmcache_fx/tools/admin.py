@@ -687,12 +687,16 @@ def cmd_fsck(args) -> int:
     if not 1 <= args.queue_depth <= 32768:
         raise AdminError("--queue-depth must be in 1..32768")
     roots, opts = resolve(args)
-    mac_key = None
+    mac_key, key_note = None, ""
     if opts is not None and opts.auth_key:  # checked as the store checks: a chunk it would remove is bad
-        try:
-            mac_key = auth_key_bytes(opts.auth_key, "auth_key")
-        except ConfigError as e:
-            raise AdminError(f"{args.config}: {e}") from None
+        if sorted(map(os.path.realpath, roots)) != sorted(map(os.path.realpath, opts.paths)):
+            # PATH given beside --config: the key is that config's store's, not necessarily this one's
+            key_note = f"auth_key of {args.config} not applied: its store is {','.join(opts.paths)}, not this one"
+        else:
+            try:
+                mac_key = auth_key_bytes(opts.auth_key, "auth_key")
+            except ConfigError as e:
+                raise AdminError(f"{args.config}: {e}") from None
     sc = scan(roots)
     rd = ChunkVerifier(args.io_engine, args.queue_depth, odirect=not args.no_odirect, mac_key=mac_key)
     t0 = time.perf_counter()
@@ -816,6 +820,8 @@ def cmd_fsck(args) -> int:
         + (f", {counts['gone']} removed meanwhile" if counts["gone"] else "")
         + (f"; {len(sc.unlisted)} fan-out directories could not be listed" if sc.unlisted else "")
     )
+    if key_note:
+        L.append(key_note)
     if mac_key is not None:
         L.append("MACs checked with the auth_key of the config")
     elif macs_unchecked:

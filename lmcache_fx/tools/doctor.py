@@ -481,12 +481,17 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
                 )
             )
     elif not os.access(where, os.W_OK | os.X_OK):
+        ro = False
+        with contextlib.suppress(OSError):
+            ro = bool(os.statvfs(where).f_flag & os.ST_RDONLY)
         return [
             Check(
                 f"{tag}path",
                 "fail",
-                f"{root} does not exist and {where} is not writable: the plugin cannot create it",
-                f"mkdir -p {root} and give it to the server's user",
+                f"{root} does not exist and {where} is "
+                + ("on a read-only filesystem" if ro else "not writable")
+                + ": the plugin cannot create it",
+                "give a path on a writable filesystem" if ro else f"mkdir -p {root} and give it to the server's user",
                 data,
             )
         ]
