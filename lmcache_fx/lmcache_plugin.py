@@ -410,7 +410,7 @@ class FxStorageBackend(StoragePluginInterface):
                     host = o.raw_data.view(torch.uint8).reshape(-1)[: o.get_size()].to("cpu", copy=True)
                     keep.append(host)
                     addr = host.data_ptr()
-                items.append((k.to_string(), addr, o.get_size(), meta_of(o)))
+                items.append((k.to_string(), addr, o.get_size(), self._shapes.for_write(meta_of(o))))
             done = self.store.write(items)
         except Exception:
             log.exception("lmcache-fx: store batch failed")

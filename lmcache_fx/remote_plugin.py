@@ -175,7 +175,10 @@ class FxRemoteConnector(RemoteConnector):
         # LMCache keeps a reference to each object until this coroutine returns,
         # so the write finishes before we return: one engine batch of payloads,
         # one of headers.
-        items = [(k.to_string(), o.data_ptr, o.get_size(), meta_of(o)) for k, o in zip(keys, memory_objs)]
+        items = [
+            (k.to_string(), o.data_ptr, o.get_size(), self._shapes.for_write(meta_of(o)))
+            for k, o in zip(keys, memory_objs)
+        ]
         loop = asyncio.get_running_loop()
         with self._pending_lock:
             if self._pool_gone:

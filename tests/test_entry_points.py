@@ -1180,12 +1180,12 @@ import json, sys
 import torch
 from test_entry_points import GEO, backend_of, engine_config, store_engine
 from lmcache_fx.testing.cpu_engine import KV, Geometry, lmcache_engine, retrieve
-entry, store, work, layers, heads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+entry, store, work, layers, heads, head_dim = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7])
 n = 4 * GEO.chunk
 tokens = torch.arange(n) % 5000
 with lmcache_engine(engine_config(entry, store, work), GEO) as eng:
     store_engine(eng, entry, tokens, KV(GEO, n, seed=7))
-other = Geometry(layers=layers, kv_heads=heads, head_dim=GEO.head_dim, dtype=GEO.dtype)
+other = Geometry(layers=layers, kv_heads=heads, head_dim=head_dim, dtype=GEO.dtype)
 with lmcache_engine(engine_config(entry, store, work), other) as eng:
     kv = KV(other, n, seed=9)
     got = kv.empty_like()
@@ -1202,15 +1202,19 @@ with lmcache_engine(engine_config(entry, store, work), other) as eng:
 
 
 @pytest.mark.parametrize("entry", ["plugin", "remote"])
-@pytest.mark.parametrize("layers,heads", [(1, 4), (4, 2)])
-def test_chunks_of_another_models_geometry_under_one_model_name_are_misses(tmp_path, entry, layers, heads):
+@pytest.mark.parametrize("layers,heads,head_dim", [(1, 4, 64), (4, 2, 64), (2, 1, 128)])
+def test_chunks_of_another_models_geometry_under_one_model_name_are_misses(tmp_path, entry, layers, heads, head_dim):
     """Keys carry the model name, not the KV geometry: a model of other layers
     and heads served under the same name (both at /model) met the first
     one's chunks, and fx handed LMCache tensors of their shapes: its
     retrieve raised (IndexError, a shape mismatch), and on a GPU the same
     bytes in another layout could have been scattered. Such chunks are
-    misses now, checked against LMCacheMetadata's shapes for their tokens."""
-    out, err = _engine_script(_OTHER_GEOMETRY, entry, tmp_path / "store", tmp_path, layers, heads)
+    misses now, checked against LMCacheMetadata's shapes for their tokens.
+    A model of 1 KV head of 128 where the first had 2 of 64 makes the same
+    KV_2LTD shapes, and was served the first one's KV (a review); the
+    plugins record the writer's KV heads and head size, and hold chunks to
+    them."""
+    out, err = _engine_script(_OTHER_GEOMETRY, entry, tmp_path / "store", tmp_path, layers, heads, head_dim)
     assert out == {"tokens": 0, "written": 0, "held": 0}, out
     assert "this engine's KV cache makes" in err
 

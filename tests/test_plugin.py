@@ -4,6 +4,7 @@ reads the fx tier."""
 
 import asyncio
 import contextlib
+import dataclasses
 import glob
 import json
 import logging
@@ -810,6 +811,37 @@ def test_engine_shapes_judges_kv_2ltd_chunks_by_the_metadatas_shapes():
     assert not shapes.fits(meta((2, 2, 256, 128), dtype="float16"))
     assert shapes.fits(meta((2, 2, 256, 128), (2, 1, 256, 64)))  # two groups, none registered yet
     assert shapes.fits(meta((256, 2, 128), fmt="KV_T2D"))
+    # KV heads x head size: written with this engine's, held to them; a chunk recording none (an
+    # older writer's) is judged by its shapes alone
+    mine = shapes.for_write(meta((2, 2, 256, 128)))
+    assert mine.kv == (2, 64) and shapes.fits(mine) and shapes.fits(meta((2, 2, 256, 128)))
+    assert not shapes.fits(dataclasses.replace(mine, kv=(1, 128)))
+    assert shapes.for_write(meta((256, 2, 128), fmt="KV_T2D")).kv == ()
+
+
+def test_a_chunks_kv_heads_and_head_size_go_through_its_header():
+    """ChunkMeta.kv is written in the header's JSON only where set (older
+    headers have none and read as before), and read back as written; a
+    malformed one is a bad header."""
+    from lmcache_fx import _fxio
+    from lmcache_fx.core.chunkfile import HEADER_SIZE, BadHeader, ChunkMeta, decode_header, encode_header
+
+    buf = bytearray(HEADER_SIZE)
+    for kv in ((), (8, 128)):
+        m = ChunkMeta(((2, 2, 16, 1024),), ("bfloat16",), "KV_2LTD", kv)
+        body = encode_header(buf, "k", m, 2 * 2 * 16 * 1024 * 2, 0, 1)
+        assert (b'"kv"' in body) == bool(kv)
+        assert decode_header(buf).meta == m
+    m = ChunkMeta(((2, 2, 16, 1024),), ("bfloat16",), "KV_2LTD", (8, 128))
+    for bad in (b'"kv":[0,128]', b'"kv":"8,128"'):  # as long as '"kv":[8,128]': only the field differs
+        encode_header(buf, "k", m, 2 * 2 * 16 * 1024 * 2, 0, 1)
+        raw = bytearray(bytes(buf).replace(b'"kv":[8,128]', bad))
+        raw[HEADER_SIZE - 4 :] = _fxio.crc32c(bytes(raw[: HEADER_SIZE - 4])).to_bytes(4, "little")
+        with pytest.raises(BadHeader, match="bad meta"):
+            decode_header(raw)
+    encode_header(buf, "k", dataclasses.replace(m, kv=(1,) * 9), 2 * 2 * 16 * 1024 * 2, 0, 1)
+    with pytest.raises(BadHeader, match="bad meta: kv"):
+        decode_header(buf)
 
 
 def test_layerwise_mode_is_warned_about_at_start(tmp_path, caplog):

@@ -15,7 +15,7 @@ length and CRC32C, and a CRC32C of the header itself.
     24     4     payload CRC32C
     28     4     meta length
     32     8     creation time, ns since the epoch
-    40     n     meta: UTF-8 JSON {"key", "shapes", "dtypes", "fmt"}
+    40     n     meta: UTF-8 JSON {"key", "shapes", "dtypes", "fmt"[, "kv"]}
     4060   32    with flag bit 0: keyed BLAKE2b-256 of bytes 0..4059 and the payload
     4092   4     CRC32C of bytes 0..4091
 
@@ -25,6 +25,10 @@ covers them either way). So files written with auth_key are read by every
 version, with or without a key; a reader with auth_key treats a file with no
 MAC, or one that does not verify, as a miss. A keyed header leaves 32 bytes
 less room for the meta.
+
+"kv" (the writing engine's KV heads and head size, from the storage and
+remote plugins) needs no new version either: readers of earlier versions
+ignore members they do not know. A KV_2LTD shape holds only their product.
 
 Flag bit 1 (FLAG_CHECK_PAYLOAD) marks a chunk written by a store that
 writes new chunks into evicted chunks' files on a disk filesystem
@@ -83,9 +87,16 @@ class ChunkMeta:
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]  # torch dtype names without the "torch." prefix
     fmt: str  # MemoryFormat name
+    # The writing engine's KV heads and head size, where it said (the storage and remote plugins): a
+    # KV_2LTD shape holds only their product, so a model of 1 x 128 and one of 2 x 64 under one model
+    # name made the same shapes. () from older writers and the L2 adapter: not judged then.
+    kv: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
-        return {"shapes": [list(s) for s in self.shapes], "dtypes": list(self.dtypes), "fmt": self.fmt}
+        d = {"shapes": [list(s) for s in self.shapes], "dtypes": list(self.dtypes), "fmt": self.fmt}
+        if self.kv:
+            d["kv"] = list(self.kv)
+        return d
 
     @staticmethod
     def from_json(d: dict) -> "ChunkMeta":
@@ -93,11 +104,14 @@ class ChunkMeta:
             shapes = tuple(tuple(int(x) for x in s) for s in d["shapes"])
             dtypes = tuple(str(x) for x in d["dtypes"])
             fmt = str(d["fmt"])
+            kv = tuple(int(x) for x in d.get("kv") or ())
         except (KeyError, TypeError, ValueError, OverflowError) as e:  # int(Infinity) overflows
             raise BadHeader(f"bad meta: {e}") from None
         if not shapes or len(shapes) != len(dtypes) or any(x < 0 for s in shapes for x in s):
             raise BadHeader("bad meta: shapes and dtypes do not match")
-        return _interned(ChunkMeta(shapes, dtypes, fmt))
+        if len(kv) > 8 or any(x <= 0 for x in kv):
+            raise BadHeader("bad meta: kv")
+        return _interned(ChunkMeta(shapes, dtypes, fmt, kv))
 
 
 @functools.lru_cache(maxsize=1024)

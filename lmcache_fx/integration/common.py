@@ -4,6 +4,7 @@ hit prefix of a read, and registering LMCache's pool with the engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import logging
@@ -201,6 +202,22 @@ class EngineShapes:
         self._store = store  # for its burst_warning
         self._judged: dict[ChunkMeta, Optional[ChunkMeta]] = {}  # meta -> None if it fits, else what would
         self._groups = None
+        self._written: dict[ChunkMeta, ChunkMeta] = {}
+        try:  # (layers, 2, chunk, KV heads, head size): the last two, which KV_2LTD's shape multiplies
+            self._kv = tuple(int(x) for x in metadata.kv_shape[3:5])
+        except (AttributeError, TypeError, ValueError):
+            self._kv = ()
+
+    def for_write(self, meta: ChunkMeta) -> ChunkMeta:
+        """The meta a chunk of this engine is stored with: a KV_2LTD chunk
+        records this engine's KV heads and head size (ChunkMeta.kv), which
+        fits() holds other chunks to."""
+        if not self._kv or meta.fmt != "KV_2LTD" or meta.kv:
+            return meta
+        out = self._written.get(meta)
+        if out is None:
+            out = self._written[meta] = dataclasses.replace(meta, kv=self._kv)
+        return out
 
     def fits(self, meta: ChunkMeta) -> bool:
         md = self._md
@@ -215,12 +232,14 @@ class EngineShapes:
         if want is not None and self._store is not None:
             self._store.burst_warning(
                 "chunks of another shape",
-                "lmcache-fx: stored chunk has shapes %s (%s), this engine's KV cache makes %s (%s) for its tokens: "
-                "another model under this model name? miss",
+                "lmcache-fx: stored chunk has shapes %s (%s%s), this engine's KV cache makes %s (%s%s) for its "
+                "tokens: another model under this model name? miss",
                 meta.shapes,
                 meta.dtypes,
+                f", KV heads x head size {meta.kv}" if meta.kv else "",
                 want.shapes,
                 want.dtypes,
+                f", KV heads x head size {want.kv}" if meta.kv and want.kv else "",
             )
         return want is None
 
@@ -233,7 +252,10 @@ class EngineShapes:
             want = _build_meta(self._md.get_shapes(tokens), self._md.get_dtypes(), MemoryFormat.KV_2LTD)
         except (AttributeError, TypeError, IndexError):  # metadata without these: not checked
             return None
-        return None if want == meta else want
+        # A chunk that records its writer's KV heads and head size must have this engine's (an older
+        # writer's records none: its shapes are all there is to judge).
+        kv_fits = not meta.kv or not self._kv or meta.kv == self._kv
+        return None if kv_fits and want == dataclasses.replace(meta, kv=()) else dataclasses.replace(want, kv=self._kv)
 
 
 def _alloc_args(meta: ChunkMeta) -> Optional[tuple]:
