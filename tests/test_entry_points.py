@@ -1293,6 +1293,61 @@ def test_a_chunk_every_read_refuses_is_no_hit_and_is_stored_again(tmp_path, entr
     assert out["pins"] == 0, out
 
 
+_REPLACED_UNDER_A_CONSUMER = """
+import glob, json, os, shutil, struct, sys
+import torch
+from test_entry_points import GEO, backend_of, engine_config, fx_store_of, store_engine
+from lmcache_fx import _fxio
+from lmcache_fx.core.chunkfile import HEADER_SIZE
+from lmcache_fx.testing.cpu_engine import KV, Geometry, lmcache_engine, retrieve
+entry, store, work, case = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+n = 4 * GEO.chunk
+tokens = torch.arange(n) % 5000
+mine = GEO if case == "version" else Geometry(layers=4, kv_heads=GEO.kv_heads, head_dim=GEO.head_dim, dtype=GEO.dtype)
+good = os.path.join(work, "good")
+with lmcache_engine(engine_config(entry, good, work), mine) as eng:  # the chunks the consumer can use
+    store_engine(eng, entry, tokens, KV(mine, n, seed=7))
+with lmcache_engine(engine_config(entry, store, work), GEO) as eng:  # the ones it meets first
+    store_engine(eng, entry, tokens, KV(GEO, n, seed=7))
+if case == "version":  # every chunk a newer lmcache-fx's: format version 2
+    for path in glob.glob(os.path.join(store, "*", "*.fxkv")):
+        with open(path, "r+b") as f:
+            h = bytearray(f.read(HEADER_SIZE))
+            struct.pack_into("<H", h, 8, 2)
+            struct.pack_into("<I", h, HEADER_SIZE - 4, _fxio.crc32c(bytes(h[: HEADER_SIZE - 4])))
+            f.seek(0)
+            f.write(h)
+kv = KV(mine, n, seed=7)
+rounds = []
+with lmcache_engine(engine_config(entry, store, work), mine) as eng:  # a consumer: it never stores
+    got = kv.empty_like()
+    rounds.append([eng.lookup(tokens), retrieve(eng, tokens, got)])
+    for path in glob.glob(os.path.join(good, "*", "*.fxkv")):  # another writer puts usable chunks in place
+        place = os.path.join(store, os.path.relpath(path, good))
+        shutil.copyfile(path, place + ".new")
+        os.replace(place + ".new", place)
+    for _ in range(2):
+        got = kv.empty_like()
+        hit = retrieve(eng, tokens, got)
+        rounds.append([eng.lookup(tokens), hit, kv.tokens_equal(got, hit)])
+print(json.dumps({"rounds": rounds}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("entry", ["plugin", "remote"])
+@pytest.mark.parametrize("case", ["version", "geometry"])
+def test_a_chunk_refused_then_stored_anew_by_another_process_is_found_again(tmp_path, entry, case):
+    """Lookups answer from what a read learnt of a chunk (another format
+    version, another model's shape); when another process then stored a
+    usable chunk in its place, a process that never stores (a consumer, a
+    decode instance) kept missing it, its entry still flagged (a read-back).
+    A lookup that finds another file in the place forgets what was read."""
+    out, err = _engine_script(_REPLACED_UNDER_A_CONSUMER, entry, tmp_path / "store", tmp_path, case)
+    n = 4 * GEO.chunk
+    assert out["rounds"][0] == [n, 0], out  # found, then refused by the read
+    assert out["rounds"][1:] == [[n, n, True]] * 2, out
+
+
 # An engine whose LMCache pool has room for six 1 MiB chunks, as `eng`, its fx backend as `be`.
 _POOL_OF_SIX = """
 import json, os, sys, threading, time

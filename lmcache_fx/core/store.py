@@ -183,6 +183,10 @@ class Entry:
     # over by a store of its key (else it was found by every lookup, refused by every read, never
     # stored again).
     other_version: bool = False
+    # The inode that meta or other_version was read from (0: not known): a lookup that finds another
+    # file in its place forgets both, since lookups now answer from them (another process may have
+    # stored the chunk anew, and a flag of the file before hid it for good).
+    ino: int = 0
 
 
 def _fit(e: Optional[Entry], usable: Optional[Callable[[ChunkMeta], bool]]) -> Optional[Entry]:
@@ -1127,6 +1131,9 @@ class ChunkStore:
         if st is None:
             return None
         if e is not None:
+            if e.ino and st.st_ino != e.ino:  # another file in its place: what was read of it is not this one's
+                e.meta = e.body = None
+                e.other_version, e.check_payload, e.ino = False, False, 0
             return e
         if path is None:
             path = os.path.join(self.roots[place[0]], place[1])
@@ -2417,6 +2424,7 @@ class ChunkStore:
                         h.check_payload,
                         False,
                     )
+                    e.ino = ident[1] if ident else 0
             while fds:
                 os.close(fds.pop())
         # Phase 2: header again (the file may have been replaced) and payload.
@@ -2585,7 +2593,7 @@ class ChunkStore:
                 key, e, why if status != _fxio.CHUNK_PAYLOAD_CRC else "payload checksum mismatch", ident
             )
         elif status == _fxio.CHUNK_VERSION:
-            self._other_version(e, "another format version")
+            self._other_version(e, "another format version", ident)
         elif status == _fxio.CHUNK_SHORT:
             self._short_payload(key, e, size if size >= 0 else None, length, nb, ident)
         elif status < 0 and -status in _GONE:
@@ -2712,7 +2720,7 @@ class ChunkStore:
         try:
             h = decode_header(mv)
         except FormatVersionMismatch as ex:
-            self._other_version(e, str(ex))
+            self._other_version(e, str(ex), _identity(fd)[0])
             return None
         except BadHeader as ex:
             self._corrupt(key, e, str(ex), ident=_identity(fd)[0])
@@ -2722,10 +2730,11 @@ class ChunkStore:
             return None
         return h
 
-    def _other_version(self, e: Entry, why: str) -> None:
+    def _other_version(self, e: Entry, why: str, ident: Optional[tuple[int, int]]) -> None:
         """A chunk of another format version (a newer lmcache-fx beside this
-        one): left alone, a miss here until a store of its key writes over it."""
-        e.other_version = True
+        one): left alone, a miss here until a store of its key writes over it
+        (or a lookup finds another file in its place)."""
+        e.other_version, e.ino = True, ident[1] if ident else 0
         self.burst_warning(
             "chunks of another format version",
             "lmcache-fx: %s has %s; a miss here until its key is stored again",
