@@ -172,6 +172,9 @@ def test_ls_lists_every_chunk_with_model_and_geometry(capsys, store_copy):
     assert len(a) == 4 and all(
         c["shapes"] == [[2, 4, 256, 128]] and c["dtypes"] == ["bfloat16"] and c["fmt"] == "KV_2LTD" for c in a
     )
+    # the plugin records the writer's KV heads x head size (the shape holds only their product)
+    assert all(len(c["kv"]) == 2 and c["kv"][0] * c["kv"][1] == 128 for c in a)
+    assert all(c["geometry"].endswith(f"KV_2LTD ({c['kv'][0]}x{c['kv'][1]})") for c in a)
     b = [c for c in chunks if c["model"] == "org/mla-b"]
     assert len(b) == 2 and all(c["fmt"] == "KV_MLA_FMT" and c["world_size"] == 1 for c in b)
     assert all(c["size"] == HEADER_SIZE + c["payload_len"] for c in chunks)

@@ -299,7 +299,9 @@ def key_fields(key: str) -> dict:
 
 def geometry(h: Header) -> str:
     shapes = " + ".join(f"{d}[{','.join(str(x) for x in s)}]" for s, d in zip(h.meta.shapes, h.meta.dtypes))
-    return f"{shapes} {h.meta.fmt}"
+    # KV heads x head size where the writer recorded them: two models can share the shapes
+    kv = f" ({'x'.join(map(str, h.meta.kv))})" if h.meta.kv else ""
+    return f"{shapes} {h.meta.fmt}{kv}"
 
 
 AGE_BUCKETS = [
@@ -484,6 +486,7 @@ def _chunk_record(f: StoreFile, h: Optional[Header], err: str, now: float) -> di
             shapes=[list(s) for s in h.meta.shapes],
             dtypes=list(h.meta.dtypes),
             fmt=h.meta.fmt,
+            kv=list(h.meta.kv),
             payload_len=h.payload_len,
             created_ns=h.created_ns,
             geometry=geometry(h),
