@@ -106,16 +106,20 @@ def console(argv=None) -> None:
     its close leaves some behind, so a Ctrl-C'd bench could hang for good
     after its cleanup (once in 12 tries)."""
     try:
-        code = main(argv)
-    except KeyboardInterrupt:
-        sys.stderr.write("lmcache-fx: interrupted\n")
+        try:
+            code = main(argv)
+        except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second one ends it at once
+            sys.stderr.write("lmcache-fx: interrupted\n")
+            code = 130
+        except SystemExit as e:  # argparse's errors, bench's SIGTERM/SIGHUP: their message is already out
+            if e.code is not None and not isinstance(e.code, int):
+                sys.stderr.write(f"{e.code}\n")
+                code = 1
+            else:
+                code = e.code or 0
+    except KeyboardInterrupt:  # a second Ctrl-C while the first was handled
         code = 130
-    except SystemExit as e:  # argparse's errors, bench's SIGTERM/SIGHUP: their message is already out
-        if e.code is not None and not isinstance(e.code, int):
-            sys.stderr.write(f"{e.code}\n")
-            code = 1
-        else:
-            code = e.code or 0
     if code == 130:  # interrupted (gc and fsck catch their Ctrl-C and return 130): a second one ends it at once
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
