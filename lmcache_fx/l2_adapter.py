@@ -444,7 +444,7 @@ class FxL2Adapter(L2AdapterInterface):
                 keys = (self._by_digest.get(d) for d in digests)
                 known = [(k, self._sizes[k]) for k in keys if k is not None and k in self._sizes]
         names = [(k, s, object_key_string(k)) for k, s in known]
-        there = self.store.lookup([name for _, _, name in names])
+        there = self.store.lookup([name for _, _, name in names], count=False)
         gone = [kn for kn, ok in zip(names, there) if not ok]
         if gone:
             with self._lock:

@@ -203,7 +203,7 @@ class FxStorageBackend(StoragePluginInterface):
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
         k = key.to_string()
         if pin:
-            return self.store.pin(k, self._shapes.fits)
+            return self.store.pin(k, self._shapes.fits, count=True)
         return self.store.contains(k, self._shapes.fits)
 
     def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:

@@ -1893,3 +1893,45 @@ def test_plugin_options_outside_extra_config_are_named(capsys, tmp_path):
         ), (top, failed)
         rc, out, err = cli(capsys, "stat", "--config", y)
         assert rc == 2 and "storage_plugin.fx.path is not set in extra_config" in err, (top, err)
+
+
+def test_metrics_give_a_hit_rate_and_keep_stores_of_one_name_apart(tmp_path):
+    """hits/misses count reads only: a chunk a lookup did not find is never
+    read, so the page's hit rate read 100 % while 8 % of the tokens asked
+    for were served (a review). Lookups are counted now. And two engines in
+    one process, each with a plugin named fx, shared one series: the first
+    one's vanished when the second closed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    geo, n, _ = MODELS["org/model-a"]
+    port = _free_port()
+    toks = _tokens("org/model-a")
+    kv = KV(geo, n, seed=1)
+
+    def page() -> dict:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        return {
+            (s.name, s.labels["store"]): s.value
+            for f in text_string_to_metric_families(body)
+            for s in f.samples
+            if s.name in ("lmcache_fx_lookup_chunks_total", "lmcache_fx_lookup_hits_total", "lmcache_fx_chunks")
+        }
+
+    cfg_a = config_from_dict(fx_config(tmp_path / "a", cpu_gb=0.05, metrics_port=port), tmp_path)
+    cfg_b = config_from_dict(fx_config(tmp_path / "b", cpu_gb=0.05, metrics_port=port), tmp_path)
+    with lmcache_engine(cfg_a, geo, model="org/model-a") as eng:
+        store_and_wait(eng, toks, kv, fx_backend(eng))
+        chunks = n // geo.chunk
+        before = page()
+        assert retrieve(eng, toks, kv.empty_like()) == n  # every chunk found
+        other = toks + 7  # never stored: its first chunk misses, and the lookup stops there
+        assert retrieve(eng, other, kv.empty_like()) == 0
+        after = page()
+        asked = after["lmcache_fx_lookup_chunks_total", "fx"] - before["lmcache_fx_lookup_chunks_total", "fx"]
+        found = after["lmcache_fx_lookup_hits_total", "fx"] - before["lmcache_fx_lookup_hits_total", "fx"]
+        assert found == chunks and asked == 2 * chunks, (asked, found)
+        with lmcache_engine(cfg_b, geo, model="org/model-a") as eng_b:
+            store_and_wait(eng_b, toks[: geo.chunk], KV(geo, geo.chunk, seed=2), fx_backend(eng_b))
+            both = page()
+            assert both["lmcache_fx_chunks", "fx"] == chunks and both["lmcache_fx_chunks", "fx-2"] == 1, both
+        assert page()["lmcache_fx_chunks", "fx"] == chunks  # still there after the second closed

@@ -113,3 +113,19 @@ def test_clients_trickling_a_byte_at_a_time_are_dropped_at_a_total_deadline(monk
         for c in clients:
             c.close()
         h.close()
+
+
+def test_a_second_store_asking_another_address_of_a_shared_port_is_told(caplog):
+    """Stores of one process share a metrics port; a second one asking for
+    0.0.0.0 where the first listens on loopback silently got loopback."""
+    port = _free_port()
+    a = metrics.start_metrics(lambda: {}, name="t-first", port=port)
+    try:
+        with caplog.at_level("WARNING", logger="lmcache_fx"):
+            b = metrics.start_metrics(lambda: {}, name="t-second", port=port, addr="0.0.0.0")
+        b.close()
+        said = [r.getMessage() for r in caplog.records]
+        assert any(f"metrics_port {port} is served on 127.0.0.1 already" in m and "0.0.0.0" in m for m in said), said
+        assert _bound_address(port) == "127.0.0.1"
+    finally:
+        a.close()

@@ -21,7 +21,8 @@ Metric names (all labelled store=<plugin name>, path=<store paths>):
 
     lmcache_fx_read_chunks_total, lmcache_fx_read_bytes_total,
     lmcache_fx_written_chunks_total, lmcache_fx_written_bytes_total,
-    lmcache_fx_hits_total, lmcache_fx_misses_total, lmcache_fx_corrupt_total,
+    lmcache_fx_hits_total, lmcache_fx_misses_total (of reads), lmcache_fx_corrupt_total,
+    lmcache_fx_lookup_chunks_total, lmcache_fx_lookup_hits_total (of lookups: the hit rate),
     lmcache_fx_evictions_total, lmcache_fx_write_errors_total, lmcache_fx_read_errors_total,
     lmcache_fx_read_seconds_total (time inside read batches),
     lmcache_fx_read_batch_seconds (histogram, when the store keeps one),
@@ -55,8 +56,12 @@ COUNTERS = {
     "bytes_read": ("read_bytes", "Payload bytes read from the store and served"),
     "chunks_written": ("written_chunks", "Chunks written to the store"),
     "bytes_written": ("written_bytes", "Bytes of chunk files written (header included)"),
-    "hits": ("hits", "Chunks asked for and served"),
-    "misses": ("misses", "Chunks asked for and not served (absent, bad, or no room in the pool)"),
+    "hits": ("hits", "Chunks a read served"),
+    "misses": (
+        "misses",
+        "Chunks a read was tried for and not served (gone since the lookup, bad, unfit, or no room in the pool); "
+        "chunks a lookup did not find are not read: see lookup_chunks",
+    ),
     "corrupt": ("corrupt", "Chunk files found bad on read (treated as misses and removed)"),
     "evictions": ("evictions", "Chunks evicted to stay under max_capacity_gb"),
     "recycled": ("recycled_files", "Evicted chunks whose file a new chunk was written into (reuse_evicted)"),
@@ -64,6 +69,8 @@ COUNTERS = {
     "read_errors": ("read_errors", "Chunk reads that failed with an I/O error (misses, file kept)"),
     "read_seconds": ("read_seconds", "Seconds spent in read batches"),
     "read_batches": ("read_batches", "Read batches (one per LMCache retrieve that reaches the store)"),
+    "lookup_chunks": ("lookup_chunks", "Chunks asked for in lookups (LMCache may look a prompt up more than once)"),
+    "lookup_hits": ("lookup_hits", "Chunks lookups found (the hit prefix): over lookup_chunks, the hit rate"),
 }
 
 PREFIX = "lmcache_fx_"
@@ -178,6 +185,19 @@ class FxCollector:
     def add(self, name: str, source: Source) -> None:
         with self._lock:
             self._sources[name] = source
+
+    def add_unique(self, name: str, source: Source) -> str:
+        """Adds `source` under `name`, or under name-2, name-3... where a
+        live source has it: two engines in one process, each with a plugin
+        named fx, took one series, and the first's vanished when the second
+        closed. Returns the name used."""
+        with self._lock:
+            used, n = name, 1
+            while used in self._sources:
+                n += 1
+                used = f"{name}-{n}"
+            self._sources[used] = source
+            return used
 
     def remove(self, name: str) -> None:
         with self._lock:
@@ -334,7 +354,7 @@ def start_metrics(source: Source, name: str = "fx", port: int = 0, addr: str = "
     /metrics), and on http://addr:port/metrics when port > 0. Stores in one
     process share a port. A port that cannot be bound is logged, not raised:
     metrics must never stop the cache."""
-    global_collector().add(name, source)
+    name = global_collector().add_unique(name, source)
     h = MetricsHandle(name, 0)
     if port:
         from prometheus_client import CollectorRegistry
@@ -343,6 +363,15 @@ def start_metrics(source: Source, name: str = "fx", port: int = 0, addr: str = "
             entry = _servers.get(port)
             if entry is not None:
                 server, thread, coll, users = entry
+                if addr != getattr(server, "fx_addr", addr):
+                    log.warning(
+                        "lmcache-fx: metrics_port %d is served on %s already (by another store of this process); "
+                        "metrics_addr %s of '%s' is not used",
+                        port,
+                        server.fx_addr,
+                        addr,
+                        name,
+                    )
                 coll.add(name, source)
                 _servers[port] = (server, thread, coll, users + 1)
                 h.port = port
@@ -364,6 +393,7 @@ def start_metrics(source: Source, name: str = "fx", port: int = 0, addr: str = "
                     name,
                 )
                 return h
+            server.fx_addr = addr  # what it was asked to listen on, for a second store's metrics_addr
             _servers[port] = (server, thread, coll, 1)
             h.port = port
         log.info("lmcache-fx: Prometheus metrics of '%s' on http://%s:%d/metrics", name, addr, port)

@@ -326,6 +326,7 @@ class Stats:
         self.chunks_read = self.bytes_read = 0
         self.chunks_written = self.bytes_written = 0
         self.hits = self.misses = self.corrupt = self.evictions = self.write_errors = self.read_errors = 0
+        self.lookup_chunks = self.lookup_hits = 0  # chunks asked for in lookups, and found
         self.recycled = 0  # evictions whose file a new chunk was written into
         self.scans = 0  # directory scans under the shared lock (start, drift, victims)
         self.scan_seconds = 0.0
@@ -1187,7 +1188,9 @@ class ChunkStore:
             return t
 
     def contains(self, key: str, usable: Optional[Callable[[ChunkMeta], bool]] = None) -> bool:
-        return _fit(self._entry(key, check=True), usable) is not None
+        found = _fit(self._entry(key, check=True), usable) is not None
+        self.stats.add(lookup_chunks=1, lookup_hits=int(found))
+        return found
 
     def lookup(
         self,
@@ -1195,6 +1198,7 @@ class ChunkStore:
         pin: bool = False,
         prefix: bool = False,
         usable: Optional[Callable[[ChunkMeta], bool]] = None,
+        count: bool = True,
     ) -> list[bool]:
         """Whether each chunk is in the store, each file confirmed on disk
         (another process may have evicted it), the batch's stats in one call.
@@ -1215,7 +1219,10 @@ class ChunkStore:
                     break
         if pin:
             self._pin_found(digests, found)
-        return [e is not None for e in found]
+        out = [e is not None for e in found]
+        if count:  # a caller's lookup, not the store's own bookkeeping (which keys were evicted)
+            self.stats.add(lookup_chunks=len(out), lookup_hits=sum(out))
+        return out
 
     def _pin_found(self, digests: Sequence[str], found: Sequence[Optional[Entry]]) -> None:
         """Pins each chunk found (an entry, not None) and touches it, to keep
@@ -1249,11 +1256,14 @@ class ChunkStore:
             out, self._evicted = self._evicted, []
         return out
 
-    def pin(self, key: str, usable: Optional[Callable[[ChunkMeta], bool]] = None) -> bool:
+    def pin(self, key: str, usable: Optional[Callable[[ChunkMeta], bool]] = None, count: bool = False) -> bool:
         """lookup([key], pin=True) on the one-chunk path (LMCache's
-        contains(key, pin=True) asks one key at a time)."""
+        contains(key, pin=True) asks one key at a time; `count` it as a
+        lookup there, not where LMCache pins what a lookup found)."""
         d = chunk_digest(key)
         e = _fit(self._entry(key, d, check=True), usable)
+        if count:
+            self.stats.add(lookup_chunks=1, lookup_hits=int(e is not None))
         if e is None:
             return False  # a miss takes no lock
         self._pin_found((d,), (e,))
