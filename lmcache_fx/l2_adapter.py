@@ -323,7 +323,7 @@ class FxL2Adapter(L2AdapterInterface):
         bm = Bitmap(len(keys))
         try:
             # Pinned chunks are never evicted; the batch's files stat'ed in one call.
-            for i, hit in enumerate(self.store.lookup([object_key_string(k) for k in keys], pin=True)):
+            for i, hit in enumerate(self.store.lookup([object_key_string(k) for k in keys], pin=True, count=True)):
                 if hit:
                     bm.set(i)
         except Exception:
@@ -444,7 +444,7 @@ class FxL2Adapter(L2AdapterInterface):
                 keys = (self._by_digest.get(d) for d in digests)
                 known = [(k, self._sizes[k]) for k in keys if k is not None and k in self._sizes]
         names = [(k, s, object_key_string(k)) for k, s in known]
-        there = self.store.lookup([name for _, _, name in names], count=False)
+        there = self.store.lookup([name for _, _, name in names])
         gone = [kn for kn, ok in zip(names, there) if not ok]
         if gone:
             with self._lock:

@@ -203,13 +203,17 @@ class FxStorageBackend(StoragePluginInterface):
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
         k = key.to_string()
         if pin:
-            return self.store.pin(k, self._shapes.fits, count=True)
+            return self.store.pin(k, self._shapes.fits)
         return self.store.contains(k, self._shapes.fits)
 
-    def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
-        # The hit prefix, its files stat'ed in one call (store.lookup).
-        # A chunk read before as another model's shape is no hit (EngineShapes).
-        return sum(self.store.lookup([k.to_string() for k in keys], pin=pin, prefix=True, usable=self._shapes.fits))
+    def batched_contains(self, keys: List[CacheEngineKey], pin: Optional[bool] = None) -> int:
+        # The hit prefix, its files stat'ed in one call (store.lookup). A chunk read before as another
+        # model's shape is no hit (EngineShapes). LMCache's lookups pass `pin`; its retrieve asks
+        # again without it (get_block_mapping): only the lookups count in the metrics' hit rate.
+        names = [k.to_string() for k in keys]
+        return sum(
+            self.store.lookup(names, pin=bool(pin), prefix=True, usable=self._shapes.fits, count=pin is not None)
+        )
 
     async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
         n = self.batched_contains(keys, pin)

@@ -69,7 +69,7 @@ COUNTERS = {
     "read_errors": ("read_errors", "Chunk reads that failed with an I/O error (misses, file kept)"),
     "read_seconds": ("read_seconds", "Seconds spent in read batches"),
     "read_batches": ("read_batches", "Read batches (one per LMCache retrieve that reaches the store)"),
-    "lookup_chunks": ("lookup_chunks", "Chunks asked for in lookups (LMCache may look a prompt up more than once)"),
+    "lookup_chunks": ("lookup_chunks", "Chunks LMCache's lookups asked for (storage plugin and L2 adapter)"),
     "lookup_hits": ("lookup_hits", "Chunks lookups found (the hit prefix): over lookup_chunks, the hit rate"),
 }
 

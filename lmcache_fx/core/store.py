@@ -187,14 +187,29 @@ class Entry:
     # file in its place forgets both, since lookups now answer from them (another process may have
     # stored the chunk anew, and a flag of the file before hid it for good).
     ino: int = 0
+    # The mtime the last lookup's stat saw, and the one seen when meta or other_version was read: a
+    # chunk lookups do not count whose mtime moved since is looked at again (reuse_evicted writes a
+    # new chunk into an evicted one's file: same inode, new content).
+    seen_mtime_ns: int = 0
+    mtime_ns: int = 0
 
 
 def _fit(e: Optional[Entry], usable: Optional[Callable[[ChunkMeta], bool]]) -> Optional[Entry]:
     """e, or None where a read before found it of another format version or
-    of a meta `usable` refuses (lookups answer as the read would)."""
-    if e is None or e.other_version or (usable is not None and e.meta is not None and not usable(e.meta)):
-        return None
-    return e
+    of a meta `usable` refuses (lookups answer as the read would), unless
+    its file was written since (then the next read looks at it again)."""
+    if e is None or not (e.other_version or (usable is not None and e.meta is not None and not usable(e.meta))):
+        return e
+    if e.mtime_ns and e.seen_mtime_ns != e.mtime_ns:
+        _forget_header(e)
+        return e
+    return None
+
+
+def _forget_header(e: Entry) -> None:
+    """What a read learnt of e's header, forgotten: the next read takes it anew."""
+    e.meta = e.body = None
+    e.other_version, e.check_payload, e.ino, e.mtime_ns = False, False, 0, 0
 
 
 @dataclass
@@ -1015,7 +1030,7 @@ class ChunkStore:
         now_ns, mono = time.time_ns(), time.monotonic()
         with self._lock:
             for mt, digest, path, size in reversed(found):  # oldest first = least recently used
-                self._index[digest] = Entry(path, size, touched=mono - max(0, now_ns - mt) / 1e9)
+                self._index[digest] = Entry(path, size, touched=mono - max(0, now_ns - mt) / 1e9, seen_mtime_ns=mt)
             self._index_limit = max(65536, 2 * len(found))
 
     # ------------------------------------------------------------ lookups
@@ -1133,8 +1148,8 @@ class ChunkStore:
             return None
         if e is not None:
             if e.ino and st.st_ino != e.ino:  # another file in its place: what was read of it is not this one's
-                e.meta = e.body = None
-                e.other_version, e.check_payload, e.ino = False, False, 0
+                _forget_header(e)
+            e.seen_mtime_ns = st.st_mtime_ns
             return e
         if path is None:
             path = os.path.join(self.roots[place[0]], place[1])
@@ -1142,7 +1157,7 @@ class ChunkStore:
             e = self._index.get(d)
             if e is None:
                 mono = time.monotonic() - max(0, time.time_ns() - st.st_mtime_ns) / 1e9
-                e = self._index[d] = Entry(path, st.st_size, touched=mono)
+                e = self._index[d] = Entry(path, st.st_size, touched=mono, seen_mtime_ns=st.st_mtime_ns)
                 self._bound_index()
             return e
 
@@ -1188,9 +1203,7 @@ class ChunkStore:
             return t
 
     def contains(self, key: str, usable: Optional[Callable[[ChunkMeta], bool]] = None) -> bool:
-        found = _fit(self._entry(key, check=True), usable) is not None
-        self.stats.add(lookup_chunks=1, lookup_hits=int(found))
-        return found
+        return _fit(self._entry(key, check=True), usable) is not None
 
     def lookup(
         self,
@@ -1198,7 +1211,7 @@ class ChunkStore:
         pin: bool = False,
         prefix: bool = False,
         usable: Optional[Callable[[ChunkMeta], bool]] = None,
-        count: bool = True,
+        count: bool = False,
     ) -> list[bool]:
         """Whether each chunk is in the store, each file confirmed on disk
         (another process may have evicted it), the batch's stats in one call.
@@ -1220,7 +1233,7 @@ class ChunkStore:
         if pin:
             self._pin_found(digests, found)
         out = [e is not None for e in found]
-        if count:  # a caller's lookup, not the store's own bookkeeping (which keys were evicted)
+        if count:  # an engine's lookup for a request (the metrics' hit rate), not bookkeeping or a re-check
             self.stats.add(lookup_chunks=len(out), lookup_hits=sum(out))
         return out
 
@@ -1256,14 +1269,11 @@ class ChunkStore:
             out, self._evicted = self._evicted, []
         return out
 
-    def pin(self, key: str, usable: Optional[Callable[[ChunkMeta], bool]] = None, count: bool = False) -> bool:
+    def pin(self, key: str, usable: Optional[Callable[[ChunkMeta], bool]] = None) -> bool:
         """lookup([key], pin=True) on the one-chunk path (LMCache's
-        contains(key, pin=True) asks one key at a time; `count` it as a
-        lookup there, not where LMCache pins what a lookup found)."""
+        contains(key, pin=True) asks one key at a time)."""
         d = chunk_digest(key)
         e = _fit(self._entry(key, d, check=True), usable)
-        if count:
-            self.stats.add(lookup_chunks=1, lookup_hits=int(e is not None))
         if e is None:
             return False  # a miss takes no lock
         self._pin_found((d,), (e,))
@@ -2434,7 +2444,7 @@ class ChunkStore:
                         h.check_payload,
                         False,
                     )
-                    e.ino = ident[1] if ident else 0
+                    e.ino, e.mtime_ns = (ident[1] if ident else 0), e.seen_mtime_ns
             while fds:
                 os.close(fds.pop())
         # Phase 2: header again (the file may have been replaced) and payload.
@@ -2744,7 +2754,7 @@ class ChunkStore:
         """A chunk of another format version (a newer lmcache-fx beside this
         one): left alone, a miss here until a store of its key writes over it
         (or a lookup finds another file in its place)."""
-        e.other_version, e.ino = True, ident[1] if ident else 0
+        e.other_version, e.ino, e.mtime_ns = True, (ident[1] if ident else 0), e.seen_mtime_ns
         self.burst_warning(
             "chunks of another format version",
             "lmcache-fx: %s has %s; a miss here until its key is stored again",
