@@ -4878,14 +4878,15 @@ def test_bench_stopped_by_sigterm_leaves_no_loop_device_mount_or_image(tmp_path)
     mounted = []
     while time.monotonic() < end and p.poll() is None:
         mounted = [ln for ln in open("/proc/self/mountinfo") if "lmcache-fx-xfs-" in ln]
-        if any(os.path.isdir(os.path.join(ln.split()[4], tag)) for ln in mounted):
+        made = [os.path.join(ln.split()[4], tag) for ln in mounted]
+        if any(os.path.isdir(m) and os.listdir(m) for m in made):  # a reader's store: into the reps
             break
         time.sleep(0.2)
     assert p.poll() is None, p.communicate()[1][-2000:]
     points = [ln.split()[4] for ln in mounted if os.path.isdir(os.path.join(ln.split()[4], tag))]
     assert points, "the bench's filesystem never appeared"
     images = [ln.split()[4] for ln in open("/proc/self/mountinfo") if "lmcache-fx-tmpfs-" in ln]
-    time.sleep(1.0)  # into the reps
+    time.sleep(0.5)
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
@@ -4996,6 +4997,8 @@ def test_a_ctrl_c_stops_the_shell_loop_running_the_command(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        # a run started in the background ignores SIGINT, and so would its children
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert q.stdout.readline() == "running\n"

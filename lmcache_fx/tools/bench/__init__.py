@@ -385,6 +385,12 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
     geo = geometry_from_args(args)
     n_chunks = plan_chunks(geo, int(args.total_gb * GB))
     devices = getattr(args, "devices", None)
+    # Imported before the handlers below turn SIGTERM into SystemExit: one raised inside torch's or
+    # LMCache's import left it half made, and the cleanup's next import of it failed with a traceback.
+    import torch  # noqa: F401
+
+    with suppress(Exception):
+        import lmcache.v1.cache_engine  # noqa: F401
     with ExitStack() as stack:
         stack.enter_context(_signals_as_exit())
         stripe: tuple = ()
