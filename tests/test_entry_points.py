@@ -1220,11 +1220,11 @@ def test_chunks_of_another_models_geometry_under_one_model_name_are_misses(tmp_p
 
 
 _STUCK = """
-import json, struct, sys, time
+import json, sys, time
 import torch
+from faults import fxfault as F
 from test_entry_points import GEO, backend_of, engine_config, fx_store_of, store_engine
-from lmcache_fx import _fxio
-from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
+from lmcache_fx.core.chunkfile import chunk_digest
 from lmcache_fx.testing.cpu_engine import KV, Geometry, lmcache_engine, retrieve
 entry, store, work, case = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 n = 4 * GEO.chunk
@@ -1234,13 +1234,8 @@ with lmcache_engine(engine_config(entry, store, work), GEO) as eng:
     keys = [k for _, _, k in eng.token_database.process_tokens(tokens=tokens)]
     victim = fx_store_of(backend_of(eng, entry)).path_for(chunk_digest(keys[1].to_string()))
 geo = GEO
-if case == "version":  # chunk 1 written by a newer lmcache-fx: format version 2, its header checksum right
-    with open(victim, "r+b") as f:
-        h = bytearray(f.read(HEADER_SIZE))
-        struct.pack_into("<H", h, 8, 2)
-        struct.pack_into("<I", h, HEADER_SIZE - 4, _fxio.crc32c(bytes(h[: HEADER_SIZE - 4])))
-        f.seek(0)
-        f.write(h)
+if case == "version":  # chunk 1 written by a newer lmcache-fx
+    F.set_format_version(victim)
 else:  # another model of other layers under the same model name
     geo = Geometry(layers=4, kv_heads=GEO.kv_heads, head_dim=GEO.head_dim, dtype=GEO.dtype)
 rounds = []
@@ -1294,11 +1289,10 @@ def test_a_chunk_every_read_refuses_is_no_hit_and_is_stored_again(tmp_path, entr
 
 
 _REPLACED_UNDER_A_CONSUMER = """
-import glob, json, os, shutil, struct, sys
+import glob, json, os, shutil, sys
 import torch
+from faults import fxfault as F
 from test_entry_points import GEO, backend_of, engine_config, fx_store_of, store_engine
-from lmcache_fx import _fxio
-from lmcache_fx.core.chunkfile import HEADER_SIZE
 from lmcache_fx.testing.cpu_engine import KV, Geometry, lmcache_engine, retrieve
 entry, store, work, case = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 n = 4 * GEO.chunk
@@ -1309,14 +1303,9 @@ with lmcache_engine(engine_config(entry, good, work), mine) as eng:  # the chunk
     store_engine(eng, entry, tokens, KV(mine, n, seed=7))
 with lmcache_engine(engine_config(entry, store, work), GEO) as eng:  # the ones it meets first
     store_engine(eng, entry, tokens, KV(GEO, n, seed=7))
-if case == "version":  # every chunk a newer lmcache-fx's: format version 2
+if case == "version":  # every chunk a newer lmcache-fx's
     for path in glob.glob(os.path.join(store, "*", "*.fxkv")):
-        with open(path, "r+b") as f:
-            h = bytearray(f.read(HEADER_SIZE))
-            struct.pack_into("<H", h, 8, 2)
-            struct.pack_into("<I", h, HEADER_SIZE - 4, _fxio.crc32c(bytes(h[: HEADER_SIZE - 4])))
-            f.seek(0)
-            f.write(h)
+        F.set_format_version(path)
 kv = KV(mine, n, seed=7)
 rounds = []
 with lmcache_engine(engine_config(entry, store, work), mine) as eng:  # a consumer: it never stores

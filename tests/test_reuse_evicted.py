@@ -975,8 +975,6 @@ def test_a_chunk_refused_then_rewritten_into_its_own_file_is_found_again(tmp_pat
     version's chunk back into the same file (same inode, new content), and
     the consumer kept missing it for good, where a fresh process found it (a
     read-back). A lookup that sees the file written since looks again."""
-    import struct
-
     d = str(tmp_path / "s")
     producer, consumer = _open(d), _open(d)
     try:
@@ -986,13 +984,7 @@ def test_a_chunk_refused_then_rewritten_into_its_own_file_is_found_again(tmp_pat
         k0 = KEYS[0]
         p0 = producer.path_for(chunk_digest(k0))
         st0 = os.stat(p0)
-        with open(p0, "r+b") as f:  # k0 as a newer lmcache-fx wrote it: format version 2
-            h = bytearray(f.read(HEADER_SIZE))
-            struct.pack_into("<H", h, 8, 2)
-            struct.pack_into("<I", h, HEADER_SIZE - 4, crc32c(bytes(h[: HEADER_SIZE - 4])))
-            f.seek(0)
-            f.write(h)
-        os.utime(p0, ns=(st0.st_atime_ns, st0.st_mtime_ns))  # its place in the LRU kept
+        F.set_format_version(p0)  # k0 as a newer lmcache-fx wrote it, its place in the LRU kept
         assert F.read_check(consumer, [k0])[:2] == (0, 1)
         assert not consumer.contains(k0) and consumer.lookup([k0]) == [False]  # refused: no hit while it stands
         for k in KEYS[4:8] + [k0]:  # each evicts the oldest and writes into its file; k0 last

@@ -203,6 +203,22 @@ def close_lmcache_during_a_read(eng, backend, engine, keys, attempts: int = 20):
     return seen
 
 
+def set_format_version(path: str, version: int = 2) -> None:
+    """Rewrites a chunk file's header as of another format version (a newer
+    lmcache-fx's chunk), its header CRC made right, its mtime (the store's
+    LRU clock) kept."""
+    from lmcache_fx.core.chunkfile import HEADER_SIZE
+
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        h = bytearray(f.read(HEADER_SIZE))
+        struct.pack_into("<H", h, 8, version)
+        struct.pack_into("<I", h, HEADER_SIZE - 4, _fxio.crc32c(bytes(h[: HEADER_SIZE - 4])))
+        f.seek(0)
+        f.write(h)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def open_store(path: str, **opts) -> ChunkStore:
     o = FxOptions.from_mapping({"path": path, **opts})
     return ChunkStore(o)
