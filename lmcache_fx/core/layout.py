@@ -347,14 +347,19 @@ def root_problem(root: str, st: os.stat_result, shared_group: bool) -> Optional[
             "chunk files there; use a directory of your own (chmod 700) or a group one with shared_group: true"
         )
     if not os.access(root, os.W_OK | os.X_OK):
-        try:
-            read_only = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
-        except OSError:
-            read_only = False
-        if read_only:
+        if on_read_only_fs(root):
             return f"{root!r} is on a read-only filesystem; mount it read-write or pick another path"
         return f"{root!r} is not writable by this user; fix its permissions or pick another"
     return None
+
+
+def on_read_only_fs(path: str) -> bool:
+    """Whether `path` lies on a filesystem mounted read-only (EROFS: no
+    owner's or root's rights would make it writable); False if unknown."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def round_up(n: int, align: int) -> int:

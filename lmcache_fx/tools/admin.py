@@ -38,6 +38,7 @@ from ..core.layout import (
     STALE_TMP_SECONDS,
     StoreFile,
     is_fanout_name,
+    on_read_only_fs,
     open_dir,
     paths_for,
     scan_fanout,
@@ -896,11 +897,8 @@ def _fix_for_unwritable(root: str) -> str:
     """What to do about a store file this process cannot write: nothing can
     be done on a read-only filesystem (EROFS), where the owner's rights would
     not help; else run as its owner."""
-    try:
-        if os.statvfs(root).f_flag & os.ST_RDONLY:
-            return "the store is on a read-only filesystem: nothing can be removed there"
-    except OSError:
-        pass
+    if on_read_only_fs(root):
+        return "the store is on a read-only filesystem: nothing can be removed there"
     return "run as the store's owner"
 
 

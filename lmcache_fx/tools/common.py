@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+from ..core.layout import on_read_only_fs
+
 
 class AdminError(Exception):
     """A problem the user can fix (wrong path, bad config): one clear line."""
@@ -88,11 +90,8 @@ def unwritable(path: str) -> str:
     if not os.path.isdir(d):
         return f"no such directory {d}; create it or give another path"
     if not os.access(path if os.path.exists(path) else d, os.W_OK):
-        try:  # access() says EROFS for root too; the owner's rights would not help there
-            if os.statvfs(d).f_flag & os.ST_RDONLY:
-                return "on a read-only filesystem; give a path you can write"
-        except OSError:
-            pass
+        if on_read_only_fs(d):  # access() says EROFS for root too; the owner's rights would not help there
+            return "on a read-only filesystem; give a path you can write"
         return "permission denied; give a path you can write"
     return ""
 

@@ -29,7 +29,7 @@ from typing import Optional
 
 from .. import _fxio
 from ..core.drive import CAP_IPC_LOCK, memlock_refuses, memlock_text
-from ..core.layout import LOCK_DIR, LOCK_NAME, device_of, probe_odirect, root_problem
+from ..core.layout import LOCK_DIR, LOCK_NAME, device_of, on_read_only_fs, probe_odirect, root_problem
 from ..core.medium import (
     client_local_locks,
     decide_mapped_reads,
@@ -481,9 +481,7 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
                 )
             )
     elif not os.access(where, os.W_OK | os.X_OK):
-        ro = False
-        with contextlib.suppress(OSError):
-            ro = bool(os.statvfs(where).f_flag & os.ST_RDONLY)
+        ro = on_read_only_fs(where)
         return [
             Check(
                 f"{tag}path",
