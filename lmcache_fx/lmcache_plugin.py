@@ -279,6 +279,10 @@ class FxStorageBackend(StoragePluginInterface):
     def _allocate(self, meta: ChunkMeta, busy_loop: bool = True):
         if not self._shapes.fits(meta):
             return None
+        return self._allocate_fitting(meta, busy_loop)
+
+    def _allocate_fitting(self, meta: ChunkMeta, busy_loop: bool):
+        """_allocate of a meta EngineShapes has judged already."""
         return allocate_from(self._gpu or self.local_cpu_backend, meta, busy_loop)
 
     def _stores_queued(self) -> bool:
@@ -309,13 +313,13 @@ class FxStorageBackend(StoragePluginInterface):
             # give room back once written) and tries once more; else it and the rest miss.
             if not self._shapes.fits(meta):
                 return None
-            got = self._allocate(meta, busy_loop=not holds[0])
+            got = self._allocate_fitting(meta, busy_loop=not holds[0])
             if got is None and holds[0] and self._stores_queued():
                 try:
                     self.flush(STORE_DRAIN_WAIT)
                 except TimeoutError:
                     pass
-                got = self._allocate(meta, busy_loop=False)
+                got = self._allocate_fitting(meta, busy_loop=False)
             holds[0] = holds[0] or got is not None
             return got
 

@@ -206,6 +206,12 @@ def _fit(e: Optional[Entry], usable: Optional[Callable[[ChunkMeta], bool]]) -> O
     return None
 
 
+def _read_from(e: Entry, ident: Optional[tuple[int, int]]) -> None:
+    """Notes which file e's meta or other_version was just read from: its
+    inode ((st_dev, st_ino) `ident`) and the mtime the lookup before saw."""
+    e.ino, e.mtime_ns = (ident[1] if ident else 0), e.seen_mtime_ns
+
+
 def _forget_header(e: Entry) -> None:
     """What a read learnt of e's header, forgotten: the next read takes it anew."""
     e.meta = e.body = None
@@ -2444,7 +2450,7 @@ class ChunkStore:
                         h.check_payload,
                         False,
                     )
-                    e.ino, e.mtime_ns = (ident[1] if ident else 0), e.seen_mtime_ns
+                    _read_from(e, ident)
             while fds:
                 os.close(fds.pop())
         # Phase 2: header again (the file may have been replaced) and payload.
@@ -2754,7 +2760,8 @@ class ChunkStore:
         """A chunk of another format version (a newer lmcache-fx beside this
         one): left alone, a miss here until a store of its key writes over it
         (or a lookup finds another file in its place)."""
-        e.other_version, e.ino, e.mtime_ns = True, (ident[1] if ident else 0), e.seen_mtime_ns
+        e.other_version = True
+        _read_from(e, ident)
         self.burst_warning(
             "chunks of another format version",
             "lmcache-fx: %s has %s; a miss here until its key is stored again",
