@@ -1804,11 +1804,13 @@ def test_tools_on_a_read_only_filesystem_say_so(capsys, tmp_path):
     which no owner's rights mend, is said as such."""
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a tmpfs and remount it read-only")
+    from pathlib import Path
+
+    from lmcache_fx.testing.loopfs import tmpfs
+
     F = _fx()
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs("size=16m") as where:
+        mnt = Path(where)
         st = F.open_store(str(mnt / "st"), max_capacity_gb=1, io_engine="threads")
         src = F.Chunks()
         try:
@@ -1827,8 +1829,6 @@ def test_tools_on_a_read_only_filesystem_say_so(capsys, tmp_path):
             cli(capsys, "estimate", "--json", mnt / "x.json")
         rc, said = e.value.code, capsys.readouterr().err
         assert rc == 2 and "on a read-only filesystem" in said and "permission denied" not in said, said
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def test_ls_and_stat_say_another_format_version_as_fsck_does(capsys, tmp_path):

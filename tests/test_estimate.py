@@ -433,7 +433,6 @@ def test_measure_on_a_file_or_a_read_only_filesystem_says_which(tmp_path, capsys
     """--measure on a file said 'no such directory'; on a read-only
     filesystem it printed a raw '[Errno 30] ...' line and exit 1, where every
     other bad argument is one 'error:' line and exit 2."""
-    import subprocess
 
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -443,14 +442,10 @@ def test_measure_on_a_file_or_a_read_only_filesystem_says_which(tmp_path, capsys
     assert e.value.code == 2 and f"--measure {afile}: not a directory; give a directory" in err, err
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a read-only tmpfs")
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(ro)], check=True)
-    try:
-        with pytest.raises(SystemExit) as e:
-            est.main(["--model", "qwen2.5-32b", "--measure", str(ro)])
-        err = capsys.readouterr().err
-    finally:
-        subprocess.run(["umount", str(ro)], check=False)
+    from lmcache_fx.testing.loopfs import tmpfs
+
+    with tmpfs("size=1m,ro") as ro, pytest.raises(SystemExit) as e:
+        est.main(["--model", "qwen2.5-32b", "--measure", ro])
+    err = capsys.readouterr().err
     assert e.value.code == 2 and "on a read-only filesystem; give a directory you can write" in err, err
     assert "Errno" not in err
