@@ -3545,9 +3545,10 @@ def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
     assert f"{_span(cpu_nv, '{:.1f}')} on the Intel host" in text
     assert f"on the Intel host through LMCache's engine {_span(eng)}, fx-l2 {_span(l2)}" in text
     assert (
-        f"**met on the Intel host at both sizes** ({span_med(reads['tmpfs-64m'])}, {span_med(reads['tmpfs-2m'])})"
+        f"**met on the Intel host at both sizes in every round until `8cd75eb`; "  # the check round at 8cd75eb: its test
         in text
     )
+    assert f"before it ({span_med(reads['tmpfs-64m'])}, {span_med(reads['tmpfs-2m'])})" in text
     assert min(reads["tmpfs-64m"] + reads["tmpfs-2m"]) >= 1.2
     assert f"{_span(mem_eng)} through the engine, fx-l2 {_span(mem_l2)}" in text
     xeon = _docs_json("crc32c-speed-xeon.json")  # the check's own cost from memory on this round's CPU
@@ -3790,6 +3791,168 @@ def _check_round_reads(commit: str, before: str):
     meds = [statistics.median(reads[c]) for c in every]
     old = [statistics.median(_round_ratios(then, c, "fx", "tier_read")) for c in every]
     return page, readme, runs, then, lat, sm, reads, meds, old
+
+
+PEERS = ("local_disk", "fs_connector", "rust_raw_block", "fs_native", "raw_block")
+
+
+def round_8cd75eb_figures() -> dict[str, str]:
+    """Every figure the page's section on the check round at 8cd75eb quotes,
+    by its name there, computed from the committed runs of that round and of
+    the check round at 6065ccf (the section was filled from this)."""
+    runs, then = _main_round("round-8cd75eb", "8cd75eb"), _main_round("round-6065ccf", "6065ccf")
+    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
+
+    def sm(vs, fmt="{:.2f}"):
+        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
+
+    def cpu(rnd, c, n):
+        return statistics.median(d["readers"][n]["median"]["tier_cpu_s_per_gb"] for d in rnd[c])
+
+    def growth(n):
+        return _span([cpu(runs, c, n) / cpu(then, c, n) for c in xfs])
+
+    for c in xfs:  # "the lowest peer's (fs_native's)"
+        for d in runs[c]:
+            low = min(PEERS, key=lambda n: d["readers"][n]["median"]["tier_cpu_s_per_gb"])
+            assert low == "fs_native", (c, low)
+    v = {"NV_GROWTH": growth("fx-noverify"), "RRB_GROWTH": growth("rust_raw_block"), "FSN_GROWTH": growth("fs_native")}
+    for key, c in zip(("R64", "R10", "R2", "T64", "T2"), xfs + mem):
+        v[key] = sm(_round_ratios(runs, c, "fx", "tier_read"))
+    v["OLD"] = ", ".join(f"{statistics.median(_round_ratios(then, c, 'fx', 'tier_read')):.2f}×" for c in xfs + mem)
+    v["NOW"], v["BEFORE"] = _best_peer_xfs(runs), _best_peer_xfs(then)
+    v["L2R2"] = sm(_round_ratios(runs, "xfs-2m", "fx-l2", "tier_read"))
+    v["LT64"], v["LT2"] = (sm(_round_ratios(runs, c, "fx-l2", "tier_read")) for c in mem)
+    l2 = _l2_noverify_cpu(runs)
+    for key, c in zip(("64", "10", "2"), xfs):
+        v["NV" + key] = sm(_round_ratios(runs, c, "fx-noverify", "tier_cpu"), "{:.1f}")
+        v["L2NV" + key] = sm(l2[c])
+        v["E" + key] = sm(_round_ratios(runs, c, "fx", "store_same_level"))
+        v["S" + key] = sm(_round_ratios(runs, c, "fx-l2", "store_same_level"))
+    for key, c in zip(("64", "2"), mem):
+        v["ET" + key] = sm(_round_ratios(runs, c, "fx", "store_same_level"))
+        v["ST" + key] = sm(_round_ratios(runs, c, "fx-l2", "store_same_level"))
+    folder = os.path.join(ROOT, "docs", "bench-repeats", "round-8cd75eb")
+    _, lat = _latency_runs(folder, runs["xfs-64m"][0]["git_commit"])
+
+    def a(s, c, n="fx"):
+        return [d["readers"][n]["latency"][c]["p99_over_p50"] for d in lat[s]]
+
+    def p(s, c):
+        return [_fx_p50_over_best(d["readers"], c) for d in lat[s]]
+
+    v["A64"], v["P64"] = _span(a(64, "4") + a(64, "16")), _span(p(64, "4") + p(64, "16"))
+    v["A2_4"], v["A2_16"], v["P2_4"], v["P2_16"] = (
+        _span(a(2, "4")),
+        _span(a(2, "16")),
+        _span(p(2, "4")),
+        _span(p(2, "16")),
+    )
+    v["LD2_4"], v["RRB2_4"] = _span(a(2, "4", "local_disk")), _span(a(2, "4", "rust_raw_block"))
+    return v
+
+
+def test_check_round_at_8cd75eb_is_the_committed_json():
+    """The check round at 8cd75eb (the package at a session's start, on a
+    slower host day): its tables on the page are bench_tables' over the
+    committed runs (each clean at 8cd75eb), every figure its section quotes
+    is recomputed from them and the round at 6065ccf, and what the section
+    says of them holds: reads ahead in all 15 runs by less, every reader
+    dearer in CPU, stores behind on XFS and through the engine on tmpfs, the
+    2 MiB tail with 4 in flight over the 2x line in every run."""
+    page, readme, runs, then, lat, sm, reads, meds, old = _check_round_reads("8cd75eb", "6065ccf")
+    assert all(m < o for m, o in zip(meds, old))  # by less
+    xfs = ["xfs-64m", "xfs-10m", "xfs-2m"]
+    v = round_8cd75eb_figures()
+    body = page[page.index("### A check round at `8cd75eb`") : page.index("### A check round at `6065ccf`")]
+    flat = " ".join(body.split())
+    for name, text in v.items():
+        if not name.startswith("LT"):
+            assert text in flat, name
+    # the targets table
+    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
+        rows = {r.split(" | ")[0]: r for r in f.read().split("\n") if r.startswith("| ")}
+    at = "in the [check round at `8cd75eb`](#a-check-round-at-8cd75eb-on-a-slower-host-day-three-runs-per-case--"
+    assert (
+        f"{at}bench-repeatsround-8cd75eb) (another kernel build, every reader dearer in CPU) ahead in every run by "
+        f"less, {v['R64']}, {v['R10']} and {v['R2']} at 64, 10 and 2 MiB;"
+        in rows["| XFS loop, cold: tier read ≥ 1.0× the best peer"]
+    )
+    assert f"at `8cd75eb`, a slower host day: {v['NV64']}, {v['NV10']}, {v['NV2']})" in page
+    assert (
+        f"through LMCache's engine {v['E64']}, {v['E10']}, {v['E2']}, fx-l2 {v['S64']}, {v['S10']}, {v['S2']};"
+        in rows["| XFS: store ≥ 1.0× the best peer"]
+    )
+    assert (
+        f"ahead but under 1.2× in the median**: {v['T64']} and {v['T2']} (fx's L2 adapter {v['LT64']} and {v['LT2']})"
+        in rows["| tmpfs, warm: tier read ≥ 1.2× the best peer"]
+    )
+    assert all(statistics.median(_round_ratios(runs, c, "fx", "tier_read")) < 1.2 for c in ("tmpfs-64m", "tmpfs-2m"))
+    assert (
+        f"fx-l2 {v['ST64']} and {v['ST2']}, but through LMCache's engine behind, {v['ET64']} and {v['ET2']};"
+        in rows["| tmpfs: store ≥ 1.0×"]
+    )
+    assert (
+        f"over it in every run at 2 MiB with 4 in flight, {v['A2_4']} (LocalDiskBackend {v['LD2_4']}, "
+        f"RustRawBlockBackend {v['RRB2_4']}), {v['A2_16']} with 16, {v['A64']} at 64 MiB;"
+        in rows["| p99 ≤ 2× p50 at 4 and 16 in flight"]
+    )
+    assert (
+        f"{v['P2_4']} the best tier's with 4 and {v['P2_16']} with 16 at 2 MiB, {v['P64']} at 64 MiB;"
+        in rows["| p50 not above the best peer's, at 4 and 16 in flight"]
+    )
+    assert (
+        f"fx without its check {v['NV_GROWTH']} through LMCache's engine, LMCache's RustRawBlockBackend "
+        f"{v['RRB_GROWTH']}, `fs_native` {v['FSN_GROWTH']}" in flat
+    )
+    assert f"XFS {v['R64']} at 64 MiB, {v['R10']} at 10 MiB, {v['R2']} at 2 MiB; tmpfs {v['T64']} and {v['T2']}" in flat
+    assert (
+        f"(medians at `6065ccf`: {v['OLD']}). The best peer read XFS at {v['NOW']} GB/s, against {v['BEFORE']}" in flat
+    )
+    w64, w10, w2 = (f"{statistics.median(_round_ratios(then, c, 'fx-noverify', 'tier_cpu')):.1f}×" for c in xfs)
+    assert (
+        f"{v['NV64']}, {v['NV10']} and {v['NV2']} the lowest peer's (`fs_native`'s) at 64, 10 and 2 MiB, where it "
+        f"was {w64}, {w10} and {w2} at `6065ccf`" in flat
+    )
+    assert f"{v['L2NV64']}, {v['L2NV10']} and {v['L2NV2']} `fs_native`'s" in flat
+    assert f"through LMCache's engine {v['E64']}, {v['E10']} and {v['E2']} the best engine-level tier on XFS" in flat
+    assert f"{v['ET64']} and {v['ET2']} on tmpfs (ahead at `6065ccf`)" in flat
+    assert f"fx-l2 {v['S64']}, {v['S10']} and {v['S2']} the best L2 adapter on XFS, ahead on tmpfs" in flat
+    assert f"at 2 MiB its p99 is {v['A2_4']} its p50 with 4 in flight, **over the 2× target in every run**" in flat
+    # what the words say of the figures
+    eng = [x for c in xfs + ["tmpfs-64m", "tmpfs-2m"] for x in _round_ratios(runs, c, "fx", "store_same_level")]
+    assert max(eng) < 1
+    assert max(x for c in xfs for x in _round_ratios(runs, c, "fx-l2", "store_same_level")) < 1
+    assert min(x for c in ("tmpfs-64m", "tmpfs-2m") for x in _round_ratios(runs, c, "fx-l2", "store_same_level")) > 1
+    assert min(x for c in ("tmpfs-64m", "tmpfs-2m") for x in _round_ratios(then, c, "fx", "store_same_level")) > 1
+    two = [d["readers"]["fx"]["latency"]["4"]["p99_over_p50"] for d in lat[2]]
+    assert min(two) > 2 and min(_fx_p50_over_best(d["readers"], "4") for d in lat[2]) > 1
+    readme_flat = " ".join(readme.split())
+    med = [f"{m:.2f}×" for m in meds]
+    eng_x = [x for c in xfs for x in _round_ratios(runs, c, "fx", "store_same_level")]
+    eng_t = [x for c in ("tmpfs-64m", "tmpfs-2m") for x in _round_ratios(runs, c, "fx", "store_same_level")]
+    for quote in (
+        f"RustRawBlockBackend {v['RRB_GROWTH']} as much): fx read ahead of the best peer in all 15 runs, by less: XFS "
+        f"medians {med[0]}, {med[1]} and {med[2]} at 64, 10 and 2 MiB, tmpfs {med[3]} and {med[4]} (under the 1.2× target)",
+        f"Stores through LMCache's engine behind on XFS ({_span(eng_x)}) and on tmpfs ({_span(eng_t)}); at 2 MiB fx's p99 "
+        f"was {v['A2_4']} its p50 with 4 in flight, over the 2× target in every run (LocalDiskBackend {v['LD2_4']}), its "
+        f"p50 {v['P2_4']} the best tier's",
+        f"In the check round at `8cd75eb` the L2 adapter stored at {v['ST64']} and {v['ST2']}, the plugin behind "
+        f"({v['ET64']} and {v['ET2']})",
+        f"in the check round at `8cd75eb`, a slower host day, {v['NV64']} and {v['NV10']}: behind at both that day",
+        f"in the check round at `8cd75eb` {v['A2_4']}, over it in every run (LocalDiskBackend {v['LD2_4']}, "
+        f"RustRawBlockBackend {v['RRB2_4']})",
+        f"(1.8–2.1× at `183af1e`; {v['NV2']} at `8cd75eb`)",
+    ):
+        assert quote in readme_flat, quote
+    assert max(eng_x + eng_t) < 1 and max(meds[3:]) < 1.2
+    nv_growth, fsn_growth = (v[k].rstrip("×").split("–") for k in ("NV_GROWTH", "FSN_GROWTH"))
+    assert float(nv_growth[0]) > float(fsn_growth[1])  # the engine-level reader's CPU grew most
+    kernels = {d["machine"]["kernel"] for rs in runs.values() for d in rs}
+    assert kernels == {"6.18.44-fc-v1272"} and {d["machine"]["kernel"] for rs in then.values() for d in rs} == {
+        "6.18.44-fc-v1252"
+    }
+    assert statistics.median(_round_ratios(runs, "xfs-2m", "fx-l2", "tier_read")) > statistics.median(reads["xfs-2m"])
 
 
 def test_check_round_at_6065ccf_is_the_committed_json():
