@@ -3545,7 +3545,7 @@ def test_round_at_de6fad2_on_the_intel_host_is_the_committed_json(monkeypatch):
     assert f"{_span(cpu_nv, '{:.1f}')} on the Intel host" in text
     assert f"on the Intel host through LMCache's engine {_span(eng)}, fx-l2 {_span(l2)}" in text
     assert (
-        f"**met on the Intel host at both sizes in every round until `8cd75eb`; "  # the check round at 8cd75eb: its test
+        "**met on the Intel host at both sizes in every round until `8cd75eb`; "  # the check round at 8cd75eb: its test
         in text
     )
     assert f"before it ({span_med(reads['tmpfs-64m'])}, {span_med(reads['tmpfs-2m'])})" in text

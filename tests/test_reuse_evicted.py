@@ -545,14 +545,14 @@ def test_a_read_in_flight_keeps_its_files(store_dir):
         batch = next(gen)
         _fill(s, KEYS[4:5])  # evicts KEYS[0] while its file is open here
         assert (s.stats.snapshot()["recycled"], s.stats.snapshot()["evictions"]) == (0, 1)
-        got = drive_blocking(s.engine, _resume(gen, _run_step(s.engine, batch)), lambda h: None)
+        got = drive_blocking(s.engine, F.resume(gen, _run_step(s.engine, batch)), lambda h: None)
         assert got[0] is not None and F.check(KEYS[0], memoryview(got[0])) == "ok"
         # read_chunks opens in C when its step runs.
         gen = s.read_steps([KEYS[1]], F.allocator(), s._takes_chunks(s.engine))
         batch = next(gen)
         _fill(s, KEYS[5:6])  # evicts KEYS[1], not yet opened: its file is reused
         assert (s.stats.snapshot()["recycled"], s.stats.snapshot()["evictions"]) == (1, 2)
-        got = drive_blocking(s.engine, _resume(gen, _run_step(s.engine, batch)), lambda h: None)
+        got = drive_blocking(s.engine, F.resume(gen, _run_step(s.engine, batch)), lambda h: None)
         assert got[0] is None  # opened by path after the eviction: gone
         assert s.stats.snapshot()["corrupt"] == 0
         _check_store(s, KEYS[2:6], KEYS[:2])
@@ -587,12 +587,12 @@ def test_a_chunk_rewritten_before_the_c_readers_lock_is_a_miss_not_corrupt(store
         meta = decode_header(hdr).meta
         ident = (st0.st_dev, st0.st_ino)
         e = Entry(path0, FILE, meta)
-        assert not s._chunk_ok(KEYS[0], e, _fxio.CHUNK_META, CHUNK, ident, FILE, memoryview(hdr), (0, 0, CHUNK))
+        assert not s._chunk_ok(KEYS[0], e, e.meta, _fxio.CHUNK_META, CHUNK, ident, FILE, memoryview(hdr), (0, 0, CHUNK))
         assert s.stats.snapshot()["corrupt"] == 0 and os.path.exists(path4)
         shutil.copyfile(path4, path0)  # a file at KEYS[0]'s name that holds KEYS[4]
         st = os.stat(path0)
         ident = (st.st_dev, st.st_ino)
-        assert not s._chunk_ok(KEYS[0], e, _fxio.CHUNK_META, CHUNK, ident, FILE, memoryview(hdr), (0, 0, CHUNK))
+        assert not s._chunk_ok(KEYS[0], e, e.meta, _fxio.CHUNK_META, CHUNK, ident, FILE, memoryview(hdr), (0, 0, CHUNK))
         assert s.stats.snapshot()["corrupt"] == 1 and not os.path.exists(path0) and os.path.exists(path4)
     finally:
         s.close()
@@ -610,24 +610,13 @@ def test_unlocked_reads_in_flight_keep_every_file(store_dir, monkeypatch):
         batch = next(gen)
         _fill(s, KEYS[4:5])  # evicts KEYS[0], which the read does not even want
         assert (s.stats.snapshot()["recycled"], s.stats.snapshot()["evictions"]) == (0, 1)
-        got = drive_blocking(s.engine, _resume(gen, _run_step(s.engine, batch)), lambda h: None)
+        got = drive_blocking(s.engine, F.resume(gen, _run_step(s.engine, batch)), lambda h: None)
         assert got[0] is not None and F.check(KEYS[1], memoryview(got[0])) == "ok"
         _fill(s, KEYS[5:6])  # no read in flight: reuse again
         assert s.stats.snapshot()["recycled"] == 1
         _check_store(s, KEYS[2:6], KEYS[:2])
     finally:
         s.close()
-
-
-def _resume(gen, res):
-    """A read_steps generator whose pending batch gave `res`, wrapped as a
-    fresh generator for drive_blocking."""
-    while True:
-        try:
-            batch = gen.send(res)
-        except StopIteration as stop:
-            return stop.value
-        res = yield batch
 
 
 def test_fsck_counts_as_a_process_with_the_store_open(store_dir):

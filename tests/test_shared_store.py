@@ -578,6 +578,40 @@ def test_restoring_a_key_its_index_forgot_keeps_the_usage_exact(tmp_path):
         s.close()
 
 
+def test_a_chunk_forgotten_by_a_lookup_during_a_read_is_a_miss_not_a_failed_read(tmp_path):
+    """A read of [K1, K2] takes K2's header first (K1's is known); meanwhile
+    another process stores K1 anew (another inode) and a lookup on another
+    thread here sees it and forgets what was read of K1. K1 is a miss, K2 a
+    hit with its bytes, no read error (the read allocated for a meta the
+    lookup had cleared, and the whole batch failed); the next read gets K1's
+    new bytes."""
+    from lmcache_fx.core.drive import _run_step, drive_blocking
+
+    path = str(tmp_path / "store")
+    a, b = F.open_store(path, max_capacity_gb=0.01), F.open_store(path, max_capacity_gb=0.01)
+    src = F.Chunks()
+    k1, k2, spacer = (f"model@1@0@{h:016x}@bfloat16" for h in (1, 2, 3))
+    try:
+        assert b.write([src.item(k, 65536) for k in (k1, k2)]) == [True, True]
+        assert F.read_check(a, [k1]) == (1, 0, [])  # a knows K1's header, not K2's
+        gen = a.read_steps([k1, k2], F.allocator(), a._takes_chunks(a.engine))
+        step = next(gen)  # K2's header
+        ino = os.stat(a.path_for(chunk_digest(k1))).st_ino
+        assert b.remove(k1) and b.write([src.item(spacer, 65536)]) == [True]  # the spacer takes the freed inode
+        assert b.write([src.item(k1, 65536, version=1)]) == [True]
+        assert os.stat(a.path_for(chunk_digest(k1))).st_ino != ino
+        assert a.contains(k1)  # another file in K1's place: what was read of the old one is forgotten
+        got = drive_blocking(a.engine, F.resume(gen, _run_step(a.engine, step)), lambda h: None)
+        assert got[0] is None and got[1] is not None and F.check(k2, memoryview(got[1])) == "ok"
+        assert a.stats.snapshot()["read_errors"] == 0
+        out = a.read([k1], F.allocator(), lambda h: None)
+        assert out[0] is not None and F.check(k1, memoryview(out[0])) == "ok"
+        assert bytes(memoryview(out[0])) == F.payload(k1, 65536, version=1)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_the_ledger_counts_its_changes_after_the_record_older_readers_read(tmp_path):
     """Ledger.changes() is a token that differs after every put() (a walk made
     without the lock counts only when it did not change). It lives after the

@@ -2453,21 +2453,28 @@ class ChunkStore:
                     _read_from(e, ident)
             while fds:
                 os.close(fds.pop())
-        # Phase 2: header again (the file may have been replaced) and payload.
+        # Phase 2: header again (the file may have been replaced) and payload. Each chunk is read as
+        # the meta and header body taken here: a lookup on another thread may forget them on the shared
+        # entry meanwhile (another file in its place), and a chunk whose meta is gone already is a miss.
+        metas = [None if e is None else e.meta for e in entries]
+        bodies = [None if e is None else e.body for e in entries]
+        for i, m in enumerate(metas):
+            if m is None:
+                entries[i] = None
         out: list[Optional[object]] = [None] * n
         if allocate_many is not None and not per_key:
-            self._allocate_runs(entries, allocs, allocate_many)
-        for i, e in enumerate(entries):
-            if e is None or allocs[i] is not None:
+            self._allocate_runs(metas, allocs, allocate_many)
+        for i, m in enumerate(metas):
+            if m is None or allocs[i] is not None:
                 continue
-            a = allocate[i](e.meta) if per_key else allocate(e.meta)
+            a = allocate[i](m) if per_key else allocate(m)
             if a is None:
                 if per_key:
                     continue  # this destination does not fit this chunk
                 break  # the pool is full: later chunks would be useless anyway
             allocs[i] = a
         if chunks:
-            return (yield from self._read_payloads(keys, digests, entries, allocs, held, t0))
+            return (yield from self._read_payloads(keys, digests, entries, metas, bodies, allocs, held, t0))
         hbuf = self._take_scratch(n)
         held.append(hbuf)
         ops, slots = [], []
@@ -2495,7 +2502,7 @@ class ChunkStore:
             h = self._check_header(keys[i], e, mv, hr[0] if isinstance(hr, tuple) else hr, fd)
             if h is None:
                 continue
-            if h.meta != e.meta or h.payload_len != allocs[i][2]:
+            if h.meta != metas[i] or h.payload_len != allocs[i][2]:
                 # Replaced by a chunk of another geometry: a miss now; the next read takes its header
                 # anew (phase 1, which checks the file holds the payload the header claims).
                 e.meta = None
@@ -2524,19 +2531,19 @@ class ChunkStore:
         return self._finish_read(digests, out, allocs, used, nbytes, t0)
 
     @staticmethod
-    def _allocate_runs(entries: list, allocs: list, allocate_many) -> None:
+    def _allocate_runs(metas: list, allocs: list, allocate_many) -> None:
         """Destinations for runs of two or more consecutive chunks of one meta
-        from allocate_many, one call per run, up to the first run it cannot
-        give (the chunks from there on are allocated one by one)."""
-        n, i = len(entries), 0
+        (None: a miss) from allocate_many, one call per run, up to the first
+        run it cannot give (the chunks from there on are allocated one by one)."""
+        n, i = len(metas), 0
         while i < n:
-            e = entries[i]
+            m = metas[i]
             j = i + 1
-            if e is not None:
-                while j < n and entries[j] is not None and (entries[j].meta is e.meta or entries[j].meta == e.meta):
+            if m is not None:
+                while j < n and metas[j] is not None and (metas[j] is m or metas[j] == m):
                     j += 1
                 if j - i > 1:
-                    got = allocate_many(e.meta, j - i)
+                    got = allocate_many(m, j - i)
                     if got is None:
                         return
                     if len(got) != j - i:  # a slice of another length would shift every later destination
@@ -2544,7 +2551,9 @@ class ChunkStore:
                     allocs[i:j] = got
             i = j
 
-    def _read_payloads(self, keys, digests: list[str], entries: list, allocs: list, held: list, t0: float):
+    def _read_payloads(
+        self, keys, digests: list[str], entries: list, metas: list, bodies: list, allocs: list, held: list, t0: float
+    ):
         """Phase 2 on engine.read_chunks: per chunk, open (relative to its
         root's descriptor, no symlink followed), header and payload in one
         vectored read, the header checked in C against the body last seen
@@ -2557,7 +2566,7 @@ class ChunkStore:
                 continue
             d = digests[i]
             rfd = self._rootfd_of(entries[i].path)  # the root its lookup found it under
-            batch.append((rfd, relative_name(d), a[1], a[2], entries[i].body))
+            batch.append((rfd, relative_name(d), a[1], a[2], bodies[i]))
             slots.append(i)
         scratch = self._take_scratch(len(slots))
         held.append(scratch)
@@ -2578,20 +2587,20 @@ class ChunkStore:
         for k, i in enumerate(slots):
             status, nb, dev, ino, size = res[k]
             e = entries[i]
-            if status == 0 and e.body is not None and self._mac_key is None:
+            if status == 0 and bodies[i] is not None and self._mac_key is None:
                 out[i] = allocs[i][0]
                 nbytes += nb
                 hit_entries.append(e)
                 continue
             mv = smv[HEADER_SIZE * k : HEADER_SIZE * (k + 1)]
-            if self._chunk_ok(keys[i], e, status, nb, (dev, ino), size, mv, allocs[i]):
+            if self._chunk_ok(keys[i], e, metas[i], status, nb, (dev, ino), size, mv, allocs[i]):
                 out[i] = allocs[i][0]
                 nbytes += nb
                 hit_entries.append(e)
         return self._finish_read(digests, out, allocs, [(e, None) for e in hit_entries], nbytes, t0)
 
     def _chunk_ok(
-        self, key: str, e: Entry, status: int, nb: int, ident: tuple[int, int], size: int, mv, alloc: tuple
+        self, key: str, e: Entry, meta: ChunkMeta, status: int, nb: int, ident: tuple[int, int], size: int, mv, alloc
     ) -> bool:
         """One read_chunks result that was not a plain hit: True when the
         chunk is good after all (status 0: MAC checked, or the body learnt),
@@ -2606,7 +2615,7 @@ class ChunkStore:
             if h.key != key:  # or evicted and rewritten with h.key just before our lock
                 self._corrupt_unless_moved(key, e, f"holds key {h.key!r}, not the one asked for", ident)
                 return False
-            if status != _fxio.CHUNK_OK or h.meta != e.meta:
+            if status != _fxio.CHUNK_OK or h.meta != meta:
                 # Replaced by a chunk of another geometry (or another body): a miss now; the next read
                 # takes its header anew (phase 1, which checks the file holds what the header claims).
                 e.meta = e.body = None

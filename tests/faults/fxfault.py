@@ -116,6 +116,18 @@ def allocator():
     return allocate
 
 
+def resume(gen, res):
+    """A read_steps generator whose pending batch gave `res`, wrapped as a
+    fresh generator for drive_blocking (a test that acts between a read's
+    steps takes the first one itself)."""
+    while True:
+        try:
+            batch = gen.send(res)
+        except StopIteration as stop:
+            return stop.value
+        res = yield batch
+
+
 def read_check(store: ChunkStore, keys, rank: int | None = None) -> tuple[int, int, list]:
     """Reads keys; returns (hits, misses, [(key, problem)] for wrong chunks)."""
     got = store.read(list(keys), allocator(), lambda h: None)
