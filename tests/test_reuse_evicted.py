@@ -23,7 +23,7 @@ from faults import fxfault as F  # noqa: E402
 from lmcache_fx._fxio import crc32c  # noqa: E402
 from lmcache_fx.core import medium  # noqa: E402
 from lmcache_fx.core import store as store_mod  # noqa: E402
-from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest, decode_header  # noqa: E402
+from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest, decode_header, unflagged_chunk  # noqa: E402
 from lmcache_fx.core.drive import _run_step, drive_blocking  # noqa: E402
 from lmcache_fx.core.layout import read_lock  # noqa: E402
 from lmcache_fx.core.store import ChunkStore  # noqa: E402
@@ -908,6 +908,38 @@ def test_a_store_that_flags_its_chunks_writes_into_no_unflagged_file(store_dir):
                 _check_store(s, KEYS[6:10], KEYS[:6])
         finally:
             s.close()
+
+
+def test_a_flagged_chunk_stored_anew_unflagged_by_a_peer_is_looked_at_before_reuse(store_dir):
+    """The evictor trusts its index that a victim's header is flagged only
+    for the file it wrote (its inode and mtime). A peer that flags nothing
+    (verify off, or an earlier version) stores the key anew at the same path:
+    that unflagged file is looked at and unlinked, not written into (the
+    index said "flagged" by path alone, and a power cut could then leave the
+    peer's header over part of the new payload)."""
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:4])  # full, every chunk flagged and known so
+        peer = _open(store_dir, verify=False)
+        try:
+            assert peer.remove(KEYS[0])
+            src = F.Chunks()
+            assert peer.write([src.item(KEYS[0], CHUNK, version=1)]) == [True]
+        finally:
+            peer.close()
+        p = s.path_for(chunk_digest(KEYS[0]))
+        with open(p, "rb") as f:
+            assert unflagged_chunk(f.read(12))
+        os.utime(p, ns=(1, 1))  # the oldest: the next eviction's first victim
+        _fill(s, KEYS[4:5])
+        snap = s.stats.snapshot()
+        assert (snap["evictions"], snap["recycled"]) == (1, 0), snap  # unlinked after a look, not reused
+        assert not os.path.exists(p)
+        _check_store(s, KEYS[1:5], KEYS[:1])
+        _fill(s, KEYS[5:6])  # a victim it wrote itself is still reused without a look
+        assert s.stats.snapshot()["recycled"] == 1
+    finally:
+        s.close()
 
 
 def test_a_chunk_reused_since_the_two_op_path_last_saw_it_is_read_again_with_its_crc(store_dir):

@@ -192,6 +192,10 @@ class Entry:
     # new chunk into an evicted one's file: same inode, new content).
     seen_mtime_ns: int = 0
     mtime_ns: int = 0
+    # (inode, mtime) of the file check_payload was known for, kept as this process writes, reads and
+    # touches it: an evictor reusing the file trusts the flag only while both match (a peer that
+    # stored the key anew, unflagged, left another file at the same path).
+    flag_seen: tuple[int, int] = (0, 0)
 
 
 def _fit(e: Optional[Entry], usable: Optional[Callable[[ChunkMeta], bool]]) -> Optional[Entry]:
@@ -210,12 +214,13 @@ def _read_from(e: Entry, ident: Optional[tuple[int, int]]) -> None:
     """Notes which file e's meta or other_version was just read from: its
     inode ((st_dev, st_ino) `ident`) and the mtime the lookup before saw."""
     e.ino, e.mtime_ns = (ident[1] if ident else 0), e.seen_mtime_ns
+    e.flag_seen = (e.ino, e.mtime_ns)
 
 
 def _forget_header(e: Entry) -> None:
     """What a read learnt of e's header, forgotten: the next read takes it anew."""
     e.meta = e.body = None
-    e.other_version, e.check_payload, e.ino, e.mtime_ns = False, False, 0, 0
+    e.other_version, e.check_payload, e.ino, e.mtime_ns, e.flag_seen = False, False, 0, 0, (0, 0)
 
 
 @dataclass
@@ -1191,6 +1196,8 @@ class ChunkStore:
         items = []
         for k, e in enumerate(due):
             e.touched = now
+            if e.flag_seen[0]:
+                e.flag_seen = (e.flag_seen[0], t + k)
             items.append((self._root_index_of(e.path), relative_name(chunk_digest_of_path(e.path)), t + k))
         self._toucher.submit(items)
 
@@ -1559,7 +1566,7 @@ class ChunkStore:
                         st = rename_if_same(path, mt, f.dfd, f.tmp, dirfds)
                         if st is not None:
                             f.recycled, f.recycled_ino, f.recycled_size = True, st.st_ino, st.st_size
-                            f.recycled_flagged = self._known_flagged(d, path)
+                            f.recycled_flagged = self._known_flagged(d, path, st)
                             takers.pop()
                     if st is None:
                         st = unlink_if_same(path, mtime_ns=mt, dirfds=dirfds)
@@ -1593,12 +1600,13 @@ class ChunkStore:
         self._last_usage = usage
         return usage
 
-    def _known_flagged(self, digest: str, path: str) -> bool:
-        """Whether the index knows the chunk at path carries FLAG_CHECK_PAYLOAD
-        (written or read by this process), so its reuse needs no look at it."""
+    def _known_flagged(self, digest: str, path: str, st: os.stat_result) -> bool:
+        """Whether the index knows the chunk file at path (stat `st`) carries
+        FLAG_CHECK_PAYLOAD (written, read or touched by this process as that
+        inode and mtime), so its reuse needs no look at it."""
         with self._lock:
             e = self._index.get(digest)
-        return e is not None and e.path == path and e.check_payload
+        return e is not None and e.path == path and e.check_payload and e.flag_seen == (st.st_ino, st.st_mtime_ns)
 
     def _may_write_into(self, f: "_WriteFile") -> bool:
         """Whether the evicted file moved to f's temporary may take f's chunk.
@@ -2146,6 +2154,7 @@ class ChunkStore:
                             touched=time.monotonic(),
                             body=f.body,
                             check_payload=self._check_payload,
+                            flag_seen=(os.fstat(f.fd).st_ino, f.mtime_ns) if self._check_payload else (0, 0),
                         )
                     continue
             _unlink_at(f.dfd, f.tmp)
