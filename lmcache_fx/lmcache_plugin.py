@@ -125,7 +125,7 @@ class FxStorageBackend(StoragePluginInterface):
                 "lookup (vLLM's connector) is checked on every layer first; one without it (retrieve_layer "
                 "called directly, as SGLang does) is not"
             )
-        self._shapes = EngineShapes(metadata, self.store)
+        self._shapes = EngineShapes(metadata, self.store, config)
         if self.options.direct_to_gpu:
             try:
                 self._gpu = gpu.GpuChunkAllocator(

@@ -81,7 +81,7 @@ class FxRemoteConnector(RemoteConnector):
         refuse_direct_to_gpu(self.options, f"{PREFIX}{self.name}.")
         port = worker_metrics_port(self.options, local_cpu_backend.metadata, f"{PREFIX}{self.name}.")
         self.store = open_store(self.options, f"{PREFIX}{self.name}.")
-        self._shapes = EngineShapes(local_cpu_backend.metadata, self.store)
+        self._shapes = EngineShapes(local_cpu_backend.metadata, self.store, config)
         register_pool(self.store.engine, local_cpu_backend)
         from .core import metrics
 

@@ -810,13 +810,67 @@ def test_engine_shapes_judges_kv_2ltd_chunks_by_the_metadatas_shapes():
     assert not shapes.fits(meta((2, 4, 256, 128)))
     assert not shapes.fits(meta((2, 2, 256, 128), dtype="float16"))
     assert shapes.fits(meta((2, 2, 256, 128), (2, 1, 256, 64)))  # two groups, none registered yet
-    assert shapes.fits(meta((256, 2, 128), fmt="KV_T2D"))
+    assert not shapes.fits(meta((256, 2, 128), fmt="KV_T2D"))  # a layerwise engine's: not this one's format
+    assert shapes.fits(meta((16,), dtype="uint8", fmt="BINARY_BUFFER"))  # a serde's bytes: not judged
     # KV heads x head size: written with this engine's, held to them; a chunk recording none (an
     # older writer's) is judged by its shapes alone
     mine = shapes.for_write(meta((2, 2, 256, 128)))
-    assert mine.kv == (2, 64) and shapes.fits(mine) and shapes.fits(meta((2, 2, 256, 128)))
+    assert mine.kv == (2, 64) and mine.layers == 0 and shapes.fits(mine) and shapes.fits(meta((2, 2, 256, 128)))
     assert not shapes.fits(dataclasses.replace(mine, kv=(1, 128)))
-    assert shapes.for_write(meta((256, 2, 128), fmt="KV_T2D")).kv == ()
+
+
+@pytest.mark.parametrize("blending", [False, True])
+def test_engine_shapes_judges_a_layerwise_engines_chunks_by_format_heads_and_layers(blending):
+    """A layerwise engine stores one layer's KV per chunk ([tokens, 2, heads x
+    head size], KV_2TD [2, tokens, ...] when blending): a chunk of the other
+    format (same keys), of another hidden size or dtype is a miss, and one
+    its writer recorded with other KV heads x head size (same product) or
+    another layer count is too (the shape says neither); an older writer's
+    chunk recording none is judged by its shape. A chunkwise engine's chunks
+    are misses to it."""
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+
+    from lmcache_fx.core.chunkfile import ChunkMeta
+    from lmcache_fx.integration.common import EngineShapes
+
+    md = LMCacheMetadata("m", 1, 1, 0, 0, torch.bfloat16, (4, 2, 256, 2, 64))
+    cfg = LMCacheEngineConfig.from_defaults(chunk_size=256, use_layerwise=True, enable_blending=blending)
+    shapes = EngineShapes(md, config=cfg)
+    fmt, other = ("KV_2TD", "KV_T2D") if blending else ("KV_T2D", "KV_2TD")
+
+    def layer(tokens=256, hidden=128, dtype="bfloat16", f=fmt):
+        return ChunkMeta(((2, tokens, hidden) if f == "KV_2TD" else (tokens, 2, hidden),), (dtype,), f)
+
+    assert shapes.fits(layer()) and shapes.fits(layer(tokens=100))
+    assert not shapes.fits(layer(f=other)) and not shapes.fits(layer(hidden=64))
+    assert not shapes.fits(layer(dtype="float16"))
+    assert not shapes.fits(ChunkMeta(((2, 4, 256, 128),), ("bfloat16",), "KV_2LTD"))
+    mine = shapes.for_write(layer())
+    assert (mine.kv, mine.layers) == ((2, 64), 4) and shapes.fits(mine)
+    assert not shapes.fits(dataclasses.replace(mine, kv=(4, 32)))  # same product, other heads
+    assert not shapes.fits(dataclasses.replace(mine, layers=2))  # a model of two layers: its layer 0 looks alike
+    assert shapes.fits(dataclasses.replace(mine, kv=(), layers=0))
+
+
+def test_engine_shapes_judges_mla_chunks_by_the_metadatas_shapes():
+    """MLA (KV_MLA_FMT, [1, layers, tokens, latent]) is judged as KV_2LTD is:
+    a chunk of another layer count or latent size under one model name is a
+    miss (it was served, or made LMCache's retrieve raise)."""
+    from lmcache.v1.metadata import LMCacheMetadata
+
+    from lmcache_fx.core.chunkfile import ChunkMeta
+    from lmcache_fx.integration.common import EngineShapes
+
+    md = LMCacheMetadata("m", 1, 1, 0, 0, torch.bfloat16, (3, 1, 256, 1, 576), use_mla=True)
+    shapes = EngineShapes(md)
+
+    def mla(layers=3, latent=576):
+        return ChunkMeta(((1, layers, 256, latent),), ("bfloat16",), "KV_MLA_FMT")
+
+    assert shapes.fits(mla()) and shapes.fits(shapes.for_write(mla()))
+    assert not shapes.fits(mla(layers=2)) and not shapes.fits(mla(latent=512))
+    assert not shapes.fits(ChunkMeta(((2, 3, 256, 576),), ("bfloat16",), "KV_2LTD"))
 
 
 def test_a_chunks_kv_heads_and_head_size_go_through_its_header():
@@ -841,6 +895,12 @@ def test_a_chunks_kv_heads_and_head_size_go_through_its_header():
             decode_header(raw)
     encode_header(buf, "k", dataclasses.replace(m, kv=(1,) * 9), 2 * 2 * 16 * 1024 * 2, 0, 1)
     with pytest.raises(BadHeader, match="bad meta: kv"):
+        decode_header(buf)
+    # a layerwise chunk's layer count, the same way
+    lw = ChunkMeta(((256, 2, 128),), ("bfloat16",), "KV_T2D", (2, 64), 32)
+    assert b'"layers":32' in encode_header(buf, "k", lw, 256 * 2 * 128 * 2, 0, 1) and decode_header(buf).meta == lw
+    encode_header(buf, "k", dataclasses.replace(lw, layers=-1), 256 * 2 * 128 * 2, 0, 1)
+    with pytest.raises(BadHeader, match="bad meta: layers"):
         decode_header(buf)
 
 

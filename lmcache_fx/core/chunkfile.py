@@ -15,7 +15,7 @@ length and CRC32C, and a CRC32C of the header itself.
     24     4     payload CRC32C
     28     4     meta length
     32     8     creation time, ns since the epoch
-    40     n     meta: UTF-8 JSON {"key", "shapes", "dtypes", "fmt"[, "kv"]}
+    40     n     meta: UTF-8 JSON {"key", "shapes", "dtypes", "fmt"[, "kv"][, "layers"]}
     4060   32    with flag bit 0: keyed BLAKE2b-256 of bytes 0..4059 and the payload
     4092   4     CRC32C of bytes 0..4091
 
@@ -29,6 +29,8 @@ less room for the meta.
 "kv" (the writing engine's KV heads and head size, from the storage and
 remote plugins) needs no new version either: readers of earlier versions
 ignore members they do not know. A KV_2LTD shape holds only their product.
+Nor does "layers" (the writing engine's layer count, for a layerwise chunk:
+one layer's KV, whose shape does not say how many the model has).
 
 Flag bit 1 (FLAG_CHECK_PAYLOAD) marks a chunk written by a store that
 writes new chunks into evicted chunks' files on a disk filesystem
@@ -91,11 +93,16 @@ class ChunkMeta:
     # KV_2LTD shape holds only their product, so a model of 1 x 128 and one of 2 x 64 under one model
     # name made the same shapes. () from older writers and the L2 adapter: not judged then.
     kv: tuple[int, ...] = ()
+    # The writing engine's layer count, for a chunk of one layer (layerwise: KV_T2D, KV_2TD, 2-D
+    # KV_MLA_FMT), whose shape is the same for a model of fewer or more layers. 0: not recorded.
+    layers: int = 0
 
     def to_json(self) -> dict:
         d = {"shapes": [list(s) for s in self.shapes], "dtypes": list(self.dtypes), "fmt": self.fmt}
         if self.kv:
             d["kv"] = list(self.kv)
+        if self.layers:
+            d["layers"] = self.layers
         return d
 
     @staticmethod
@@ -105,13 +112,16 @@ class ChunkMeta:
             dtypes = tuple(str(x) for x in d["dtypes"])
             fmt = str(d["fmt"])
             kv = tuple(int(x) for x in d.get("kv") or ())
+            layers = int(d.get("layers") or 0)
         except (KeyError, TypeError, ValueError, OverflowError) as e:  # int(Infinity) overflows
             raise BadHeader(f"bad meta: {e}") from None
         if not shapes or len(shapes) != len(dtypes) or any(x < 0 for s in shapes for x in s):
             raise BadHeader("bad meta: shapes and dtypes do not match")
         if len(kv) > 8 or any(x <= 0 for x in kv):
             raise BadHeader("bad meta: kv")
-        return _interned(ChunkMeta(shapes, dtypes, fmt, kv))
+        if not 0 <= layers < 1 << 20:
+            raise BadHeader("bad meta: layers")
+        return _interned(ChunkMeta(shapes, dtypes, fmt, kv, layers))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -185,43 +185,80 @@ def hit_prefix(objs: list) -> list:
     return out
 
 
-class EngineShapes:
-    """Whether a stored chunk is a chunk of this engine's KV cache: for
-    LMCache's KV_2LTD format, the shapes and dtypes LMCacheMetadata gives a
-    chunk of its token count. Keys carry no geometry, so two models served
-    under one model name (each at /model, say) share them, and a chunk of the
-    other one's shape, handed to LMCache, made its retrieve raise, or on a
-    GPU could scatter KV of another layout. Such a chunk is a miss. Not
-    checked: other formats (layerwise, MLA's own), and chunks of several
-    tensors while the serving engine has not registered its layer groups
-    (until then the metadata knows one). Judged once per meta; again once
-    the layer groups are registered."""
+_TENSOR_FORMATS = ("KV_2LTD", "KV_MLA_FMT", "KV_T2D", "KV_2TD")
 
-    def __init__(self, metadata, store=None):
+
+def engine_format(metadata, config) -> Optional[str]:
+    """The MemoryFormat name of the KV objects an LMCacheEngine of this
+    metadata and config stores, as LMCacheEngine chooses it (layerwise: one
+    layer's KV per object); None without metadata."""
+    if metadata is None:
+        return None
+    mla = bool(getattr(metadata, "use_mla", False))
+    if getattr(config, "use_layerwise", False):
+        return "KV_MLA_FMT" if mla else "KV_2TD" if getattr(config, "enable_blending", False) else "KV_T2D"
+    return "KV_MLA_FMT" if mla else "KV_2LTD"
+
+
+def _per_layer(meta: ChunkMeta) -> bool:
+    """A chunk of one layer's KV (layerwise): KV_T2D, KV_2TD, 2-D KV_MLA_FMT."""
+    return meta.fmt in ("KV_T2D", "KV_2TD") or (meta.fmt == "KV_MLA_FMT" and len(meta.shapes[0]) == 2)
+
+
+def _tokens(meta: ChunkMeta) -> int:
+    """The token count a tensor chunk's shape holds (0: not of its format's rank)."""
+    s = meta.shapes[0] if meta.shapes else ()
+    if meta.fmt == "KV_2TD":
+        return s[1] if len(s) == 3 else 0
+    if meta.fmt == "KV_T2D" or (meta.fmt == "KV_MLA_FMT" and len(s) == 2):
+        return s[0] if len(s) in (2, 3) else 0
+    return s[2] if len(s) == 4 else 0
+
+
+class EngineShapes:
+    """Whether a stored chunk is a chunk of this engine's KV cache: of the
+    format this engine stores (a layerwise engine's per-layer objects, a
+    blending engine's, MLA's), and of the shapes and dtypes LMCacheMetadata
+    gives a chunk of its token count. Keys carry no geometry, so two models
+    served under one model name (each at /model, say) share them, and a chunk
+    of the other one's shape, handed to LMCache, made its retrieve raise, or
+    loaded KV of another model or layout. Such a chunk is a miss. Chunks this
+    engine writes record its KV heads and head size (ChunkMeta.kv; a shape
+    holds their product) and, of one layer, its layer count (ChunkMeta.layers),
+    which other engines hold them to. Not checked: chunks of several tensors
+    while the serving engine has not registered its layer groups (until then
+    the metadata knows one), and formats that are not KV tensors (a serde's).
+    Judged once per meta; again once the layer groups are registered."""
+
+    def __init__(self, metadata, store=None, config=None):
         self._md = metadata
         self._store = store  # for its burst_warning
+        self._fmt = engine_format(metadata, config)
+        self._layerwise = bool(getattr(config, "use_layerwise", False))
         self._judged: dict[ChunkMeta, Optional[ChunkMeta]] = {}  # meta -> None if it fits, else what would
         self._groups = None
         self._written: dict[ChunkMeta, ChunkMeta] = {}
-        try:  # (layers, 2, chunk, KV heads, head size): the last two, which KV_2LTD's shape multiplies
+        try:  # (layers, 2, chunk, KV heads, head size): the last two, which the shapes multiply
             self._kv = tuple(int(x) for x in metadata.kv_shape[3:5])
-        except (AttributeError, TypeError, ValueError):
-            self._kv = ()
+            self._layers = int(metadata.kv_shape[0])
+        except (AttributeError, TypeError, ValueError, IndexError):
+            self._kv, self._layers = (), 0
 
     def for_write(self, meta: ChunkMeta) -> ChunkMeta:
-        """The meta a chunk of this engine is stored with: a KV_2LTD chunk
-        records this engine's KV heads and head size (ChunkMeta.kv), which
-        fits() holds other chunks to."""
-        if not self._kv or meta.fmt != "KV_2LTD" or meta.kv:
+        """The meta a chunk of this engine is stored with: a KV tensor chunk
+        records this engine's KV heads and head size, one of one layer also
+        its layer count, which fits() holds other chunks to."""
+        if not self._kv or meta.fmt not in _TENSOR_FORMATS or meta.kv or meta.layers:
             return meta
         out = self._written.get(meta)
         if out is None:
-            out = self._written[meta] = dataclasses.replace(meta, kv=self._kv)
+            layers = self._layers if _per_layer(meta) else 0
+            out = self._written[meta] = dataclasses.replace(meta, kv=self._kv, layers=layers)
         return out
 
     def fits(self, meta: ChunkMeta) -> bool:
         md = self._md
-        if md is None or meta.fmt != "KV_2LTD":
+        if md is None or meta.fmt not in _TENSOR_FORMATS:
             return True
         groups = getattr(md, "kv_layer_groups_manager", None)
         if groups is not self._groups:
@@ -232,14 +269,16 @@ class EngineShapes:
         if want is not None and self._store is not None:
             self._store.burst_warning(
                 "chunks of another shape",
-                "lmcache-fx: stored chunk has shapes %s (%s%s), this engine's KV cache makes %s (%s%s) for its "
-                "tokens: another model under this model name? miss",
+                "lmcache-fx: stored chunk has shapes %s (%s, %s%s), this engine's KV cache makes %s (%s, %s%s) for its "
+                "tokens: another model or LMCache mode under this model name? miss",
                 meta.shapes,
                 meta.dtypes,
-                f", KV heads x head size {meta.kv}" if meta.kv else "",
+                meta.fmt,
+                _recorded(meta),
                 want.shapes,
                 want.dtypes,
-                f", KV heads x head size {want.kv}" if meta.kv and want.kv else "",
+                want.fmt,
+                _recorded(want) if meta.kv or meta.layers else "",
             )
         return want is None
 
@@ -247,15 +286,38 @@ class EngineShapes:
         """None when meta fits, else the meta this engine would have made."""
         if groups is None and len(meta.shapes) != 1:
             return None  # several tensors: the groups are not known yet
-        tokens = meta.shapes[0][2] if meta.shapes and len(meta.shapes[0]) == 4 else 0
         try:
-            want = _build_meta(self._md.get_shapes(tokens), self._md.get_dtypes(), MemoryFormat.KV_2LTD)
-        except (AttributeError, TypeError, IndexError):  # metadata without these: not checked
+            want = self._want(self._fmt or meta.fmt, _tokens(meta))
+        except (AttributeError, TypeError, IndexError, ValueError, KeyError):  # metadata without these: not checked
             return None
-        # A chunk that records its writer's KV heads and head size must have this engine's (an older
-        # writer's records none: its shapes are all there is to judge).
+        # A chunk that records its writer's KV heads and head size (and layer count) must have this
+        # engine's (an older writer's records none: its shapes are all there is to judge).
         kv_fits = not meta.kv or not self._kv or meta.kv == self._kv
-        return None if kv_fits and want == dataclasses.replace(meta, kv=()) else dataclasses.replace(want, kv=self._kv)
+        layers_fit = not meta.layers or not self._layers or meta.layers == self._layers
+        if kv_fits and layers_fit and want == dataclasses.replace(meta, kv=(), layers=0):
+            return None
+        return dataclasses.replace(want, kv=self._kv, layers=self._layers if _per_layer(want) else 0)
+
+    def _want(self, fmt: str, tokens: int) -> Optional[ChunkMeta]:
+        """The meta of a chunk of `tokens` tokens this engine makes in `fmt`
+        (its own format): a chunkwise engine's from LMCacheMetadata's shapes,
+        a layerwise engine's one layer as LMCache's layerwise connectors shape it."""
+        md = self._md
+        if fmt == "KV_2LTD" or (fmt == "KV_MLA_FMT" and not self._layerwise):
+            return _build_meta(md.get_shapes(tokens), md.get_dtypes(), MemoryFormat[fmt])
+        shape = {"KV_MLA_FMT": (tokens, self._hidden()), "KV_T2D": (tokens, 2, self._hidden())}.get(
+            fmt, (2, tokens, self._hidden())
+        )
+        return _build_meta([shape], md.get_dtypes()[:1], MemoryFormat[fmt])
+
+    def _hidden(self) -> int:
+        return int(self._md.kv_shape[3]) * int(self._md.kv_shape[4])
+
+
+def _recorded(meta: ChunkMeta) -> str:
+    """What the writer recorded beyond the shapes, for a warning."""
+    said = ([f"KV heads x head size {meta.kv}"] if meta.kv else []) + ([f"{meta.layers} layers"] if meta.layers else [])
+    return ", " + ", ".join(said) if said else ""
 
 
 def _alloc_args(meta: ChunkMeta) -> Optional[tuple]:

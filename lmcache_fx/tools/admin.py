@@ -300,9 +300,12 @@ def key_fields(key: str) -> dict:
 
 def geometry(h: Header) -> str:
     shapes = " + ".join(f"{d}[{','.join(str(x) for x in s)}]" for s, d in zip(h.meta.shapes, h.meta.dtypes))
-    # KV heads x head size where the writer recorded them: two models can share the shapes
-    kv = f" ({'x'.join(map(str, h.meta.kv))})" if h.meta.kv else ""
-    return f"{shapes} {h.meta.fmt}{kv}"
+    # KV heads x head size (and a layerwise chunk's layer count) where the writer recorded them: two
+    # models can share the shapes
+    said = (["x".join(map(str, h.meta.kv))] if h.meta.kv else []) + (
+        [f"{h.meta.layers} layers"] if h.meta.layers else []
+    )
+    return f"{shapes} {h.meta.fmt}" + (f" ({', '.join(said)})" if said else "")
 
 
 AGE_BUCKETS = [
@@ -488,6 +491,7 @@ def _chunk_record(f: StoreFile, h: Optional[Header], err: str, now: float) -> di
             dtypes=list(h.meta.dtypes),
             fmt=h.meta.fmt,
             kv=list(h.meta.kv),
+            layers=h.meta.layers,
             payload_len=h.payload_len,
             created_ns=h.created_ns,
             geometry=geometry(h),
