@@ -763,6 +763,36 @@ def test_a_full_disk_eviction_that_freed_nothing_is_tried_again(tmp_path, monkey
     assert len(calls) == 2 and s._enospc_evicted_to is None
 
 
+def test_a_write_whose_sub_batch_thread_cannot_start_stores_every_chunk(xfs_dir, monkeypatch):
+    """A large O_DIRECT store writes its sub-batches on a thread each;
+    where none can be started (a pids limit) the write raised after it had
+    stored some chunks, and the plugins took every chunk as not stored. The
+    sub-batch now runs on the calling thread."""
+    import threading
+
+    from lmcache_fx.core import store as store_mod
+
+    monkeypatch.setattr(store_mod, "WRITE_SUB_BYTES", 1)  # sub-batches of WRITE_SUB_CHUNKS
+    s = F.open_store(os.path.join(xfs_dir, "subs"))
+    try:
+        assert s.odirect
+        real_start = threading.Thread.start
+
+        def no_writer(self):
+            if self.name == "lmcache-fx-write":
+                raise RuntimeError("can't start new thread")
+            return real_start(self)
+
+        monkeypatch.setattr(threading.Thread, "start", no_writer)
+        src = F.Chunks()
+        keys = [f"sub-{i}" for i in range(3 * store_mod.WRITE_SUB_CHUNKS)]
+        assert s.write([src.item(k, CHUNK) for k in keys]) == [True] * len(keys)
+        monkeypatch.setattr(threading.Thread, "start", real_start)
+        assert F.read_check(s, keys) == (len(keys), 0, [])
+    finally:
+        s.close()
+
+
 def test_the_toucher_survives_a_thread_it_cannot_start_and_a_fork(tmp_path, monkeypatch):
     """The LRU clock's thread: one that could not start made the lookup
     raise and left the toucher dead (every later touch queued for nothing,

@@ -150,6 +150,58 @@ def test_cancelled_chunks_read_waits_and_releases(root):
         st.close()
 
 
+def test_a_read_cancelled_where_no_thread_can_start_still_releases_every_handle(root, monkeypatch):
+    """An awaited read cancelled in flight waits for its batch on a thread of
+    the loop's executor; where none can be started (a pids limit), that
+    error escaped the cancellation: the read ended as misses, not cancelled,
+    and not one of LMCache's objects was handed back. It now waits on the
+    loop's own thread and ends as a cancelled read should."""
+    import asyncio
+    import threading
+
+    n, size = 16, 4 << 20
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1, "queue_depth": 1, "split_bytes": 4096}))
+    try:
+        src = _filled(n, size)
+        meta = ChunkMeta(((size,),), ("uint8",), "raw")
+        keys = [f"nothread-{i}" for i in range(n)]
+        for i in range(0, n, 4):
+            assert all(
+                st.write([(k, src.address + j * size, size, meta) for j, k in enumerate(keys) if i <= j < i + 4])
+            )
+        bufs, released = {}, []
+
+        def allocate(m):
+            hb = fx.HostBuffer(size)
+            bufs[id(hb)] = hb
+            return hb, hb.address, size
+
+        real_start = threading.Thread.start
+
+        def no_pool_thread(self):
+            if self.name.startswith("asyncio"):
+                raise RuntimeError("can't start new thread")
+            return real_start(self)
+
+        monkeypatch.setattr(threading.Thread, "start", no_pool_thread)
+
+        async def main():
+            task = asyncio.ensure_future(st.read_async(keys, allocate, released.append))
+            await asyncio.sleep(0.01)
+            task.cancel()
+            try:
+                await task
+                return "done"
+            except asyncio.CancelledError:
+                return "cancelled"
+
+        assert asyncio.run(main()) == "cancelled"
+        assert bufs and len(released) == len(bufs)
+    finally:
+        monkeypatch.undo()
+        st.close()
+
+
 def test_a_cancelled_read_waiting_its_turn_ends_at_once_unread(root):
     """With awaited_concurrency 1, an awaited read submitted while another
     runs waits for the runner; cancelled there, it ends at once (the first

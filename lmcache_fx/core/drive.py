@@ -144,10 +144,13 @@ async def _finish_batch(batch, loop: asyncio.AbstractEventLoop) -> None:
     """After a cancellation: a running C batch stops where it is (what is in flight completes), so
     wait (in a thread; the loop keeps running) until nothing of it is in
     flight. Further cancellations only make this wait on."""
-    if batch.done():
-        fut = None
-    else:
-        fut = loop.run_in_executor(None, batch.wait)
+    fut = None
+    if not batch.done():
+        try:
+            fut = loop.run_in_executor(None, batch.wait)
+        except RuntimeError:  # no thread can be started (a pids limit): wait here, the loop held that long
+            _wait_out(batch)
+            return
     while fut is not None:
         try:
             await asyncio.shield(fut)

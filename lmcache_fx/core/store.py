@@ -290,9 +290,12 @@ class _Call:
         self._thread: Optional[threading.Thread] = None
         if background:
             self._thread = threading.Thread(target=self._run, args=(fn,), name="lmcache-fx-write", daemon=True)
-            self._thread.start()
-        else:
-            self._run(fn)
+            try:
+                self._thread.start()
+                return
+            except RuntimeError:  # no thread can be started (a pids limit): the sub-batch runs here
+                self._thread = None
+        self._run(fn)
 
     def _run(self, fn: Callable[[], Any]) -> None:
         try:
