@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -184,10 +185,12 @@ static int clone_supported(void)
         return 0;
     if (fx_ring_register_buffers(a, &iov, 1) == 0 && (b = fx_ring_new(1, 0, &err)))
         ok = clone_from(a, b) == 0;
+    /* Kept only where both rings and the registration were made: a probe
+     * short of descriptors or memory says nothing of the kernel. */
+    if (b && !fx_fault_on)
+        known = ok;
     fx_ring_discard(b);
     fx_ring_discard(a);
-    if (!fx_fault_on)
-        known = ok;
     return ok;
 }
 
@@ -247,6 +250,19 @@ int fx_uring_available(void) { return 1; }
 
 /* kernel.io_uring_disabled (Linux 6.6+): 0, 1 or 2; -1 where there is none.
  * Tells an EPERM from it apart from one of a seccomp profile. */
+/* What an ENOMEM from io_uring_setup points to: kernels before 5.12 charge
+ * a ring to RLIMIT_MEMLOCK, later ones to the memory cgroup; an
+ * address-space limit fails the ring's mappings the same way. */
+static const char *enomem_hint(void)
+{
+    struct rlimit as;
+
+    if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+        return " (no memory for the ring: an address-space limit (ulimit -v) is set; on kernels before 5.12, "
+               "the memlock limit)";
+    return " (no memory for the ring: the memory cgroup's limit, or on kernels before 5.12 the memlock limit)";
+}
+
 static int io_uring_disabled_sysctl(void)
 {
     int fd = open("/proc/sys/kernel/io_uring_disabled", O_RDONLY | O_CLOEXEC);
@@ -299,7 +315,7 @@ fx_uring *fx_uring_create(unsigned qd, char *why, size_t whylen)
                                              : disabled == 1 ? " (blocked: kernel.io_uring_disabled=1, and this "
                                                                "process is not in kernel.io_uring_group)"
                                                              : " (blocked by a seccomp profile)")
-                           : r == -ENOMEM ? " (memlock limit too low for the ring)"
+                           : r == -ENOMEM ? enomem_hint()
                                           : "";
         snprintf(why, whylen, "io_uring_setup failed: %s%s", strerror(-r), hint);
         goto fail;
@@ -518,7 +534,10 @@ static pthread_mutex_t stage_mu = PTHREAD_MUTEX_INITIALIZER;
 static char *stage_free[STAGE_BUFFERS_MAX * STAGE_SLOTS_PER_BUFFER];
 static unsigned stage_nfree, stage_made;
 static unsigned stage_allowed = STAGE_BUFFERS_PER_DEVICE; /* raised by fx_stage_prepare for wider stores */
-static int stage_failed; /* a buffer could not be made: not tried again */
+/* A buffer could not be made (RLIMIT_AS, no memory): none is tried again
+ * until this time (fx_now_ns), else every piece would try the mapping. */
+static uint64_t stage_failed_until;
+#define STAGE_RETRY_NS 1000000000ull
 
 static pthread_once_t stage_fork_once = PTHREAD_ONCE_INIT;
 
@@ -530,7 +549,7 @@ static void stage_fork_child(void)
     pthread_mutex_init(&stage_mu, NULL);
     stage_nfree = stage_made = 0;
     stage_allowed = STAGE_BUFFERS_PER_DEVICE; /* the child's own stores raise it again */
-    stage_failed = 0;
+    stage_failed_until = 0;
 }
 
 static void stage_fork_install(void) { pthread_atfork(NULL, NULL, stage_fork_child); }
@@ -550,7 +569,7 @@ static int stage_grow(void)
     fx_mem m;
 
     stage_lock();
-    if (stage_made >= stage_allowed || stage_failed) {
+    if (stage_made >= stage_allowed || fx_now_ns() < stage_failed_until) {
         pthread_mutex_unlock(&stage_mu);
         return -1;
     }
@@ -559,7 +578,7 @@ static int stage_grow(void)
     if (fx_mem_alloc(&m, STAGE_BUFFER_BYTES, 1, -1, 1) != 0) {
         stage_lock();
         stage_made--;
-        stage_failed = 1; /* else every piece would try the mapping again */
+        stage_failed_until = fx_now_ns() + STAGE_RETRY_NS;
         pthread_mutex_unlock(&stage_mu);
         return -1;
     }

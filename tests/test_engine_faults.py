@@ -733,3 +733,80 @@ def test_register_buffer_past_the_address_space_is_refused():
             assert not e.registered
     finally:
         e.close()
+
+
+@needs_uring
+def test_a_clone_probe_short_of_descriptors_is_not_the_kernels_answer(data_file, tmp_path):
+    """Whether this kernel shares one ring's registration with another is
+    probed once with two rings of one entry. A probe that could not make its
+    second ring (descriptors run out) answered "no" for the life of the
+    process: registering the LMCache pool then failed, and said the kernel
+    could not share, after the limit was lifted too."""
+    body = r"""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    base = os.open("/dev/null", os.O_RDONLY)
+    os.close(base)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (base + 1, hard))  # the probe's first ring fits, its second not
+    under = fx.io_uring_shares_buffers()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    out(under=under, after=fx.io_uring_shares_buffers())
+    """
+    control = run_child("out(after=fx.io_uring_shares_buffers())", {"path": data_file[0]}, tmp_path)
+    got = run_child(body, {"path": data_file[0]}, tmp_path)
+    assert got["under"] is False and got["after"] == control["after"], (got, control)
+
+
+@needs_uring
+def test_a_staging_buffer_that_could_not_be_mapped_is_tried_again_later(data_file, tmp_path):
+    """One staging buffer that could not be mapped (an address-space limit)
+    switched staged reads off for the life of the process; the next mapping
+    is tried a second later, and the reads are staged again."""
+    if not data_file[1]:
+        pytest.skip("staged reads are O_DIRECT reads; this filesystem refuses O_DIRECT")
+    body = r"""
+    def vm_bytes():
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("VmSize:")) * 1024
+
+    eng = fx.Engine("io_uring", queue_depth=8)
+    fd = open_data(True)
+    size = 1 << 20
+    hb = fx.HostBuffer(4 * size, hugepages=False)
+    ops = [(fd, i * size, size, hb.address + i * size) for i in range(4)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (4 << 20), hard))
+    under = [r[0] for r in eng.read(ops, crc=True, stage=True)]
+    made_under = fx._stage_buffers()
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    time.sleep(1.2)
+    res = eng.read(ops, crc=True, stage=True)
+    ok = all(bytes(memoryview(hb)[i * size : (i + 1) * size]) == DATA[i * size : (i + 1) * size] for i in range(4))
+    out(under=under, made_under=made_under, after=[r[0] for r in res], ok=ok, made=fx._stage_buffers(),
+        staged=fx.direct_staged_pieces())
+    """
+    got = run_child(body, {"path": data_file[0]}, tmp_path)
+    assert got["under"] == [1 << 20] * 4 and got["made_under"] == 0, got  # read unstaged under the limit
+    assert got["ok"] and got["after"] == [1 << 20] * 4 and got["made"] >= 1 and got["staged"] >= 4, got
+
+
+@needs_uring
+def test_a_ring_refused_for_want_of_address_space_does_not_blame_memlock(data_file, tmp_path):
+    """io_uring_setup answers ENOMEM under an address-space limit too (and on
+    kernels since 5.12 a ring is charged to the memory cgroup, not to
+    memlock): the message named the memlock limit whatever the cause."""
+    body = r"""
+    with open("/proc/self/status") as f:
+        vm = next(int(ln.split()[1]) for ln in f if ln.startswith("VmSize:")) * 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm, hard))
+    try:
+        fx.Engine("io_uring", queue_depth=8)
+        said = None
+    except OSError as e:
+        said = str(e)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    out(said=said)
+    """
+    said = run_child(body, {"path": data_file[0]}, tmp_path)["said"]
+    assert said is not None and "Cannot allocate memory" in said, said
+    assert "address-space limit (ulimit -v) is set" in said and "memlock limit too low" not in said, said
