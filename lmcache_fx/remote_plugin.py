@@ -71,6 +71,14 @@ class FxRemoteConnector(RemoteConnector):
             "lmcache_fx.remote_plugin.FxRemoteConnector belongs under remote_storage_plugins "
             "(remote_storage_plugin.<name>.*)",
         )
+        if getattr(config, "remote_serde", None) == "cachegen":
+            # CacheGen hands its connector compressed bytes over immutable memory, not a tensor: every
+            # put failed with "underlying buffer is not writable", and nothing was ever stored.
+            raise ConfigError(
+                "remote_serde: cachegen is not stored by the lmcache-fx remote plugin (it hands the connector "
+                "compressed bytes, not KV tensors); set remote_serde: naive (or kivi), or use lmcache-fx as a "
+                "storage plugin (storage_plugins)"
+            )
         if local_cpu_backend is None or getattr(local_cpu_backend, "metadata", None) is None:
             raise ConfigError("lmcache-fx remote plugin needs LMCache's LocalCPUBackend (max_local_cpu_size > 0)")
         super().__init__(config, local_cpu_backend.metadata)

@@ -964,6 +964,23 @@ def test_direct_to_gpu_is_refused_outside_the_in_process_plugin():
         FxL2AdapterConfig.from_dict({"path": "/tmp/x", "direct_to_gpu": True, "verify": False})
 
 
+def test_the_remote_plugin_refuses_cachegen_serde_naming_the_setting(tmp_path):
+    """remote_serde: cachegen hands the remote connector CacheGen's bytes
+    over immutable memory: every put failed ("underlying buffer is not
+    writable", logged by LMCache) and nothing was stored. Refused at start,
+    naming the setting and what to use; naive and kivi pass this check."""
+    from lmcache_fx.core.options import ConfigError
+    from lmcache_fx.remote_plugin import FxRemoteConnector
+
+    cfg = config_from_dict({**remote_config(tmp_path / "s"), "remote_serde": "cachegen"}, tmp_path)
+    with pytest.raises(ConfigError, match="remote_serde: cachegen .* set remote_serde: naive"):
+        FxRemoteConnector(config=cfg)
+    for serde in ("naive", "kivi"):
+        cfg = config_from_dict({**remote_config(tmp_path / "s"), "remote_serde": serde}, tmp_path)
+        with pytest.raises(ConfigError, match="needs LMCache's LocalCPUBackend"):  # past the serde check
+            FxRemoteConnector(config=cfg)
+
+
 CLOSE_WITH_QUEUED_STORES = """
 import os, sys, time
 sys.path.insert(0, {tests!r})
