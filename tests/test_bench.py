@@ -3852,6 +3852,52 @@ def round_8cd75eb_figures() -> dict[str, str]:
     return v
 
 
+def ab_6065ccf_8cd75eb_figures() -> dict[str, str]:
+    """The paired A/B of 6065ccf and 8cd75eb after the check round at
+    8cd75eb: fx's ratios per build over the four pairs, as the page quotes
+    them; each file asserted of its build, the host's kernel and whole reps."""
+    folder = os.path.join(ROOT, "docs", "bench-repeats", "ab-6065ccf-8cd75eb")
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    for side, commit in (("old", "6065ccf"), ("new", "8cd75eb")):
+        for p in (1, 2, 3, 4):
+            with open(os.path.join(folder, f"{side}-2m-p{p}.json")) as f:
+                d = json.load(f)
+            assert d["git_commit"].startswith(commit) and d["machine"]["kernel"] == "6.18.44-fc-v1272"
+            assert d["config"]["reps"] == 5 and all(
+                x["ok"] for n in ("fx", "fx-noverify") for x in d["readers"][n]["reps"]
+            )
+            runs[side].append(d)
+
+    def sm(vs):
+        return f"{_span(vs)} ({statistics.median(vs):.2f}×)"
+
+    v = {}
+    for side in ("old", "new"):
+        key = side.upper()
+        v[f"AB_{key}_READ"] = sm([d["readers"]["fx"]["ratio_to_best_peer"]["tier_read"] for d in runs[side]])
+        v[f"AB_{key}_STORE"] = sm([d["readers"]["fx"]["ratio_to_best_peer"]["store_same_level"] for d in runs[side]])
+        v[f"AB_{key}_CPU"] = sm(
+            [
+                d["readers"]["fx-noverify"]["median"]["tier_cpu_s_per_gb"]
+                / d["readers"]["fs_native"]["median"]["tier_cpu_s_per_gb"]
+                for d in runs[side]
+            ]
+        )
+    lower = sum(
+        n["readers"]["fx"]["ratio_to_best_peer"]["tier_read"] < o["readers"]["fx"]["ratio_to_best_peer"]["tier_read"]
+        for o, n in zip(runs["old"], runs["new"])
+    )
+    assert lower == 4  # "lower in all four pairs"
+    diffs = [
+        o["readers"]["fx"]["ratio_to_best_peer"]["tier_read"] - n["readers"]["fx"]["ratio_to_best_peer"]["tier_read"]
+        for o, n in zip(runs["old"], runs["new"])
+    ]
+    v["AB_LOWER_BY"] = f"by {min(diffs):.2f} to {max(diffs):.2f}"
+    old_med = statistics.median(d["readers"]["fx"]["ratio_to_best_peer"]["tier_read"] for d in runs["old"])
+    assert 1.15 <= old_med <= 1.25  # "about 1.2x"
+    return v
+
+
 def test_check_round_at_8cd75eb_is_the_committed_json():
     """The check round at 8cd75eb (the package at a session's start, on a
     slower host day): its tables on the page are bench_tables' over the
@@ -3869,6 +3915,14 @@ def test_check_round_at_8cd75eb_is_the_committed_json():
     for name, text in v.items():
         if not name.startswith("LT"):
             assert text in flat, name
+    ab = ab_6065ccf_8cd75eb_figures()
+    assert (
+        f"fx's read over the best peer {ab['AB_OLD_READ']} at `6065ccf` and {ab['AB_NEW_READ']} at `8cd75eb`, its store "
+        f"over the best engine-level tier {ab['AB_OLD_STORE']} and {ab['AB_NEW_STORE']}, fx without its check "
+        f"{ab['AB_OLD_CPU']} and {ab['AB_NEW_CPU']} `fs_native`'s CPU per GB" in flat
+    )
+    assert f"(lower in all four pairs, {ab['AB_LOWER_BY']})" in flat
+    assert f"`6065ccf` too read at about 1.2×, not its round's {old[2]:.2f}×" in flat
     # the targets table
     with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
         rows = {r.split(" | ")[0]: r for r in f.read().split("\n") if r.startswith("| ")}

@@ -105,45 +105,58 @@ def test_close_releases_directory_descriptors(root):
     assert len(os.listdir("/proc/self/fd")) <= before
 
 
-def test_cancelled_chunks_read_waits_and_releases(root):
-    """An awaited read_chunks batch cancelled in flight: the call returns
-    once the batch is done, every handle released, nothing lands after."""
+def _slow_store(root) -> ChunkStore:
+    """A store whose reads are long in flight: 4 KiB pieces at queue depth 1."""
+    return ChunkStore(
+        FxOptions.from_mapping({"path": root, "max_capacity_gb": 1, "queue_depth": 1, "split_bytes": 4096})
+    )
+
+
+def _cancel_in_flight(st: ChunkStore, prefix: str):
+    """Stores 16 chunks of 4 MiB, starts an awaited read of them and cancels
+    it 10 ms in; returns (how the read ended, the buffers it was given by
+    id, those released)."""
     import asyncio
 
     n, size = 16, 4 << 20
-    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1, "queue_depth": 1, "split_bytes": 4096}))
+    src = _filled(n, size)
+    meta = ChunkMeta(((size,),), ("uint8",), "raw")
+    keys = [f"{prefix}-{i}" for i in range(n)]
+    for i in range(0, n, 4):
+        assert all(st.write([(k, src.address + j * size, size, meta) for j, k in enumerate(keys) if i <= j < i + 4]))
+    bufs, released = {}, []
+
+    def allocate(m):
+        hb = fx.HostBuffer(size)
+        bufs[id(hb)] = hb
+        return hb, hb.address, size
+
+    async def main():
+        task = asyncio.ensure_future(st.read_async(keys, allocate, released.append))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            await task
+            return "done"
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    return asyncio.run(main()), bufs, released
+
+
+def test_cancelled_chunks_read_waits_and_releases(root):
+    """An awaited read_chunks batch cancelled in flight: the call returns
+    once the batch is done, every handle released, nothing lands after."""
+    import time
+
+    st = _slow_store(root)
     try:
-        src = _filled(n, size)
-        meta = ChunkMeta(((size,),), ("uint8",), "raw")
-        keys = [f"cancel-{i}" for i in range(n)]
-        for i in range(0, n, 4):
-            assert all(
-                st.write([(k, src.address + j * size, size, meta) for j, k in enumerate(keys) if i <= j < i + 4])
-            )
-        bufs, released = {}, []
-
-        def allocate(m):
-            hb = fx.HostBuffer(size)
-            bufs[id(hb)] = hb
-            return hb, hb.address, size
-
-        async def main():
-            task = asyncio.ensure_future(st.read_async(keys, allocate, released.append))
-            await asyncio.sleep(0.01)
-            task.cancel()
-            try:
-                await task
-                return "done"
-            except asyncio.CancelledError:
-                return "cancelled"
-
-        how = asyncio.run(main())
+        how, bufs, released = _cancel_in_flight(st, "cancel")
         if how == "cancelled":
             assert len(released) == len(bufs)
+        size = 4 << 20
         for hb in bufs.values():
             memoryview(hb)[:] = b"\xab" * size
-        import time
-
         time.sleep(0.2)
         assert all(bytes(hb).count(b"\xab") == size for hb in bufs.values())
     finally:
@@ -156,47 +169,20 @@ def test_a_read_cancelled_where_no_thread_can_start_still_releases_every_handle(
     error escaped the cancellation: the read ended as misses, not cancelled,
     and not one of LMCache's objects was handed back. It now waits on the
     loop's own thread and ends as a cancelled read should."""
-    import asyncio
     import threading
 
-    n, size = 16, 4 << 20
-    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1, "queue_depth": 1, "split_bytes": 4096}))
+    st = _slow_store(root)
+    real_start = threading.Thread.start
+
+    def no_pool_thread(self):
+        if self.name.startswith("asyncio"):
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
     try:
-        src = _filled(n, size)
-        meta = ChunkMeta(((size,),), ("uint8",), "raw")
-        keys = [f"nothread-{i}" for i in range(n)]
-        for i in range(0, n, 4):
-            assert all(
-                st.write([(k, src.address + j * size, size, meta) for j, k in enumerate(keys) if i <= j < i + 4])
-            )
-        bufs, released = {}, []
-
-        def allocate(m):
-            hb = fx.HostBuffer(size)
-            bufs[id(hb)] = hb
-            return hb, hb.address, size
-
-        real_start = threading.Thread.start
-
-        def no_pool_thread(self):
-            if self.name.startswith("asyncio"):
-                raise RuntimeError("can't start new thread")
-            return real_start(self)
-
         monkeypatch.setattr(threading.Thread, "start", no_pool_thread)
-
-        async def main():
-            task = asyncio.ensure_future(st.read_async(keys, allocate, released.append))
-            await asyncio.sleep(0.01)
-            task.cancel()
-            try:
-                await task
-                return "done"
-            except asyncio.CancelledError:
-                return "cancelled"
-
-        assert asyncio.run(main()) == "cancelled"
-        assert bufs and len(released) == len(bufs)
+        how, bufs, released = _cancel_in_flight(st, "nothread")
+        assert how == "cancelled" and bufs and len(released) == len(bufs)
     finally:
         monkeypatch.undo()
         st.close()
