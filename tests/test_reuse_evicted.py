@@ -942,6 +942,37 @@ def test_a_flagged_chunk_stored_anew_unflagged_by_a_peer_is_looked_at_before_reu
         s.close()
 
 
+def test_a_touch_does_not_carry_a_flag_over_to_a_peers_new_file(store_dir):
+    """The flag's (inode, mtime) follow this process's own touches. A peer's
+    new unflagged file at the same path can take the freed inode number (ext4
+    and XFS hand it on); a pinned lookup due a touch then moved the old
+    file's flag onto it, and its mtime too: the evictor wrote into it without
+    a look. A touch carries the flag only while the lookup's stat saw the
+    file it was known for."""
+    s = _open(store_dir)
+    try:
+        _fill(s, KEYS[:4])
+        peer = _open(store_dir, verify=False)
+        try:
+            src = F.Chunks()
+            assert peer.remove(KEYS[0]) and peer.write([src.item(KEYS[0], CHUNK, version=1)]) == [True]
+        finally:
+            peer.close()
+        p = s.path_for(chunk_digest(KEYS[0]))
+        with open(p, "rb") as f:
+            assert unflagged_chunk(f.read(12))
+        s._index[chunk_digest(KEYS[0])].touched = 0.0  # its touch is due
+        assert s.lookup([KEYS[0]], pin=True) == [True] and s.unpin(KEYS[0]) and s.settle_touches()
+        for k in KEYS[4:8]:  # evicts K1, K2, K3, then K0 (the newest), each with a fresh victim list
+            s._victims, s._victims_at = [], 0.0
+            _fill(s, [k])
+        snap = s.stats.snapshot()
+        assert (snap["evictions"], snap["recycled"]) == (4, 3), snap  # K0's file looked at and unlinked
+        _check_store(s, KEYS[4:8], KEYS[:4])
+    finally:
+        s.close()
+
+
 def test_a_chunk_reused_since_the_two_op_path_last_saw_it_is_read_again_with_its_crc(store_dir):
     """The two-op path asks the engine for CRCs only where a chunk's header as
     last seen was flagged. One rewritten since by a store that flags its

@@ -1199,8 +1199,9 @@ class ChunkStore:
         items = []
         for k, e in enumerate(due):
             e.touched = now
-            if e.flag_seen[0]:
-                e.flag_seen = (e.flag_seen[0], t + k)
+            # The flag goes with the touch only while the lookup's stat saw the file it was known for
+            # (a peer's new file may have the same inode number; its mtime differs).
+            e.flag_seen = (e.flag_seen[0], t + k) if e.flag_seen[0] and e.flag_seen[1] == e.seen_mtime_ns else (0, 0)
             items.append((self._root_index_of(e.path), relative_name(chunk_digest_of_path(e.path)), t + k))
         self._toucher.submit(items)
 
@@ -2468,8 +2469,8 @@ class ChunkStore:
         # Phase 2: header again (the file may have been replaced) and payload. Each chunk is read as
         # the meta and header body taken here: a lookup on another thread may forget them on the shared
         # entry meanwhile (another file in its place), and a chunk whose meta is gone already is a miss.
-        metas = [None if e is None else e.meta for e in entries]
-        bodies = [None if e is None else e.body for e in entries]
+        pairs = [(None, None) if e is None else (e.meta, e.body) for e in entries]
+        metas, bodies = [p[0] for p in pairs], [p[1] for p in pairs]
         for i, m in enumerate(metas):
             if m is None:
                 entries[i] = None
@@ -2599,7 +2600,16 @@ class ChunkStore:
         for k, i in enumerate(slots):
             status, nb, dev, ino, size = res[k]
             e = entries[i]
-            if status == 0 and bodies[i] is not None and self._mac_key is None:
+            # A plain hit: C found the body the read expected, and the entry still holds the meta and body
+            # taken together (a lookup or read on another thread may have replaced them meanwhile: then
+            # the header is decoded and held to the meta this destination was allocated for).
+            if (
+                status == 0
+                and bodies[i] is not None
+                and self._mac_key is None
+                and e.meta is metas[i]
+                and e.body is bodies[i]
+            ):
                 out[i] = allocs[i][0]
                 nbytes += nb
                 hit_entries.append(e)
@@ -2632,7 +2642,8 @@ class ChunkStore:
                 # takes its header anew (phase 1, which checks the file holds what the header claims).
                 e.meta = e.body = None
                 return False
-            e.body, e.check_payload, e.other_version = header_body_of(mv), h.check_payload, False
+            if e.meta is meta:  # else another thread replaced it meanwhile: its pair is left as it is
+                e.body, e.check_payload, e.other_version = header_body_of(mv), h.check_payload, False
             return not self._mac_rejects(key, e, mv, h, alloc[1], nb, ident)
         if status in _CORRUPT_STATUSES:  # or being reused (its header zeroed first)
             why = _fxio.CHUNK_STATUS_NAMES[status].replace("_", " ")
