@@ -873,6 +873,27 @@ def test_engine_shapes_judges_mla_chunks_by_the_metadatas_shapes():
     assert not shapes.fits(ChunkMeta(((2, 3, 256, 576),), ("bfloat16",), "KV_2LTD"))
 
 
+def test_engine_shapes_leaves_mla_shaped_by_other_layerwise_connectors_unjudged():
+    """LMCache labels every layerwise MLA object KV_MLA_FMT, but SGLang's and
+    the buffer connector shape it [T, 2, H] or [2, T, H]: judged against
+    [T, H], each chunk the engine wrote was a miss and written again on every
+    request. Such chunks are not judged; vLLM's [T, H] ones are. A layer's
+    dtype is the metadata's kv_dtype, as store_layer allocates it."""
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+
+    from lmcache_fx.core.chunkfile import ChunkMeta
+    from lmcache_fx.integration.common import EngineShapes
+
+    md = LMCacheMetadata("m", 1, 1, 0, 0, torch.bfloat16, (3, 1, 256, 1, 576), use_mla=True)
+    shapes = EngineShapes(md, config=LMCacheEngineConfig.from_defaults(chunk_size=256, use_layerwise=True))
+    for shape in ((256, 2, 576), (2, 256, 576)):
+        assert shapes.fits(shapes.for_write(ChunkMeta((shape,), ("bfloat16",), "KV_MLA_FMT")))
+    assert shapes.fits(shapes.for_write(ChunkMeta(((256, 576),), ("bfloat16",), "KV_MLA_FMT")))
+    assert not shapes.fits(ChunkMeta(((256, 512),), ("bfloat16",), "KV_MLA_FMT"))
+    assert not shapes.fits(ChunkMeta(((256, 576),), ("float16",), "KV_MLA_FMT"))
+
+
 def test_a_chunks_kv_heads_and_head_size_go_through_its_header():
     """ChunkMeta.kv is written in the header's JSON only where set (older
     headers have none and read as before), and read back as written; a

@@ -286,6 +286,8 @@ class EngineShapes:
         """None when meta fits, else the meta this engine would have made."""
         if groups is None and len(meta.shapes) != 1:
             return None  # several tensors: the groups are not known yet
+        if meta.fmt == "KV_MLA_FMT" and len(meta.shapes[0]) == 3:
+            return None  # MLA through a layerwise connector that shapes it [T, 2, H] or [2, T, H]: not judged
         try:
             want = self._want(self._fmt or meta.fmt, _tokens(meta))
         except (AttributeError, TypeError, IndexError, ValueError, KeyError):  # metadata without these: not checked
@@ -308,7 +310,7 @@ class EngineShapes:
         shape = {"KV_MLA_FMT": (tokens, self._hidden()), "KV_T2D": (tokens, 2, self._hidden())}.get(
             fmt, (2, tokens, self._hidden())
         )
-        return _build_meta([shape], md.get_dtypes()[:1], MemoryFormat[fmt])
+        return _build_meta([shape], [md.kv_dtype], MemoryFormat[fmt])  # as store_layer allocates
 
     def _hidden(self) -> int:
         return int(self._md.kv_shape[3]) * int(self._md.kv_shape[4])
