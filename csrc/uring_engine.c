@@ -177,17 +177,18 @@ static int clone_supported(void)
     static _Atomic int known = -1;
     struct iovec iov = {.iov_base = page, .iov_len = sizeof(page)};
     fx_ring *a, *b = NULL;
-    int err, ok = 0;
+    int err, r = -1, ok = 0;
 
     if (known >= 0 && !fx_fault_on)
         return known;
     if (!(a = fx_ring_new(1, 0, &err)))
         return 0;
     if (fx_ring_register_buffers(a, &iov, 1) == 0 && (b = fx_ring_new(1, 0, &err)))
-        ok = clone_from(a, b) == 0;
-    /* Kept only where both rings and the registration were made: a probe
-     * short of descriptors or memory says nothing of the kernel. */
-    if (b && !fx_fault_on)
+        ok = (r = clone_from(a, b)) == 0;
+    /* Kept only where both rings and the registration were made and the clone
+     * answered yes or EINVAL (a kernel without it): a probe short of
+     * descriptors or memory says nothing of the kernel. */
+    if (b && (ok || r == -EINVAL) && !fx_fault_on)
         known = ok;
     fx_ring_discard(b);
     fx_ring_discard(a);
@@ -248,8 +249,6 @@ int fx_uring_give_ring(fx_uring *u, fx_ring *s)
 
 int fx_uring_available(void) { return 1; }
 
-/* kernel.io_uring_disabled (Linux 6.6+): 0, 1 or 2; -1 where there is none.
- * Tells an EPERM from it apart from one of a seccomp profile. */
 /* What an ENOMEM from io_uring_setup points to: kernels before 5.12 charge
  * a ring to RLIMIT_MEMLOCK, later ones to the memory cgroup; an
  * address-space limit fails the ring's mappings the same way. */
@@ -263,6 +262,8 @@ static const char *enomem_hint(void)
     return " (no memory for the ring: the memory cgroup's limit, or on kernels before 5.12 the memlock limit)";
 }
 
+/* kernel.io_uring_disabled (Linux 6.6+): 0, 1 or 2; -1 where there is none.
+ * Tells an EPERM from it apart from one of a seccomp profile. */
 static int io_uring_disabled_sysctl(void)
 {
     int fd = open("/proc/sys/kernel/io_uring_disabled", O_RDONLY | O_CLOEXEC);

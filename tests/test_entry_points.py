@@ -967,7 +967,7 @@ def test_direct_to_gpu_is_refused_outside_the_in_process_plugin():
 def test_the_remote_plugin_refuses_cachegen_serde_naming_the_setting(tmp_path):
     """remote_serde: cachegen hands the remote connector CacheGen's bytes
     over immutable memory: every put failed ("underlying buffer is not
-    writable", logged by LMCache) and nothing was stored. Refused at start,
+    writable", logged by LMCache) and nothing was stored. The connector raises at start,
     naming the setting and what to use; naive and kivi pass this check."""
     from lmcache_fx.core.options import ConfigError
     from lmcache_fx.remote_plugin import FxRemoteConnector
