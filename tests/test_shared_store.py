@@ -768,26 +768,17 @@ def test_a_write_whose_sub_batch_thread_cannot_start_stores_every_chunk(xfs_dir,
     where none can be started (a pids limit) the write raised after it had
     stored some chunks, and the plugins took every chunk as not stored. The
     sub-batch now runs on the calling thread."""
-    import threading
-
     from lmcache_fx.core import store as store_mod
 
     monkeypatch.setattr(store_mod, "WRITE_SUB_BYTES", 1)  # sub-batches of WRITE_SUB_CHUNKS
     s = F.open_store(os.path.join(xfs_dir, "subs"))
     try:
         assert s.odirect
-        real_start = threading.Thread.start
-
-        def no_writer(self):
-            if self.name == "lmcache-fx-write":
-                raise RuntimeError("can't start new thread")
-            return real_start(self)
-
-        monkeypatch.setattr(threading.Thread, "start", no_writer)
+        F.refuse_threads(monkeypatch, "lmcache-fx-write")
         src = F.Chunks()
         keys = [f"sub-{i}" for i in range(3 * store_mod.WRITE_SUB_CHUNKS)]
         assert s.write([src.item(k, CHUNK) for k in keys]) == [True] * len(keys)
-        monkeypatch.setattr(threading.Thread, "start", real_start)
+        monkeypatch.undo()
         assert F.read_check(s, keys) == (len(keys), 0, [])
     finally:
         s.close()
@@ -806,14 +797,7 @@ def test_the_toucher_survives_a_thread_it_cannot_start_and_a_fork(tmp_path, monk
     s = F.open_store(str(tmp_path / "s"))
     src = F.Chunks()
     assert s.write([src.item(f"t{i}", CHUNK) for i in range(3)]) == [True] * 3
-    real_start = threading.Thread.start
-
-    def no_thread(self):
-        if self.name == "lmcache-fx-toucher":
-            raise RuntimeError("can't start new thread")
-        return real_start(self)
-
-    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    F.refuse_threads(monkeypatch, "lmcache-fx-toucher")
     assert s.lookup(["t0", "t1"], pin=True) == [True, True]  # no raise: recency is advisory
     monkeypatch.undo()
     monkeypatch.setattr(store_mod, "TOUCH_SECONDS", 0.0)

@@ -169,18 +169,11 @@ def test_a_read_cancelled_where_no_thread_can_start_still_releases_every_handle(
     error escaped the cancellation: the read ended as misses, not cancelled,
     and not one of LMCache's objects was handed back. It now waits on the
     loop's own thread and ends as a cancelled read should."""
-    import threading
+    from faults import fxfault as F
 
     st = _slow_store(root)
-    real_start = threading.Thread.start
-
-    def no_pool_thread(self):
-        if self.name.startswith("asyncio"):
-            raise RuntimeError("can't start new thread")
-        return real_start(self)
-
     try:
-        monkeypatch.setattr(threading.Thread, "start", no_pool_thread)
+        F.refuse_threads(monkeypatch, "asyncio")  # the loop's executor threads, asyncio_0 ...
         how, bufs, released = _cancel_in_flight(st, "nothread")
         assert how == "cancelled" and bufs and len(released) == len(bufs)
     finally:

@@ -289,7 +289,7 @@ class EngineShapes:
         if meta.fmt == "KV_MLA_FMT" and len(meta.shapes[0]) == 3:
             return None  # MLA through a layerwise connector that shapes it [T, 2, H] or [2, T, H]: not judged
         try:
-            want = self._want(self._fmt or meta.fmt, _tokens(meta))
+            want = self._want(self._fmt, _tokens(meta))
         except (AttributeError, TypeError, IndexError, ValueError, KeyError):  # metadata without these: not checked
             return None
         # A chunk that records its writer's KV heads and head size (and layer count) must have this
@@ -300,7 +300,7 @@ class EngineShapes:
             return None
         return dataclasses.replace(want, kv=self._kv, layers=self._layers if _per_layer(want) else 0)
 
-    def _want(self, fmt: str, tokens: int) -> Optional[ChunkMeta]:
+    def _want(self, fmt: Optional[str], tokens: int) -> Optional[ChunkMeta]:
         """The meta of a chunk of `tokens` tokens this engine makes in `fmt`
         (its own format): a chunkwise engine's from LMCacheMetadata's shapes,
         a layerwise engine's one layer as LMCache's layerwise connectors shape it."""

@@ -21,6 +21,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -114,6 +115,21 @@ def allocator():
         return hb, hb.address, n
 
     return allocate
+
+
+def refuse_threads(monkeypatch, name: str) -> None:
+    """Thread.start raises, as where no thread can be started (a pids
+    limit), for a thread named `name` or `name_<n>` (a pool's numbered
+    threads: the loop's executor is "asyncio"); others start as usual.
+    Undone by monkeypatch."""
+    real_start = threading.Thread.start
+
+    def start(self):
+        if self.name == name or self.name.startswith(name + "_"):
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
 
 
 def resume(gen, res):
