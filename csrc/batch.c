@@ -38,6 +38,7 @@ int fx_fork_guard_init(void)
 _Atomic int fx_fault_on;
 _Atomic unsigned long fx_crc_spread_runs; /* counted by the io_uring engine; 0 without it */
 _Atomic unsigned long fx_uring_peak_inflight; /* most pieces one io_uring run had out at once */
+_Atomic unsigned long fx_uring_sync_pieces;
 _Thread_local unsigned long fx_uring_last_end;
 _Atomic unsigned long fx_map_pieces, fx_map_faults, fx_staged_pieces, fx_direct_staged_pieces, fx_whole_payloads;
 _Atomic unsigned long fx_helper_waves;

@@ -153,6 +153,9 @@ int fx_fd_in_memory(int fd, uint64_t dev, uint64_t *last_dev, int *last_mem);
 /* How many times landed pieces were checksummed on several threads (tests). */
 extern _Atomic unsigned long fx_crc_spread_runs;
 extern _Atomic unsigned long fx_uring_peak_inflight;
+/* io_uring pieces the kernel cancelled unasked (no io-wq worker could be
+ * started for them), then run on the reaping thread. */
+extern _Atomic unsigned long fx_uring_sync_pieces;
 /* Where this thread's last io_uring run ended: its engine's slots returned
  * so far when it returned its last (tests: an order of ends that the
  * scheduler's and the GIL's delays do not blur, as wall-clock ends do). */

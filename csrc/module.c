@@ -1885,6 +1885,7 @@ COUNTER_FN(mod_direct_staged_pieces, fx_direct_staged_pieces)
 COUNTER_FN(mod_stage_buffers, fx_stage_buffers())
 COUNTER_FN(mod_staged_pieces, fx_staged_pieces)
 COUNTER_FN(mod_uring_peak_inflight, atomic_exchange(&fx_uring_peak_inflight, 0))
+COUNTER_FN(mod_uring_sync_pieces, fx_uring_sync_pieces)
 COUNTER_FN(mod_whole_payloads, fx_whole_payloads)
 COUNTER_FN(mod_uring_last_end, fx_uring_last_end)
 COUNTER_FN(mod_runners_idle, fx_runners_idle())
@@ -2188,6 +2189,9 @@ static PyMethodDef module_methods[] = {
      "crc32c_impls() -> list of the CRC32C implementations this CPU runs, the one in use first"},
     {"_uring_peak_inflight", (PyCFunction)mod_uring_peak_inflight, METH_NOARGS,
      "_uring_peak_inflight() -> int: most pieces one io_uring run had out at once since the last call (tests)"},
+    {"uring_sync_pieces", (PyCFunction)mod_uring_sync_pieces, METH_NOARGS,
+     "uring_sync_pieces() -> int: io_uring pieces the kernel cancelled for want of an io-wq worker "
+     "(a pids limit), then run on the reaping thread"},
     {"_uring_last_end", (PyCFunction)mod_uring_last_end, METH_NOARGS,
      "_uring_last_end() -> int: the engine's slots returned so far when this thread's last io_uring run "
      "returned its last (tests)"},

@@ -826,6 +826,17 @@ static int on_cqe(run_state *st, fx_piece *p, int res)
         land(st, p, res);
         return 0;
     }
+    if (res == -ECANCELED && !fx_batch_stopped(st->b)) {
+        /* Not a cancel of ours: the kernel had no io-wq worker for a piece
+         * it could not finish inline and could not start one (a pids limit
+         * with no task to spare). Resubmitting would meet the same; what is
+         * left of the piece runs here, as the thread engine runs it. */
+        int64_t r = fx_piece_run_sync(st->b, p);
+
+        atomic_fetch_add(&fx_uring_sync_pieces, 1);
+        land(st, p, r < 0 ? r : (int64_t)st->done[pi] + r);
+        return 0;
+    }
     if (res < 0) {
         land(st, p, res); /* a header with it fails the same way */
         return 0;

@@ -225,6 +225,11 @@ def crc32c_copy(dst: int, src: int, length: int, value: int = 0) -> int:
 def _uring_peak_inflight() -> int:
     """Most pieces one io_uring run had out at once since the last call (tests)."""
 
+def uring_sync_pieces() -> int:
+    """io_uring pieces the kernel cancelled because no io-wq worker could be
+    started for them (a pids limit with no task to spare), then run on the
+    reaping thread: non-zero means the engine ran short of kernel workers."""
+
 def _uring_last_end() -> int:
     """The engine's slots returned so far when this thread's last io_uring
     run returned its last: where it ended in the engine's work (tests)."""

@@ -383,6 +383,17 @@ class Stats:
             return {k: (list(v) if isinstance(v, list) else v) for k, v in vars(self).items() if k != "lock"}
 
 
+def _say_uring_short_of_workers() -> None:
+    log_once(
+        log,
+        "uring_sync_pieces",
+        logging.WARNING,
+        "lmcache-fx: io_uring could not start a kernel worker (io-wq) for some reads, most likely a pids limit "
+        "(the container's or cgroup's pids.max) with no task to spare; those reads run on the reading thread "
+        "instead, slower. Raise the pids limit to restore parallel reads",
+    )
+
+
 class _Toucher:
     """Sets the shared LRU clock (chunk mtimes) of hits on a thread of its
     own, off the lookup and read path: a metadata write waits for as long as
@@ -2729,6 +2740,8 @@ class ChunkStore:
         self.stats.observe_read(
             time.perf_counter() - t0, chunks_read=hits, bytes_read=nbytes, hits=hits, misses=n - hits
         )
+        if _fxio.uring_sync_pieces():
+            _say_uring_short_of_workers()
         failed = [allocs[i][0] for i in range(n) if allocs[i] is not None and out[i] is None]
         return out, failed
 
