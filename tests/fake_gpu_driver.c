@@ -47,7 +47,7 @@
 #include <unistd.h>
 
 #define API __attribute__((visibility("default")))
-enum { OK = 0, E_INVALID_VALUE = 1, E_INVALID_DEVICE = 101, E_INVALID_CONTEXT = 201,
+enum { OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_INVALID_DEVICE = 101, E_INVALID_CONTEXT = 201,
        E_NOT_READY = 600, E_ILLEGAL_ADDRESS = 700, E_ALREADY_REGISTERED = 712, E_NOT_REGISTERED = 713 };
 #ifndef FAKE_NDEV
 #define FAKE_NDEV 1
@@ -183,15 +183,23 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* NULL where its thread cannot start (a pids limit): the real drivers then
+ * refuse the stream with out-of-memory, and so does this one. */
 static stream_t *stream_new(void)
 {
     stream_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
     pthread_cond_init(&s->cv, NULL);
-    pthread_create(&s->th, NULL, worker, s);
+    if (pthread_create(&s->th, NULL, worker, s)) {
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        return NULL;
+    }
     return s;
 }
 
-/* mu held; NULL is the default stream */
+/* mu held; NULL is the default stream; NULL back when it cannot be made */
 static stream_t *get_stream(void *st)
 {
     if (st)
@@ -199,6 +207,20 @@ static stream_t *get_stream(void *st)
     if (!null_stream)
         null_stream = stream_new();
     return null_stream;
+}
+
+static void enqueue(stream_t *s, item_t *it);
+
+/* mu held: queues `it` on stream st, or frees it and says why not. */
+static int enqueue_on(void *st, item_t *it)
+{
+    stream_t *s = get_stream(st);
+    if (!s) {
+        free(it);
+        return E_OUT_OF_MEMORY;
+    }
+    enqueue(s, it);
+    return OK;
 }
 
 static void enqueue(stream_t *s, item_t *it)
@@ -301,8 +323,8 @@ static int f_stream_sync(void *st)
     stream_t *s;
     int r;
     pthread_mutex_lock(&mu);
-    s = get_stream(st);
-    while (s->head || s->busy)
+    s = st ? st : null_stream; /* no default stream yet: nothing queued on it */
+    while (s && (s->head || s->busy))
         pthread_cond_wait(&done_cv, &mu);
     r = sticky;
     pthread_mutex_unlock(&mu);
@@ -342,7 +364,7 @@ static int f_copy(unsigned long long dst, const void *src, size_t n, void *st)
         it->fail = fail_at && ncopies == fail_at && fail_mode == 1;
         if (!is_pinned(src, n))
             unpinned_copies++;
-        enqueue(get_stream(st), it);
+        r = enqueue_on(st, it);
     }
     pthread_mutex_unlock(&mu);
     return r;
@@ -366,10 +388,12 @@ static int f_event_record(void *ev, void *st)
     it = calloc(1, sizeof(*it));
     it->kind = 2;
     it->ev = e;
-    it->gen = ++e->recorded;
-    enqueue(get_stream(st), it);
+    it->gen = e->recorded + 1;
+    int r = enqueue_on(st, it);
+    if (r == OK)
+        e->recorded++;
     pthread_mutex_unlock(&mu);
-    return OK;
+    return r;
 }
 
 static int f_stream_wait_event(void *st, void *ev, unsigned flags)
@@ -384,9 +408,9 @@ static int f_stream_wait_event(void *st, void *ev, unsigned flags)
     it->kind = 4;
     it->ev = e;
     it->gen = e->recorded; /* the work recorded so far, as CUDA does */
-    enqueue(get_stream(st), it);
+    int r = enqueue_on(st, it);
     pthread_mutex_unlock(&mu);
-    return OK;
+    return r;
 }
 
 static int f_event_query(void *ev)
@@ -488,7 +512,7 @@ API int cuStreamCreate(void **out, unsigned flags)
     if (!current)
         return E_INVALID_CONTEXT;
     *out = stream_new();
-    return OK;
+    return *out ? OK : E_OUT_OF_MEMORY;
 }
 API int cuStreamSynchronize(void *st) { return f_stream_sync(st); }
 API int cuStreamDestroy_v2(void *st) { return f_stream_destroy(st); }
@@ -543,7 +567,12 @@ API int hipMemcpyHtoDAsync(void *dst, void *src, size_t n, void *st)
 {
     return f_copy((unsigned long long)(uintptr_t)dst, src, n, st);
 }
-API int hipStreamCreateWithFlags(void **out, unsigned flags) { (void)flags; *out = stream_new(); return OK; }
+API int hipStreamCreateWithFlags(void **out, unsigned flags)
+{
+    (void)flags;
+    *out = stream_new();
+    return *out ? OK : E_OUT_OF_MEMORY;
+}
 API int hipStreamDestroy(void *st) { return f_stream_destroy(st); }
 API int hipStreamSynchronize(void *st) { return f_stream_sync(st); }
 API int hipStreamWaitEvent(void *st, void *ev, unsigned flags) { return f_stream_wait_event(st, ev, flags); }
@@ -622,7 +651,7 @@ API void fake_gpu_kernel(void *st, void *dst, const void *src, int byte, size_t 
     it->n = n;
     it->delay = delay;
     it->seq = ++nkernels;
-    enqueue(get_stream(st), it);
+    enqueue_on(st, it); /* a test helper: no stream, no kernel run */
     pthread_mutex_unlock(&mu);
 }
 API long fake_gpu_log_len(void) { return loglen; }

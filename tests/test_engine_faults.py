@@ -24,6 +24,7 @@ import subprocess
 import sys
 import textwrap
 
+import pids_limit
 import pytest
 
 from lmcache_fx import _fxio as fx
@@ -813,21 +814,6 @@ def test_a_ring_refused_for_want_of_address_space_does_not_blame_memlock(data_fi
     assert "address-space limit (ulimit -v) is set" in said and "memlock limit too low" not in said, said
 
 
-def _pids_cgroup_parent() -> str | None:
-    """Where a child may make a pids cgroup of its own: cgroup v1's pids
-    hierarchy, or the v2 root where the pids controller is on; None if
-    neither (or not root)."""
-    if os.geteuid() != 0:
-        return None
-    if os.path.isfile("/sys/fs/cgroup/pids/cgroup.procs"):
-        return "/sys/fs/cgroup/pids"
-    try:
-        with open("/sys/fs/cgroup/cgroup.subtree_control") as f:
-            return "/sys/fs/cgroup" if "pids" in f.read().split() else None
-    except OSError:
-        return None
-
-
 @needs_uring
 def test_reads_the_kernel_cancels_for_want_of_a_worker_run_on_the_reaping_thread(xfs_dir, tmp_path):
     """A read io_uring cannot finish inline goes to an io-wq worker; where
@@ -835,9 +821,9 @@ def test_reads_the_kernel_cancels_for_want_of_a_worker_run_on_the_reaping_thread
     container at its limit), the kernel ends it -ECANCELED. Every such read
     came back a failure (a miss to the store), for as long as the limit
     held; they are run on the reaping thread instead, and counted."""
-    parent = _pids_cgroup_parent()
+    parent = pids_limit.cgroup_parent()
     if parent is None:
-        pytest.skip("needs root and a pids cgroup controller (v1 hierarchy or v2 root) to set a pids limit")
+        pytest.skip(pids_limit.SKIP_REASON)
     path = os.path.join(xfs_dir, f"pids-{os.getpid()}.bin")
     with open(path, "wb") as f:
         f.write(random.Random(66).randbytes(4 * MiB))
@@ -859,15 +845,7 @@ def test_reads_the_kernel_cancels_for_want_of_a_worker_run_on_the_reaping_thread
     keys = [f"k{i}" for i in range(4)]
     assert all(store.write([(k, src.address + i * size, size, meta) for i, k in enumerate(keys)]))
     dst = fx.HostBuffer(4 * size, hugepages=False)
-    cg = os.path.join(ARGS["parent"], f"fx-pids-test-{os.getpid()}")
-    os.mkdir(cg)
-    try:
-        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-        with open(os.path.join(cg, "pids.current")) as f:
-            now = int(f.read())
-        with open(os.path.join(cg, "pids.max"), "w") as f:
-            f.write(str(now))  # no task to spare: no io-wq worker can start
+    with no_task_to_spare(ARGS["parent"]):
         eng = fx.Engine("io_uring", queue_depth=8)
         before = fx.uring_sync_pieces()
         results = {}
@@ -883,19 +861,17 @@ def test_reads_the_kernel_cancels_for_want_of_a_worker_run_on_the_reaping_thread
             got = store.read(keys, lambda _m: (lambda i: (i, dst.address + i * size, size))(next(slots)), lambda h: None)
             store_reads.append(sum(g is not None for g in got))
         exact = bytes(memoryview(dst)) == DATA[: 4 * size]
-        with open(os.path.join(cg, "pids.max"), "w") as f:
-            f.write("max")
-    finally:
-        with open(os.path.join(ARGS["parent"], "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-        os.rmdir(cg)
     store.close()
     warned = [m for m in said if "io_uring could not start a kernel worker" in m]
     out(results=results, ran_here=ran_here, store_reads=store_reads, exact=exact, warned=len(warned))
     """
     store_dir = os.path.join(xfs_dir, f"pids-store-{os.getpid()}")
     try:
-        got = run_child(body, {"path": path, "parent": parent, "store": store_dir}, tmp_path)
+        got = run_child(
+            pids_limit.CHILD_CODE + textwrap.dedent(body),
+            {"path": path, "parent": parent, "store": store_dir},
+            tmp_path,
+        )
     finally:
         os.unlink(path)
         shutil.rmtree(store_dir, ignore_errors=True)

@@ -1640,3 +1640,40 @@ def test_staging_on_its_own_ring_falls_back_where_io_uring_enter_is_refused(fake
     assert lines[-2] == "WHY io_uring_enter on the staging slots' ring failed: Operation not permitted", r.stdout
     assert lines[-1].startswith("DEGRADED ") and "io_uring_enter on the staging slots' ring failed" in lines[-1]
     assert "reads run on threads" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_staging_pipeline_where_no_thread_can_start_is_refused_not_hung(fake_gpu_driver_so):
+    """Under a pids limit with no task to spare a GPU driver cannot start the
+    threads a stream needs and refuses the stream (out of memory); the
+    pipeline must say so at start. (The stand-in driver ignored its failed
+    pthread_create and handed out a stream nothing would ever run: every
+    synchronisation hung.)"""
+    import pids_limit
+
+    parent = pids_limit.cgroup_parent()
+    if parent is None:
+        pytest.skip(pids_limit.SKIP_REASON)
+    code = pids_limit.CHILD_CODE + textwrap.dedent(
+        f"""
+        from lmcache_fx import _fxio
+        with no_task_to_spare({parent!r}):
+            try:
+                _fxio.GpuStaging(slots=2, slot_bytes=1 << 20, io_engine="io_uring")
+                said = None
+            except Exception as e:
+                said = type(e).__name__ + ": " + str(e)
+        g = _fxio.GpuStaging(slots=2, slot_bytes=1 << 20, io_engine="io_uring")  # once the limit is lifted
+        g.close()
+        print("SAID", said)
+        """
+    )
+    env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=fake_gpu_driver_so)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the pipeline hung under the pids limit")
+    assert out.returncode == 0, out.stderr
+    said = [x for x in out.stdout.splitlines() if x.startswith("SAID")][0]
+    assert "stream create failed" in said, said
