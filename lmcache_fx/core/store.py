@@ -626,19 +626,11 @@ class ChunkStore:
             self._note_roots()
             self._scan()
         except BaseException:
-            if self.engine is not None and engine is None:
-                self.engine.close()
-            if self._wengine is not None and self._wengine is not self.engine:
-                self._wengine.close()
-            if self._toucher is not None:
-                self._toucher.close()
-            self._close_fds()
-            if self._ledger is not None:
-                # Its files stay: another process may have opened them since, and one made anew
-                # would split the store in two ledgers and evictor locks.
-                self._ledger.release()
-                self._ledger = None  # type: ignore[assignment]
-            elif lock_made:
+            # The ledger's files stay: another process may have opened them since, and one made
+            # anew would split the store in two ledgers and evictor locks.
+            had_ledger = self._ledger is not None
+            self._release(close_engine=self.engine is not None and engine is None)
+            if not had_ledger and lock_made:
                 try:  # Ledger.open failed: at most an empty .fx of ours (rmdir takes only that)
                     os.rmdir(os.path.join(self.roots[0], LOCK_DIR))
                 except OSError:
@@ -2875,7 +2867,13 @@ class ChunkStore:
                     self._ledger_add_locked(-self._drop_spares_locked(lambda sp: True))
             except LockTimeout:  # removed without the lock: the next recompute counts them out
                 self._drop_spares_locked(lambda sp: True)
-        self.engine.close()
+        self._release(close_engine=True)
+
+    def _release(self, close_engine: bool) -> None:
+        """Lets go of what the store holds (its engines, the clock's
+        thread, descriptors, the ledger), by close() and by a failed start."""
+        if close_engine:
+            self.engine.close()
         if self._wengine is not None and self._wengine is not self.engine:
             self._wengine.close()
         if self._toucher is not None:
