@@ -9,7 +9,11 @@
                pieces of up to 16 MiB at 8 in flight (about one read per
                chunk, as fs_native does) instead of the 1 MiB x 32 default
   store_noverify
-               the store's read path with verification off
+               the store's read path with verification off. The files are
+               the verify-on store's, flagged FLAG_CHECK_PAYLOAD on disk,
+               which every reader checks: the *_noverify rows sum those
+               payloads too (read_chunks_noverify after each batch, from
+               memory; the store as checked reads)
   preadv[_crc] fx's own files read by the simplest one-request-per-chunk
                reader: open (O_DIRECT), one preadv of header and payload,
                close, one file after another on one thread (no hand-offs,
