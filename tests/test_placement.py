@@ -4,6 +4,7 @@ under the less loaded of its digest's two roots, and every lookup, read,
 touch, removal and the admin tools find it under either. Real files; the
 roots are directories (placement does not need separate devices)."""
 
+import json
 import math
 import os
 import shutil
@@ -513,3 +514,41 @@ def test_a_process_listing_the_paths_otherwise_is_told(tmp_path, caplog, monkeyp
     assert said[1].startswith(f"lmcache-fx: {a} was last opened with the paths listed as {a},{b};")
     assert f"this process lists {a},{b},{c}" in said[1]
     assert said[2].startswith(f"lmcache-fx: {b} is listed first by another process")  # the [b, a] process
+
+
+def test_a_directory_listed_twice_under_two_names_is_refused_and_loses_nothing(tmp_path, capsys):
+    """path: a,b where b is a symlink to a (or a bind mount of it). Each chunk
+    was found under both names, taken for two copies and unlinked as the
+    older one: at start every chunk went, and each chunk stored later was
+    unlinked right after its commit (0 files, the usage still counting
+    them). The store refuses such a list, naming both and the fix; doctor
+    fails it; what is stored under a stays."""
+    from lmcache_fx.core.options import ConfigError
+    from lmcache_fx.tools.cli import main as cli
+
+    (a,) = _roots(tmp_path, 1)
+    link = str(tmp_path / "r0-link")
+    os.symlink(a, link)
+    st = _store([a])
+    n = 12
+    buf = _payloads(n)
+    keys = [f"twice-{i}" for i in range(n)]
+    assert all(st.write([(k, buf.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))
+    st.close()
+    files = sorted(f for _, _, fs in os.walk(a) for f in fs if f.endswith(".fxkv"))
+    assert len(files) == n
+    for roots in ([a, link], [link, a]):
+        with pytest.raises(ConfigError, match=r"is the same directory as .*list each directory once"):
+            _store(roots)
+    assert sorted(f for _, _, fs in os.walk(a) for f in fs if f.endswith(".fxkv")) == files
+    st = _store([a])
+    try:
+        assert st.contains(keys[0]) and len(st) == n
+    finally:
+        st.close()
+    capsys.readouterr()
+    rc = cli(["doctor", "--path", f"{a},{link}", "--json"])
+    obj = json.loads(capsys.readouterr().out)
+    bad = [c for c in obj["checks"] if c["name"].endswith("paths")]
+    assert rc != 0 and not obj["fast_path"] and bad and bad[0]["status"] == "fail", obj["verdict"]
+    assert link in bad[0]["summary"] and a in bad[0]["summary"]

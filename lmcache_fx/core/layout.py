@@ -132,6 +132,24 @@ def devices_under(paths: list[str]) -> int:
     return max(len(devs), 1)
 
 
+def aliased_root(roots: Sequence[str]) -> Optional[tuple[str, str]]:
+    """(a root, the earlier root it is the same directory as) for the first
+    root listed twice under two names (a symlink, a bind mount, D and D/),
+    else None. Roots that do not exist (yet) are not compared. A store
+    refuses such a list: each chunk would be found under both names, taken
+    for two copies, and unlinked as the older one."""
+    seen: dict[tuple[int, int], str] = {}
+    for r in roots:
+        try:
+            st = os.stat(r)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            return r, seen[(st.st_dev, st.st_ino)]
+        seen[(st.st_dev, st.st_ino)] = r
+    return None
+
+
 def root_index(nroots: int, digest: str) -> int:
     """The first of the two roots a chunk of this digest may lie under (the
     only one before balanced placement, so older stores' chunks are found

@@ -554,6 +554,14 @@ class ChunkStore:
             for root in self.roots:
                 self._rootfds.append(os.open(root, _ROOT_FLAGS))
                 st = os.fstat(self._rootfds[-1])
+                if (st.st_dev, st.st_ino) in self._root_ids:
+                    # Two names of one directory (a symlink, a bind mount): each chunk would be found
+                    # under both, taken for two copies and unlinked as the older one.
+                    first = self.roots[self._root_ids.index((st.st_dev, st.st_ino))]
+                    raise ConfigError(
+                        f"path: {root} is the same directory as {first} (a symlink or a bind mount); "
+                        "list each directory once"
+                    )
                 self._root_ids.append((st.st_dev, st.st_ino))
             self._toucher = _Toucher(self._rootfds)
             # Reads read-lock each chunk file on local filesystems: evicted files can then be reused

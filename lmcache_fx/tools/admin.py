@@ -37,6 +37,7 @@ from ..core.layout import (
     LOCK_NAME,
     STALE_TMP_SECONDS,
     StoreFile,
+    aliased_root,
     is_fanout_name,
     on_read_only_fs,
     open_dir,
@@ -426,14 +427,11 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
         raise AdminError("no store given: pass its PATH, or --config with the LMCache YAML")
     roots = [check_root(p, origin) for p in paths]
     # D and D/, or D and a link to it: counted twice, gc would remove twice what it should.
-    seen: dict = {}
-    for r in roots:
-        st = os.stat(r)
-        first = seen.get((st.st_dev, st.st_ino))
-        if first is not None:
-            same = "" if first == r else f" (the same directory as {first})"
-            raise AdminError(f"path: {r}{same} given more than once; list each directory once")
-        seen[(st.st_dev, st.st_ino)] = r
+    twice = aliased_root(roots)
+    if twice is not None:
+        r, first = twice
+        same = "" if first == r else f" (the same directory as {first})"
+        raise AdminError(f"path: {r}{same} given more than once; list each directory once")
     return roots, opts
 
 

@@ -29,7 +29,7 @@ from typing import Optional
 
 from .. import _fxio
 from ..core.drive import CAP_IPC_LOCK, memlock_refuses, memlock_text
-from ..core.layout import LOCK_DIR, LOCK_NAME, device_of, on_read_only_fs, probe_odirect, root_problem
+from ..core.layout import LOCK_DIR, LOCK_NAME, aliased_root, device_of, on_read_only_fs, probe_odirect, root_problem
 from ..core.medium import (
     client_local_locks,
     decide_mapped_reads,
@@ -837,6 +837,18 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
         for root in o.paths:
             found = check_path(root, o, tag if len(o.paths) == 1 else f"{tag}{root}: ")
             checks += [c for c in found if not (name in unsized and c.name.endswith("space"))]
+        twice = aliased_root([os.path.abspath(os.path.expanduser(r)) for r in o.paths])
+        if twice is not None:
+            checks.append(
+                Check(
+                    f"{tag}paths",
+                    "fail",
+                    f"{twice[0]} is the same directory as {twice[1]} (a symlink or a bind mount): the store "
+                    "refuses to start",
+                    "list each directory once in path",
+                    data={"path": twice[0], "same_as": twice[1]},
+                )
+            )
     checks += check_memlock(pool_bytes)
     checks.append(check_hugepages())
     checks.append(check_gpu())
