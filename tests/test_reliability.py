@@ -313,7 +313,7 @@ def test_full_disk(tmp_path):
         present = [k for k in stored if s.contains(k)]
         hits, misses, bad = F.read_check(s, present)
         # Stores resume once the quiet period ends: eviction made room.
-        time.sleep(max(0.0, s._enospc_until - time.monotonic()) + 0.1)
+        time.sleep(max(0.0, max(s._full_until.values(), default=0.0) - time.monotonic()) + 0.1)
         src = F.Chunks()
         resumed = s.write([src.item(f"full/resume/{i}", chunk) for i in range(1)])
         h2, m2, bad2 = F.read_check(s, ["full/resume/0"])
@@ -360,7 +360,7 @@ def test_a_disk_another_writer_fills_does_not_drain_the_store(tmp_path):
             take_free_space()
             stored = []
             for b in range(6):
-                s._enospc_until = 0.0  # each burst now, not 5 s after the last
+                s._full_until.clear()  # each burst now, not 5 s after the last
                 stored += s.write([src.item(f"tenant/new/{b}", 1 << 20)])
                 take_free_space()
         kept = sum(s.contains(k) for k in keys)
@@ -380,6 +380,47 @@ def test_a_disk_another_writer_fills_does_not_drain_the_store(tmp_path):
     assert stored == [False] * 6
     assert kept >= len(keys) - 3 and after >= 0.9 * before  # one 5 % eviction at most
     assert skipped >= 4 and hits == kept and not bad
+
+
+def test_one_full_path_of_a_striped_store_sends_its_chunks_to_the_others(tmp_path):
+    """A store striped over two filesystems, one of them filled by another
+    writer. The full one's ENOSPC skipped stores on every path for 5 s at a
+    time and evicted 5 % of the store by age, mostly from the path with room
+    (a review: 40 of 1192 chunks stored in 16 s, 18 of 60 older chunks
+    evicted, the error naming no path and asking to lower the cap). Now the
+    chunks bound for the full path go under their other one: every batch
+    after the first stores whole, nothing is evicted, the older chunks all
+    hit, and the error and problem() name the full path."""
+    need_root_xfs()
+    with loopfs.xfs_loop("320M") as m0, loopfs.xfs_loop("320M") as m1, F.LogCount() as logs:
+        roots = [os.path.join(m0, "fx"), os.path.join(m1, "fx")]
+        s = F.open_store(",".join(roots), max_capacity_gb=1)
+        try:
+            src = F.Chunks()
+            chunk = 256 << 10
+            warm = [f"warm/{i}" for i in range(24)]
+            assert all(s.write([src.item(k, chunk) for k in warm]))
+            assert all(F.chunk_files(r) for r in roots)  # both paths hold some
+            st = os.statvfs(m1)
+            with open(os.path.join(m1, "other-writer"), "wb") as other:
+                os.posix_fallocate(other.fileno(), 0, st.f_bavail * st.f_frsize - (1 << 20))
+            on_full = len(F.chunk_files(roots[1]))
+            stored = []
+            for b in range(12):
+                keys = [f"new/{b}/{i}" for i in range(8)]
+                stored.append(s.write([src.item(k, chunk) for k in keys]))
+            assert all(all(ok) for ok in stored[1:]), [sum(ok) for ok in stored]
+            assert sum(stored[0]) >= 4, stored[0]  # at most the chunks bound for the full path failed
+            assert s.stats.evictions == 0
+            hits, misses, bad = F.read_check(s, warm)
+            assert (hits, misses, bad) == (len(warm), 0, [])
+            assert len(F.chunk_files(roots[1])) <= on_full + 4  # what the last 1 MiB there took
+            problem = s.problem()
+            assert problem is not None and roots[1] in problem and "other paths" in problem, problem
+            said = [r.getMessage() for r in logs.records if r.levelno >= logging.ERROR and "ENOSPC" in r.getMessage()]
+            assert said and all(roots[1] in m and roots[0] not in m for m in said), said
+        finally:
+            s.close()
 
 
 def test_a_full_disk_eviction_spares_the_prompt_it_stopped(tmp_path):

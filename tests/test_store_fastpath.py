@@ -637,7 +637,7 @@ def test_a_full_disk_is_one_error_per_burst_with_the_previous_bursts_count(tmp_p
         with caplog.at_level("ERROR", logger="lmcache_fx"):
             s._count_enospc(3)
             s._count_enospc(2)  # the same burst: no second line
-            s._enospc_until = 0.0  # the burst's 5 s are over
+            s._full_until.clear()  # the burst's 5 s are over
             s._count_enospc(1)
         said = [r.getMessage() for r in caplog.records if "ENOSPC" in r.getMessage()]
         assert len(said) == 2 and "burst" not in said[0], said

@@ -71,6 +71,7 @@ from .layout import (
     probe_odirect,
     relative_name,
     rename_if_same,
+    root_choices,
     root_index,
     root_of_path,
     root_places,
@@ -527,7 +528,9 @@ class ChunkStore:
         self._rootfds: list[int] = []  # per root, O_PATH, for the store's life
         self._root_ids: list[tuple[int, int]] = []  # per root, (st_dev, st_ino) of what was opened
         self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
-        self._enospc_until = 0.0
+        # root index -> until when its filesystem counts as full (ENOSPC met): chunks bound there go to
+        # their other root; with every root full, stores are skipped
+        self._full_until: dict[int, float] = {}
         self._errors_at_write = 0  # stats.write_errors at the last store that wrote a chunk (problem())
         self._evict_after_write = False  # a full disk was met: evict a little once the write ends
         self._enospc_evicted_to: Optional[int] = None  # the usage the last full-disk eviction left
@@ -1766,7 +1769,7 @@ class ChunkStore:
                         # extending O_DIRECT writes are serialised by the filesystem.
                         os.ftruncate(f.fd, rsize)
                 except OSError as e:
-                    self._write_failed(None, -(e.errno or errno.EIO))
+                    self._write_failed(None, -(e.errno or errno.EIO), f.final)
                     continue
                 usage += rsize
                 f.reserved = rsize
@@ -1848,7 +1851,7 @@ class ChunkStore:
         return 0
 
     def _write_files(self, todo, out: list[bool]) -> list[bool]:
-        if time.monotonic() < self._enospc_until:
+        if self._all_full():
             self._count_enospc(len(todo))
             return out
         gone = self._root_replaced()
@@ -1864,7 +1867,12 @@ class ChunkStore:
             return out
         # Each chunk's root, for the whole batch before it is cut into sub-batches: balanced
         # per 16-chunk sub-batch, 48 x 64 MiB still put 8 on one of 8 roots.
-        todo = [t + (root,) for t, root in zip(todo, self._places(todo))]
+        placed = [t + (root,) for t, root in zip(todo, self._places(todo))]
+        todo = [t for t in placed if t[-1] >= 0]
+        if len(todo) < len(placed):  # both of their roots full
+            self._count_enospc(len(placed) - len(todo))
+            if not todo:
+                return out
         weng = self._wengine if self.engine is self._wengine_for else self.engine
         if self.odirect and self._mac_key is None and hasattr(weng, "write_chunks"):
             return self._write_chunk_files(weng, todo, out)
@@ -1886,7 +1894,7 @@ class ChunkStore:
             hdr_ops, good2 = [], []
             for j, (f, (n, crc)) in enumerate(zip(good, res)):
                 if n != f.nbytes:
-                    self._write_failed(None, n)
+                    self._write_failed(None, n, f.final)
                     continue
                 off = HEADER_SIZE * j
                 f.body = encode_header(
@@ -1906,7 +1914,7 @@ class ChunkStore:
             self._keep_scratch([hdrs])  # both blocking writes are over
             for f, n in zip(good2, hres):
                 if n != HEADER_SIZE:
-                    self._write_failed(None, n)
+                    self._write_failed(None, n, f.final)
                     continue
                 ready.append(f)
         finally:
@@ -1952,6 +1960,24 @@ class ChunkStore:
         digests = [t[2] for t in todo]
         # Two stats per new chunk (one call for the batch): the cost of finding it under either root.
         fixed = [self._root_index_of(path) if st is not None else None for path, st in self._find_many(digests)]
+        full = self._full_roots()
+        if full:
+            # A root whose filesystem is full takes none: a chunk goes under its other choice, or
+            # nowhere (-1) when that one is full too, or when it lies on a full one already.
+            for k, d in enumerate(digests):
+                if fixed[k] is not None:
+                    fixed[k] = -1 if fixed[k] in full else fixed[k]
+                    continue
+                a, b = root_choices(len(self.roots), d)
+                if a in full or b in full:
+                    fixed[k] = b if a in full and b not in full else a if a not in full else -1
+            skip = [k for k, r in enumerate(fixed) if r == -1]
+            for k in skip:
+                fixed[k] = None
+            out = place_roots(len(self.roots), digests, fixed)
+            for k in skip:
+                out[k] = -1
+            return out
         return place_roots(len(self.roots), digests, fixed)
 
     def _write_chunk_files(self, weng: Any, todo, out: list[bool]) -> list[bool]:
@@ -1970,7 +1996,7 @@ class ChunkStore:
         running: Optional[_ChunkFiles] = None
         try:
             for sub in subs:
-                if time.monotonic() < self._enospc_until:
+                if self._all_full():
                     self._count_enospc(len(sub))
                     continue
                 # Overlapped only while no read of this store runs: beside a load, the
@@ -2057,9 +2083,9 @@ class ChunkStore:
             if clock != 1:
                 f.mtime_ns = 0  # set by the commit
             if n != f.nbytes:
-                self._write_failed(None, n)
+                self._write_failed(None, n, f.final)
             elif hn != HEADER_SIZE:
-                self._write_failed(None, hn)
+                self._write_failed(None, hn, f.final)
             else:
                 ready.append(f)
         return ready
@@ -2157,7 +2183,7 @@ class ChunkStore:
                         old = None
                     os.rename(f.tmp, name, src_dir_fd=f.dfd, dst_dir_fd=f.dfd)
                 except OSError as e:
-                    self._write_failed(None, -(e.errno or errno.EIO))
+                    self._write_failed(None, -(e.errno or errno.EIO), f.final)
                 else:
                     delta += size - f.reserved - (old.st_size if old is not None and stat.S_ISREG(old.st_mode) else 0)
                     delta -= self._unlink_other_copy_locked(f)
@@ -2285,7 +2311,7 @@ class ChunkStore:
                         dirfds[f"{sub}\0{fd0}"] = fd0
                     self._made_dirs.discard(sub)
                     continue
-                self._write_failed(None, -(e.errno or errno.EIO))
+                self._write_failed(None, -(e.errno or errno.EIO), final)
                 return None
         return _WriteFile(i, key, digest, addr, nbytes, meta, final, tmp, dfd, fd)
 
@@ -2307,8 +2333,12 @@ class ChunkStore:
         gone = self._root_replaced()
         if gone is not None:
             return f"store directory {gone} was removed, replaced or unmounted; restart"
-        if time.monotonic() < self._enospc_until:
+        full = self._full_roots()
+        if full and len(full) == len(self.roots):
             return "the store filesystem is full (ENOSPC): stores are skipped for now"
+        if full:
+            paths = ", ".join(self.roots[r] for r in sorted(full))
+            return f"the filesystem of store path {paths} is full (ENOSPC): chunks go to the other paths for now"
         failed = self.stats.write_errors - self._errors_at_write
         if failed >= FAILED_STORES_PROBLEM:
             return f"the last {failed} chunk stores failed (the log says why)"
@@ -2327,14 +2357,21 @@ class ChunkStore:
                 return root
         return None
 
-    def _write_failed(self, tmp: Optional[str], res: int) -> None:
+    def _write_failed(self, tmp: Optional[str], res: int, where: Optional[str] = None) -> None:
+        """A chunk's store failed with res (-errno, or a short write's
+        count); `where`, its path, names the root in what is said."""
         if tmp:
             unlink_quiet(tmp)
         self.stats.add(write_errors=1)
+        root = self._root_index_of(where) if where is not None else None
         if res == -errno.ENOSPC or res == -errno.EDQUOT:
-            self._count_enospc(1)
+            self._count_enospc(1, root)
         else:
-            self._io_warning("lmcache-fx: store failed: %s", os.strerror(-res) if res < 0 else f"short write ({res})")
+            self._io_warning(
+                "lmcache-fx: store failed%s: %s",
+                f" under {self.roots[root]}" if root is not None and len(self.roots) > 1 else "",
+                os.strerror(-res) if res < 0 else f"short write ({res})",
+            )
 
     def _io_warning(self, msg: str, *args) -> None:
         """A failing device fails every chunk: one warning per 5 s, with a count."""
@@ -2356,22 +2393,45 @@ class ChunkStore:
             msg += f" ({quiet} more {what} in the last 5 s not logged)"
         log.warning(msg, *args)
 
-    def _count_enospc(self, n: int) -> None:
-        """One error per burst of full-disk failures, not one per chunk."""
+    def _full_roots(self) -> set[int]:
+        """The roots whose filesystem was full (ENOSPC) in the last 5 s."""
         now = time.monotonic()
-        if now >= self._enospc_until:
+        return {r for r, until in self._full_until.items() if now < until}
+
+    def _all_full(self) -> bool:
+        return len(self._full_roots()) == len(self.roots)
+
+    def _count_enospc(self, n: int, root: Optional[int] = None) -> None:
+        """One error per burst of full-disk failures, not one per chunk. `root`:
+        the root whose filesystem is full (None: the store's, every root). One
+        full root of several only steers chunks to their other root for 5 s;
+        with every root full, stores are skipped and a little is evicted."""
+        now = time.monotonic()
+        hit = range(len(self.roots)) if root is None or len(self.roots) == 1 else [root]
+        new = [r for r in hit if now >= self._full_until.get(r, 0.0)]
+        if new:
+            for r in new:
+                self._full_until[r] = now + 5.0
             # The count is the previous burst's (this one's is not known yet): said only where there was one.
             before = f" ({self._enospc_count} chunk stores failed or skipped in the previous burst)"
-            log.error(
-                "lmcache-fx: the store filesystem is full (ENOSPC); skipping stores for 5 s%s. "
-                "Lower max_capacity_gb below the free space.",
-                before if self._enospc_count else "",
-            )
+            if self._all_full():
+                log.error(
+                    "lmcache-fx: the store filesystem is full (ENOSPC); skipping stores for 5 s%s. "
+                    "Lower max_capacity_gb below the free space.",
+                    before if self._enospc_count else "",
+                )
+                # Evict a little so stores can resume once space is back: when the write ends, not
+                # here, where a caller may hold the ledger with a usage of its own to write back over it.
+                self._evict_after_write = True
+            else:
+                log.error(
+                    "lmcache-fx: the filesystem of store path %s is full (ENOSPC); for 5 s its chunks go to "
+                    "their other path%s. Free space there, or lower max_capacity_gb below the free space of "
+                    "the store's paths together.",
+                    ", ".join(self.roots[r] for r in new),
+                    before if self._enospc_count else "",
+                )
             self._enospc_count = 0
-            self._enospc_until = now + 5.0
-            # Evict a little so stores can resume once space is back: when the write ends, not here,
-            # where a caller may hold the ledger with a usage of its own to write back over it.
-            self._evict_after_write = True
         self._enospc_count += n
 
     # ------------------------------------------------------------ reads
