@@ -423,6 +423,35 @@ def test_one_full_path_of_a_striped_store_sends_its_chunks_to_the_others(tmp_pat
             s.close()
 
 
+def test_a_read_only_path_of_a_striped_store_sends_its_chunks_to_the_others(tmp_path):
+    """One of a striped store's two filesystems remounted read-only (or
+    its permissions lost, its device failing): it kept its share of every
+    write batch, each of those chunks failing, for as long as it lasted, and
+    problem() said nothing while some stores still worked (a review: 188 of
+    576 failed over 8 s). Now its chunks go under their other path for 5 s
+    at a time, and problem() names the path and the error."""
+    need_root_xfs()
+    with loopfs.xfs_loop("320M") as m0, loopfs.xfs_loop("320M") as m1:
+        roots = [os.path.join(m0, "fx"), os.path.join(m1, "fx")]
+        s = F.open_store(",".join(roots), max_capacity_gb=1)
+        try:
+            src = F.Chunks()
+            chunk = 256 << 10
+            warm = [f"warm/{i}" for i in range(16)]
+            assert all(s.write([src.item(k, chunk) for k in warm]))
+            subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
+            try:
+                stored = [s.write([src.item(f"new/{b}/{i}", chunk) for i in range(8)]) for b in range(10)]
+                assert all(all(ok) for ok in stored[1:]), [sum(ok) for ok in stored]
+                problem = s.problem()
+                assert problem is not None and roots[1] in problem and "Read-only" in problem, problem
+                assert F.read_check(s, warm) == (len(warm), 0, [])
+            finally:
+                subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+        finally:
+            s.close()
+
+
 def test_a_full_disk_eviction_spares_the_prompt_it_stopped(tmp_path):
     """A write that meets ENOSPC evicts 5 % of the store by age once it ends.
     Where the store held little else, that was the first chunks of the very

@@ -93,6 +93,10 @@ from .options import ConfigError, FxOptions, auth_key_bytes
 
 log = logging.getLogger("lmcache_fx")
 
+# Store failures that say a root's filesystem or device is unusable for now, not that one chunk
+# was: a striped store sends the chunks bound there to their other root for a while.
+STEERED_ERRNOS = frozenset(-e for e in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENODEV, errno.ENXIO))
+
 __all__ = [
     "ChunkStore",
     "Entry",
@@ -531,6 +535,9 @@ class ChunkStore:
         # root index -> until when its filesystem counts as full (ENOSPC met): chunks bound there go to
         # their other root; with every root full, stores are skipped
         self._full_until: dict[int, float] = {}
+        # root index -> (until when, why) its stores fail otherwise (a read-only remount, lost
+        # permissions, a failing device): steered around like a full one, never a cause to evict
+        self._failing: dict[int, tuple[float, str]] = {}
         self._errors_at_write = 0  # stats.write_errors at the last store that wrote a chunk (problem())
         self._evict_after_write = False  # a full disk was met: evict a little once the write ends
         self._enospc_evicted_to: Optional[int] = None  # the usage the last full-disk eviction left
@@ -1960,10 +1967,10 @@ class ChunkStore:
         digests = [t[2] for t in todo]
         # Two stats per new chunk (one call for the batch): the cost of finding it under either root.
         fixed = [self._root_index_of(path) if st is not None else None for path, st in self._find_many(digests)]
-        full = self._full_roots()
+        full = self._full_roots() | self._failing_roots()
         if full:
-            # A root whose filesystem is full takes none: a chunk goes under its other choice, or
-            # nowhere (-1) when that one is full too, or when it lies on a full one already.
+            # A root whose filesystem is full (or whose stores fail) takes none: a chunk goes under its
+            # other choice, or nowhere (-1) when that one is full too, or when it lies on a full one.
             for k, d in enumerate(digests):
                 if fixed[k] is not None:
                     fixed[k] = -1 if fixed[k] in full else fixed[k]
@@ -2339,6 +2346,10 @@ class ChunkStore:
         if full:
             paths = ", ".join(self.roots[r] for r in sorted(full))
             return f"the filesystem of store path {paths} is full (ENOSPC): chunks go to the other paths for now"
+        failing = self._failing_roots()
+        if failing:
+            said = "; ".join(f"{self.roots[r]} ({self._failing[r][1]})" for r in sorted(failing))
+            return f"stores under {said} fail: chunks go to the other paths for now"
         failed = self.stats.write_errors - self._errors_at_write
         if failed >= FAILED_STORES_PROBLEM:
             return f"the last {failed} chunk stores failed (the log says why)"
@@ -2366,12 +2377,23 @@ class ChunkStore:
         root = self._root_index_of(where) if where is not None else None
         if res == -errno.ENOSPC or res == -errno.EDQUOT:
             self._count_enospc(1, root)
-        else:
-            self._io_warning(
-                "lmcache-fx: store failed%s: %s",
-                f" under {self.roots[root]}" if root is not None and len(self.roots) > 1 else "",
-                os.strerror(-res) if res < 0 else f"short write ({res})",
-            )
+            return
+        why = os.strerror(-res) if res < 0 else f"short write ({res})"
+        steer = root is not None and len(self.roots) > 1 and res in STEERED_ERRNOS
+        if steer and root is not None:
+            with self._lock:
+                self._failing[root] = (time.monotonic() + 5.0, why)
+        self._io_warning(
+            "lmcache-fx: store failed%s: %s%s",
+            f" under {self.roots[root]}" if root is not None and len(self.roots) > 1 else "",
+            why,
+            "; for 5 s its chunks go to their other path" if steer else "",
+        )
+
+    def _failing_roots(self) -> set[int]:
+        """The roots whose stores failed (but for ENOSPC) in the last 5 s."""
+        now = time.monotonic()
+        return {r for r, (until, _) in list(self._failing.items()) if now < until}
 
     def _io_warning(self, msg: str, *args) -> None:
         """A failing device fails every chunk: one warning per 5 s, with a count."""
