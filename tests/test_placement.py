@@ -516,6 +516,29 @@ def test_a_process_listing_the_paths_otherwise_is_told(tmp_path, caplog, monkeyp
     assert said[2].startswith(f"lmcache-fx: {b} is listed first by another process")  # the [b, a] process
 
 
+def test_a_path_that_leads_to_another_directory_than_before_is_named(tmp_path, caplog, monkeypatch):
+    """A drive not mounted at a restart leaves its mount point, an empty
+    directory of the root filesystem, at the listed path. The store said
+    that it "was last opened with the paths listed as A,B; this process
+    lists A,B" (two same lists) and to list the paths alike. It now names
+    the path that leads elsewhere and says what that means."""
+    import logging
+
+    from lmcache_fx.core import once
+
+    monkeypatch.setattr(once, "_said", set())
+    a, b = _roots(tmp_path, 2)
+    _store([a, b]).close()
+    os.rename(b, b + ".mounted-before")
+    os.mkdir(b)  # what an unmounted drive's mount point is: another directory at the same path
+    with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
+        _store([a, b]).close()
+    said = [r.getMessage() for r in caplog.records if "lmcache-fx" in r.getMessage()]
+    moved = [m for m in said if "is not the directory it was" in m]
+    assert len(moved) == 1 and f"store path {b} is" in moved[0] and "not mounted" in moved[0], said
+    assert not [m for m in said if "same order" in m], said
+
+
 def test_a_directory_listed_twice_under_two_names_is_refused_and_loses_nothing(tmp_path, capsys):
     """path: a,b where b is a symlink to a (or a bind mount of it). Each chunk
     was found under both names, taken for two copies and unlinked as the
@@ -552,3 +575,31 @@ def test_a_directory_listed_twice_under_two_names_is_refused_and_loses_nothing(t
     bad = [c for c in obj["checks"] if c["name"].endswith("paths")]
     assert rc != 0 and not obj["fast_path"] and bad and bad[0]["status"] == "fail", obj["verdict"]
     assert link in bad[0]["summary"] and a in bad[0]["summary"]
+
+
+def test_chunks_misplaced_by_a_path_added_are_still_served(tmp_path, capsys):
+    """A path added to a striped store (a,b -> a,b,c) leaves some chunks under
+    neither of their two paths. fsck called them unreachable unless the
+    paths were given as when they were written; the store serves them from
+    the index its start-up walk builds, and fsck now says so."""
+    from lmcache_fx.tools.cli import main as cli
+
+    a, b, c = _roots(tmp_path, 3)
+    n = 48
+    buf = _payloads(n)
+    keys = [f"added-{i}" for i in range(n)]
+    st = _store([a, b])
+    assert all(st.write([(k, buf.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))
+    st.close()
+    capsys.readouterr()
+    cli(["fsck", f"{a},{b},{c}", "--json"])
+    mis = [p for p in json.loads(capsys.readouterr().out)["problems"] if p["kind"] == "misplaced"]
+    assert mis and all("serves it from the index" in p["problem"] for p in mis), mis
+    st = _store([a, b, c])
+    try:
+        dst = fx.HostBuffer(n * SIZE)
+        it = iter(range(n))
+        got = st.read(keys, lambda m: (lambda i: (i, dst.address + i * SIZE, SIZE))(next(it)), lambda h: None)
+        assert got == list(range(n)) and bytes(dst) == bytes(buf)
+    finally:
+        st.close()

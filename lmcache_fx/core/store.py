@@ -717,7 +717,20 @@ class ChunkStore:
                 theirs = [line.split(" ", 1) for line in f.read().splitlines() if " " in line]
         except (OSError, UnicodeDecodeError):
             pass
-        if theirs and [t[0] for t in theirs] != ids:
+        if theirs and [t[1] for t in theirs] == self.roots and [t[0] for t in theirs] != ids:
+            # The same list, but a path leads elsewhere: a drive not mounted (its mount point on the
+            # root filesystem now), or replaced.
+            changed = [r for (then, _), now, r in zip(theirs, ids, self.roots) if then != now]
+            log_once(
+                log,
+                ("roots moved", tuple(changed)),
+                logging.WARNING,
+                "lmcache-fx: store path %s is not the directory it was when this store was last opened (another "
+                "filesystem or directory now: a drive not mounted?). Chunks stored there before are not found, "
+                "and new ones are stored in what is there now; mount it, or list the paths anew",
+                ", ".join(changed),
+            )
+        elif theirs and [t[0] for t in theirs] != ids:
             self._roots_warning(
                 f"{self.roots[0]} was last opened with the paths listed as {','.join(t[1] for t in theirs)}"
             )

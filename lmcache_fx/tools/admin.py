@@ -722,8 +722,9 @@ def cmd_fsck(args) -> int:
                         _problem(
                             v.file,
                             "misplaced",
-                            "striped to another path with this path list: "
-                            "unreachable unless the paths are given as when it was written",
+                            "under neither of its two paths with this path list (written with another): a "
+                            "store still serves it from the index its start-up walk builds; only a lookup that "
+                            "looks for it by path (one not yet indexed) misses it",
                         )
                     )
                 continue
@@ -765,8 +766,9 @@ def cmd_fsck(args) -> int:
             notes = _remove(roots, sc, todo)
     # Errors are what the store would trip over or leak: bad chunks and stale
     # temporaries, and files that could not be read (so not verified). Files
-    # of another format version, foreign files and misplaced chunks are
-    # reported but the store never reads them; duplicate copies are whole
+    # of another format version and foreign files are reported but the store
+    # never reads them; misplaced chunks it serves from the index its start-up
+    # walk builds, and looks for by path only under their two roots; duplicate copies are whole
     # chunks the store heals on its next write of them. A fan-out directory
     # that is a link or a file stops the store writing there: an error too.
     found = [p for p in problems if p["kind"] in REMOVABLE or p["kind"] in ("unreadable", "fanout")]
