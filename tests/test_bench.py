@@ -5227,3 +5227,19 @@ def test_a_ctrl_c_stops_the_shell_loop_running_the_command(tmp_path):
         q.kill()  # its thread never ends: a process left behind would wait for it for good
     err = q.stderr.read()
     assert q.returncode == -signal.SIGINT and "Traceback" not in err, err
+
+
+def test_the_readmes_index_memory_figures_are_the_committed_probes():
+    """README's Memory line quotes docs/index-memory-probe.json: bytes per
+    chunk file after the walk and once read, the walk's time, the command."""
+    with open(os.path.join(ROOT, "docs", "index-memory-probe.json")) as f:
+        d = json.load(f)
+    r = d["result"]
+    text = _readme_flat()
+    assert d["command"].endswith("scripts/index_memory_probe.py --chunks 50000 --json docs/index-memory-probe.json")
+    said = (
+        f"[{r['opened_bytes_per_chunk']:.0f} and {r['read_bytes_per_chunk']:.0f} bytes](docs/index-memory-probe.json)"
+    )
+    assert said in text, said
+    assert f"the walk of {r['chunks']:,} files took {r['walk_s']:.1f} s".replace(",", " ") in text
+    assert r["opened_bytes_per_chunk"] < 700 and r["read_bytes_per_chunk"] < 1100  # "about 600 bytes ... and 1 KB"
