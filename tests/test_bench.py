@@ -5243,3 +5243,18 @@ def test_the_readmes_index_memory_figures_are_the_committed_probes():
     assert said in text, said
     assert f"the walk of {r['chunks']:,} files took {r['walk_s']:.1f} s".replace(",", " ") in text
     assert r["opened_bytes_per_chunk"] < 700 and r["read_bytes_per_chunk"] < 1100  # "about 600 bytes ... and 1 KB"
+
+
+def test_every_rep_and_every_latency_case_has_keys_of_its_own():
+    """The bench's tokens gave rep r and rep r + 100 one first token, so the
+    latency case's rep 10_000 + concurrency stored the keys of throughput rep
+    `concurrency` (4 with --reps 5 and more). Every rep now starts with a
+    token of its own, and the keys of a chunk chain from it."""
+    from lmcache_fx.tools.bench.workload import Workload
+    from lmcache_fx.tools.models import PRESETS
+
+    w = Workload(PRESETS["llama-3.2-1b-tp4"], 2)
+    reps = list(range(20)) + [10_000 + c for c in (1, 2, 4, 8, 16, 32, 64)]
+    firsts = [int(w.tokens(r)[0]) for r in reps]
+    assert len(set(firsts)) == len(reps), firsts
+    assert all(0 <= int(w.tokens(r).max()) < 100_000 for r in reps)

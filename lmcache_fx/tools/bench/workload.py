@@ -210,8 +210,12 @@ class Workload:
     def tokens(self, rep: int):
         import torch
 
-        # Distinct first token per rep -> distinct keys for every chunk.
-        return (torch.arange(self.tokens_n, dtype=torch.long) * 7 + 1000 * rep + 1) % 100_000
+        t = (torch.arange(self.tokens_n, dtype=torch.long) * 7 + 1000 * rep + 1) % 100_000
+        # A distinct first token per rep -> distinct keys for every chunk (each chains from the one before).
+        # Taken from the rest, it repeated every 100 reps: latency's rep 10_000 + concurrency had the
+        # keys of throughput rep `concurrency`.
+        t[0] = rep % 100_000
+        return t
 
 
 def zero(t) -> None:
