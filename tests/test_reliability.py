@@ -382,6 +382,23 @@ def test_a_disk_another_writer_fills_does_not_drain_the_store(tmp_path):
     assert skipped >= 4 and hits == kept and not bad
 
 
+@contextlib.contextmanager
+def _striped_over_two_xfs(n_warm: int):
+    """A store striped over two XFS loops holding n_warm 256 KiB chunks:
+    (mount 0, mount 1, roots, store, sources, chunk bytes, warm keys)."""
+    need_root_xfs()
+    with loopfs.xfs_loop("320M") as m0, loopfs.xfs_loop("320M") as m1:
+        roots = [os.path.join(m0, "fx"), os.path.join(m1, "fx")]
+        s = F.open_store(",".join(roots), max_capacity_gb=1)
+        try:
+            src, chunk = F.Chunks(), 256 << 10
+            warm = [f"warm/{i}" for i in range(n_warm)]
+            assert all(s.write([src.item(k, chunk) for k in warm]))
+            yield m0, m1, roots, s, src, chunk, warm
+        finally:
+            s.close()
+
+
 def test_one_full_path_of_a_striped_store_sends_its_chunks_to_the_others(tmp_path):
     """A store striped over two filesystems, one of them filled by another
     writer. The full one's ENOSPC skipped stores on every path for 5 s at a
@@ -391,36 +408,26 @@ def test_one_full_path_of_a_striped_store_sends_its_chunks_to_the_others(tmp_pat
     chunks bound for the full path go under their other one: every batch
     after the first stores whole, nothing is evicted, the older chunks all
     hit, and the error and problem() name the full path."""
-    need_root_xfs()
-    with loopfs.xfs_loop("320M") as m0, loopfs.xfs_loop("320M") as m1, F.LogCount() as logs:
-        roots = [os.path.join(m0, "fx"), os.path.join(m1, "fx")]
-        s = F.open_store(",".join(roots), max_capacity_gb=1)
-        try:
-            src = F.Chunks()
-            chunk = 256 << 10
-            warm = [f"warm/{i}" for i in range(24)]
-            assert all(s.write([src.item(k, chunk) for k in warm]))
-            assert all(F.chunk_files(r) for r in roots)  # both paths hold some
-            st = os.statvfs(m1)
-            with open(os.path.join(m1, "other-writer"), "wb") as other:
-                os.posix_fallocate(other.fileno(), 0, st.f_bavail * st.f_frsize - (1 << 20))
-            on_full = len(F.chunk_files(roots[1]))
-            stored = []
-            for b in range(12):
-                keys = [f"new/{b}/{i}" for i in range(8)]
-                stored.append(s.write([src.item(k, chunk) for k in keys]))
-            assert all(all(ok) for ok in stored[1:]), [sum(ok) for ok in stored]
-            assert sum(stored[0]) >= 4, stored[0]  # at most the chunks bound for the full path failed
-            assert s.stats.evictions == 0
-            hits, misses, bad = F.read_check(s, warm)
-            assert (hits, misses, bad) == (len(warm), 0, [])
-            assert len(F.chunk_files(roots[1])) <= on_full + 4  # what the last 1 MiB there took
-            problem = s.problem()
-            assert problem is not None and roots[1] in problem and "other paths" in problem, problem
-            said = [r.getMessage() for r in logs.records if r.levelno >= logging.ERROR and "ENOSPC" in r.getMessage()]
-            assert said and all(roots[1] in m and roots[0] not in m for m in said), said
-        finally:
-            s.close()
+    with _striped_over_two_xfs(24) as (m0, m1, roots, s, src, chunk, warm), F.LogCount() as logs:
+        assert all(F.chunk_files(r) for r in roots)  # both paths hold some
+        st = os.statvfs(m1)
+        with open(os.path.join(m1, "other-writer"), "wb") as other:
+            os.posix_fallocate(other.fileno(), 0, st.f_bavail * st.f_frsize - (1 << 20))
+        on_full = len(F.chunk_files(roots[1]))
+        stored = []
+        for b in range(12):
+            keys = [f"new/{b}/{i}" for i in range(8)]
+            stored.append(s.write([src.item(k, chunk) for k in keys]))
+        assert all(all(ok) for ok in stored[1:]), [sum(ok) for ok in stored]
+        assert sum(stored[0]) >= 4, stored[0]  # at most the chunks bound for the full path failed
+        assert s.stats.evictions == 0
+        hits, misses, bad = F.read_check(s, warm)
+        assert (hits, misses, bad) == (len(warm), 0, [])
+        assert len(F.chunk_files(roots[1])) <= on_full + 4  # what the last 1 MiB there took
+        problem = s.problem()
+        assert problem is not None and roots[1] in problem and "other paths" in problem, problem
+        said = [r.getMessage() for r in logs.records if r.levelno >= logging.ERROR and "ENOSPC" in r.getMessage()]
+        assert said and all(roots[1] in m and roots[0] not in m for m in said), said
 
 
 def test_a_read_only_path_of_a_striped_store_sends_its_chunks_to_the_others(tmp_path):
@@ -430,26 +437,16 @@ def test_a_read_only_path_of_a_striped_store_sends_its_chunks_to_the_others(tmp_
     problem() said nothing while some stores still worked (a review: 188 of
     576 failed over 8 s). Now its chunks go under their other path for 5 s
     at a time, and problem() names the path and the error."""
-    need_root_xfs()
-    with loopfs.xfs_loop("320M") as m0, loopfs.xfs_loop("320M") as m1:
-        roots = [os.path.join(m0, "fx"), os.path.join(m1, "fx")]
-        s = F.open_store(",".join(roots), max_capacity_gb=1)
+    with _striped_over_two_xfs(16) as (m0, m1, roots, s, src, chunk, warm):
+        subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
         try:
-            src = F.Chunks()
-            chunk = 256 << 10
-            warm = [f"warm/{i}" for i in range(16)]
-            assert all(s.write([src.item(k, chunk) for k in warm]))
-            subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
-            try:
-                stored = [s.write([src.item(f"new/{b}/{i}", chunk) for i in range(8)]) for b in range(10)]
-                assert all(all(ok) for ok in stored[1:]), [sum(ok) for ok in stored]
-                problem = s.problem()
-                assert problem is not None and roots[1] in problem and "Read-only" in problem, problem
-                assert F.read_check(s, warm) == (len(warm), 0, [])
-            finally:
-                subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+            stored = [s.write([src.item(f"new/{b}/{i}", chunk) for i in range(8)]) for b in range(10)]
+            assert all(all(ok) for ok in stored[1:]), [sum(ok) for ok in stored]
+            problem = s.problem()
+            assert problem is not None and roots[1] in problem and "Read-only" in problem, problem
+            assert F.read_check(s, warm) == (len(warm), 0, [])
         finally:
-            s.close()
+            subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
 
 
 def test_a_full_disk_eviction_spares_the_prompt_it_stopped(tmp_path):

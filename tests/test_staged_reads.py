@@ -59,6 +59,20 @@ def _write_and_read(st, n, size, seed):
     return src, dst, read
 
 
+def _flip_a_payload_byte(store_dir: str, at: int, mask: int) -> None:
+    """XORs mask into payload byte `at` of the store's first chunk file (by
+    name), its cached pages dropped: an O_DIRECT read must meet the flip."""
+    victim = sorted(os.path.join(d, f) for d, _, fs in os.walk(store_dir) for f in fs if f.endswith(".fxkv"))[0]
+    with open(victim, "r+b") as f:
+        f.seek(HEADER_SIZE + at)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ mask]))
+    fd = os.open(victim, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+
 @pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable here: {URING_WHY}")
 def test_a_store_on_a_loop_device_stages_its_checked_reads(xfs_store):
     """On XFS on a loop device the default (auto) stages where the CPU has
@@ -80,15 +94,7 @@ def test_a_store_on_a_loop_device_stages_its_checked_reads(xfs_store):
         assert read() == list(range(n))
         assert bytes(dst) == bytes(src)
         assert fx.direct_staged_pieces() - before == n * 3  # 1 MiB pieces (split_bytes)
-        victim = sorted(os.path.join(d, f) for d, _, fs in os.walk(xfs_store) for f in fs if f.endswith(".fxkv"))[0]
-        with open(victim, "r+b") as f:
-            f.seek(HEADER_SIZE + (2 << 20) + 77)
-            b = f.read(1)
-            f.seek(-1, os.SEEK_CUR)
-            f.write(bytes([b[0] ^ 0x20]))
-        fd = os.open(victim, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the O_DIRECT read must meet the flipped byte
-        os.close(fd)
+        _flip_a_payload_byte(xfs_store, (2 << 20) + 77, 0x20)
         memoryview(dst)[:] = bytes(len(dst))
         out = read()
         assert sum(o is None for o in out) == 1, out
@@ -239,15 +245,7 @@ def test_a_verify_off_store_checks_flagged_chunks_as_they_land(xfs_store):
         assert read() == list(range(n))
         assert bytes(dst) == bytes(src)
         assert fx.direct_staged_pieces() - before == n * 3  # checked as they landed, 1 MiB pieces
-        victim = sorted(os.path.join(d, f) for d, _, fs in os.walk(xfs_store) for f in fs if f.endswith(".fxkv"))[0]
-        with open(victim, "r+b") as f:
-            f.seek(HEADER_SIZE + (1 << 20) + 5)
-            b = f.read(1)
-            f.seek(-1, os.SEEK_CUR)
-            f.write(bytes([b[0] ^ 0x01]))
-        fd = os.open(victim, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+        _flip_a_payload_byte(xfs_store, (1 << 20) + 5, 0x01)
         assert sum(o is None for o in read()) == 1
     finally:
         st.close()
