@@ -1047,3 +1047,31 @@ def test_a_chunk_refused_then_rewritten_into_its_own_file_is_found_again(tmp_pat
     finally:
         producer.close()
         consumer.close()
+
+
+def test_a_store_that_does_not_evict_keeps_no_growing_victim_list(store_dir, monkeypatch):
+    """Every chunk written joined the evictor's list, which only an eviction
+    or a walk of this process let go of: a store LMCache keeps under its cap
+    by deleting (MP mode's eviction watermark), or one whose peer did the
+    periodic recompute, held an entry for every chunk ever written (a soak:
+    112 015 entries, 40 MB, in 280 s). A list past its age is rebuilt by a
+    walk before any eviction reads it; it is let go instead of added to, and
+    a later eviction still takes the oldest chunks."""
+    monkeypatch.setattr(store_mod, "VICTIM_LIST_SECONDS", 0.05)
+    s = _open(store_dir)
+    try:
+        src = F.Chunks()
+        longest = 0
+        for b in range(12):
+            keys = [f"churn/{b}/{i}" for i in range(4)]
+            assert s.write([src.item(k, CHUNK) for k in keys]) == [True] * 4
+            longest = max(longest, len(s._victims))
+            for k in keys:
+                assert s.remove(k)
+            time.sleep(0.06)
+        assert s.stats.snapshot()["evictions"] == 0
+        assert longest <= 4, longest  # one batch's worth at most, not the 48 written
+        _fill(s, KEYS[:8])  # one at a time: each past the fourth evicts
+        _check_store(s, KEYS[4:8], KEYS[:4])  # the oldest went
+    finally:
+        s.close()

@@ -2263,11 +2263,20 @@ class ChunkStore:
         (ledger held): a store that evicts as much as it writes (a full one)
         then finds its victims there instead of rescanning every directory
         once per batch. The list still expires after VICTIM_LIST_SECONDS, and
-        each victim is checked against its mtime before it goes."""
-        if done:
-            self._victims[:0] = sorted(
-                ((f.mtime_ns, f.digest, f.final, HEADER_SIZE + f.nbytes) for f in done), reverse=True
-            )
+        each victim is checked against its mtime before it goes. An expired
+        list is rebuilt by a walk before any eviction reads it: it is let go
+        instead of added to. (Kept, it grew by every chunk written for as long
+        as this process did not evict: a store LMCache keeps under its cap by
+        deleting, or one whose peer does the periodic recompute, ~110 MB an
+        interval at 1000 chunks a second.)"""
+        if not done:
+            return
+        if time.monotonic() - self._victims_at > self._every(VICTIM_LIST_SECONDS):
+            self._victims = []
+            return
+        self._victims[:0] = sorted(
+            ((f.mtime_ns, f.digest, f.final, HEADER_SIZE + f.nbytes) for f in done), reverse=True
+        )
 
     def _fanout_fd(self, sub: str, dirfds: dict[str, int]) -> int:
         """The fan-out directory's descriptor (O_PATH, no symlink followed in
