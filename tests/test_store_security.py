@@ -740,6 +740,35 @@ def test_start_reports_the_real_error(tmp_path, monkeypatch):
 KEY = "k" * 8 + "0123456789abcdef"
 
 
+def test_a_peer_with_another_auth_key_is_named_not_taken_for_damage(store_dir):
+    """Two processes on one store with different auth_keys (or one with none)
+    remove each other's chunks on every read: by design, a chunk without
+    this key's MAC is not served. It was said and counted as damage ("chunk
+    file ... is bad", lmcache_fx_corrupt_total), so an operator looked for a
+    failing disk. It is counted apart (unauthenticated) and the warning names
+    the setting every process must share."""
+    src = F.Chunks()
+    other = F.open_store(store_dir, auth_key="another key, 16+ bytes")
+    keyless = F.open_store(store_dir)
+    try:
+        assert other.write([src.item("by-other-key", 4096)]) == [True]
+        assert keyless.write([src.item("by-no-key", 4096)]) == [True]
+    finally:
+        other.close()
+        keyless.close()
+    with F.LogCount() as logs:
+        s = F.open_store(store_dir, auth_key=KEY)
+        try:
+            assert F.read_check(s, ["by-other-key", "by-no-key"])[:2] == (0, 2)
+            st = s.stats.snapshot()
+            assert st["unauthenticated"] == 2 and st["corrupt"] == 0, st
+        finally:
+            s.close()
+    said = [r.getMessage() for r in logs.records if "refused" in r.getMessage()]
+    assert said and "must set the same auth_key" in said[0] and "is bad" not in said[0], said
+    assert "MAC does not verify with auth_key" in said[0] or "no MAC" in said[0]
+
+
 def test_auth_key(store_dir, tmp_path, monkeypatch):
     """Chunks planted without the key (or with another) are misses and are
     removed; with the key, hits. Old files (no MAC) stay readable without a key."""

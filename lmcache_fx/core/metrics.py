@@ -22,6 +22,7 @@ Metric names (all labelled store=<plugin name>, path=<store paths>):
     lmcache_fx_read_chunks_total, lmcache_fx_read_bytes_total,
     lmcache_fx_written_chunks_total, lmcache_fx_written_bytes_total,
     lmcache_fx_hits_total, lmcache_fx_misses_total (of reads), lmcache_fx_corrupt_total,
+    lmcache_fx_unauthenticated_total (refused for their MAC),
     lmcache_fx_lookup_chunks_total, lmcache_fx_lookup_hits_total (of lookups: the hit rate),
     lmcache_fx_evictions_total, lmcache_fx_write_errors_total, lmcache_fx_read_errors_total,
     lmcache_fx_read_seconds_total (time inside read batches),
@@ -63,6 +64,11 @@ COUNTERS = {
         "chunks a lookup did not find are not read: see lookup_chunks",
     ),
     "corrupt": ("corrupt", "Chunk files found bad on read (treated as misses and removed)"),
+    "unauthenticated": (
+        "unauthenticated",
+        "Chunk files whose MAC does not verify with auth_key, or that have none (written by a process with another "
+        "auth_key or none, or planted): misses, removed; not counted in corrupt",
+    ),
     "evictions": ("evictions", "Chunks evicted to stay under max_capacity_gb"),
     "recycled": ("recycled_files", "Evicted chunks whose file a new chunk was written into (reuse_evicted)"),
     "write_errors": ("write_errors", "Chunk writes that failed"),

@@ -360,6 +360,7 @@ class Stats:
         self.chunks_read = self.bytes_read = 0
         self.chunks_written = self.bytes_written = 0
         self.hits = self.misses = self.corrupt = self.evictions = self.write_errors = self.read_errors = 0
+        self.unauthenticated = 0  # refused for their MAC (auth_key): removed, but not counted in corrupt
         self.lookup_chunks = self.lookup_hits = 0  # chunks asked for in lookups, and found
         self.recycled = 0  # evictions whose file a new chunk was written into
         self.scans = 0  # directory scans under the shared lock (start, drift, victims)
@@ -2861,8 +2862,10 @@ class ChunkStore:
         the header and the payload at addr does not verify."""
         if self._mac_key is None or mac_ok(self._mac_key, mv, h, memory_at(addr, nbytes)):
             return False
-        why = why_no_mac(h)
-        self._corrupt(key, e, why, ident=ident)
+        # Well formed (its header's CRC32C held, its payload's too where checked) but not this key's:
+        # most likely another process sharing the store with another auth_key or none, each then
+        # removing the other's chunks; said as that, not as damage.
+        self._corrupt(key, e, why_no_mac(h), ident=ident, unauthenticated=True)
         return True
 
     def _short_payload(self, key: str, e: Entry, size: Optional[int], length: int, nbytes: int, ident) -> None:
@@ -2926,9 +2929,25 @@ class ChunkStore:
         )
 
     def _corrupt(
-        self, key: str, e: Entry, why: str, remove: bool = True, ident: Optional[tuple[int, int]] = None
+        self,
+        key: str,
+        e: Entry,
+        why: str,
+        remove: bool = True,
+        ident: Optional[tuple[int, int]] = None,
+        unauthenticated: bool = False,
     ) -> None:
-        if remove:
+        if unauthenticated:
+            self.stats.add(unauthenticated=1)
+            self.burst_warning(
+                "unauthenticated chunk files",
+                "lmcache-fx: chunk file %s is well formed but refused: %s. Another process writing this store "
+                "with another auth_key, or none, makes such files (each then removes the other's chunks): every "
+                "process sharing a store must set the same auth_key. Treating it as a miss and removing it",
+                e.path,
+                why,
+            )
+        elif remove:
             self.stats.add(corrupt=1)
             self.burst_warning(
                 "bad chunk files",
