@@ -539,6 +539,29 @@ def test_a_path_that_leads_to_another_directory_than_before_is_named(tmp_path, c
     assert not [m for m in said if "same order" in m], said
 
 
+def test_processes_setting_another_max_capacity_gb_are_told(tmp_path, caplog, monkeypatch):
+    """Each process evicts the shared usage down to its own cap: the
+    smallest governs, and its process evicts the others' chunks again and
+    again (a review: 6870 evictions against 73 in 12 s), with nothing said.
+    An opener whose max_capacity_gb differs from the last opener's now warns
+    once, naming the setting and both values; the same cap says nothing."""
+    import logging
+
+    from lmcache_fx.core import once
+
+    monkeypatch.setattr(once, "_said", set())
+    (a,) = _roots(tmp_path, 1)
+    with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
+        _store([a], max_capacity_gb=2).close()
+        _store([a], max_capacity_gb=2).close()
+        assert not [r for r in caplog.records if "max_capacity_gb" in r.getMessage()]
+        _store([a], max_capacity_gb=0.5).close()
+    said = [r.getMessage() for r in caplog.records if "max_capacity_gb" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "max_capacity_gb is 0.5 in this process but 2 in the last process" in said[0], said
+    assert "Set the same max_capacity_gb in every process" in said[0]
+
+
 def test_a_directory_listed_twice_under_two_names_is_refused_and_loses_nothing(tmp_path, capsys):
     """path: a,b where b is a symlink to a (or a bind mount of it). Each chunk
     was found under both names, taken for two copies and unlinked as the

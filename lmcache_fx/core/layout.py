@@ -45,6 +45,7 @@ LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evicto
 # The paths the last process to open the store listed, "<st_dev>:<st_ino> <path>" a line, first to last:
 # processes that list them otherwise split the ledger or miss each other's chunks (store._note_roots).
 ROOTS_NAME = os.path.join(LOCK_DIR, "roots")
+CAP_NAME = os.path.join(LOCK_DIR, "cap")  # the last opener's max_capacity_gb, in bytes
 MEMBERS_NAME = os.path.join(LOCK_DIR, "members")  # a read lock per process that has the store open
 FLOCK = struct.Struct("@hhqqi4x")  # struct flock (Linux, 64-bit): l_type, l_whence, l_start, l_len, l_pid
 # Filesystems whose file locks go to a server or a cluster lock manager: a

@@ -51,6 +51,7 @@ from .chunkfile import (
 )
 from .drive import ReadCancelled, drive_async, drive_blocking, make_engine
 from .layout import (
+    CAP_NAME,
     HOST_TAG,
     LOCK_DIR,
     LOCK_NAME,
@@ -89,7 +90,7 @@ from .layout import (
 from .ledger import Ledger, LockTimeout
 from .metrics import READ_LATENCY_BUCKETS, latency_bucket
 from .once import log_once
-from .options import ConfigError, FxOptions, auth_key_bytes
+from .options import GIB, ConfigError, FxOptions, auth_key_bytes
 
 log = logging.getLogger("lmcache_fx")
 
@@ -646,6 +647,7 @@ class ChunkStore:
                 self.roots[0], self.file_mode, self.dir_mode, options.shared_group, locked_reads=self.lock_reads
             )
             self._note_roots()
+            self._note_cap()
             self._scan()
         except BaseException:
             # The ledger's files stay: another process may have opened them since, and one made
@@ -743,20 +745,55 @@ class ChunkStore:
                 )
         if [t[0] for t in theirs] == ids:
             return
-        try:  # the next opener compares with this list; a store this user cannot write keeps the last one
+        # the next opener compares with this list
+        self._record_in_lock_dir(ROOTS_NAME, "".join(f"{i} {r}\n" for i, r in zip(ids, self.roots)))
+
+    def _note_cap(self) -> None:
+        """Says, once, where the last process to open this store set another
+        max_capacity_gb, and records this one's. Each process evicts the
+        shared usage down to its own cap, so the smallest governs and the
+        process that set it evicts the others' chunks again and again (a
+        review: 6870 evictions against 73 in 12 s), with nothing said."""
+        mine = self.options.max_capacity_bytes
+        try:
+            with open(os.path.join(self.roots[0], CAP_NAME)) as f:
+                theirs: Optional[int] = int(f.read().split()[0])
+        except (OSError, UnicodeDecodeError, ValueError, IndexError):
+            theirs = None
+        if theirs is not None and theirs != mine:
+            log_once(
+                log,
+                ("cap", self.roots[0], theirs, mine),
+                logging.WARNING,
+                "lmcache-fx: max_capacity_gb is %s in this process but %s in the last process that opened %s. "
+                "Every process evicts the store's shared usage down to its own cap: the smallest governs, and "
+                "the process that set it evicts the others' chunks again and again. Set the same "
+                "max_capacity_gb in every process sharing a store",
+                f"{mine / GIB:g}",
+                f"{theirs / GIB:g}",
+                ",".join(self.roots),
+            )
+        if theirs != mine:
+            self._record_in_lock_dir(CAP_NAME, f"{mine}\n")
+
+    def _record_in_lock_dir(self, name: str, text: str) -> None:
+        """Replaces the file `name` (under LOCK_DIR) with text, atomically,
+        for the next opener to compare with; a store this user cannot write
+        keeps the last one."""
+        try:
             dfd = open_dir(os.path.join(self.roots[0], LOCK_DIR))
             try:
-                tmp = f"roots.{os.getpid()}{TMP_MARK}"
+                tmp = f"{os.path.basename(name)}.{os.getpid()}{TMP_MARK}"
                 fd = os.open(
                     tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd
                 )
                 try:
-                    os.write(fd, "".join(f"{i} {r}\n" for i, r in zip(ids, self.roots)).encode())
+                    os.write(fd, text.encode())
                     if self.options.shared_group:
                         os.fchmod(fd, self.file_mode)
                 finally:
                     os.close(fd)
-                os.rename(tmp, os.path.basename(ROOTS_NAME), src_dir_fd=dfd, dst_dir_fd=dfd)
+                os.rename(tmp, os.path.basename(name), src_dir_fd=dfd, dst_dir_fd=dfd)
             finally:
                 os.close(dfd)
         except OSError:
