@@ -378,6 +378,38 @@ def test_two_real_users_share_a_store():
     assert owners == {u2} or owners == {u1, u2}
 
 
+def test_a_user_without_shared_group_is_named_when_another_cannot_open_the_store():
+    """A process without shared_group: true opened a group's store first:
+    its lock file (and its chunks) only its user may open. The other user's
+    process with shared_group: true failed to start with "Permission
+    denied", never naming the setting; it now says which setting and what to
+    do."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create two users (useradd) and run a child as each")
+    gid, ((u1, g1), (u2, g2)) = _two_users()
+    with _group_store(gid) as path:
+        os.chown(path, u1, gid)  # user 1's directory, shared with the group
+        os.chmod(path, 0o2770)  # setgid: what is made in it stays in the group, whoever makes it
+        cap = 8 * (CHUNK + HEADER_SIZE)
+        base = {"path": path, "cap": cap, "read": [], "read_rank": 0, "rank": 0}
+        r1 = _run_as(u1, g1, [gid], {**base, "write": ["model@2@0@00@bfloat16"], "shared": False})
+        r2 = _run_as(u2, g2, [gid], {**base, "write": []})
+    assert r1.get("wrote") == 1, r1
+    said = r2.get("error") or ""
+    assert "Permission denied" in said and "shared_group: true in every process" in said, r2
+    # The other order: the group's store made by the sharing process, then a chunk written by one
+    # without shared_group (only its user may read it): a miss, and the reader is told why.
+    with _group_store(gid) as path:
+        os.chown(path, u1, gid)
+        os.chmod(path, 0o2770)
+        keys = ["model@2@0@01@bfloat16"]
+        assert _run_as(u2, g2, [gid], {**base, "path": path, "write": []}).get("error") is None
+        assert _run_as(u1, g1, [gid], {**base, "path": path, "write": keys, "shared": False})["wrote"] == 1
+        r3 = _run_as(u2, g2, [gid], {**base, "path": path, "write": [], "read": keys})
+    assert r3["hits"] == 0 and not r3["bad"], r3
+    assert any("Permission denied" in m and "shared_group: true in every process" in m for m in r3["said"]), r3
+
+
 def test_a_hit_of_another_user_refreshes_the_lru_clock():
     """shared_group: a hit sets its chunk's mtime (the shared LRU clock) to an
     exact time, which only the file's owner may do. Another user's hit failed
@@ -464,8 +496,15 @@ def test_two_mount_namespaces(xfs_dir, tmp_path):
 def child_user(a):
     """As one of two real users sharing a store: read what the other wrote,
     write own chunks (evicting the other's under the shared cap)."""
-    s = F.open_store(a["path"], shared_group=True, max_capacity_gb=a["cap"] / (1 << 30))
-    h, m, bad = F.read_check(s, a["read"], a["read_rank"])
+    from lmcache_fx.core.options import ConfigError
+
+    with F.LogCount() as logs:  # what the open and the reads say
+        try:
+            s = F.open_store(a["path"], shared_group=a.get("shared", True), max_capacity_gb=a["cap"] / (1 << 30))
+        except ConfigError as e:
+            print("RESULT " + json.dumps({"error": str(e)}), flush=True)
+            return
+        h, m, bad = F.read_check(s, a["read"], a["read_rank"])
     s.settle_touches()  # the hits' LRU clock, set by the store's toucher thread
     src = F.Chunks()
     ok = s.write([src.item(k, CHUNK, 0, a["rank"]) for k in a["write"]])
@@ -474,7 +513,15 @@ def child_user(a):
     print(
         "RESULT "
         + json.dumps(
-            {"hits": h, "misses": m, "bad": bad, "wrote": sum(ok), "evictions": st["evictions"], "uid": os.getuid()}
+            {
+                "hits": h,
+                "misses": m,
+                "bad": bad,
+                "wrote": sum(ok),
+                "evictions": st["evictions"],
+                "uid": os.getuid(),
+                "said": [r.getMessage() for r in logs.records],
+            }
         ),
         flush=True,
     )

@@ -41,6 +41,18 @@ class LockTimeout(OSError):
     caller skips what needed it: a store, a ledger update, a removal."""
 
 
+def _lock_file_error(path: str, e: OSError, shared_group: bool) -> ConfigError:
+    """The error of a lock file (or its .fx directory) that cannot be opened;
+    refused with shared_group, what a process without it made, and the fix."""
+    hint = ""
+    if shared_group and e.errno in (errno.EACCES, errno.EPERM):
+        hint = (
+            "; a process without shared_group: true made it (only its user may open it): set shared_group: true "
+            "in every process sharing the store, then chmod -R g+rwX the store's paths"
+        )
+    return ConfigError(f"path: cannot open the store's lock file {path!r}: {e.strerror}{hint}")
+
+
 class Ledger:
     """The shared byte count of a store, in its lock file: magic, usage,
     time of the last scan, CRC. One object per lock file per process (flock
@@ -95,7 +107,7 @@ class Ledger:
                 pass
             dfd = open_dir(os.path.join(root, LOCK_DIR))  # refuses a planted symlink
         except OSError as e:
-            raise ConfigError(f"path: cannot open the store's lock file {path!r}: {e.strerror}") from None
+            raise _lock_file_error(path, e, shared_group) from None
         try:
             gid = None
             try:
@@ -106,7 +118,7 @@ class Ledger:
                     os.path.basename(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd
                 )
             except OSError as e:
-                raise ConfigError(f"path: cannot open the store's lock file {path!r}: {e.strerror}") from None
+                raise _lock_file_error(path, e, shared_group) from None
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 os.close(fd)

@@ -878,6 +878,18 @@ class ChunkStore:
                 except OSError as e:
                     if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
                         continue  # removed, or swapped for a link, since the listing
+                    if e.errno in (errno.EACCES, errno.EPERM):
+                        # Made by another user's process without shared_group: its chunks are out of
+                        # this process's reach (not counted, not served); not a reason to refuse to start.
+                        self.burst_warning(
+                            "unreadable directories",
+                            "lmcache-fx: cannot list %s (%s): another user's process without shared_group: true "
+                            "made it; its chunks are not counted or served here. Set shared_group: true in "
+                            "every process sharing the store, then chmod -R g+rwX the store's paths",
+                            sub,
+                            e.strerror,
+                        )
+                        continue
                     raise
                 try:
                     for f in list(scan_fanout(root, sub, dfd)):
@@ -2922,7 +2934,13 @@ class ChunkStore:
         except OSError as e:
             # Gone (evicted or removed by another process, or being reused: ESTALE): a miss.
             if e.errno not in _GONE:
-                self._io_warning("lmcache-fx: cannot open %s (%s); treating it as a miss", path, e.strerror)
+                hint = ""
+                if self.options.shared_group and e.errno in (errno.EACCES, errno.EPERM):
+                    hint = (
+                        "; a process without shared_group: true wrote it (only its user may read it): set "
+                        "shared_group: true in every process sharing the store, then chmod -R g+rwX the store's paths"
+                    )
+                self._io_warning("lmcache-fx: cannot open %s (%s)%s; treating it as a miss", path, e.strerror, hint)
             self._drop(chunk_digest_of_path(path), unlink=False)
             return -1
 
