@@ -352,3 +352,28 @@ def test_readers_beside_removes_and_writes_that_take_spares_never_see_wrong_byte
     finally:
         s.close()
     assert F.tmp_files(shm_dir) == []
+
+
+def test_a_store_with_no_room_for_other_processes_spares_says_so(shm_dir):
+    """Spares are bounded per process by its own cap, and another process
+    takes none of them before STALE_SPARE_SECONDS: idle processes' spares can
+    leave a peer no room (a review: four idle ranks' spares filled a store,
+    the fifth stored nothing for 300 s). Its warning blamed pins and other
+    writers only; it now names other processes' spares and when they go."""
+    a = _open(shm_dir, chunks=4)
+    b = _open(shm_dir, chunks=4)
+    try:
+        assert a._keeps_spares, "tmpfs keeps spares"
+        _write(a, ["a0", "a1", "a2", "a3"])
+        for k in ("a0", "a1", "a2", "a3"):
+            assert a.remove(k)
+        assert a.spare_bytes > 0  # a's spares hold room in the shared usage
+        src = F.Chunks()
+        with F.LogCount() as logs:
+            got = b.write([src.item(f"b{i}", CHUNK) for i in range(4)])
+        assert not all(got), got  # no room for all of b's: a's spares hold some
+        said = [r.getMessage() for r in logs.records if "no room" in r.getMessage()]
+        assert said and "other processes' spares" in said[0], said
+    finally:
+        b.close()
+        a.close()

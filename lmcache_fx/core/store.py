@@ -1864,10 +1864,18 @@ class ChunkStore:
         else:
             with self._lock:
                 pinned = sum(1 for v in self._pins.values() if v)
-            why = (
-                f"what is left is pinned ({pinned} chunks pinned by this process's lookups and reads) "
-                "or being written by other processes"
-            )
+            held = [
+                f"pinned ({pinned} chunks pinned by this process's lookups and reads)",
+                "being written by other processes",
+            ]
+            if self._keeps_spares:
+                # Spares are per process, each bounded by its own cap: idle processes' spares can fill a
+                # store, and another process takes them only past STALE_SPARE_SECONDS.
+                held.append(
+                    "held as other processes' spares (removed chunks' files kept for reuse, up to a quarter of each "
+                    f"one's cap; another process removes them {STALE_SPARE_SECONDS:.0f} s after their last use)"
+                )
+            why = "what is left is " + ", ".join(held[:-1]) + " or " + held[-1]
         self.burst_warning(
             "batches with no room",
             "lmcache-fx: %d of %d chunks not stored: no room under max_capacity_gb=%s: %s",
