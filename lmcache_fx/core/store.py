@@ -2038,25 +2038,21 @@ class ChunkStore:
         digests = [t[2] for t in todo]
         # Two stats per new chunk (one call for the batch): the cost of finding it under either root.
         fixed = [self._root_index_of(path) if st is not None else None for path, st in self._find_many(digests)]
+        # A root whose filesystem is full (or whose stores fail) takes none: a chunk goes under its other
+        # choice, or nowhere (-1) when that one is unusable too, or when it lies on an unusable one.
         full = self._full_roots() | self._failing_roots()
-        if full:
-            # A root whose filesystem is full (or whose stores fail) takes none: a chunk goes under its
-            # other choice, or nowhere (-1) when that one is full too, or when it lies on a full one.
-            for k, d in enumerate(digests):
-                if fixed[k] is not None:
-                    fixed[k] = -1 if fixed[k] in full else fixed[k]
-                    continue
-                a, b = root_choices(len(self.roots), d)
-                if a in full or b in full:
-                    fixed[k] = b if a in full and b not in full else a if a not in full else -1
-            skip = [k for k, r in enumerate(fixed) if r == -1]
-            for k in skip:
-                fixed[k] = None
-            out = place_roots(len(self.roots), digests, fixed)
-            for k in skip:
-                out[k] = -1
-            return out
-        return place_roots(len(self.roots), digests, fixed)
+        skip = set()
+        for k, d in enumerate(digests if full else ()):
+            a, b = (fixed[k], fixed[k]) if fixed[k] is not None else root_choices(len(self.roots), d)
+            if a in full and b in full:
+                skip.add(k)
+                fixed[k] = None  # placed, then dropped
+            elif a in full or b in full:
+                fixed[k] = b if a in full else a
+        out = place_roots(len(self.roots), digests, fixed)
+        for k in skip:
+            out[k] = -1
+        return out
 
     def _write_chunk_files(self, weng: Any, todo, out: list[bool]) -> list[bool]:
         """O_DIRECT stores without a MAC, on Engine.write_chunks. A large
