@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Optional
 
 from .layout import FLOCK, LOCK_DIR, LOCK_NAME, MEMBERS_NAME, open_dir, share_fd
-from .options import ConfigError
+from .options import SHARED_GROUP_FIX, ConfigError
 
 log = logging.getLogger("lmcache_fx")
 
@@ -46,10 +46,7 @@ def _lock_file_error(path: str, e: OSError, shared_group: bool) -> ConfigError:
     refused with shared_group, what a process without it made, and the fix."""
     hint = ""
     if shared_group and e.errno in (errno.EACCES, errno.EPERM):
-        hint = (
-            "; a process without shared_group: true made it (only its user may open it): set shared_group: true "
-            "in every process sharing the store, then chmod -R g+rwX the store's paths"
-        )
+        hint = f"; a process without shared_group: true made it (only its user may open it): {SHARED_GROUP_FIX}"
     return ConfigError(f"path: cannot open the store's lock file {path!r}: {e.strerror}{hint}")
 
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional, Sequence
 
 GIB = 1 << 30
+# What an operator does where processes of several users share a store and one runs without
+# shared_group (its files only its user may open): said by the ledger and the store alike.
+SHARED_GROUP_FIX = "set shared_group: true in every process sharing the store, then chmod -R g+rwX the store's paths"
 
 
 class ConfigError(ValueError):

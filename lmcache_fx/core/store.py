@@ -90,7 +90,7 @@ from .layout import (
 from .ledger import Ledger, LockTimeout
 from .metrics import READ_LATENCY_BUCKETS, latency_bucket
 from .once import log_once
-from .options import GIB, ConfigError, FxOptions, auth_key_bytes
+from .options import GIB, SHARED_GROUP_FIX, ConfigError, FxOptions, auth_key_bytes
 
 log = logging.getLogger("lmcache_fx")
 
@@ -884,8 +884,7 @@ class ChunkStore:
                         self.burst_warning(
                             "unreadable directories",
                             "lmcache-fx: cannot list %s (%s): another user's process without shared_group: true "
-                            "made it; its chunks are not counted or served here. Set shared_group: true in "
-                            "every process sharing the store, then chmod -R g+rwX the store's paths",
+                            f"made it; its chunks are not counted or served here: {SHARED_GROUP_FIX}",
                             sub,
                             e.strerror,
                         )
@@ -2940,10 +2939,7 @@ class ChunkStore:
             if e.errno not in _GONE:
                 hint = ""
                 if self.options.shared_group and e.errno in (errno.EACCES, errno.EPERM):
-                    hint = (
-                        "; a process without shared_group: true wrote it (only its user may read it): set "
-                        "shared_group: true in every process sharing the store, then chmod -R g+rwX the store's paths"
-                    )
+                    hint = f"; a process without shared_group: true wrote it (only its user may read it): {SHARED_GROUP_FIX}"
                 self._io_warning("lmcache-fx: cannot open %s (%s)%s; treating it as a miss", path, e.strerror, hint)
             self._drop(chunk_digest_of_path(path), unlink=False)
             return -1
