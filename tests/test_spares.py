@@ -354,12 +354,10 @@ def test_readers_beside_removes_and_writes_that_take_spares_never_see_wrong_byte
     assert F.tmp_files(shm_dir) == []
 
 
-def test_a_store_with_no_room_for_other_processes_spares_says_so(shm_dir):
-    """Spares are bounded per process by its own cap, and another process
-    takes none of them before STALE_SPARE_SECONDS: idle processes' spares can
-    leave a peer no room (a review: four idle ranks' spares filled a store,
-    the fifth stored nothing for 300 s). Its warning blamed pins and other
-    writers only; it now names other processes' spares and when they go."""
+def test_a_store_with_no_room_takes_another_stores_spares(shm_dir):
+    """Two store objects of one process (one ledger, one lock): b needs the
+    room a's spare holds. b's evictor takes it; a, asked how full the store
+    is, no longer takes it off again."""
     a = _open(shm_dir, chunks=4)
     b = _open(shm_dir, chunks=4)
     try:
@@ -367,13 +365,72 @@ def test_a_store_with_no_room_for_other_processes_spares_says_so(shm_dir):
         _write(a, ["a0", "a1", "a2", "a3"])
         for k in ("a0", "a1", "a2", "a3"):
             assert a.remove(k)
-        assert a.spare_bytes > 0  # a's spares hold room in the shared usage
-        src = F.Chunks()
-        with F.LogCount() as logs:
-            got = b.write([src.item(f"b{i}", CHUNK) for i in range(4)])
-        assert not all(got), got  # no room for all of b's: a's spares hold some
-        said = [r.getMessage() for r in logs.records if "no room" in r.getMessage()]
-        assert said and "other processes' spares" in said[0], said
+        assert a.spare_bytes == FILE  # a quarter of the cap: one spare holds room in the shared usage
+        _write(b, [f"b{i}" for i in range(4)])  # room for all four: a's spare went
+        assert F.tmp_files(shm_dir) == []
+        assert a.spare_bytes == 0 and a.used_bytes == a.usage_bytes == _on_disk(shm_dir) == 4 * FILE
+        _write(a, ["a4"])  # a finds its spare gone, stores, and counts nothing twice
+        assert b.usage_bytes == _on_disk(shm_dir) == 4 * FILE
+        assert F.read_check(b, [f"b{i}" for i in range(1, 4)] + ["a4"])[:3] == (4, 0, [])
     finally:
         b.close()
         a.close()
+
+
+def test_idle_processes_spares_do_not_leave_a_peer_without_room(shm_dir):
+    """Spares are bounded per process by its own cap, and a peer's walk
+    removed them only after STALE_SPARE_SECONDS: idle processes' spares could
+    fill a store and leave a peer storing nothing for 300 s (a review: four
+    idle ranks' spares filled a fifth's store). Two idle processes here hold
+    half the store as spares; a third stores a full store's worth at once,
+    its evictor taking their spares. The owners then report the store as
+    full as it is (their spares no longer taken off), store again and count
+    nothing twice."""
+    code = (
+        f"import os, sys; sys.path.insert(0, {HERE!r}); from faults import fxfault as F; "
+        f"s = F.open_store({shm_dir!r}, max_capacity_gb={(8 * FILE + 100) / (1 << 30)!r}); src = F.Chunks(); "
+        f"me = sys.argv[1]; keys = [f'{{me}}{{i}}' for i in range(6)]; "
+        f"assert s.write([src.item(k, {CHUNK}) for k in keys[:4]]) == [True] * 4; "
+        f"assert all(s.remove(k) for k in keys[:4]) and s.spare_bytes == 2 * {FILE}; "
+        f"print('IDLE', flush=True); sys.stdin.readline(); "
+        f"print('USED', s.used_bytes, s.usage_bytes, s.spare_bytes, flush=True); "
+        f"assert s.write([src.item(k, {CHUNK}) for k in keys[4:]]) == [True] * 2; "
+        f"print('DONE', flush=True); sys.stdin.readline(); s.close()"
+    )
+    owners = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, who],
+            cwd=os.path.dirname(HERE),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for who in ("p", "q")
+    ]
+    s = None
+    try:
+        for o in owners:
+            assert o.stdout.readline().strip() == "IDLE", o.stderr.read()
+        assert len(F.tmp_files(shm_dir)) == 4 and F.chunk_files(shm_dir) == []
+        s = _open(shm_dir, chunks=8)
+        keys = [f"model@1@0@{h:016x}@bfloat16" for h in range(8)]
+        src = F.Chunks()
+        assert s.write([src.item(k, CHUNK) for k in keys]) == [True] * 8  # 4 of 8 before: the spares held the rest
+        assert F.tmp_files(shm_dir) == [] and s.usage_bytes == _on_disk(shm_dir) == 8 * FILE
+        for o in owners:
+            o.stdin.write("go\n")
+            o.stdin.flush()
+            used, usage, spare = (int(x) for x in o.stdout.readline().split()[1:])
+            assert spare == 0 and used == usage, (used, usage, spare)
+            assert o.stdout.readline().strip() == "DONE", o.stderr.read()
+        assert s.usage_bytes == _on_disk(shm_dir) == 8 * FILE  # the owners' new chunks evicted as many
+        assert F.read_check(s, keys[4:])[:3] == (4, 0, [])
+    finally:
+        for o in owners:
+            if o.poll() is None:
+                o.stdin.write("bye\n")
+                o.stdin.flush()
+                o.communicate(timeout=60)
+        if s is not None:
+            s.close()

@@ -46,6 +46,8 @@ LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evicto
 # processes that list them otherwise split the ledger or miss each other's chunks (store._note_roots).
 ROOTS_NAME = os.path.join(LOCK_DIR, "roots")
 CAP_NAME = os.path.join(LOCK_DIR, "cap")  # the last opener's max_capacity_gb, in bytes
+# Touched by an evictor that removed other processes' spares: their owners then forget the ones gone.
+SPARES_TAKEN_NAME = os.path.join(LOCK_DIR, "spares-taken")
 MEMBERS_NAME = os.path.join(LOCK_DIR, "members")  # a read lock per process that has the store open
 FLOCK = struct.Struct("@hhqqi4x")  # struct flock (Linux, 64-bit): l_type, l_whence, l_start, l_len, l_pid
 # Filesystems whose file locks go to a server or a cluster lock manager: a
@@ -328,6 +330,14 @@ def _of_an_earlier_boot(name: str, mtime: float) -> bool:
     return len(parts) >= 4 and parts[2] != HOST_TAG and parts[3] == SEAT_TAG
 
 
+def tmp_is_spare(name: str) -> bool:
+    """Whether a temporary is a spare (a removed chunk's file kept for reuse):
+    its process moves it in and out of that name only under the store lock,
+    so an evictor holding the lock may remove it (store._walk)."""
+    parts = _tmp_fields(name)
+    return len(parts) >= 2 and parts[1].startswith(SPARE_SEQ_MARK)
+
+
 def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
     # Stale when the writer is gone (or a spare, when old)
     writer = _tmp_writer(name)
@@ -336,7 +346,7 @@ def tmp_is_stale(name: str, mtime: float, now: float) -> bool:
     pid, parts = writer
     if pid == os.getpid():
         return False
-    if len(parts) >= 2 and parts[1].startswith(SPARE_SEQ_MARK) and now - mtime > STALE_SPARE_SECONDS:
+    if tmp_is_spare(name) and now - mtime > STALE_SPARE_SECONDS:
         return True  # an idle (or stopped) process's spare: its owner finds it gone and counts nothing
     try:
         os.kill(pid, 0)

@@ -57,6 +57,7 @@ from .layout import (
     LOCK_NAME,
     ROOTS_NAME,
     SPARE_SEQ_MARK,
+    SPARES_TAKEN_NAME,
     STALE_SPARE_SECONDS,
     STALE_TMP_SECONDS,
     TMP_MARK,
@@ -82,6 +83,7 @@ from .layout import (
     share_fd,
     stat_in,
     stat_many,
+    tmp_is_spare,
     tmp_is_stale,
     unlink_if_same,
     unlink_quiet,
@@ -335,6 +337,10 @@ def _tmp_name(final: str, spare: bool = False) -> str:
     return f"{os.path.basename(final)}{TMP_MARK}{_PID[0]}.{SPARE_SEQ_MARK if spare else ''}{next(_tmp_seq)}.{TMP_TAGS}"
 
 
+def _ident(st: Optional[os.stat_result]) -> Optional[tuple[int, int]]:
+    return None if st is None else (st.st_dev, st.st_ino)
+
+
 def _gib_text(n: int) -> str:
     # In the unit of max_capacity_gb, with the digits a small cap needs (not "0.00 GiB")
     return f"{n / (1 << 30):.3g} GiB"
@@ -531,6 +537,7 @@ class ChunkStore:
         self._spares: dict[int, list[_Spare]] = {}  # file size -> spares (ledger held to change)
         self._spare_bytes = 0  # their sizes' sum, kept so other threads read it without the ledger
         self._spares_pid = _PID[0]
+        self._spares_taken_seen = 0  # the mtime_ns of SPARES_TAKEN_NAME when this process last looked
         self._rootfds: list[int] = []  # per root, O_PATH, for the store's life
         self._root_ids: list[tuple[int, int]] = []  # per root, (st_dev, st_ino) of what was opened
         self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
@@ -859,18 +866,25 @@ class ChunkStore:
             except OSError:
                 pass
 
-    def _walk(self, remove_stale: bool = True, stale: Optional[list] = None) -> tuple[list, int]:
+    def _walk(
+        self, remove_stale: bool = True, stale: Optional[list] = None, take_spares: bool = False
+    ) -> tuple[list, int]:
         """Lists every root: chunk files as (mtime_ns, digest, path, size),
         newest first, and the bytes the store holds (chunks plus temporaries
         of live writers, which are reserved in the ledger). Removes stale
         temporaries, relative to the descriptor of the directory listed (a
         fan-out directory swapped meanwhile redirects nothing); with `stale`
         (a list), appends them there as (directory, name, inode) instead,
-        uncounted. The lock file sits in no fan-out directory:
-        never seen."""
+        uncounted. With `take_spares` (the evictor, ledger held) it removes
+        every other process's (and other store object's) spares too: spares
+        are moved only under that lock, and idle processes' spares could
+        otherwise hold a whole store for STALE_SPARE_SECONDS. The lock file
+        sits in no fan-out directory: never seen."""
         found = []
         usage = 0
         now, t0 = time.time(), time.monotonic()
+        own = {os.path.basename(sp.path) for lst in self._own_spares().values() for sp in lst} if take_spares else set()
+        taken = 0
         for root in self.roots:
             for sub in fanout_dirs(root):
                 try:
@@ -893,9 +907,10 @@ class ChunkStore:
                 try:
                     for f in list(scan_fanout(root, sub, dfd)):
                         if f.kind == "tmp":
-                            gone = (remove_stale or stale is not None) and tmp_is_stale(
-                                os.path.basename(f.path), f.mtime, now
-                            )
+                            name = os.path.basename(f.path)
+                            gone = (remove_stale or stale is not None) and tmp_is_stale(name, f.mtime, now)
+                            if not gone and take_spares and name not in own and tmp_is_spare(name):
+                                gone, taken = True, taken + f.size
                             if gone and stale is not None:
                                 stale.append((sub, os.path.basename(f.path), f.ino))
                             elif gone:
@@ -912,7 +927,29 @@ class ChunkStore:
                     os.close(dfd)
         found.sort(reverse=True)
         self._walk_seconds = time.monotonic() - t0
+        if taken:
+            self._note_spares_taken()
+            log.debug("lmcache-fx: the evictor took %s of other processes' spares", _gib_text(taken))
         return found, usage
+
+    def _note_spares_taken(self) -> None:
+        """Touches SPARES_TAKEN_NAME after removing other processes' spares,
+        so their owners stop taking them off used_bytes (_forget_taken_spares)."""
+        try:
+            fd = os.open(
+                os.path.join(self.roots[0], SPARES_TAKEN_NAME), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
+        except OSError:
+            return
+        try:
+            if self.options.shared_group:
+                with contextlib.suppress(OSError):  # another user's file: its mode was set when it was made
+                    os.fchmod(fd, self.file_mode)
+            os.utime(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def _every(self, seconds: float) -> float:
         """`seconds`, or SCAN_DUTY walks' time when that is longer."""
@@ -934,13 +971,13 @@ class ChunkStore:
             self._victims, self._victims_at = found, time.monotonic()
         self.stats.add(scans=1, scan_seconds=self._walk_seconds)
 
-    def _rescan_locked(self) -> Optional[int]:
+    def _rescan_locked(self, take_spares: bool = False) -> Optional[int]:
         """Recomputes the shared usage from the files (ledger held); refreshes
         this process's victim list and prunes its index. None when the
-        directory cannot be listed."""
+        directory cannot be listed. `take_spares`: see _walk."""
         t0 = time.perf_counter()
         try:
-            found, usage = self._walk()
+            found, usage = self._walk(take_spares=take_spares)
         except OSError as e:
             self._io_warning("lmcache-fx: cannot scan the store (%s)", e.strerror)
             return None
@@ -1571,14 +1608,40 @@ class ChunkStore:
         space) but the first to go when room is needed. Only those younger
         than STALE_SPARE_SECONDS: an older one another process's walk may
         have removed (and taken off usage_bytes), so it is not taken off
-        again here (used_bytes may overstate by it, never understate)."""
+        again here (used_bytes may overstate by it, never understate). Nor
+        those another process's evictor took (_forget_taken_spares)."""
         if self._spares_pid != _PID[0] or not self._spare_bytes:
             return 0
+        self._forget_taken_spares()
         old = time.monotonic() - STALE_SPARE_SECONDS
         spares = list(self._spares.values())  # each list oldest first
         if all(lst[0].at > old for lst in spares if lst):
             return self._spare_bytes
         return sum(sp.size for lst in spares for sp in lst if sp.at > old)
+
+    def _forget_taken_spares(self) -> None:
+        """Forgets this process's spares that another process's evictor
+        removed (and took off the shared usage), so used_bytes does not take
+        them off again: a stat of SPARES_TAKEN_NAME per call, an lstat per
+        spare after it changed. Skipped while another thread holds the store
+        lock (no wait here: LMCache asks this per key); the next call looks."""
+        try:
+            seen = os.stat(os.path.join(self.roots[0], SPARES_TAKEN_NAME)).st_mtime_ns
+        except OSError:
+            return
+        if seen == self._spares_taken_seen or not self._ledger.mutex.acquire(blocking=False):
+            return
+        try:
+            self._spares_taken_seen = seen
+            for size, lst in list(self._own_spares().items()):
+                keep = [sp for sp in lst if _ident(stat_in(sp.path)) == sp.ident]
+                self._spare_bytes -= sum(sp.size for sp in lst) - sum(sp.size for sp in keep)
+                if keep:
+                    self._spares[size] = keep
+                else:
+                    del self._spares[size]
+        finally:
+            self._ledger.mutex.release()
 
     @property
     def used_bytes(self) -> int:
@@ -1627,8 +1690,9 @@ class ChunkStore:
                 self._last_usage = usage
                 return usage
         rescanned = False
+        # The evictor's walks take other processes' spares: room no chunk of theirs holds.
         if not self._victims or time.monotonic() - self._victims_at > self._every(VICTIM_LIST_SECONDS):
-            u = self._rescan_locked()
+            u = self._rescan_locked(take_spares=True)
             if u is None:
                 return usage
             usage, rescanned = _less_moved(u, reuse), True
@@ -1675,7 +1739,7 @@ class ChunkStore:
                 self._victims.extend(reversed(kept))
                 if usage <= limit or rescanned:
                     break
-                u = self._rescan_locked()  # the list ran out: look again, once
+                u = self._rescan_locked(take_spares=True)  # the list ran out: look again, once
                 if u is None:
                     break
                 usage, rescanned = _less_moved(u, reuse), True
@@ -1863,18 +1927,10 @@ class ChunkStore:
         else:
             with self._lock:
                 pinned = sum(1 for v in self._pins.values() if v)
-            held = [
-                f"pinned ({pinned} chunks pinned by this process's lookups and reads)",
-                "being written by other processes",
-            ]
-            if self._keeps_spares:
-                # Spares are per process, each bounded by its own cap: idle processes' spares can fill a
-                # store, and another process takes them only past STALE_SPARE_SECONDS.
-                held.append(
-                    "held as other processes' spares (removed chunks' files kept for reuse, up to a quarter of each "
-                    f"one's cap; another process removes them {STALE_SPARE_SECONDS:.0f} s after their last use)"
-                )
-            why = "what is left is " + ", ".join(held[:-1]) + " or " + held[-1]
+            why = (
+                f"what is left is pinned ({pinned} chunks pinned by this process's lookups and reads) "
+                "or being written by other processes"
+            )
         self.burst_warning(
             "batches with no room",
             "lmcache-fx: %d of %d chunks not stored: no room under max_capacity_gb=%s: %s",
