@@ -76,6 +76,7 @@ def test_path_and_mkfs_loop_are_exclusive_and_one_is_needed():
         ["--sweep-split", "1M,abc"],
         ["--total-gb", "inf"],
         ["--latency", "--concurrency", "a,b"],
+        ["--latency", "--latency-warmup", "-1"],
         ["--concurrency", "0"],
         ["--queue-depth", "0"],
         ["--json", "/nonexistent-dir/x.json"],
@@ -542,6 +543,8 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
             "2",
             "--latency-rounds",
             "2",
+            "--latency-warmup",
+            "0",
             "--warm",
             "--quiet",
             "--json",
@@ -564,6 +567,7 @@ def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):
         for lat in case["rounds"]:
             assert len(lat["ms"]) == lat["requests"] == 400 and lat["misses"] == 0  # latency_requests: at least 400
             assert lat["process_cpu_us_per_request"] > 0 and "loop_cpu_us_per_request" not in lat  # not awaited
+            assert "warmup_requests" not in lat  # --latency-warmup 0
             assert max(lat["ms"]) + 0.001 >= lat["p99_ms"] >= lat["p50_ms"] > 0  # "ms" is rounded to 1 us
             slow, two = set(lat["over_2x_p50"]), 2 * lat["p50_ms"]
             assert all((x >= two - 0.001) if i in slow else (x <= two + 0.001) for i, x in enumerate(lat["ms"]))
@@ -665,6 +669,9 @@ def test_bench_latency_awaited_goes_through_lmcaches_loop(odirect_tmp, tmp_path)
             # fx's runner threads' run-queue wait: fx's awaited reads run on them, LocalDiskBackend's do not
             assert (rnd.get("runner_wait_us_per_request", -1) >= 0) == (name == "fx"), rnd
             assert case["process_cpu_us_per_request"] == rnd["process_cpu_us_per_request"]
+            # untimed requests first, on chunks of their own: timed apart, at least four per request in flight
+            assert rnd["warmup_requests"] == max(40, 4 * int(conc)) and rnd["warmup_max_ms"] >= rnd["warmup_p50_ms"] > 0
+    assert d["config"]["latency_warmup"] == 40
     table = bench.format_table(d)
     assert "awaited on LMCache's event loop" in table
     assert "CPU per request in those cases" in table

@@ -48,6 +48,7 @@ from .run import (
 )
 from .workload import (
     LATENCY_ROUNDS,
+    LATENCY_WARMUP,
     BenchConfig,
     Skip,
     Workload,
@@ -138,6 +139,15 @@ methods, readers and the figures published: docs/benchmarks.md
         metavar="N",
         help=f"run each latency case N times, readers interleaved; p50, p99 and p99/p50 are medians over the "
         f"rounds (default {LATENCY_ROUNDS})",
+    )
+    p.add_argument(
+        "--latency-warmup",
+        type=int,
+        default=LATENCY_WARMUP,
+        metavar="N",
+        help=f"before each latency round, N untimed requests (at least 4 per request in flight) on chunks of their "
+        f"own, so the round times the steady state, not the host's ramp after the pause and cache drop; their "
+        f"latencies are reported apart (default {LATENCY_WARMUP}; 0: none, as before)",
     )
     p.add_argument(
         "--latency-awaited",
@@ -231,6 +241,8 @@ def check_args(p: argparse.ArgumentParser, args) -> list[str]:
         p.error("--fs-native-workers must be >= 1")
     if getattr(args, "latency_rounds", 1) < 1:
         p.error("--latency-rounds must be >= 1")
+    if getattr(args, "latency_warmup", 0) < 0:
+        p.error("--latency-warmup must be >= 0 (0: no warm-up)")
     if getattr(args, "latency_awaited", False) and not args.latency:
         p.error("--latency-awaited is a way to run --latency: give both")
     if getattr(args, "per_chunk", 0) < 0:
@@ -449,6 +461,7 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             concurrency=tuple(_ints(args.concurrency)),
             latency_rounds=args.latency_rounds,
             latency_awaited=args.latency_awaited,
+            latency_warmup=args.latency_warmup,
             mixed=args.mixed,
             mixed_store_lead_ms=args.mixed_store_lead,
             full_store=args.full_store,

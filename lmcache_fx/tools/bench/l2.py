@@ -27,7 +27,17 @@ from ...core.chunkfile import HEADER_SIZE
 from ...core.layout import round_up
 from ..models import GB, MIB
 from .readers import Reader
-from .workload import CpuSpan, Skip, cpu_seconds, crc_of, latency_figures, latency_requests, zero
+from .workload import (
+    CpuSpan,
+    Skip,
+    cpu_seconds,
+    crc_of,
+    latency_figures,
+    latency_requests,
+    latency_warmup_requests,
+    warmup_figures,
+    zero,
+)
 
 BENCH_MODEL = "lmcache-fx-bench"
 
@@ -294,22 +304,44 @@ class L2Reader(Reader):
         """p50/p99 of one-chunk load tasks with `conc` in flight, submitted
         and collected by one thread as MP mode's prefetch controller does."""
         keys = self.keys(10_000 + conc)
-        if not self.store(keys, self.src_objs):
+        # The untimed warm-up's chunks: of their own, so the timed ones stay cold (workload.LATENCY_WARMUP)
+        n_warm = latency_warmup_requests(self.cfg.latency_warmup, conc)
+        warm = self.keys(20_000 + conc)[: min(n_warm, len(keys))]
+        if not self.store(keys, self.src_objs) or not self.store(warm, self.src_objs[: len(warm)]):
             raise RuntimeError(f"{self.name}: store failed")
         if self.cfg.cold:
             from ...testing.loopfs import drop_caches
 
             drop_caches()
-        self.lookup_lock(keys)
-        n = len(keys)
-        n_req = latency_requests(n, conc)
-        a, fd = self.adapter, self.adapter.get_load_event_fd()
+        self.lookup_lock(keys + warm)
+        warm_lat = self._loads(warm, n_warm, conc)[0] if warm else []
+        n_req = latency_requests(len(keys), conc)
+        span = CpuSpan()
+        lat, misses = self._loads(keys, n_req, conc)
+        cpu = span.figures(n_req)
+        try:
+            self.adapter.submit_unlock(keys + warm)
+        except Exception:
+            pass
+        self._drop(keys + warm)
+        return {
+            "requests": len(lat),
+            "chunks_per_request": 1,
+            "misses": misses,
+            **latency_figures(lat),
+            **cpu,
+            **warmup_figures(warm_lat),
+        }
+
+    def _loads(self, keys: list, n_req: int, conc: int) -> tuple[list, int]:
+        """n_req one-chunk load tasks over keys (cycled), `conc` in flight;
+        their latencies (s, in completion order) and misses."""
+        a, fd, n = self.adapter, self.adapter.get_load_event_fd(), len(keys)
         pending: dict = {}
         lat: list[float] = []
         misses = 0
         nxt = 0
         end = time.monotonic() + 600
-        span = CpuSpan()
         while len(lat) < n_req:
             while nxt < n_req and len(pending) < conc:
                 i = nxt % n
@@ -323,19 +355,7 @@ class L2Reader(Reader):
                     misses += 1 - bm.popcount()
             if time.monotonic() > end:
                 raise RuntimeError(f"{self.name}: latency run did not finish")
-        cpu = span.figures(n_req)
-        try:
-            a.submit_unlock(keys)
-        except Exception:
-            pass
-        self._drop(keys)
-        return {
-            "requests": len(lat),
-            "chunks_per_request": 1,
-            "misses": misses,
-            **latency_figures(lat),
-            **cpu,
-        }
+        return lat, misses
 
 
 class FsNativeReader(L2Reader):

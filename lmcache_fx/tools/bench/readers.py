@@ -25,9 +25,11 @@ from .workload import (
     crc_of,
     latency_figures,
     latency_requests,
+    latency_warmup_requests,
     named_threads_runq_wait_s,
     runq_wait_since,
     thread_runq_wait_s,
+    warmup_figures,
     zero,
 )
 
@@ -275,11 +277,22 @@ class LMCacheReader(Reader):
         tokens = w.tokens(10_000 + conc)
         keys = self.keys(tokens)
         self.engine.store(tokens, kvcaches=w.src, slot_mapping=w.slot_mapping)
-        self.wait_stored(keys)
+        self.wait_stored(keys)  # LMCache's pool holds a store until written: room for one workload
+        # The untimed warm-up's chunks: of their own, so the timed ones stay cold
+        n_warm = latency_warmup_requests(self.cfg.latency_warmup, conc)
+        n_wkeys = min(n_warm, len(keys))
+        warm_tokens = w.tokens(20_000 + conc)[: n_wkeys * self.cfg.geo.chunk]
+        warm_keys = self.keys(warm_tokens) if n_wkeys else []
+        if warm_keys:
+            self.engine.store(warm_tokens, kvcaches=w.src, slot_mapping=w.slot_mapping[: len(warm_tokens)])
+            self.wait_stored(warm_keys)
         if self.cfg.cold:
             from ...testing.loopfs import drop_caches
 
             drop_caches()
+        warm_lat: list[float] = []
+        if warm_keys:
+            self._latency_run([[warm_keys[i % n_wkeys]] for i in range(n_warm)], conc, warm_lat, [], "fxwarm")
         n_req = latency_requests(len(keys), conc)
         reqs = [[keys[i % len(keys)]] for i in range(n_req)]
         lat: list[float] = []
@@ -287,18 +300,17 @@ class LMCacheReader(Reader):
         span, cpu = CpuSpan(), {}
         # fx's awaited reads run on its runner threads; no other reader has any
         runners0 = named_threads_runq_wait_s("fx-runner") if self.name.startswith("fx") else None
-        if self.cfg.latency_awaited:
-            loop_s, wait_s = self._latency_awaited(reqs, conc, lat, errors)
+        loop = self._latency_run(reqs, conc, lat, errors)
+        if loop is not None:
+            loop_s, wait_s = loop
             cpu["loop_cpu_us_per_request"] = round(loop_s / max(len(reqs), 1) * 1e6, 1)
             if wait_s is not None:
                 cpu["loop_wait_us_per_request"] = round(wait_s / max(len(reqs), 1) * 1e6, 1)
-        else:
-            self._latency_threads(reqs, conc, lat, errors)
         cpu.update(span.figures(len(reqs)))
         runner_wait = None if runners0 is None else runq_wait_since(runners0, "fx-runner")
         if runner_wait is not None:  # how long fx's runner threads waited for a CPU
             cpu["runner_wait_us_per_request"] = round(runner_wait / max(len(reqs), 1) * 1e6, 1)
-        self.cleanup(keys)
+        self.cleanup(keys + warm_keys)
         return {
             "requests": len(lat),
             "chunks_per_request": 1,
@@ -306,7 +318,15 @@ class LMCacheReader(Reader):
             "path": "awaited" if self.cfg.latency_awaited else "blocking",
             **latency_figures(lat),
             **cpu,
+            **warmup_figures(warm_lat),
         }
+
+    def _latency_run(self, reqs: list, conc: int, lat: list, errors: list, tag: str = "fxbench") -> Optional[tuple]:
+        """The requests by the case's path; awaited, the loop's CPU and wait (_latency_awaited)."""
+        if self.cfg.latency_awaited:
+            return self._latency_awaited(reqs, conc, lat, errors, tag)
+        self._latency_threads(reqs, conc, lat, errors)
+        return None
 
     def _latency_threads(self, reqs: list, conc: int, lat: list, errors: list) -> None:
         lock = threading.Lock()
@@ -333,7 +353,7 @@ class LMCacheReader(Reader):
         for t in ths:
             t.join()
 
-    def _latency_awaited(self, reqs: list, conc: int, lat: list, errors: list) -> tuple:
+    def _latency_awaited(self, reqs: list, conc: int, lat: list, errors: list, tag: str) -> tuple:
         """Runs the requests on LMCache's loop; returns the loop thread's CPU
         seconds over them (its own work and the tier's on it) and the seconds
         it waited for a CPU while ready to run (None where not kept)."""
@@ -343,7 +363,7 @@ class LMCacheReader(Reader):
 
         async def worker():
             for i, r in nxt:  # one iterator: each coroutine takes the next request
-                lid = f"fxbench-{i}"
+                lid = f"{tag}-{i}"
                 t = time.perf_counter()
                 if await backend.batched_async_contains(lid, r, True) < len(r):
                     errors.append(r)

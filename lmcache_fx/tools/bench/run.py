@@ -261,6 +261,7 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
             "full_store": cfg.full_store,
             "mixed_store_lead_ms": cfg.mixed_store_lead_ms,
             "latency_awaited": cfg.latency_awaited,
+            "latency_warmup": cfg.latency_warmup if cfg.latency else None,
         },
         "machine": {**machine_info(cfg.path), "loadavg_start": list(os.getloadavg())},
         "readers": {},

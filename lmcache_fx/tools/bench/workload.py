@@ -272,6 +272,33 @@ def latency_figures(lat: list) -> dict:
     }
 
 
+# Untimed requests before each latency round, on chunks of their own stored
+# with the round's: the first ~16 requests after an idle pause and a cache
+# drop took 1.4-2.1x the steady time for every reader (each thread of the path
+# took 20-40 % more CPU per request at first), a ramp of the host, not
+# unfairness between requests in flight, that alone lifted a 2 MiB case's
+# p99/p50 over 2x. fio's ramp_time does the same; their latencies are kept
+# apart ("warmup").
+LATENCY_WARMUP = 40
+
+
+def latency_warmup_requests(warmup: int, conc: int) -> int:
+    """Untimed requests before a latency round: `warmup` (0: none), and at
+    least four per request in flight."""
+    return max(warmup, 4 * conc) if warmup > 0 else 0
+
+
+def warmup_figures(lat: list) -> dict:
+    """What the untimed requests took: how many, their p50 and slowest (ms)."""
+    if not lat:
+        return {}
+    return {
+        "warmup_requests": len(lat),
+        "warmup_p50_ms": percentile(lat, 50) * 1e3,
+        "warmup_max_ms": max(lat) * 1e3,
+    }
+
+
 # Rounds of every latency case: the targets are medians of at least 5, and a
 # single case's p99 swings with the host (a pause of a few ms fails a 2 MiB
 # case for any reader), so one case per run says little.
@@ -295,7 +322,8 @@ def combine_latency_rounds(rounds: list) -> dict:
     """One latency case from its rounds (each latency_figures() plus requests
     and misses, or {"error": ...}): p50, p99 and p99/p50 as medians over the
     rounds that ran, the ratio taken within each round (the same stretch of
-    the host's time), the rounds' CPU figures as medians, and every round kept."""
+    the host's time), the rounds' CPU and warm-up figures as medians, and
+    every round kept."""
     ok = [r for r in rounds if r and r.get("p50_ms")]
     out: dict = {"rounds": rounds}
     if not ok:
@@ -311,7 +339,7 @@ def combine_latency_rounds(rounds: list) -> dict:
         chunks_per_request=ok[0].get("chunks_per_request", 1),
         misses=sum(r.get("misses", 0) for r in ok),
     )
-    for k in LATENCY_CPU_FIGURES:  # where the rounds measured them
+    for k in LATENCY_CPU_FIGURES + ("warmup_p50_ms", "warmup_max_ms"):  # where the rounds measured them
         vals = [r[k] for r in ok if r.get(k) is not None]
         if vals:
             out[k] = median(vals)
@@ -334,6 +362,7 @@ class BenchConfig:
     concurrency: tuple = (1, 4, 16)
     latency_rounds: int = LATENCY_ROUNDS  # each latency case this many times, readers interleaved
     latency_awaited: bool = False  # LMCache tiers' latency through batched_get_non_blocking on an event loop
+    latency_warmup: int = LATENCY_WARMUP  # untimed requests before each latency round (latency_warmup_requests)
     mixed: bool = False  # also: stores while loads run (L2 adapters)
     mixed_store_lead_ms: float = 0.0  # --mixed: the load submitted this long after the store
     full_store: bool = False  # fx-l2 at its capacity: each chunk stored evicts one
@@ -365,9 +394,12 @@ __all__ = [
     "LATENCY_MIN_REQUESTS",
     "LATENCY_REQUESTS_PER_THREAD",
     "LATENCY_ROUNDS",
+    "LATENCY_WARMUP",
     "combine_latency_rounds",
     "latency_figures",
     "latency_requests",
+    "latency_warmup_requests",
+    "warmup_figures",
     "MIB",
     "BenchConfig",
     "Skip",
