@@ -449,6 +449,44 @@ def test_a_read_only_path_of_a_striped_store_sends_its_chunks_to_the_others(tmp_
             subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
 
 
+def test_a_striped_store_starts_with_a_read_only_path(tmp_path):
+    """A restart with one of a striped store's filesystems read-only (XFS
+    remounts itself so after an I/O error): the store refused to start, so
+    the whole cache, and the server with it, went down for one drive. It now
+    starts with a warning naming the path: the chunks there are served, new
+    ones go under the other path, problem() and doctor say so. The first
+    path (the shared usage lives there) read-only still refuses."""
+    from lmcache_fx.tools import doctor
+
+    with _striped_over_two_xfs(16) as (m0, m1, roots, s, src, chunk, warm):
+        s.close()
+        subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
+        try:
+            with F.LogCount() as logs:
+                s2 = F.open_store(",".join(roots), max_capacity_gb=1)
+            try:
+                said = [r.getMessage() for r in logs.records if r.levelno >= logging.WARNING]
+                assert any(roots[1] in m and "read-only" in m for m in said), said
+                assert F.chunk_files(roots[1]) and F.read_check(s2, warm) == (len(warm), 0, [])
+                on_ro = sorted(F.chunk_files(roots[1]))
+                stored = [s2.write([src.item(f"new/{b}/{i}", chunk) for i in range(8)]) for b in range(4)]
+                assert all(all(ok) for ok in stored), [sum(ok) for ok in stored]
+                assert sorted(F.chunk_files(roots[1])) == on_ro  # all went under the other path
+                assert F.read_check(s2, [f"new/{b}/{i}" for b in range(4) for i in range(8)])[:3] == (32, 0, [])
+                problem = s2.problem()
+                assert problem is not None and roots[1] in problem and "read-only" in problem, problem
+                assert not s2.stats.write_errors
+            finally:
+                s2.close()
+            checks = doctor.check_path(roots[1], FxOptions.from_mapping({"path": ",".join(roots)}), "", first=False)
+            (c,) = [c for c in checks if c.name == "path"]
+            assert c.status == "warn" and "starts" in c.summary, c
+            with pytest.raises(ConfigError, match="read-only"):
+                F.open_store(",".join(reversed(roots)), max_capacity_gb=1)
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+
+
 def test_a_full_disk_eviction_spares_the_prompt_it_stopped(tmp_path):
     """A write that meets ENOSPC evicts 5 % of the store by age once it ends.
     Where the store held little else, that was the first chunks of the very

@@ -23,6 +23,7 @@ import contextlib
 import errno
 import itertools
 import logging
+import math
 import mmap
 import os
 import stat
@@ -66,6 +67,7 @@ from .layout import (
     chunk_digest_of_path,
     devices_under,
     fanout_dirs,
+    on_read_only_fs,
     open_dir,
     open_in,
     paths_for,
@@ -705,7 +707,18 @@ class ChunkStore:
         except OSError as e:
             raise ConfigError(f"path: cannot create or open the store directory {root!r}: {e.strerror}") from None
         why = root_problem(root, st, self.options.shared_group)
-        if why:
+        if why and root != self.roots[0] and on_read_only_fs(root):
+            # One drive of several remounted read-only (as XFS does after an I/O error): refusing to
+            # start took the whole store, and with it the server, down at the next restart.
+            # Its chunks are served; stores go to each chunk's other path (_places).
+            self._failing[self.roots.index(root)] = (math.inf, "read-only filesystem")
+            log.warning(
+                "lmcache-fx: store path %s is on a read-only filesystem: its chunks are served and new ones go "
+                "under the other paths (they count in the usage and cannot be evicted); mount it read-write and "
+                "restart to store there again",
+                root,
+            )
+        elif why:
             raise ConfigError(f"path: {why}")
         self._root_gid[root] = st.st_gid
 
@@ -2522,7 +2535,8 @@ class ChunkStore:
         )
 
     def _failing_roots(self) -> set[int]:
-        """The roots whose stores failed (but for ENOSPC) in the last 5 s."""
+        """The roots whose stores failed (but for ENOSPC) in the last 5 s, and
+        those on a read-only filesystem at start (for good)."""
         now = time.monotonic()
         return {r for r, (until, _) in list(self._failing.items()) if now < until}
 

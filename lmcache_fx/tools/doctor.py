@@ -434,7 +434,9 @@ def _lock_file_problem(root: str) -> tuple[str, str]:
     return "", ""
 
 
-def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
+def check_path(root: str, opts: FxOptions, tag: str, first: bool = True) -> list[Check]:
+    """The checks of one store path; `first`: the first of the list (the
+    shared usage lives there), which no store starts without."""
     from .admin import scan
 
     out = []
@@ -454,7 +456,17 @@ def check_path(root: str, opts: FxOptions, tag: str) -> list[Check]:
                 )
             ]
         why = root_problem(root, os.stat(root), opts.shared_group)
-        if why:
+        if why and not first and on_read_only_fs(root):
+            out.append(
+                Check(
+                    f"{tag}path",
+                    "warn",
+                    f"{why}: the plugin starts, serves its chunks and stores new ones under the other paths",
+                    "mount it read-write and restart the server to store there again",
+                    data,
+                )
+            )
+        elif why:
             out.append(
                 Check(
                     f"{tag}path",
@@ -834,8 +846,8 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
     for name, o in plugins:
         tag = f"[{name}] " if name else ""
         checks.append(check_engine(o, tag))
-        for root in o.paths:
-            found = check_path(root, o, tag if len(o.paths) == 1 else f"{tag}{root}: ")
+        for k, root in enumerate(o.paths):
+            found = check_path(root, o, tag if len(o.paths) == 1 else f"{tag}{root}: ", first=k == 0)
             checks += [c for c in found if not (name in unsized and c.name.endswith("space"))]
         twice = aliased_root([os.path.abspath(os.path.expanduser(r)) for r in o.paths])
         if twice is not None:
