@@ -434,3 +434,61 @@ def test_idle_processes_spares_do_not_leave_a_peer_without_room(shm_dir):
                 o.communicate(timeout=60)
         if s is not None:
             s.close()
+
+
+def test_a_store_takes_other_processes_spares_before_its_own_chunks(shm_dir):
+    """Another store's spares holding part of the store (not all of it): the
+    evictor found chunks to evict in the list its unlocked walks refill, so it
+    never walked under the lock to take the spares, and kept 6 of 8 chunks
+    while 2 spares sat idle (a review: 2 of 8 with three idle processes, for
+    as long as it ran). The walks note other stores' spares, and the evictor
+    takes them before any chunk."""
+    a = _open(shm_dir)
+    b = _open(shm_dir)
+    try:
+        _write(a, KEYS[:2])
+        assert a.remove(KEYS[0]) and a.remove(KEYS[1]) and a.spare_bytes == 2 * FILE
+        src = F.Chunks()
+        keys = [f"b/{i}" for i in range(12)]
+        for k in keys:  # one chunk a write, as LMCache stores
+            assert b.write([src.item(k, CHUNK)]) == [True]
+        assert F.tmp_files(shm_dir) == [] and len(F.chunk_files(shm_dir)) == 8
+        assert F.read_check(b, keys[-8:])[:3] == (8, 0, [])
+        assert a.spare_bytes == 0 and a.used_bytes == b.usage_bytes == _on_disk(shm_dir) == 8 * FILE
+    finally:
+        b.close()
+        a.close()
+
+
+def test_spares_taken_within_one_clock_tick_are_all_forgotten(tmp_path):
+    """The owner learnt that spares were taken from the mtime of a file the
+    evictor touched: on a filesystem whose timestamps tick every few ms
+    (ramfs here; tmpfs before Linux 6.13) a second take in the same tick left
+    it unchanged, and the owner went on taking a spare that was gone off
+    used_bytes, reporting the store emptier than it is for up to 300 s (a
+    review: 30 of 30 rounds on ramfs). The evictor now counts takes."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a ramfs (a memory filesystem with coarse timestamps)")
+    mnt = tmp_path / "ramfs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)], check=True)
+    try:
+        os.chmod(mnt, 0o700)
+        small = store_mod.SPARE_MIN_BYTES - HEADER_SIZE - 4096  # removed, never kept as a spare
+        for r in range(5):
+            path = str(mnt / f"r{r}")
+            a, b, c, d = (_open(path, chunks=4) for _ in range(4))
+            try:
+                _write(c, ["p"])
+                assert c.remove("p") and c.spare_bytes  # c keeps a spare
+                _write(b, [f"e{i}" for i in range(4)], small)  # no victims: b's evictor takes c's spare
+                _write(a, ["o"])
+                assert a.remove("o") and a.spare_bytes == FILE  # a keeps one, and has looked
+                _write(d, [f"f{i}" for i in range(4)], small)  # d's evictor takes a's, at once
+                assert not [p for p in F.tmp_files(path)]
+                assert a.spare_bytes == 0 and a.used_bytes == a.usage_bytes == _on_disk(path), r
+            finally:
+                for s in (a, b, c, d):
+                    s.close()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)

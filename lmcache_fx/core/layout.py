@@ -46,8 +46,9 @@ LOCK_NAME = os.path.join(LOCK_DIR, "store.lock")  # the shared ledger and evicto
 # processes that list them otherwise split the ledger or miss each other's chunks (store._note_roots).
 ROOTS_NAME = os.path.join(LOCK_DIR, "roots")
 CAP_NAME = os.path.join(LOCK_DIR, "cap")  # the last opener's max_capacity_gb, in bytes
-# Touched by an evictor that removed other processes' spares: their owners then forget the ones gone.
-SPARES_TAKEN_NAME = os.path.join(LOCK_DIR, "spares-taken")
+# Two counters (little-endian u64), changed under the store lock: spares kept (by any process), and
+# removals of other processes' spares by an evictor; processes compare them with what they last saw.
+SPARES_NAME = os.path.join(LOCK_DIR, "spares")
 MEMBERS_NAME = os.path.join(LOCK_DIR, "members")  # a read lock per process that has the store open
 FLOCK = struct.Struct("@hhqqi4x")  # struct flock (Linux, 64-bit): l_type, l_whence, l_start, l_len, l_pid
 # Filesystems whose file locks go to a server or a cluster lock manager: a

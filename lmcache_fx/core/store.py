@@ -58,7 +58,7 @@ from .layout import (
     LOCK_NAME,
     ROOTS_NAME,
     SPARE_SEQ_MARK,
-    SPARES_TAKEN_NAME,
+    SPARES_NAME,
     STALE_SPARE_SECONDS,
     STALE_TMP_SECONDS,
     TMP_MARK,
@@ -133,6 +133,8 @@ VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before
 # (docs/bench-repeats/spares/), and loads are what a cache is for.
 SPARE_SECONDS = 60.0
 SPARE_SHARE = 4
+SPARES_LOOK_SECONDS = 1.0  # an evictor walks for other processes' new spares at most this often
+SPARES_KEPT, SPARES_TAKEN = 0, 8  # the offsets of layout.SPARES_NAME's two counters
 # Only files of at least this many bytes are kept as spares: for a small file the two renames,
 # the open and the lock that a spare costs are more than its fresh pages (the crossing lies between
 # 64 and 128 KiB on tmpfs; the probe is in the commit message that set this).
@@ -539,7 +541,12 @@ class ChunkStore:
         self._spares: dict[int, list[_Spare]] = {}  # file size -> spares (ledger held to change)
         self._spare_bytes = 0  # their sizes' sum, kept so other threads read it without the ledger
         self._spares_pid = _PID[0]
-        self._spares_taken_seen = 0  # the mtime_ns of SPARES_TAKEN_NAME when this process last looked
+        self._spares_fd = -1  # SPARES_NAME, open for the store's life on memory filesystems
+        self._spares_taken_seen = 0  # its count of takes when this store last looked (_forget_taken_spares)
+        self._spares_kept_seen = 0  # its count of spares kept when this store last walked
+        self._spares_kept_at = -1e9  # when this store last walked because it changed
+        # Other processes' spares the last walk saw, (mtime_ns, path, size): the evictor's first victims
+        self._others_spares: list[tuple[int, str, int]] = []
         self._rootfds: list[int] = []  # per root, O_PATH, for the store's life
         self._root_ids: list[tuple[int, int]] = []  # per root, (st_dev, st_ino) of what was opened
         self._wengine: Any = None  # payload writes on page-cache media (a thread engine), else the engine
@@ -657,6 +664,8 @@ class ChunkStore:
             )
             self._note_roots()
             self._note_cap()
+            if magics & medium.MEMORY_FS_MAGICS:  # where spares are kept (by this process or another)
+                self._open_spares_file()
             self._scan()
         except BaseException:
             # The ledger's files stay: another process may have opened them since, and one made
@@ -888,16 +897,18 @@ class ChunkStore:
         temporaries, relative to the descriptor of the directory listed (a
         fan-out directory swapped meanwhile redirects nothing); with `stale`
         (a list), appends them there as (directory, name, inode) instead,
-        uncounted. With `take_spares` (the evictor, ledger held) it removes
-        every other process's (and other store object's) spares too: spares
-        are moved only under that lock, and idle processes' spares could
-        otherwise hold a whole store for STALE_SPARE_SECONDS. The lock file
-        sits in no fan-out directory: never seen."""
+        uncounted. Other processes' (and other store objects') spares it
+        notes for the evictor (_take_others_spares_locked); with `take_spares`
+        (the evictor, ledger held) it removes them: spares are moved only
+        under that lock, and idle processes' spares could otherwise hold a
+        store for STALE_SPARE_SECONDS. The lock file sits in no fan-out
+        directory: never seen."""
         found = []
         usage = 0
         now, t0 = time.time(), time.monotonic()
-        own = {os.path.basename(sp.path) for lst in self._own_spares().values() for sp in lst} if take_spares else set()
-        taken = 0
+        own = {os.path.basename(sp.path) for lst in self._own_spares().values() for sp in lst}
+        taken, others = 0, []
+        kept = self._spares_count(SPARES_KEPT)  # before the listing: a spare kept during it is looked for again
         for root in self.roots:
             for sub in fanout_dirs(root):
                 try:
@@ -922,8 +933,11 @@ class ChunkStore:
                         if f.kind == "tmp":
                             name = os.path.basename(f.path)
                             gone = (remove_stale or stale is not None) and tmp_is_stale(name, f.mtime, now)
-                            if not gone and take_spares and name not in own and tmp_is_spare(name):
-                                gone, taken = True, taken + f.size
+                            if not gone and name not in own and tmp_is_spare(name):
+                                if take_spares:
+                                    gone, taken = True, taken + f.size
+                                else:
+                                    others.append((f.mtime_ns, f.path, f.size))
                             if gone and stale is not None:
                                 stale.append((sub, os.path.basename(f.path), f.ino))
                             elif gone:
@@ -940,29 +954,76 @@ class ChunkStore:
                     os.close(dfd)
         found.sort(reverse=True)
         self._walk_seconds = time.monotonic() - t0
+        self._others_spares = sorted(others)  # oldest first
+        self._spares_kept_seen = kept
         if taken:
             self._note_spares_taken()
             log.debug("lmcache-fx: the evictor took %s of other processes' spares", _gib_text(taken))
         return found, usage
 
+    def _open_spares_file(self) -> None:
+        """Opens SPARES_NAME (made if missing) for the store's life: on a
+        memory filesystem, where spares are kept."""
+        path = os.path.join(self.roots[0], SPARES_NAME)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.file_mode)
+        except OSError:
+            return  # then other processes' spares are found by the walks alone, every VICTIM_LIST_SECONDS
+        if self.options.shared_group:
+            with contextlib.suppress(OSError):  # another user's file: its mode was set when it was made
+                os.fchmod(fd, self.file_mode)
+        self._spares_fd = fd
+
+    def _spares_count(self, which: int) -> int:
+        """A counter of SPARES_NAME (SPARES_KEPT, SPARES_TAKEN); 0 without it."""
+        if self._spares_fd < 0:
+            return 0
+        try:
+            return int.from_bytes(os.pread(self._spares_fd, 8, which).ljust(8, b"\0"), "little")
+        except OSError:
+            return 0
+
+    def _count_spares_locked(self, which: int) -> int:
+        """Adds one to a counter of SPARES_NAME (ledger held); returns it.
+        Counts, not the file's mtime: on a filesystem whose clock ticks every
+        few ms (ramfs; tmpfs before Linux 6.13) two changes in one tick left
+        the mtime as it was."""
+        n = (self._spares_count(which) + 1) % (1 << 64)
+        if self._spares_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.pwrite(self._spares_fd, n.to_bytes(8, "little"), which)
+        return n
+
     def _note_spares_taken(self) -> None:
-        """Touches SPARES_TAKEN_NAME after removing other processes' spares,
-        so their owners stop taking them off used_bytes (_forget_taken_spares)."""
+        """After removing other processes' spares: their owners look which
+        of theirs are gone (_forget_taken_spares)."""
+        self._count_spares_locked(SPARES_TAKEN)
+
+    def _take_others_spares_locked(self, limit: int, usage: int) -> int:
+        """Removes other processes' spares the last walk saw (ledger held),
+        oldest first, until usage <= limit; returns the usage after. Spares
+        go before any chunk, and the walks before most evictions are made
+        without the lock (_refresh_victims): the only ones that saw them. A
+        name still there under the lock, not newer, is still the spare seen
+        (a spare's name is used once, and moved only under the lock)."""
+        seen, self._others_spares = self._others_spares, []
+        dirfds: dict[str, int] = {}
+        taken = 0
         try:
-            fd = os.open(
-                os.path.join(self.roots[0], SPARES_TAKEN_NAME), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            )
-        except OSError:
-            return
-        try:
-            if self.options.shared_group:
-                with contextlib.suppress(OSError):  # another user's file: its mode was set when it was made
-                    os.fchmod(fd, self.file_mode)
-            os.utime(fd)
-        except OSError:
-            pass
+            for k, (mt, path, _size) in enumerate(seen):
+                if usage <= limit:
+                    self._others_spares = seen[k:]
+                    break
+                st = unlink_if_same(path, mtime_ns=mt, dirfds=dirfds)
+                if st is not None:
+                    usage, taken = max(0, usage - st.st_size), taken + st.st_size
         finally:
-            os.close(fd)
+            for fd in dirfds.values():
+                os.close(fd)
+        if taken:
+            self._note_spares_taken()
+            log.debug("lmcache-fx: the evictor took %s of other processes' spares", _gib_text(taken))
+        return usage
 
     def _every(self, seconds: float) -> float:
         """`seconds`, or SCAN_DUTY walks' time when that is longer."""
@@ -974,8 +1035,15 @@ class ChunkStore:
         walk made WITHOUT the lock (a large store's walk takes seconds; peers'
         stores would wait on it). Its entries are only candidates: the
         evictor checks each victim's mtime under the lock before removing it."""
-        if len(self._victims) >= batch and time.monotonic() - self._victims_at <= self._every(VICTIM_LIST_SECONDS):
-            return
+        now = time.monotonic()
+        if len(self._victims) >= batch and now - self._victims_at <= self._every(VICTIM_LIST_SECONDS):
+            # Another process kept a spare since this store's last walk: its evictor's first victim,
+            # which only a walk finds (at most once a SPARES_LOOK_SECONDS, or SCAN_DUTY walks' time).
+            if self._spares_count(SPARES_KEPT) == self._spares_kept_seen:
+                return
+            if now - self._spares_kept_at <= self._every(SPARES_LOOK_SECONDS):
+                return
+            self._spares_kept_at = now
         try:
             found, _ = self._walk(remove_stale=False)
         except OSError:
@@ -1522,6 +1590,10 @@ class ChunkStore:
         self._spare_bytes += st.st_size
         if self._spare_bytes > self.options.max_capacity_bytes // SPARE_SHARE:
             self._ledger_add_locked(-self._drop_spares_locked(lambda s: s is sp))
+        # For other processes' evictors (_refresh_victims); not this store's, if it had seen all before.
+        before = self._spares_kept_seen
+        if self._count_spares_locked(SPARES_KEPT) == (before + 1) % (1 << 64):
+            self._spares_kept_seen = (before + 1) % (1 << 64)
         return True
 
     def _expire_spares_locked(self) -> int:
@@ -1635,13 +1707,13 @@ class ChunkStore:
     def _forget_taken_spares(self) -> None:
         """Forgets this process's spares that another process's evictor
         removed (and took off the shared usage), so used_bytes does not take
-        them off again: a stat of SPARES_TAKEN_NAME per call, an lstat per
-        spare after it changed. Skipped while another thread holds the store
-        lock (no wait here: LMCache asks this per key); the next call looks."""
-        try:
-            seen = os.stat(os.path.join(self.roots[0], SPARES_TAKEN_NAME)).st_mtime_ns
-        except OSError:
+        them off again: a read of SPARES_NAME's count of takes per call, an
+        lstat per spare after it changed. Skipped while another thread holds
+        the store lock (no wait here: LMCache asks this per key); the next
+        call looks."""
+        if self._spares_fd < 0:
             return
+        seen = self._spares_count(SPARES_TAKEN)
         if seen == self._spares_taken_seen or not self._ledger.mutex.acquire(blocking=False):
             return
         try:
@@ -1698,10 +1770,12 @@ class ChunkStore:
                 drop.add(id(sp))
                 left -= sp.size
             usage = max(0, usage - self._drop_spares_locked(lambda sp: id(sp) in drop))
-            if usage <= limit:
-                self._ledger.set_usage(usage)
-                self._last_usage = usage
-                return usage
+        if usage > limit and self._others_spares:  # then other processes' spares
+            usage = self._take_others_spares_locked(limit, usage)
+        if usage <= limit:
+            self._ledger.set_usage(usage)
+            self._last_usage = usage
+            return usage
         rescanned = False
         # The evictor's walks take other processes' spares: room no chunk of theirs holds.
         if not self._victims or time.monotonic() - self._victims_at > self._every(VICTIM_LIST_SECONDS):
@@ -3142,6 +3216,9 @@ class ChunkStore:
         if self._toucher is not None:
             self._toucher.close()
         self._close_fds()
+        if self._spares_fd >= 0:
+            os.close(self._spares_fd)
+            self._spares_fd = -1
         if self._ledger is not None:
             self._ledger.release()
             self._ledger = None  # type: ignore[assignment]
