@@ -13,7 +13,8 @@ file, so the page's figures are the JSON's and nothing is typed by hand:
     python scripts/bench_tables.py --latency-layers "run 1" docs/bench-repeats/latency-layers/868fddf-run1.json ...
         # and --latency-gil (the --gil runs), --latency-reserve (the runs with plugin-reserve, a row each)
     python scripts/bench_tables.py --latency-cpu "10 MiB, run 1" docs/bench-repeats/latency-awaited/5028bcf-10m-run1.json ...
-        # --latency-rounds runs' CPU per request (runs since 5028bcf)
+        # --latency-rounds runs' CPU per request (runs since 5028bcf); --latency-first-tenth: where the slow
+        # requests fell, and the warm-up's p50 over the timed one (runs since --latency-warmup)
     python scripts/bench_tables.py --per-chunk-runs "run 1" docs/bench-repeats/per-chunk-written/77cbeb3-run1.json ...
     python scripts/bench_tables.py --chunk-overhead "run 1" docs/bench-repeats/chunk-overhead/41bcd7c-run1.json ...
     python scripts/bench_tables.py --build-ab-writes "run 1" docs/bench-repeats/extents/63cb079-writes.json ...
@@ -488,6 +489,29 @@ def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
                 )
             rows.append(f"| {label}, {c} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def latency_first_tenth_table(cases: list[tuple[str, str]]) -> str:
+    """Where a latency case's slow requests (over 2x its round's p50) fell:
+    a row per label and count in flight, a column per reader, each cell the
+    slow requests in the first tenth of each round's requests / all slow
+    ones, summed over the rounds, then the warm-up requests' p50 over the
+    timed ones' (medians over the rounds; runs since --latency-warmup)."""
+    runs = _labelled_runs(cases)
+    names = [n for n, e in runs[0][1]["readers"].items() if e.get("latency")]
+    body = []
+    for label, d in runs:
+        for c in sorted({int(c) for n in names for c in d["readers"][n]["latency"]}):
+            cells = []
+            for n in names:
+                v = d["readers"][n]["latency"].get(str(c)) or {}
+                rounds = [r for r in v.get("rounds", []) if r.get("ms")]
+                first = sum(1 for r in rounds for i in r["over_2x_p50"] if i * 10 < len(r["ms"]))
+                slow = sum(len(r["over_2x_p50"]) for r in rounds)
+                warm = v.get("warmup_p50_ms")
+                cells.append(f"{first} / {slow}" + (f" · {warm / v['p50_ms']:.2f}×" if warm else ""))
+            body.append([f"{label}, {c}"] + cells)
+    return _md_table(["run, in flight"] + [runs[0][1]["readers"][n]["label"] for n in names], body)
 
 
 def latency_cpu_table(cases: list[tuple[str, str]]) -> str:
@@ -995,6 +1019,7 @@ if __name__ == "__main__":
         "--l2-stores": store_runs_table,
         "--latency-rounds": latency_rounds_table,
         "--latency-cpu": latency_cpu_table,
+        "--latency-first-tenth": latency_first_tenth_table,
         "--latency-layers": latency_layers_table,
         "--latency-gil": latency_gil_table,
         "--latency-reserve": latency_reserve_table,

@@ -5265,3 +5265,31 @@ def test_every_rep_and_every_latency_case_has_keys_of_its_own():
     firsts = [int(w.tokens(r)[0]) for r in reps]
     assert len(set(firsts)) == len(reps), firsts
     assert all(0 <= int(w.tokens(r).max()) < 100_000 for r in reps)
+
+
+def test_docs_latency_warmup_runs_are_the_committed_json():
+    """The warm-up section's two tables are what `bench_tables.py
+    --latency-rounds` and `--latency-first-tenth` render from its six runs;
+    the runs with a warm-up kept its requests apart (their p50 in every
+    round), the others had none; and what the page says of fx at 4 in
+    flight holds in the JSON: fewer slow requests in the first tenth with
+    the warm-up in every run, and p99/p50 still over 2x in every run."""
+    mod = _bench_tables()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-warmup-175e0e0")
+    cases = [(f"warm-up, run {r}", os.path.join(d, f"175e0e0-2m-warmup40-run{r}.json")) for r in (1, 2, 3)]
+    cases += [(f"none, run {r}", os.path.join(d, f"175e0e0-2m-warmup0-run{r}.json")) for r in (1, 2, 3)]
+    page = _page()
+    assert mod.latency_rounds_table(cases) in page
+    assert mod.latency_first_tenth_table(cases) in page
+    first = {}
+    for label, path in cases:
+        with open(path) as f:
+            run = json.load(f)
+        warm = run["config"]["latency_warmup"]
+        assert warm == (40 if label.startswith("warm") else 0)
+        case = run["readers"]["fx"]["latency"]["4"]
+        assert all(("warmup_p50_ms" in r) == bool(warm) for r in case["rounds"])
+        assert case["p99_over_p50"] > 2.0
+        first[label] = sum(1 for r in case["rounds"] for i in r["over_2x_p50"] if i * 10 < len(r["ms"]))
+    for r in (1, 2, 3):
+        assert first[f"warm-up, run {r}"] < first[f"none, run {r}"]
