@@ -476,15 +476,64 @@ def test_a_striped_store_starts_with_a_read_only_path(tmp_path):
                 problem = s2.problem()
                 assert problem is not None and roots[1] in problem and "read-only" in problem, problem
                 assert not s2.stats.write_errors
+                # LMCache deletes a chunk there (its file stays) and stores the key again: it goes under the
+                # other path. That re-store was skipped as if every path were full: an ENOSPC error, 5 % of
+                # the store evicted, and 5 s of stores skipped (a review).
+                k = next(k for k in warm if s2.path_for(chunk_digest(k)).startswith(roots[1] + "/"))
+                with F.LogCount() as logs:
+                    assert s2.remove(k)
+                    assert s2.write([src.item(k, chunk)]) == [True]
+                    again = [s2.write([src.item(f"again/{b}/{i}", chunk) for i in range(8)]) for b in range(3)]
+                assert all(all(ok) for ok in again) and s2.stats.evictions == 0
+                assert not [r for r in logs.records if "ENOSPC" in r.getMessage()]
+                assert F.read_check(s2, [k])[:3] == (1, 0, [])
             finally:
                 s2.close()
             checks = doctor.check_path(roots[1], FxOptions.from_mapping({"path": ",".join(roots)}), "", first=False)
             (c,) = [c for c in checks if c.name == "path"]
             assert c.status == "warn" and "starts" in c.summary, c
+            assert not [c for c in checks if c.status == "fail"], checks  # its O_DIRECT probe would write there
             with pytest.raises(ConfigError, match="read-only"):
                 F.open_store(",".join(reversed(roots)), max_capacity_gb=1)
         finally:
             subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+
+
+def test_chunks_whose_two_paths_are_both_read_only_are_skipped_not_taken_for_a_full_store(tmp_path):
+    """Three paths, the last two read-only at start: a chunk may go under two
+    of the three, and those whose two are both read-only were counted as a
+    full store: every path marked full (nothing stored for 5 s at a time), an
+    ENOSPC error asking to lower the cap, and 5 % of the store evicted again
+    and again (a review: 0 of 472 stored in 30 s, 3 of 20 warm chunks
+    evicted). They are skipped, said with the paths; the rest are stored."""
+    need_root_xfs()
+    with loopfs.xfs_loop("320M") as m0, loopfs.xfs_loop("320M") as m1, loopfs.xfs_loop("320M") as m2:
+        roots = [os.path.join(m, "fx") for m in (m0, m1, m2)]
+        src, chunk = F.Chunks(), 256 << 10
+        s = F.open_store(",".join(roots), max_capacity_gb=1)
+        warm = [f"warm/{i}" for i in range(24)]
+        try:
+            assert all(s.write([src.item(k, chunk) for k in warm]))
+        finally:
+            s.close()
+        for m in (m1, m2):
+            subprocess.run(["mount", "-o", "remount,ro", m], check=True)
+        try:
+            s = F.open_store(",".join(roots), max_capacity_gb=1)
+            try:
+                with F.LogCount() as logs:
+                    stored = [s.write([src.item(f"new/{b}/{i}", chunk) for i in range(8)]) for b in range(6)]
+                n = sum(sum(ok) for ok in stored)
+                assert 0 < n < 48 and sum(stored[-1]) > 0, [sum(ok) for ok in stored]  # a third can go nowhere
+                assert s.stats.evictions == 0 and F.read_check(s, warm) == (len(warm), 0, [])
+                said = [r.getMessage() for r in logs.records if r.levelno >= logging.WARNING]
+                assert not [m for m in said if "ENOSPC" in m], said
+                assert any("not stored" in m and roots[1] in m and roots[2] in m for m in said), said
+            finally:
+                s.close()
+        finally:
+            for m in (m1, m2):
+                subprocess.run(["mount", "-o", "remount,rw", m], check=True)
 
 
 def test_a_full_disk_eviction_spares_the_prompt_it_stopped(tmp_path):
@@ -1580,7 +1629,8 @@ def test_soak_16_concurrent(store_dir):
     assert r["retrieves"] > 100 and r["hits"] > 0
     # The engine keeps one ring per concurrent batch it has seen (at most 16 here): fds other than
     # rings must not move, and the ring pool stays within the concurrency.
-    assert fds1 - rings1 == fds0 - rings0 and rings1 <= 16 and thr1 == thr0, r["fd_kinds"]
+    assert fds1 - rings1 == fds0 - rings0 and rings1 <= 16, r["fd_kinds"]
+    assert thr1 == thr0, (r["threads_start"], r["threads_end"], r["idle_runners"])
     assert rss1 - rss0 < 16 << 20, (rss0, rss1)
     assert r["usage"] <= r["cap"] and r["usage"] == r["files_bytes"]
 

@@ -542,6 +542,7 @@ class ChunkStore:
         self._spare_bytes = 0  # their sizes' sum, kept so other threads read it without the ledger
         self._spares_pid = _PID[0]
         self._spares_fd = -1  # SPARES_NAME, open for the store's life on memory filesystems
+        self._spares_writable = False  # ...for writing: the evictor may take other processes' spares
         self._spares_taken_seen = 0  # its count of takes when this store last looked (_forget_taken_spares)
         self._spares_kept_seen = 0  # its count of spares kept when this store last walked
         self._spares_kept_at = -1e9  # when this store last walked because it changed
@@ -906,7 +907,8 @@ class ChunkStore:
         found = []
         usage = 0
         now, t0 = time.time(), time.monotonic()
-        own = {os.path.basename(sp.path) for lst in self._own_spares().values() for sp in lst}
+        # Copies (one step each under the GIL): walks without the lock run beside threads that keep and take spares
+        own = {os.path.basename(sp.path) for lst in list(self._own_spares().values()) for sp in list(lst)}
         taken, others = 0, []
         kept = self._spares_count(SPARES_KEPT)  # before the listing: a spare kept during it is looked for again
         for root in self.roots:
@@ -934,7 +936,7 @@ class ChunkStore:
                             name = os.path.basename(f.path)
                             gone = (remove_stale or stale is not None) and tmp_is_stale(name, f.mtime, now)
                             if not gone and name not in own and tmp_is_spare(name):
-                                if take_spares:
+                                if take_spares and self._spares_writable:
                                     gone, taken = True, taken + f.size
                                 else:
                                     others.append((f.mtime_ns, f.path, f.size))
@@ -968,7 +970,20 @@ class ChunkStore:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.file_mode)
         except OSError:
-            return  # then other processes' spares are found by the walks alone, every VICTIM_LIST_SECONDS
+            # Read-only: its owners still learn of takes; its evictor takes no other process's spare (their
+            # owners would not learn of it), and other evictors learn of its spares at their walks alone.
+            try:
+                self._spares_fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as e:
+                log.warning(
+                    "lmcache-fx: cannot open %s (%s): this process takes no other process's spares, and reports "
+                    "its own as free space after another process took them (until they expire)%s",
+                    path,
+                    e.strerror,
+                    f"; {SHARED_GROUP_FIX}" if e.errno == errno.EACCES else "",
+                )
+            return
+        self._spares_writable = True
         if self.options.shared_group:
             with contextlib.suppress(OSError):  # another user's file: its mode was set when it was made
                 os.fchmod(fd, self.file_mode)
@@ -1770,7 +1785,7 @@ class ChunkStore:
                 drop.add(id(sp))
                 left -= sp.size
             usage = max(0, usage - self._drop_spares_locked(lambda sp: id(sp) in drop))
-        if usage > limit and self._others_spares:  # then other processes' spares
+        if usage > limit and self._others_spares and self._spares_writable:  # then other processes' spares
             usage = self._take_others_spares_locked(limit, usage)
         if usage <= limit:
             self._ledger.set_usage(usage)
@@ -2018,6 +2033,9 @@ class ChunkStore:
                 f"what is left is pinned ({pinned} chunks pinned by this process's lookups and reads) "
                 "or being written by other processes"
             )
+            stuck = [self.roots[r] for r, (until, _) in self._failing.items() if until == math.inf]
+            if stuck:  # chunks there count in the usage and cannot be evicted
+                why += f", or lies on a path on a read-only filesystem ({', '.join(stuck)})"
         self.burst_warning(
             "batches with no room",
             "lmcache-fx: %d of %d chunks not stored: no room under max_capacity_gb=%s: %s",
@@ -2089,8 +2107,8 @@ class ChunkStore:
         # per 16-chunk sub-batch, 48 x 64 MiB still put 8 on one of 8 roots.
         placed = [t + (root,) for t, root in zip(todo, self._places(todo))]
         todo = [t for t in placed if t[-1] >= 0]
-        if len(todo) < len(placed):  # both of their roots full
-            self._count_enospc(len(placed) - len(todo))
+        if len(todo) < len(placed):  # both of their roots full or failing
+            self._unplaced(len(placed) - len(todo))
             if not todo:
                 return out
         weng = self._wengine if self.engine is self._wengine_for else self.engine
@@ -2184,7 +2202,10 @@ class ChunkStore:
         # choice, or nowhere (-1) when that one is unusable too, or when it lies on an unusable one.
         full = self._full_roots() | self._failing_roots()
         skip = set()
+        failing = self._failing_roots()
         for k, d in enumerate(digests if full else ()):
+            if fixed[k] in failing:  # lies where it cannot be replaced (LMCache removed it, the file stayed)
+                fixed[k] = None
             a, b = (fixed[k], fixed[k]) if fixed[k] is not None else root_choices(len(self.roots), d)
             if a in full and b in full:
                 skip.add(k)
@@ -2641,6 +2662,21 @@ class ChunkStore:
 
     def _all_full(self) -> bool:
         return len(self._full_roots()) == len(self.roots)
+
+    def _unplaced(self, n: int) -> None:
+        """n chunks of a batch not stored because both of their paths are
+        full or failing (some paths still take chunks): counted as failed
+        stores and said once per 5 s with the paths, not as a full store
+        (which marked every path full and evicted)."""
+        self.stats.add(write_errors=n)
+        full, failing = self._full_roots(), self._failing_roots()
+        said = [f"{self.roots[r]} (full)" for r in sorted(full)]
+        said += [f"{self.roots[r]} ({self._failing[r][1]})" for r in sorted(failing - full)]
+        self._io_warning(
+            "lmcache-fx: %d chunk(s) not stored: both of the paths they may go under are unusable for now: %s",
+            n,
+            "; ".join(said),
+        )
 
     def _count_enospc(self, n: int, root: Optional[int] = None) -> None:
         """One error per burst of full-disk failures, not one per chunk. `root`:

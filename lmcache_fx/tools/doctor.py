@@ -537,6 +537,11 @@ def check_path(root: str, opts: FxOptions, tag: str, first: bool = True) -> list
     # O_DIRECT: a real aligned write and read through the engine.
     if opts.odirect == "false":
         out.append(Check(f"{tag}O_DIRECT", "info", "odirect: false is configured: reads go through the page cache"))
+    elif not first and os.path.isdir(root) and on_read_only_fs(root):
+        # The probe writes a file; the store probes its first path only and writes nothing here.
+        out.append(
+            Check(f"{tag}O_DIRECT", "info", "not probed on a read-only filesystem (the store probes its first path)")
+        )
     else:
         ok, why = probe_odirect(root if os.path.isdir(root) else where)
         if ok:
