@@ -346,6 +346,19 @@ def os_threads() -> int:
     return n
 
 
+def thread_names() -> list[str]:
+    """The names (comm) of this process's threads, sorted: what a change in
+    os_threads() was."""
+    names = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            continue  # exited meanwhile
+    return sorted(names)
+
+
 def os_threads_at_rest(settle: float = 0.3, limit: float = 10.0) -> int:
     """os_threads() once the count holds still for `settle` s. pthread_join
     (and Thread.join) return when the thread has cleared its tid, a moment
@@ -762,9 +775,11 @@ def child_soak(a):
     cold = (rss_bytes(), open_fds(), os_threads_at_rest())
     alive = phase(a.get("warmup", 3))  # fills the ring pool, allocator arenas, the LRU
     start = (rss_bytes(), open_fds(), os_threads_at_rest(), rings())
+    names_start = thread_names()
     samples = []
     alive += phase(a["seconds"], samples)
     end = (rss_bytes(), open_fds(), os_threads_at_rest(), rings())
+    names_end = thread_names()
     fd_kinds = sorted(
         os.readlink(f"/proc/self/fd/{f}") for f in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{f}")
     )
@@ -775,6 +790,9 @@ def child_soak(a):
         fd_kinds=fd_kinds,
         start=start,
         end=end,
+        threads_start=names_start,
+        threads_end=names_end,
+        idle_runners=_fxio._runners_idle(),
         samples=samples,
         usage=store.usage_bytes,
         files_bytes=sum(os.path.getsize(f) for f in files),
