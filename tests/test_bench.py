@@ -5293,3 +5293,44 @@ def test_docs_latency_warmup_runs_are_the_committed_json():
         first[label] = sum(1 for r in case["rounds"] for i in r["over_2x_p50"] if i * 10 < len(r["ms"]))
     for r in (1, 2, 3):
         assert first[f"warm-up, run {r}"] < first[f"none, run {r}"]
+
+
+def round_a86929d_figures() -> dict[str, str]:
+    """Every figure the page's section on the check round at a86929d quotes,
+    by its name there, computed from the committed runs of that round and of
+    the check round at 8cd75eb before it (the section was filled from this)."""
+    runs, then = _main_round("round-a86929d", "a86929d"), _main_round("round-8cd75eb", "8cd75eb")
+    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
+
+    def sm(vs, fmt="{:.2f}"):
+        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
+
+    v: dict[str, str] = {}
+    for key, c in zip(("R64", "R10", "R2", "T64", "T2"), xfs + mem):
+        v[key] = sm(_round_ratios(runs, c, "fx", "tier_read"))
+        v["L" + key] = sm(_round_ratios(runs, c, "fx-l2", "tier_read"))
+        v["E" + key] = sm(_round_ratios(runs, c, "fx", "store_same_level"))
+        v["S" + key] = sm(_round_ratios(runs, c, "fx-l2", "store_same_level"))
+    every = [x for c in xfs + mem for x in _round_ratios(runs, c, "fx", "tier_read")]
+    v["AHEAD"] = f"ahead in {sum(1 for x in every if x > 1)} runs of {len(every)}"
+    v["OLD"] = ", ".join(f"{statistics.median(_round_ratios(then, c, 'fx', 'tier_read')):.2f}×" for c in xfs + mem)
+    v["NOW"], v["BEFORE"] = _best_peer_xfs(runs), _best_peer_xfs(then)
+    for key, c in zip(("64", "10", "2"), xfs):
+        v["NV" + key] = sm(_round_ratios(runs, c, "fx-noverify", "tier_cpu"), "{:.1f}")
+    return v
+
+
+def test_docs_check_round_at_a86929d_is_the_committed_json():
+    """The section on the check round at a86929d: its two tables are what
+    `bench_tables.py --readme` renders from the round's fifteen runs (each
+    from a86929d, five reps, every rep of fx's readers whole and checked),
+    and every figure it quotes is computed from them."""
+    page = _page()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "round-a86929d")
+    cases = [(label, [os.path.join(d, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
+    for table in _bench_tables().readme_tables(cases).split("\n\n"):
+        assert table.strip() in page
+    start = page.index("### A check round at `a86929d`")
+    section = " ".join(page[start : page.index("\n### ", start + 10)].split())
+    for name, figure in round_a86929d_figures().items():
+        assert figure in section, (name, figure)
