@@ -18,6 +18,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import threading
 import time
 
@@ -493,6 +494,15 @@ def test_a_striped_store_starts_with_a_read_only_path(tmp_path):
             (c,) = [c for c in checks if c.name == "path"]
             assert c.status == "warn" and "starts" in c.summary, c
             assert not [c for c in checks if c.status == "fail"], checks  # its O_DIRECT probe would write there
+            # gc cannot remove the chunks there: it says why, not that they were read or replaced meanwhile
+            out = subprocess.run(
+                [sys.executable, "-m", "lmcache_fx.tools.cli", "gc", ",".join(roots), "--to-gb", "0"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            ).stdout
+            assert f"could not remove {roots[1]}/" in out and "Read-only file system" in out, out
+            assert "since the listing" not in out, out
             with pytest.raises(ConfigError, match="read-only"):
                 F.open_store(",".join(reversed(roots)), max_capacity_gb=1)
         finally:

@@ -45,7 +45,6 @@ from ..core.layout import (
     scan_fanout,
     tmp_is_stale,
     tmp_judged_by_age,
-    unlink_if_same,
 )
 from ..core.ledger import Ledger, LockTimeout
 from ..core.options import GIB, ConfigError, auth_key_bytes, expand_path
@@ -1053,9 +1052,15 @@ class Remover:
             return "changed", "in use by a live writer again (left alone)"
         if mtime_ns is not None and st.st_mtime_ns > mtime_ns:
             return "changed", "read or written since the listing (kept)"
-        gone = unlink_if_same(path, (st.st_dev, st.st_ino), st.st_mtime_ns, self._dirfds)
-        if gone is None:
-            return "changed", "changed while being removed (left alone)"
+        # The file just judged, under the store lock: removed here, so that an error (a read-only
+        # filesystem) is reported as one, not taken for a file changed meanwhile.
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            return "gone", "already gone"
+        except OSError as e:
+            return "failed", e.strerror or str(e)
+        gone = st
         self.removed_bytes += gone.st_size
         if counted:
             self.freed += gone.st_size
