@@ -546,6 +546,34 @@ def test_chunks_whose_two_paths_are_both_read_only_are_skipped_not_taken_for_a_f
                 subprocess.run(["mount", "-o", "remount,rw", m], check=True)
 
 
+def test_a_read_only_path_holding_more_than_the_cap_is_said_and_not_walked_for_room(tmp_path):
+    """A striped store restarted with a read-only path whose chunks alone are
+    more than max_capacity_gb: nothing can be stored (they count in the
+    usage and cannot be evicted). Each batch, and each chunk of it, walked
+    the whole store twice under the lock looking for room (a review: 300
+    walks in 30 batches), and the warning blamed pinned chunks. Now a walk
+    that found nothing is not repeated for a while at the same usage, and
+    the warning names the read-only path."""
+    with _striped_over_two_xfs(40) as (m0, m1, roots, s, src, chunk, warm):
+        on_ro = sum(os.path.getsize(p) for p in F.chunk_files(roots[1]))
+        s.close()
+        subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
+        try:
+            s2 = F.open_store(",".join(roots), max_capacity_gb=on_ro * 0.8 / (1 << 30))
+            try:
+                scans = s2.stats.snapshot()["scans"]
+                with F.LogCount() as logs:
+                    stored = [s2.write([src.item(f"new/{b}/{i}", chunk) for i in range(4)]) for b in range(10)]
+                assert not any(any(ok) for ok in stored)
+                assert s2.stats.snapshot()["scans"] - scans <= 4  # 60 before, in these 10 quick batches
+                said = [r.getMessage() for r in logs.records if "no room" in r.getMessage()]
+                assert said and all(roots[1] in m and "read-only" in m for m in said), said
+            finally:
+                s2.close()
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+
+
 def test_a_full_disk_eviction_spares_the_prompt_it_stopped(tmp_path):
     """A write that meets ENOSPC evicts 5 % of the store by age once it ends.
     Where the store held little else, that was the first chunks of the very
