@@ -491,49 +491,49 @@ def latency_rounds_table(cases: list[tuple[str, str]]) -> str:
     return "\n".join(rows)
 
 
-def latency_first_tenth_table(cases: list[tuple[str, str]]) -> str:
-    """Where a latency case's slow requests (over 2x its round's p50) fell:
-    a row per label and count in flight, a column per reader, each cell the
-    slow requests in the first tenth of each round's requests / all slow
-    ones, summed over the rounds, then the warm-up requests' p50 over the
-    timed ones' (medians over the rounds; runs since --latency-warmup)."""
+def _latency_cases_table(cases: list[tuple[str, str]], cell: Callable[[dict], str], head: str) -> str:
+    """Latency cases of bench runs (a label and a file each): a row per label
+    and count in flight (its first column headed `head`), a column per
+    reader, each cell `cell` of the case."""
     runs = _labelled_runs(cases)
     names = [n for n, e in runs[0][1]["readers"].items() if e.get("latency")]
     body = []
     for label, d in runs:
         for c in sorted({int(c) for n in names for c in d["readers"][n]["latency"]}):
-            cells = []
-            for n in names:
-                v = d["readers"][n]["latency"].get(str(c)) or {}
-                rounds = [r for r in v.get("rounds", []) if r.get("ms")]
-                first = sum(1 for r in rounds for i in r["over_2x_p50"] if i * 10 < len(r["ms"]))
-                slow = sum(len(r["over_2x_p50"]) for r in rounds)
-                warm = v.get("warmup_p50_ms")
-                cells.append(f"{first} / {slow}" + (f" · {warm / v['p50_ms']:.2f}×" if warm else ""))
-            body.append([f"{label}, {c}"] + cells)
-    return _md_table(["run, in flight"] + [runs[0][1]["readers"][n]["label"] for n in names], body)
+            body.append([f"{label}, {c}"] + [cell(d["readers"][n]["latency"].get(str(c)) or {}) for n in names])
+    return _md_table([head] + [runs[0][1]["readers"][n]["label"] for n in names], body)
+
+
+def latency_first_tenth_table(cases: list[tuple[str, str]]) -> str:
+    """Where a latency case's slow requests (over 2x its round's p50) fell:
+    each cell the slow requests in the first tenth of each round's requests
+    / all slow ones, summed over the rounds, then the warm-up requests' p50
+    over the timed ones' (medians over the rounds; runs since
+    --latency-warmup)."""
+
+    def cell(v: dict) -> str:
+        rounds = [r for r in v.get("rounds", []) if r.get("ms")]
+        first = sum(1 for r in rounds for i in r["over_2x_p50"] if i * 10 < len(r["ms"]))
+        slow = sum(len(r["over_2x_p50"]) for r in rounds)
+        warm = v.get("warmup_p50_ms")
+        return f"{first} / {slow}" + (f" · {warm / v['p50_ms']:.2f}×" if warm else "")
+
+    return _latency_cases_table(cases, cell, "run, in flight")
 
 
 def latency_cpu_table(cases: list[tuple[str, str]]) -> str:
-    """The CPU per request of the latency cases (runs since 5028bcf; a label
-    and a file each): a row per label and count in flight, a column per
-    reader, each cell the medians over the rounds of the process's / LMCache
-    loop thread's (awaited runs) / the host's busy µs per request, and the
+    """The CPU per request of the latency cases (runs since 5028bcf): each
+    cell the medians over the rounds of the process's / LMCache loop
+    thread's (awaited runs) / the host's busy µs per request, and the
     host's stolen share."""
-    runs = _labelled_runs(cases)
-    names = [n for n, e in runs[0][1]["readers"].items() if e.get("latency")]
     keys = ("process_cpu_us_per_request", "loop_cpu_us_per_request", "host_busy_us_per_request")
-    body = []
-    for label, d in runs:
-        for c in sorted({int(c) for n in names for c in d["readers"][n]["latency"]}):
-            cells = []
-            for n in names:
-                v = d["readers"][n]["latency"].get(str(c)) or {}
-                steal = v.get("host_steal_share")
-                cpu = " / ".join(_f(v.get(k), "{:.0f}") for k in keys)
-                cells.append(f"{cpu}; {_f(None if steal is None else steal * 100, '{:.1f}')} %")
-            body.append([f"{label}, {c}"] + cells)
-    return _md_table(["chunk, in flight"] + [runs[0][1]["readers"][n]["label"] for n in names], body)
+
+    def cell(v: dict) -> str:
+        steal = v.get("host_steal_share")
+        cpu = " / ".join(_f(v.get(k), "{:.0f}") for k in keys)
+        return f"{cpu}; {_f(None if steal is None else steal * 100, '{:.1f}')} %"
+
+    return _latency_cases_table(cases, cell, "chunk, in flight")
 
 
 def latency_probe_table(d: dict, labels: list[str]) -> str:
