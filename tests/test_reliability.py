@@ -574,6 +574,39 @@ def test_a_read_only_path_holding_more_than_the_cap_is_said_and_not_walked_for_r
             subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
 
 
+def test_a_walk_that_found_no_room_is_made_again_once_another_process_changed_the_store(store_dir):
+    """After an eviction that walked and freed nothing (every chunk pinned),
+    the evictor skips walks for a moment while nothing changes. Keyed on the
+    shared usage alone, a process whose peer then replaced every chunk (the
+    usage back at the same value: a full store of same-size chunks) never
+    walked again and failed every write while it kept writing (a review:
+    10 of 10 over 5 s). Keyed on the ledger's change count, it walks."""
+    chunk = 256 << 10
+    cap = 8 * (HEADER_SIZE + chunk) / (1 << 30)
+    a = F.open_store(store_dir, max_capacity_gb=cap)
+    try:
+        src = F.Chunks()
+        mine = [f"a/{i}" for i in range(8)]
+        assert all(a.write([src.item(k, chunk)])[0] for k in mine)
+        assert all(a.pin(k) for k in mine)
+        assert a.write([src.item("x", chunk)]) == [False]  # nothing to evict: every chunk pinned
+        for k in mine:
+            a.unpin(k)
+        code = (
+            f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); from faults import fxfault as F; "
+            f"s = F.open_store({store_dir!r}, max_capacity_gb={cap!r}); src = F.Chunks(); "
+            f"assert all(s.write([src.item(f'b/{{i}}', {chunk})])[0] for i in range(8)); s.close()"
+        )
+        subprocess.run(
+            [sys.executable, "-c", code], check=True, timeout=120, cwd=os.path.dirname(os.path.dirname(__file__))
+        )
+        got = [a.write([src.item(f"y/{j}", chunk)])[0] for j in range(4)]
+        assert got == [True] * 4, got
+        assert F.read_check(a, [f"y/{j}" for j in range(4)])[:3] == (4, 0, [])
+    finally:
+        a.close()
+
+
 def test_a_full_disk_eviction_spares_the_prompt_it_stopped(tmp_path):
     """A write that meets ENOSPC evicts 5 % of the store by age once it ends.
     Where the store held little else, that was the first chunks of the very

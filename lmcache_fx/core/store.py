@@ -133,7 +133,7 @@ VICTIM_LIST_SECONDS = 30.0  # an evictor reuses its sorted scan this long before
 # (docs/bench-repeats/spares/), and loads are what a cache is for.
 SPARE_SECONDS = 60.0
 SPARE_SHARE = 4
-FRUITLESS_SECONDS = 2.0  # after an eviction that freed nothing, no walk for room at the same usage this long
+FRUITLESS_SECONDS = 2.0  # after a walk for room that found none, none again this long while the ledger is unchanged
 SPARES_LOOK_SECONDS = 1.0  # an evictor walks for other processes' new spares at most this often
 SPARES_KEPT, SPARES_TAKEN = 0, 8  # the offsets of layout.SPARES_NAME's two counters
 # Only files of at least this many bytes are kept as spares: for a small file the two renames,
@@ -534,7 +534,8 @@ class ChunkStore:
         self._last_usage = 0  # the shared usage as last read from the ledger
         self._victims: list = []  # (mtime_ns, digest, path, size) oldest last; from this process's last scan
         self._victims_at = -1e9
-        self._fruitless: Optional[tuple[int, float]] = None  # (usage, until when): an eviction that freed nothing
+        # (the ledger's change token, until when) after an eviction that walked and freed nothing
+        self._fruitless: Optional[tuple[tuple, float]] = None
         self._walk_seconds = 0.0  # how long this process's last walk of the store took
         # Digests this process's evictor removed since the last take_evicted(); None (not kept)
         # until the first take, and once more than EVICTED_KEPT piled up, until the next.
@@ -1053,8 +1054,8 @@ class ChunkStore:
         stores would wait on it). Its entries are only candidates: the
         evictor checks each victim's mtime under the lock before removing it."""
         now = time.monotonic()
-        if self._fruitless is not None and self._fruitless[0] == self._last_usage and now < self._fruitless[1]:
-            return  # a walk just found nothing to evict at this usage (_evict_locked)
+        if self._fruitless_now(now):
+            return  # a walk just found nothing to evict, and nothing changed since (_evict_locked)
         if len(self._victims) >= batch and now - self._victims_at <= self._every(VICTIM_LIST_SECONDS):
             # Another process kept a spare since this store's last walk: its evictor's first victim,
             # which only a walk finds (at most once a SPARES_LOOK_SECONDS, or SCAN_DUTY walks' time).
@@ -1795,13 +1796,15 @@ class ChunkStore:
             self._ledger.set_usage(usage)
             self._last_usage = usage
             return usage
-        # An eviction that freed nothing at this usage a moment ago walks no more (rescanned): with every
-        # chunk pinned or on a read-only path, each batch (and each file of it) walked twice under the lock.
-        entry, now = usage, time.monotonic()
-        rescanned = self._fruitless is not None and self._fruitless[0] == usage and now < self._fruitless[1]
+        # A walk that found nothing to evict a moment ago, with no ledger change since (by any process),
+        # is not made again (rescanned): with every chunk pinned or on a read-only path, each batch (and
+        # each file of it) walked twice under the lock.
+        now = time.monotonic()
+        rescanned = self._fruitless_now(now)
+        walked = False
         # The evictor's walks take other processes' spares: room no chunk of theirs holds.
         if not rescanned and (not self._victims or now - self._victims_at > self._every(VICTIM_LIST_SECONDS)):
-            u = self._rescan_locked(take_spares=True)
+            u, walked = self._rescan_locked(take_spares=True), True
             if u is None:
                 return usage
             usage, rescanned = _less_moved(u, reuse), True
@@ -1848,7 +1851,7 @@ class ChunkStore:
                 self._victims.extend(reversed(kept))
                 if usage <= limit or rescanned:
                     break
-                u = self._rescan_locked(take_spares=True)  # the list ran out: look again, once
+                u, walked = self._rescan_locked(take_spares=True), True  # the list ran out: look again, once
                 if u is None:
                     break
                 usage, rescanned = _less_moved(u, reuse), True
@@ -1857,15 +1860,24 @@ class ChunkStore:
                 os.close(fd)
         if n:
             self.stats.add(evictions=n)
-        if usage > limit and not n:
-            self._fruitless = (entry, time.monotonic() + self._every(FRUITLESS_SECONDS))
-        elif usage <= limit:
-            self._fruitless = None
         # Victims moved to temporaries of `reuse` stay on disk until adopted: the ledger keeps them
         # (a writer killed before adopting leaves it above the files, never below); `usage` does not.
         self._ledger.set_usage(usage + _moved_bytes(reuse))
         self._last_usage = usage
+        if usage > limit and not n and walked:  # the ledger's change count after this write is the key
+            self._fruitless = (self._ledger.changes(), time.monotonic() + self._every(FRUITLESS_SECONDS))
+        elif usage <= limit or n:
+            self._fruitless = None
+        elif self._fruitless is not None and rescanned and not walked:  # skipped: this write changed nothing
+            self._fruitless = (self._ledger.changes(), self._fruitless[1])
         return usage
+
+    def _fruitless_now(self, now: float) -> bool:
+        """Whether the last eviction walked, found nothing to evict, and
+        nothing changed the ledger since (no store, removal or eviction by any
+        process), within FRUITLESS_SECONDS: another walk would find the same."""
+        f = self._fruitless
+        return f is not None and now < f[1] and self._ledger.changes() == f[0]
 
     def _known_flagged(self, digest: str, path: str, st: os.stat_result) -> bool:
         """Whether the index knows the chunk file at path (stat `st`) carries
