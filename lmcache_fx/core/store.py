@@ -2223,9 +2223,9 @@ class ChunkStore:
         fixed = [self._root_index_of(path) if st is not None else None for path, st in self._find_many(digests)]
         # A root whose filesystem is full (or whose stores fail) takes none: a chunk goes under its other
         # choice, or nowhere (-1) when that one is unusable too, or when it lies on an unusable one.
-        full = self._full_roots() | self._failing_roots()
-        skip = set()
         failing = self._failing_roots()
+        full = self._full_roots() | failing
+        skip = set()
         for k, d in enumerate(digests if full else ()):
             if fixed[k] in failing:  # lies where it cannot be replaced (LMCache removed it, the file stayed)
                 fixed[k] = None
