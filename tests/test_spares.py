@@ -572,3 +572,32 @@ def test_without_a_writable_spares_file_no_store_takes_anothers_spares(shm_dir):
         for x in (b, a):
             if x is not None:
                 x.close()
+
+
+def test_the_evictors_walk_takes_only_the_spares_room_needs(shm_dir, monkeypatch):
+    """The evictor's walk under the lock (its list of victims ran out, or a
+    spare was kept after the last walk without the lock) takes other
+    stores' spares as far as room is needed, oldest first, as the list from
+    the walks without the lock is taken: it used to remove every spare it
+    found, leaving their owners to write fresh files for their next chunks."""
+    a = _open(shm_dir)
+    b = _open(shm_dir)
+    try:
+        src = F.Chunks()
+        bkeys = [f"b/{i}" for i in range(7)]
+        assert b.write([src.item(k, CHUNK) for k in bkeys[:6]]) == [True] * 6
+        _write(a, KEYS[:2])
+        for k in KEYS[:2]:
+            assert a.remove(k)
+        assert a.spare_bytes == 2 * FILE and len(F.tmp_files(shm_dir)) == 2  # the store full: 6 chunks, 2 spares
+        # As if a's spares were kept after b's last walk without the lock: b's evictor walks under it.
+        monkeypatch.setattr(b, "_refresh_victims", lambda batch: None)
+        b._victims, b._others_spares = [], []
+        assert b.write([src.item(bkeys[6], CHUNK)]) == [True]
+        assert len(F.tmp_files(shm_dir)) == 1, "one spare's room was needed"
+        assert F.read_check(b, bkeys)[:3] == (7, 0, [])  # no chunk went for it
+        assert b.usage_bytes == _on_disk(shm_dir) == 8 * FILE
+        assert a.spare_bytes == FILE and a.used_bytes == 7 * FILE  # its spare left counts as free space to it
+    finally:
+        b.close()
+        a.close()

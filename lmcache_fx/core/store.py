@@ -892,9 +892,7 @@ class ChunkStore:
             except OSError:
                 pass
 
-    def _walk(
-        self, remove_stale: bool = True, stale: Optional[list] = None, take_spares: bool = False
-    ) -> tuple[list, int]:
+    def _walk(self, remove_stale: bool = True, stale: Optional[list] = None) -> tuple[list, int]:
         """Lists every root: chunk files as (mtime_ns, digest, path, size),
         newest first, and the bytes the store holds (chunks plus temporaries
         of live writers, which are reserved in the ledger). Removes stale
@@ -902,17 +900,17 @@ class ChunkStore:
         fan-out directory swapped meanwhile redirects nothing); with `stale`
         (a list), appends them there as (directory, name, inode) instead,
         uncounted. Other processes' (and other store objects') spares it
-        notes for the evictor (_take_others_spares_locked); with `take_spares`
-        (the evictor, ledger held) it removes them: spares are moved only
-        under that lock, and idle processes' spares could otherwise hold a
-        store for STALE_SPARE_SECONDS. The lock file sits in no fan-out
-        directory: never seen."""
+        counts and notes for the evictor, which takes them before any chunk
+        (_take_others_spares_locked): spares are moved only under the ledger
+        lock, and idle processes' spares could otherwise hold a store for
+        STALE_SPARE_SECONDS. The lock file sits in no fan-out directory:
+        never seen."""
         found = []
         usage = 0
         now, t0 = time.time(), time.monotonic()
         # Copies (one step each under the GIL): walks without the lock run beside threads that keep and take spares
         own = {os.path.basename(sp.path) for lst in list(self._own_spares().values()) for sp in list(lst)}
-        taken, others = 0, []
+        others = []
         kept = self._spares_count(SPARES_KEPT)  # before the listing: a spare kept during it is looked for again
         for root in self.roots:
             for sub in fanout_dirs(root):
@@ -939,10 +937,7 @@ class ChunkStore:
                             name = os.path.basename(f.path)
                             gone = (remove_stale or stale is not None) and tmp_is_stale(name, f.mtime, now)
                             if not gone and name not in own and tmp_is_spare(name):
-                                if take_spares and self._spares_writable:
-                                    gone, taken = True, taken + f.size
-                                else:
-                                    others.append((f.mtime_ns, f.path, f.size))
+                                others.append((f.mtime_ns, f.path, f.size))
                             if gone and stale is not None:
                                 stale.append((sub, os.path.basename(f.path), f.ino))
                             elif gone:
@@ -961,9 +956,6 @@ class ChunkStore:
         self._walk_seconds = time.monotonic() - t0
         self._others_spares = sorted(others)  # oldest first
         self._spares_kept_seen = kept
-        if taken:
-            self._note_spares_taken()
-            log.debug("lmcache-fx: the evictor took %s of other processes' spares", _gib_text(taken))
         return found, usage
 
     def _open_spares_file(self) -> None:
@@ -1072,19 +1064,33 @@ class ChunkStore:
             self._victims, self._victims_at = found, time.monotonic()
         self.stats.add(scans=1, scan_seconds=self._walk_seconds)
 
-    def _rescan_locked(self, take_spares: bool = False) -> Optional[int]:
+    def _rescan_locked(self) -> Optional[int]:
         """Recomputes the shared usage from the files (ledger held); refreshes
         this process's victim list and prunes its index. None when the
-        directory cannot be listed. `take_spares`: see _walk."""
+        directory cannot be listed."""
         t0 = time.perf_counter()
         try:
-            found, usage = self._walk(take_spares=take_spares)
+            found, usage = self._walk()
         except OSError as e:
             self._io_warning("lmcache-fx: cannot scan the store (%s)", e.strerror)
             return None
         self._ledger.put(usage, time.time())
         self._counted(found, usage)
         self.stats.add(scans=1, scan_seconds=time.perf_counter() - t0)
+        return usage
+
+    def _rescan_evicting(self, limit: int, reuse: Sequence["_WriteFile"]) -> Optional[int]:
+        """The evictor's rescan (ledger held): the usage found, less the
+        victims moved to temporaries of `reuse`, after taking the other
+        processes' spares the walk saw, as far as room is needed (room no
+        chunk holds: they go before any chunk). None when the store cannot be
+        listed."""
+        u = self._rescan_locked()
+        if u is None:
+            return None
+        usage = _less_moved(u, reuse)
+        if usage > limit and self._others_spares and self._spares_writable:
+            usage = self._take_others_spares_locked(limit, usage)
         return usage
 
     def _counted(self, found: list, usage: int) -> None:
@@ -1802,12 +1808,11 @@ class ChunkStore:
         now = time.monotonic()
         rescanned = self._fruitless_now(now)
         walked = False
-        # The evictor's walks take other processes' spares: room no chunk of theirs holds.
         if not rescanned and (not self._victims or now - self._victims_at > self._every(VICTIM_LIST_SECONDS)):
-            u, walked = self._rescan_locked(take_spares=True), True
+            u, walked = self._rescan_evicting(limit, reuse), True
             if u is None:
                 return usage
-            usage, rescanned = _less_moved(u, reuse), True
+            usage, rescanned = u, True
         waiting: dict[int, list] = {}  # file size -> files to write that could take a victim of it
         for f in reversed(reuse):
             if f.fd < 0 and not f.recycled:  # a temporary not yet made
@@ -1851,10 +1856,10 @@ class ChunkStore:
                 self._victims.extend(reversed(kept))
                 if usage <= limit or rescanned:
                     break
-                u, walked = self._rescan_locked(take_spares=True), True  # the list ran out: look again, once
+                u, walked = self._rescan_evicting(limit, reuse), True  # the list ran out: look again, once
                 if u is None:
                     break
-                usage, rescanned = _less_moved(u, reuse), True
+                usage, rescanned = u, True
         finally:
             for fd in dirfds.values():
                 os.close(fd)
