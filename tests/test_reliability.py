@@ -509,6 +509,40 @@ def test_a_striped_store_starts_with_a_read_only_path(tmp_path):
             subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
 
 
+def test_a_path_read_only_at_start_takes_chunks_again_once_remounted_read_write(tmp_path, monkeypatch):
+    """A striped store started with one path read-only used that path again
+    only after a restart, though the operator had fixed it (remounted it
+    read-write): half the store's room sat unused, and the chunks there
+    could not be evicted. The store looks at such a path again every
+    READ_ONLY_LOOK_SECONDS: writable, it takes its share of new chunks, the
+    store's problem() is gone and the change is said once."""
+    from lmcache_fx.core import store as store_mod
+
+    with _striped_over_two_xfs(8) as (m0, m1, roots, s, src, chunk, warm):
+        s.close()
+        subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
+        try:
+            s2 = F.open_store(",".join(roots), max_capacity_gb=1)
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+        try:
+            before = sorted(F.chunk_files(roots[1]))
+            assert s2.write([src.item(f"ro/{i}", chunk) for i in range(8)]) == [True] * 8
+            assert sorted(F.chunk_files(roots[1])) == before  # not looked at again yet: all went under roots[0]
+            assert s2.problem() is not None and roots[1] in s2.problem()
+            monkeypatch.setattr(store_mod, "READ_ONLY_LOOK_SECONDS", 0.0, raising=False)  # the interval passed
+            with F.LogCount() as logs:
+                assert s2.write([src.item(f"rw/{i}", chunk) for i in range(16)]) == [True] * 16
+            assert len(F.chunk_files(roots[1])) > len(before), "the path takes chunks again"
+            said = [r.getMessage() for r in logs.records if "writable again" in r.getMessage()]
+            assert len(said) == 1 and roots[1] in said[0], said
+            assert s2.problem() is None
+            keys = warm + [f"ro/{i}" for i in range(8)] + [f"rw/{i}" for i in range(16)]
+            assert F.read_check(s2, keys)[:3] == (len(keys), 0, [])
+        finally:
+            s2.close()
+
+
 def test_chunks_whose_two_paths_are_both_read_only_are_skipped_not_taken_for_a_full_store(tmp_path):
     """Three paths, the last two read-only at start: a chunk may go under two
     of the three, and those whose two are both read-only were counted as a

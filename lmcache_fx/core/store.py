@@ -135,6 +135,7 @@ SPARE_SECONDS = 60.0
 SPARE_SHARE = 4
 FRUITLESS_SECONDS = 2.0  # after a walk for room that found none, none again this long while the ledger is unchanged
 SPARES_LOOK_SECONDS = 1.0  # an evictor walks for other processes' new spares at most this often
+READ_ONLY_LOOK_SECONDS = 10.0  # a path read-only at start is looked at again this often (read-write: used again)
 SPARES_KEPT, SPARES_TAKEN = 0, 8  # the offsets of layout.SPARES_NAME's two counters
 # Only files of at least this many bytes are kept as spares: for a small file the two renames,
 # the open and the lock that a spare costs are more than its fresh pages (the crossing lies between
@@ -560,6 +561,7 @@ class ChunkStore:
         # root index -> (until when, why) its stores fail otherwise (a read-only remount, lost
         # permissions, a failing device): steered around like a full one, never a cause to evict
         self._failing: dict[int, tuple[float, str]] = {}
+        self._read_only_looked = 0.0  # monotonic: when paths read-only at start were last looked at
         self._errors_at_write = 0  # stats.write_errors at the last store that wrote a chunk (problem())
         self._evict_after_write = False  # a full disk was met: evict a little once the write ends
         self._enospc_evicted_to: Optional[int] = None  # the usage the last full-disk eviction left
@@ -725,11 +727,13 @@ class ChunkStore:
             # start took the whole store, and with it the server, down at the next restart.
             # Its chunks are served; stores go to each chunk's other path (_places).
             self._failing[self.roots.index(root)] = (math.inf, "read-only filesystem")
+            self._read_only_looked = time.monotonic()
             log.warning(
                 "lmcache-fx: store path %s is on a read-only filesystem: its chunks are served and new ones go "
-                "under the other paths (they count in the usage and cannot be evicted); mount it read-write and "
-                "restart to store there again",
+                "under the other paths (they count in the usage and cannot be evicted); mount it read-write to "
+                "store there again (looked at every %.0f s)",
                 root,
+                READ_ONLY_LOOK_SECONDS,
             )
         elif why:
             raise ConfigError(f"path: {why}")
@@ -2659,9 +2663,33 @@ class ChunkStore:
 
     def _failing_roots(self) -> set[int]:
         """The roots whose stores failed (but for ENOSPC) in the last 5 s, and
-        those on a read-only filesystem at start (for good)."""
+        those on a read-only filesystem at start, until one is found writable
+        (looked at every READ_ONLY_LOOK_SECONDS)."""
         now = time.monotonic()
-        return {r for r, (until, _) in list(self._failing.items()) if now < until}
+        failing = list(self._failing.items())
+        if now - self._read_only_looked >= READ_ONLY_LOOK_SECONDS and any(u == math.inf for _, (u, _w) in failing):
+            self._read_only_looked = now
+            self._look_at_read_only_roots()
+            failing = list(self._failing.items())
+        return {r for r, (until, _) in failing if now < until}
+
+    def _look_at_read_only_roots(self) -> None:
+        """A path read-only at start that is writable now (remounted
+        read-write after an fsck, say) takes new chunks again: it used to
+        until a restart. Its chunks become evictable with it."""
+        for r, (until, _) in list(self._failing.items()):
+            root = self.roots[r]
+            if until != math.inf or on_read_only_fs(root):
+                continue
+            try:
+                if root_problem(root, os.stat(root), self.options.shared_group):
+                    continue
+            except OSError:
+                continue
+            with self._lock:
+                if self._failing.get(r, (0.0, ""))[0] == math.inf:
+                    del self._failing[r]
+            log.warning("lmcache-fx: store path %s is writable again: new chunks go there again", root)
 
     def _io_warning(self, msg: str, *args) -> None:
         """A failing device fails every chunk: one warning per 5 s, with a count."""

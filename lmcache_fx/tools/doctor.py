@@ -38,6 +38,7 @@ from ..core.medium import (
     page_cache_fs,
 )
 from ..core.options import GIB, ConfigError, FxOptions, expand_path
+from ..core.store import READ_ONLY_LOOK_SECONDS
 from .common import fs_info, human_bytes
 from .lmcache_config import (
     PLUGIN_CLASS,
@@ -462,7 +463,7 @@ def check_path(root: str, opts: FxOptions, tag: str, first: bool = True) -> list
                     f"{tag}path",
                     "warn",
                     f"{why}: the plugin starts, serves its chunks and stores new ones under the other paths",
-                    "mount it read-write and restart the server to store there again",
+                    f"mount it read-write: a running server stores there again within {READ_ONLY_LOOK_SECONDS:.0f} s",
                     data,
                 )
             )
