@@ -5320,6 +5320,75 @@ def round_a86929d_figures() -> dict[str, str]:
     return v
 
 
+def round_6f3adc6_figures() -> dict[str, str]:
+    """Every figure the page's section on the check round at 6f3adc6 (an AMD
+    EPYC host) quotes, by its name there, computed from the committed runs
+    of that round (the section was filled from this)."""
+    runs = _main_round("round-6f3adc6", "6f3adc6")
+    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
+
+    def sm(vs, fmt="{:.2f}"):
+        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
+
+    v: dict[str, str] = {}
+    for key, c in zip(("R64", "R10", "R2", "T64", "T2"), xfs + mem):
+        v[key] = sm(_round_ratios(runs, c, "fx", "tier_read"))
+        v["L" + key] = sm(_round_ratios(runs, c, "fx-l2", "tier_read"))
+        v["E" + key] = sm(_round_ratios(runs, c, "fx", "store_same_level"))
+        v["S" + key] = sm(_round_ratios(runs, c, "fx-l2", "store_same_level"))
+    every = [x for c in xfs + mem for x in _round_ratios(runs, c, "fx", "tier_read")]
+    v["AHEAD"] = f"ahead in {sum(1 for x in every if x > 1)} runs of {len(every)}"
+    v["NOW"], v["THEN"] = _best_peer_xfs(runs), _best_peer_xfs(_main_round("round-a86929d", "a86929d"))
+    for key, c in zip(("64", "10", "2"), xfs):
+        v["NV" + key] = sm(_round_ratios(runs, c, "fx-noverify", "tier_cpu"), "{:.1f}")
+        for n, short in (("fx-l2", "FL"), ("fs_native", "FN"), ("raw_block", "RB")):
+            share = [x["lookup_s"] / x["tier_s"] for d in runs[c] for x in d["readers"][n]["reps"]]
+            v[f"LK{short}{key}"] = f"{100 * min(share):.0f}–{100 * max(share):.0f} %"
+    lat = []
+    for r in (1, 2, 3):
+        with open(os.path.join(ROOT, "docs", "bench-repeats", "round-6f3adc6", f"lat-2m-run{r}.json")) as f:
+            lat.append(json.load(f))
+    for c in ("4", "16"):
+        v["A2_" + c] = _span([d["readers"]["fx"]["latency"][c]["p99_over_p50"] for d in lat])
+        v["P2_" + c] = _span([_fx_p50_over_best(d["readers"], c) for d in lat])
+    for d in lat:  # "with 4 in flight below every LMCache engine-level tier's p50 in every run"
+        p50 = {n: e["latency"]["4"]["p50_ms"] for n, e in d["readers"].items()}
+        assert all(p50["fx"] < p50[n] for n in ("local_disk", "rust_raw_block", "fs_connector")), p50
+    return v
+
+
+def test_docs_check_round_at_6f3adc6_is_the_committed_json():
+    """The section on the check round at 6f3adc6 (an AMD EPYC host): its
+    tables are what `bench_tables.py --readme` and `--latency-rounds` render
+    from the round's runs (each from 6f3adc6, five reps, every rep of fx's
+    readers whole and checked), and every figure it quotes is computed from
+    them."""
+    page = _page()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "round-6f3adc6")
+    cases = [(label, [os.path.join(d, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
+    for table in _bench_tables().readme_tables(cases).split("\n\n"):
+        assert table.strip() in page
+    lat = [(f"2 MiB, run {r}", os.path.join(d, f"lat-2m-run{r}.json")) for r in (1, 2, 3)]
+    assert _bench_tables().latency_rounds_table(lat) in page
+    start = page.index("### A check round at `6f3adc6`")
+    section = " ".join(page[start : page.index("\n### ", start + 10)].split())
+    v = round_6f3adc6_figures()
+    for name, figure in v.items():
+        assert figure in section, (name, figure)
+    readme = _readme_flat()
+
+    def med(f: str) -> str:
+        return f.split("(")[1].rstrip(")")
+
+    said = (
+        f"XFS {med(v['R64'])}, {med(v['R10'])} and {med(v['R2'])} at 64, 10 and 2 MiB ({v['AHEAD']} over all five "
+        f"cases), tmpfs {med(v['T64'])} and {med(v['T2'])}; stores through LMCache's engine behind on XFS "
+        f"({v['ER64'].split()[0]}, {v['ER10'].split()[0]}, {v['ER2'].split()[0]}); at 2 MiB fx's p99 was {v['A2_4']} "
+        "its p50 with 4 in flight"
+    )
+    assert said in readme, said
+
+
 def test_docs_check_round_at_a86929d_is_the_committed_json():
     """The section on the check round at a86929d: its two tables are what
     `bench_tables.py --readme` renders from the round's fifteen runs (each
