@@ -5295,11 +5295,11 @@ def test_docs_latency_warmup_runs_are_the_committed_json():
         assert first[f"warm-up, run {r}"] < first[f"none, run {r}"]
 
 
-def round_a86929d_figures() -> dict[str, str]:
-    """Every figure the page's section on the check round at a86929d quotes,
-    by its name there, computed from the committed runs of that round and of
-    the check round at 8cd75eb before it (the section was filled from this)."""
-    runs, then = _main_round("round-a86929d", "a86929d"), _main_round("round-8cd75eb", "8cd75eb")
+def _round_reads_and_stores(runs: dict[str, list[dict]]) -> dict[str, str]:
+    """What a check round's section quotes of every main case: fx's and
+    fx-l2's reads and stores over the best peer (R64 … T2, L…, E…, S…), how
+    many runs fx read ahead (AHEAD), and fx's CPU without its check over the
+    lowest peer's on XFS (NV64, NV10, NV2); each as min–max (median)."""
     xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
 
     def sm(vs, fmt="{:.2f}"):
@@ -5313,10 +5313,20 @@ def round_a86929d_figures() -> dict[str, str]:
         v["S" + key] = sm(_round_ratios(runs, c, "fx-l2", "store_same_level"))
     every = [x for c in xfs + mem for x in _round_ratios(runs, c, "fx", "tier_read")]
     v["AHEAD"] = f"ahead in {sum(1 for x in every if x > 1)} runs of {len(every)}"
-    v["OLD"] = ", ".join(f"{statistics.median(_round_ratios(then, c, 'fx', 'tier_read')):.2f}×" for c in xfs + mem)
-    v["NOW"], v["BEFORE"] = _best_peer_xfs(runs), _best_peer_xfs(then)
     for key, c in zip(("64", "10", "2"), xfs):
         v["NV" + key] = sm(_round_ratios(runs, c, "fx-noverify", "tier_cpu"), "{:.1f}")
+    return v
+
+
+def round_a86929d_figures() -> dict[str, str]:
+    """Every figure the page's section on the check round at a86929d quotes,
+    by its name there, computed from the committed runs of that round and of
+    the check round at 8cd75eb before it (the section was filled from this)."""
+    runs, then = _main_round("round-a86929d", "a86929d"), _main_round("round-8cd75eb", "8cd75eb")
+    v = _round_reads_and_stores(runs)
+    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
+    v["OLD"] = ", ".join(f"{statistics.median(_round_ratios(then, c, 'fx', 'tier_read')):.2f}×" for c in xfs + mem)
+    v["NOW"], v["BEFORE"] = _best_peer_xfs(runs), _best_peer_xfs(then)
     return v
 
 
@@ -5325,22 +5335,9 @@ def round_6f3adc6_figures() -> dict[str, str]:
     EPYC host) quotes, by its name there, computed from the committed runs
     of that round (the section was filled from this)."""
     runs = _main_round("round-6f3adc6", "6f3adc6")
-    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
-
-    def sm(vs, fmt="{:.2f}"):
-        return f"{_span(vs, fmt)} ({fmt.format(statistics.median(vs))}×)"
-
-    v: dict[str, str] = {}
-    for key, c in zip(("R64", "R10", "R2", "T64", "T2"), xfs + mem):
-        v[key] = sm(_round_ratios(runs, c, "fx", "tier_read"))
-        v["L" + key] = sm(_round_ratios(runs, c, "fx-l2", "tier_read"))
-        v["E" + key] = sm(_round_ratios(runs, c, "fx", "store_same_level"))
-        v["S" + key] = sm(_round_ratios(runs, c, "fx-l2", "store_same_level"))
-    every = [x for c in xfs + mem for x in _round_ratios(runs, c, "fx", "tier_read")]
-    v["AHEAD"] = f"ahead in {sum(1 for x in every if x > 1)} runs of {len(every)}"
+    v = _round_reads_and_stores(runs)
     v["NOW"], v["THEN"] = _best_peer_xfs(runs), _best_peer_xfs(_main_round("round-a86929d", "a86929d"))
-    for key, c in zip(("64", "10", "2"), xfs):
-        v["NV" + key] = sm(_round_ratios(runs, c, "fx-noverify", "tier_cpu"), "{:.1f}")
+    for key, c in zip(("64", "10", "2"), ["xfs-64m", "xfs-10m", "xfs-2m"]):
         for n, short in (("fx-l2", "FL"), ("fs_native", "FN"), ("raw_block", "RB")):
             share = [x["lookup_s"] / x["tier_s"] for d in runs[c] for x in d["readers"][n]["reps"]]
             v[f"LK{short}{key}"] = f"{100 * min(share):.0f}–{100 * max(share):.0f} %"
