@@ -2687,9 +2687,12 @@ class ChunkStore:
             except OSError:
                 continue
             with self._lock:
-                if self._failing.get(r, (0.0, ""))[0] == math.inf:
-                    del self._failing[r]
-            log.warning("lmcache-fx: store path %s is writable again: new chunks go there again", root)
+                until, why = self._failing.get(r, (0.0, ""))
+                flipped = until == math.inf  # by this thread: said once
+                if flipped:  # expired, not removed: callers look an entry up after _failing_roots()
+                    self._failing[r] = (0.0, why)
+            if flipped:
+                log.warning("lmcache-fx: store path %s is writable again: new chunks go there again", root)
 
     def _io_warning(self, msg: str, *args) -> None:
         """A failing device fails every chunk: one warning per 5 s, with a count."""
