@@ -543,6 +543,68 @@ def test_a_path_read_only_at_start_takes_chunks_again_once_remounted_read_write(
             s2.close()
 
 
+def test_a_path_remounted_read_only_while_running_is_steered_around_until_writable(tmp_path, monkeypatch):
+    """A path whose filesystem went read-only while the store ran was marked
+    failing for 5 s at a time: every 5 s one batch's chunks for it failed
+    (EROFS), counted as write errors, for as long as it stayed read-only (a
+    review: [4, 8, 8, 8, 8, 8] of 8 stored over six batches, again after each
+    5 s). Found read-only, it is now steered around until a look finds it
+    writable; remounted read-write, it takes chunks again."""
+    from lmcache_fx.core import store as store_mod
+
+    with _striped_over_two_xfs(8) as (m0, m1, roots, s, src, chunk, warm):
+        subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
+        try:
+            first = s.write([src.item(f"a/{i}", chunk) for i in range(8)])
+            errors = s.stats.write_errors
+            assert errors == 8 - sum(first) and errors > 0, first  # its chunks bound for roots[1] failed once
+            time.sleep(5.5)  # past the 5 s a failing path used to be avoided for
+            later = [s.write([src.item(f"b/{b}/{i}", chunk) for i in range(8)]) for b in range(3)]
+            assert all(all(ok) for ok in later) and s.stats.write_errors == errors, [sum(ok) for ok in later]
+            assert roots[1] in s.problem()
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+        on_rw = len(F.chunk_files(roots[1]))
+        monkeypatch.setattr(store_mod, "READ_ONLY_LOOK_SECONDS", 0.0)
+        assert s.write([src.item(f"c/{i}", chunk) for i in range(16)]) == [True] * 16
+        assert len(F.chunk_files(roots[1])) > on_rw and s.problem() is None
+
+
+def test_a_path_writable_again_but_refused_stays_unused_and_says_why(tmp_path, monkeypatch):
+    """A path read-only at start, remounted read-write but made writable by
+    every user meanwhile (mode 777, which the store refuses at start): it
+    stayed failing as "read-only filesystem", silently (a review). It stays
+    unused, now with the reason the store refuses it, said once; fixed, it
+    takes chunks again."""
+    from lmcache_fx.core import store as store_mod
+
+    with _striped_over_two_xfs(8) as (m0, m1, roots, s, src, chunk, warm):
+        s.close()
+        subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
+        try:
+            s2 = F.open_store(",".join(roots), max_capacity_gb=1)
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+        mode = os.stat(roots[1]).st_mode & 0o7777
+        os.chmod(roots[1], 0o777)
+        try:
+            monkeypatch.setattr(store_mod, "READ_ONLY_LOOK_SECONDS", 0.0)
+            before = sorted(F.chunk_files(roots[1]))
+            with F.LogCount() as logs:
+                for b in range(3):
+                    assert s2.write([src.item(f"r/{b}/{i}", chunk) for i in range(8)]) == [True] * 8
+            assert sorted(F.chunk_files(roots[1])) == before
+            said = [r.getMessage() for r in logs.records if "writable again" in r.getMessage()]
+            assert len(said) == 1 and "refused" in said[0] and "every user" in said[0], said
+            assert "every user" in s2.problem(), s2.problem()
+            os.chmod(roots[1], mode)
+            assert s2.write([src.item(f"ok/{i}", chunk) for i in range(16)]) == [True] * 16
+            assert len(F.chunk_files(roots[1])) > len(before) and s2.problem() is None
+        finally:
+            os.chmod(roots[1], mode)
+            s2.close()
+
+
 def test_chunks_whose_two_paths_are_both_read_only_are_skipped_not_taken_for_a_full_store(tmp_path):
     """Three paths, the last two read-only at start: a chunk may go under two
     of the three, and those whose two are both read-only were counted as a

@@ -2065,9 +2065,9 @@ class ChunkStore:
                 f"what is left is pinned ({pinned} chunks pinned by this process's lookups and reads) "
                 "or being written by other processes"
             )
-            stuck = [self.roots[r] for r, (until, _) in self._failing.items() if until == math.inf]
+            stuck = [f"{self.roots[r]}: {w}" for r, (until, w) in list(self._failing.items()) if until == math.inf]
             if stuck:  # chunks there count in the usage and cannot be evicted
-                why += f", or lies on a path on a read-only filesystem ({', '.join(stuck)})"
+                why += f", or lies on a path not written to now ({'; '.join(stuck)})"
         self.burst_warning(
             "batches with no room",
             "lmcache-fx: %d of %d chunks not stored: no room under max_capacity_gb=%s: %s",
@@ -2651,14 +2651,28 @@ class ChunkStore:
             return
         why = os.strerror(-res) if res < 0 else f"short write ({res})"
         steer = root is not None and len(self.roots) > 1 and res in STEERED_ERRNOS
+        # A filesystem remounted read-only stays so until someone remounts it: its chunks go to their other
+        # path until it is found writable (_look_at_read_only_roots), not one batch's worth failing every 5 s.
+        read_only = steer and res == -errno.EROFS and root is not None and on_read_only_fs(self.roots[root])
         if steer and root is not None:
             with self._lock:
-                self._failing[root] = (time.monotonic() + 5.0, why)
+                if read_only:
+                    self._failing[root] = (math.inf, why)
+                    self._read_only_looked = time.monotonic()
+                else:
+                    self._failing[root] = (time.monotonic() + 5.0, why)
         self._io_warning(
             "lmcache-fx: store failed%s: %s%s",
             f" under {self.roots[root]}" if root is not None and len(self.roots) > 1 else "",
             why,
-            "; for 5 s its chunks go to their other path" if steer else "",
+            (
+                f"; its chunks go to their other path until it is writable again (looked at every "
+                f"{READ_ONLY_LOOK_SECONDS:.0f} s)"
+                if read_only
+                else "; for 5 s its chunks go to their other path"
+                if steer
+                else ""
+            ),
         )
 
     def _failing_roots(self) -> set[int]:
@@ -2674,24 +2688,28 @@ class ChunkStore:
         return {r for r, (until, _) in failing if now < until}
 
     def _look_at_read_only_roots(self) -> None:
-        """A path read-only at start that is writable now (remounted
-        read-write after an fsck, say) takes new chunks again: it used to
-        until a restart. Its chunks become evictable with it."""
+        """A path on a read-only filesystem (at start, or since a store
+        there failed with EROFS) that is writable now (remounted read-write
+        after an fsck, say) takes new chunks again: it used to until a
+        restart. Its chunks become evictable with it. One writable but
+        refused otherwise (root_problem: its mode, its owner) stays unused,
+        with that reason, said once per reason."""
         for r, (until, _) in list(self._failing.items()):
             root = self.roots[r]
             if until != math.inf or on_read_only_fs(root):
                 continue
             try:
-                if root_problem(root, os.stat(root), self.options.shared_group):
-                    continue
-            except OSError:
-                continue
+                refused = root_problem(root, os.stat(root), self.options.shared_group)
+            except OSError as e:
+                refused = f"{root!r}: {e.strerror}"
             with self._lock:
                 until, why = self._failing.get(r, (0.0, ""))
-                flipped = until == math.inf  # by this thread: said once
+                flipped = until == math.inf and why != refused  # by this thread: said once
                 if flipped:  # expired, not removed: callers look an entry up after _failing_roots()
-                    self._failing[r] = (0.0, why)
-            if flipped:
+                    self._failing[r] = (math.inf, refused) if refused else (0.0, why)
+            if flipped and refused:
+                log.warning("lmcache-fx: store path %s is writable again but refused: %s", root, refused)
+            elif flipped:
                 log.warning("lmcache-fx: store path %s is writable again: new chunks go there again", root)
 
     def _io_warning(self, msg: str, *args) -> None:

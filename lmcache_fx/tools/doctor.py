@@ -463,7 +463,8 @@ def check_path(root: str, opts: FxOptions, tag: str, first: bool = True) -> list
                     f"{tag}path",
                     "warn",
                     f"{why}: the plugin starts, serves its chunks and stores new ones under the other paths",
-                    f"mount it read-write: a running server stores there again within {READ_ONLY_LOOK_SECONDS:.0f} s",
+                    "mount it read-write: a running server looks at it again at a store every "
+                    f"{READ_ONLY_LOOK_SECONDS:.0f} s and stores there once it is writable and accepted",
                     data,
                 )
             )
