@@ -509,6 +509,18 @@ def test_a_striped_store_starts_with_a_read_only_path(tmp_path):
             subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
 
 
+def _reopened_read_only_at_start(s, m1: str, roots: list[str]):
+    """Store s closed and opened again over the same paths with the second
+    path's filesystem (mounted at m1) read-only, then remounted read-write:
+    the new store found it read-only at start."""
+    s.close()
+    subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
+    try:
+        return F.open_store(",".join(roots), max_capacity_gb=1)
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+
+
 def test_a_path_read_only_at_start_takes_chunks_again_once_remounted_read_write(tmp_path, monkeypatch):
     """A striped store started with one path read-only used that path again
     only after a restart, though the operator had fixed it (remounted it
@@ -519,12 +531,7 @@ def test_a_path_read_only_at_start_takes_chunks_again_once_remounted_read_write(
     from lmcache_fx.core import store as store_mod
 
     with _striped_over_two_xfs(8) as (m0, m1, roots, s, src, chunk, warm):
-        s.close()
-        subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
-        try:
-            s2 = F.open_store(",".join(roots), max_capacity_gb=1)
-        finally:
-            subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+        s2 = _reopened_read_only_at_start(s, m1, roots)
         try:
             before = sorted(F.chunk_files(roots[1]))
             assert s2.write([src.item(f"ro/{i}", chunk) for i in range(8)]) == [True] * 8
@@ -579,12 +586,7 @@ def test_a_path_writable_again_but_refused_stays_unused_and_says_why(tmp_path, m
     from lmcache_fx.core import store as store_mod
 
     with _striped_over_two_xfs(8) as (m0, m1, roots, s, src, chunk, warm):
-        s.close()
-        subprocess.run(["mount", "-o", "remount,ro", m1], check=True)
-        try:
-            s2 = F.open_store(",".join(roots), max_capacity_gb=1)
-        finally:
-            subprocess.run(["mount", "-o", "remount,rw", m1], check=True)
+        s2 = _reopened_read_only_at_start(s, m1, roots)
         mode = os.stat(roots[1]).st_mode & 0o7777
         os.chmod(roots[1], 0o777)
         try:
