@@ -1019,7 +1019,11 @@ class ChunkStore:
         go before any chunk, and the walks before most evictions are made
         without the lock (_refresh_victims): the only ones that saw them. A
         name still there under the lock, not newer, is still the spare seen
-        (a spare's name is used once, and moved only under the lock)."""
+        (a spare's name is used once, and moved only under the lock). None
+        is taken by a process that cannot write SPARES_NAME (their owners
+        would not learn of it)."""
+        if usage <= limit or not self._others_spares or not self._spares_writable:
+            return usage
         seen, self._others_spares = self._others_spares, []
         dirfds: dict[str, int] = {}
         taken = 0
@@ -1092,10 +1096,7 @@ class ChunkStore:
         u = self._rescan_locked()
         if u is None:
             return None
-        usage = _less_moved(u, reuse)
-        if usage > limit and self._others_spares and self._spares_writable:
-            usage = self._take_others_spares_locked(limit, usage)
-        return usage
+        return self._take_others_spares_locked(limit, _less_moved(u, reuse))
 
     def _counted(self, found: list, usage: int) -> None:
         """After the ledger was set from a walk of an unchanged store: the
@@ -1800,8 +1801,7 @@ class ChunkStore:
                 drop.add(id(sp))
                 left -= sp.size
             usage = max(0, usage - self._drop_spares_locked(lambda sp: id(sp) in drop))
-        if usage > limit and self._others_spares and self._spares_writable:  # then other processes' spares
-            usage = self._take_others_spares_locked(limit, usage)
+        usage = self._take_others_spares_locked(limit, usage)  # then other processes' spares
         if usage <= limit:
             self._ledger.set_usage(usage)
             self._last_usage = usage
