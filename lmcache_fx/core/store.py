@@ -135,7 +135,7 @@ SPARE_SECONDS = 60.0
 SPARE_SHARE = 4
 FRUITLESS_SECONDS = 2.0  # after a walk for room that found none, none again this long while the ledger is unchanged
 SPARES_LOOK_SECONDS = 1.0  # an evictor walks for other processes' new spares at most this often
-READ_ONLY_LOOK_SECONDS = 10.0  # a path read-only at start is looked at again this often (read-write: used again)
+READ_ONLY_LOOK_SECONDS = 10.0  # a path on a read-only filesystem is looked at again this often (writable: used again)
 SPARES_KEPT, SPARES_TAKEN = 0, 8  # the offsets of layout.SPARES_NAME's two counters
 # Only files of at least this many bytes are kept as spares: for a small file the two renames,
 # the open and the lock that a spare costs are more than its fresh pages (the crossing lies between
@@ -561,7 +561,7 @@ class ChunkStore:
         # root index -> (until when, why) its stores fail otherwise (a read-only remount, lost
         # permissions, a failing device): steered around like a full one, never a cause to evict
         self._failing: dict[int, tuple[float, str]] = {}
-        self._read_only_looked = 0.0  # monotonic: when paths read-only at start were last looked at
+        self._read_only_looked = 0.0  # monotonic: when paths on read-only filesystems were last looked at
         self._errors_at_write = 0  # stats.write_errors at the last store that wrote a chunk (problem())
         self._evict_after_write = False  # a full disk was met: evict a little once the write ends
         self._enospc_evicted_to: Optional[int] = None  # the usage the last full-disk eviction left
@@ -726,8 +726,7 @@ class ChunkStore:
             # One drive of several remounted read-only (as XFS does after an I/O error): refusing to
             # start took the whole store, and with it the server, down at the next restart.
             # Its chunks are served; stores go to each chunk's other path (_places).
-            self._failing[self.roots.index(root)] = (math.inf, "read-only filesystem")
-            self._read_only_looked = time.monotonic()
+            self._mark_read_only(self.roots.index(root), "read-only filesystem")
             log.warning(
                 "lmcache-fx: store path %s is on a read-only filesystem: its chunks are served and new ones go "
                 "under the other paths (they count in the usage and cannot be evicted); mount it read-write to "
@@ -2657,8 +2656,7 @@ class ChunkStore:
         if steer and root is not None:
             with self._lock:
                 if read_only:
-                    self._failing[root] = (math.inf, why)
-                    self._read_only_looked = time.monotonic()
+                    self._mark_read_only(root, why)
                 else:
                     self._failing[root] = (time.monotonic() + 5.0, why)
         self._io_warning(
@@ -2686,6 +2684,13 @@ class ChunkStore:
             self._look_at_read_only_roots()
             failing = list(self._failing.items())
         return {r for r, (until, _) in failing if now < until}
+
+    def _mark_read_only(self, r: int, why: str) -> None:
+        """Root r is on a read-only filesystem: avoided until a look
+        (_look_at_read_only_roots, from READ_ONLY_LOOK_SECONDS on) finds it
+        writable."""
+        self._failing[r] = (math.inf, why)
+        self._read_only_looked = time.monotonic()
 
     def _look_at_read_only_roots(self) -> None:
         """A path on a read-only filesystem (at start, or since a store

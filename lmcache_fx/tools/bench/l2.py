@@ -14,8 +14,8 @@ task each (timed together: tier GB/s, process CPU s/GB; the lookup also on
 its own), unlock, CRC32C of what landed against the source, delete. The
 lookup is timed with the load as an engine-level tier's lookup is timed with
 its gets: fx's lookup stats each chunk file, cold after the page cache drop,
-where fs_native's looks in memory and pays the same path walk in its load;
-rounds before the commit that timed it so timed the load alone."""
+and fs_native's goes to the disk too (each rep keeps lookup_s); rounds
+before the commit that timed it so timed the load alone."""
 
 from __future__ import annotations
 
