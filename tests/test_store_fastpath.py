@@ -95,6 +95,66 @@ def test_write_opens_each_fanout_directory_once(root, monkeypatch):
         st.close()
 
 
+def test_a_write_batch_counts_its_files_in_the_ledger_with_one_write(root, monkeypatch):
+    """The reservation counts a batch's fresh temporaries with one ledger
+    write before sizing them, not one write per file (three system calls
+    each on the storing thread): a store of N chunks writes the ledger a
+    few times, whatever N."""
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
+    try:
+        src = _filled(N, SIZE)
+        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+        assert all(st.write([(f"warm-{i}", src.address + i * SIZE, SIZE, meta) for i in range(N)]))
+        puts = []
+        real = st._ledger.put
+        monkeypatch.setattr(st._ledger, "put", lambda usage, scanned: (puts.append(usage), real(usage, scanned)))
+        assert all(st.write([(f"w-{i}", src.address + i * SIZE, SIZE, meta) for i in range(N)]))
+        monkeypatch.undo()
+        assert 1 <= len(puts) <= 4, puts
+        files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".fxkv")]
+        assert len(files) == 2 * N and st.usage_bytes == sum(os.path.getsize(f) for f in files)
+    finally:
+        st.close()
+
+
+def test_files_reserved_are_sized_before_the_evictor_may_rescan(root, monkeypatch):
+    """A batch that evicts part way through its reservation: every file it
+    reserved before is at its reserved size when the evictor runs (a rescan
+    counts temporaries at their size on disk; one counted but not yet sized
+    would drop out of the usage), and the ledger matches the files after."""
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 40 * (SIZE + 4096) / (1 << 30)}))
+    try:
+        src = _filled(N, SIZE)
+        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+        assert all(st.write([(f"old-{i}", src.address + i * SIZE, SIZE, meta) for i in range(30)]))
+        seen, calls = [], []
+        real_reserve, real_evict = st._reserve, st._evict_locked
+
+        def reserve(files):
+            seen.append(files)
+            return real_reserve(files)
+
+        def evict(limit, usage, reuse=()):
+            calls.append([f for f in seen[-1] if f.reserved])
+            for f in calls[-1]:
+                assert os.fstat(f.fd).st_size == f.reserved, "reserved but not yet sized"
+            # The batch's first eviction (before its loop) frees nothing, as when the chunks it
+            # would take are pinned: the loop then evicts part way through.
+            return usage if len(calls) == 1 else real_evict(limit, usage, reuse)
+
+        monkeypatch.setattr(st, "_reserve", reserve)
+        monkeypatch.setattr(st, "_evict_locked", evict)
+        monkeypatch.setattr(store_mod, "WRITE_SUB_CHUNKS", N)  # one batch of them all
+        st._last_usage = 0  # as if the batch was not known to evict: made before the reservation
+        assert all(st.write([(f"new-{i}", src.address + i * SIZE, SIZE, meta) for i in range(20)]))
+        monkeypatch.undo()
+        assert len(calls) >= 2 and calls[1], calls  # an eviction in the loop, after reservations
+        files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".fxkv")]
+        assert len(st) <= 40 and st.usage_bytes == sum(os.path.getsize(f) for f in files)
+    finally:
+        st.close()
+
+
 def test_close_releases_directory_descriptors(root):
     before = len(os.listdir("/proc/self/fd"))
     st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
