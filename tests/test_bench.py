@@ -5158,6 +5158,39 @@ def test_the_command_exits_past_a_thread_left_running():
     assert "exiting without 1 thread(s) still running after 0.3 s: left-running" in r.stderr, r.stderr
 
 
+def test_idle_executor_workers_left_running_are_not_waited_for():
+    """LMCache's LocalDiskBackend and RustRawBlockBackend leave their event
+    loop's default executor (threads asyncio_N) after close: every bench run
+    with them waited the whole grace period at exit and said it exited
+    without them. Idle executor workers are now told to end, as the
+    interpreter's exit does; one still busy is still waited for and named."""
+    code = (
+        "import threading, concurrent.futures as cf\n"
+        "from lmcache_fx.tools import cli\n"
+        "cli.STRAY_THREAD_GRACE_S = {grace}\n"
+        "idle = cf.ThreadPoolExecutor(2, thread_name_prefix='asyncio')\n"
+        "list(idle.map(abs, [-1, -2]))  # its workers made, now idle, never shut down\n"
+        "if {busy}:\n"
+        "    cf.ThreadPoolExecutor(1, thread_name_prefix='stuck').submit(threading.Event().wait)\n"
+        "cli.console(['--version'])\n"
+    )
+    # A wait for the idle workers would be 120 s, past the run's timeout.
+    r = subprocess.run(
+        [sys.executable, "-c", code.format(grace=120, busy=False)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0 and "lmcache-fx" in r.stdout, r.stderr
+    assert "still running" not in r.stderr, r.stderr
+    r = subprocess.run(
+        [sys.executable, "-c", code.format(grace=0.3, busy=True)], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert r.returncode == 0, r.stderr
+    assert "exiting without 1 thread(s) still running after 0.3 s: stuck_0" in r.stderr, r.stderr
+
+
 def test_a_bench_on_tmpfs_is_labelled_warm_without_asking(tmp_path):
     """On tmpfs the run said 'COLD: page cache dropped before every read'
     (cold: true in its JSON) and dropped the whole host's page cache before

@@ -145,9 +145,32 @@ def console(argv=None) -> None:
     sys.exit(code)
 
 
+def _stop_idle_executor_workers() -> None:
+    """Tells every ThreadPoolExecutor worker to end once idle, as the
+    interpreter's exit would (concurrent.futures' own exit hook), so that
+    the wait below does not wait for them: LMCache's LocalDiskBackend and
+    RustRawBlockBackend leave their event loop's default executor running
+    after close (threads asyncio_N), and every bench run that had them
+    waited the whole grace period and said so. A worker still busy stays a
+    stray. Private names of concurrent.futures: where they are missing,
+    nothing is done (the wait is as before)."""
+    from concurrent.futures import thread as cf_thread
+
+    queues = getattr(cf_thread, "_threads_queues", None)
+    lock = getattr(cf_thread, "_global_shutdown_lock", None)
+    if queues is None or lock is None or not hasattr(cf_thread, "_shutdown"):
+        return
+    with lock:
+        cf_thread._shutdown = True
+    for q in list(queues.values()):
+        q.put(None)
+
+
 def stray_threads(grace_s: float) -> list[str]:
     """The names of the threads that are not daemons still running after
-    waiting up to `grace_s` for them to end."""
+    waiting up to `grace_s` for them to end (idle executor workers told to
+    end first)."""
+    _stop_idle_executor_workers()
     deadline = time.monotonic() + grace_s
     for t in threading.enumerate():
         if t is not threading.current_thread() and not t.daemon:
