@@ -117,40 +117,64 @@ def test_a_write_batch_counts_its_files_in_the_ledger_with_one_write(root, monke
         st.close()
 
 
-def test_files_reserved_are_sized_before_the_evictor_may_rescan(root, monkeypatch):
-    """A batch that evicts part way through its reservation: every file it
-    reserved before is at its reserved size when the evictor runs (a rescan
-    counts temporaries at their size on disk; one counted but not yet sized
-    would drop out of the usage), and the ledger matches the files after."""
+def test_files_given_room_are_counted_and_sized_before_the_evictor_may_rescan(root, monkeypatch):
+    """A batch that evicts part way through its reservation, where the
+    evictor rescans the store (it counts temporaries at their size on disk):
+    the files given room before are counted and sized by then, so the
+    usage the rescan finds includes them and the ledger equals the files
+    after the batch (a file counted in the batch's usage but still empty
+    would drop out of it, the ledger a chunk low for each)."""
     st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 40 * (SIZE + 4096) / (1 << 30)}))
     try:
         src = _filled(N, SIZE)
         meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
         assert all(st.write([(f"old-{i}", src.address + i * SIZE, SIZE, meta) for i in range(30)]))
-        seen, calls = [], []
-        real_reserve, real_evict = st._reserve, st._evict_locked
-
-        def reserve(files):
-            seen.append(files)
-            return real_reserve(files)
+        calls = []
+        real_evict = st._evict_locked
 
         def evict(limit, usage, reuse=()):
-            calls.append([f for f in seen[-1] if f.reserved])
-            for f in calls[-1]:
-                assert os.fstat(f.fd).st_size == f.reserved, "reserved but not yet sized"
+            calls.append(usage)
             # The batch's first eviction (before its loop) frees nothing, as when the chunks it
-            # would take are pinned: the loop then evicts part way through.
-            return usage if len(calls) == 1 else real_evict(limit, usage, reuse)
+            # would take are pinned: the loop then evicts part way through, after a rescan.
+            return usage if len(calls) == 1 else real_evict(limit, st._rescan_locked(), reuse)
 
-        monkeypatch.setattr(st, "_reserve", reserve)
         monkeypatch.setattr(st, "_evict_locked", evict)
         monkeypatch.setattr(store_mod, "WRITE_SUB_CHUNKS", N)  # one batch of them all
-        st._last_usage = 0  # as if the batch was not known to evict: made before the reservation
+        st._last_usage = 0  # as if the batch was not known to evict: temporaries made before the reservation
         assert all(st.write([(f"new-{i}", src.address + i * SIZE, SIZE, meta) for i in range(20)]))
         monkeypatch.undo()
-        assert len(calls) >= 2 and calls[1], calls  # an eviction in the loop, after reservations
+        assert len(calls) >= 2, calls  # an eviction in the loop, after reservations
         files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".fxkv")]
         assert len(st) <= 40 and st.usage_bytes == sum(os.path.getsize(f) for f in files)
+    finally:
+        st.close()
+
+
+def test_a_reservation_that_raises_part_way_leaves_the_ledger_equal_to_the_files(root, monkeypatch):
+    """Files given room are marked reserved (what the commit takes off the
+    ledger) only once counted: a reservation that raises part way through
+    (a MemoryError, a KeyboardInterrupt) took the earlier files' bytes off a
+    ledger that had not counted them yet, leaving it below the files."""
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
+    try:
+        src = _filled(N, SIZE)
+        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+        assert all(st.write([(f"a-{i}", src.address + i * SIZE, SIZE, meta) for i in range(10)]))
+        real, seen = st._removed_as_stale, []
+
+        def interrupted(f, fst):
+            seen.append(f)
+            if len(seen) == 3:
+                raise KeyboardInterrupt
+            return real(f, fst)
+
+        monkeypatch.setattr(st, "_removed_as_stale", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            st.write([(f"b-{i}", src.address + i * SIZE, SIZE, meta) for i in range(10)])
+        monkeypatch.undo()
+        assert all(st.write([(f"c-{i}", src.address + i * SIZE, SIZE, meta) for i in range(10)]))
+        files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".fxkv")]
+        assert len(files) == 20 and st.usage_bytes == sum(os.path.getsize(f) for f in files)
     finally:
         st.close()
 
