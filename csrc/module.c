@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -936,6 +937,37 @@ done:
     PyMem_Free(fds);
     PyMem_Free(ns);
     Py_DECREF(seq);
+    return out;
+}
+
+/* rename_noreplace(dir_fd, src, dst): renames src to dst within the directory
+ * dir_fd only where dst does not exist (renameat2 RENAME_NOREPLACE), without
+ * the GIL: a store's commit learns that nothing was replaced from the rename
+ * itself instead of a stat of dst first. OSError: EEXIST where dst exists,
+ * EINVAL or ENOSYS where the filesystem or kernel has no such rename. */
+static PyObject *mod_rename_noreplace(PyObject *m, PyObject *args)
+{
+    PyObject *src_name, *dst_name, *src = NULL, *dst = NULL, *out = NULL;
+    int dfd, r, err = 0;
+
+    (void)m;
+    if (!PyArg_ParseTuple(args, "iOO:rename_noreplace", &dfd, &src_name, &dst_name) ||
+        !PyUnicode_FSConverter(src_name, &src) || !PyUnicode_FSConverter(dst_name, &dst))
+        goto done;
+    Py_BEGIN_ALLOW_THREADS
+    r = renameat2(dfd, PyBytes_AS_STRING(src), dfd, PyBytes_AS_STRING(dst), RENAME_NOREPLACE);
+    if (r < 0)
+        err = errno;
+    Py_END_ALLOW_THREADS
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, dst_name);
+        goto done;
+    }
+    out = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(src);
+    Py_XDECREF(dst);
     return out;
 }
 
@@ -2182,6 +2214,9 @@ static PyMethodDef module_methods[] = {
     {"utime_beneath", (PyCFunction)mod_utime_beneath, METH_O,
      "utime_beneath(items) -> failures: atime and mtime of each (dir_fd, name, mtime_ns) set to mtime_ns, a "
      "symlink in the last component not followed, without the GIL"},
+    {"rename_noreplace", mod_rename_noreplace, METH_VARARGS,
+     "rename_noreplace(dir_fd, src, dst): src renamed to dst within dir_fd where dst does not exist "
+     "(RENAME_NOREPLACE), without the GIL; OSError EEXIST where it does, EINVAL/ENOSYS where unsupported"},
     {"stat_beneath", (PyCFunction)(void (*)(void))mod_stat_beneath, METH_VARARGS | METH_KEYWORDS,
      "stat_beneath(items, stop_at_missing=False) -> [None or (st_mode, st_size, st_mtime_ns, st_dev, "
      "st_ino)]: lstat of each (dir_fd, name), no symlink followed on the way, without the GIL"},

@@ -406,7 +406,8 @@ def test_an_odirect_store_writes_a_batch_in_one_c_call_and_renames_under_the_loc
                 return real.write_chunks(chunks, **kw)
 
         s.engine = Counting()
-        renames = _lock_depths(monkeypatch, s, os, "rename")
+        renames = _lock_depths(monkeypatch, s, os, "rename")  # a key stored before: replaced
+        new_names = _lock_depths(monkeypatch, s, store_mod._fxio, "rename_noreplace")  # a new key
         utimes = _lock_depths(monkeypatch, s, os, "utime")
         src = F.Chunks()
         sizes = [CHUNK, CHUNK, CHUNK, CHUNK - 100]  # the last: not a multiple of 4 KiB, trimmed
@@ -415,7 +416,7 @@ def test_an_odirect_store_writes_a_batch_in_one_c_call_and_renames_under_the_loc
         s.engine = real
         monkeypatch.undo()
         assert calls == [("write_chunks", 3), ("write_chunks", 1)]
-        assert renames == [1] * 4 and utimes == [1]
+        assert renames == [] and new_names == [1] * 4 and utimes == [1]
         files = [s.path_for(chunk_digest(k)) for k in KEYS[:4]]
         m = [os.stat(p).st_mtime_ns for p in files]
         assert m[0] < m[1] < m[2] < m[3]

@@ -179,6 +179,75 @@ def test_a_reservation_that_raises_part_way_leaves_the_ledger_equal_to_the_files
         st.close()
 
 
+def _stats_of_names(monkeypatch, suffix=".fxkv"):
+    """The names of chunk files os.stat is asked about from here on."""
+    calls = []
+    real = os.stat
+
+    def counting(p, *a, **kw):
+        if isinstance(p, str) and p.endswith(suffix):
+            calls.append(p)
+        return real(p, *a, **kw)
+
+    monkeypatch.setattr(os, "stat", counting)
+    return calls
+
+
+def test_a_new_chunk_goes_in_place_without_a_stat_of_its_name(root, monkeypatch):
+    """The commit asked the directory for each chunk's final name before its
+    rename (the file replaced leaves the usage). The rename is tried without
+    replacing first: a new key needs no stat; a key stored again is still
+    found and replaced, its old bytes taken off the usage."""
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
+    try:
+        src = _filled(N, SIZE)
+        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+        keys = [f"n-{i}" for i in range(N)]
+        peer = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
+        stats = _stats_of_names(monkeypatch)
+        assert all(st.write([(k, src.address + i * SIZE, SIZE, meta) for i, k in enumerate(keys)]))
+        assert stats == [] and st._rename_noreplace
+        try:  # another process, open before, stores the same keys (its index does not know them)
+            assert all(peer.write([(k, src.address + i * SIZE, SIZE // 2, meta) for i, k in enumerate(keys)]))
+        finally:
+            peer.close()
+        monkeypatch.undo()
+        assert len(stats) == N  # each replaced file asked about, as before
+        files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".fxkv")]
+        assert len(files) == N and st.usage_bytes == sum(os.path.getsize(f) for f in files)
+        assert st.usage_bytes == N * (store_mod.HEADER_SIZE + SIZE // 2)
+    finally:
+        st.close()
+
+
+def test_a_filesystem_without_rename_noreplace_falls_back_to_stat_and_rename(root, monkeypatch):
+    """Where renameat2's RENAME_NOREPLACE is refused (EINVAL: some network
+    filesystems, older kernels), the commit stats and renames as before,
+    and does not try it again."""
+    import errno
+
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))
+    try:
+        src = _filled(N, SIZE)
+        meta = ChunkMeta(((SIZE,),), ("uint8",), "raw")
+        tried = []
+
+        def refused(dfd, a, b):
+            tried.append(b)
+            raise OSError(errno.EINVAL, "Invalid argument")
+
+        monkeypatch.setattr(store_mod._fxio, "rename_noreplace", refused)
+        assert all(st.write([(f"e-{i}", src.address + i * SIZE, SIZE, meta) for i in range(N)]))
+        assert all(st.write([(f"f-{i}", src.address + i * SIZE, SIZE, meta) for i in range(N)]))
+        monkeypatch.undo()
+        assert len(tried) == 1 and not st._rename_noreplace
+        files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".fxkv")]
+        assert len(files) == 2 * N and st.usage_bytes == sum(os.path.getsize(f) for f in files)
+        assert len(st) == 2 * N
+    finally:
+        st.close()
+
+
 def test_close_releases_directory_descriptors(root):
     before = len(os.listdir("/proc/self/fd"))
     st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 1}))

@@ -547,6 +547,7 @@ class ChunkStore:
         # until the first take, and once more than EVICTED_KEPT piled up, until the next.
         self._evicted: Optional[list[str]] = None
         self._made_dirs: set[str] = set()
+        self._rename_noreplace = True  # until a filesystem of the store says it has no such rename
         self._spares: dict[int, list[_Spare]] = {}  # file size -> spares (ledger held to change)
         self._spare_bytes = 0  # their sizes' sum, kept so other threads read it without the ledger
         self._spares_pid = _PID[0]
@@ -2481,11 +2482,7 @@ class ChunkStore:
                     # not (a read that missed dropped it; the index is bounded), and another process
                     # may have stored the key. Under the ledger, so no commit renames in between (after
                     # a lock timeout nothing is counted: the next write rescans).
-                    try:
-                        old = os.stat(name, dir_fd=f.dfd, follow_symlinks=False)
-                    except OSError:
-                        old = None
-                    os.rename(f.tmp, name, src_dir_fd=f.dfd, dst_dir_fd=f.dfd)
+                    old = self._rename_into_place(f.dfd, f.tmp, name)
                 except OSError as e:
                     self._write_failed(None, -(e.errno or errno.EIO), f.final)
                 else:
@@ -2508,6 +2505,30 @@ class ChunkStore:
             _unlink_at(f.dfd, f.tmp)
             delta -= f.reserved
         return delta
+
+    def _rename_into_place(self, dfd: int, tmp: str, name: str) -> Optional[os.stat_result]:
+        """Renames `tmp` to `name` in the directory `dfd`; returns the stat
+        of the file it replaced, None where there was none. Tried first
+        without replacing (RENAME_NOREPLACE): for a new key, the common case,
+        the rename itself says nothing was there, where a stat of `name`
+        came first on every chunk. Where `name` exists, or the filesystem
+        has no such rename (then never tried again), stat and rename as
+        before. Raises OSError."""
+        if self._rename_noreplace:
+            try:
+                _fxio.rename_noreplace(dfd, tmp, name)
+                return None
+            except OSError as e:
+                if e.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    self._rename_noreplace = False
+                elif e.errno != errno.EEXIST:
+                    raise
+        try:
+            old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            old = None
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        return old
 
     def _removed_as_stale(self, f: "_WriteFile", st: Optional[os.stat_result]) -> bool:
         """Whether a peer removed this write's temporary as a dead writer's
