@@ -150,6 +150,52 @@ def test_files_given_room_are_counted_and_sized_before_the_evictor_may_rescan(ro
         st.close()
 
 
+def _chunk_bytes(root):
+    """Bytes of every file under the store but its lock directory."""
+    return sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(root) if "/.fx" not in d + "/" for f in fs)
+
+
+def test_an_evicted_file_adopted_but_not_sized_is_not_left_uncounted(root, monkeypatch):
+    """A chunk's file taken over from a victim at the victim's size (an
+    unaligned payload: the file trimmed) whose sizing fails leaves the
+    reservation: it stayed on disk, out of the usage, until the commit
+    removed it without the lock, the ledger below the files meanwhile. It
+    goes at once, before the ledger is written again."""
+    odd = 6000  # not a multiple of 4 KiB: a chunk's file is trimmed to HEADER_SIZE + 6000
+    rsize = store_mod.HEADER_SIZE + 8192
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 20 * rsize / (1 << 30)}))
+    try:
+        src = _filled(N, SIZE)
+        meta = ChunkMeta(((odd,),), ("uint8",), "raw")
+        assert all(st.write([(f"old-{i}", src.address + i * SIZE, odd, meta) for i in range(20)]))
+        real_ft, failed, below = os.ftruncate, [], []
+
+        def ftruncate(fd, size):
+            if os.fstat(fd).st_size == store_mod.HEADER_SIZE + odd and size == rsize:  # an adopted victim
+                failed.append(fd)
+                raise OSError(5, "Input/output error")
+            return real_ft(fd, size)
+
+        real_reserve = st._reserve
+
+        def reserve(files):  # the lock is let go here; the commit comes after the payloads
+            got = real_reserve(files)
+            usage, on_disk = st._ledger.get()[0], _chunk_bytes(root)
+            if usage < on_disk:
+                below.append((usage, on_disk))
+            return got
+
+        monkeypatch.setattr(os, "ftruncate", ftruncate)
+        monkeypatch.setattr(st, "_reserve", reserve)
+        st.write([(f"new-{i}", src.address + i * SIZE, odd, meta) for i in range(5)])
+        monkeypatch.undo()
+        assert failed, "no victim was adopted: the case did not arise"
+        assert below == []
+        assert st.usage_bytes == _chunk_bytes(root)
+    finally:
+        st.close()
+
+
 def test_a_reservation_that_raises_part_way_leaves_the_ledger_equal_to_the_files(root, monkeypatch):
     """Files given room are marked reserved (what the commit takes off the
     ledger) only once counted: a reservation that raises part way through

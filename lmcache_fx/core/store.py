@@ -2085,6 +2085,9 @@ class ChunkStore:
                 self._write_failed(None, -(e.errno or errno.EIO), f.final)
                 usage -= rsize
                 ok.remove(f)
+                # Out of the count now: gone before the ledger is written again. An evicted
+                # file adopted at its old size stayed on disk, uncounted, until the commit.
+                _unlink_at(f.dfd, f.tmp)
             else:
                 f.reserved = rsize
         return usage
