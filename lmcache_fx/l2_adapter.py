@@ -153,6 +153,7 @@ class FxL2Adapter(L2AdapterInterface):
         self._done_lookup: dict[L2TaskId, Bitmap] = {}
         self._done_load: dict[L2TaskId, Bitmap] = {}
         self._in_flight = 0
+        self._abandoned: set[L2TaskId] = set()  # tasks whose submit raised after queuing them (_submit)
         self._sizes: dict["ObjectKey", int] = {}  # keys stored by this adapter -> file bytes
         self._by_digest: dict[str, "ObjectKey"] = {}  # the same keys by their files' digest
         self._evictions_seen = 0
@@ -192,11 +193,30 @@ class FxL2Adapter(L2AdapterInterface):
 
     def _submit(self, pool, fn, *args) -> L2TaskId:
         """A lookup or load task given to its threads under the lock close()
-        refuses new tasks under: given before the threads stop, or refused."""
+        refuses new tasks under: given before the threads stop, or refused.
+        A ThreadPoolExecutor queues the work before it starts a thread for
+        it: where none can start (a container at its process limit) submit
+        raises with the work queued, LMCache takes the task for failed (it
+        frees a load's buffers, never unlocks a lookup's keys), and a thread
+        started later ran it all the same: file bytes into freed buffers,
+        chunks pinned for good. Such a task is marked abandoned, and skipped
+        when a thread picks it up."""
         with self._lock:
             tid = self._task_id_locked()
-            pool.submit(fn, tid, *args)
+            try:
+                pool.submit(self._unless_abandoned, fn, tid, *args)
+            except BaseException:
+                self._abandoned.add(tid)
+                self._in_flight -= 1
+                raise
             return tid
+
+    def _unless_abandoned(self, fn, tid: L2TaskId, *args) -> None:
+        with self._lock:
+            if tid in self._abandoned:
+                self._abandoned.discard(tid)
+                return
+        fn(tid, *args)
 
     def _finish(self, table: dict, task_id: L2TaskId, result, efd) -> None:
         with self._lock:
@@ -417,7 +437,10 @@ class FxL2Adapter(L2AdapterInterface):
                 size = self._sizes.pop(k, None)
                 self._by_digest.pop(chunk_digest(s), None)
             before = self.store.used_bytes if size is None else 0
-            if self.store.remove(s):
+            # A key this adapter told LMCache of is gone after the call whether or not a file was
+            # removed now (the store dropped it as bad, another process or an operator removed it):
+            # left unsaid, LMCache's LRU kept offering it, each pass freeing nothing.
+            if self.store.remove(s) or size is not None:
                 gone.append(k)
                 sizes.append(size if size is not None else max(before - self.store.used_bytes, 0))
         if gone:

@@ -648,6 +648,101 @@ def test_l2_a_chunk_written_anew_at_another_size_keeps_the_per_salt_bytes_true(t
         ad.close()
 
 
+def test_l2_a_key_deleted_whose_file_is_already_gone_is_reported_deleted(tmp_path):
+    """LMCache's eviction controller deletes the keys at the head of its LRU.
+    A key this adapter had reported stored but whose file was gone by then
+    (dropped as bad at a read, removed by another process or an operator)
+    was not reported deleted: LMCache kept it, with its bytes per salt, and
+    offered it again on every pass, each freeing nothing."""
+    from lmcache.v1.distributed.internal_api import L2AdapterListener
+
+    from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig, object_key_string
+
+    class Deleted(L2AdapterListener):
+        def __init__(self):
+            self.keys = []
+
+        def on_l2_keys_stored(self, keys, sizes):
+            pass
+
+        def on_l2_keys_accessed(self, keys):
+            pass
+
+        def on_l2_keys_deleted(self, keys):
+            self.keys += keys
+
+    nb, n = 64 << 10, 3
+    arena, obj, keys = _l2_objects(n, nb, 23)
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict({"path": str(tmp_path / "s")}))
+    try:
+        heard = Deleted()
+        ad.register_listener(heard)
+        assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
+        os.unlink(ad.store.path_for(chunk_digest(object_key_string(keys[0]))))  # gone behind its back
+        lookup = (ad.submit_lookup_and_lock_task, ad.query_lookup_and_lock_result, ad.get_lookup_and_lock_event_fd())
+        assert _l2_task(ad, *lookup, [keys[0]], {}).get_indices_list() == []  # a miss: the store forgets it
+        ad.delete([keys[0], keys[1]])
+        assert heard.keys == [keys[0], keys[1]]
+        assert sum(ad.get_usage().bytes_by_cache_salt.values()) == HEADER_SIZE + nb  # keys[2]'s alone
+        ad.delete([keys[0]])  # a key never stored (any more): nothing to say
+        assert heard.keys == [keys[0], keys[1]]
+    finally:
+        ad.close()
+
+
+def test_l2_a_task_whose_submit_found_no_thread_never_runs(tmp_path):
+    """Where no thread can start (a container at its pids.max), the
+    executor's submit raises with the task already queued: LMCache takes the
+    task for failed, frees a load's buffers and never unlocks a lookup's
+    keys, and the next thread that started ran it anyway: file bytes into
+    freed buffers, chunks pinned for good. Such a task is now skipped."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import pids_limit
+
+    parent = pids_limit.cgroup_parent()
+    if parent is None:
+        pytest.skip(pids_limit.SKIP_REASON)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        pids_limit.CHILD_CODE
+        + f"""
+import json, sys
+sys.path.insert(0, {tests!r})
+import torch
+from test_entry_points import _l2_load, _l2_objects, _l2_store, _l2_task
+from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig
+
+nb, n = 64 << 10, 4
+arena, obj, keys = _l2_objects(n, nb, 31)
+ad = FxL2Adapter(FxL2AdapterConfig.from_dict({{"path": {str(tmp_path / "s")!r}}}))
+raised = []
+assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
+with no_task_to_spare({parent!r}):
+    for submit in (lambda: ad.submit_lookup_and_lock_task(keys[:2], {{}}), lambda: ad.submit_load_task([keys[2]], [obj(n + 2)])):
+        try:
+            submit()
+        except RuntimeError as e:
+            raised.append(str(e))
+# LMCache took both for failed: the load's buffer is free (here: still zero), the lookup's keys never unlocked.
+bm = _l2_task(ad, ad.submit_lookup_and_lock_task, ad.query_lookup_and_lock_result, ad.get_lookup_and_lock_event_fd(), [keys[3]], {{}})
+ad.submit_unlock([keys[3]])
+got = _l2_load(ad, [keys[3]], [obj(n + 3)]).get_indices_list()
+ad.close()
+print(json.dumps({{"raised": raised, "hit": bm.get_indices_list(), "got": got,
+    "untouched": bool((arena[(n + 2) * nb : (n + 3) * nb] == 0).all()), "pins": len(ad.store._pins),
+    "in_flight": ad._in_flight}}))
+"""
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tests)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(got["raised"]) == 2, got  # both submits found no thread
+    assert got["hit"] == [0] and got["got"] == [0], got  # later tasks run as before
+    assert got["untouched"], got  # the abandoned load wrote nothing
+    assert got["pins"] == 0 and got["in_flight"] == 0, got  # nor did the abandoned lookup pin anything
+
+
 def test_l2_a_listener_that_raises_does_not_hold_a_load_task(tmp_path):
     """A listener raising in on_l2_keys_accessed left the load task unfinished
     for good (LMCache's prefetch waiting on it), with nothing logged."""
