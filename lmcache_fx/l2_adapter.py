@@ -59,6 +59,7 @@ SWEEP_SECONDS = 60.0  # _report_evictions checks every key it knows at most this
 # 2 MiB loads took 1.49-1.81x fs_native's p50; on these threads 0.94-1.22x
 # (docs/bench-repeats/latency-rounds/505836c-2m-*, 9c0b182-2m-*).
 LOAD_THREADS = 4
+SEED_BATCH = 4096  # keys already stored, reported to LMCache's listeners this many at a time
 
 
 def _keep(obj) -> None:
@@ -71,6 +72,27 @@ def object_key_string(key: "ObjectKey") -> str:
     in 0x hex, object group in hex, chunk hash in hex, cache_salt if any)."""
     s = f"{key.model_name.replace('/', '-SEP-')}@{key.kv_rank:#010x}@{key.object_group_id:x}@{key.chunk_hash.hex()}"
     return f"{s}@{key.cache_salt}" if key.cache_salt else s
+
+
+def object_key_of(s: str) -> Optional["ObjectKey"]:
+    """The ObjectKey whose object_key_string is `s`, or None (a key of the
+    engine entry points, or one that does not spell back the same)."""
+    from lmcache.v1.distributed.api import ObjectKey
+
+    parts = s.split("@", 4)
+    if len(parts) < 4:
+        return None
+    try:
+        key = ObjectKey(
+            chunk_hash=bytes.fromhex(parts[3]),
+            model_name=parts[0].replace("-SEP-", "/"),
+            kv_rank=int(parts[1], 16),
+            object_group_id=int(parts[2], 16),
+            cache_salt=parts[4] if len(parts) == 5 else "",
+        )
+    except (ValueError, TypeError):
+        return None
+    return key if object_key_string(key) == s else None
 
 
 # LMCache's own keys of every --l2-adapter entry (beside "type"), not adapter_params.
@@ -154,6 +176,7 @@ class FxL2Adapter(L2AdapterInterface):
         self._done_load: dict[L2TaskId, Bitmap] = {}
         self._in_flight = 0
         self._abandoned: set[L2TaskId] = set()  # tasks whose submit raised after queuing them (_submit)
+        self._seeding = False  # the chunks already stored are (being) reported to the listeners
         self._sizes: dict["ObjectKey", int] = {}  # keys stored by this adapter -> file bytes
         self._by_digest: dict[str, "ObjectKey"] = {}  # the same keys by their files' digest
         self._evictions_seen = 0
@@ -176,6 +199,52 @@ class FxL2Adapter(L2AdapterInterface):
             self.store.odirect,
             len(self.store),
         )
+
+    def register_listener(self, listener) -> None:
+        """LMCache's listeners (its L2 eviction policy) hear of the chunks
+        already in the store too: stored by an earlier run or by another
+        process under MP keys. Without, after a restart the policy knew only
+        the chunks stored since, while get_usage counted every chunk: with an
+        `eviction` block, each pass deleted the newest chunks, the only ones
+        it knew, and kept the old. The first listener starts a thread that
+        reads the keys from the chunks' headers (least recently used first)
+        and reports them stored, as LMCache's raw_block adapter does from its
+        index; a listener registered after that hears of every key known by
+        then at once."""
+        super().register_listener(listener)
+        with self._lock:
+            first, self._seeding = not self._seeding, True
+            known = [] if first else list(self._sizes.items())
+        if first:
+            threading.Thread(target=self._seed_listeners, name="lmcache-fx-l2-seed", daemon=True).start()
+        elif known:
+            try:
+                listener.on_l2_keys_stored([k for k, _ in known], [n for _, n in known])
+            except Exception:
+                log.exception("lmcache-fx: a listener refused the keys already stored")
+
+    def _seed_listeners(self) -> None:
+        try:
+            found = self.store.stored_keys(stop=lambda: self._closed)
+            keys, sizes = [], []
+            with self._lock:
+                for name, size in found:
+                    k = object_key_of(name)
+                    if k is None or k in self._sizes:
+                        continue  # not an MP key, or stored (and reported) by this run already
+                    self._sizes[k] = size
+                    self._by_digest[chunk_digest(name)] = k
+                    keys.append(k)
+                    sizes.append(size)
+            for i in range(0, len(keys), SEED_BATCH):
+                if self._closed:
+                    return
+                self._notify_keys_stored(keys[i : i + SEED_BATCH], sizes[i : i + SEED_BATCH])
+            if keys:
+                log.info("lmcache-fx: L2 adapter told LMCache of %d chunks already stored", len(keys))
+        except Exception:
+            if not self._closed:
+                log.exception("lmcache-fx: telling LMCache of the chunks already stored failed")
 
     def _register_l1(self, desc: "L1MemoryDesc") -> None:
         register_memory(self.store.engine, desc.ptr, desc.stable_registration_size or desc.size, "L1")

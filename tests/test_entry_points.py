@@ -743,6 +743,74 @@ print(json.dumps({{"raised": raised, "hit": bm.get_indices_list(), "got": got,
     assert got["pins"] == 0 and got["in_flight"] == 0, got  # nor did the abandoned lookup pin anything
 
 
+def test_l2_after_a_restart_lmcaches_eviction_knows_the_chunks_already_stored(tmp_path):
+    """After a restart over a full store, get_usage counted the last run's
+    chunks but LMCache's L2 eviction policy knew none of them: with an
+    `eviction` block, each pass of its controller deleted the newest chunks
+    (the only ones it knew) and kept the old. The adapter now tells its
+    listeners of the chunks already stored, least recently used first: the
+    passes take the old chunks and keep the new."""
+    from lmcache.v1.distributed.config import EvictionConfig
+    from lmcache.v1.distributed.internal_api import L2AdapterListener
+    from lmcache.v1.distributed.storage_controllers.eviction_controller import (
+        L2AdapterEvictionState,
+        L2EvictionController,
+    )
+
+    from lmcache_fx.core.chunkfile import HEADER_SIZE
+    from lmcache_fx.l2_adapter import FxL2Adapter, FxL2AdapterConfig, object_key_of, object_key_string
+
+    class Stored(L2AdapterListener):
+        def __init__(self):
+            self.keys = []
+
+        def on_l2_keys_stored(self, keys, sizes):
+            assert all(n == HEADER_SIZE + nb for n in sizes)
+            self.keys += keys
+
+        def on_l2_keys_accessed(self, keys):
+            pass
+
+        def on_l2_keys_deleted(self, keys):
+            pass
+
+    nb, n = 64 << 10, 15
+    arena, obj, keys = _l2_objects(n + 8, nb, 41)
+    cfg = {"path": str(tmp_path / "s"), "max_capacity_gb": 16 * (HEADER_SIZE + nb) / (1 << 30)}
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict(cfg))
+    try:
+        for i in range(n):  # one at a time: each its own place in the LRU
+            assert _l2_store(ad, keys[i : i + 1], [obj(i)]).is_successful()
+    finally:
+        ad.close()
+    assert all(object_key_of(object_key_string(k)) == k for k in keys)
+    ad = FxL2Adapter(FxL2AdapterConfig.from_dict(cfg))  # the server restarted
+    try:
+        ad.set_backend_identity("fx")
+        heard = Stored()
+        ad.register_listener(heard)
+        state = L2AdapterEvictionState(
+            0, ad, EvictionConfig(eviction_policy="LRU", trigger_watermark=0.8, eviction_ratio=0.2)
+        )
+        end = time.monotonic() + 30
+        while len(heard.keys) < n:
+            assert time.monotonic() < end, heard.keys
+            time.sleep(0.05)
+        assert heard.keys == keys[:n]  # least recently used first
+        late = Stored()
+        ad.register_listener(late)  # registered after: hears of them at once
+        assert sorted(late.keys, key=keys.index) == keys[:n]
+        controller = L2EvictionController([state])  # its thread not started: one pass per round, here
+        new = keys[n:]
+        for r in range(0, len(new), 2):
+            assert _l2_store(ad, new[r : r + 2], [obj(n + r), obj(n + r + 1)]).is_successful()
+            controller._check_and_evict_global(state)  # the controller's once-a-second pass
+        kept_new = sum(ad.store.lookup([object_key_string(k) for k in new]))
+        assert kept_new == len(new), kept_new  # before: about half the new ones deleted
+    finally:
+        ad.close()
+
+
 def test_l2_a_listener_that_raises_does_not_hold_a_load_task(tmp_path):
     """A listener raising in on_l2_keys_accessed left the load task unfinished
     for good (LMCache's prefetch waiting on it), with nothing logged."""

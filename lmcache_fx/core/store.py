@@ -1771,6 +1771,31 @@ class ChunkStore:
         the metrics), so a removal frees its bytes at once."""
         return max(0, self.usage_bytes - self.spare_bytes)
 
+    def stored_keys(self, stop: Callable[[], bool] = lambda: False) -> list[tuple[str, int]]:
+        """(key, file bytes) of each chunk this process's index holds, least
+        recently used first, each key read from its file's header (a file
+        gone, unreadable or not a valid header of this version is left out).
+        One header read per chunk: for a caller that must learn what earlier
+        runs or other processes stored (LMCache's listeners after a restart),
+        on a thread of its own. `stop()` true ends the listing early."""
+        with self._lock:
+            found = sorted((e.seen_mtime_ns, e.path, e.size) for e in self._index.values())
+        out = []
+        for _, path, size in found:
+            if stop():
+                break
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                out.append((decode_header(os.pread(fd, HEADER_SIZE, 0)).key, size))
+            except (OSError, BadHeader):
+                pass
+            finally:
+                os.close(fd)
+        return out
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._index)
