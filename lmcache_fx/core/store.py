@@ -2087,19 +2087,20 @@ class ChunkStore:
     ) -> int:
         """Reserves the files given room in `usage` (ledger held): counted
         first, then sized, and only then marked `reserved` (what a commit
-        takes off the ledger: where the reservation raises before, they
-        were never counted, and go uncounted). Counted with one
-        ledger write for them all (one per file, three system calls, was about
-        a tenth of the storing thread's time per 2 MiB chunk on the XFS loop,
-        ~13 of ~130 us): a writer killed in between
-        leaves the ledger above the files (eviction starts early) rather than
-        below (the cap passed: a dead writer's temporary is taken off at its
-        size when it is removed). Files moved to this batch's temporaries
-        (victims, spares) and not adopted yet are on disk but out of `usage`
-        until adopted: counted here too. Sized first because writes inside
-        EOF run in parallel, where extending O_DIRECT writes are serialised
-        by the filesystem. Returns `usage` less the files that could not be
-        sized, which leave `ok`."""
+        takes off the ledger: where the reservation raises before, they were
+        never counted, and go uncounted).
+
+        Counted with one ledger write for them all (one per file, three
+        system calls, was about a tenth of the storing thread's time per
+        2 MiB chunk on the XFS loop, ~13 of ~130 us). Counted before sized: a
+        writer killed in between leaves the ledger above the files (eviction
+        starts early) rather than below (the cap passed: a dead writer's
+        temporary is taken off at its size when it is removed). Files moved
+        to this batch's temporaries (victims, spares) and not adopted yet are
+        on disk but out of `usage` until adopted: counted here too. Sized
+        before written because writes inside EOF run in parallel, where
+        extending O_DIRECT writes are serialised by the filesystem. Returns
+        `usage` less the files that could not be sized, which leave `ok`."""
         if not unsized:
             return usage
         self._ledger.set_usage(usage + _moved_bytes(files))
