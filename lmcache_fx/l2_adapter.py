@@ -410,14 +410,38 @@ class FxL2Adapter(L2AdapterInterface):
 
     def _lookup(self, tid: L2TaskId, keys) -> None:
         bm = Bitmap(len(keys))
+        missed = []
         try:
             # Pinned chunks are never evicted; the batch's files stat'ed in one call.
             for i, hit in enumerate(self.store.lookup([object_key_string(k) for k in keys], pin=True, count=True)):
                 if hit:
                     bm.set(i)
+                else:
+                    missed.append(keys[i])
         except Exception:
             log.exception("lmcache-fx: L2 lookup task %d failed", tid)
         self._finish(self._done_lookup, tid, bm, self._lookup_efd)
+        try:
+            self._report_gone(missed)
+        except Exception:
+            log.exception("lmcache-fx: reporting chunks found gone failed")
+
+    def _report_gone(self, keys) -> None:
+        """Keys a lookup missed that LMCache was told are stored: gone
+        without this adapter removing them (another process's evictor, a
+        file dropped as bad, an operator), so LMCache's listeners hear it
+        now rather than at the next sweep, which runs only after an eviction
+        of this process."""
+        gone, sizes = [], []
+        with self._lock:
+            for k in keys:
+                size = self._sizes.pop(k, None)
+                if size is not None:
+                    self._by_digest.pop(chunk_digest(object_key_string(k)), None)
+                    gone.append(k)
+                    sizes.append(size)
+        if gone:
+            self._notify_keys_deleted(gone, sizes)
 
     def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Optional[Bitmap]:
         with self._lock:

@@ -648,12 +648,14 @@ def test_l2_a_chunk_written_anew_at_another_size_keeps_the_per_salt_bytes_true(t
         ad.close()
 
 
-def test_l2_a_key_deleted_whose_file_is_already_gone_is_reported_deleted(tmp_path):
+def test_l2_a_key_whose_file_is_gone_is_reported_deleted(tmp_path):
     """LMCache's eviction controller deletes the keys at the head of its LRU.
     A key this adapter had reported stored but whose file was gone by then
     (dropped as bad at a read, removed by another process or an operator)
     was not reported deleted: LMCache kept it, with its bytes per salt, and
-    offered it again on every pass, each freeing nothing."""
+    offered it again on every pass, each freeing nothing. delete() now
+    reports it; and a lookup that misses a key reported stored reports it
+    deleted at once."""
     from lmcache.v1.distributed.internal_api import L2AdapterListener
 
     from lmcache_fx.core.chunkfile import HEADER_SIZE, chunk_digest
@@ -679,13 +681,25 @@ def test_l2_a_key_deleted_whose_file_is_already_gone_is_reported_deleted(tmp_pat
         heard = Deleted()
         ad.register_listener(heard)
         assert _l2_store(ad, keys, [obj(i) for i in range(n)]).is_successful()
-        os.unlink(ad.store.path_for(chunk_digest(object_key_string(keys[0]))))  # gone behind its back
+        bad = ad.store.path_for(chunk_digest(object_key_string(keys[0])))
+        with open(bad, "r+b") as f:  # a payload byte flipped: a load finds it bad and drops the file
+            f.seek(HEADER_SIZE + 100)
+            b = f.read(1)
+            f.seek(HEADER_SIZE + 100)
+            f.write(bytes([b[0] ^ 1]))
+        assert _l2_load(ad, [keys[0]], [obj(n)]).get_indices_list() == []
+        assert not os.path.exists(bad) and heard.keys == []
+        ad.delete([keys[0]])
+        assert heard.keys == [keys[0]]
+        os.unlink(ad.store.path_for(chunk_digest(object_key_string(keys[1]))))  # removed behind its back
         lookup = (ad.submit_lookup_and_lock_task, ad.query_lookup_and_lock_result, ad.get_lookup_and_lock_event_fd())
-        assert _l2_task(ad, *lookup, [keys[0]], {}).get_indices_list() == []  # a miss: the store forgets it
-        ad.delete([keys[0], keys[1]])
-        assert heard.keys == [keys[0], keys[1]]
+        assert _l2_task(ad, *lookup, [keys[1]], {}).get_indices_list() == []
+        end = time.monotonic() + 30
+        while heard.keys != [keys[0], keys[1]]:  # the lookup that missed it tells LMCache
+            assert time.monotonic() < end and heard.keys == [keys[0]], heard.keys
+            time.sleep(0.02)
         assert sum(ad.get_usage().bytes_by_cache_salt.values()) == HEADER_SIZE + nb  # keys[2]'s alone
-        ad.delete([keys[0]])  # a key never stored (any more): nothing to say
+        ad.delete([keys[0], keys[1]])  # reported already: nothing more to say
         assert heard.keys == [keys[0], keys[1]]
     finally:
         ad.close()
