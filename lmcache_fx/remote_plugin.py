@@ -71,13 +71,25 @@ class FxRemoteConnector(RemoteConnector):
             "lmcache_fx.remote_plugin.FxRemoteConnector belongs under remote_storage_plugins "
             "(remote_storage_plugin.<name>.*)",
         )
-        if getattr(config, "remote_serde", None) == "cachegen":
+        serde = getattr(config, "remote_serde", None)
+        if serde == "cachegen":
             # CacheGen hands its connector compressed bytes over immutable memory, not a tensor: every
             # put failed with "underlying buffer is not writable", and nothing was ever stored.
             raise ConfigError(
                 "remote_serde: cachegen is not stored by the lmcache-fx remote plugin (it hands the connector "
-                "compressed bytes, not KV tensors); set remote_serde: naive (or kivi), or use lmcache-fx as a "
+                "compressed bytes, not KV tensors); set remote_serde: naive, or use lmcache-fx as a "
                 "storage plugin (storage_plugins)"
+            )
+        if serde == "kivi":
+            # LMCache 0.5.6's KIVI serializer hands on the pool object without a reference of its own
+            # (naive's takes one): LMCache's put path then drops one reference too many, the buffer
+            # goes back to the pool while the connector writes it, and the next prompt's KV, written
+            # into it meanwhile, was stored under this key ("Double free" in LMCache's log).
+            raise ConfigError(
+                "remote_serde: kivi is not stored by the lmcache-fx remote plugin (LMCache's KIVI serializer "
+                "takes no reference on the buffer it hands on: freed and reused while written, it stored another "
+                "prompt's KV under the key); set remote_serde: naive, or use lmcache-fx as a storage plugin "
+                "(storage_plugins)"
             )
         if local_cpu_backend is None or getattr(local_cpu_backend, "metadata", None) is None:
             raise ConfigError("lmcache-fx remote plugin needs LMCache's LocalCPUBackend (max_local_cpu_size > 0)")

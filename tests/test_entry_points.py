@@ -1141,21 +1141,36 @@ def test_direct_to_gpu_is_refused_outside_the_in_process_plugin():
         FxL2AdapterConfig.from_dict({"path": "/tmp/x", "direct_to_gpu": True, "verify": False})
 
 
-def test_the_remote_plugin_refuses_cachegen_serde_naming_the_setting(tmp_path):
+def test_the_remote_plugin_refuses_cachegen_and_kivi_serde_naming_the_setting(tmp_path):
     """remote_serde: cachegen hands the remote connector CacheGen's bytes
     over immutable memory: every put failed ("underlying buffer is not
-    writable", logged by LMCache) and nothing was stored. The connector raises at start,
-    naming the setting and what to use; naive and kivi pass this check."""
+    writable", logged by LMCache) and nothing was stored. kivi (LMCache
+    0.5.6) hands on the pool object without taking a reference: freed and
+    reused while written, it stored another prompt's KV under the key. The
+    connector raises at start for either, naming the setting and what to
+    use; naive passes this check."""
+    from lmcache.v1.storage_backend.naive_serde.kivi_serde import KIVISerializer
+    from lmcache.v1.storage_backend.naive_serde.naive_serde import NaiveSerializer
+
     from lmcache_fx.core.options import ConfigError
     from lmcache_fx.remote_plugin import FxRemoteConnector
 
-    cfg = config_from_dict({**remote_config(tmp_path / "s"), "remote_serde": "cachegen"}, tmp_path)
-    with pytest.raises(ConfigError, match="remote_serde: cachegen .* set remote_serde: naive"):
-        FxRemoteConnector(config=cfg)
-    for serde in ("naive", "kivi"):
+    class Obj:  # what the serializers are handed: a pool object counting its references
+        ref_count = 1
+
+        def ref_count_up(self):
+            self.ref_count += 1
+
+    # What the refusal rests on, in the LMCache installed: naive takes a reference, kivi none.
+    assert NaiveSerializer().serialize(Obj()).ref_count == 2
+    assert KIVISerializer().serialize(Obj()).ref_count == 1
+    for serde, why in (("cachegen", "compressed bytes"), ("kivi", "takes no reference")):
         cfg = config_from_dict({**remote_config(tmp_path / "s"), "remote_serde": serde}, tmp_path)
-        with pytest.raises(ConfigError, match="needs LMCache's LocalCPUBackend"):  # past the serde check
+        with pytest.raises(ConfigError, match=f"remote_serde: {serde} .*{why}.* set remote_serde: naive"):
             FxRemoteConnector(config=cfg)
+    cfg = config_from_dict({**remote_config(tmp_path / "s"), "remote_serde": "naive"}, tmp_path)
+    with pytest.raises(ConfigError, match="needs LMCache's LocalCPUBackend"):  # past the serde check
+        FxRemoteConnector(config=cfg)
 
 
 CLOSE_WITH_QUEUED_STORES = """
