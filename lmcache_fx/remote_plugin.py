@@ -55,6 +55,8 @@ from .integration.common import (
 log = logging.getLogger("lmcache_fx")
 
 PREFIX = "remote_storage_plugin."
+# How long a read that found the pool taken waits for this connector's puts to return it.
+STORE_DRAIN_WAIT = 1.0
 
 
 def remote_plugin_name(config, cls) -> str:
@@ -164,9 +166,44 @@ class FxRemoteConnector(RemoteConnector):
     async def _read(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
         # One engine batch (two when headers are new to this process), awaited
         # through the loop's shared eventfd: the loop is free while the engine reads.
-        return await self.store.read_async(
-            [k.to_string() for k in keys], self._allocate, self._release, allocate_many=self._allocate_many
-        )
+        names = [k.to_string() for k in keys]
+        full = [False]  # the pool had no room for a chunk that fits: it and the later ones missed
+
+        def allocate(meta: ChunkMeta):
+            got = self._allocate(meta)
+            full[0] = full[0] or (got is None and self._shapes.fits(meta))
+            return got
+
+        out = await self.store.read_async(names, allocate, self._release, allocate_many=self._allocate_many)
+        # LMCache holds a put's pool objects until its batched_put returns. A read right after a store
+        # (the next turn of a chat) found the pool taken by this connector's puts still being written,
+        # and the chunks it had stored before missed. Where puts were running, wait for them (bounded,
+        # on the loop: their coroutines resume on it) and read the missed tail once more, as the
+        # in-process plugin does (STORE_DRAIN_WAIT).
+        if full[0] and await self._puts_returned(STORE_DRAIN_WAIT):
+            first = len(out)
+            while first and out[first - 1] is None:
+                first -= 1
+            out[first:] = await self.store.read_async(
+                names[first:], self._allocate, self._release, allocate_many=self._allocate_many
+            )
+        return out
+
+    async def _puts_returned(self, timeout: float) -> bool:
+        """Waits, on the loop, until no put of this connector is running, at
+        most `timeout` seconds; whether any was running when called."""
+        with self._pending_lock:
+            if not self._pending_puts:
+                return False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while loop.time() < end:
+            await asyncio.sleep(0.005)
+            with self._pending_lock:
+                if not self._pending_puts:
+                    break
+        await asyncio.sleep(0)  # LMCache's wrapper lets go of the last put's objects once it resumes
+        return True
 
     async def get(self, key: CacheEngineKey) -> Optional[MemoryObj]:
         return (await self._read([key]))[0]

@@ -1633,6 +1633,54 @@ _READ_AFTER_STORES = (
 )
 
 
+_REMOTE_READ_AFTER_STORES = """
+import json, os, sys, time
+import torch
+from lmcache_fx.testing.cpu_engine import KV, Geometry, config_from_dict, lmcache_engine, retrieve
+from test_entry_points import backend_of, fx_store_of, remote_config
+work = sys.argv[1]
+geo = Geometry(layers=8)  # 1 MiB chunks
+cfg = config_from_dict(remote_config(os.path.join(work, "s"), cpu_gb=0.0065), work)  # room for 6
+with lmcache_engine(cfg, geo) as eng:
+    be = backend_of(eng, "remote")
+    st, conn = fx_store_of(be), be.connection.getWrappedConnector()
+
+    def stored(n):
+        end = time.monotonic() + 60
+        while (len(st) < n or conn.pending_puts()) and time.monotonic() < end:
+            time.sleep(0.01)
+
+    a, b = [(torch.arange(1024) + 50000 * i, KV(geo, 1024, seed=i)) for i in range(2)]
+    eng.store(a[0], kvcaches=a[1].caches, slot_mapping=a[1].slot_mapping)
+    stored(4)
+    write = st.write
+
+    def slow_write(items):
+        time.sleep(0.5)  # B's objects stay held, 4 of the pool's 6 chunks, while A is read
+        return write(items)
+
+    st.write = slow_write
+    eng.store(b[0], kvcaches=b[1].caches, slot_mapping=b[1].slot_mapping)
+    time.sleep(0.05)  # B's put under way
+    got = a[1].empty_like()
+    n = retrieve(eng, a[0], got)
+    stored(8)
+    print(json.dumps({"tokens": n, "equal": a[1].tokens_equal(got, n)}))
+    sys.stdout.flush()
+    os._exit(0)
+"""
+
+
+def test_a_remote_read_right_after_stores_waits_for_them_to_give_the_pool_back(tmp_path):
+    """The remote plugin's read found LMCache's pool taken by this
+    connector's puts still being written (LMCache holds a put's objects
+    until its batched_put returns), and the chunks stored before missed
+    (512 of 1024 tokens in the review's script). It waits for its puts,
+    bounded, and reads the rest: the whole prefix, exact."""
+    out, err = _engine_script(_REMOTE_READ_AFTER_STORES, tmp_path)
+    assert out == {"tokens": 1024, "equal": True}, (out, err[-2000:])
+
+
 def test_a_read_right_after_stores_waits_for_them_to_give_the_pool_back(tmp_path):
     """A read that holds some of the pool does not wait in LMCache's busy
     loop; finding no room while this plugin's stores are queued (their
