@@ -1280,6 +1280,38 @@ def test_fsck_repair_rejudges_a_temporary_at_removal(capsys, store_copy, monkeyp
         writer.wait()
 
 
+def test_fsck_repair_leaves_a_bad_chunk_written_anew_since_it_was_judged(capsys, store_copy, monkeypatch):
+    """fsck judged a chunk bad; a server then found it bad too, removed it
+    and stored the chunk anew, and the new file got the same inode number
+    (ext4 reuses a freed one at once): --repair, matching only device and
+    inode, removed the new, good chunk. It now also matches the inode's
+    change time. Here the judged file is written over in place with the
+    good bytes (the same inode, as a store reusing an evicted file writes
+    into it): left alone, and read whole after."""
+    from lmcache_fx.tools import admin
+
+    path, files = store_copy
+    victim = files["org/model-a"][2]
+    with open(victim, "rb") as f:
+        good = f.read()
+    _flip(victim, HEADER_SIZE + 777)
+    real = admin._remove
+
+    def written_anew_first(roots, sc, todo):
+        time.sleep(0.01)  # past the coarsest timestamp granularity a filesystem may keep
+        with open(victim, "r+b") as f:  # the same inode, its bytes good again
+            f.write(good)
+        return real(roots, sc, todo)
+
+    monkeypatch.setattr(admin, "_remove", written_anew_first)
+    rc, obj, _ = cli_json(capsys, "fsck", path, "--repair")
+    p = {p["path"]: p for p in obj["problems"]}[victim]
+    assert p["kind"] == "bad" and not p["removed"] and "changed since it was checked" in p["note"], p
+    monkeypatch.undo()
+    rc, obj, _ = cli_json(capsys, "fsck", path)
+    assert rc == 0 and obj["bad"] == 0 and os.path.exists(victim), obj
+
+
 def test_fsck_reports_read_errors_and_never_removes_on_them(capsys, store_copy, monkeypatch):
     """A read that fails (EAGAIN past the retries, from the engine's fault
     point) or an open that fails (EMFILE) is not a bad chunk: reported as

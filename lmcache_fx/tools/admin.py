@@ -854,10 +854,11 @@ REMOVABLE = ("bad", "stale-tmp")  # what fsck --repair removes
 
 
 def _problem(
-    f: StoreFile, kind: str, why: str, ident: Optional[tuple[int, int]] = None, size: Optional[int] = None
+    f: StoreFile, kind: str, why: str, ident: Optional[tuple[int, int, int]] = None, size: Optional[int] = None
 ) -> dict:
-    """A finding; `ident` (st_dev, st_ino) and `size` of the file judged
-    (fstat of the one opened) where it was read, else the listing's."""
+    """A finding; `ident` (st_dev, st_ino, st_ctime_ns) and `size` of the
+    file judged (fstat of the one opened) where it was read, else the
+    listing's."""
     return {
         "path": f.path,
         "kind": kind,
@@ -865,6 +866,7 @@ def _problem(
         "size": f.size if size is None else size,
         "ino": ident[1] if ident else f.ino,
         "dev": ident[0] if ident else None,
+        "ctime_ns": ident[2] if ident else None,
         "temporary": f.kind == "tmp",
         "removed": False,
     }
@@ -888,7 +890,9 @@ def _remove(roots: list[str], sc: Scan, todo: list[dict]) -> list[str]:
             # periodic recompute). Recounting here would repeat the store's accounting and hold
             # the lock for a walk; invalidating the record would make a running store walk
             # under the lock at its next write.
-            outcome, p["note"] = rm.remove(p["path"], p["ino"], p["dev"], temporary=p["temporary"], counted=False)
+            outcome, p["note"] = rm.remove(
+                p["path"], p["ino"], p["dev"], temporary=p["temporary"], counted=False, ctime_ns=p["ctime_ns"]
+            )
             p["removed"] = outcome == "removed"
             p["resolved"] = outcome != "failed"  # gone, or no longer the file judged
     finally:
@@ -1025,13 +1029,17 @@ class Remover:
         temporary: bool = False,
         counted: bool = True,
         mtime_ns: Optional[int] = None,
+        ctime_ns: Optional[int] = None,
     ) -> tuple[str, str]:
         """(outcome, note): outcome "removed"; "gone" (absent already);
         "changed" (no longer the file judged: replaced, a live writer's again,
         read or written since; left alone); "failed" (not removed: an error,
         its directory replaced, the lock not had). `ino` (and `dev` where known): the file judged;
         `temporary`: removed only while still stale; `counted`: its bytes are
-        in the ledger; `mtime_ns`: kept when newer (read or written since)."""
+        in the ledger; `mtime_ns`: kept when newer (read or written since);
+        `ctime_ns`: kept when its inode changed since it was judged (a chunk
+        a server removed as bad and stored anew can get the same inode
+        number: fsck --repair removed the new, good one)."""
         if not self._lock():
             return "failed", self.stuck
         sub, name = os.path.split(path)
@@ -1052,6 +1060,8 @@ class Remover:
             return "changed", "in use by a live writer again (left alone)"
         if mtime_ns is not None and st.st_mtime_ns > mtime_ns:
             return "changed", "read or written since the listing (kept)"
+        if ctime_ns is not None and st.st_ctime_ns != ctime_ns:
+            return "changed", "changed since it was checked (left alone)"
         # The file just judged, under the store lock: removed here, so that an error (a read-only
         # filesystem) is reported as one, not taken for a file changed meanwhile.
         try:

@@ -184,7 +184,7 @@ class ChunkVerifier:
                 if fd < 0 or st is None:
                     yield Verdict(f, "gone" if err in (errno.ENOENT, errno.ESTALE) else "unreadable", why)
                     continue
-                ident, size = (st.st_dev, st.st_ino), st.st_size
+                ident, size = (st.st_dev, st.st_ino, st.st_ctime_ns), st.st_size
                 if size < HEADER_SIZE:
                     held = -1
                     os.close(fd)
@@ -254,7 +254,7 @@ class ChunkVerifier:
                 ops.append((fd, 0, HEADER_SIZE, job.buf.address + off))
                 if plen:
                     ops.append((fd, HEADER_SIZE, plen, job.buf.address + off + HEADER_SIZE))
-                job.items.append((f, off, first, plen, (st.st_dev, st.st_ino), st.st_size))
+                job.items.append((f, off, first, plen, (st.st_dev, st.st_ino, st.st_ctime_ns), st.st_size))
                 off += _span(st.st_size)
             inflight.append(job)
             if ops:
@@ -304,7 +304,7 @@ class ChunkVerifier:
         HEADER_SIZE + payload_len is bad without its payload read; then the
         payload in pieces of buffer_bytes, two in flight, CRC32C continued
         over the pieces."""
-        ident, size = (st.st_dev, st.st_ino), st.st_size
+        ident, size = (st.st_dev, st.st_ino, st.st_ctime_ns), st.st_size
         plen = size - HEADER_SIZE
         piece = max(4096, buffer_bytes // 4096 * 4096)  # O_DIRECT: pieces start aligned
         bufs: list = []
@@ -436,11 +436,15 @@ class Verdict:
     status: str  # ok | bad | version | gone | unreadable (an open or read error: reported, never removed)
     problem: str = ""
     header: Optional[Header] = None
-    ident: Optional[tuple[int, int]] = None  # (st_dev, st_ino) of the file judged (fstat of the one opened)
+    # (st_dev, st_ino, st_ctime_ns) of the file judged (fstat of the one opened): a removal checks all
+    # three, since a file removed and stored anew can get the same inode number
+    ident: Optional[tuple[int, int, int]] = None
     size: int = 0  # its size (fstat)
 
 
-def _judge_header(f: StoreFile, hmv, hn: int, plen: int, ident: tuple[int, int], size: int) -> Union[Header, "Verdict"]:
+def _judge_header(
+    f: StoreFile, hmv, hn: int, plen: int, ident: tuple[int, int, int], size: int
+) -> Union[Header, "Verdict"]:
     """The header read (hn bytes into hmv) of a file of `size` bytes: its
     Header when the file holds the header's key and HEADER_SIZE +
     payload_len bytes, else the Verdict."""
@@ -467,7 +471,9 @@ def _judge_header(f: StoreFile, hmv, hn: int, plen: int, ident: tuple[int, int],
     return h
 
 
-def _judge(f: StoreFile, hmv, hn: int, pn: int, pcrc: int, plen: int, ident: tuple[int, int], size: int) -> Verdict:
+def _judge(
+    f: StoreFile, hmv, hn: int, pn: int, pcrc: int, plen: int, ident: tuple[int, int, int], size: int
+) -> Verdict:
     def v(status: str, why: str = "", h: Optional[Header] = None) -> Verdict:
         return Verdict(f, status, why, h, ident, size)
 
