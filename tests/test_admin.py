@@ -1078,6 +1078,40 @@ def test_gc_of_planted_files_keeps_the_usage_at_what_is_left(capsys, store_copy)
         st.close()
 
 
+def test_gc_that_never_reaches_its_close_still_leaves_a_recount_asked(capsys, store_copy, monkeypatch):
+    """gc asked for the recount that mends its subtraction of files the
+    ledger never counted only in close(): a gc killed (SIGTERM, a timeout)
+    or kept from the lock before it left the ledger below the files until
+    the stores' periodic rescan. The first subtraction asks for it."""
+    from lmcache_fx.tools import admin
+
+    path, order, st = _running_store(store_copy)
+    try:
+        d = "%032x" % 0xABCD
+        p = os.path.join(path, d[:2], d + ".fxkv")
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:  # never counted, older than every chunk: gc's first victim
+            f.write(b"x" * (1 << 20))
+        os.utime(p, (1, 1))
+        real_close = admin.Remover.close
+
+        def killed_before_its_end(self):  # what is left of close() when gc dies first: the lock let go
+            self.removed_bytes = 0
+            real_close(self)
+
+        monkeypatch.setattr(admin.Remover, "close", killed_before_its_end)
+        keep = sum(os.path.getsize(f) for f in order[1:])
+        rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", keep / GIB)
+        monkeypatch.undo()
+        assert obj["removed_chunks"] == 2 and not os.path.exists(p), obj
+        assert st._recompute_due()  # asked for: the store's next write recounts
+        src = _fx().Chunks()  # kept: the write reads from its buffer
+        assert st.write([src.item("org/model-a@1@0@new@recount", 8192)]) == [True]
+        assert _ledger_usage(st) == keep + HEADER_SIZE + 8192 == st._walk(remove_stale=False)[1]
+    finally:
+        st.close()
+
+
 def test_gc_beside_a_store_that_evicts_keeps_the_count_exact(capsys, store_copy, monkeypatch):
     """A store evicting a chunk gc has listed but not reached takes it off
     the count itself; gc's first fix (never below what its listing held)

@@ -941,6 +941,7 @@ class Remover:
         self.stuck = ""  # why nothing more is removed
         self.freed = 0  # bytes removed that the ledger counts, not yet taken off it
         self.removed_bytes = 0
+        self._recount_asked = False  # the ledger marked for a recount by the first subtraction
         self._dirfds: dict[str, int] = {}
         self._hold: Optional[Any] = None  # Ledger.hold() entered
         self._until = 0.0
@@ -990,7 +991,13 @@ class Remover:
             return
         try:
             if self.freed and self.ledger is not None:
-                self.ledger.add(-self.freed)  # a bad record: the next store to meet it rescans
+                # Marked for a recount with the first subtraction, not only at close(): files the
+                # ledger never counted (planted, or left by a crash) come off it too, and a gc
+                # killed or kept from the lock before close() left it below the files until the
+                # stores' periodic rescan. The mark stays until a store recounts, after which what
+                # is removed was counted. (A bad record: the next store to meet it rescans.)
+                self.ledger.add(-self.freed, recount=not self._recount_asked)
+                self._recount_asked = True
                 self.freed = 0
         finally:
             hold, self._hold = self._hold, None
