@@ -520,7 +520,7 @@ def _keys(files):
 
 
 @pytest.mark.parametrize("kind", ["directory", "symlink", "fifo"])
-def test_doctor_fails_a_lock_file_the_store_would_refuse(capsys, store_copy, tmp_path, kind):
+def test_doctor_fails_a_lock_file_the_store_would_refuse(capsys, store_copy, tmp_path, kind, monkeypatch):
     """.fx/store.lock made a directory, a link or a FIFO: the plugin refuses
     to start on it ("... not a regular file; remove it"), while doctor said
     the fast path would be used. It fails the check and says to remove it;
@@ -542,11 +542,20 @@ def test_doctor_fails_a_lock_file_the_store_would_refuse(capsys, store_copy, tmp
     assert rc == 1 and checks["lock file"]["status"] == "fail", checks.get("lock file")
     assert checks["lock file"]["summary"].startswith(f"{lock} is not a regular file")
     assert checks["lock file"]["fix"] == f"remove it (rm -r '{lock}')"
-    if kind != "fifo":
-        rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", 0)
-        assert (
-            rc == 1 and obj["failed"][0]["error"] == f"the store's lock file {lock} is not a regular file (remove it)"
-        )
+    # For a FIFO as well: one that may not write the lock file opened it read-only, and a FIFO's
+    # read-only open waited for a writer for good (fsck and gc hung); RDWR refused, below.
+    real_open = os.open
+
+    def no_write_access(p, flags, *a, **kw):
+        if p == "store.lock" and flags & os.O_RDWR:
+            raise PermissionError(13, "Permission denied")
+        return real_open(p, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", no_write_access)
+    rc, obj, _ = cli_json(capsys, "gc", path, "--to-gb", 0)
+    assert rc == 1 and obj["failed"][0]["error"] == f"the store's lock file {lock} is not a regular file (remove it)"
+    rc, obj, _ = cli_json(capsys, "fsck", path)
+    assert rc == 0 and obj["bad"] == 0, obj
 
 
 def test_devices_under_counts_filesystems_not_paths(tmp_path):

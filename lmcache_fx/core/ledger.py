@@ -165,14 +165,18 @@ class Ledger:
         except OSError:
             return None
         try:
-            flags = os.O_NOFOLLOW | os.O_CLOEXEC
+            # O_NONBLOCK: a FIFO planted at the lock's name blocked the read-only open for good (fsck, gc).
+            flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
             try:  # read-write, as Ledger.open: a store of this process may share this object later
                 fd = os.open(os.path.basename(LOCK_NAME), flags | os.O_RDWR, dir_fd=dfd)
             except PermissionError:
                 fd = os.open(os.path.basename(LOCK_NAME), flags | os.O_RDONLY, dir_fd=dfd)
-            return cls._register(
-                fd, os.fstat(fd), lambda: _join_members(dfd, 0, None, False, UNLOCKED_READS), UNLOCKED_READS
-            )
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                return None  # not a store lock
+            os.set_blocking(fd, True)
+            return cls._register(fd, st, lambda: _join_members(dfd, 0, None, False, UNLOCKED_READS), UNLOCKED_READS)
         except OSError:
             return None
         finally:
