@@ -1183,6 +1183,26 @@ def test_gc_leaves_waiting_stores_their_turn_at_the_lock(store_copy):
     assert len(waits) >= 5 and max(waits) < 1.0, waits
 
 
+def test_ls_and_stat_skip_a_chunk_evicted_during_the_listing(capsys, store_copy, monkeypatch):
+    """A chunk a running store evicted between the listing and its header's
+    read was shown by ls as BAD ('no longer there') and counted by stat as
+    a bad header ('run fsck'), where fsck finds nothing wrong. It is
+    skipped, as fsck skips it."""
+    path, files = store_copy
+    gone = files["org/model-a"][1]
+    for command in ("ls", "stat"):
+        _after_scan(monkeypatch, lambda: os.path.exists(gone) and os.unlink(gone))
+        rc, obj, _ = cli_json(capsys, command, path)
+        monkeypatch.undo()
+        assert rc == 0, obj
+        if command == "ls":
+            assert gone not in [c["path"] for c in obj["chunks"]] and not [c for c in obj["chunks"] if "error" in c]
+        else:
+            assert obj["bad_headers"] == 0, obj
+    rc, obj, _ = cli_json(capsys, "fsck", path)
+    assert rc == 0 and obj["bad"] == 0, obj
+
+
 def test_fsck_repair_leaves_what_it_removes_for_the_store_to_recount(capsys, store_copy):
     """fsck --repair beside a running store: a bad chunk and a dead writer's
     temporary (its reservation counted, as a writer that died leaves it) are

@@ -120,9 +120,10 @@ class ChunkVerifier:
             ops, opened, fds = [], [], []
             try:
                 for j, f in enumerate(part):
-                    fd, st, why, _ = self.open(f)
+                    fd, st, why, err = self.open(f)
                     if fd < 0 or st is None:
-                        yield f, None, why
+                        if err not in (errno.ENOENT, errno.ESTALE):  # else evicted since the listing: skipped
+                            yield f, None, why
                         continue
                     fds.append(fd)
                     ops.append((fd, 0, HEADER_SIZE, buf.address + HEADER_SIZE * j))
