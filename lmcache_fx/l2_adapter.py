@@ -226,14 +226,15 @@ class FxL2Adapter(L2AdapterInterface):
     def _seed_listeners(self) -> None:
         try:
             found = self.store.stored_keys(stop=lambda: self._closed)
+            # Keys of the engine entry points are not MP keys (None): left out.
+            parsed = [(k, chunk_digest(name), size) for name, size in found if (k := object_key_of(name)) is not None]
             keys, sizes = [], []
-            with self._lock:
-                for name, size in found:
-                    k = object_key_of(name)
-                    if k is None or k in self._sizes:
-                        continue  # not an MP key, or stored (and reported) by this run already
+            with self._lock:  # held only to take the keys in: every submit waits for it
+                for k, digest, size in parsed:
+                    if k in self._sizes:
+                        continue  # stored (and reported) by this run already
                     self._sizes[k] = size
-                    self._by_digest[chunk_digest(name)] = k
+                    self._by_digest[digest] = k
                     keys.append(k)
                     sizes.append(size)
             for i in range(0, len(keys), SEED_BATCH):
