@@ -168,6 +168,8 @@ class FxStorageBackend(StoragePluginInterface):
         self._put_lock = threading.Lock()
         self._put_keys: set[CacheEngineKey] = set()
         self._pool_gone = False  # LMCache's CPU pool is freed (or being freed): no store can read it
+        self._closed = False  # close() began: no store is taken, no lookup answers a hit
+        self._said_closed = False
         # async lookup id -> its lookups' pins, oldest first: each load releases the oldest (a lookup of an id
         # whose load still waits in LMCache's queue adds a record; it does not release the first's pins)
         self._lookup_pins: dict[str, list[_LookupPins]] = {}
@@ -201,6 +203,8 @@ class FxStorageBackend(StoragePluginInterface):
 
     # ------------------------------------------------------------ lookups
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        if self._closed:  # a lookup in close()'s window: the read after it would miss
+            return False
         k = key.to_string()
         if pin:
             return self.store.pin(k, self._shapes.fits)
@@ -210,6 +214,8 @@ class FxStorageBackend(StoragePluginInterface):
         # The hit prefix, its files stat'ed in one call (store.lookup). A chunk read before as another
         # model's shape is no hit (EngineShapes). LMCache's lookups pass `pin`; its retrieve asks
         # again without it (get_block_mapping): only the lookups count in the metrics' hit rate.
+        if self._closed:
+            return 0
         names = [k.to_string() for k in keys]
         return sum(
             self.store.lookup(names, pin=bool(pin), prefix=True, usable=self._shapes.fits, count=pin is not None)
@@ -250,7 +256,7 @@ class FxStorageBackend(StoragePluginInterface):
             return key in self._put_keys
 
     def pin(self, key: CacheEngineKey) -> bool:
-        return self.store.pin(key.to_string(), self._shapes.fits)
+        return not self._closed and self.store.pin(key.to_string(), self._shapes.fits)
 
     def unpin(self, key: CacheEngineKey) -> bool:
         # LMCache unpins the keys of an async lookup it rounds off (per-layer keys of a partial chunk)
@@ -377,14 +383,22 @@ class FxStorageBackend(StoragePluginInterface):
             if self._pool_gone:
                 log.warning("lmcache-fx: %d chunks not stored: LMCache is closing its CPU pool", len(keys))
                 return None
+            if self._closed:
+                # LMCache's close_backend / recreate_backend close this backend while vLLM still
+                # stores through it: a store taken now was queued behind the writer's end, never
+                # written, and its objects' references never dropped (the CPU pool ran out).
+                if not self._said_closed:
+                    self._said_closed = True
+                    log.warning("lmcache-fx: %s is closed: stores after its close are not taken", self.name)
+                return None
             for key, obj in zip(keys, objs):
                 if key in self._put_keys:
                     continue
                 obj.ref_count_up()  # LMCache drops its reference when we return
                 self._put_keys.add(key)
                 batch.append((key, obj))
-        if batch:
-            self._writes.put((batch, on_complete_callback))
+            if batch:  # under the lock: close() puts the writer's end after it, never before
+                self._writes.put((batch, on_complete_callback))
         return None
 
     def _write_loop(self) -> None:
@@ -463,8 +477,11 @@ class FxStorageBackend(StoragePluginInterface):
     def close(self) -> None:
         self._unhook_pool()
         self._metrics.close()
+        with self._put_lock:  # stores taken before it are written; none after (batched_submit_put_task)
+            self._closed = True
+            if self._writer.is_alive():
+                self._writes.put(None)
         if self._writer.is_alive():
-            self._writes.put(None)
             self._writer.join()
         if self._gpu is not None:
             self._gpu.close()

@@ -1671,6 +1671,56 @@ with lmcache_engine(cfg, geo) as eng:
 """
 
 
+def test_stores_reaching_the_plugin_during_its_close_are_refused_without_holding_the_pool(tmp_path):
+    """LMCache's close_backend / recreate_backend close the plugin while the
+    worker still stores through it. A store taken after close() was queued
+    behind the writer's end: never written, its objects' references never
+    dropped, the CPU pool running out (the review's script: 39 of 77 racing
+    puts held, the whole pool in five trials). Stores after close are
+    refused without a reference; those before it are written; lookups after
+    it answer no hit (the read would miss)."""
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.memory_management import MemoryFormat
+
+    from lmcache_fx.testing.cpu_engine import fx_backend
+
+    geo = Geometry(layers=2, kv_heads=2, head_dim=64, dtype=torch.bfloat16, chunk=256)
+    cfg = config_from_dict(fx_config(tmp_path / "s", cpu_gb=0.05), tmp_path)
+    with lmcache_engine(cfg, geo) as eng:
+        be, cpu = fx_backend(eng), eng.storage_manager.storage_backends["LocalCPUBackend"]
+        shape = [torch.Size([2, geo.layers, geo.chunk, geo.kv_heads * geo.head_dim])]
+
+        def put(i):  # what StorageManager.batched_put does with a plugin: submit, then drop its reference
+            o = cpu.allocate(shape, [torch.bfloat16], fmt=MemoryFormat.KV_2LTD, busy_loop=False)
+            key = CacheEngineKey("fx-test-model", 1, 0, 1000 + i, torch.bfloat16)
+            be.batched_submit_put_task([key], [o])
+            o.ref_count_down()
+            return key, o
+
+        objs, stop = [], threading.Event()
+
+        def putter():
+            i = 0
+            while not stop.is_set() and i < 300:
+                objs.append(put(i))
+                i += 1
+                time.sleep(0.001)
+
+        t = threading.Thread(target=putter)
+        t.start()
+        time.sleep(0.05)
+        be.close()
+        time.sleep(0.05)
+        stop.set()
+        t.join()
+        late_key, late = put(10_000)
+        held = [o for _, o in objs + [(late_key, late)] if o.get_ref_count() > 0]
+        assert held == [] and not be.exists_in_put_tasks(late_key), len(held)
+        assert be._writes.qsize() == 0  # nothing left behind the writer's end
+        written = [k for k, _ in objs if be.store.contains(k.to_string())]
+        assert written and not be.contains(written[0]) and be.batched_contains(written[:1]) == 0
+
+
 def test_a_remote_read_right_after_stores_waits_for_them_to_give_the_pool_back(tmp_path):
     """The remote plugin's read found LMCache's pool taken by this
     connector's puts still being written (LMCache holds a put's objects
