@@ -1784,8 +1784,8 @@ class ChunkStore:
         for _, path, size in found:
             if stop():
                 break
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            try:  # as reads open a chunk: no symlink below the root followed, a FIFO refused
+                fd = open_in(path, os.O_RDONLY | os.O_CLOEXEC, regular=True)
             except OSError:
                 continue
             try:
@@ -2048,9 +2048,8 @@ class ChunkStore:
                 rsize = HEADER_SIZE + round_up(f.nbytes, 4096)
                 if usage + rsize > cap and rsize <= cap:
                     # The evictor may rescan, counting temporaries at their size on disk.
-                    usage = self._size_reserved(unsized, usage, files, ok)
                     counted_ahead = counted_ahead or bool(unsized)
-                    unsized = []
+                    usage = self._size_reserved(unsized, usage, files, ok)
                     usage = self._evict_locked(cap - rsize, usage, reuse)
                 if usage + rsize > cap:
                     no_room += 1
@@ -2067,8 +2066,8 @@ class ChunkStore:
                     continue
                 usage += rsize
                 ok.append(f)
-            usage = self._size_reserved(unsized, usage, files, ok)
             counted_ahead = counted_ahead or bool(unsized)
+            usage = self._size_reserved(unsized, usage, files, ok)
             for f in files:
                 if f.recycled:  # moved for a file that got no room: evicted after all
                     _unlink_at(f.dfd, f.tmp)
@@ -2100,7 +2099,8 @@ class ChunkStore:
         on disk but out of `usage` until adopted: counted here too. Sized
         before written because writes inside EOF run in parallel, where
         extending O_DIRECT writes are serialised by the filesystem. Returns
-        `usage` less the files that could not be sized, which leave `ok`."""
+        `usage` less the files that could not be sized, which leave `ok`;
+        `unsized` is emptied."""
         if not unsized:
             return usage
         self._ledger.set_usage(usage + _moved_bytes(files))
@@ -2116,6 +2116,7 @@ class ChunkStore:
                 _unlink_at(f.dfd, f.tmp)
             else:
                 f.reserved = rsize
+        unsized.clear()
         return usage
 
     def _no_room_warning(self, skipped: int, batch: int, need: int, cap: int) -> None:
