@@ -428,11 +428,14 @@ class FxL2Adapter(L2AdapterInterface):
             log.exception("lmcache-fx: reporting chunks found gone failed")
 
     def _report_gone(self, keys) -> None:
-        """Keys a lookup missed that LMCache was told are stored: gone
-        without this adapter removing them (another process's evictor, a
-        file dropped as bad, an operator), so LMCache's listeners hear it
-        now rather than at the next sweep, which runs only after an eviction
-        of this process."""
+        """Keys found missing (by a lookup, or by _report_evictions) that
+        LMCache was told are stored: gone without this adapter removing them
+        (its store's or another process's evictor, a file dropped as bad, an
+        operator). A lookup reports them at once rather than at the next
+        sweep, which runs only after an eviction of this process. Keys not
+        known any more (a delete() reported them) are left out."""
+        if not keys:
+            return
         gone, sizes = [], []
         with self._lock:
             for k in keys:
@@ -556,21 +559,13 @@ class FxL2Adapter(L2AdapterInterface):
         with self._lock:
             if digests is None or now >= self._sweep_at:
                 self._sweep_at = now + SWEEP_SECONDS
-                known = list(self._sizes.items())
+                known = list(self._sizes)
             else:
                 keys = (self._by_digest.get(d) for d in digests)
-                known = [(k, self._sizes[k]) for k in keys if k is not None and k in self._sizes]
-        names = [(k, s, object_key_string(k)) for k, s in known]
-        there = self.store.lookup([name for _, _, name in names])
-        gone = [kn for kn, ok in zip(names, there) if not ok]
-        if gone:
-            with self._lock:
-                # Only keys still known: a delete() since the copy above took and reported its own.
-                gone = [(k, s, name) for k, s, name in gone if self._sizes.pop(k, None) is not None]
-                for _, _, name in gone:
-                    self._by_digest.pop(chunk_digest(name), None)
-            if gone:
-                self._notify_keys_deleted([k for k, _, _ in gone], [s for _, s, _ in gone])
+                known = [k for k in keys if k is not None and k in self._sizes]
+        there = self.store.lookup([object_key_string(k) for k in known])
+        # Only keys still known are reported: a delete() since the copy above took and reported its own.
+        self._report_gone([k for k, ok in zip(known, there) if not ok])
 
     def get_usage(self) -> AdapterUsage:
         """Bytes from the store itself (it counts chunks of every process and
