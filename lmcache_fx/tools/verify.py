@@ -185,7 +185,7 @@ class ChunkVerifier:
                 if fd < 0 or st is None:
                     yield Verdict(f, "gone" if err in (errno.ENOENT, errno.ESTALE) else "unreadable", why)
                     continue
-                ident, size = (st.st_dev, st.st_ino, st.st_ctime_ns), st.st_size
+                ident, size = _ident(st), st.st_size
                 if size < HEADER_SIZE:
                     held = -1
                     os.close(fd)
@@ -255,7 +255,7 @@ class ChunkVerifier:
                 ops.append((fd, 0, HEADER_SIZE, job.buf.address + off))
                 if plen:
                     ops.append((fd, HEADER_SIZE, plen, job.buf.address + off + HEADER_SIZE))
-                job.items.append((f, off, first, plen, (st.st_dev, st.st_ino, st.st_ctime_ns), st.st_size))
+                job.items.append((f, off, first, plen, _ident(st), st.st_size))
                 off += _span(st.st_size)
             inflight.append(job)
             if ops:
@@ -305,7 +305,7 @@ class ChunkVerifier:
         HEADER_SIZE + payload_len is bad without its payload read; then the
         payload in pieces of buffer_bytes, two in flight, CRC32C continued
         over the pieces."""
-        ident, size = (st.st_dev, st.st_ino, st.st_ctime_ns), st.st_size
+        ident, size = _ident(st), st.st_size
         plen = size - HEADER_SIZE
         piece = max(4096, buffer_bytes // 4096 * 4096)  # O_DIRECT: pieces start aligned
         bufs: list = []
@@ -429,6 +429,12 @@ def _short_why(n: int, size: int) -> str:
     if size >= HEADER_SIZE:
         return f"header read returned {n} of {HEADER_SIZE} bytes (the file changed while read)"
     return f"file is {size} bytes, shorter than the {HEADER_SIZE}-byte header (truncated)"
+
+
+def _ident(st: os.stat_result) -> tuple[int, int, int]:
+    """What a removal checks of a file judged: a file removed and stored
+    anew can get the same inode number, so its change time too."""
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 @dataclass
