@@ -37,6 +37,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 from .core.chunkfile import ChunkMeta
 from .core.options import ConfigError
 from .integration.common import (
+    STORE_DRAIN_WAIT,
     EngineShapes,
     allocate_from,
     allocate_many_from,
@@ -57,9 +58,6 @@ log = logging.getLogger("lmcache_fx")
 # of less than one whole chunk of per-layer keys) it unpins them itself and no
 # load comes, so the record is dropped after this long.
 LOOKUP_PINS_KEPT_S = 600.0
-# How long a blocking read that holds some of LMCache's pool and finds no room waits for this
-# plugin's queued stores to be written (their objects then give room back) before it misses.
-STORE_DRAIN_WAIT = 1.0
 
 
 class _LookupPins:

@@ -38,6 +38,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from .core.chunkfile import ChunkMeta
 from .core.options import ConfigError, refuse_direct_to_gpu
 from .integration.common import (
+    STORE_DRAIN_WAIT,
     EngineShapes,
     allocate_from,
     allocate_many_from,
@@ -55,8 +56,6 @@ from .integration.common import (
 log = logging.getLogger("lmcache_fx")
 
 PREFIX = "remote_storage_plugin."
-# How long a read that found the pool taken waits for this connector's puts to return it.
-STORE_DRAIN_WAIT = 1.0
 
 
 def remote_plugin_name(config, cls) -> str:

@@ -26,6 +26,9 @@ from ..core.options import ConfigError, FxOptions, plugin_lists, plugin_options
 from ..core.store import ChunkStore
 
 log = logging.getLogger("lmcache_fx")
+# How long a read that finds LMCache's CPU pool taken by the plugin's own stores (their objects
+# held until written) waits for them to give room back before it misses the rest.
+STORE_DRAIN_WAIT = 1.0
 
 __all__ = [
     "open_store",
