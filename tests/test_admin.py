@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -279,6 +280,39 @@ def test_gc_stopped_by_ctrl_c_says_what_it_removed(capsys, store_copy, monkeypat
         rc, out, err = cli(capsys, "gc", path, "--to-gb", 0)
         assert rc == 130 and "Traceback" not in err
         assert out.startswith("removed 2 of 6 chunks") and "interrupted: stopped before the target" in out, out
+        assert not any(os.path.exists(f) for f in order[:2]) and all(os.path.exists(f) for f in order[2:])
+        assert _ledger_usage(st) == st._walk(remove_stale=False)[1]
+    finally:
+        st.close()
+
+
+def test_gc_stopped_by_sigterm_says_what_it_removed(store_copy):
+    """SIGTERM (`timeout`, `kill`) or SIGHUP ended gc at once: nothing said
+    of what it had removed, and its subtraction from the ledger left to the
+    stores' recount. It stops as on Ctrl-C: says so, exits 143."""
+    path, files = store_copy
+    order = files["org/model-a"] + files["org/mla-b"]
+    st = ChunkStore(FxOptions(path=path, io_engine="threads", max_capacity_gb=1))
+    script = (
+        "import os, signal, sys\n"
+        "from lmcache_fx.tools import admin, cli\n"
+        "real, calls = admin.Remover.remove, []\n"
+        "def remove(self, *a, **kw):\n"
+        "    calls.append(a[0])\n"
+        "    if len(calls) == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(self, *a, **kw)\n"
+        "admin.Remover.remove = remove\n"
+        "cli.console(sys.argv[1:])\n"
+    )
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", script, "gc", path, "--to-gb", "0"],
+            capture_output=True, text=True, cwd=ROOT, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 128 + signal.SIGTERM and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+        assert r.stdout.startswith("removed 2 of 6 chunks"), r.stdout
+        assert "interrupted: stopped before the target" in r.stdout, r.stdout
         assert not any(os.path.exists(f) for f in order[:2]) and all(os.path.exists(f) for f in order[2:])
         assert _ledger_usage(st) == st._walk(remove_stale=False)[1]
     finally:

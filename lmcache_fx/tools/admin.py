@@ -48,7 +48,16 @@ from ..core.layout import (
 )
 from ..core.ledger import Ledger, LockTimeout
 from ..core.options import GIB, ConfigError, auth_key_bytes, expand_path
-from .common import AdminError, fs_info, human_age, human_bytes, printable, quiet_broken_pipe
+from .common import (
+    AdminError,
+    fs_info,
+    human_age,
+    human_bytes,
+    interrupt_code,
+    printable,
+    quiet_broken_pipe,
+    signals_as_interrupt,
+)
 from .lmcache_config import load_plugin_configs
 from .verify import OTHER_VERSION, ChunkVerifier
 
@@ -439,15 +448,16 @@ def resolve(args) -> tuple[list[str], Optional[object]]:
 
 def run(args, parser=None) -> int:
     try:
-        return {"ls": cmd_ls, "stat": cmd_stat, "fsck": cmd_fsck, "gc": cmd_gc}[args.command](args)
+        with signals_as_interrupt():  # a SIGTERM'd gc says what it removed, as a Ctrl-C'd one does
+            return {"ls": cmd_ls, "stat": cmd_stat, "fsck": cmd_fsck, "gc": cmd_gc}[args.command](args)
     except AdminError as e:  # a closed stdout is the dispatcher's (cli.main)
         print(f"lmcache-fx {args.command}: error: {printable(e)}", file=sys.stderr)
         if getattr(args, "json", False):
             print(json.dumps({"error": str(e)}))
         return 2
-    except KeyboardInterrupt:  # gc says what it removed (a file unlinked as Ctrl-C came may go unsaid)
+    except KeyboardInterrupt as e:  # gc says what it removed (a file unlinked as Ctrl-C came may go unsaid)
         print(f"lmcache-fx {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return interrupt_code(e)
 
 
 def _emit(args, obj: dict, text: str) -> None:
@@ -1106,7 +1116,7 @@ def cmd_gc(args) -> int:
     failed: list[dict[str, str]] = []
     kept: list[dict[str, str]] = []
     rm = None if args.dry_run else Remover(roots, sc.dirs)
-    interrupted = False
+    interrupted = 0  # the exit status of an interrupt (130: Ctrl-C)
     try:
         try:
             for f in sc.chunks:  # least recently written first
@@ -1127,8 +1137,8 @@ def cmd_gc(args) -> int:
                         continue
                 removed.append({"path": f.path, "size": f.size, "age_s": round(time.time() - f.mtime, 3)})
                 usage -= f.size
-        except KeyboardInterrupt:  # Ctrl-C: what was removed is taken off the ledger, then said
-            interrupted = True
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: what was removed is taken off the ledger, then said
+            interrupted = interrupt_code(e)
     finally:
         if rm is not None:
             rm.close()
@@ -1141,7 +1151,7 @@ def cmd_gc(args) -> int:
         "removed_chunks": len(removed),
         "freed_bytes": sum(r["size"] for r in removed),
         "dry_run": args.dry_run,
-        "interrupted": interrupted,
+        "interrupted": bool(interrupted),
         "removed": removed,
         "kept": kept,
         "failed": failed,
@@ -1170,5 +1180,5 @@ def cmd_gc(args) -> int:
         L.append("interrupted: stopped before the target")
     _emit(args, obj, "\n".join(L))
     if interrupted:
-        return 130
+        return interrupted
     return 1 if failed or sc.unlisted or usage > target else 0

@@ -4,13 +4,54 @@ ages for people, what filesystem a path is on, quiet exit on a closed pipe."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from contextlib import contextmanager
 
 from ..core.layout import on_read_only_fs
 
 
 class AdminError(Exception):
     """A problem the user can fix (wrong path, bad config): one clear line."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP taken as a Ctrl-C is: the command stops where it is,
+    runs its cleanup and says what it did (gc what it removed), then exits
+    128 + `signum`."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def interrupt_code(e: KeyboardInterrupt) -> int:
+    """The exit status for an interrupt: 130 for Ctrl-C, 128 + the signal's
+    number for one Terminated."""
+    return 128 + getattr(e, "signum", signal.SIGINT)
+
+
+@contextmanager
+def signals_as_interrupt():
+    """While inside, SIGTERM and SIGHUP (`timeout`, `kill`, a closed
+    terminal) raise Terminated in the main thread as Ctrl-C raises
+    KeyboardInterrupt, where their default ends the process at once, with no
+    cleanup and no report. Outside the main thread it does nothing."""
+
+    def stop(signum, _frame):
+        raise Terminated(signum)
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            old[sig] = signal.signal(sig, stop)
+        except (ValueError, OSError):  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def printable(text: object, backslashes: bool = True) -> str:
