@@ -129,3 +129,58 @@ def test_a_second_store_asking_another_address_of_a_shared_port_is_told(caplog):
         assert _bound_address(port) == "127.0.0.1"
     finally:
         a.close()
+
+
+def test_a_store_starting_while_the_last_one_on_its_port_closes_still_serves():
+    """close() took the server out of the table, then shut it down (up to
+    its 0.5 s poll) outside the lock: a store starting on that port meanwhile
+    found no server, could not bind (the old socket still listening) and ran
+    with its metrics off."""
+    import threading
+    import time
+
+    port = _free_port()
+    old = metrics.start_metrics(lambda: {}, name="t-old", port=port)
+    t = threading.Thread(target=old.close)
+    t.start()
+    time.sleep(0.02)  # inside the old server's shutdown
+    new = metrics.start_metrics(lambda: {}, name="t-new", port=port)
+    t.join()
+    try:
+        assert new.port == port and port in metrics._servers
+    finally:
+        new.close()
+
+
+def test_a_forked_child_closes_what_it_inherited_and_does_not_hang():
+    """A forked child inherited the parent's server table: its close() of
+    an inherited handle waited for good for a serving thread the fork did
+    not copy. The child forgets them and closes their sockets."""
+    import os
+    import time
+
+    port = _free_port()
+    h = metrics.start_metrics(lambda: {}, name="t-parent", port=port)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: nothing of the parent's table; closing the inherited handle returns
+            code = 1
+            try:
+                code = 0 if not metrics._servers else 3
+                h.close()
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the child hung closing an inherited metrics handle")
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert port in metrics._servers  # the parent's server is untouched
+    finally:
+        h.close()

@@ -41,6 +41,7 @@ from __future__ import annotations
 import bisect
 import io
 import logging
+import os
 import threading
 import time
 from typing import Callable, Optional, Union
@@ -233,6 +234,25 @@ _global: Optional[FxCollector] = None  # in prometheus_client.REGISTRY
 _servers: dict[int, tuple] = {}  # port -> (server, thread, FxCollector, users)
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's metrics servers: their
+    threads did not come along. It closes the listening sockets it inherited
+    (they kept the port taken while it lived) and forgets them: a close()
+    there waited for good for a serving thread that is not there, and a
+    store of the child joined a server that served nothing."""
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+    for server, *_ in _servers.values():
+        try:
+            server.socket.close()
+        except OSError:
+            pass
+    _servers.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def global_collector() -> FxCollector:
     """The collector registered in prometheus_client's global REGISTRY."""
     global _global
@@ -269,8 +289,10 @@ class MetricsHandle:
                 _servers[self.port] = (server, thread, coll, users - 1)
                 return
             del _servers[self.port]
-        server.shutdown()
-        server.server_close()
+            # Under the lock (serve_forever ends within its 0.5 s poll): a store starting on this port
+            # meanwhile found no server and could not bind, the old socket still listening.
+            server.shutdown()
+            server.server_close()
 
 
 # A scrape takes milliseconds: a client whose request has not all come within
