@@ -110,6 +110,39 @@ def test_mla_same_on_every_rank_and_stored_once():
     assert r8["request"]["per_rank_bytes"] == r8["request"]["storage_bytes"]  # rank 0 takes it all
 
 
+def test_a_custom_mla_geometry_has_one_latent_per_layer():
+    """--mla with the geometry given took the default model's 8 KV heads:
+    every figure 8 times too large while the text said "MLA latent 576"."""
+    custom = est.build_parser().parse_args(["--layers", "61", "--head-dim", "576", "--mla"])
+    preset = est.build_parser().parse_args(["--model", "deepseek-v3"])
+    assert est.inputs_from_args(custom).geo.bytes_per_token == est.inputs_from_args(preset).geo.bytes_per_token
+    assert est.inputs_from_args(custom).geo.bytes_per_token == 61 * 576 * 2
+    for argv in (
+        ["--layers", "61", "--head-dim", "576", "--mla", "--kv-heads", "8"],
+        ["--model", "deepseek-v3", "--kv-heads", "8"],
+    ):
+        with pytest.raises(ValueError, match="--kv-heads 8: an MLA latent has one head"):
+            est.inputs_from_args(est.build_parser().parse_args(argv))
+
+
+def test_extreme_inputs_are_refused_or_answered_not_crashed(capsys):
+    """--context inf raised OverflowError; a read speed so low that its
+    margin is 0 divided by it; --concurrency 1e8 built a list of 1e8 times."""
+    with pytest.raises(SystemExit) as e:
+        est.main(["--context", "inf"])
+    assert e.value.code == 2 and "expected a token count" in capsys.readouterr().err
+    argv = ["--hit-rate", "1", "--context", "512", "--storage-gbps", "1e-320", "--prefill-tok-s", "1"]
+    assert est.main(argv) == 0
+    assert "the store LOSES" in capsys.readouterr().out
+    g = est.models()["qwen2.5-32b"].geo
+    r = est.estimate(
+        est.Inputs(geo=g, context=4096, hit_rate=0.5, storage_gbps=2.0, prefill_tok_s=1000, concurrency=10**8)
+    )
+    q = r["ttft"]["with_store"]
+    assert q["worst_s"] == pytest.approx(q["alone_s"] + (10**8 - 1) * q["step_s"])
+    assert q["p50_s"] == pytest.approx((q["alone_s"] + q["worst_s"]) / 2)
+
+
 def test_tp_beyond_kv_heads_replicates_and_bad_tp_rejected():
     g = est.models()["llama-3-70b"].geo
     r = est.estimate(est.Inputs(geo=g, tp=16, context=1024, hit_rate=1.0))

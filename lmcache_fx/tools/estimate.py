@@ -95,7 +95,7 @@ def parse_tokens(s) -> int:
             t = t[:-1]
         try:
             v = int(round(float(t) * mult))
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: inf, 1e400
             raise argparse.ArgumentTypeError(f"expected a token count like 32k or 8000, got {s!r}") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"token count must be > 0, got {s!r}")
@@ -155,12 +155,13 @@ def fifo_ttft(n: int, load: float, compute: float, overlap: bool) -> dict:
         first = load + compute
     else:
         step = first = load + compute
-    done = [first + k * step for k in range(n)]
+    # The completion times first + k*step, k < n, are evenly spaced: median and mean are their midpoint
+    # (no list of n of them: --concurrency 1e8 took gigabytes).
     return {
-        "p50_s": statistics.median(done),
-        "mean_s": sum(done) / n,
-        "worst_s": done[-1],
-        "alone_s": done[0],
+        "p50_s": first + (n - 1) * step / 2,
+        "mean_s": first + (n - 1) * step / 2,
+        "worst_s": first + (n - 1) * step,
+        "alone_s": first,
         "closed_loop_s": max(n * step, first),
         "step_s": step,
         "requests_per_s": (1.0 / step) if step > 0 else None,
@@ -376,6 +377,12 @@ def measure_read(
 # ------------------------------------------------------------------ output
 
 
+def _slower(margin: float) -> str:
+    """How many times slower than recomputing a read with this margin (read
+    speed over break-even) is: a margin that underflowed to 0 is no ratio."""
+    return f"{1 / margin:.1f}x" if margin > 0 else "immeasurably"
+
+
 def _t(s: Optional[float]) -> str:
     if s is None:
         return "-"
@@ -462,7 +469,7 @@ def format_text(r: dict) -> str:
         line += (
             f"; at {i['storage_gbps']:.2f} GB/s loading is {be['margin']:.1f}x faster than recomputing"
             if be["pays_off"]
-            else f"; at {i['storage_gbps']:.2f} GB/s the store LOSES ({1 / be['margin']:.1f}x slower than recomputing)"
+            else f"; at {i['storage_gbps']:.2f} GB/s the store LOSES ({_slower(be['margin'])} slower than recomputing)"
         )
     out.append(line)
     if be.get("speedup_bound") and math.isfinite(be["speedup_bound"]):
@@ -621,6 +628,12 @@ def inputs_from_args(args) -> Inputs:
         over["dtype"] = KV_DTYPES[args.kv_dtype]
     if getattr(args, "mla", False):
         over["mla"] = True
+    if over.get("mla") or m.geo.mla:
+        # An MLA latent is one per layer and token: the preset's KV heads (8 for the default model) would
+        # have multiplied every figure.
+        if over.get("kv_heads", 1) != 1:
+            raise ValueError(f"--kv-heads {over['kv_heads']}: an MLA latent has one head; leave --kv-heads out")
+        over["kv_heads"] = 1
     geo = replace(m.geo, **over)
     custom = bool(over.keys() - {"dtype", "chunk"})
     label = "custom" if custom else (m.name + (f", {args.kv_dtype} KV" if getattr(args, "kv_dtype", None) else ""))
