@@ -47,6 +47,15 @@ def test_a_lone_i_is_no_unit(value):
         FxOptions.from_mapping({"split_bytes": value})
 
 
+@pytest.mark.parametrize("value", ["4096.5", "8191.9", "1.0000001M"])
+def test_a_size_string_with_a_fraction_of_a_byte_is_refused_not_truncated(value):
+    """'4096.5' was taken as 4096 (a number 4096.5 is refused), and '8191.9'
+    was refused as 8191, a value the user never wrote."""
+    with pytest.raises(ConfigError, match=rf"split_bytes: expected a whole number of bytes, got '{value}'"):
+        FxOptions.from_mapping({"split_bytes": value})
+    assert FxOptions.from_mapping({"split_bytes": "1.5M"}).split_bytes == 3 << 19
+
+
 @pytest.mark.parametrize("value,expected", [("true", True), ("False", False), (True, True), (0, False), ("on", True)])
 def test_booleans(value, expected):
     assert FxOptions.from_mapping({"verify": value}).verify is expected

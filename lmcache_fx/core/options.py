@@ -97,9 +97,13 @@ def parse_size(text) -> int:
     if mult != 1:
         s = s[:-1]
     try:
-        return int(float(s) * mult)
+        v = float(s) * mult
+        n = int(v)
     except (ValueError, OverflowError):
         raise ValueError(f"expected bytes like 1048576 or '1M', got {text!r}") from None
+    if n != v:  # '4096.5' was 4096, and '8191.9' was refused as 8191, a value never written
+        raise ValueError(f"expected a whole number of bytes, got {text!r}")
+    return n
 
 
 def _parse_size(name: str, v, lo, hi) -> int:
