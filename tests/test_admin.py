@@ -1872,8 +1872,65 @@ def test_doctor_on_ramfs_says_what_the_store_does_there(capsys, tmp_path):
         checks = {c["name"]: c for c in obj["checks"]}
         assert checks["space"]["status"] == "info" and "no size limit" in checks["space"]["summary"], checks["space"]
         assert checks["O_DIRECT"]["status"] in ("info", "ok"), checks["O_DIRECT"]
+        # The verdict said "io_uring + O_DIRECT" where the store runs buffered; the hint's remount with
+        # huge= does nothing on ramfs.
+        if checks["O_DIRECT"]["status"] == "info":
+            assert "O_DIRECT on" not in obj["verdict"] and "buffered I/O" in obj["verdict"], obj["verdict"]
+        assert "remount" not in (checks["memory fs"]["fix"] or ""), checks["memory fs"]
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_doctor_names_the_filesystem_mounted_over_another(tmp_path):
+    """Of two mounts at one point fs_info took the first listed, the hidden
+    one: doctor named tmpfs on a ramfs mounted over it."""
+    from lmcache_fx.testing.loopfs import tmpfs
+    from lmcache_fx.tools.common import fs_info
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    with contextlib.ExitStack() as stack:
+        try:
+            mnt = stack.enter_context(tmpfs("size=16m"))
+        except RuntimeError as e:
+            pytest.skip(f"could not mount a tmpfs ({e})")
+        r = subprocess.run(["mount", "-t", "ramfs", "ramfs", mnt], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a ramfs here: {r.stderr.strip()}")
+        stack.callback(subprocess.run, ["umount", mnt], check=True)
+        assert fs_info(mnt)["fstype"] == "ramfs"
+
+
+def test_doctor_on_a_path_it_cannot_open_or_under_a_file_says_so(tmp_path):
+    """A store directory the user cannot open (root made it, the server
+    runs as another user) or a path under a regular file: doctor's O_DIRECT
+    probe raised, a traceback instead of the FAIL lines."""
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    afile.chmod(0o755)
+    fx = [os.path.join(os.path.dirname(sys.executable), "lmcache-fx")]
+    r = subprocess.run(
+        [*fx, "doctor", "--path", str(afile / "sub"), "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["path"]["status"] == "fail" and "is not a directory" in checks["path"]["summary"], checks["path"]
+    shut = tmp_path / "shut"
+    shut.mkdir()
+    pre = _unlistable(str(shut))
+    shut.chmod(0o700 if pre else 0)  # as root without the capabilities: 0700 of another owner
+    if pre:
+        os.chown(shut, 65534, 65534)
+    try:
+        r = subprocess.run(
+            [*pre, *fx, "doctor", "--path", str(shut), "--json"], capture_output=True, text=True, timeout=120
+        )
+        assert "Traceback" not in r.stderr, r.stderr[-2000:]
+        checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+        assert checks["path"]["status"] == "fail", checks["path"]
+        assert checks["O_DIRECT"]["status"] != "ok", checks["O_DIRECT"]
+    finally:
+        shut.chmod(0o700)
 
 
 def test_fsck_with_the_configs_auth_key_finds_the_chunks_a_keyed_store_removes(capsys, tmp_path):

@@ -104,7 +104,8 @@ def fs_info(path: str) -> dict:
                 left, _, right = line.partition(" - ")
                 mp = _unescape(left.split()[4])
                 fstype, dev = (right.split() + ["?", "?"])[:2]
-                if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) > best:
+                # >=: of two mounts at one point the later one (listed after) is the one seen
+                if (real == mp or real.startswith(mp.rstrip("/") + "/")) and len(mp) >= best:
                     best = len(mp)
                     out.update(fstype=fstype, mountpoint=mp, device=_unescape(dev))
     except OSError:

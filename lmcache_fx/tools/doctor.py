@@ -494,6 +494,16 @@ def check_path(root: str, opts: FxOptions, tag: str, first: bool = True) -> list
                     f"remove it (rm -r {shlex.quote(bad)})",
                 )
             )
+    elif not os.path.isdir(where):  # a path under a regular file
+        return [
+            Check(
+                f"{tag}path",
+                "fail",
+                f"{where} is not a directory: the plugin cannot create {root}",
+                "point path at a directory",
+                data,
+            )
+        ]
     elif not os.access(where, os.W_OK | os.X_OK):
         ro = on_read_only_fs(where)
         return [
@@ -544,8 +554,14 @@ def check_path(root: str, opts: FxOptions, tag: str, first: bool = True) -> list
         out.append(
             Check(f"{tag}O_DIRECT", "info", "not probed on a read-only filesystem (the store probes its first path)")
         )
+    elif any(c.status == "fail" for c in out):
+        # The store would not start: a probe would fail the same way (an unreadable directory raised here).
+        out.append(Check(f"{tag}O_DIRECT", "info", "not probed: the path above fails"))
     else:
-        ok, why = probe_odirect(root if os.path.isdir(root) else where)
+        try:
+            ok, why = probe_odirect(root if os.path.isdir(root) else where)
+        except OSError as e:
+            ok, why = False, f"the probe could not run: {e.strerror or e}"
         if ok:
             out.append(Check(f"{tag}O_DIRECT", "ok", f"works on {fi['fstype']} (4 KiB written and read back)"))
             staged, why = decide_staged_reads(opts.staged_reads, [where], True, opts.verify)
@@ -628,7 +644,7 @@ def check_path(root: str, opts: FxOptions, tag: str, first: bool = True) -> list
                     + (f" / {nroots} paths" if nroots > 1 else "")
                     + (f" x {same} of them on this filesystem" if same > 1 else "")
                     + ": writes will fail with ENOSPC before eviction starts",
-                    f"set max_capacity_gb below {room * nroots / same / GIB * 0.95:.3g}"
+                    f"set max_capacity_gb below {_gb(room * nroots / same / GIB * 0.95)}"
                     if room * 0.95 >= 1 << 20
                     else f"free space on {root}'s filesystem or give the store another one",
                     d,
@@ -645,6 +661,11 @@ def check_path(root: str, opts: FxOptions, tag: str, first: bool = True) -> list
                 )
             )
     return out
+
+
+def _gb(x: float) -> str:
+    """A capacity in GB as an operator writes it: 7780, not 7.78e+03."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def check_memory_fs(where: str, fi: dict, opts: FxOptions, tag: str) -> Optional[Check]:
@@ -676,8 +697,12 @@ def check_memory_fs(where: str, fi: dict, opts: FxOptions, tag: str) -> Optional
             f"{fi['fstype']} at {fi['mountpoint']} keeps files in 4 KiB pages: every reader of it is held by the "
             "kernel's read path per page; a tmpfs with huge pages reads faster for any reader, and fx copies from "
             "it with the check in the same pass (mapped_reads)",
-            "mount -t tmpfs -o size=<N>G,huge=within_size tmpfs /mnt/kv and point path there (or, for files "
-            f"written from then on: mount -o remount,huge=within_size {fi['mountpoint']})",
+            "mount -t tmpfs -o size=<N>G,huge=within_size tmpfs /mnt/kv and point path there"
+            + (
+                ""  # ramfs takes no huge= option: a remount with it succeeds and changes nothing
+                if fi["fstype"] == "ramfs"
+                else f" (or, for files written from then on: mount -o remount,huge=within_size {fi['mountpoint']})"
+            ),
             data,
         )
     return Check(
@@ -850,11 +875,14 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
                 f"{FxOptions().path} (give --path or --config)",
             )
         )
+    direct = {}  # plugin: whether O_DIRECT worked on its first path, the one the store probes
     for name, o in plugins:
         tag = f"[{name}] " if name else ""
         checks.append(check_engine(o, tag))
         for k, root in enumerate(o.paths):
             found = check_path(root, o, tag if len(o.paths) == 1 else f"{tag}{root}: ", first=k == 0)
+            if k == 0:
+                direct[name] = any(c.name.endswith("O_DIRECT") and c.status == "ok" for c in found)
             checks += [c for c in found if not (name in unsized and c.name.endswith("space"))]
         twice = aliased_root([os.path.abspath(os.path.expanduser(r)) for r in o.paths])
         if twice is not None:
@@ -879,10 +907,12 @@ def diagnose(path: Optional[str], config: Optional[str]) -> dict:
         )
     else:
         used = []
-        for _name, o in plugins:
+        for name, o in plugins:
             parts = ["io_uring" if o.io_engine != "threads" else "threads"]
-            if o.odirect != "false":
+            if o.odirect != "false" and direct.get(name):
                 parts.append("O_DIRECT")
+            elif o.odirect != "false":  # odirect: auto where the probe failed (a memory filesystem): the store's too
+                parts.append("buffered I/O (no O_DIRECT here)")
             used.append(f"{' + '.join(parts)} on {o.path}")
         verdict = "the configured fast path will be used: " + "; ".join(used)
         if warns:
