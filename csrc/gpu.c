@@ -178,7 +178,12 @@ struct GpuStagingObject {
     fx_tq *tq;     /* submit / reap on it */
     unsigned poll_us;
     /* last run */
-    char last_error[512];
+    char last_error[512]; /* the run's, written under run_mu */
+    /* last_error of the last read() to end, for the last_error attribute:
+     * copied under run_mu, read under err_mu only (a getter must not wait
+     * for a running read; it read last_error while the next read wrote it) */
+    pthread_mutex_t err_mu;
+    char shown_error[512];
     trace_ev *trace;
     size_t ntrace, trace_cap;
     int tracing;
@@ -1191,6 +1196,7 @@ static PyObject *GpuStaging_new(PyTypeObject *type, PyObject *args, PyObject *kw
     if (!self)
         return NULL;
     pthread_mutex_init(&self->run_mu, NULL);
+    pthread_mutex_init(&self->err_mu, NULL);
     return (PyObject *)self;
 }
 
@@ -1235,8 +1241,10 @@ static void GpuStaging_dealloc(GpuStagingObject *self)
     Py_BEGIN_ALLOW_THREADS
     staging_close(self);
     Py_END_ALLOW_THREADS
-    if (!forked) /* in a child it may be held by a parent thread that does not exist here */
+    if (!forked) { /* in a child they may be held by a parent thread that does not exist here */
         pthread_mutex_destroy(&self->run_mu);
+        pthread_mutex_destroy(&self->err_mu);
+    }
     free(self->trace);
     if (!forked)
         Py_CLEAR(self->engine);
@@ -1269,17 +1277,18 @@ static void give_engine_ring(GpuStagingObject *g)
 
 static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"ops", "trace", "cancel_on_error", "stream", "sync", "crc", NULL};
+    static char *kwlist[] = {"ops", "trace", "cancel_on_error", "stream", "sync", "crc", "why", NULL};
     PyObject *ops_obj, *seq, *out = NULL;
-    int trace = 0, cancel_on_error = 1, closed = 0, sync = 1, want_crc = 0, prev_failed = 0;
+    int trace = 0, cancel_on_error = 1, closed = 0, sync = 1, want_crc = 0, want_why = 0, prev_failed = 0;
+    char err[sizeof(self->last_error)] = "";
     unsigned long long stream = 0;
     Py_ssize_t n, i;
     op_t *ops;
     int64_t *res;
     uint32_t *crcs = NULL;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ppKpp", kwlist, &ops_obj, &trace, &cancel_on_error, &stream,
-                                     &sync, &want_crc))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ppKppp", kwlist, &ops_obj, &trace, &cancel_on_error, &stream,
+                                     &sync, &want_crc, &want_why))
         return NULL;
     if (!self->ready) {
         PyErr_SetString(PyExc_ValueError, "GpuStaging is not initialised");
@@ -1337,6 +1346,11 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
             give_engine_ring(self);
         else if (self->engine)
             fx_engine_end(self->engine);
+        /* This read's error, taken before the next read clears it */
+        memcpy(err, self->last_error, sizeof(err));
+        pthread_mutex_lock(&self->err_mu);
+        memcpy(self->shown_error, err, sizeof(err));
+        pthread_mutex_unlock(&self->err_mu);
     }
     pthread_mutex_unlock(&self->run_mu);
     Py_END_ALLOW_THREADS
@@ -1348,7 +1362,7 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
         goto done;
     }
     if (prev_failed) {
-        PyErr_SetString(PyExc_RuntimeError, self->last_error);
+        PyErr_SetString(PyExc_RuntimeError, err);
         goto done;
     }
     out = PyList_New(n);
@@ -1360,6 +1374,10 @@ static PyObject *GpuStaging_read(GpuStagingObject *self, PyObject *args, PyObjec
             break;
         }
         PyList_SET_ITEM(out, i, v);
+    }
+    if (out && want_why) { /* (results, this read's first error or None): other threads' reads leave it be */
+        PyObject *pair = err[0] ? Py_BuildValue("(Os)", out, err) : Py_BuildValue("(OO)", out, Py_None);
+        Py_SETREF(out, pair);
     }
 done:
     Py_DECREF(seq);
@@ -1491,10 +1509,14 @@ static PyObject *g_driver(GpuStagingObject *g, void *c)
 }
 static PyObject *g_last_error(GpuStagingObject *g, void *c)
 {
+    char err[sizeof(g->shown_error)];
     (void)c;
-    if (!g->last_error[0])
+    pthread_mutex_lock(&g->err_mu);
+    memcpy(err, g->shown_error, sizeof(err));
+    pthread_mutex_unlock(&g->err_mu);
+    if (!err[0])
         Py_RETURN_NONE;
-    return PyUnicode_FromString(g->last_error);
+    return PyUnicode_FromString(err);
 }
 static PyObject *g_closed(GpuStagingObject *g, void *c)
 {
@@ -1543,9 +1565,10 @@ static PyGetSetDef GpuStaging_getset[] = {
 
 static PyMethodDef GpuStaging_methods[] = {
     {"read", (PyCFunction)(void (*)(void))GpuStaging_read, METH_VARARGS | METH_KEYWORDS,
-     "read(ops, trace=False, cancel_on_error=True, stream=0, sync=True, crc=False) -> list: bytes copied to the "
+     "read(ops, trace=False, cancel_on_error=True, stream=0, sync=True, crc=False, why=False) -> list: bytes copied to the "
      "GPU or -errno per op ((bytes, CRC32C of them) with crc, checksummed in the staging slots). Copies start after the work queued on `stream` (the caller's CUstream/hipStream_t, 0: the "
-     "default stream) so far; sync=False returns once every copy is queued and makes `stream` wait for them"},
+     "default stream) so far; sync=False returns once every copy is queued and makes `stream` wait for them; "
+     "why=True: (that list, this read's first error or None)"},
     {"last_trace", (PyCFunction)GpuStaging_last_trace, METH_NOARGS,
      "last_trace() -> [(t_ns, kind, slot, op, piece, value)] of the last read(trace=True)"},
     {"last_stats", (PyCFunction)GpuStaging_last_stats, METH_NOARGS, "last_stats() -> dict of the last read()"},
@@ -1576,10 +1599,16 @@ static PyObject *mod_gpu_driver(PyObject *m, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     r = fx_gpu_driver_load();
     Py_END_ALLOW_THREADS
-    if (r < 0)
-        return Py_BuildValue("{s:O,s:O,s:i,s:s}", "api", Py_None, "path", Py_None, "devices", 0, "error", fx_gpu_driver.err);
-    return Py_BuildValue("{s:s,s:s,s:i,s:O}", "api", fx_gpu_driver.ops->api, "path", fx_gpu_driver.path,
-                         "devices", fx_gpu_driver.ndev, "error", Py_None);
+    if (r < 0) {
+        if (fx_gpu_driver.found[0]) /* a driver without a usable device: say which */
+            return Py_BuildValue("{s:O,s:O,s:i,s:s,s:s,s:s}", "api", Py_None, "path", Py_None, "devices", 0, "error",
+                                 fx_gpu_driver.err, "found", fx_gpu_driver.found, "found_api", fx_gpu_driver.found_api);
+        return Py_BuildValue("{s:O,s:O,s:i,s:s,s:O,s:O}", "api", Py_None, "path", Py_None, "devices", 0, "error",
+                             fx_gpu_driver.err, "found", Py_None, "found_api", Py_None);
+    }
+    return Py_BuildValue("{s:s,s:s,s:i,s:O,s:s,s:s}", "api", fx_gpu_driver.ops->api, "path", fx_gpu_driver.path,
+                         "devices", fx_gpu_driver.ndev, "error", Py_None, "found", fx_gpu_driver.path, "found_api",
+                         fx_gpu_driver.ops->api);
 }
 
 /* Can io_uring register this memory as a fixed buffer? Uses a throwaway ring,

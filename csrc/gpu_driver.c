@@ -243,6 +243,10 @@ static int try_lib(const char *path, int want, int noload)
             snprintf(fx_gpu_driver.err, sizeof(fx_gpu_driver.err), "%s: no GPU devices", path);
             r = -1;
         }
+        if (r != 0 && !fx_gpu_driver.found[0]) {
+            snprintf(fx_gpu_driver.found, sizeof(fx_gpu_driver.found), "%s", path);
+            fx_gpu_driver.found_api = ops->api;
+        }
     }
     if (r != 0) {
         fx_gpu_driver.ops = NULL;

@@ -100,6 +100,11 @@ typedef struct {
     char path[512];
     char err[512];
     int ndev;
+    /* Not bound, but a driver library was there whose init or device count
+     * failed (no device visible in this container, a driver/module
+     * mismatch): its path and API, so that is not called "no driver". */
+    char found[512];
+    const char *found_api;
 } gpu_driver;
 
 extern gpu_driver fx_gpu_driver;

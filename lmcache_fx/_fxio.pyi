@@ -13,7 +13,7 @@ writes of an unaligned length pad the file with zeros to the block.
 """
 
 from collections.abc import Sequence
-from typing import Literal, Optional, overload
+from typing import Any, Literal, Optional, overload
 
 from typing_extensions import Buffer
 
@@ -341,9 +341,20 @@ class GpuStaging:
         engine: Engine | None = None,
         io_engine: Literal["auto", "io_uring", "threads"] = "auto",
     ) -> None: ...
-    def read(self, ops: Sequence[Op], trace: bool = False, cancel_on_error: bool = True) -> list[int]:
+    def read(
+        self,
+        ops: Sequence[Op],
+        trace: bool = False,
+        cancel_on_error: bool = True,
+        stream: int = 0,
+        sync: bool = True,
+        crc: bool = False,
+        why: bool = False,
+    ) -> Any:
         """ops are (fd, offset, length, device_pointer); per op bytes copied,
-        -errno, -ECANCELED (stopped by another op's error) or -EIO (driver)."""
+        -errno, -ECANCELED (stopped by another op's error) or -EIO (driver);
+        (bytes, CRC32C) per op with crc; why=True: (that list, this read's
+        first error or None)."""
     def last_trace(self) -> list[tuple[int, str, int, int, int, int]]: ...
     def last_stats(self) -> dict[str, int]: ...
     def close(self) -> None: ...

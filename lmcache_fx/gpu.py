@@ -61,7 +61,10 @@ log = logging.getLogger("lmcache_fx.gpu")
 
 
 def driver_info() -> dict:
-    """{'api': 'cuda'|'hip'|None, 'path', 'devices', 'error'}; loads the driver once."""
+    """{'api': 'cuda'|'hip'|None, 'path', 'devices', 'error', 'found',
+    'found_api'}; loads the driver once. 'found': the library of a driver
+    that could not be bound for want of a device (api None), or the bound
+    one's path."""
     return _fxio.gpu_driver()
 
 
@@ -231,12 +234,15 @@ class GpuReader:
         stream: Any = None,
         sync: bool = True,
         crc: bool = False,
-    ) -> list:
+        why: bool = False,
+    ) -> Any:
         """ops: (fd, file_offset, length, device_address). GIL released.
         stream: ordered after the work queued on it so far (default: torch's
         current stream); sync=False: return once the copies are queued, with
         `stream` made to wait for them instead of this thread. crc=True:
-        (bytes, CRC32C of those bytes) per op instead of bytes."""
+        (bytes, CRC32C of those bytes) per op instead of bytes. why=True:
+        (that list, this read's first error or None), which another thread's
+        read cannot replace as it can `last_error`."""
         self.check_fork()
         return self._st.read(
             ops,
@@ -245,6 +251,7 @@ class GpuReader:
             stream=_stream_handle(stream, self.device),
             sync=sync,
             crc=crc,
+            why=why,
         )
 
     def read_tensors(
@@ -326,6 +333,8 @@ def direct_to_gpu_problem(device: Any = None, memory_device: Optional[str] = Non
     (default cuda:<device>); 'cpu' only with the tests' stand-in driver,
     whose "device pointers" are host addresses."""
     info = driver_info()
+    if info["api"] is None and info.get("found"):
+        return f"the {info['found_api']} driver {info['found']} has no usable device here ({info['error']})"
     if info["api"] is None:
         return f"no CUDA/ROCm driver found ({info['error']})"
     idx = _device_index(device)
@@ -486,10 +495,11 @@ class GpuRouter:
             check()  # before the engine starts reading for a child that cannot finish
         batch = self.engine.submit([ops[i] for i in host], write=False, crc=crc) if host else None
         try:
-            dres = self.reader.read_into([ops[i] for i in dev], cancel_on_error=False, crc=crc, stream=stream)
+            dres, why = self.reader.read_into(
+                [ops[i] for i in dev], cancel_on_error=False, crc=crc, stream=stream, why=True
+            )
         finally:
             hres = batch.wait() if batch is not None else []
-        why = self.reader.last_error if any((r[0] if isinstance(r, tuple) else r) < 0 for r in dres) else None
         if why:
             # The store sees an op's -errno only ("read failed: Input/output error"): the GPU's own
             # reason (an illegal address, a failed copy) is said here, once per reason.

@@ -46,3 +46,29 @@ def test_doctor_without_a_gpu_driver(tmp_path):
     env = {"LMCACHE_FX_GPU_DRIVER": str(tmp_path / "no-such-driver.so")}
     c = _doctor_gpu(tmp_path, env)
     assert c["status"] in ("info", "warn"), c
+
+
+def test_doctor_warns_of_a_driver_that_sees_no_device(tmp_path):
+    """A driver whose init succeeds but sees no device (a container not
+    given the GPU, CUDA_VISIBLE_DEVICES="") was dropped as if absent:
+    doctor said "no CUDA or ROCm driver here ... fine for tests" (info),
+    and direct_to_gpu "no CUDA/ROCm driver found". Both name the driver and
+    the missing device now; doctor warns with the visibility fix."""
+    import shutil
+
+    import pytest
+
+    if not shutil.which("gcc"):
+        pytest.skip("gcc not found: cannot build the stand-in GPU driver")
+    from conftest import _build_fake_gpu_driver
+
+    so = str(tmp_path / "fake_gpu_nodev.so")
+    _build_fake_gpu_driver(so, "-DFAKE_NDEV=0")
+    c = _doctor_gpu(tmp_path, {"LMCACHE_FX_GPU_DRIVER": so})
+    assert c["status"] == "warn" and "no usable device" in c["summary"] and so in c["summary"], c
+    assert "visible" in c["fix"], c
+    code = "from lmcache_fx import gpu; print('RESULT', gpu.direct_to_gpu_problem(0, 'cpu'))"
+    env = dict(os.environ, LMCACHE_FX_GPU_DRIVER=so)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    why = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][0]
+    assert "no usable device" in why and so in why, why

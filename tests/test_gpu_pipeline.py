@@ -647,7 +647,8 @@ def test_hip_binds_the_runtime_already_loaded(fake_hip_driver_dirs, tmp_path):
         out = _hip_child(HIP_CHILD, loaded, fresh, preload=True)
     finally:
         del os.environ["TMPDIR_T"]
-    assert out["info"] == {"api": "hip", "path": "libamdhip64.so.6", "devices": 1, "error": None}, out
+    want = {"api": "hip", "path": "libamdhip64.so.6", "devices": 1, "error": None}
+    assert out["info"] == {**want, "found": "libamdhip64.so.6", "found_api": "hip"}, out
     assert out["res"] == [(3 << 20) - 1] and out["exact"] and out["ordered"] and out["pinned"], out
     assert out["bad"] == [-errno.EIO] and "hipMemcpyHtoDAsync failed: hipErrorInvalidValue (1)" in out["bad_error"]
 
@@ -841,6 +842,44 @@ def test_freeing_a_chunk_waits_for_a_cancelled_read(drv, datafile):
         os.close(fd)
         a.close()
         eng.close()
+
+
+def test_a_routed_reads_reason_is_its_own_beside_other_threads_reads(drv, datafile, monkeypatch):
+    """GpuRouter logged reader.last_error read after its read returned: a
+    read of another thread on the same reader had cleared or replaced it by
+    then (reasons lost, one torn by a write under way). read(why=True) hands
+    each read its own; the last_error attribute is copied under a lock."""
+    from lmcache_fx import gpu
+
+    path, _ = datafile
+    fd = os.open(path, os.O_RDONLY)
+    r_pipe, w_pipe = os.pipe()
+    eng = _fxio.Engine("threads", 8)
+    rd = gpu.GpuReader(engine=eng, device=0, slots=2, slot_bytes=MiB, warn=False)
+    router = gpu.GpuRouter(eng, rd, lambda a: True)
+    good, bad = ctypes.create_string_buffer(MiB), ctypes.create_string_buffer(4096)
+    logged = []
+    monkeypatch.setattr(gpu, "log_once", lambda log, key, level, fmt, *a: logged.append(a[0]))
+    stop = threading.Event()
+
+    def others():
+        while not stop.is_set():
+            assert router.read([(fd, 0, MiB, ctypes.addressof(good))]) == [MiB]
+
+    t = threading.Thread(target=others)
+    t.start()
+    try:
+        fails = sum(router.read([(r_pipe, 0, 4096, ctypes.addressof(bad))])[0] < 0 for _ in range(200))
+    finally:
+        stop.set()
+        t.join()
+        os.close(fd)
+        os.close(r_pipe)
+        os.close(w_pipe)
+        rd.close()
+        eng.close()
+    assert fails == 200 and len(logged) == 200, (fails, len(logged))
+    assert all(w and "\x00" not in w and "Illegal seek" in w for w in logged), set(logged)
 
 
 # ------------------------------------------------------------------ CRC32C in the staging slots

@@ -90,7 +90,7 @@ class _StubReader:
         self.calls = []
         self.streams = []
 
-    def read_into(self, ops, cancel_on_error=True, crc=False, stream=None):
+    def read_into(self, ops, cancel_on_error=True, crc=False, stream=None, why=False):
         import ctypes
 
         from lmcache_fx import _fxio
@@ -102,7 +102,7 @@ class _StubReader:
             data = os.pread(fd, n, off)
             ctypes.memmove(addr, data, len(data))
             out.append((len(data), _fxio.crc32c(data)) if crc else len(data))
-        return out
+        return (out, None) if why else out
 
 
 def test_router_splits_and_merges_in_op_order(tmp_path):

@@ -353,6 +353,15 @@ def check_gpu() -> Check:
 
     info = gpu.driver_info()
     data: dict = {"driver": info}
+    if info.get("api") is None and info.get("found"):  # a driver, no device it can use
+        return Check(
+            "GPU driver",
+            "warn",
+            f"{info['found_api']} driver {info['found']} found: no usable device{_why(info)}",
+            "check the driver matches the kernel module (nvidia-smi / rocm-smi) and the device is visible "
+            "in this container (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, --gpus)",
+            data,
+        )
     if info.get("api") is None:
         return Check(
             "GPU driver",
@@ -362,15 +371,6 @@ def check_gpu() -> Check:
             data=data,
         )
     found = f"{info['api']} driver {info.get('path') or ''} with {info.get('devices', 0)} device(s)"
-    if not info.get("devices"):
-        return Check(
-            "GPU driver",
-            "warn",
-            f"{found}: no usable device{_why(info)}",
-            "check the driver matches the kernel module (nvidia-smi / rocm-smi) and the device is visible "
-            "in this container",
-            data,
-        )
     try:
         rd = gpu.GpuReader(device=0, slots=2, slot_bytes=1 << 20, warn=False)
     except Exception as e:  # noqa: BLE001 - the answer is the error
