@@ -18,7 +18,8 @@ to LMCache's own function unchanged.
 
 Set LMCACHE_FX_VLLM_CPU=0 to disable. With LMCACHE_FX_STATS_FILE=<path>, the
 worker writes the lmcache-fx tier's counters (chunks/bytes read, hits,
-corrupt, read seconds) there as JSON whenever they change, and logs them
+corrupt, read seconds) there as JSON whenever they change (worker N > 0 to
+<path>.rank<N>), and logs them
 ("lmcache-fx stats: {...}"), so a client of the server can see what fx served.
 """
 
@@ -155,6 +156,60 @@ def connector_class():
     return _connector_cls
 
 
+def _vec_block_positions(H: int, bs: int, D: int):
+    """The layout of vLLM-CPU's vec and vec16 kernels inside one block of the
+    [num_blocks, H, bs, 2 * D] cache (seen by its attention as [H, 2 * bs, D],
+    K the first bs rows): K transposed for their dot products, [H, D, bs], V
+    token by token, [H, bs, D]. [bs, 2 * H * D]: for each token the flat
+    positions in the block of its K (H * D) then V (H * D) values."""
+    import torch
+
+    h = torch.arange(H).view(H, 1, 1) * (2 * bs * D)
+    t = torch.arange(bs).view(1, bs, 1)
+    d = torch.arange(D).view(1, 1, D)
+    k = h + d * bs + t  # [H, bs, D]
+    v = h + bs * D + t * D + d
+    return torch.stack([k, v]).permute(2, 0, 1, 3).reshape(bs, 2 * H * D)
+
+
+def _learned_block_positions(H: int, bs: int, D: int, dtype):
+    """The same map learned from vLLM's own kernel, the one its attention
+    stores with (vLLM picks an ISA per CPU: vec, vec16, amx, neon, ...; each
+    owns its layout): token ids written a base-256 digit at a time (exact in
+    every float dtype) into one block, read back. None where vLLM is not
+    importable (no vLLM-CPU worker here: the tests); ValueError where its
+    kernel stores no permutation of the values (a quantized cache)."""
+    try:
+        from vllm import _custom_ops as ops
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except Exception:  # noqa: BLE001 - vLLM absent or of another layout
+        return None
+    import torch
+
+    isa = "?"
+    n = 2 * bs * H * D
+    ids = torch.arange(n).view(2, bs, H, D)
+    where = torch.zeros(n, dtype=torch.long)
+    try:
+        isa = _get_attn_isa(dtype, bs, D)  # what vLLM's attention picks for this cache
+        for digit in range(max(1, ((n - 1).bit_length() + 7) // 8)):
+            part = (ids >> (8 * digit)) & 255
+            block = torch.full((1, H, bs, 2 * D), -1, dtype=dtype)
+            kc, vc = block.view(1, H, 2 * bs, D).chunk(2, dim=2)
+            ops.cpu_attn_reshape_and_cache(part[0].to(dtype), part[1].to(dtype), kc, vc, torch.arange(bs), isa)
+            got = block.flatten().to(torch.long)
+            if (got < 0).any() or (got > 255).any():
+                raise ValueError("values were not stored as given")
+            where += got << (8 * digit)
+    except Exception as e:  # noqa: BLE001 - the kernel's own error, named
+        raise ValueError(f"lmcache-fx CPU connector: cannot learn vLLM-CPU's {isa} KV block layout: {e}") from None
+    if not torch.equal(torch.sort(where).values, torch.arange(n)):
+        raise ValueError(f"lmcache-fx CPU connector: vLLM-CPU's {isa} kernel stores no permutation of the KV values")
+    pos = torch.empty(n, dtype=torch.long)
+    pos[where] = torch.arange(n)  # pos[id]: where the value with that id lies
+    return pos.view(2, bs, H * D).transpose(0, 1).reshape(bs, 2 * H * D)
+
+
 def _make_connector_class():
     import torch
 
@@ -165,16 +220,16 @@ def _make_connector_class():
         objects ([2, layers, tokens, kv_heads * head_dim]) with index ops.
 
         vLLM-CPU 0.32.0 keeps one tensor per layer shaped
-        [num_blocks, kv_heads, block_size, 2 * head_dim], which its attention
-        views as [num_blocks, kv_heads, 2 * block_size, head_dim] and splits
-        into K (first block_size rows) and V. So here it is viewed as
-        [num_blocks, kv_heads, 2, block_size, head_dim]. A slot s is row
-        s % block_size of block s // block_size. (The kernels own the order
-        inside a block; LMCache chunks are whole blocks, 256 tokens vs vLLM-CPU's
-        block sizes of 32k, so blocks come back exactly as they were.)
-        The layouts common on GPUs, [2, num_blocks, block_size, kv_heads,
-        head_dim] and [num_blocks, 2, block_size, kv_heads, head_dim], are
-        accepted too.
+        [num_blocks, kv_heads, block_size, 2 * head_dim]; slot s is token
+        s % block_size of block s // block_size. Where in a block a token's
+        values lie is its kernels' choice (the vec kernels keep K transposed):
+        learned from vLLM's own kernel at first use (_learned_block_positions),
+        so a chunk that covers part of a block (a chunk size that is no
+        multiple of the block size, the last chunk of a prompt) holds each
+        token's K and V, in token order. (Read as plain rows before, K came back
+        right only for whole blocks.) The layouts common on GPUs, [2, num_blocks,
+        block_size, kv_heads, head_dim] and [num_blocks, 2, block_size,
+        kv_heads, head_dim], are accepted too.
         """
 
         def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype):
@@ -182,6 +237,7 @@ def _make_connector_class():
             self.hidden = kv_heads * head_dim
             self.dtype = dtype
             self.kvcaches = None
+            self._positions: dict = {}  # (block_size, dtype) -> vLLM-CPU's block layout
 
         @classmethod
         def from_metadata(cls, metadata, *a, **k):
@@ -200,14 +256,20 @@ def _make_connector_class():
             n = slots.numel()
             if t.dim() == 4 and t.shape[1] == H and t.shape[3] == 2 * D:  # vLLM-CPU: [nb, H, bs, 2D]
                 nb, _, bs, _ = t.shape
-                kv = t.view(nb, H, 2, bs, D)  # what its attention does: K = [.., :bs, ..], V = [.., bs:, ..]
-                blk, off = slots // bs, slots % bs
+                pos = self._positions.get((bs, t.dtype))
+                if pos is None:
+                    pos = _learned_block_positions(H, bs, D, t.dtype)
+                    if pos is None:
+                        pos = _vec_block_positions(H, bs, D)
+                    self._positions[(bs, t.dtype)] = pos
+                flat = t.view(nb, H * bs * 2 * D)
+                blk, where = slots // bs, pos[slots % bs]  # [n], [n, 2*H*D]
 
                 def get():
-                    return kv[blk, :, :, off].transpose(1, 2).reshape(n, 2, H * D)  # [n, H, 2, D] -> [n, 2, H*D]
+                    return flat[blk[:, None], where].view(n, 2, H * D)
 
                 def put(v):  # v: [n, 2, H*D]
-                    kv[blk, :, :, off] = v.view(n, 2, H, D).transpose(1, 2).to(t.dtype)
+                    flat[blk[:, None], where] = v.reshape(n, 2 * H * D).to(t.dtype)
 
                 return get, put
             if t.dim() == 5 and t.shape[0] == 2:  # [2, nb, bs, H, D]
@@ -292,8 +354,16 @@ def _fx_backends():
     eng = LMCacheEngineBuilder.get(ENGINE_NAME)
     sm = getattr(eng, "storage_manager", None) if eng is not None else None
     if sm is None:
-        return {}
-    return {n: b for n, b in sm.storage_backends.items() if isinstance(b, FxStorageBackend)}
+        return {}, 0
+    rank = getattr(getattr(eng, "metadata", None), "worker_id", 0) or 0
+    return {n: b for n, b in sm.storage_backends.items() if isinstance(b, FxStorageBackend)}, int(rank)
+
+
+def stats_file_of(path: str, rank: int) -> str:
+    """Where a worker writes its counters: `path` for rank 0, `path.rank<N>`
+    for the others (tensor-parallel workers each read their share; one file
+    for all held whichever wrote last)."""
+    return path if rank == 0 else f"{path}.rank{rank}"
 
 
 def _report_loop(interval: float = 0.1) -> None:
@@ -303,7 +373,7 @@ def _report_loop(interval: float = 0.1) -> None:
     while True:
         time.sleep(interval)
         try:
-            backends = _fx_backends()
+            backends, rank = _fx_backends()
         except Exception:
             continue
         if not backends:
@@ -322,10 +392,11 @@ def _report_loop(interval: float = 0.1) -> None:
         line = json.dumps(snap, sort_keys=True)
         log.info("lmcache-fx stats: %s", line)
         if path:
+            mine = stats_file_of(path, rank)
             try:
-                tmp = f"{path}.tmp.{os.getpid()}"
+                tmp = f"{mine}.tmp.{os.getpid()}"
                 with open(tmp, "w") as f:
                     f.write(line + "\n")
-                os.replace(tmp, path)
+                os.replace(tmp, mine)
             except OSError as e:
-                log.warning("lmcache-fx: cannot write stats file %s: %s", path, e)
+                log.warning("lmcache-fx: cannot write stats file %s: %s", mine, e)

