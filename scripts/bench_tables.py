@@ -43,6 +43,8 @@ import statistics
 import sys
 from typing import Callable
 
+L2_PEERS = ("fs_native", "raw_block")  # LMCache's MP-mode L2 adapters the bench runs
+
 
 def _f(v, fmt: str) -> str:
     return "–" if v is None else fmt.format(v)
@@ -213,7 +215,7 @@ def ratios_table(paths: list[str]) -> str:
                 for r in runs
                 if (v := ((r["readers"].get(n) or {}).get("ratio_to_best_peer") or {}).get(k)) is not None
             )
-            cells.append(" · ".join(fmt.format(v) for v in (vs[0], vs[len(vs) // 2], vs[-1])) if vs else "–")
+            cells.append(" · ".join(fmt.format(v) for v in (vs[0], statistics.median(vs), vs[-1])) if vs else "–")
         rows.append(f"| {runs[0]['readers'][n]['label']} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -312,7 +314,8 @@ def store_runs_table(cases: list[tuple[str, str]]) -> str:
     store rep in brackets), and fx-l2's over the best of the others."""
     runs = _labelled_runs(cases)
     names = [n for n, e in runs[0][1]["readers"].items() if e.get("available")]
-    peers = [n for n in names if n != "fx-l2"]
+    # LMCache's L2 adapters only: not fx's own variants (fx-l2-unstaged, ...), fio or engine-level tiers
+    peers = [n for n in names if not n.startswith("fx") and n != "fio" and n in L2_PEERS]
     body = []
     for label, d in runs:
         r = d["readers"]

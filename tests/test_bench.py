@@ -273,12 +273,19 @@ def test_thread_runq_wait_counts_time_waiting_for_a_cpu():
 
 def test_summary_medians_and_ratio_to_fio():
     reps = [
-        {"tier_read_gbps": x, "retrieve_gbps": x / 2, "store_gbps": 1.0, "cpu_s_per_gb": 0.1, "tier_cpu_s_per_gb": 0.05}
-        for x in (1.0, 3.0, 2.0)
+        {
+            "tier_read_gbps": x,
+            "retrieve_gbps": x / 2,
+            "store_gbps": 1.0,
+            "cpu_s_per_gb": 0.1,
+            "tier_cpu_s_per_gb": 0.05,
+            "ok": x != 9.0,
+        }
+        for x in (1.0, 3.0, 2.0, 9.0, 9.0)  # the 9s read wrong bytes: no figure
     ]
     m = bench.summarize(reps)
     assert m["tier_read_gbps"] == 2.0 and m["retrieve_gbps"] == 1.0 and m["cpu_s_per_gb"] == 0.1
-    fio = bench.summarize([{"tier_read_gbps": 4.0}])
+    fio = bench.summarize([{"tier_read_gbps": 4.0, "ok": True}])
     assert bench.ratio(m["tier_read_gbps"], fio["tier_read_gbps"]) == 0.5
 
 
@@ -501,6 +508,85 @@ def test_best_peer_and_ratios_leave_fx_and_fio_out():
     engine_level = best_peer(res, {"local_disk", "fs_connector", "rust_raw_block"})
     assert all(v["reader"] != "fs_native" for v in engine_level.values())
     assert best_peer(res, {"fs_native"})["store_gbps"] == {"reader": "fs_native", "value": 2.0}
+
+
+def test_a_peer_with_one_failed_rep_still_counts_with_its_good_reps():
+    """best_peer left out a peer with one failed rep while fx kept the median
+    of its good ones: fx was compared with a weaker peer (the run exits 1
+    either way, but its JSON and tables carried the ratio)."""
+    from lmcache_fx.tools.bench.run import best_peer
+
+    res = _fake_results()
+    res["readers"]["fs_native"] = {
+        "label": "fs_native",
+        "available": True,
+        "all_ok": False,  # one rep of five failed
+        "median": {"tier_read_gbps": 5.0, "store_gbps": 2.0, "tier_cpu_s_per_gb": 0.01},
+    }
+    assert best_peer(res)["tier_read_gbps"] == {"reader": "fs_native", "value": 5.0}
+
+
+class _Backend:
+    """LMCache's AbstractBackend shape: its default batched_contains loops
+    over contains, as LocalDisk, RustRawBlock and FSConnector's use."""
+
+    def __init__(self, lookup_s=0.02, stored_after_s=0.0):
+        self.lookup_s, self.t_stored = lookup_s, time.perf_counter() + stored_after_s
+
+    def contains(self, key, pin=False):
+        time.sleep(self.lookup_s)
+        return True
+
+    def batched_contains(self, keys, pin=False):
+        return sum(1 for k in keys if self.contains(k, pin))
+
+    def exists_in_put_tasks(self, key):
+        return time.perf_counter() < self.t_stored
+
+
+def test_tier_meter_times_a_lookup_inside_a_lookup_once():
+    """TierMeter wrapped both contains and batched_contains: LMCache's
+    default batched_contains calls contains, so LocalDisk's, RustRawBlock's
+    and FSConnector's lookups were timed twice (a quarter of FSConnector's
+    tier time), fx's once."""
+    b = _Backend()
+    meter = bench_readers.TierMeter(b)
+    t0 = time.perf_counter()
+    assert b.batched_contains(["a", "b", "c", "d"]) == 4
+    wall = time.perf_counter() - t0
+    assert 0.08 <= meter.seconds <= wall, (meter.seconds, wall)
+    meter.reset()
+    b.contains("a")  # alone, it is timed
+    assert meter.seconds >= 0.02
+
+
+def test_store_time_ends_when_the_writes_end_not_after_the_tiers_lookups():
+    """wait_stored asked the tier for every chunk (a stat through
+    FSConnector's event loop) inside the store's timing: 5-9 % of its store
+    figure. The time returned is when the last write was seen done."""
+    r = bench_readers.LMCacheReader.__new__(bench_readers.LMCacheReader)
+    r.name = "peer"
+    r.backend = _Backend(lookup_s=0.03, stored_after_s=0.05)
+    t0 = time.perf_counter()
+    done = r.wait_stored(["a", "b", "c"])
+    end = time.perf_counter()
+    assert 0.05 <= done - t0 < 0.08 and end - done >= 0.09, (done - t0, end - done)
+
+
+def test_a_latency_case_with_misses_fails_the_run():
+    """A latency case whose requests missed timed fast misses; the run
+    exited 0 and printed them as figures."""
+    from lmcache_fx.tools.bench.run import summarize_readers
+
+    res = _fake_results()
+    res["readers"]["fx"]["reps"] = [{"ok": True, "tier_read_gbps": 3.0}]
+    res["readers"]["fio"]["reps"] = [{"ok": True, "tier_read_gbps": 4.0}]
+    res["readers"]["fx"]["latency"] = {"4": {"p50_ms": 1.0, "p99_ms": 2.0, "misses": 3}}
+    summarize_readers(res)
+    assert res["readers"]["fx"]["all_ok"] is False
+    assert res["readers"]["fx"]["latency_failed"] == {"4": "3 of its requests missed"}
+    assert res["readers"]["fio"]["all_ok"] is True
+    assert "latency with 4 in flight: 3 of its requests missed" in bench._first_error(res["readers"]["fx"])
 
 
 def test_bench_with_fs_native_quick(odirect_tmp, tmp_path):

@@ -469,6 +469,10 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
             l2_store_task_chunks=args.l2_store_task_chunks,
             stripe=stripe,
         )
+        # The code measured, read before the run (a checkout that moves during a run must not be recorded
+        # as the one measured): a change to docs/ alone (or a lease that leaves docs/bench-repeats behind
+        # to fit its size limit) is not "+dirty".
+        measured = _git_commit(CHECKOUT, MEASURED_PATHS)
         try:
             results = run_bench(cfg, names, quiet=args.quiet)
         except NoReader as e:
@@ -486,9 +490,9 @@ def run(args, parser: Optional[argparse.ArgumentParser] = None) -> int:
         results["command"] = "lmcache-fx bench " + " ".join(
             sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]
         )
-        # The code measured: a change to docs/ alone (or a lease that leaves
-        # docs/bench-repeats behind to fit its size limit) is not "+dirty".
-        results["git_commit"] = _git_commit(CHECKOUT, MEASURED_PATHS)
+        results["git_commit"] = measured
+        if measured != _git_commit(CHECKOUT, MEASURED_PATHS):
+            results["git_commit_changed"] = "the checkout changed during the run"
         if per_chunk_names:
             results["per_chunk"] = run_per_chunk(cfg, per_chunk_names, args.per_chunk, quiet=args.quiet)
         if args.sweep:
@@ -534,6 +538,9 @@ def _first_error(entry: dict) -> str:
         if err:
             return str(err).strip().splitlines()[0][:300]
     err = entry.get("error")
+    if not err and entry.get("latency_failed"):
+        conc, why = next(iter(entry["latency_failed"].items()))
+        err = f"latency with {conc} in flight: {why}"
     return str(err).strip().splitlines()[0][:300] if err else ""
 
 

@@ -30,7 +30,7 @@ from typing import Optional
 from ...core.chunkfile import HEADER_SIZE
 from ...core.layout import round_up
 from ..models import GB, MIB
-from .readers import Reader
+from .readers import Reader, preallocated_image
 from .workload import (
     CpuSpan,
     Skip,
@@ -471,8 +471,7 @@ class RawBlockL2Reader(L2Reader):
         n_slots = 2 * self.cfg.n_chunks + (max(self.cfg.concurrency) if self.cfg.latency else 0) + 2
         dev = os.path.join(self.dir, "raw.img")
         size = meta + n_slots * slot + 16 * MIB
-        with open(dev, "wb") as f:
-            f.truncate(size)
+        preallocated_image(dev, size)
         return {
             "type": "raw_block",
             "device_path": dev,

@@ -75,7 +75,8 @@ METRICS = (
 
 
 def summarize(reps: list[dict]) -> dict:
-    return {m: median([r.get(m) for r in reps]) for m in METRICS}
+    """Medians over the reps that read right (a rep with wrong bytes is no figure)."""
+    return {m: median([r.get(m) for r in reps if r.get("ok")]) for m in METRICS}
 
 
 # ------------------------------------------------------------------ clocks
