@@ -520,8 +520,10 @@ static ssize_t rw_once(int write, int fd, char *buf, uint64_t len, uint64_t off)
 
 /* Transfers the whole range. EINTR, EAGAIN and short transfers are retried up
  * to FX_RETRY_MAX times (then -errno, or -EIO for a short transfer); a read
- * of 0 bytes is the end of the file. A short O_DIRECT write means the space
- * ran out. */
+ * of 0 bytes is the end of the file. A short O_DIRECT write of whole blocks
+ * goes on from where it stopped (the kernel caps one write at 0x7ffff000
+ * bytes; where the room or a file size limit ran out, the next write says
+ * so: ENOSPC, EFBIG); one of a part block means the space ran out. */
 static int64_t rw_all(int write, int direct, int fd, char *buf, uint64_t len, uint64_t off)
 {
     uint64_t done = 0;
@@ -545,8 +547,12 @@ static int64_t rw_all(int write, int direct, int fd, char *buf, uint64_t len, ui
             done = len;
             break;
         }
-        if (write && direct)
-            return -ENOSPC;
+        if (write && direct) {
+            if ((uint64_t)r % FX_DIO_ALIGN)
+                return -ENOSPC;
+            done += (uint64_t)r; /* progress every time: no retry counted */
+            continue;
+        }
         keep = fx_short_keep(write, direct, fd, off + done, (uint64_t)r);
         if (keep < 0) {
             done += (uint64_t)r; /* O_DIRECT read that ended at EOF */
@@ -646,7 +652,12 @@ int64_t fx_write_fused(int fd, char *hdr, const char *src, uint64_t len)
         }
         if ((uint64_t)r == FX_HDR_SIZE + len)
             return (int64_t)len;
-        return r == 0 ? -EIO : -ENOSPC; /* short on O_DIRECT: no room, as in rw_all */
+        if (r > 0 && (uint64_t)r % FX_DIO_ALIGN == 0) { /* whole blocks (the header at least): the rest as rw_all */
+            int64_t rest = rw_all(1, 1, fd, (char *)src + (r - FX_HDR_SIZE), len - (uint64_t)(r - FX_HDR_SIZE),
+                                  (uint64_t)r);
+            return rest < 0 ? rest : (int64_t)len;
+        }
+        return r == 0 ? -EIO : -ENOSPC; /* short by a part block on O_DIRECT: no room, as in rw_all */
     }
 }
 

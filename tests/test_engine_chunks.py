@@ -768,6 +768,50 @@ def test_segmented_chunks_written_together_are_one_extent_each(kind, xfs_store):
             assert f.read()[HEADER_SIZE : HEADER_SIZE + batch[i]] == payloads[i]
 
 
+SIZE_LIMIT_BODY = """
+import errno, signal, resource
+from lmcache_fx.core.chunkfile import encode_header, ChunkMeta, HEADER_SIZE
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+limit = 3 << 20  # whole blocks: the write that crosses it is short, the next one EFBIG
+sizes = [1 << 20, 4 << 20, (8 << 20) + 12288, 5000]  # fused, fused over the limit, segments, bounced
+span = [-(-n // 4096) * 4096 for n in sizes]
+src = fx.HostBuffer(sum(span), hugepages=False)
+hdrs = fx.HostBuffer(HEADER_SIZE * len(sizes), hugepages=False)
+offs = [sum(span[:i]) for i in range(len(sizes))]
+eng = fx.Engine(ARGS["kind"])
+chunks, fds = [], []
+for i, n in enumerate(sizes):
+    fd = os.open(os.path.join(ARGS["root"], f"lim{i}.tmp"), os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_DIRECT, 0o644)
+    encode_header(memoryview(hdrs)[i * HEADER_SIZE:(i + 1) * HEADER_SIZE], f"k{i}", ChunkMeta(((n,),), ("uint8",), "raw"), n, 0, 7)
+    fds.append(fd)
+    chunks.append((fd, src.address + offs[i], n, hdrs.address + i * HEADER_SIZE, 0))
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+res = eng.write_chunks(chunks, direct=True)
+for fd in fds:
+    os.close(fd)
+eng.close()
+out(res=[list(r) for r in res])
+"""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_short_odirect_write_goes_on_and_its_real_error_is_told(kind, store, tmp_path):
+    """A short O_DIRECT write was taken as ENOSPC, always: a file size
+    limit (EFBIG) was reported as a full disk, and the store steered chunks
+    away from a root with room; a payload over 2 GiB (the kernel writes at
+    most 0x7ffff000 bytes per call) failed with ENOSPC on an empty disk. A
+    short write of whole blocks goes on; the next write tells what stopped
+    it. Chunks under the limit are written whole."""
+    if not _odirect_ok(store):
+        pytest.skip(f"O_DIRECT not supported on {store}")
+    data = tmp_path / "data"  # the children's prelude reads ARGS["path"]
+    data.write_bytes(b"x")
+    got = _run_child(SIZE_LIMIT_BODY, {"kind": kind, "root": store, "path": str(data)}, tmp_path)["res"]
+    assert got[0][:2] == [1 << 20, HEADER_SIZE] and got[3][:2] == [5000, HEADER_SIZE], got
+    assert got[1][0] == -errno.EFBIG and got[2][0] == -errno.EFBIG, got
+    assert got[1][1] == 0 and got[2][1] == 0, got  # no header: the chunk is not claimed whole
+
+
 # ---------------------------------------------------------------- faults and fork
 
 # Chunk files for the child bodies below (run_child prepends nothing of this).
