@@ -5473,6 +5473,77 @@ def round_6f3adc6_figures() -> dict[str, str]:
     return v
 
 
+def round_737fb4f_figures() -> dict[str, str]:
+    """Every figure the page's section on the check round at 737fb4f (the
+    bench's method corrected, on the AMD EPYC host) quotes, by its name
+    there, computed from the committed runs of that round and of the round
+    at 6f3adc6 before it (the section was filled from this)."""
+    runs, then = _main_round("round-737fb4f", "737fb4f"), _main_round("round-6f3adc6", "6f3adc6")
+    v = _round_reads_and_stores(runs)
+    xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
+    v["OLD"] = ", ".join(f"{statistics.median(_round_ratios(then, c, 'fx', 'tier_read')):.2f}×" for c in xfs + mem)
+    v["NOW"], v["THEN"] = _best_peer_xfs(runs), _best_peer_xfs(then)
+    # FSConnector's tier read, medians over the runs, then and now: its lookups are no longer timed twice
+    for key, c in (("FC64", "xfs-64m"), ("FC2", "xfs-2m")):
+        now = statistics.median(d["readers"]["fs_connector"]["median"]["tier_read_gbps"] for d in runs[c])
+        old = statistics.median(d["readers"]["fs_connector"]["median"]["tier_read_gbps"] for d in then[c])
+        v[key] = f"{old:.2f} to {now:.2f} GB/s"
+    lat = []
+    for r in (1, 2, 3):
+        with open(os.path.join(ROOT, "docs", "bench-repeats", "round-737fb4f", f"lat-2m-run{r}.json")) as f:
+            lat.append(json.load(f))
+    for c in ("4", "16"):
+        v["A2_" + c] = _span([d["readers"]["fx"]["latency"][c]["p99_over_p50"] for d in lat])
+        v["P2_" + c] = _span([_fx_p50_over_best(d["readers"], c) for d in lat])
+    return v
+
+
+def test_docs_check_round_at_737fb4f_is_the_committed_json():
+    """The section on the check round at 737fb4f (the bench's method
+    corrected, AMD EPYC host): its tables are what `bench_tables.py --readme`
+    and `--latency-rounds` render from the round's runs (each from 737fb4f,
+    five reps, every rep of fx's readers whole and checked), and every
+    figure it and the README quote is computed from them."""
+    page = _page()
+    d = os.path.join(ROOT, "docs", "bench-repeats", "round-737fb4f")
+    cases = [(label, [os.path.join(d, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
+    for table in _bench_tables().readme_tables(cases).split("\n\n"):
+        assert table.strip() in page
+    lat = [(f"2 MiB, run {r}", os.path.join(d, f"lat-2m-run{r}.json")) for r in (1, 2, 3)]
+    assert _bench_tables().latency_rounds_table(lat) in page
+    start = page.index("### A check round at `737fb4f`")
+    section = " ".join(page[start : page.index("\n### ", start + 10)].split())
+    v = round_737fb4f_figures()
+    for name, figure in v.items():
+        assert figure in section, (name, figure)
+    readme = _readme_flat()
+
+    def med(f: str) -> str:
+        return f.split("(")[1].rstrip(")")
+
+    # The targets table quotes the same figures, row by row
+    start = page.index("| target | where fx stands | from | what holds it |")
+    rows = {ln.split(" | ")[0]: " ".join(ln.split()) for ln in page[start : page.index("\n\n", start)].splitlines()}
+    for row, names in (
+        ("| XFS loop, cold: tier read ≥ 1.0× the best peer", ("R64", "R10", "R2", "LR64", "LR10", "LR2")),
+        ("| XFS: tier CPU ≤ 0.7× the lowest with verification off", ("NV64", "NV10", "NV2")),
+        ("| XFS: store ≥ 1.0× the best peer", ("ER64", "ER10", "ER2", "SR64", "SR10", "SR2")),
+        ("| tmpfs, warm: tier read ≥ 1.2× the best peer", ("T64", "T2", "LT64", "LT2")),
+        ("| tmpfs: store ≥ 1.0×", ("ST64", "ST2", "ET64", "ET2")),
+        ("| p99 ≤ 2× p50 at 4 and 16 in flight", ("A2_4", "A2_16")),
+        ("| p50 not above the best peer's, at 4 and 16 in flight", ("P2_4", "P2_16")),
+    ):
+        for name in names:
+            assert v[name] in rows[row].split(" | ")[1].split("6f3adc6")[0], (row, name, v[name])
+    said = (
+        f"XFS {med(v['R64'])}, {med(v['R10'])} and {med(v['R2'])} at 64, 10 and 2 MiB ({v['AHEAD']} over all five "
+        f"cases), tmpfs {med(v['T64'])} and {med(v['T2'])}; stores through LMCache's engine on XFS "
+        f"{med(v['ER64'])}, {med(v['ER10'])} and {med(v['ER2'])}, through the L2 interface {med(v['SR64'])}, "
+        f"{med(v['SR10'])} and {med(v['SR2'])}; at 2 MiB fx's p99 was {v['A2_4']} its p50 with 4 in flight"
+    )
+    assert said in readme, said
+
+
 def test_docs_check_round_at_6f3adc6_is_the_committed_json():
     """The section on the check round at 6f3adc6 (an AMD EPYC host): its
     tables are what `bench_tables.py --readme` and `--latency-rounds` render
