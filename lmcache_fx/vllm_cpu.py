@@ -237,12 +237,19 @@ def _make_connector_class():
             self.hidden = kv_heads * head_dim
             self.dtype = dtype
             self.kvcaches = None
-            self._positions: dict = {}  # (block_size, dtype) -> vLLM-CPU's block layout
+            self._positions: dict = {}  # (block_size, dtype) -> vLLM-CPU's block layout, or why it has none
+            self._index = (None, None, None)  # (slots, layout key, flat index): one per call, every layer's
 
         @classmethod
         def from_metadata(cls, metadata, *a, **k):
             if metadata.use_mla:
                 raise ValueError("lmcache-fx CPU connector: MLA models are not supported")
+            if metadata.kv_dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                # vLLM-CPU's quantized caches keep scales beside the values; the connector moves float values
+                raise ValueError(
+                    f"lmcache-fx CPU connector: a {metadata.kv_dtype} KV cache is not supported; "
+                    "set vLLM's kv_cache_dtype to auto"
+                )
             num_layers, _kv, _chunk, kv_heads, head_dim = metadata.kv_shape
             return cls(int(num_layers), int(kv_heads), int(head_dim), metadata.kv_dtype)
 
@@ -256,20 +263,14 @@ def _make_connector_class():
             n = slots.numel()
             if t.dim() == 4 and t.shape[1] == H and t.shape[3] == 2 * D:  # vLLM-CPU: [nb, H, bs, 2D]
                 nb, _, bs, _ = t.shape
-                pos = self._positions.get((bs, t.dtype))
-                if pos is None:
-                    pos = _learned_block_positions(H, bs, D, t.dtype)
-                    if pos is None:
-                        pos = _vec_block_positions(H, bs, D)
-                    self._positions[(bs, t.dtype)] = pos
-                flat = t.view(nb, H * bs * 2 * D)
-                blk, where = slots // bs, pos[slots % bs]  # [n], [n, 2*H*D]
+                idx = self._flat_index(slots, bs, t.dtype)
+                flat = t.view(nb * H * bs * 2 * D)
 
                 def get():
-                    return flat[blk[:, None], where].view(n, 2, H * D)
+                    return flat.index_select(0, idx).view(n, 2, H * D)
 
                 def put(v):  # v: [n, 2, H*D]
-                    flat[blk[:, None], where] = v.reshape(n, 2 * H * D).to(t.dtype)
+                    flat.index_copy_(0, idx, v.reshape(n * 2 * H * D).to(t.dtype))
 
                 return get, put
             if t.dim() == 5 and t.shape[0] == 2:  # [2, nb, bs, H, D]
@@ -296,6 +297,33 @@ def _make_connector_class():
             raise ValueError(
                 f"lmcache-fx CPU connector: unknown KV cache layout {tuple(t.shape)} for {H} kv heads x {D}"
             )
+
+        def _flat_index(self, slots: torch.Tensor, bs: int, dtype) -> torch.Tensor:
+            """Where each of the slots' K and V values lies in a layer's
+            cache seen flat, [n * 2 * H * D]: made once per call (every layer
+            shares it; a gather per layer with two index tensors was 4-6x
+            slower). The block layout is learned once per block size and
+            dtype; a failure to learn it is kept and raised again at once."""
+            key = (bs, dtype)
+            last_slots, last_key, idx = self._index
+            if last_slots is slots and last_key == key:
+                return idx
+            pos = self._positions.get(key)
+            if pos is None:
+                try:
+                    pos = _learned_block_positions(self.kv_heads, bs, self.head_dim, dtype)
+                except ValueError as e:
+                    pos = e
+                if pos is None:
+                    pos = _vec_block_positions(self.kv_heads, bs, self.head_dim)
+                self._positions[key] = pos
+            if isinstance(pos, ValueError):
+                raise ValueError(str(pos)) from None
+            block = self.kv_heads * bs * 2 * self.head_dim
+            idx = ((slots // bs) * block)[:, None] + pos[slots % bs]
+            idx = idx.reshape(-1)
+            self._index = (slots, key, idx)
+            return idx
 
         def _caches(self, kwargs):
             if "kvcaches" in kwargs and kwargs["kvcaches"] is not None:

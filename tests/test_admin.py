@@ -319,6 +319,30 @@ def test_gc_stopped_by_sigterm_says_what_it_removed(store_copy):
         st.close()
 
 
+def test_gc_under_nohup_ignores_the_hangup_as_before(store_copy):
+    """gc, fsck, ls and stat take SIGHUP as a Ctrl-C; one started with it
+    ignored (nohup) stopped on a hangup all the same. It stays ignored."""
+    path, files = store_copy
+    script = (
+        "import os, signal, sys\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does\n"
+        "from lmcache_fx.tools import admin, cli\n"
+        "real, calls = admin.Remover.remove, []\n"
+        "def remove(self, *a, **kw):\n"
+        "    calls.append(a[0])\n"
+        "    if len(calls) == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGHUP)\n"
+        "    return real(self, *a, **kw)\n"
+        "admin.Remover.remove = remove\n"
+        "cli.console(sys.argv[1:])\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script, "gc", path, "--to-gb", "0"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.startswith("removed 6 of 6 chunks"), (r.returncode, r.stdout, r.stderr)
+
+
 # ---------------------------------------------------------------- fsck
 
 

@@ -8,6 +8,7 @@ import functools
 import gc
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -5590,3 +5591,28 @@ def test_docs_check_round_at_a86929d_is_the_committed_json():
     section = " ".join(page[start : page.index("\n### ", start + 10)].split())
     for name, figure in round_a86929d_figures().items():
         assert figure in section, (name, figure)
+
+
+def test_raw_block_images_are_preallocated_on_disk_not_in_memory(tmp_path):
+    """The raw-block peers' images were sparse files, so their first stores
+    allocated every extent (a device has none to allocate); on a memory
+    filesystem preallocating would only hold the whole image in RAM."""
+    from lmcache_fx.core.medium import page_cache_fs
+
+    where = [str(tmp_path)]
+    if os.path.isdir("/dev/shm") and page_cache_fs(["/dev/shm"]):
+        where.append(f"/dev/shm/fx-prealloc-{os.getpid()}")
+        os.makedirs(where[-1])
+    try:
+        for d in where:
+            p = os.path.join(d, "raw.img")
+            bench_readers.preallocated_image(p, 8 * MIB)
+            st = os.stat(p)
+            assert st.st_size == 8 * MIB
+            if page_cache_fs([d]):
+                assert st.st_blocks == 0, d
+            else:
+                assert st.st_blocks * 512 >= 8 * MIB, d
+    finally:
+        for d in where[1:]:
+            shutil.rmtree(d, ignore_errors=True)

@@ -245,6 +245,18 @@ def test_each_workers_counters_are_kept_and_summed(tmp_path):
     assert server.Server.fx_stats(types.SimpleNamespace(stats_path=path)) == {"hits": 7, "bytes_read": 70}
 
 
+def test_a_quantized_kv_cache_is_refused_at_start_not_at_every_chunk():
+    """An fp8 KV cache (vLLM's kv_cache_dtype: fp8) has no float layout to
+    learn from vLLM's kernel: every store and load raised, learning again
+    each layer. The connector refuses it when it is made, naming the fix."""
+    from lmcache_fx.vllm_cpu import connector_class
+
+    for dtype in (torch.float8_e4m3fn, torch.uint8):
+        with pytest.raises(ValueError, match="KV cache is not supported; set vLLM's kv_cache_dtype to auto"):
+            connector_class().from_metadata(_Meta(2, 2, 64, dtype=dtype))
+    assert connector_class().from_metadata(_Meta(2, 2, 64, dtype=torch.bfloat16)).hidden == 128
+
+
 def test_stop_removes_only_segments_nothing_holds(tmp_path):
     """Server.stop's clean-up of /dev/shm/psm_* left behind: a segment a live
     process has open or mapped is kept, one nothing holds is an orphan."""

@@ -123,6 +123,8 @@ def test_a_custom_mla_geometry_has_one_latent_per_layer():
     ):
         with pytest.raises(ValueError, match="--kv-heads 8: an MLA latent has one head"):
             est.inputs_from_args(est.build_parser().parse_args(argv))
+    for name in ("deepseek-v3", "deepseek-v3-mla"):  # a preset keeps its name
+        assert est.inputs_from_args(est.build_parser().parse_args(["--model", name])).model == "deepseek-v3"
 
 
 def test_extreme_inputs_are_refused_or_answered_not_crashed(capsys):

@@ -157,10 +157,20 @@ def test_a_forked_child_closes_what_it_inherited_and_does_not_hang():
     an inherited handle waited for good for a serving thread the fork did
     not copy. The child forgets them and closes their sockets."""
     import os
+    import threading
     import time
 
     port = _free_port()
     h = metrics.start_metrics(lambda: {}, name="t-parent", port=port)
+    inside, held = threading.Event(), threading.Event()
+
+    def in_the_collector():  # another thread inside the global collector at the fork (a scrape, a store opening)
+        with metrics.global_collector()._lock:
+            inside.set()
+            held.wait(30)
+
+    threading.Thread(target=in_the_collector, daemon=True).start()
+    inside.wait(10)
     try:
         pid = os.fork()
         if pid == 0:  # the child: nothing of the parent's table; closing the inherited handle returns
@@ -170,6 +180,7 @@ def test_a_forked_child_closes_what_it_inherited_and_does_not_hang():
                 h.close()
             finally:
                 os._exit(code)
+        held.set()  # the parent's thread lets go: the child never had it
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             done, status = os.waitpid(pid, os.WNOHANG)

@@ -190,10 +190,11 @@ class Server:
             f.write(lmcache_yaml(self.store, self.capacity_gb, self.cpu_gb, local_cpu=self.local_cpu))
         with open(os.path.join(self.work, "logging.json"), "w") as f:
             json.dump(logging_config(os.environ.get("VLLM_LOGGING_LEVEL", "INFO")), f)
-        try:
-            os.unlink(self.stats_path)
-        except FileNotFoundError:
-            pass
+        for stale in [self.stats_path, *glob.glob(glob.escape(self.stats_path) + ".rank*")]:  # every worker's
+            try:
+                os.unlink(stale)
+            except FileNotFoundError:
+                pass
         self._log = open(self.log_path, "ab")
         self._log.write(f"\n===== start {time.strftime('%H:%M:%S')}: {' '.join(self.command())}\n".encode())
         self._log.flush()

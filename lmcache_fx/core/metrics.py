@@ -241,7 +241,9 @@ def _after_fork_in_child() -> None:
     there waited for good for a serving thread that is not there, and a
     store of the child joined a server that served nothing."""
     global _lock
-    _lock = threading.Lock()  # another thread may have held it at the fork
+    _lock = threading.Lock()  # another thread may have held it at the fork, as the collector's
+    if _global is not None:
+        _global._lock = threading.Lock()
     for server, *_ in _servers.values():
         try:
             server.socket.close()

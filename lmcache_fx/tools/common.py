@@ -36,7 +36,8 @@ def signals_as_interrupt():
     """While inside, SIGTERM and SIGHUP (`timeout`, `kill`, a closed
     terminal) raise Terminated in the main thread as Ctrl-C raises
     KeyboardInterrupt, where their default ends the process at once, with no
-    cleanup and no report. Outside the main thread it does nothing."""
+    cleanup and no report. A signal the process was started with ignored
+    (`nohup`) stays ignored. Outside the main thread it does nothing."""
 
     def stop(signum, _frame):
         raise Terminated(signum)
@@ -44,6 +45,8 @@ def signals_as_interrupt():
     old = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
         try:
+            if signal.getsignal(sig) is signal.SIG_IGN:  # nohup's SIGHUP: ignored, as before
+                continue
             old[sig] = signal.signal(sig, stop)
         except (ValueError, OSError):  # not the main thread
             pass

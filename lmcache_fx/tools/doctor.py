@@ -554,7 +554,7 @@ def check_path(root: str, opts: FxOptions, tag: str, first: bool = True) -> list
         out.append(
             Check(f"{tag}O_DIRECT", "info", "not probed on a read-only filesystem (the store probes its first path)")
         )
-    elif any(c.status == "fail" for c in out):
+    elif any(c.name == f"{tag}path" and c.status == "fail" for c in out):
         # The store would not start: a probe would fail the same way (an unreadable directory raised here).
         out.append(Check(f"{tag}O_DIRECT", "info", "not probed: the path above fails"))
     else:

@@ -633,7 +633,8 @@ def inputs_from_args(args) -> Inputs:
         # have multiplied every figure.
         if over.get("kv_heads", 1) != 1:
             raise ValueError(f"--kv-heads {over['kv_heads']}: an MLA latent has one head; leave --kv-heads out")
-        over["kv_heads"] = 1
+        if m.geo.kv_heads != 1:
+            over["kv_heads"] = 1
     geo = replace(m.geo, **over)
     custom = bool(over.keys() - {"dtype", "chunk"})
     label = "custom" if custom else (m.name + (f", {args.kv_dtype} KV" if getattr(args, "kv_dtype", None) else ""))

@@ -614,13 +614,19 @@ class FSConnectorReader(LMCacheReader):
 
 def preallocated_image(path: str, size: int) -> None:
     """A raw-block image as a raw device is: every block allocated (a
-    sparse file made each first write into it allocate its extent)."""
+    sparse file made each first write into it allocate its extent). Not on
+    a memory filesystem, where there are no extents to make and allocating
+    would hold the whole image in RAM from the start."""
+    from ...core.medium import page_cache_fs
+
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError:  # a filesystem without fallocate: sparse, as before
-            os.ftruncate(fd, size)
+        os.ftruncate(fd, size)
+        if not page_cache_fs([os.path.dirname(path)]):
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError:  # a filesystem without fallocate: sparse, as before
+                pass
     finally:
         os.close(fd)
 
