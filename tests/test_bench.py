@@ -5474,6 +5474,30 @@ def round_6f3adc6_figures() -> dict[str, str]:
     return v
 
 
+def _amd_round_section(commit: str, figures: dict[str, str]) -> str:
+    """A check round on the AMD EPYC host (three runs a case, 2 MiB latency
+    runs): asserts its tables are what `bench_tables.py --readme` and
+    `--latency-rounds` render from the round's runs, and each of `figures`
+    is in its section; returns the section, whitespace made single spaces."""
+    page = _page()
+    d = os.path.join(ROOT, "docs", "bench-repeats", f"round-{commit}")
+    cases = [(label, [os.path.join(d, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
+    for table in _bench_tables().readme_tables(cases).split("\n\n"):
+        assert table.strip() in page
+    lat = [(f"2 MiB, run {r}", os.path.join(d, f"lat-2m-run{r}.json")) for r in (1, 2, 3)]
+    assert _bench_tables().latency_rounds_table(lat) in page
+    start = page.index(f"### A check round at `{commit}`")
+    section = " ".join(page[start : page.index("\n### ", start + 10)].split())
+    for name, figure in figures.items():
+        assert figure in section, (name, figure)
+    return section
+
+
+def _median_of(f: str) -> str:
+    """The median of a figure quoted as "min–max× (median×)"."""
+    return f.split("(")[1].rstrip(")")
+
+
 def round_737fb4f_figures() -> dict[str, str]:
     """Every figure the page's section on the check round at 737fb4f (the
     bench's method corrected, on the AMD EPYC host) quotes, by its name
@@ -5505,23 +5529,9 @@ def test_docs_check_round_at_737fb4f_is_the_committed_json():
     and `--latency-rounds` render from the round's runs (each from 737fb4f,
     five reps, every rep of fx's readers whole and checked), and every
     figure it and the README quote is computed from them."""
-    page = _page()
-    d = os.path.join(ROOT, "docs", "bench-repeats", "round-737fb4f")
-    cases = [(label, [os.path.join(d, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
-    for table in _bench_tables().readme_tables(cases).split("\n\n"):
-        assert table.strip() in page
-    lat = [(f"2 MiB, run {r}", os.path.join(d, f"lat-2m-run{r}.json")) for r in (1, 2, 3)]
-    assert _bench_tables().latency_rounds_table(lat) in page
-    start = page.index("### A check round at `737fb4f`")
-    section = " ".join(page[start : page.index("\n### ", start + 10)].split())
     v = round_737fb4f_figures()
-    for name, figure in v.items():
-        assert figure in section, (name, figure)
-    readme = _readme_flat()
-
-    def med(f: str) -> str:
-        return f.split("(")[1].rstrip(")")
-
+    _amd_round_section("737fb4f", v)
+    page, readme, med = _page(), _readme_flat(), _median_of
     # The targets table quotes the same figures, row by row
     start = page.index("| target | where fx stands | from | what holds it |")
     rows = {ln.split(" | ")[0]: " ".join(ln.split()) for ln in page[start : page.index("\n\n", start)].splitlines()}
@@ -5551,23 +5561,9 @@ def test_docs_check_round_at_6f3adc6_is_the_committed_json():
     from the round's runs (each from 6f3adc6, five reps, every rep of fx's
     readers whole and checked), and every figure it quotes is computed from
     them."""
-    page = _page()
-    d = os.path.join(ROOT, "docs", "bench-repeats", "round-6f3adc6")
-    cases = [(label, [os.path.join(d, f"{c}-run{r}.json") for r in (1, 2, 3)]) for label, c in README_CASES]
-    for table in _bench_tables().readme_tables(cases).split("\n\n"):
-        assert table.strip() in page
-    lat = [(f"2 MiB, run {r}", os.path.join(d, f"lat-2m-run{r}.json")) for r in (1, 2, 3)]
-    assert _bench_tables().latency_rounds_table(lat) in page
-    start = page.index("### A check round at `6f3adc6`")
-    section = " ".join(page[start : page.index("\n### ", start + 10)].split())
     v = round_6f3adc6_figures()
-    for name, figure in v.items():
-        assert figure in section, (name, figure)
-    readme = _readme_flat()
-
-    def med(f: str) -> str:
-        return f.split("(")[1].rstrip(")")
-
+    _amd_round_section("6f3adc6", v)
+    readme, med = _readme_flat(), _median_of
     said = (
         f"XFS {med(v['R64'])}, {med(v['R10'])} and {med(v['R2'])} at 64, 10 and 2 MiB ({v['AHEAD']} over all five "
         f"cases), tmpfs {med(v['T64'])} and {med(v['T2'])}; stores through LMCache's engine behind on XFS "

@@ -42,16 +42,27 @@ def signals_as_interrupt():
     def stop(signum, _frame):
         raise Terminated(signum)
 
+    with signal_handlers(stop, (signal.SIGTERM, signal.SIGHUP), keep_ignored=(signal.SIGTERM, signal.SIGHUP)):
+        yield
+
+
+@contextmanager
+def signal_handlers(handler, signals, keep_ignored=()):
+    """`handler` for each of `signals` while inside, the previous handlers
+    back on the way out; yields the signals it took (dict: signal -> the
+    handler before). One of `keep_ignored` that the process was started
+    with ignored (nohup's SIGHUP) is left ignored. Only the main thread can
+    install handlers: elsewhere it takes none."""
     old = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in signals:
         try:
-            if signal.getsignal(sig) is signal.SIG_IGN:  # nohup's SIGHUP: ignored, as before
+            if sig in keep_ignored and signal.getsignal(sig) is signal.SIG_IGN:
                 continue
-            old[sig] = signal.signal(sig, stop)
+            old[sig] = signal.signal(sig, handler)
         except (ValueError, OSError):  # not the main thread
             pass
     try:
-        yield
+        yield old
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)

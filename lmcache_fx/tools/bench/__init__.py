@@ -318,26 +318,21 @@ def _signals_as_exit():
     run left the loop device, its mount and 512 MiB of RAM behind."""
     import signal
 
+    from ..common import signal_handlers
+
     def bye(signum, _frame):
         # One is enough: a second one arriving while the first's cleanup runs cut it short (an empty
         # mount point left; by reading, a loop device). Until the cleanup is done they are ignored.
-        for sig in old:
+        for sig in taken:
             signal.signal(sig, signal.SIG_IGN)
         if signum == signal.SIGINT:  # also when started with SIGINT ignored (a background job)
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
 
-    old = {}
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        try:
-            old[sig] = signal.signal(sig, bye)
-        except (ValueError, OSError):  # not the main thread
-            pass
-    try:
+    # A SIGTERM or SIGHUP the run was started with ignored (nohup) stays ignored
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    with signal_handlers(bye, signals, keep_ignored=signals[1:]) as taken:
         yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
 
 
 def _sizing_config(args, geo, n_chunks: int) -> BenchConfig:
