@@ -549,13 +549,17 @@ class FxL2Adapter(L2AdapterInterface):
         an eviction of this process, the keys its evictor removed are asked
         about (work per eviction, not per key stored); at most once per
         SWEEP_SECONDS every key this adapter knows instead, which also finds
-        what other processes evicted."""
+        what other processes evicted, and, where other processes share the
+        store, that sweep runs without an eviction of this one (before, an
+        adapter that never evicted never heard of theirs but through a
+        lookup or delete of the key)."""
         n = self.store.stats.snapshot()["evictions"]
-        if n == self._evictions_seen:
+        now = time.monotonic()
+        own = n != self._evictions_seen
+        if not own and (now < self._sweep_at or not self.store.shared()):
             return
         self._evictions_seen = n
-        digests = self.store.take_evicted()
-        now = time.monotonic()
+        digests = self.store.take_evicted() if own else None
         with self._lock:
             if digests is None or now >= self._sweep_at:
                 self._sweep_at = now + SWEEP_SECONDS

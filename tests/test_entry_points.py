@@ -411,6 +411,53 @@ def test_l2_reports_evictions_by_what_was_evicted_not_by_every_key(tmp_path, mon
         side.close()
 
 
+def test_l2_hears_of_another_process_evictions_without_evicting_itself(tmp_path, monkeypatch):
+    """The sweep that finds what other processes removed ran only after an
+    eviction of this process: an adapter that never evicted kept reporting
+    those keys as stored (LMCache's eviction policy then chose them, freeing
+    nothing). Where another process has the store open, the sweep runs
+    after a store once SWEEP_SECONDS have passed, eviction or not."""
+    from lmcache_fx import l2_adapter
+
+    side, deleted, _ = _l2_side_of_five_chunks(tmp_path)
+    ready, done = tmp_path / "ready", tmp_path / "done"
+    other = None
+    try:
+        ad = side.adapter
+        k1, d1, layout = MPSide.keys_and_data(n=2, seed=1)
+        k2, d2, _ = MPSide.keys_and_data(n=1, seed=2)
+        side.store(k1, d1, layout)  # 2 of 5.5 chunks: no eviction
+        # Another process opens the store, removes k1[0] (as its evictor would) and keeps the store open.
+        code = (
+            "import os, sys, time\n"
+            "from lmcache_fx.core.options import FxOptions\n"
+            "from lmcache_fx.core.store import ChunkStore\n"
+            "st = ChunkStore(FxOptions(path=sys.argv[1]))\n"
+            "assert st.remove(sys.argv[2])\n"
+            "open(sys.argv[3], 'w').close()\n"
+            "while not os.path.exists(sys.argv[4]):\n"
+            "    time.sleep(0.05)\n"
+            "st.close()\n"
+        )
+        argv = [sys.executable, "-c", code, str(tmp_path / "store"), _ks(k1[0]), str(ready), str(done)]
+        other = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        end = time.monotonic() + 60
+        while not ready.exists():
+            assert other.poll() is None and time.monotonic() < end, other.stderr.read() if other.poll() else "slow"
+            time.sleep(0.05)
+        monkeypatch.setattr(l2_adapter, "SWEEP_SECONDS", 0.0)
+        ad._sweep_at = 0.0
+        assert ad.store.stats.snapshot()["evictions"] == 0
+        side.store(k2, d2, layout)  # no eviction here either
+        assert ad.store.stats.snapshot()["evictions"] == 0
+        assert deleted == [k1[0]]
+    finally:
+        done.touch()
+        if other is not None:
+            other.wait(60)
+        side.close()
+
+
 def test_l2_key_deleted_during_an_eviction_report_is_reported_once(tmp_path, monkeypatch):
     """LMCache's eviction controller may delete() a key while the writer
     thread's eviction report is asking the store about the keys it copied:

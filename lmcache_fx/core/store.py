@@ -1526,6 +1526,11 @@ class ChunkStore:
             out, self._evicted = self._evicted, []
         return out
 
+    def shared(self) -> bool:
+        """Whether another process has this store open now (True when that
+        cannot be told): its evictions are not in take_evicted()."""
+        return self._ledger.others()
+
     def pin(self, key: str, usable: Optional[Callable[[ChunkMeta], bool]] = None) -> bool:
         """lookup([key], pin=True) on the one-chunk path (LMCache's
         contains(key, pin=True) asks one key at a time)."""
