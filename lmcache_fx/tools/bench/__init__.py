@@ -322,8 +322,9 @@ def _signals_as_exit():
 
     def bye(signum, _frame):
         # One is enough: a second one arriving while the first's cleanup runs cut it short (an empty
-        # mount point left; by reading, a loop device). Until the cleanup is done they are ignored.
-        for sig in taken:
+        # mount point left; by reading, a loop device). Until the cleanup is done they are ignored (all
+        # three: one not taken was ignored already; and this runs before the with below has bound anything).
+        for sig in signals:
             signal.signal(sig, signal.SIG_IGN)
         if signum == signal.SIGINT:  # also when started with SIGINT ignored (a background job)
             raise KeyboardInterrupt
@@ -331,7 +332,7 @@ def _signals_as_exit():
 
     # A SIGTERM or SIGHUP the run was started with ignored (nohup) stays ignored
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    with signal_handlers(bye, signals, keep_ignored=signals[1:]) as taken:
+    with signal_handlers(bye, signals, keep_ignored=signals[1:]):
         yield
 
 
