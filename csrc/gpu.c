@@ -1599,13 +1599,10 @@ static PyObject *mod_gpu_driver(PyObject *m, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     r = fx_gpu_driver_load();
     Py_END_ALLOW_THREADS
-    if (r < 0) {
-        if (fx_gpu_driver.found[0]) /* a driver without a usable device: say which */
-            return Py_BuildValue("{s:O,s:O,s:i,s:s,s:s,s:s}", "api", Py_None, "path", Py_None, "devices", 0, "error",
-                                 fx_gpu_driver.err, "found", fx_gpu_driver.found, "found_api", fx_gpu_driver.found_api);
-        return Py_BuildValue("{s:O,s:O,s:i,s:s,s:O,s:O}", "api", Py_None, "path", Py_None, "devices", 0, "error",
-                             fx_gpu_driver.err, "found", Py_None, "found_api", Py_None);
-    }
+    if (r < 0) /* "found": a driver library without a usable device, or None (z: NULL is None) */
+        return Py_BuildValue("{s:O,s:O,s:i,s:s,s:z,s:z}", "api", Py_None, "path", Py_None, "devices", 0, "error",
+                             fx_gpu_driver.err, "found", fx_gpu_driver.found[0] ? fx_gpu_driver.found : NULL,
+                             "found_api", fx_gpu_driver.found_api);
     return Py_BuildValue("{s:s,s:s,s:i,s:O,s:s,s:s}", "api", fx_gpu_driver.ops->api, "path", fx_gpu_driver.path,
                          "devices", fx_gpu_driver.ndev, "error", Py_None, "found", fx_gpu_driver.path, "found_api",
                          fx_gpu_driver.ops->api);

@@ -432,8 +432,8 @@ class FxL2Adapter(L2AdapterInterface):
         LMCache was told are stored: gone without this adapter removing them
         (its store's or another process's evictor, a file dropped as bad, an
         operator). A lookup reports them at once rather than at the next
-        sweep, which runs only after an eviction of this process. Keys not
-        known any more (a delete() reported them) are left out."""
+        sweep (_report_evictions). Keys not known any more (a delete()
+        reported them) are left out."""
         if not keys:
             return
         gone, sizes = [], []

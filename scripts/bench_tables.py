@@ -315,7 +315,7 @@ def store_runs_table(cases: list[tuple[str, str]]) -> str:
     runs = _labelled_runs(cases)
     names = [n for n, e in runs[0][1]["readers"].items() if e.get("available")]
     # LMCache's L2 adapters only: not fx's own variants (fx-l2-unstaged, ...), fio or engine-level tiers
-    peers = [n for n in names if not n.startswith("fx") and n != "fio" and n in L2_PEERS]
+    peers = [n for n in names if n in L2_PEERS]
     body = []
     for label, d in runs:
         r = d["readers"]

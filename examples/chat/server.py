@@ -190,7 +190,7 @@ class Server:
             f.write(lmcache_yaml(self.store, self.capacity_gb, self.cpu_gb, local_cpu=self.local_cpu))
         with open(os.path.join(self.work, "logging.json"), "w") as f:
             json.dump(logging_config(os.environ.get("VLLM_LOGGING_LEVEL", "INFO")), f)
-        for stale in [self.stats_path, *glob.glob(glob.escape(self.stats_path) + ".rank*")]:  # every worker's
+        for stale in stats_files(self.stats_path):  # every worker's, and temporaries of a server killed mid-write
             try:
                 os.unlink(stale)
             except FileNotFoundError:
@@ -322,7 +322,7 @@ class Server:
         """The fx tier's counters in the server (written by lmcache_fx.vllm_cpu),
         summed over its workers (worker N > 0 writes <file>.rank<N>)."""
         total: dict = {}
-        for p in [self.stats_path, *glob.glob(glob.escape(self.stats_path) + ".rank*")]:
+        for p in stats_files(self.stats_path):
             if ".tmp." in p:
                 continue
             try:
@@ -334,6 +334,12 @@ class Server:
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     total[k] = total.get(k, 0) + v
         return total
+
+
+def stats_files(path: str) -> list[str]:
+    """The stats file and every other worker's (<path>.rank<N>), their
+    temporaries included."""
+    return [path, *glob.glob(glob.escape(path) + ".rank*")]
 
 
 def ensure_model(work: str = DEFAULT_WORK, python: str = DEFAULT_PYTHON) -> str:

@@ -304,8 +304,7 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
         lat_steps = len(live) * len(cfg.concurrency) * cfg.latency_rounds if cfg.latency else 0
         prog = Progress(cfg.reps * len(live) + lat_steps, quiet)
         for rep in range(cfg.reps):
-            k = rep % len(live)
-            for r in live[k:] + live[:k]:  # interleaved, the order rotated every rep: A B C, B C A, ...
+            for r in rotated(live, rep):  # interleaved, the order rotated every rep: A B C, B C A, ...
                 entry = results["readers"][r.name]
                 try:
                     res = r.run_rep(rep)
@@ -318,8 +317,7 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
             for conc in cfg.concurrency:
                 rounds: dict = {r.name: [] for r in live}
                 for rnd in range(cfg.latency_rounds):
-                    k = rnd % len(live)
-                    for r in live[k:] + live[:k]:  # interleaved, the order rotated every round
+                    for r in rotated(live, rnd):  # interleaved, the order rotated every round
                         try:
                             lat = r.latency(conc)
                         except Exception as e:
@@ -356,6 +354,13 @@ def run_bench(cfg: BenchConfig, readers: list[str], quiet: bool = False) -> dict
     return results
 
 
+def rotated(readers: list, n: int) -> list:
+    """The readers in the order of rep (or round) n: each rep starts one
+    further along (A B C, B C A, C A B, ...)."""
+    k = n % len(readers) if readers else 0
+    return readers[k:] + readers[:k]
+
+
 def summarize_readers(results: dict) -> None:
     """Each reader's medians over its good reps, whether all went right
     (every rep verified, no latency case with misses or failed rounds), and
@@ -386,8 +391,7 @@ def run_mixed(cfg: BenchConfig, live: list, results: dict, quiet: bool) -> None:
     mixers = [r for r in live if hasattr(r, "mixed_rep")]
     prog = Progress(cfg.reps * len(mixers), quiet)
     for rep in range(cfg.reps):
-        k = rep % max(len(mixers), 1)
-        for r in mixers[k:] + mixers[:k]:  # interleaved, the order rotated every rep, as the main reps
+        for r in rotated(mixers, rep):  # interleaved, the order rotated every rep, as the main reps
             e = results["readers"][r.name]
             try:
                 e.setdefault("mixed_reps", []).append(r.mixed_rep(rep))
