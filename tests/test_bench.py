@@ -5454,6 +5454,20 @@ def round_a86929d_figures() -> dict[str, str]:
     return v
 
 
+def _latency_2m_figures(folder: str, v: dict[str, str]) -> list[dict]:
+    """A round's three 2 MiB latency runs under docs/bench-repeats/folder:
+    fx's p99/p50 (A2_<n>) and its p50 over the best other reader's (P2_<n>)
+    at 4 and 16 in flight into `v`, as spans over the runs; returns the runs."""
+    lat = []
+    for r in (1, 2, 3):
+        with open(os.path.join(ROOT, "docs", "bench-repeats", folder, f"lat-2m-run{r}.json")) as f:
+            lat.append(json.load(f))
+    for c in ("4", "16"):
+        v["A2_" + c] = _span([d["readers"]["fx"]["latency"][c]["p99_over_p50"] for d in lat])
+        v["P2_" + c] = _span([_fx_p50_over_best(d["readers"], c) for d in lat])
+    return lat
+
+
 def round_6f3adc6_figures() -> dict[str, str]:
     """Every figure the page's section on the check round at 6f3adc6 (an AMD
     EPYC host) quotes, by its name there, computed from the committed runs
@@ -5465,13 +5479,7 @@ def round_6f3adc6_figures() -> dict[str, str]:
         for n, short in (("fx-l2", "FL"), ("fs_native", "FN"), ("raw_block", "RB")):
             share = [x["lookup_s"] / x["tier_s"] for d in runs[c] for x in d["readers"][n]["reps"]]
             v[f"LK{short}{key}"] = f"{100 * min(share):.0f}–{100 * max(share):.0f} %"
-    lat = []
-    for r in (1, 2, 3):
-        with open(os.path.join(ROOT, "docs", "bench-repeats", "round-6f3adc6", f"lat-2m-run{r}.json")) as f:
-            lat.append(json.load(f))
-    for c in ("4", "16"):
-        v["A2_" + c] = _span([d["readers"]["fx"]["latency"][c]["p99_over_p50"] for d in lat])
-        v["P2_" + c] = _span([_fx_p50_over_best(d["readers"], c) for d in lat])
+    lat = _latency_2m_figures("round-6f3adc6", v)
     for d in lat:  # "with 4 in flight below every LMCache engine-level tier's p50 in every run"
         p50 = {n: e["latency"]["4"]["p50_ms"] for n, e in d["readers"].items()}
         assert all(p50["fx"] < p50[n] for n in ("local_disk", "rust_raw_block", "fs_connector")), p50
@@ -5517,13 +5525,7 @@ def round_737fb4f_figures() -> dict[str, str]:
         now = statistics.median(d["readers"]["fs_connector"]["median"]["tier_read_gbps"] for d in runs[c])
         old = statistics.median(d["readers"]["fs_connector"]["median"]["tier_read_gbps"] for d in then[c])
         v[key] = f"{old:.2f} to {now:.2f} GB/s"
-    lat = []
-    for r in (1, 2, 3):
-        with open(os.path.join(ROOT, "docs", "bench-repeats", "round-737fb4f", f"lat-2m-run{r}.json")) as f:
-            lat.append(json.load(f))
-    for c in ("4", "16"):
-        v["A2_" + c] = _span([d["readers"]["fx"]["latency"][c]["p99_over_p50"] for d in lat])
-        v["P2_" + c] = _span([_fx_p50_over_best(d["readers"], c) for d in lat])
+    _latency_2m_figures("round-737fb4f", v)
     return v
 
 
