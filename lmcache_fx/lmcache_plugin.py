@@ -164,7 +164,8 @@ class FxStorageBackend(StoragePluginInterface):
             raise
         self._metrics = metrics.start_metrics(self.store, name=self.name, port=port, addr=self.options.metrics_addr)
         self._put_lock = threading.Lock()
-        self._put_keys: set[CacheEngineKey] = set()
+        # Keys taken for a store and not yet written, with the object each holds a reference to.
+        self._put_keys: dict[CacheEngineKey, MemoryObj] = {}
         self._pool_gone = False  # LMCache's CPU pool is freed (or being freed): no store can read it
         self._closed = False  # close() began: no store is taken, no lookup answers a hit
         self._said_closed = False
@@ -393,20 +394,29 @@ class FxStorageBackend(StoragePluginInterface):
                 if key in self._put_keys:
                     continue
                 obj.ref_count_up()  # LMCache drops its reference when we return
-                self._put_keys.add(key)
+                self._put_keys[key] = obj
                 batch.append((key, obj))
-            if batch:  # under the lock: close() puts the writer's end after it, never before
+            # Under the lock: close() puts the writer's end after it, never before. An interrupt raised
+            # in this thread (Ctrl-C, a signal handler's exception) before the put leaves keys that no
+            # writer will take: flush() lets them go.
+            if batch:
                 self._writes.put((batch, on_complete_callback))
         return None
 
     def _write_loop(self) -> None:
-        carry = None
+        # Every item taken from the queue is marked done (task_done) only once written, its keys
+        # gone from _put_keys: flush() reads the queue's count of unfinished items.
+        nothing = carry = object()  # carry: an item taken that is not of the batch before it
         while True:
-            item = carry or self._writes.get()
-            carry = None
+            if carry is nothing:
+                item = self._writes.get()
+            else:
+                item, carry = carry, nothing
             if item is None:
+                self._writes.task_done()
                 return
             batch, callback = item
+            taken = 1
             # Take what else is queued (same callback) so one engine batch writes it all.
             while len(batch) < 64:
                 try:
@@ -414,12 +424,15 @@ class FxStorageBackend(StoragePluginInterface):
                 except queue.Empty:
                     break
                 if more is None or more[1] is not callback:
-                    carry = more if more is not None else None
-                    if more is None:
-                        self._writes.put(None)
+                    carry = more
                     break
                 batch = batch + more[0]
-            self._write_batch(batch, callback)
+                taken += 1
+            try:
+                self._write_batch(batch, callback)
+            finally:
+                for _ in range(taken):
+                    self._writes.task_done()
 
     def _write_batch(self, batch, callback) -> None:
         try:
@@ -440,7 +453,7 @@ class FxStorageBackend(StoragePluginInterface):
                 o.ref_count_down()
             with self._put_lock:
                 for k, _ in batch:
-                    self._put_keys.discard(k)
+                    self._put_keys.pop(k, None)
         if callback is not None:
             for (k, _), ok in zip(batch, done):
                 if ok:
@@ -456,9 +469,18 @@ class FxStorageBackend(StoragePluginInterface):
             with self._put_lock:
                 if not self._put_keys:
                     return
+                if not self._writes.unfinished_tasks:
+                    # Nothing queued or being written, yet keys taken: their submit was interrupted
+                    # before it queued them (flush waited for them for good, and close with it).
+                    lost = list(self._put_keys.items())
+                    self._put_keys.clear()
+                    break
             if end is not None and time.monotonic() > end:
                 raise TimeoutError("lmcache-fx: writes still pending")
             time.sleep(0.005)
+        for _, obj in lost:
+            obj.ref_count_down()
+        log.warning("lmcache-fx: %d chunks not stored: their store was interrupted before it was queued", len(lost))
 
     def _finish_stores(self) -> None:
         """Writes every queued store while LMCache's CPU pool is still there,
