@@ -8,6 +8,7 @@ import functools
 import gc
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -889,8 +890,7 @@ def test_docs_probe_tables_are_the_committed_json():
     """docs/benchmarks.md's tables of scripts/staged_probe.py's rounds are what
     `bench_tables.py --probe` renders from the committed JSON, row for row."""
     mod = _bench_tables()
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        page = f.read()
+    page = _page()
     for name, sides in (("staged-probe.json", ("staged", "direct")), ("mapped-probe.json", ("mapped", "unmapped"))):
         with open(os.path.join(ROOT, "docs", name)) as f:
             d = json.load(f)
@@ -906,8 +906,7 @@ def test_docs_latency_rounds_table_is_the_committed_json():
     median is the median of the rounds the JSON keeps."""
     mod = _bench_tables()
     d = os.path.join(ROOT, "docs", "bench-repeats", "latency-rounds")
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        page = f.read()
+    page = _page()
     for commit in ("7dd7181", "d737ccf"):  # 4 KiB-page images, then 2 MiB-page ones
         cases = [
             (label, os.path.join(d, f"{commit}-{name}.json"))
@@ -1628,8 +1627,7 @@ def test_docs_two_mib_latency_tables_are_the_committed_json():
     `--latency-probe` render from the committed runs; the probe's cells are
     medians of its rounds' own ratios, and its baseline is plain preads."""
     mod = _bench_tables()
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        page = f.read()
+    page = _page()
     d = os.path.join(ROOT, "docs", "bench-repeats", "latency-peers")
     cases = [(f"2 MiB, run {r}", os.path.join(d, f"ebd103a-2m-run{r}.json")) for r in (1, 2)]
     peers = mod.latency_rounds_table(cases)
@@ -1657,8 +1655,7 @@ def test_docs_latency_layers_table_is_the_committed_json():
     d = os.path.join(ROOT, "docs", "bench-repeats", "latency-layers")
     cases = [(f"run {r}", os.path.join(d, f"868fddf-run{r}.json")) for r in (1, 2)]
     table = mod.latency_layers_table(cases)
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        page = f.read()
+    page = _page()
     assert _indented(table) in page
     modes = ("engine", "store-fixed", "store-rotating", "store-new", "plugin")
     assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == list(modes)
@@ -1708,8 +1705,7 @@ def test_docs_latency_reserve_table_is_the_committed_json():
     d = os.path.join(ROOT, "docs", "bench-repeats", "latency-layers")
     cases = [(f"run {r}", os.path.join(d, f"1ea3b6c-reserve-run{r}.json")) for r in (2, 3, 4, 5, 6)]
     table = mod.latency_reserve_table(cases)
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        page = f.read()
+    page = _page()
     assert "\n".join("      " + line for line in table.splitlines()) in page
     assert [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == [label for label, _ in cases]
     for _, path in cases:
@@ -1989,8 +1985,7 @@ def test_docs_store_check_table_is_the_committed_json():
     d = os.path.join(ROOT, "docs", "bench-repeats", "store-check")
     cases = [(f"run {r}", os.path.join(d, f"eb3d19d-run{r}.json")) for r in (1, 2, 3)]
     table = mod.store_check_table(cases)
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        page = f.read()
+    page = _page()
     assert table in page
     assert len(table.splitlines()) == 2 + 3 * 6
     huge = mod.store_check_table([("run 1 (2 MiB pages)", os.path.join(d, "d737ccf-run1.json"))])
@@ -2017,8 +2012,7 @@ def test_docs_per_chunk_table_on_written_through_images_is_the_committed_json():
     d = os.path.join(ROOT, "docs", "bench-repeats", "per-chunk-written")
     cases = [(f"run {r}", os.path.join(d, f"77cbeb3-run{r}.json")) for r in (1, 2, 3)]
     table = mod.per_chunk_runs_table(cases)
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        page = f.read()
+    page = _page()
     assert "\n".join("  " + line for line in table.splitlines()) in page
     assert len(table.splitlines()) == 2 + 4
     for _, path in cases:
@@ -2038,8 +2032,7 @@ def test_docs_l2_store_table_is_the_committed_json():
     d = os.path.join(ROOT, "docs", "bench-repeats", "l2-written-images")
     cases = [(f"{s} MiB, run {r}", os.path.join(d, f"{s}m-run{r}.json")) for s in (64, 10, 2) for r in (1, 2)]
     table = mod.store_runs_table(cases)
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        assert table in f.read()
+    assert table in _page()
     for _, path in cases:
         with open(path) as f:
             run = json.load(f)
@@ -2056,8 +2049,7 @@ def test_docs_round_on_written_through_images_is_the_committed_json(monkeypatch)
     import glob
 
     mod = _bench_tables()
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        page = f.read()
+    page = _page()
     monkeypatch.chdir(ROOT)  # the --ratios table names its files as given
     rounds = [(f"round-7677dc9/xfs-{size}", True) for size in ("64m", "10m", "2m")]
     rounds += [(f"full-written-images/full-xfs-{size}", False) for size in ("64m", "2m")]
@@ -3161,6 +3153,13 @@ def _readme_flat() -> str:
         return " ".join(f.read().split())
 
 
+def _readme_account_flat() -> str:
+    """What the README says of the benchmarks and what it said before (kept
+    in docs/bench-history.md since the round it quoted was replaced), with
+    whitespace runs made single spaces."""
+    return _readme_flat() + " " + _history_flat()
+
+
 def _history_flat() -> str:
     """docs/bench-history.md, what the README said of earlier rounds, with its
     whitespace runs made single spaces."""
@@ -3242,7 +3241,7 @@ def test_round_at_5dbed3b_is_the_committed_json():
     mem = [med(ratios(c, "fx", "tier_read")) for c in ("tmpfs-64m", "tmpfs-2m")]
     assert (
         f"On an AMD Zen 4 host at `5dbed3b` fx read level with the best peer on XFS (medians {meds[0]}, {meds[1]} and "
-        f"{meds[2]} at 64, 10 and 2 MiB) and ahead on tmpfs ({mem[0]} and {mem[1]})" in _readme_flat()
+        f"{meds[2]} at 64, 10 and 2 MiB) and ahead on tmpfs ({mem[0]} and {mem[1]})" in _readme_account_flat()
     )
 
     xfs = ["xfs-64m", "xfs-10m", "xfs-2m"]
@@ -3369,7 +3368,7 @@ def test_docs_waves_on_two_lanes_are_the_committed_json():
         f"read at {min(r2):.2f}–{max(r2):.2f}× of the old build's speed (pair medians) for {min(c2):.2f}–{max(c2):.2f}×"
         in text
     )
-    readme = _readme_flat()
+    readme = _readme_account_flat()
     assert f"read at {d1 / bound:.2f}× of the read's own bound that way" in readme
 
 
@@ -3384,7 +3383,7 @@ def test_mixed_round_at_0f80b82_is_the_committed_json():
     page = _page()
     assert mod.mixed_runs_table(groups) in page
     text = " ".join(page.split())
-    readme = _readme_flat()
+    readme = _readme_account_flat()
     got = {}
     for label, paths in groups:
         runs = [_docs_json(os.path.relpath(p, os.path.join(ROOT, "docs"))) for p in paths]
@@ -3688,7 +3687,7 @@ def test_round_at_b886275_on_the_intel_host_is_the_committed_json(monkeypatch):
     and its targets table quote is recomputed from them, with the verdicts
     they give: reads ahead in every run, stores on XFS and CPU per GB behind,
     the 2 MiB tail under the line and its p50 behind."""
-    readme = " ".join(_readme_with_round_tables("round-b886275").split())
+    readme = " ".join(_readme_with_round_tables("round-b886275", os.path.join("docs", "bench-history.md")).split())
     monkeypatch.chdir(ROOT)
     mod, page, runs = _intel_round("round-b886275", "b886275")
     for c, rs in runs.items():
@@ -3871,7 +3870,7 @@ def _check_round_reads(commit: str, before: str):
     read ratios per case, their medians, the medians before)."""
     mod = _bench_tables()
     page = " ".join(_page().split())
-    readme = _readme_flat()
+    readme = _readme_account_flat()
     folder = os.path.join(ROOT, "docs", "bench-repeats", f"round-{commit}")
     runs, then = _main_round(f"round-{commit}", commit), _main_round(f"round-{before}", before)
     assert not any(d["git_commit"].endswith("+dirty") for rs in runs.values() for d in rs)
@@ -4022,8 +4021,7 @@ def test_check_round_at_8cd75eb_is_the_committed_json():
     assert f"(lower in all four pairs, {ab['AB_LOWER_BY']})" in flat
     assert f"`6065ccf` too read at about 1.2×, not its round's {old[2]:.2f}×" in flat
     # the targets table
-    with open(os.path.join(ROOT, "docs", "benchmarks.md")) as f:
-        rows = {r.split(" | ")[0]: r for r in f.read().split("\n") if r.startswith("| ")}
+    rows = {r.split(" | ")[0]: r for r in _page().split("\n") if r.startswith("| ")}
     at = "in the [check round at `8cd75eb`](#a-check-round-at-8cd75eb-on-a-slower-host-day-three-runs-per-case--"
     assert (
         f"{at}bench-repeatsround-8cd75eb) (another kernel build, every reader dearer in CPU) ahead in every run by "
@@ -5187,6 +5185,7 @@ def test_bench_stopped_by_sigterm_leaves_no_loop_device_mount_or_image(tmp_path)
         pytest.skip(f"--mkfs-loop: {why}")
     cmd = [sys.executable, "-m", "lmcache_fx.tools.cli", "bench", "--mkfs-loop", "512M", *SMALL[:-2]]
     cmd += ["--total-gb", "0.05", "--reps", "50", "--readers", "fx"]
+    before = {ln.split()[4] for ln in open("/proc/self/mountinfo") if "lmcache-fx-tmpfs-" in ln}  # others' runs
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     tag = f"lmcache-fx-bench-{p.pid}"
     end = time.monotonic() + 120
@@ -5200,7 +5199,9 @@ def test_bench_stopped_by_sigterm_leaves_no_loop_device_mount_or_image(tmp_path)
     assert p.poll() is None, p.communicate()[1][-2000:]
     points = [ln.split()[4] for ln in mounted if os.path.isdir(os.path.join(ln.split()[4], tag))]
     assert points, "the bench's filesystem never appeared"
-    images = [ln.split()[4] for ln in open("/proc/self/mountinfo") if "lmcache-fx-tmpfs-" in ln]
+    images = [
+        m for ln in open("/proc/self/mountinfo") if "lmcache-fx-tmpfs-" in ln and (m := ln.split()[4]) not in before
+    ]
     time.sleep(0.5)
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=120)
@@ -5561,6 +5562,74 @@ def test_docs_check_round_at_737fb4f_is_the_committed_json():
     assert said in readme, said
 
 
+def standing_737fb4f_figures() -> dict[str, str]:
+    """The figures benchmarks.md's opening ("Where fx stands now"), its
+    "What holds fx back" and its targets table quote, by their names there:
+    those of the check round's section, fx's CPU per GB over the lowest
+    peer's with its check (CV…), and from the same runs without it, fx-l2-noverify's
+    read over fs_native's (NVR…, NVT…) and both readers' CPU per GB (NVC…,
+    FNC…), fx-l2's CPU with the check (LC…) and fx's checked read over its
+    unchecked one on tmpfs (TV…), each a min–max over the three runs."""
+    v = round_737fb4f_figures()
+    runs = _main_round("round-737fb4f", "737fb4f")
+
+    def med(c: str, n: str, k: str) -> list[float]:
+        return [d["readers"][n]["median"][k] for d in runs[c]]
+
+    def over(c: str, a: str, b: str) -> list[float]:
+        return [x / y for x, y in zip(med(c, a, "tier_read_gbps"), med(c, b, "tier_read_gbps"))]
+
+    for key, c in (("64", "xfs-64m"), ("10", "xfs-10m"), ("2", "xfs-2m")):
+        vs = _round_ratios(runs, c, "fx", "tier_cpu")
+        v["CV" + key] = f"{_span(vs, '{:.1f}')} ({statistics.median(vs):.1f}×)"
+        v["NVR" + key] = _span(over(c, "fx-l2-noverify", "fs_native"))
+    for key, c in (("64", "tmpfs-64m"), ("2", "tmpfs-2m")):
+        v["NVT" + key] = _span(over(c, "fx-l2-noverify", "fs_native"))
+        v["TV" + key] = _span(over(c, "fx", "fx-noverify"))
+    for key, c in (("64", "xfs-64m"), ("2", "xfs-2m")):
+        v["NVC" + key] = _range(med(c, "fx-l2-noverify", "tier_cpu_s_per_gb"), "{:.3f}")
+        v["FNC" + key] = _range(med(c, "fs_native", "tier_cpu_s_per_gb"), "{:.3f}")
+        v["LC" + key] = _range(med(c, "fx-l2", "tier_cpu_s_per_gb"), "{:.3f}")
+    return v
+
+
+def test_docs_opening_and_targets_are_the_committed_json():
+    """benchmarks.md opens with where fx stands, what holds it back and the
+    targets table, every figure computed from the check round at 737fb4f's
+    runs; nothing on those parts is typed by hand, and each section names
+    the round."""
+    v = standing_737fb4f_figures()
+    page = _page()
+
+    def section(head: str) -> str:
+        start = page.index(head)
+        return " ".join(page[start : page.index("\n## ", start + 5)].split())
+
+    assert not re.findall(r"\{\w+\}", page), "a figure left unfilled"
+    for head in ("## Where fx stands now", "## The performance targets, one by one"):
+        assert "`737fb4f`" in section(head), head
+    start = page.index("## Where fx stands now")
+    opening = " ".join(page[start : page.index("\n### ", start)].split())  # up to the round's own section
+    for name in ("R64", "R10", "R2", "T64", "T2", "ER64", "ER10", "ER2", "SR64", "SR10", "SR2", "ST64", "ST2"):
+        assert v[name] in opening, (name, v[name])
+    for name in ("CV64", "CV10", "CV2", "NV64", "NV10", "NV2", "A2_4", "A2_16", "P2_4", "P2_16"):
+        assert v[name] in opening, (name, v[name])
+    start = page.index("### What holds fx back where it is behind")
+    holds = " ".join(page[start : page.index("\n## ", start)].split())
+    for name in "NVR64 NVR10 NVR2 NVT64 NVT2 NVC64 FNC64 NVC2 FNC2 LC64 LC2 TV64 TV2".split():
+        assert v[name] in holds, (name, v[name])
+    # The README's account of the same round, and of the Intel host's round it no longer leads with
+    readme = " ".join(_readme_with_round_tables("round-737fb4f").split())
+    for name in "ST64 ST2 NVR64 NVR10 NVR2 NVT64 NVT2 CV64 CV10 CV2".split():
+        assert v[name] in readme, (name, v[name])
+    intel = _main_round("round-b886275", "b886275")
+    meds = [statistics.median(_round_ratios(intel, c, "fx", "tier_read")) for _, c in README_CASES]
+    assert f"the round at `b886275`: medians {min(meds):.2f}–{max(meds):.2f}×" in readme
+    targets = section("## The performance targets, one by one")
+    for name in ("CV64", "CV10", "CV2", "LR64", "LR10", "LR2", "LT64", "LT2", "ET64", "ET2", "NVT64", "NVT2"):
+        assert v[name] in targets, (name, v[name])
+
+
 def test_docs_check_round_at_6f3adc6_is_the_committed_json():
     """The section on the check round at 6f3adc6 (an AMD EPYC host): its
     tables are what `bench_tables.py --readme` and `--latency-rounds` render
@@ -5569,7 +5638,7 @@ def test_docs_check_round_at_6f3adc6_is_the_committed_json():
     them."""
     v = round_6f3adc6_figures()
     _amd_round_section("6f3adc6", v)
-    readme, med = _readme_flat(), _median_of
+    readme, med = _readme_account_flat(), _median_of
     said = (
         f"XFS {med(v['R64'])}, {med(v['R10'])} and {med(v['R2'])} at 64, 10 and 2 MiB ({v['AHEAD']} over all five "
         f"cases), tmpfs {med(v['T64'])} and {med(v['T2'])}; stores through LMCache's engine behind on XFS "
