@@ -1286,6 +1286,9 @@ static void batch_exec(BatchObject *bo)
     } else {
         if (!bo->b.write)
             bo->b.stop = &bo->stop;
+        /* Here, where the runner holds a use of the engine: in submit() the
+         * pool could be freed by a close() finishing meanwhile. */
+        crc_helpers(bo->engine, &bo->b);
         r = fx_batch_prepare(&bo->b, bo->engine->split_bytes);
         if (r == 0)
             r = engine_run(bo->engine, &bo->b);
@@ -1472,7 +1475,6 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
     bo->b.res = bo->res;
     bo->b.write = write;
     bo->b.want_crc = want_crc;
-    crc_helpers(self, &bo->b);
     return batch_start(self, bo, notify);
 fail:
     Py_DECREF(bo);
@@ -2046,8 +2048,17 @@ static PyObject *Engine_get_reason(EngineObject *e, void *c)
 }
 static PyObject *Engine_get_registered(EngineObject *e, void *c)
 {
+    int r;
+
     (void)c;
-    return PyBool_FromLong(e->kind == KIND_URING && e->uring && fx_uring_registered(e->uring));
+    if (FX_FORKED(e->gen))
+        return Py_NewRef(Py_False);
+    /* Under mu and only while open: a close() on another thread frees the
+     * ring once its last user is gone, without the GIL. */
+    pthread_mutex_lock(&e->mu);
+    r = !e->closed && e->kind == KIND_URING && e->uring && fx_uring_registered(e->uring);
+    pthread_mutex_unlock(&e->mu);
+    return PyBool_FromLong(r);
 }
 static PyObject *Engine_get_closed(EngineObject *e, void *c)
 {
