@@ -19,6 +19,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -575,6 +576,100 @@ def test_a_path_remounted_read_only_while_running_is_steered_around_until_writab
         monkeypatch.setattr(store_mod, "READ_ONLY_LOOK_SECONDS", 0.0)
         assert s.write([src.item(f"c/{i}", chunk) for i in range(16)]) == [True] * 16
         assert len(F.chunk_files(roots[1])) > on_rw and s.problem() is None
+
+
+@contextlib.contextmanager
+def _ext4_that_errors_read_only(size_mb: int = 96):
+    """ext4 on a RAM-backed loop device mounted errors=remount-ro: yields
+    (mount point, a function that makes the filesystem meet an error, as a
+    failing disk would: the kernel then refuses every write with EROFS
+    while reads go on, and statvfs need not say read-only)."""
+    need_root_xfs()
+    if not shutil.which("mkfs.ext4"):
+        pytest.skip("mkfs.ext4 not installed (e2fsprogs)")
+    img = f"/dev/shm/lmcache-fx-ext4-{os.getpid()}.img"
+    mnt = None
+    loop = None
+    try:
+        with open(img, "wb") as f:
+            f.truncate(size_mb << 20)
+        subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True, capture_output=True)
+        loop = subprocess.run(["losetup", "-f", "--show", img], check=True, capture_output=True, text=True)
+        loop = loop.stdout.strip()
+        trigger = f"/sys/fs/ext4/{os.path.basename(loop)}/trigger_fs_error"
+        mnt = tempfile.mkdtemp(prefix="lmcache-fx-ext4-")
+        subprocess.run(["mount", "-o", "errors=remount-ro", loop, mnt], check=True, capture_output=True)
+        if not os.path.exists(trigger):
+            pytest.skip(f"this kernel has no {trigger} to make the filesystem meet an error")
+
+        def fail() -> None:
+            with open(trigger, "w") as f:
+                f.write("lmcache-fx test\n")
+
+        yield mnt, fail
+    finally:
+        if mnt is not None:
+            subprocess.run(["umount", mnt], capture_output=True)
+            os.rmdir(mnt)
+        if loop:
+            subprocess.run(["losetup", "-d", loop], capture_output=True)
+        if os.path.exists(img):
+            os.unlink(img)
+
+
+def test_a_store_whose_ledger_cannot_be_written_stores_nothing_past_its_cap(tmp_path):
+    """The first path of a striped store (where the shared usage is kept)
+    meets an error and its filesystem refuses writes (EROFS), reads going
+    on. Chunks went to the second path, but every write of the usage failed
+    unseen and left the old record valid: the usage froze, nothing was
+    evicted, and the second path grew past max_capacity_gb (a review: 2.6x
+    the cap in 20 batches, not a word about the usage). Stores are skipped
+    now while the usage cannot be written, with a warning and problem()
+    naming the file."""
+    with _ext4_that_errors_read_only() as (m0, fail), loopfs.tmpfs("size=256m") as m1:
+        roots = [os.path.join(m0, "fx"), os.path.join(m1, "fx")]
+        s = F.open_store(",".join(roots), max_capacity_gb=16 / 1024)
+        try:
+            cap = s.options.max_capacity_bytes
+            src, chunk = F.Chunks(), 256 << 10
+            assert all(s.write([src.item(f"warm/{i}", chunk) for i in range(8)]))
+            fail()
+            with F.LogCount() as logs:
+                stored = sum(sum(s.write([src.item(f"new/{b}/{i}", chunk) for i in range(8)])) for b in range(20))
+            on_disk = sum(os.path.getsize(p) for r in roots for p in F.chunk_files(r))
+            assert on_disk <= cap, (stored, on_disk, cap)
+            said = [r.getMessage() for r in logs.records if "usage cannot be written" in r.getMessage()]
+            assert said and os.path.join(roots[0], ".fx") in said[0], [r.getMessage() for r in logs.records]
+            assert "usage cannot be written" in s.problem(), s.problem()
+        finally:
+            s.close()
+
+
+def test_a_path_an_error_made_read_only_is_steered_around_not_tried_every_5_s(tmp_path, monkeypatch):
+    """ext4's errors=remount-ro refuses writes with EROFS without the
+    read-only flag statvfs shows, so the path was only marked failing for
+    5 s at a time: every 5 s a batch's chunks for it failed again (a review:
+    failures at 0, 5.1 and 10.2 s). EROFS itself marks it read-only now
+    until a look finds it takes writes (an O_TMPFILE made there)."""
+    from lmcache_fx.core import store as store_mod
+
+    with loopfs.tmpfs("size=256m") as m0, _ext4_that_errors_read_only() as (m1, fail):
+        roots = [os.path.join(m0, "fx"), os.path.join(m1, "fx")]
+        s = F.open_store(",".join(roots), max_capacity_gb=1)
+        try:
+            src, chunk = F.Chunks(), 256 << 10
+            assert all(s.write([src.item(f"warm/{i}", chunk) for i in range(8)]))
+            fail()
+            first = s.write([src.item(f"a/{i}", chunk) for i in range(8)])
+            errors = s.stats.write_errors
+            assert errors == 8 - sum(first) and errors > 0, first
+            monkeypatch.setattr(store_mod, "READ_ONLY_LOOK_SECONDS", 0.0)  # looks at every batch
+            time.sleep(5.5)  # past the 5 s a failing path is avoided for
+            later = [s.write([src.item(f"b/{b}/{i}", chunk) for i in range(8)]) for b in range(3)]
+            assert all(all(ok) for ok in later) and s.stats.write_errors == errors, [sum(ok) for ok in later]
+            assert roots[1] in s.problem()
+        finally:
+            s.close()
 
 
 def test_a_path_writable_again_but_refused_stays_unused_and_says_why(tmp_path, monkeypatch):

@@ -879,3 +879,37 @@ def test_the_toucher_survives_a_thread_it_cannot_start_and_a_fork(tmp_path, monk
     s.close()
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status  # SIGALRM: hung
     assert toucher._fds == []  # closed with the thread, which close() waited for
+
+
+def test_an_evictor_takes_chunks_another_process_wrote_since_its_walk_before_its_own_newer_ones(tmp_path):
+    """Process A evicts from the list its last walk made plus the chunks it
+    wrote since. Once the walk's chunks were gone it evicted its own chunks
+    of a moment ago, while older chunks that process B wrote after A's walk
+    stayed (a review: B's 16 older chunks all kept, 8 of A's newer ones
+    evicted): the store's LRU was not shared. A looks again when its list
+    reaches its own writes and another process has changed the store since
+    its walk: the oldest go, whoever wrote them."""
+    path = str(tmp_path / "s")
+    cap = 32 * (HEADER_SIZE + CHUNK)
+    a = F.open_store(path, max_capacity_gb=cap / (1 << 30))
+    try:
+        src = F.Chunks()
+
+        def write(prefix, n):
+            for i in range(n):  # one a batch, each younger than the last
+                assert a.write([src.item(f"{prefix}/{i}", CHUNK)]) == [True]
+                time.sleep(0.005)
+
+        write("A/first", 32)  # full; A's victim list: this walk and its own writes
+        b = spawn("writer", {"path": path, "cap": cap, "rank": 1, "n": 16})  # evicts A/first 0-15
+        assert len(_result(b)["done"]) == 16
+        write("A/new", 16)  # evicts A/first 16-31
+        on_disk = {os.path.basename(p)[:32] for p in F.chunk_files(path)}
+        b_keys = [f"model@8@1@{h:016x}@bfloat16" for h in range(16)]
+        assert all(chunk_digest(k) in on_disk for k in b_keys)  # B's, then A's 16 newer
+        write("A/newer", 8)  # the 8 oldest are B's
+        on_disk = {os.path.basename(p)[:32] for p in F.chunk_files(path)}
+        assert sum(chunk_digest(k) in on_disk for k in b_keys) == 8
+        assert all(chunk_digest(f"A/new/{i}") in on_disk for i in range(16))
+    finally:
+        a.close()

@@ -392,6 +392,24 @@ def on_read_only_fs(path: str) -> bool:
         return False
 
 
+def takes_writes(path: str) -> bool:
+    """Whether a file can be made under directory `path` now, as far as its
+    filesystem goes: an unnamed O_TMPFILE made and closed (nothing is left),
+    False only on EROFS. A filesystem an error remounted read-only
+    (ext4's errors=remount-ro) refuses writes while statvfs may not say so.
+    Where O_TMPFILE is not supported, the mount's read-only flag decides."""
+    try:
+        fd = os.open(path, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.EROFS:
+            return False
+        if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return not on_read_only_fs(path)
+        return True  # another reason (its mode, say): not a read-only filesystem
+    os.close(fd)
+    return True
+
+
 def round_up(n: int, align: int) -> int:
     return (n + align - 1) // align * align
 

@@ -91,6 +91,10 @@ class Ledger:
         # the window); the first lock had after it ends the stall, with one line saying so.
         self._stuck_token: Optional[tuple] = None
         self._stuck_since = 0.0
+        # Why the last write of the record failed (None: it did not). The old record stays valid
+        # then, so no reader sees a bad one and recounts: a writer must ask (writable()).
+        self.write_error: Optional[OSError] = None
+        self.puts = 0  # this process's writes of the record, to tell others' changes from its own
 
     @classmethod
     def open(cls, root: str, mode: int, dir_mode: int, shared_group: bool, locked_reads: bool = False) -> "Ledger":
@@ -412,16 +416,50 @@ class Ledger:
         rec = self.get()
         self.put(usage, rec[1] if rec else time.time())
 
-    def put(self, usage: int, scanned: float) -> None:
-        """Writes the record and counts the change (one write). Hold the lock."""
+    def put(self, usage: int, scanned: float) -> bool:
+        """Writes the record and counts the change (one write); False, with
+        write_error set, when the write failed. Hold the lock."""
         count = self.changes()[0] or 0
         b = self.REC.pack(self.MAGIC, int(usage), float(scanned))
         c = self.CHANGES.pack(self.CHANGES_MAGIC, count + 1, int(usage))
         pad = bytes(self.CHANGES_OFF - self.REC.size - 4)
+        data = b + struct.pack("<I", zlib.crc32(b)) + pad + c + struct.pack("<I", zlib.crc32(c))
         try:
-            os.pwrite(self.fd, b + struct.pack("<I", zlib.crc32(b)) + pad + c + struct.pack("<I", zlib.crc32(c)), 0)
-        except OSError:
-            pass  # the next reader finds a bad record and rescans
+            n = os.pwrite(self.fd, data, 0)
+            if n != len(data):
+                raise OSError(errno.EIO, f"short write of the store's ledger ({n} of {len(data)} bytes)")
+        except OSError as e:
+            # The old record stays as it was, valid: nobody recounts. The caller asks writable().
+            self.write_error = e
+            return False
+        self.write_error = None
+        self.puts += 1
+        return True
+
+    def mark(self) -> tuple:
+        """A token for others_changed(): the record's change count and this
+        process's writes of it, now."""
+        return (self.changes()[0], self.puts)
+
+    def others_changed(self, since: tuple) -> bool:
+        """Whether another process changed the record (stored, removed or
+        evicted chunks) since mark() gave `since`: more changes counted than
+        this process made; True when that cannot be told."""
+        count, puts = since
+        now = self.changes()[0]
+        if count is None or now is None:
+            return True
+        return now - count > self.puts - puts
+
+    def writable(self) -> bool:
+        """Whether the record can be written, after a write of it failed (its
+        filesystem gone read-only or shut down by an error, say): tried by
+        writing it again, asking for a recount. True when no write failed.
+        Hold the lock."""
+        if self.write_error is None:
+            return True
+        rec = self.get()
+        return self.put(rec[0] if rec else 0, 0.0)
 
 
 _STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O", "T": "stopped", "t": "stopped by a tracer"}

@@ -85,6 +85,7 @@ from .layout import (
     share_fd,
     stat_in,
     stat_many,
+    takes_writes,
     tmp_is_spare,
     tmp_is_stale,
     unlink_if_same,
@@ -540,6 +541,10 @@ class ChunkStore:
         self._last_usage = 0  # the shared usage as last read from the ledger
         self._victims: list = []  # (mtime_ns, digest, path, size) oldest last; from this process's last scan
         self._victims_at = -1e9
+        # The newest mtime that walk saw: victims younger came from this process's own writes since, and
+        # other processes' chunks written since may be older than them (_evict_locked looks again).
+        self._victims_walked_ns = 0
+        self._victims_mark: tuple = (None, 0)  # the ledger's Ledger.mark() at that walk
         # (the ledger's change token, until when) after an eviction that walked and freed nothing
         self._fruitless: Optional[tuple[tuple, float]] = None
         self._walk_seconds = 0.0  # how long this process's last walk of the store took
@@ -1074,8 +1079,14 @@ class ChunkStore:
         except OSError:
             return  # the evictor rescans under the lock, and says why
         with self._lock:
-            self._victims, self._victims_at = found, time.monotonic()
+            self._set_victims(found)
         self.stats.add(scans=1, scan_seconds=self._walk_seconds)
+
+    def _set_victims(self, found: list) -> None:
+        """A walk's chunks (oldest last) become the victim list."""
+        self._victims, self._victims_at = found, time.monotonic()
+        self._victims_walked_ns = found[0][0] if found else 0
+        self._victims_mark = self._ledger.mark() if self._ledger is not None else (None, 0)
 
     def _rescan_locked(self) -> Optional[int]:
         """Recomputes the shared usage from the files (ledger held); refreshes
@@ -1110,8 +1121,7 @@ class ChunkStore:
         self._last_usage = usage
         self._rescan_soon = False
         self._scanned = time.time()
-        self._victims = found
-        self._victims_at = time.monotonic()
+        self._set_victims(found)
         present = {f[1] for f in found}
         with self._lock:
             for d in [d for d in self._index if d not in present]:
@@ -1185,7 +1195,7 @@ class ChunkStore:
             return
         self._recompute_after = time.monotonic() + self._every(VICTIM_LIST_SECONDS)
         with self._lock:  # the walk's chunks are still good candidates (each victim is checked again)
-            self._victims, self._victims_at = found, time.monotonic()
+            self._set_victims(found)
 
     def _remove_stale_locked(self, stale: list) -> int:
         """Removes the dead writers' temporaries a walk found (ledger held),
@@ -1270,7 +1280,7 @@ class ChunkStore:
     def _start_from(self, found: list, usage: int) -> None:
         """A start-up walk's chunks become the index and the victim list."""
         self._index_found(found)
-        self._victims, self._victims_at = found, time.monotonic()
+        self._set_victims(found)
         self.stats.add(scans=1, scan_seconds=self._walk_seconds)
         if found:
             log.info(
@@ -1864,6 +1874,15 @@ class ChunkStore:
                 while usage > limit and self._victims:
                     v = self._victims.pop()
                     mt, d, path, size = v
+                    if (
+                        mt > self._victims_walked_ns
+                        and not rescanned
+                        and self._ledger.others_changed(self._victims_mark)
+                    ):
+                        # The walk's chunks are gone: the rest are this process's writes since, and
+                        # chunks other processes wrote since may be older. Look again first.
+                        self._victims.append(v)
+                        break
                     with self._lock:
                         pinned = bool(self._pins.get(d))
                     if pinned:
@@ -2033,6 +2052,12 @@ class ChunkStore:
         except LockTimeout:
             return ok  # a peer holds the lock too long: these stores are skipped (write -> False)
         try:
+            if not self._ledger.writable():
+                # Its filesystem refuses writes (gone read-only, shut down): the usage stays frozen,
+                # so the other paths would fill past the cap unseen. No room is given until it takes
+                # writes again (then the files are recounted).
+                self._ledger_unwritable_warning(len(files))
+                return ok
             rec = self._ledger.get()
             if rec is None:
                 usage = self._rescan_locked()
@@ -2123,6 +2148,21 @@ class ChunkStore:
                 f.reserved = rsize
         unsized.clear()
         return usage
+
+    def _ledger_path(self) -> str:
+        return os.path.join(self.roots[0], LOCK_NAME)
+
+    def _ledger_unwritable_warning(self, skipped: int) -> None:
+        e = self._ledger.write_error
+        self.stats.add(write_errors=skipped)
+        self.burst_warning(
+            "ledger",
+            "lmcache-fx: %d chunks not stored: the store's usage cannot be written to %s (%s), so no room can be "
+            "counted against max_capacity_gb; stores resume when its filesystem takes writes again",
+            skipped,
+            self._ledger_path(),
+            e.strerror if e is not None and e.strerror else e,
+        )
 
     def _no_room_warning(self, skipped: int, batch: int, need: int, cap: int) -> None:
         """Why chunks of a write batch found no room, once per batch."""
@@ -2700,6 +2740,11 @@ class ChunkStore:
         gone = self._root_replaced()
         if gone is not None:
             return f"store directory {gone} was removed, replaced or unmounted; restart"
+        e = self._ledger.write_error
+        if e is not None:
+            return (
+                f"the store's usage cannot be written to {self._ledger_path()} ({e.strerror or e}): stores are skipped"
+            )
         full = self._full_roots()
         if full and len(full) == len(self.roots):
             return "the store filesystem is full (ENOSPC): stores are skipped for now"
@@ -2742,7 +2787,9 @@ class ChunkStore:
         steer = root is not None and len(self.roots) > 1 and res in STEERED_ERRNOS
         # A filesystem remounted read-only stays so until someone remounts it: its chunks go to their other
         # path until it is found writable (_look_at_read_only_roots), not one batch's worth failing every 5 s.
-        read_only = steer and res == -errno.EROFS and root is not None and on_read_only_fs(self.roots[root])
+        # EROFS is conclusive: a filesystem an error remounted read-only (ext4's errors=remount-ro) refuses
+        # writes while statvfs may not flag it read-only.
+        read_only = steer and res == -errno.EROFS and root is not None
         if steer and root is not None:
             with self._lock:
                 if read_only:
@@ -2791,7 +2838,7 @@ class ChunkStore:
         with that reason, said once per reason."""
         for r, (until, _) in list(self._failing.items()):
             root = self.roots[r]
-            if until != math.inf or on_read_only_fs(root):
+            if until != math.inf or not takes_writes(root):
                 continue
             try:
                 refused = root_problem(root, os.stat(root), self.options.shared_group)
