@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-scripts/system_packages.sh "$PY" liburing-dev xfsprogs fio util-linux  # io_uring, XFS tests, the bench
+scripts/system_packages.sh "$PY" liburing-dev xfsprogs e2fsprogs fio util-linux  # io_uring, XFS and ext4 tests, the bench
 
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
