@@ -5564,12 +5564,14 @@ def test_docs_check_round_at_737fb4f_is_the_committed_json():
 
 def standing_737fb4f_figures() -> dict[str, str]:
     """The figures benchmarks.md's opening ("Where fx stands now"), its
-    "What holds fx back" and its targets table quote, by their names there:
-    those of the check round's section, fx's CPU per GB over the lowest
-    peer's with its check (CV…), and from the same runs without it, fx-l2-noverify's
-    read over fs_native's (NVR…, NVT…) and both readers' CPU per GB (NVC…,
-    FNC…), fx-l2's CPU with the check (LC…) and fx's checked read over its
-    unchecked one on tmpfs (TV…), each a min–max over the three runs."""
+    "What holds fx back" and its targets table quote, and the README with
+    them, by their names there: those of the check round's section; fx's CPU
+    per GB over the lowest peer's with its check (CV…); fx's checked read
+    over its unchecked one (TX… on XFS, TV… on tmpfs); fx-noverify over the
+    best peer (NB…, NBT… on tmpfs); fx-l2-noverify over fs_native (NVR…) and
+    both readers' CPU per GB (NVC…, FNC…); fx-l2's CPU with the check (LC…);
+    in how many runs an L2 adapter was the best peer (L2BEST); fx-noverify
+    over the best peer on XFS in the Intel round at b886275 (INTEL_NV)."""
     v = round_737fb4f_figures()
     runs = _main_round("round-737fb4f", "737fb4f")
 
@@ -5584,8 +5586,22 @@ def standing_737fb4f_figures() -> dict[str, str]:
         v["CV" + key] = f"{_span(vs, '{:.1f}')} ({statistics.median(vs):.1f}×)"
         v["NVR" + key] = _span(over(c, "fx-l2-noverify", "fs_native"))
     for key, c in (("64", "tmpfs-64m"), ("2", "tmpfs-2m")):
-        v["NVT" + key] = _span(over(c, "fx-l2-noverify", "fs_native"))
         v["TV" + key] = _span(over(c, "fx", "fx-noverify"))
+
+    def sm(vs: list[float]) -> str:
+        return f"{_span(vs)} ({statistics.median(vs):.2f}×)"
+
+    for key, c in (("64", "xfs-64m"), ("10", "xfs-10m"), ("2", "xfs-2m")):
+        v["TX" + key] = sm(over(c, "fx", "fx-noverify"))  # checked over unchecked
+        v["NB" + key] = sm(_round_ratios(runs, c, "fx-noverify", "tier_read"))
+    for key, c in (("64", "tmpfs-64m"), ("2", "tmpfs-2m")):
+        v["NBT" + key] = sm(_round_ratios(runs, c, "fx-noverify", "tier_read"))
+    every = [d for c in runs for d in runs[c] if c != "lat-2m"]
+    l2 = sum(d["best_peer"]["tier_read_gbps"]["reader"] in ("fs_native", "raw_block") for d in every)
+    v["L2BEST"] = f"{l2} of {len(every)} runs"
+    intel = _main_round("round-b886275", "b886275")
+    nv = [x for c in ("xfs-64m", "xfs-10m", "xfs-2m") for x in _round_ratios(intel, c, "fx-noverify", "tier_read")]
+    v["INTEL_NV"] = _span(nv)
     for key, c in (("64", "xfs-64m"), ("2", "xfs-2m")):
         v["NVC" + key] = _range(med(c, "fx-l2-noverify", "tier_cpu_s_per_gb"), "{:.3f}")
         v["FNC" + key] = _range(med(c, "fs_native", "tier_cpu_s_per_gb"), "{:.3f}")
@@ -5610,23 +5626,24 @@ def test_docs_opening_and_targets_are_the_committed_json():
         assert "`737fb4f`" in section(head), head
     start = page.index("## Where fx stands now")
     opening = " ".join(page[start : page.index("\n### ", start)].split())  # up to the round's own section
-    for name in ("R64", "R10", "R2", "T64", "T2", "ER64", "ER10", "ER2", "SR64", "SR10", "SR2", "ST64", "ST2"):
+    for name in "R64 R10 R2 T64 T2 LT64 LT2 ER64 ER10 ER2 SR64 SR10 SR2 ST64 ST2 ET64 ET2 INTEL_NV".split():
         assert v[name] in opening, (name, v[name])
     for name in ("CV64", "CV10", "CV2", "NV64", "NV10", "NV2", "A2_4", "A2_16", "P2_4", "P2_16"):
         assert v[name] in opening, (name, v[name])
+    assert f"the best peer in {v['L2BEST']}" in section("### A check round at `737fb4f`")
     start = page.index("### What holds fx back where it is behind")
     holds = " ".join(page[start : page.index("\n## ", start)].split())
-    for name in "NVR64 NVR10 NVR2 NVT64 NVT2 NVC64 FNC64 NVC2 FNC2 LC64 LC2 TV64 TV2".split():
+    for name in "TX64 TX10 TX2 NB10 NB2 NVR64 NVR10 NVR2 NVC64 FNC64 NVC2 FNC2 TV64 TV2 NBT64 NBT2 LC64 LC2".split():
         assert v[name] in holds, (name, v[name])
     # The README's account of the same round, and of the Intel host's round it no longer leads with
     readme = " ".join(_readme_with_round_tables("round-737fb4f").split())
-    for name in "ST64 ST2 NVR64 NVR10 NVR2 NVT64 NVT2 CV64 CV10 CV2".split():
+    for name in "T64 LT64 LT2 ST64 ST2 NBT64 NBT2 TX64 TX10 TX2 NB10 NB2 CV64 CV10 CV2 INTEL_NV".split():
         assert v[name] in readme, (name, v[name])
     intel = _main_round("round-b886275", "b886275")
     meds = [statistics.median(_round_ratios(intel, c, "fx", "tier_read")) for _, c in README_CASES]
     assert f"the round at `b886275`: medians {min(meds):.2f}–{max(meds):.2f}×" in readme
     targets = section("## The performance targets, one by one")
-    for name in ("CV64", "CV10", "CV2", "LR64", "LR10", "LR2", "LT64", "LT2", "ET64", "ET2", "NVT64", "NVT2"):
+    for name in "CV64 CV10 CV2 LR64 LR10 LR2 T64 T2 LT64 LT2 ET64 ET2 NB10 NB2 NBT64 NBT2".split():
         assert v[name] in targets, (name, v[name])
 
 
