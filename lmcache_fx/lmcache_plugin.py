@@ -21,8 +21,8 @@ to the pipeline and the header reads to the engine.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-import queue
 import threading
 import time
 from collections import Counter
@@ -58,6 +58,7 @@ log = logging.getLogger("lmcache_fx")
 # of less than one whole chunk of per-layer keys) it unpins them itself and no
 # load comes, so the record is dropped after this long.
 LOOKUP_PINS_KEPT_S = 600.0
+WRITER_POLL_S = 0.1  # the writer looks for stores at least this often (a wake-up lost to an interrupt)
 
 
 class _LookupPins:
@@ -177,7 +178,12 @@ class FxStorageBackend(StoragePluginInterface):
         # only window in which LMCache unpins the keys it rounds off that lookup (storage_manager's
         # async_lookup_and_prefetch, no await between). Any other unpin is not that lookup's.
         self._rounding: Optional[tuple[int, _LookupPins]] = None
-        self._writes: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        # Stores queued for the writer ((batch, callback), or None: stop), and the batch it writes now; both
+        # under _put_lock. A deque, not a queue.Queue: an interrupt (Ctrl-C) inside Queue.put could leave an
+        # item queued but its count or the writer's wake-up not done (flush, and LMCache's close, hung).
+        self._writes: collections.deque = collections.deque()
+        self._writing: list = []
+        self._put_cv = threading.Condition(self._put_lock)
         self._writer = threading.Thread(target=self._write_loop, name=f"lmcache-fx-writer-{self.name}", daemon=True)
         self._writer.start()
         self._unhook_pool = before_pool_frees(local_cpu_backend, self._finish_stores)
@@ -397,42 +403,29 @@ class FxStorageBackend(StoragePluginInterface):
                 self._put_keys[key] = obj
                 batch.append((key, obj))
             # Under the lock: close() puts the writer's end after it, never before. An interrupt raised
-            # in this thread (Ctrl-C, a signal handler's exception) before the put leaves keys that no
-            # writer will take: flush() lets them go.
+            # in this thread (Ctrl-C, a signal handler's exception) before the append leaves keys that no
+            # writer will take: flush() lets them go. One lost in notify() costs the writer one poll.
             if batch:
-                self._writes.put((batch, on_complete_callback))
+                self._writes.append((batch, on_complete_callback))
+                self._put_cv.notify()
         return None
 
     def _write_loop(self) -> None:
-        # Every item taken from the queue is marked done (task_done) only once written, its keys
-        # gone from _put_keys: flush() reads the queue's count of unfinished items.
-        nothing = carry = object()  # carry: an item taken that is not of the batch before it
         while True:
-            if carry is nothing:
-                item = self._writes.get()
-            else:
-                item, carry = carry, nothing
-            if item is None:
-                self._writes.task_done()
-                return
-            batch, callback = item
-            taken = 1
-            # Take what else is queued (same callback) so one engine batch writes it all.
-            while len(batch) < 64:
-                try:
-                    more = self._writes.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None or more[1] is not callback:
-                    carry = more
-                    break
-                batch = batch + more[0]
-                taken += 1
-            try:
-                self._write_batch(batch, callback)
-            finally:
-                for _ in range(taken):
-                    self._writes.task_done()
+            with self._put_cv:
+                while not self._writes:
+                    self._put_cv.wait(WRITER_POLL_S)
+                item = self._writes.popleft()
+                if item is None:
+                    return
+                batch, callback = item
+                # Take what else is queued (same callback) so one engine batch writes it all.
+                while len(batch) < 64 and self._writes and self._writes[0] is not None:
+                    if self._writes[0][1] is not callback:
+                        break
+                    batch = batch + self._writes.popleft()[0]
+                self._writing = batch
+            self._write_batch(batch, callback)
 
     def _write_batch(self, batch, callback) -> None:
         try:
@@ -449,11 +442,12 @@ class FxStorageBackend(StoragePluginInterface):
             log.exception("lmcache-fx: store batch failed")
             done = [False] * len(batch)
         finally:
-            for _, o in batch:
-                o.ref_count_down()
             with self._put_lock:
-                for k, _ in batch:
-                    self._put_keys.pop(k, None)
+                for k, o in batch:
+                    if self._put_keys.get(k) is o:  # else let go by flush() already, its reference with it
+                        del self._put_keys[k]
+                        o.ref_count_down()
+                self._writing = []
         if callback is not None:
             for (k, _), ok in zip(batch, done):
                 if ok:
@@ -469,18 +463,23 @@ class FxStorageBackend(StoragePluginInterface):
             with self._put_lock:
                 if not self._put_keys:
                     return
-                if not self._writes.unfinished_tasks:
-                    # Nothing queued or being written, yet keys taken: their submit was interrupted
-                    # before it queued them (flush waited for them for good, and close with it).
-                    lost = list(self._put_keys.items())
-                    self._put_keys.clear()
-                    break
+                # Keys taken that are neither queued nor being written: their submit was interrupted
+                # before it queued them (flush waited for them for good, and close with it).
+                taken = {k for item in self._writes if item is not None for k, _ in item[0]}
+                taken.update(k for k, _ in self._writing)
+                lost = [(k, o) for k, o in self._put_keys.items() if k not in taken]
+                for k, _ in lost:
+                    del self._put_keys[k]
+                if lost:
+                    for _, obj in lost:
+                        obj.ref_count_down()
+                    log.warning(
+                        "lmcache-fx: %d chunks not stored: their store was interrupted before it was queued", len(lost)
+                    )
+                    continue
             if end is not None and time.monotonic() > end:
                 raise TimeoutError("lmcache-fx: writes still pending")
             time.sleep(0.005)
-        for _, obj in lost:
-            obj.ref_count_down()
-        log.warning("lmcache-fx: %d chunks not stored: their store was interrupted before it was queued", len(lost))
 
     def _finish_stores(self) -> None:
         """Writes every queued store while LMCache's CPU pool is still there,
@@ -500,7 +499,8 @@ class FxStorageBackend(StoragePluginInterface):
         with self._put_lock:  # stores taken before it are written; none after (batched_submit_put_task)
             self._closed = True
             if self._writer.is_alive():
-                self._writes.put(None)
+                self._writes.append(None)
+                self._put_cv.notify()
         if self._writer.is_alive():
             self._writer.join()
         if self._gpu is not None:

@@ -938,42 +938,58 @@ def test_layerwise_mode_is_warned_about_at_start(tmp_path, caplog):
     assert len(said) == 1 and "checks only each chunk's first layer" in said[0], said
 
 
-def test_a_store_interrupted_before_it_is_queued_does_not_hang_close(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("where", ["before-queued", "after-queued"])
+def test_a_store_interrupted_in_its_submit_does_not_hang_close(tmp_path, monkeypatch, caplog, where):
     """A KeyboardInterrupt (or a signal handler's exception) raised in the
-    storing thread after the plugin had taken a batch's keys and before it
-    queued them left those keys pending for good: flush() and with it
-    LMCache's close waited forever (a `lmcache-fx bench` stopped by SIGTERM
-    hung in its cleanup, its loop device mounted). The keys are let go now,
-    their references dropped, with one warning, and the chunks can be stored
-    again."""
+    storing thread inside the plugin's submit left state no writer could
+    finish: after it took a batch's keys and before it queued them, the keys
+    stayed pending for good and flush(), and with it LMCache's close, waited
+    forever (a `lmcache-fx bench` stopped by SIGTERM hung in its cleanup);
+    inside queue.Queue.put, the item could be queued with its count or the
+    writer's wake-up not done (a hang, a dead writer, or references dropped
+    twice: a review). Before it was queued, the keys are let go now (their
+    references dropped once, one warning) and can be stored again; after,
+    the writer finds the batch and writes it, its references dropped once."""
+    import collections
+
     geo = GEOMETRIES["bf16-gqa"]
     cfg = config_from_dict(fx_config(tmp_path / "store"), tmp_path)
     tokens = torch.randint(0, 30000, (512,))
     kv = KV(geo, 512, seed=3)
     with lmcache_engine(cfg, geo) as eng:
         be = fx_backend(eng)
-        put = be._writes.put
         held, refs = [], []
 
-        def interrupted(item, *a, **kw):
+        def interrupt(item) -> None:
             if item is not None and not held:
                 held.extend(o for _, o in item[0])
                 refs.extend(o.get_ref_count() for o in held)
                 raise KeyboardInterrupt
-            return put(item, *a, **kw)
 
-        monkeypatch.setattr(be._writes, "put", interrupted)
+        class Interrupting(collections.deque):
+            def append(self, item):
+                if where == "before-queued":
+                    interrupt(item)
+                super().append(item)
+                if where == "after-queued":
+                    interrupt(item)  # where Queue.put's count or wake-up would have come
+
+        monkeypatch.setattr(be, "_writes", Interrupting())
         with pytest.raises(KeyboardInterrupt):
             eng.store(tokens, kvcaches=kv.caches, slot_mapping=kv.slot_mapping)
-        assert held and be._stores_queued()
+        assert held
         with caplog.at_level(logging.WARNING, logger="lmcache_fx"):
             try:
                 be.flush(timeout=10)  # raised TimeoutError: the keys were waited for for good
             except TimeoutError:
                 be._put_keys.clear()  # so that the engine can close
                 raise
-        assert not be._stores_queued()
-        assert [o.get_ref_count() for o in held] == [r - 1 for r in refs]  # the plugin's own reference dropped
-        assert "store was interrupted before it was queued" in caplog.text
-        store_and_wait(eng, tokens, kv, be)  # stored now, not skipped as pending
-        assert len(chunk_files(tmp_path / "store")) == 2
+        assert not be._stores_queued() and be._writer.is_alive()
+        assert [o.get_ref_count() for o in held] == [r - 1 for r in refs]  # the plugin's own reference, once
+        files = len(chunk_files(tmp_path / "store"))
+        if where == "before-queued":
+            assert "store was interrupted before it was queued" in caplog.text and files == 0
+            store_and_wait(eng, tokens, kv, be)  # stored now, not skipped as pending
+            assert len(chunk_files(tmp_path / "store")) == 2
+        else:
+            assert "not stored" not in caplog.text and files == 2
