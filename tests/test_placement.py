@@ -219,9 +219,9 @@ def test_a_batch_cut_into_sub_batches_is_balanced_as_a_whole(odirect_tmp, monkey
         calls = []
         real = st._start_chunk_files
 
-        def counting(weng, todo, out, background):
+        def counting(weng, todo, out, background, started):
             calls.append(len(todo))
-            return real(weng, todo, out, background)
+            return real(weng, todo, out, background, started)
 
         monkeypatch.setattr(st, "_start_chunk_files", counting)
         assert all(st.write([(k, src.address + i * SIZE, SIZE, META) for i, k in enumerate(keys)]))

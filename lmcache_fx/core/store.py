@@ -302,19 +302,32 @@ class _StrayAllocations(ValueError):
 
 class _Call:
     """fn() run on a thread of its own (`background`; fn releases the GIL)
-    or here; result() waits for it and returns or raises what it did."""
+    or here; result() waits for it and returns or raises what it did. The
+    waits outlast an interrupt (Ctrl-C, a signal handler's exception), which
+    is raised once fn has returned: fn writes through files and buffers the
+    caller frees after it (a commit freed them under a running write: a
+    SIGSEGV, or chunk bytes written into whatever files took their
+    descriptors). `owner`, when given, has the call as its `call` before the
+    thread starts."""
 
-    def __init__(self, fn: Callable[[], Any], background: bool):
+    def __init__(self, fn: Callable[[], Any], background: bool, owner: Any = None):
         self._value: Any = None
         self._error: Optional[BaseException] = None
-        self._thread: Optional[threading.Thread] = None
+        self._done = threading.Event()
+        if owner is not None:
+            owner.call = self
         if background:
-            self._thread = threading.Thread(target=self._run, args=(fn,), name="lmcache-fx-write", daemon=True)
+            thread = threading.Thread(target=self._run, args=(fn,), name="lmcache-fx-write", daemon=True)
             try:
-                self._thread.start()
+                thread.start()
                 return
             except RuntimeError:  # no thread can be started (a pids limit): the sub-batch runs here
-                self._thread = None
+                if thread.ident is not None:
+                    raise  # never seen: started and refused
+            except BaseException:
+                if thread.ident is not None:  # interrupted once it ran: it is waited for first
+                    self.wait_out()
+                raise
         self._run(fn)
 
     def _run(self, fn: Callable[[], Any]) -> None:
@@ -322,10 +335,25 @@ class _Call:
             self._value = fn()
         except BaseException as e:  # handed to whoever waits
             self._error = e
+        finally:
+            self._done.set()
+
+    def wait_out(self) -> None:
+        """Waits until fn has returned; an interrupt meanwhile is raised
+        after it. (Not Thread.join: an interrupted join takes the thread
+        for finished from then on.)"""
+        held: Optional[BaseException] = None
+        while True:
+            try:
+                if self._done.wait(0.05):
+                    break
+            except BaseException as e:
+                held = held or e
+        if held is not None:
+            raise held
 
     def result(self) -> Any:
-        if self._thread is not None:
-            self._thread.join()
+        self.wait_out()
         if self._error is not None:
             raise self._error
         return self._value
@@ -341,6 +369,7 @@ class _ChunkFiles:
     good: list = field(default_factory=list)  # those with room, being written
     hdrs: Any = None  # their headers' buffer, alive until the writes are done
     call: Optional[_Call] = None
+    finished: bool = False  # _finish_chunk_files began: it commits once
 
 
 def _tmp_name(final: str, spare: bool = False) -> str:
@@ -2372,7 +2401,9 @@ class ChunkStore:
         sub-batches go one after the other: loads come first."""
         per = max(WRITE_SUB_CHUNKS, WRITE_SUB_BYTES // max(max(t[4] for t in todo), 1))
         subs = [todo[k : k + per] for k in range(0, len(todo), per)]
-        running: Optional[_ChunkFiles] = None
+        # Every sub-batch started, in order, until it is finished: whatever is raised here (an interrupt
+        # among them), each one started is waited for and committed below, never left writing.
+        started: list[_ChunkFiles] = []
         try:
             for sub in subs:
                 if self._all_full():
@@ -2384,42 +2415,48 @@ class ChunkStore:
                 # docs/bench-repeats/loads-first/). One after the other, each goes in place
                 # before the next is written.
                 background = len(subs) > 1 and not self._ledger.reads_in_flight()
-                if not background and running is not None:
-                    done, running = running, None
-                    self._finish_chunk_files(done, out)
-                started = self._start_chunk_files(weng, sub, out, background)
-                prev, running = running, started
-                if prev is not None:
-                    self._finish_chunk_files(prev, out)
+                if not background:
+                    self._finish_started(started, 0, out)
+                self._start_chunk_files(weng, sub, out, background, started)
+                self._finish_started(started, 1, out)
         finally:
-            if running is not None:
-                self._finish_chunk_files(running, out)
+            self._finish_started(started, 0, out)
         return out
 
-    def _start_chunk_files(self, weng: Any, todo, out: list[bool], background: bool) -> "_ChunkFiles":
+    def _finish_started(self, started: list["_ChunkFiles"], keep: int, out: list[bool]) -> None:
+        """Finishes the oldest sub-batches of `started` until `keep` are left."""
+        while len(started) > keep:
+            b = started[0]
+            if not b.finished:
+                self._finish_chunk_files(b, out)
+            started.pop(0)
+
+    def _start_chunk_files(self, weng: Any, todo, out: list[bool], background: bool, started: list) -> None:
         """Prepares a (sub-)batch and starts its Engine.write_chunks call, on
         a thread of its own with `background` (the call releases the GIL).
-        What it made is cleaned up here if it raises."""
-        files: list[_WriteFile] = []
-        dirfds: dict[str, int] = {}
-        try:
-            good = self._prepare(todo, files, dirfds)
-            if not good:
-                return _ChunkFiles(files, dirfds)
-            hdrs = self._take_scratch(len(good))  # kept again once its writes are done
-            ops = self._chunk_ops(good, hdrs)
-            call = _Call(lambda: weng.write_chunks(ops, direct=True), background)
-            return _ChunkFiles(files, dirfds, good, hdrs, call)
-        except BaseException:
-            self._finish_chunk_files(_ChunkFiles(files, dirfds), out)
-            raise
+        It joins `started` first: the caller finishes it whatever happens."""
+        b = _ChunkFiles([], {})
+        started.append(b)
+        good = self._prepare(todo, b.files, b.dirfds)
+        if not good:
+            return
+        b.good = good
+        b.hdrs = self._take_scratch(len(good))  # kept again once its writes are done
+        ops = self._chunk_ops(good, b.hdrs)
+        _Call(lambda: weng.write_chunks(ops, direct=True), background, owner=b)
 
     def _finish_chunk_files(self, b: "_ChunkFiles", out: list[bool]) -> None:
         """Waits for a started (sub-)batch's writes, then commits it: the
         files written are put in place, the rest removed."""
         ready: list[_WriteFile] = []
+        b.finished = True
+        held: Optional[BaseException] = None
         try:
             if b.call is not None:
+                try:
+                    b.call.wait_out()
+                except BaseException as e:  # an interrupt while waiting: what was written goes in place first
+                    held = e
                 ready = self._chunks_written(b.good, b.call.result())
                 self._keep_scratch([b.hdrs])  # the call is over: no write of it reads the headers any more
         finally:
@@ -2428,6 +2465,8 @@ class ChunkStore:
             finally:
                 for dfd in b.dirfds.values():
                     os.close(dfd)
+        if held is not None:
+            raise held
 
     def _chunk_ops(self, good: list["_WriteFile"], hdrs: Any) -> list[tuple]:
         """Engine.write_chunks' ops: each chunk's payload, header (its CRC32C
