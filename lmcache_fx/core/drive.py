@@ -118,7 +118,10 @@ def submit_step(engine, step, notify=None):
 
 def drive_blocking(engine, gen, release) -> list:
     """Runs a read_steps generator with blocking engine batches. An engine
-    error is thrown into the generator, which makes the batch misses."""
+    error is thrown into the generator, which makes the batch misses. An
+    interrupt (Ctrl-C, a signal handler's exception) between steps hands
+    every handle back before it goes on up: no batch is in flight then (each
+    returns only when done), so the read is abandoned as a cancelled one."""
     try:
         step = next(gen)
         while True:
@@ -130,6 +133,9 @@ def drive_blocking(engine, gen, release) -> list:
             step = gen.send(res)
     except StopIteration as stop:
         out, failed = stop.value
+    except BaseException:
+        _abandon(gen, release)
+        raise
     for h in failed:
         release(h)
     return out
