@@ -242,8 +242,21 @@ class FxRemoteConnector(RemoteConnector):
                 return
             self._pending_puts += 1
             self._writes_queued += 1  # submitted at once below: no await in between
+        job = {"abandoned": False}
         try:
-            done = await loop.run_in_executor(self._writer, self._write, items)
+            fut = loop.run_in_executor(self._writer, self._write, items, job)
+        except BaseException:
+            # Queued, but no thread to run it (a pids limit) or an interrupt: LMCache lets go of the
+            # objects when this returns, so the write must never run (it would store what the pool
+            # holds by then as these keys), and its count goes now (_finish_puts waited for it for good).
+            with self._pending_lock:
+                job["abandoned"] = True
+                self._writes_queued -= 1
+                self._pending_puts -= 1
+                self._pending_lock.notify_all()
+            raise
+        try:
+            done = await fut
         finally:
             with self._pending_lock:
                 self._pending_puts -= 1
@@ -251,9 +264,13 @@ class FxRemoteConnector(RemoteConnector):
         if not all(done):
             log.debug("lmcache-fx: %d of %d chunks not stored", done.count(False), len(done))
 
-    def _write(self, items: list) -> list[bool]:
+    def _write(self, items: list, job: dict) -> list[bool]:
         """A put's write, on the writer thread; counted until it is done, on
-        that thread (what _finish_puts waits for needs no event loop)."""
+        that thread (what _finish_puts waits for needs no event loop). One its
+        put gave up (`abandoned`, its count taken back) is not written."""
+        with self._pending_lock:
+            if job["abandoned"]:
+                return [False] * len(items)
         try:
             return self.store.write(items)
         finally:

@@ -1785,3 +1785,42 @@ def test_a_read_right_after_stores_waits_for_them_to_give_the_pool_back(tmp_path
     loads the whole prefix instead of missing all but what was free."""
     out, err = _engine_script(_READ_AFTER_STORES, tmp_path)
     assert out == {"tokens": 1024, "equal": True}, (out, err[-2000:])
+
+
+def test_a_remote_put_whose_writer_thread_cannot_start_neither_hangs_close_nor_writes_later(tmp_path, monkeypatch):
+    """The remote plugin counted a put's write before handing it to its
+    writer thread; where that thread could not be started (a pids limit),
+    the write stayed queued, counted for good: LMCache's close (which waits
+    for the counted writes before it frees its pool) hung, and once a later
+    put started the thread the stale write stored whatever the pool then
+    held under the first prompt's keys: full hits with another prompt's KV
+    (a review). The put gives up its write now, which never runs."""
+    cfg = config_from_dict(remote_config(tmp_path / "s"), tmp_path)
+    first, second = torch.randint(0, 30000, (NTOK,)), torch.randint(0, 30000, (NTOK,))
+    kv1, kv2 = KV(GEO, NTOK, seed=2), KV(GEO, NTOK, seed=5)
+    real_start = threading.Thread.start
+
+    def start(self):
+        if self.name.startswith("lmcache-fx-remote-writer"):
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    with lmcache_engine(cfg, GEO) as eng:
+        be = backend_of(eng, "remote")
+        conn = be.connection.getWrappedConnector()
+        monkeypatch.setattr(threading.Thread, "start", start)
+        eng.store(first, kvcaches=kv1.caches, slot_mapping=kv1.slot_mapping)
+        time.sleep(0.5)  # LMCache's put of it has given up
+        assert conn.pending_puts() == 0 and conn._writes_queued == 0  # before: 1 queued for good
+        monkeypatch.setattr(threading.Thread, "start", real_start)
+        eng.store(second, kvcaches=kv2.caches, slot_mapping=kv2.slot_mapping)  # the writer thread starts now
+        end = time.monotonic() + 30
+        while (conn._writes_queued or conn.pending_puts()) and time.monotonic() < end:
+            time.sleep(0.02)
+        got = kv1.empty_like()
+        n = retrieve(eng, first, got)
+        assert n == 0 or kv1.tokens_equal(got, n)  # before: all 1024 hit, with the second prompt's KV
+        closing = threading.Thread(target=conn._finish_puts, daemon=True)
+        closing.start()
+        closing.join(10)
+        assert not closing.is_alive()  # LMCache's pool close went on
