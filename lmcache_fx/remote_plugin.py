@@ -179,13 +179,23 @@ class FxRemoteConnector(RemoteConnector):
         # and the chunks it had stored before missed. Where puts were running, wait for them (bounded,
         # on the loop: their coroutines resume on it) and read the missed tail once more, as the
         # in-process plugin does (STORE_DRAIN_WAIT).
-        if full[0] and await self._puts_returned(STORE_DRAIN_WAIT):
-            first = len(out)
-            while first and out[first - 1] is None:
-                first -= 1
-            out[first:] = await self.store.read_async(
-                names[first:], self._allocate, self._release, allocate_many=self._allocate_many
-            )
+        if full[0]:
+            try:
+                if await self._puts_returned(STORE_DRAIN_WAIT):
+                    first = len(out)
+                    while first and out[first - 1] is None:
+                        first -= 1
+                    out[first:] = await self.store.read_async(
+                        names[first:], self._allocate, self._release, allocate_many=self._allocate_many
+                    )
+            except BaseException:
+                # Cancelled meanwhile (LMCache's blocking_timeout_secs): the hits of the first read are
+                # this read's to hand back (the second hands back its own); dropped, LMCache's garbage
+                # collector freed them, a warning each.
+                for obj in out:
+                    if obj is not None:
+                        self._release(obj)
+                raise
         return out
 
     async def _puts_returned(self, timeout: float) -> bool:

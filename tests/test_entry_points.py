@@ -1824,3 +1824,48 @@ def test_a_remote_put_whose_writer_thread_cannot_start_neither_hangs_close_nor_w
         closing.start()
         closing.join(10)
         assert not closing.is_alive()  # LMCache's pool close went on
+
+
+def test_a_remote_get_cancelled_while_it_waits_for_puts_hands_back_its_hits(tmp_path, monkeypatch):
+    """A remote read whose pool ran out waits for the connector's running
+    puts (STORE_DRAIN_WAIT) before reading the rest. LMCache cancels a get
+    that outlasts blocking_timeout_secs: cancelled in that wait, the read
+    dropped the objects its first pass had filled, which LMCache's garbage
+    collector freed later with a warning each (a review). They are handed
+    back now."""
+    import weakref
+
+    cfg = config_from_dict({**remote_config(tmp_path / "s"), "blocking_timeout_secs": 1}, tmp_path)
+    tokens, kv = torch.randint(0, 30000, (NTOK,)), KV(GEO, NTOK, seed=2)
+    with lmcache_engine(cfg, GEO) as eng:
+        be = backend_of(eng, "remote")
+        conn = be.connection.getWrappedConnector()
+        store_engine(eng, "remote", tokens, kv)
+        keys = [k for _, _, k in eng.token_database.process_tokens(tokens)]
+        write = conn.store.write
+        monkeypatch.setattr(conn.store, "write", lambda items: (time.sleep(3), write(items))[1])  # a slow put
+        other = KV(GEO, NTOK, seed=9)
+        eng.store(torch.randint(0, 30000, (NTOK,)), kvcaches=other.caches, slot_mapping=other.slot_mapping)
+        time.sleep(0.1)
+        assert conn.pending_puts()
+        got, released = [], []
+        allocate, release = conn._allocate, conn._release
+
+        def two_then_full(meta):  # the pool has room for two chunks
+            if len(got) >= 2:
+                return None
+            a = allocate(meta)
+            got.append(weakref.ref(a[0]))
+            return a
+
+        monkeypatch.setattr(conn, "_allocate", two_then_full)
+        monkeypatch.setattr(conn, "_allocate_many", lambda meta, n: None)
+        monkeypatch.setattr(conn, "_release", lambda o: (released.append(o), release(o)))
+        be.batched_get_blocking(keys)  # LMCache waits 1 s, then cancels the get
+        end = time.monotonic() + 5
+        while len(released) < len(got) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert len(got) == 2 and len(released) == 2, (len(got), len(released))
+        end = time.monotonic() + 10
+        while conn.pending_puts() and time.monotonic() < end:
+            time.sleep(0.05)
