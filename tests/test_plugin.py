@@ -938,6 +938,14 @@ def test_layerwise_mode_is_warned_about_at_start(tmp_path, caplog):
     assert len(said) == 1 and "checks only each chunk's first layer" in said[0], said
 
 
+def _prompt_on_a_store(tmp_path, ntok: int):
+    """The bf16 geometry, an engine configuration with fx under
+    tmp_path/store, a prompt of ntok tokens and its KV."""
+    geo = GEOMETRIES["bf16-gqa"]
+    cfg = config_from_dict(fx_config(tmp_path / "store"), tmp_path)
+    return geo, cfg, torch.randint(0, 30000, (ntok,)), KV(geo, ntok, seed=3)
+
+
 @pytest.mark.parametrize("where", ["before-queued", "after-queued"])
 def test_a_store_interrupted_in_its_submit_does_not_hang_close(tmp_path, monkeypatch, caplog, where):
     """A KeyboardInterrupt (or a signal handler's exception) raised in the
@@ -952,10 +960,7 @@ def test_a_store_interrupted_in_its_submit_does_not_hang_close(tmp_path, monkeyp
     the writer finds the batch and writes it, its references dropped once."""
     import collections
 
-    geo = GEOMETRIES["bf16-gqa"]
-    cfg = config_from_dict(fx_config(tmp_path / "store"), tmp_path)
-    tokens = torch.randint(0, 30000, (512,))
-    kv = KV(geo, 512, seed=3)
+    geo, cfg, tokens, kv = _prompt_on_a_store(tmp_path, 512)
     with lmcache_engine(cfg, geo) as eng:
         be = fx_backend(eng)
         held, refs = [], []
@@ -1006,10 +1011,7 @@ def test_a_blocking_read_interrupted_between_steps_hands_back_every_object(tmp_p
 
     from lmcache_fx.core import drive
 
-    geo = GEOMETRIES["bf16-gqa"]
-    cfg = config_from_dict(fx_config(tmp_path / "store"), tmp_path)
-    tokens = torch.randint(0, 30000, (1024,))
-    kv = KV(geo, 1024, seed=3)
+    geo, cfg, tokens, kv = _prompt_on_a_store(tmp_path, 1024)
     with lmcache_engine(cfg, geo) as eng:
         be = fx_backend(eng)
         store_and_wait(eng, tokens, kv, be)
