@@ -317,17 +317,20 @@ class _Call:
         if owner is not None:
             owner.call = self
         if background:
-            thread = threading.Thread(target=self._run, args=(fn,), name="lmcache-fx-write", daemon=True)
+            thread = None
             try:
+                thread = threading.Thread(target=self._run, args=(fn,), name="lmcache-fx-write", daemon=True)
                 thread.start()
                 return
-            except RuntimeError:  # no thread can be started (a pids limit): the sub-batch runs here
-                if thread.ident is not None:
-                    raise  # never seen: started and refused
-            except BaseException:
-                if thread.ident is not None:  # interrupted once it ran: it is waited for first
+            except BaseException as e:
+                if thread is not None and thread.ident is not None:  # it runs: waited for first
                     self.wait_out()
-                raise
+                    raise
+                if not isinstance(e, RuntimeError):  # an interrupt before it ran: fn never runs
+                    self._error = e
+                    self._done.set()
+                    raise
+            # no thread can be started (a pids limit): the sub-batch runs here
         self._run(fn)
 
     def _run(self, fn: Callable[[], Any]) -> None:
