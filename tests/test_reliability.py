@@ -1954,6 +1954,8 @@ class SlowCall(real):  # a slow device: each sub-batch's writes start late
 
 
 S._Call = SlowCall
+# Python's own Ctrl-C handler, even where SIGINT came ignored (a background job of a non-interactive shell)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
 try:
     st.write([(f"k-{i}", src.address, SIZE, meta) for i in range(N)])
