@@ -558,7 +558,7 @@ int fx_uring_register_extra(fx_uring *u, void *addr, size_t len);
 void fx_uring_unregister_extra(fx_uring *u, int handle);
 /* The fixed-buffer index on ring r (taken from u) holding [addr, addr+len),
  * or -1 (not registered there: use a plain read). */
-int fx_ring_fixed_index(const fx_uring *u, const fx_ring *r, const void *addr, uint64_t len);
+int fx_ring_fixed_index(fx_uring *u, const fx_ring *r, const void *addr, uint64_t len);
 int fx_uring_available(void);
 
 #endif

@@ -444,29 +444,34 @@ int fx_uring_registered(const fx_uring *u) { return u->reg[0].base && u->reg_ok;
 
 int fx_uring_shares_registration(void) { return clone_supported(); }
 
-int fx_ring_fixed_index(const fx_uring *u, const fx_ring *s, const void *addr, uint64_t len)
+int fx_ring_fixed_index(fx_uring *u, const fx_ring *s, const void *addr, uint64_t len)
 {
     uintptr_t a = (uintptr_t)addr;
+    int found = -1;
 
-    /* A ring registered before the table last changed holds other indices. */
-    if (!s->reg_gen || s->reg_gen != u->reg_gen || !len)
+    if (!s->reg_gen || !len)
         return -1;
-    for (int i = 0; i < FX_URING_REGIONS; i++) {
+    /* Under the lock: a registration changing the table meanwhile (another
+     * thread's register_extra) must not be read half old, half new. */
+    pthread_mutex_lock(&u->mu);
+    /* A ring registered before the table last changed holds other indices. */
+    for (int i = 0; s->reg_gen == u->reg_gen && i < FX_URING_REGIONS; i++) {
         uintptr_t b = (uintptr_t)u->reg[i].base;
         size_t idx;
 
         if (!REG_LIVE(u, i) || a < b || a + len > b + u->reg[i].len)
             continue;
         idx = (a - b) / FIXED_IOV_MAX;
-        if ((a + len - 1 - b) / FIXED_IOV_MAX != idx)
-            return -1;
-        return (int)(u->reg[i].first + idx);
+        if ((a + len - 1 - b) / FIXED_IOV_MAX == idx)
+            found = (int)(u->reg[i].first + idx);
+        break;
     }
-    return -1;
+    pthread_mutex_unlock(&u->mu);
+    return found;
 }
 
 /* Index of the registered iovec holding the whole piece, or -1. */
-static int fixed_index(const fx_uring *u, const fx_ring *s, const fx_piece *p)
+static int fixed_index(fx_uring *u, const fx_ring *s, const fx_piece *p)
 {
     return fx_ring_fixed_index(u, s, p->buf, p->length);
 }
@@ -1235,7 +1240,7 @@ void fx_uring_unregister_extra(fx_uring *u, int handle)
     (void)u;
     (void)handle;
 }
-int fx_ring_fixed_index(const fx_uring *u, const fx_ring *s, const void *addr, uint64_t len)
+int fx_ring_fixed_index(fx_uring *u, const fx_ring *s, const void *addr, uint64_t len)
 {
     (void)u;
     (void)s;
