@@ -5511,36 +5511,37 @@ def _median_of(f: str) -> str:
     return f.split("(")[1].rstrip(")")
 
 
-def round_737fb4f_figures() -> dict[str, str]:
-    """Every figure the page's section on the check round at 737fb4f (the
-    bench's method corrected, on the AMD EPYC host) quotes, by its name
-    there, computed from the committed runs of that round and of the round
-    at 6f3adc6 before it (the section was filled from this)."""
-    runs, then = _main_round("round-737fb4f", "737fb4f"), _main_round("round-6f3adc6", "6f3adc6")
+def check_round_figures(commit: str, before: str) -> dict[str, str]:
+    """Every figure a check round's section on the AMD EPYC host quotes, by
+    its name there, computed from the committed runs of the round at `commit`
+    and of the round at `before` (OLD: fx's medians then; NOW, THEN: the best
+    peer's XFS reads in each; A2_…, P2_…: the 2 MiB latency runs)."""
+    runs, then = _main_round(f"round-{commit}", commit), _main_round(f"round-{before}", before)
     v = _round_reads_and_stores(runs)
     xfs, mem = ["xfs-64m", "xfs-10m", "xfs-2m"], ["tmpfs-64m", "tmpfs-2m"]
     v["OLD"] = ", ".join(f"{statistics.median(_round_ratios(then, c, 'fx', 'tier_read')):.2f}×" for c in xfs + mem)
     v["NOW"], v["THEN"] = _best_peer_xfs(runs), _best_peer_xfs(then)
-    # FSConnector's tier read, medians over the runs, then and now: its lookups are no longer timed twice
+    _latency_2m_figures(f"round-{commit}", v)
+    return v
+
+
+def round_737fb4f_figures() -> dict[str, str]:
+    """The check round at 737fb4f (the bench's method corrected, on the AMD
+    EPYC host), against the round at 6f3adc6 before it; with FSConnector's
+    tier read then and now (FC64, FC2: its lookups no longer timed twice)."""
+    v = check_round_figures("737fb4f", "6f3adc6")
+    runs, then = _main_round("round-737fb4f", "737fb4f"), _main_round("round-6f3adc6", "6f3adc6")
     for key, c in (("FC64", "xfs-64m"), ("FC2", "xfs-2m")):
         now = statistics.median(d["readers"]["fs_connector"]["median"]["tier_read_gbps"] for d in runs[c])
         old = statistics.median(d["readers"]["fs_connector"]["median"]["tier_read_gbps"] for d in then[c])
         v[key] = f"{old:.2f} to {now:.2f} GB/s"
-    _latency_2m_figures("round-737fb4f", v)
     return v
 
 
-def test_docs_check_round_at_737fb4f_is_the_committed_json():
-    """The section on the check round at 737fb4f (the bench's method
-    corrected, AMD EPYC host): its tables are what `bench_tables.py --readme`
-    and `--latency-rounds` render from the round's runs (each from 737fb4f,
-    five reps, every rep of fx's readers whole and checked), and every
-    figure it and the README quote is computed from them."""
-    v = round_737fb4f_figures()
-    _amd_round_section("737fb4f", v)
-    page, readme, med = _page(), _readme_flat(), _median_of
-    # The targets table quotes the same figures, row by row
-    start = page.index("| target | where fx stands | from | what holds it |")
+def _targets_rows(page: str, start: int, v: dict[str, str]) -> None:
+    """The targets table at or after `start` quotes a round's figures, row
+    by row."""
+    start = page.index("| target | where fx stands | from | what holds it |", start)
     rows = {ln.split(" | ")[0]: " ".join(ln.split()) for ln in page[start : page.index("\n\n", start)].splitlines()}
     for row, names in (
         ("| XFS loop, cold: tier read ≥ 1.0× the best peer", ("R64", "R10", "R2", "LR64", "LR10", "LR2")),
@@ -5553,16 +5554,66 @@ def test_docs_check_round_at_737fb4f_is_the_committed_json():
     ):
         for name in names:
             assert v[name] in rows[row].split(" | ")[1].split("6f3adc6")[0], (row, name, v[name])
-    said = (
+
+
+def _readme_said(v: dict[str, str]) -> str:
+    """How the README's Measured section sums up a round."""
+    med = _median_of
+    return (
         f"XFS {med(v['R64'])}, {med(v['R10'])} and {med(v['R2'])} at 64, 10 and 2 MiB ({v['AHEAD']} over all five "
         f"cases), tmpfs {med(v['T64'])} and {med(v['T2'])}; stores through LMCache's engine on XFS "
         f"{med(v['ER64'])}, {med(v['ER10'])} and {med(v['ER2'])}, through the L2 interface {med(v['SR64'])}, "
         f"{med(v['SR10'])} and {med(v['SR2'])}; at 2 MiB fx's p99 was {v['A2_4']} its p50 with 4 in flight"
     )
-    assert said in readme, said
 
 
-def standing_737fb4f_figures() -> dict[str, str]:
+def test_docs_check_round_at_737fb4f_is_the_committed_json():
+    """The section on the check round at 737fb4f (the bench's method
+    corrected, AMD EPYC host; in bench-history.md since the round at
+    c870d24): its tables are what `bench_tables.py --readme` and
+    `--latency-rounds` render from the round's runs (each from 737fb4f, five
+    reps, every rep of fx's readers whole and checked), and every figure it,
+    its targets table and what the README said of it quote is computed from
+    them."""
+    v = round_737fb4f_figures()
+    _amd_round_section("737fb4f", v)
+    page = _page()
+    _targets_rows(page, page.index("## The targets table of the check round at `737fb4f`"), v)
+    said = _readme_said(v)
+    assert said in _history_flat(), said
+
+
+def test_docs_check_round_at_c870d24_is_the_committed_json():
+    """The section on the check round at c870d24 (after the write path's
+    mends): its tables render from the round's runs, every figure it, the
+    targets table and the README quote is computed from them, and its
+    store A/B table (fx-l2 and fs_native, two builds by turns) is the
+    committed runs of each build."""
+    v = check_round_figures("c870d24", "737fb4f")
+    section = _amd_round_section("c870d24", v)
+    page = _page()
+    _targets_rows(page, 0, v)
+    assert page.index("| target | where fx stands") < page.index("# Benchmark history")
+    said = _readme_said(v)
+    assert said in _readme_flat(), said
+    d = os.path.join(ROOT, "docs", "bench-repeats", "store-ab-c870d24")
+    cells = {}
+    for b in ("c37bb4e", "c870d24"):
+        for r in (1, 2, 3):
+            with open(os.path.join(d, f"{b}-run{r}.json")) as f:
+                run = json.load(f)
+            assert run["git_commit"].startswith(b) and run["config"]["reps"] == 5
+            x, y = (run["readers"][n]["median"]["store_gbps"] for n in ("fx-l2", "fs_native"))
+            cells[b, r] = f"{x:.2f} · {y:.2f} ({x / y:.2f}×)"
+    for r in (1, 2, 3):
+        assert f"| {r} | {cells['c37bb4e', r]} | {cells['c870d24', r]} |" in page
+    assert "not shown to be the change" in section
+
+
+STANDING, STANDING_BEFORE = "c870d24", "737fb4f"  # the round benchmarks.md opens with, and the one before
+
+
+def standing_figures() -> dict[str, str]:
     """The figures benchmarks.md's opening ("Where fx stands now"), its
     "What holds fx back" and its targets table quote, and the README with
     them, by their names there: those of the check round's section; fx's CPU
@@ -5571,9 +5622,10 @@ def standing_737fb4f_figures() -> dict[str, str]:
     best peer (NB…, NBT… on tmpfs); fx-l2-noverify over fs_native (NVR…) and
     both readers' CPU per GB (NVC…, FNC…); fx-l2's CPU with the check (LC…);
     in how many runs an L2 adapter was the best peer (L2BEST); fx-noverify
-    over the best peer on XFS in the Intel round at b886275 (INTEL_NV)."""
-    v = round_737fb4f_figures()
-    runs = _main_round("round-737fb4f", "737fb4f")
+    over the best peer on XFS in the Intel round at b886275 (INTEL_NV); all
+    of the round at STANDING."""
+    v = check_round_figures(STANDING, STANDING_BEFORE)
+    runs = _main_round(f"round-{STANDING}", STANDING)
 
     def med(c: str, n: str, k: str) -> list[float]:
         return [d["readers"][n]["median"][k] for d in runs[c]]
@@ -5611,10 +5663,10 @@ def standing_737fb4f_figures() -> dict[str, str]:
 
 def test_docs_opening_and_targets_are_the_committed_json():
     """benchmarks.md opens with where fx stands, what holds it back and the
-    targets table, every figure computed from the check round at 737fb4f's
-    runs; nothing on those parts is typed by hand, and each section names
+    targets table, every figure computed from the runs of the check round at
+    STANDING; nothing on those parts is typed by hand, and each section names
     the round."""
-    v = standing_737fb4f_figures()
+    v = standing_figures()
     page = _page()
 
     def section(head: str) -> str:
@@ -5623,20 +5675,20 @@ def test_docs_opening_and_targets_are_the_committed_json():
 
     assert not re.findall(r"\{\w+\}", page), "a figure left unfilled"
     for head in ("## Where fx stands now", "## The performance targets, one by one"):
-        assert "`737fb4f`" in section(head), head
+        assert f"`{STANDING}`" in section(head), head
     start = page.index("## Where fx stands now")
     opening = " ".join(page[start : page.index("\n### ", start)].split())  # up to the round's own section
     for name in "R64 R10 R2 T64 T2 LT64 LT2 ER64 ER10 ER2 SR64 SR10 SR2 ST64 ST2 ET64 ET2 INTEL_NV".split():
         assert v[name] in opening, (name, v[name])
     for name in ("CV64", "CV10", "CV2", "NV64", "NV10", "NV2", "A2_4", "A2_16", "P2_4", "P2_16"):
         assert v[name] in opening, (name, v[name])
-    assert f"the best peer in {v['L2BEST']}" in section("### A check round at `737fb4f`")
+    assert f"in {v['L2BEST']}" in section(f"### A check round at `{STANDING}`")
     start = page.index("### What holds fx back where it is behind")
     holds = " ".join(page[start : page.index("\n## ", start)].split())
     for name in "TX64 TX10 TX2 NB10 NB2 NVR64 NVR10 NVR2 NVC64 FNC64 NVC2 FNC2 TV64 TV2 NBT64 NBT2 LC64 LC2".split():
         assert v[name] in holds, (name, v[name])
     # The README's account of the same round, and of the Intel host's round it no longer leads with
-    readme = " ".join(_readme_with_round_tables("round-737fb4f").split())
+    readme = " ".join(_readme_with_round_tables(f"round-{STANDING}").split())
     for name in "T64 LT64 LT2 ST64 ST2 NBT64 NBT2 TX64 TX10 TX2 NB10 NB2 CV64 CV10 CV2 INTEL_NV".split():
         assert v[name] in readme, (name, v[name])
     intel = _main_round("round-b886275", "b886275")
