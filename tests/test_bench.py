@@ -5756,3 +5756,44 @@ def test_raw_block_images_are_preallocated_on_disk_not_in_memory(tmp_path):
     finally:
         for d in where[1:]:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def test_docs_latency_without_the_check_is_the_committed_json():
+    """What holds fx's 2 MiB latency (benchmarks.md, "Latency at 2 MiB: its
+    check"): the table is what `bench_tables.py --latency-rounds` renders
+    from the two committed runs at dedbe56 (fx and fx-l2 checked and
+    unchecked beside fs_native), and every ratio the page quotes of them is
+    computed from those runs."""
+    d = os.path.join(ROOT, "docs", "bench-repeats", "latency-noverify-dedbe56")
+    paths = [(f"2 MiB, run {r}", os.path.join(d, f"lat-2m-run{r}.json")) for r in (1, 2)]
+    page = _page()
+    assert _bench_tables().latency_rounds_table(paths) in page
+    runs = []
+    for _, p in paths:
+        with open(p) as f:
+            runs.append(json.load(f))
+    assert all(r["git_commit"].startswith("dedbe56") for r in runs)
+
+    def lat(run: dict, n: str, c: str) -> dict:
+        return run["readers"][n]["latency"][c]
+
+    def ratios(n: str, c: str) -> str:
+        return _span([lat(r, n, c)["p99_over_p50"] for r in runs])
+
+    def p50(n: str, c: str) -> str:
+        return _span([lat(r, n, c)["p50_ms"] / lat(r, "fs_native", c)["p50_ms"] for r in runs])
+
+    start = page.index("**Latency at 2 MiB: its check.**")
+    text = " ".join(page[start : page.index("\n## ", start)].split())
+    fsn = " and ".join(f"{lat(r, 'fs_native', '4')['p99_over_p50']:.2f}×" for r in runs)
+    said = (
+        f"with 4 in flight fx's p99/p50 was {ratios('fx', '4')} with its check and {ratios('fx-noverify', '4')} "
+        f"without; with 16 in flight its p50 was {p50('fx', '16')} fs_native's with the check and "
+        f"{p50('fx-noverify', '16')} without. Through the L2 interface fx-l2 without its check kept fs_native's "
+        f"pace: p99/p50 {ratios('fx-l2-noverify', '4')} (fs_native's own {fsn}), p50 {p50('fx-l2-noverify', '4')} "
+        f"and {p50('fx-l2-noverify', '16')} fs_native's at 4 and 16 in flight ({p50('fx-l2', '4')} and "
+        f"{p50('fx-l2', '16')} with the check)"
+    )
+    assert said in text, said
+    # the check is what holds the tail: unchecked fx's p99/p50 below checked fx's in both runs
+    assert all(lat(r, "fx-noverify", "4")["p99_over_p50"] < lat(r, "fx", "4")["p99_over_p50"] for r in runs)
