@@ -117,6 +117,34 @@ def test_a_write_batch_counts_its_files_in_the_ledger_with_one_write(root, monke
         st.close()
 
 
+def test_an_eviction_reads_the_ledger_for_others_changes_once(root, monkeypatch):
+    """A full store written by one process evicts its own older writes. The
+    evictor asks whether another process changed the store since its walk
+    (Ledger.others_changed, a read of the ledger) when its own later writes
+    come up: once per eviction, not once per evicted chunk (the answer
+    cannot change while it holds the ledger's lock)."""
+    from lmcache_fx.core.ledger import Ledger
+
+    size = 1 << 20
+    st = ChunkStore(FxOptions.from_mapping({"path": root, "max_capacity_gb": 16 / 1024}))
+    try:
+        src = _filled(1, size)
+        meta = ChunkMeta(((size,),), ("uint8",), "raw")
+        asked, evictions = [], []
+        real_ask, real_evict = Ledger.others_changed, ChunkStore._evict_locked
+        monkeypatch.setattr(Ledger, "others_changed", lambda self, m: (asked.append(m), real_ask(self, m))[1])
+        monkeypatch.setattr(
+            ChunkStore, "_evict_locked", lambda self, *a, **k: (evictions.append(1), real_evict(self, *a, **k))[1]
+        )
+        for r in range(6):
+            assert all(st.write([(f"r{r}-{i}", src.address, size, meta) for i in range(8)]))
+        monkeypatch.undo()
+        assert st.stats.snapshot()["evictions"] >= 24
+        assert asked and len(asked) <= len(evictions), (len(asked), len(evictions))
+    finally:
+        st.close()
+
+
 def test_files_given_room_are_counted_and_sized_before_the_evictor_may_rescan(root, monkeypatch):
     """A batch that evicts part way through its reservation, where the
     evictor rescans the store (it counts temporaries at their size on disk):

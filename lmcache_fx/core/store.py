@@ -316,14 +316,22 @@ class _Call:
         self._done = threading.Event()
         if owner is not None:
             owner.call = self
+        # Whether the thread began fn, or gave it up, decided once under the gate: an interrupt inside
+        # Thread.start() can come after the thread was made and before it ran a line (its ident still
+        # unset), so nothing else tells "it will run fn" from "it never will".
+        self._gate = threading.Lock()
+        self._begun: Optional[bool] = None  # True: the thread runs fn; False: it never will
         if background:
-            thread = None
             try:
-                thread = threading.Thread(target=self._run, args=(fn,), name="lmcache-fx-write", daemon=True)
+                thread = threading.Thread(target=self._run_begun, args=(fn,), name="lmcache-fx-write", daemon=True)
                 thread.start()
                 return
             except BaseException as e:
-                if thread is not None and thread.ident is not None:  # it runs: waited for first
+                with self._gate:
+                    if self._begun is None:
+                        self._begun = False
+                    begun = self._begun
+                if begun:  # it runs: waited for first
                     self.wait_out()
                     raise
                 if not isinstance(e, RuntimeError):  # an interrupt before it ran: fn never runs
@@ -331,6 +339,15 @@ class _Call:
                     self._done.set()
                     raise
             # no thread can be started (a pids limit): the sub-batch runs here
+        self._run(fn)
+
+    def _run_begun(self, fn: Callable[[], Any]) -> None:
+        """The thread's target: fn, unless its starter gave it up first."""
+        with self._gate:
+            if self._begun is None:
+                self._begun = True
+            if not self._begun:
+                return
         self._run(fn)
 
     def _run(self, fn: Callable[[], Any]) -> None:
@@ -1899,6 +1916,10 @@ class ChunkStore:
             if f.fd < 0 and not f.recycled:  # a temporary not yet made
                 waiting.setdefault(HEADER_SIZE + f.nbytes, []).append(f)
         dirfds: dict[str, int] = {}  # victims' directories, opened once per eviction
+        # Whether another process changed the store since the walk: asked once per eviction (a read of
+        # the ledger), when the first of this process's own later writes comes up; the answer cannot
+        # change while this evictor holds the ledger's lock.
+        others: Optional[bool] = None
         n = 0
         try:
             while usage > limit:
@@ -1906,11 +1927,9 @@ class ChunkStore:
                 while usage > limit and self._victims:
                     v = self._victims.pop()
                     mt, d, path, size = v
-                    if (
-                        mt > self._victims_walked_ns
-                        and not rescanned
-                        and self._ledger.others_changed(self._victims_mark)
-                    ):
+                    if mt > self._victims_walked_ns and not rescanned and others is None:
+                        others = self._ledger.others_changed(self._victims_mark)
+                    if mt > self._victims_walked_ns and not rescanned and others:
                         # The walk's chunks are gone: the rest are this process's writes since, and
                         # chunks other processes wrote since may be older. Look again first.
                         self._victims.append(v)
