@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import List, Optional
 
 from lmcache.utils import CacheEngineKey
@@ -63,6 +63,17 @@ def remote_plugin_name(config, cls) -> str:
     RemoteBackends are built one by one in list order from one config."""
     names = list(dict.fromkeys((config.remote_storage_plugins or []) if config is not None else []))
     return plugin_name(config, cls, names, PREFIX, "remote_storage_plugins")
+
+
+async def _outlast_cancels(cf: Future, loop: asyncio.AbstractEventLoop) -> None:
+    """Waits for a running job's future through any further cancellation."""
+    while not cf.done():
+        try:
+            await asyncio.shield(asyncio.wrap_future(cf, loop=loop))
+        except asyncio.CancelledError:
+            continue
+        except BaseException:
+            return  # it failed: done either way
 
 
 class FxRemoteConnector(RemoteConnector):
@@ -252,27 +263,46 @@ class FxRemoteConnector(RemoteConnector):
                 return
             self._pending_puts += 1
             self._writes_queued += 1  # submitted at once below: no await in between
-        job = {"abandoned": False}
+        job = {"abandoned": False, "begun": False}
         try:
-            fut = loop.run_in_executor(self._writer, self._write, items, job)
+            cf = self._writer.submit(self._write, items, job)
         except BaseException:
             # Queued, but no thread to run it (a pids limit) or an interrupt: LMCache lets go of the
             # objects when this returns, so the write must never run (it would store what the pool
             # holds by then as these keys), and its count goes now (_finish_puts waited for it for good).
+            self._give_up(job)
             with self._pending_lock:
-                job["abandoned"] = True
-                self._writes_queued -= 1
                 self._pending_puts -= 1
                 self._pending_lock.notify_all()
             raise
         try:
-            done = await fut
+            # Shielded: a cancelled put must not cancel its write's job, which would never run
+            # `_write` and so never give its count back (_finish_puts, and LMCache's close, waited for
+            # good). LMCache 0.5.6 cancels no puts; a caller with a timeout on one would.
+            done = await asyncio.shield(asyncio.wrap_future(cf, loop=loop))
+        except asyncio.CancelledError:
+            # Not begun: it never will (LMCache lets go of the objects when this returns). Begun: it
+            # reads those objects, so this put returns only once it is done.
+            if not self._give_up(job):
+                await _outlast_cancels(cf, loop)
+            raise
         finally:
             with self._pending_lock:
                 self._pending_puts -= 1
                 self._pending_lock.notify_all()
         if not all(done):
             log.debug("lmcache-fx: %d of %d chunks not stored", done.count(False), len(done))
+
+    def _give_up(self, job: dict) -> bool:
+        """Abandons a put's write unless the writer began it: True when it
+        will never run (its count given back), False when it runs."""
+        with self._pending_lock:
+            if job["begun"]:
+                return False
+            job["abandoned"] = True
+            self._writes_queued -= 1
+            self._pending_lock.notify_all()
+            return True
 
     def _write(self, items: list, job: dict) -> list[bool]:
         """A put's write, on the writer thread; counted until it is done, on
@@ -281,6 +311,7 @@ class FxRemoteConnector(RemoteConnector):
         with self._pending_lock:
             if job["abandoned"]:
                 return [False] * len(items)
+            job["begun"] = True
         try:
             return self.store.write(items)
         finally:

@@ -1826,6 +1826,60 @@ def test_a_remote_put_whose_writer_thread_cannot_start_neither_hangs_close_nor_w
         assert not closing.is_alive()  # LMCache's pool close went on
 
 
+def test_a_cancelled_remote_put_never_writes_after_it_returns_and_never_hangs_close(tmp_path, monkeypatch):
+    """LMCache holds a put's objects until its batched_put returns. A put
+    cancelled (a caller's timeout; LMCache 0.5.6 cancels none) while its
+    write waited behind another cancelled the write's executor job: the
+    write never ran, its count never came back, and _finish_puts (LMCache's
+    pool close) waited for good (a review); one cancelled while its write
+    ran returned at once, the write still reading the objects. Now a write
+    not begun is given up, and a put whose write runs returns after it."""
+    import asyncio
+
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.memory_management import MemoryFormat
+
+    cfg = config_from_dict(remote_config(tmp_path / "s"), tmp_path)
+    with lmcache_engine(cfg, GEO) as eng:
+        be = backend_of(eng, "remote")
+        conn = be.connection.getWrappedConnector()
+        cpu = conn.local_cpu_backend
+        write, spans = conn.store.write, []
+
+        def slow(items):
+            t = time.monotonic()
+            try:
+                return (time.sleep(0.5), write(items))[1]
+            finally:
+                spans.append((t, time.monotonic()))
+
+        monkeypatch.setattr(conn.store, "write", slow)
+        shape = torch.Size([2, 2, 256, 128])
+        objs = [cpu.allocate(shape, torch.bfloat16, MemoryFormat.KV_2LTD) for _ in range(2)]
+        key = [CacheEngineKey("m", 1, 0, h, torch.bfloat16) for h in (1, 2)]
+        running = asyncio.run_coroutine_threadsafe(conn.batched_put([key[0]], [objs[0]]), be.loop)
+        queued = asyncio.run_coroutine_threadsafe(conn.batched_put([key[1]], [objs[1]]), be.loop)
+        time.sleep(0.1)
+        queued.cancel()  # its write waits behind the first
+        time.sleep(0.1)
+        running.cancel()  # its write runs
+        end = time.monotonic() + 10
+        while conn.pending_puts() and time.monotonic() < end:
+            time.sleep(0.01)
+        returned = time.monotonic()
+        assert conn.pending_puts() == 0 and conn._writes_queued == 0  # before: 1 queued for good
+        assert spans and spans[0][1] <= returned  # the running put returned only after its write
+        time.sleep(0.7)
+        assert len(spans) == 1 and not conn.store.contains(key[1].to_string())  # the given-up write never ran
+        assert conn.store.contains(key[0].to_string())
+        closing = threading.Thread(target=conn._finish_puts, daemon=True)
+        closing.start()
+        closing.join(10)
+        assert not closing.is_alive()
+        for o in objs:
+            o.ref_count_down()
+
+
 def test_a_remote_get_cancelled_while_it_waits_for_puts_hands_back_its_hits(tmp_path, monkeypatch):
     """A remote read whose pool ran out waits for the connector's running
     puts (STORE_DRAIN_WAIT) before reading the rest. LMCache cancels a get
