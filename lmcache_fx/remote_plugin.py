@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional
 
 from lmcache.utils import CacheEngineKey
@@ -36,6 +36,8 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .core.chunkfile import ChunkMeta
+from .core.drive import outlast_cancels
+from .core.once import Handoff
 from .core.options import ConfigError, refuse_direct_to_gpu
 from .integration.common import (
     STORE_DRAIN_WAIT,
@@ -63,17 +65,6 @@ def remote_plugin_name(config, cls) -> str:
     RemoteBackends are built one by one in list order from one config."""
     names = list(dict.fromkeys((config.remote_storage_plugins or []) if config is not None else []))
     return plugin_name(config, cls, names, PREFIX, "remote_storage_plugins")
-
-
-async def _outlast_cancels(cf: Future, loop: asyncio.AbstractEventLoop) -> None:
-    """Waits for a running job's future through any further cancellation."""
-    while not cf.done():
-        try:
-            await asyncio.shield(asyncio.wrap_future(cf, loop=loop))
-        except asyncio.CancelledError:
-            continue
-        except BaseException:
-            return  # it failed: done either way
 
 
 class FxRemoteConnector(RemoteConnector):
@@ -263,7 +254,7 @@ class FxRemoteConnector(RemoteConnector):
                 return
             self._pending_puts += 1
             self._writes_queued += 1  # submitted at once below: no await in between
-        job = {"abandoned": False, "begun": False}
+        job = Handoff()
         try:
             cf = self._writer.submit(self._write, items, job)
         except BaseException:
@@ -279,12 +270,13 @@ class FxRemoteConnector(RemoteConnector):
             # Shielded: a cancelled put must not cancel its write's job, which would never run
             # `_write` and so never give its count back (_finish_puts, and LMCache's close, waited for
             # good). LMCache 0.5.6 cancels no puts; a caller with a timeout on one would.
-            done = await asyncio.shield(asyncio.wrap_future(cf, loop=loop))
+            fut = asyncio.wrap_future(cf, loop=loop)
+            done = await asyncio.shield(fut)
         except asyncio.CancelledError:
             # Not begun: it never will (LMCache lets go of the objects when this returns). Begun: it
             # reads those objects, so this put returns only once it is done.
             if not self._give_up(job):
-                await _outlast_cancels(cf, loop)
+                await outlast_cancels(fut)
             raise
         finally:
             with self._pending_lock:
@@ -293,25 +285,22 @@ class FxRemoteConnector(RemoteConnector):
         if not all(done):
             log.debug("lmcache-fx: %d of %d chunks not stored", done.count(False), len(done))
 
-    def _give_up(self, job: dict) -> bool:
+    def _give_up(self, job: Handoff) -> bool:
         """Abandons a put's write unless the writer began it: True when it
         will never run (its count given back), False when it runs."""
+        if not job.give_up():
+            return False
         with self._pending_lock:
-            if job["begun"]:
-                return False
-            job["abandoned"] = True
             self._writes_queued -= 1
             self._pending_lock.notify_all()
-            return True
+        return True
 
-    def _write(self, items: list, job: dict) -> list[bool]:
+    def _write(self, items: list, job: Handoff) -> list[bool]:
         """A put's write, on the writer thread; counted until it is done, on
         that thread (what _finish_puts waits for needs no event loop). One its
         put gave up (`abandoned`, its count taken back) is not written."""
-        with self._pending_lock:
-            if job["abandoned"]:
-                return [False] * len(items)
-            job["begun"] = True
+        if not job.begin():
+            return [False] * len(items)
         try:
             return self.store.write(items)
         finally:

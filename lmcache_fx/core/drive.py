@@ -146,6 +146,21 @@ class ReadCancelled(Exception):
     cancelled, once its batch in flight has finished: the read ends as misses."""
 
 
+async def outlast_cancels(fut: "asyncio.Future") -> None:
+    """Awaits `fut` (work on another thread) to its end through any
+    cancellation of the awaiting task: the caller must not go on while that
+    work still runs. Its error is not raised: it is over either way."""
+    while True:
+        try:
+            await asyncio.shield(fut)
+            return
+        except asyncio.CancelledError:
+            if fut.done():
+                return
+        except Exception:
+            return
+
+
 async def _finish_batch(batch, loop: asyncio.AbstractEventLoop) -> None:
     """After a cancellation: a running C batch stops where it is (what is in flight completes), so
     wait (in a thread; the loop keeps running) until nothing of it is in
@@ -157,15 +172,9 @@ async def _finish_batch(batch, loop: asyncio.AbstractEventLoop) -> None:
         except RuntimeError:  # no thread can be started (a pids limit): wait here, the loop held that long
             _wait_out(batch)
             return
-    while fut is not None:
-        try:
-            await asyncio.shield(fut)
-            return
-        except asyncio.CancelledError:
-            if fut.done():
-                return
-        except Exception:
-            return  # the batch ended with an error: nothing in flight either
+    if fut is not None:
+        await outlast_cancels(fut)  # an error of the batch: nothing in flight either
+        return
     try:
         batch.wait()  # done: collects it without blocking
     except Exception:

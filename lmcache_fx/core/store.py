@@ -94,7 +94,7 @@ from .layout import (
 )
 from .ledger import Ledger, LockTimeout
 from .metrics import READ_LATENCY_BUCKETS, latency_bucket
-from .once import log_once
+from .once import Handoff, log_once
 from .options import GIB, SHARED_GROUP_FIX, ConfigError, FxOptions, auth_key_bytes
 
 log = logging.getLogger("lmcache_fx")
@@ -316,22 +316,16 @@ class _Call:
         self._done = threading.Event()
         if owner is not None:
             owner.call = self
-        # Whether the thread began fn, or gave it up, decided once under the gate: an interrupt inside
-        # Thread.start() can come after the thread was made and before it ran a line (its ident still
-        # unset), so nothing else tells "it will run fn" from "it never will".
-        self._gate = threading.Lock()
-        self._begun: Optional[bool] = None  # True: the thread runs fn; False: it never will
+        # An interrupt inside Thread.start() can come after the thread was made and before it ran a
+        # line (its ident still unset): whether it runs fn is settled by the handoff.
+        self._handoff = Handoff()
         if background:
             try:
                 thread = threading.Thread(target=self._run_begun, args=(fn,), name="lmcache-fx-write", daemon=True)
                 thread.start()
                 return
             except BaseException as e:
-                with self._gate:
-                    if self._begun is None:
-                        self._begun = False
-                    begun = self._begun
-                if begun:  # it runs: waited for first
+                if not self._handoff.give_up():  # it runs: waited for first
                     self.wait_out()
                     raise
                 if not isinstance(e, RuntimeError):  # an interrupt before it ran: fn never runs
@@ -343,12 +337,8 @@ class _Call:
 
     def _run_begun(self, fn: Callable[[], Any]) -> None:
         """The thread's target: fn, unless its starter gave it up first."""
-        with self._gate:
-            if self._begun is None:
-                self._begun = True
-            if not self._begun:
-                return
-        self._run(fn)
+        if self._handoff.begin():
+            self._run(fn)
 
     def _run(self, fn: Callable[[], Any]) -> None:
         try:
@@ -1927,9 +1917,10 @@ class ChunkStore:
                 while usage > limit and self._victims:
                     v = self._victims.pop()
                     mt, d, path, size = v
-                    if mt > self._victims_walked_ns and not rescanned and others is None:
+                    own_later = mt > self._victims_walked_ns and not rescanned
+                    if own_later and others is None:
                         others = self._ledger.others_changed(self._victims_mark)
-                    if mt > self._victims_walked_ns and not rescanned and others:
+                    if own_later and others:
                         # The walk's chunks are gone: the rest are this process's writes since, and
                         # chunks other processes wrote since may be older. Look again first.
                         self._victims.append(v)
